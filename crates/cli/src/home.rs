@@ -1,0 +1,230 @@
+//! `roost home push|pull`: a directory to and from a home in a store.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use store::pull::{PullOptions, pull};
+use store::push::{PushOptions, push};
+use store::{HomeName, OrgId, Store};
+
+use crate::output::{Bar, human_bytes, print_json};
+
+/// Pushes retried after a concurrent gc removed objects they relied on.
+const PUSH_ATTEMPTS_MAX: usize = 3;
+
+#[derive(Subcommand)]
+pub enum HomeCommand {
+    /// Save DIR as the home's new snapshot (only new blocks are uploaded).
+    Push {
+        dir: PathBuf,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Materialise the home's snapshot into DEST (empty, or an older copy
+    /// updated in place; entries not in the snapshot are removed).
+    Pull {
+        dest: PathBuf,
+        #[command(flatten)]
+        target: Target,
+        /// Local block cache: read before the store, filled by downloads.
+        #[arg(long, value_name = "DIR")]
+        cache: Option<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+pub struct Target {
+    /// Store URL: a path, file://PATH or s3://BUCKET/PREFIX.
+    #[arg(long, value_name = "URL")]
+    store: String,
+    #[arg(long)]
+    org: String,
+    #[arg(long)]
+    home: String,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Where per-directory file indexes are kept.
+    #[arg(long, env = "ROOST_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+}
+
+struct Opened {
+    store: Store,
+    org: OrgId,
+    home: HomeName,
+}
+
+impl Target {
+    fn open(&self) -> Result<Opened> {
+        Ok(Opened {
+            org: self.org.parse()?,
+            home: self.home.parse()?,
+            store: Store::open(&self.store)?,
+        })
+    }
+
+    /// The index for `dir`, named by a hash of its absolute path.
+    fn index_path(&self, dir: &Path) -> Result<PathBuf> {
+        let state_dir = match &self.state_dir {
+            Some(dir) => dir.clone(),
+            None => default_state_dir()?,
+        };
+        let absolute =
+            std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
+        let name = store::Digest::of(absolute.as_os_str().as_encoded_bytes()).to_hex();
+        Ok(state_dir.join("index").join(&name[..32]))
+    }
+}
+
+fn default_state_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME") {
+        return Ok(PathBuf::from(dir).join("roost"));
+    }
+    let home = std::env::var_os("HOME").context("neither ROOST_STATE_DIR nor HOME is set")?;
+    Ok(PathBuf::from(home).join(".local/state/roost"))
+}
+
+pub fn run(command: HomeCommand) -> Result<ExitCode> {
+    match command {
+        HomeCommand::Push { dir, target } => run_push(&dir, &target),
+        HomeCommand::Pull {
+            dest,
+            target,
+            cache,
+        } => run_pull(&dest, &target, cache),
+    }
+}
+
+fn run_push(dir: &Path, target: &Target) -> Result<ExitCode> {
+    let opened = target.open()?;
+    let mut options = PushOptions::new(target.store.clone());
+    options.excludes = store::excludes::Excludes::from_env()?;
+    options.index_path = Some(target.index_path(dir)?);
+    let started = Instant::now();
+    let bar = Bar::new(target.json);
+    let mut attempt = 1;
+    let report = loop {
+        match push(
+            &opened.store,
+            &opened.org,
+            &opened.home,
+            dir,
+            &options,
+            &bar,
+        ) {
+            Err(err) if err.is_retryable() && attempt < PUSH_ATTEMPTS_MAX => {
+                tracing::warn!(%err, attempt, "push failed, retrying");
+                attempt += 1;
+            }
+            other => break other,
+        }
+    };
+    bar.finish();
+    let report = report.with_context(|| format!("push of {} failed", dir.display()))?;
+    let root = report.root.map(|r| r.to_hex()).unwrap_or_default();
+    if target.json {
+        print_json(&json!({
+            "root": root,
+            "org": opened.org.as_str(),
+            "home": opened.home.as_str(),
+            "unchanged": report.unchanged,
+            "files": report.files,
+            "dirs": report.dirs,
+            "symlinks": report.symlinks,
+            "special_skipped": report.special_skipped,
+            "excluded": report.excluded,
+            "bytes_scanned": report.bytes_scanned,
+            "files_hashed": report.files_hashed,
+            "bytes_hashed": report.bytes_hashed,
+            "blocks_uploaded": report.blocks_uploaded,
+            "trees_uploaded": report.trees_uploaded,
+            "bytes_uploaded": report.bytes_uploaded,
+            "missing_checks": report.missing_checks,
+            "seconds": started.elapsed().as_secs_f64(),
+        }));
+    } else {
+        println!(
+            "pushed {}/{}: {} files, {} scanned, {} files hashed ({}), {} blocks + {} trees uploaded ({}){}",
+            opened.org,
+            opened.home,
+            report.files,
+            human_bytes(report.bytes_scanned),
+            report.files_hashed,
+            human_bytes(report.bytes_hashed),
+            report.blocks_uploaded,
+            report.trees_uploaded,
+            human_bytes(report.bytes_uploaded),
+            if report.unchanged { ", unchanged" } else { "" },
+        );
+        if report.special_skipped > 0 {
+            println!(
+                "skipped {} sockets, FIFOs or devices",
+                report.special_skipped
+            );
+        }
+        println!("root {root}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_pull(dest: &Path, target: &Target, cache: Option<PathBuf>) -> Result<ExitCode> {
+    let opened = target.open()?;
+    let options = PullOptions {
+        cache,
+        index_path: Some(target.index_path(dest)?),
+        store_id: target.store.clone(),
+    };
+    let started = Instant::now();
+    let bar = Bar::new(target.json);
+    let report = pull(
+        &opened.store,
+        &opened.org,
+        &opened.home,
+        dest,
+        &options,
+        &bar,
+    );
+    bar.finish();
+    let report = report.with_context(|| format!("pull into {} failed", dest.display()))?;
+    let root = report.root.map(|r| r.to_hex()).unwrap_or_default();
+    if target.json {
+        print_json(&json!({
+            "root": root,
+            "org": opened.org.as_str(),
+            "home": opened.home.as_str(),
+            "files": report.files,
+            "dirs": report.dirs,
+            "symlinks": report.symlinks,
+            "logical_bytes": report.logical_bytes,
+            "files_written": report.files_written,
+            "files_unchanged": report.files_unchanged,
+            "removed": report.removed,
+            "blocks_downloaded": report.blocks_downloaded,
+            "bytes_downloaded": report.bytes_downloaded,
+            "blocks_from_cache": report.blocks_from_cache,
+            "seconds": started.elapsed().as_secs_f64(),
+        }));
+    } else {
+        println!(
+            "pulled {}/{} into {}: {} files ({}), {} written, {} unchanged, {} removed, {} blocks downloaded ({}), {} from cache",
+            opened.org,
+            opened.home,
+            dest.display(),
+            report.files,
+            human_bytes(report.logical_bytes),
+            report.files_written,
+            report.files_unchanged,
+            report.removed,
+            report.blocks_downloaded,
+            human_bytes(report.bytes_downloaded),
+            report.blocks_from_cache,
+        );
+        println!("root {root}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

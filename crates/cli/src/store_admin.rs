@@ -1,0 +1,140 @@
+//! `roost store gc|verify|stats`: maintenance over a whole store.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use serde_json::json;
+use store::Store;
+
+use crate::output::{human_bytes, print_json};
+
+#[derive(Subcommand)]
+pub enum StoreCommand {
+    /// Delete objects no home references and older than the grace period.
+    Gc {
+        #[arg(long, value_name = "URL")]
+        store: String,
+        /// Objects younger than this are kept (protects pushes in flight).
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        grace: Duration,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every object reachable from every home exists and hashes right.
+    Verify {
+        #[arg(long, value_name = "URL")]
+        store: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Objects, stored and logical bytes, and dedup ratio per org.
+    Stats {
+        #[arg(long, value_name = "URL")]
+        store: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(command: StoreCommand) -> Result<ExitCode> {
+    match command {
+        StoreCommand::Gc { store, grace, json } => {
+            let store = Store::open(&store)?;
+            let report = store::gc::gc(&store, grace).context("gc failed")?;
+            if json {
+                print_json(&json!({
+                    "roots": report.roots,
+                    "objects": report.objects,
+                    "marked": report.marked,
+                    "kept_young": report.kept_young,
+                    "deleted": report.deleted,
+                    "bytes_deleted": report.bytes_deleted,
+                }));
+            } else {
+                println!(
+                    "gc: {} objects, {} reachable from {} homes, {} kept (younger than {}), {} deleted ({})",
+                    report.objects,
+                    report.marked,
+                    report.roots,
+                    report.kept_young,
+                    humantime::format_duration(grace),
+                    report.deleted,
+                    human_bytes(report.bytes_deleted),
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StoreCommand::Verify { store, json } => {
+            let store = Store::open(&store)?;
+            let report = store::gc::verify(&store).context("verify failed")?;
+            if json {
+                print_json(&json!({
+                    "ok": report.ok(),
+                    "roots": report.roots,
+                    "objects_checked": report.objects_checked,
+                    "errors": report.errors,
+                }));
+            } else {
+                for error in &report.errors {
+                    println!("error: {error}");
+                }
+                println!(
+                    "verify: {} homes, {} objects checked, {}",
+                    report.roots,
+                    report.objects_checked,
+                    if report.ok() {
+                        "ok".to_owned()
+                    } else {
+                        format!("{} errors", report.errors.len())
+                    }
+                );
+            }
+            Ok(if report.ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        StoreCommand::Stats { store, json } => {
+            let store = Store::open(&store)?;
+            let orgs = store::gc::stats(&store).context("stats failed")?;
+            if json {
+                let orgs: Vec<_> = orgs
+                    .iter()
+                    .map(|o| {
+                        json!({
+                            "org": o.org,
+                            "homes": o.homes,
+                            "objects": o.objects,
+                            "blocks": o.blocks,
+                            "trees": o.trees,
+                            "stored_bytes": o.stored_bytes,
+                            "logical_bytes": o.logical_bytes,
+                            "dedup_ratio": o.dedup_ratio,
+                        })
+                    })
+                    .collect();
+                print_json(&json!({ "orgs": orgs }));
+            } else {
+                println!(
+                    "{:<24} {:>6} {:>10} {:>12} {:>12} {:>7}",
+                    "ORG", "HOMES", "OBJECTS", "STORED", "LOGICAL", "RATIO"
+                );
+                for o in &orgs {
+                    println!(
+                        "{:<24} {:>6} {:>10} {:>12} {:>12} {:>6.1}x",
+                        o.org,
+                        o.homes,
+                        o.objects,
+                        human_bytes(o.stored_bytes),
+                        human_bytes(o.logical_bytes),
+                        o.dedup_ratio
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! A local directory as object store: the embedded default.
+//!
+//! Objects are plain files named by their key. A put writes a temporary
+//! file and renames it into place, so a reader never sees half an object;
+//! puts skip per-file fsync and [`Backend::sync`] flushes the whole
+//! filesystem once (`syncfs`) before a push commits. Mutable pointers use
+//! the full temp → fsync → rename → fsync-directory sequence.
+
+use std::fs;
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{Backend, ObjectMeta};
+use crate::{Error, Result};
+
+const TEMP_PREFIX: &str = ".tmp.";
+
+pub struct LocalBackend {
+    root: PathBuf,
+    temp_counter: AtomicU64,
+}
+
+fn backend_error(op: &'static str, key: &str, err: std::io::Error) -> Error {
+    Error::Backend {
+        op,
+        key: key.to_owned(),
+        permanent: err.kind() == ErrorKind::PermissionDenied,
+        message: err.to_string(),
+    }
+}
+
+impl LocalBackend {
+    pub fn open(root: impl AsRef<Path>) -> Result<LocalBackend> {
+        let root = root.as_ref().to_owned();
+        fs::create_dir_all(&root)
+            .map_err(|e| backend_error("open", &root.display().to_string(), e))?;
+        Ok(LocalBackend {
+            root,
+            temp_counter: AtomicU64::new(0),
+        })
+    }
+
+    fn path(&self, key: &str) -> Result<PathBuf> {
+        // Keys are built by `Store` from validated names and hex digests;
+        // this guard keeps a future caller's bug from escaping the root.
+        if key.is_empty()
+            || key.starts_with('/')
+            || key
+                .split('/')
+                .any(|p| p.is_empty() || p == "." || p == "..")
+        {
+            return Err(Error::Backend {
+                op: "resolve",
+                key: key.to_owned(),
+                message: "invalid key".to_owned(),
+                permanent: true,
+            });
+        }
+        Ok(self.root.join(key))
+    }
+
+    fn temp_path(&self, path: &Path) -> PathBuf {
+        let n = self.temp_counter.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{TEMP_PREFIX}{}.{}", std::process::id(), n);
+        path.with_file_name(name)
+    }
+
+    fn write_new(&self, key: &str, data: &[u8], durable: bool) -> Result<()> {
+        let path = self.path(key)?;
+        let temp = self.temp_path(&path);
+        let write = |temp: &Path| -> std::io::Result<()> {
+            let mut file = fs::File::create(temp)?;
+            file.write_all(data)?;
+            if durable {
+                file.sync_all()?;
+            }
+            Ok(())
+        };
+        if let Err(err) = write(&temp) {
+            if err.kind() != ErrorKind::NotFound {
+                let _ = fs::remove_file(&temp);
+                return Err(backend_error("put", key, err));
+            }
+            // The fan-out directory does not exist yet.
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent).map_err(|e| backend_error("put", key, e))?;
+            }
+            write(&temp).map_err(|e| {
+                let _ = fs::remove_file(&temp);
+                backend_error("put", key, e)
+            })?;
+        }
+        fs::rename(&temp, &path).map_err(|e| {
+            let _ = fs::remove_file(&temp);
+            backend_error("put", key, e)
+        })?;
+        if durable && let Some(parent) = path.parent() {
+            fs::File::open(parent)
+                .and_then(|dir| dir.sync_all())
+                .map_err(|e| backend_error("put", key, e))?;
+        }
+        Ok(())
+    }
+
+    fn meta(key: String, metadata: &fs::Metadata) -> Result<ObjectMeta> {
+        let last_modified = metadata
+            .modified()
+            .map_err(|e| backend_error("stat", &key, e))?;
+        Ok(ObjectMeta {
+            key,
+            size: metadata.len(),
+            last_modified,
+        })
+    }
+
+    fn list_into(&self, dir: &Path, key_prefix: &str, out: &mut Vec<ObjectMeta>) -> Result<()> {
+        let entries = match fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(err) => return Err(backend_error("list", key_prefix, err)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| backend_error("list", key_prefix, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with(TEMP_PREFIX) {
+                continue;
+            }
+            let key = format!("{key_prefix}{name}");
+            let file_type = entry
+                .file_type()
+                .map_err(|e| backend_error("list", &key, e))?;
+            if file_type.is_dir() {
+                self.list_into(&entry.path(), &format!("{key}/"), out)?;
+            } else if file_type.is_file() {
+                let metadata = entry
+                    .metadata()
+                    .map_err(|e| backend_error("list", &key, e))?;
+                out.push(Self::meta(key, &metadata)?);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend for LocalBackend {
+    fn put(&self, key: &str, data: &[u8]) -> Result<()> {
+        self.write_new(key, data, false)
+    }
+
+    fn put_durable(&self, key: &str, data: &[u8]) -> Result<()> {
+        self.write_new(key, data, true)
+    }
+
+    fn sync(&self) -> Result<()> {
+        let root = fs::File::open(&self.root).map_err(|e| backend_error("sync", "", e))?;
+        rustix::fs::syncfs(&root).map_err(|e| backend_error("sync", "", e.into()))
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        match fs::read(self.path(key)?) {
+            Ok(data) => Ok(Some(data)),
+            Err(err) if err.kind() == ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(backend_error("get", key, err)),
+        }
+    }
+
+    fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
+        keys.iter()
+            .map(|key| match fs::symlink_metadata(self.path(key)?) {
+                Ok(_) => Ok(true),
+                Err(err) if err.kind() == ErrorKind::NotFound => Ok(false),
+                Err(err) => Err(backend_error("exists", key, err)),
+            })
+            .collect()
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        let dir = self.path(prefix.trim_end_matches('/'))?;
+        let mut out = Vec::new();
+        self.list_into(&dir, prefix, &mut out)?;
+        Ok(out)
+    }
+
+    fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
+        match fs::metadata(self.path(key)?) {
+            Ok(metadata) => Ok(Some(Self::meta(key.to_owned(), &metadata)?)),
+            Err(err) if err.kind() == ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(backend_error("head", key, err)),
+        }
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        match fs::remove_file(self.path(key)?) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == ErrorKind::NotFound => Ok(()),
+            Err(err) => Err(backend_error("delete", key, err)),
+        }
+    }
+}

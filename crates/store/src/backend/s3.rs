@@ -1,0 +1,161 @@
+//! Any S3-compatible object store, through the `object_store` crate.
+//!
+//! Endpoint, region and credentials come from the standard AWS environment
+//! variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! `AWS_REGION`, `AWS_ALLOW_HTTP=true` for a plain-http endpoint). The
+//! backend owns a small tokio runtime and blocks on it, so the synchronous
+//! engine can use it from any non-async thread.
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, PutPayload};
+
+use super::{Backend, ObjectMeta};
+use crate::{Error, Result};
+
+/// Concurrent HEAD requests for one existence batch.
+const EXISTS_CONCURRENCY_MAX: usize = 32;
+
+pub struct S3Backend {
+    client: AmazonS3,
+    prefix: String,
+    runtime: tokio::runtime::Runtime,
+}
+
+fn backend_error(op: &'static str, key: &str, err: object_store::Error) -> Error {
+    let permanent = matches!(
+        err,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
+    );
+    Error::Backend {
+        op,
+        key: key.to_owned(),
+        // object_store's Display spans lines; the CLI prints one line.
+        message: err.to_string().replace('\n', " "),
+        permanent,
+    }
+}
+
+impl S3Backend {
+    pub fn open(bucket: &str, prefix: &str) -> Result<S3Backend> {
+        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        if std::env::var_os("AWS_REGION").is_none()
+            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+        {
+            builder = builder.with_region("us-east-1");
+        }
+        let client = builder.build().map_err(|err| Error::InvalidUrl {
+            url: format!("s3://{bucket}/{prefix}"),
+            reason: err.to_string().replace('\n', " "),
+        })?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("roost-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Io {
+                path: "tokio runtime".into(),
+                source: e,
+            })?;
+        let prefix = prefix.trim_matches('/');
+        let prefix = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{prefix}/")
+        };
+        Ok(S3Backend {
+            client,
+            prefix,
+            runtime,
+        })
+    }
+
+    fn path(&self, key: &str) -> ObjectPath {
+        ObjectPath::from(format!("{}{key}", self.prefix))
+    }
+
+    fn meta(&self, meta: object_store::ObjectMeta) -> ObjectMeta {
+        let full = meta.location.to_string();
+        ObjectMeta {
+            key: full.strip_prefix(&self.prefix).unwrap_or(&full).to_owned(),
+            size: meta.size,
+            last_modified: meta.last_modified.into(),
+        }
+    }
+}
+
+impl Backend for S3Backend {
+    fn put(&self, key: &str, data: &[u8]) -> Result<()> {
+        let payload = PutPayload::from(data.to_vec());
+        self.runtime
+            .block_on(self.client.put(&self.path(key), payload))
+            .map(drop)
+            .map_err(|e| backend_error("put", key, e))
+    }
+
+    fn put_durable(&self, key: &str, data: &[u8]) -> Result<()> {
+        // A successful S3 PUT is durable and atomically replaces the object.
+        self.put(key, data)
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.runtime.block_on(async {
+            match self.client.get(&self.path(key)).await {
+                Ok(result) => match result.bytes().await {
+                    Ok(bytes) => Ok(Some(bytes.to_vec())),
+                    Err(err) => Err(backend_error("get", key, err)),
+                },
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(err) => Err(backend_error("get", key, err)),
+            }
+        })
+    }
+
+    fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
+        self.runtime.block_on(async {
+            futures::stream::iter(keys)
+                .map(|key| async move {
+                    match self.client.head(&self.path(key)).await {
+                        Ok(_) => Ok(true),
+                        Err(object_store::Error::NotFound { .. }) => Ok(false),
+                        Err(err) => Err(backend_error("exists", key, err)),
+                    }
+                })
+                .buffered(EXISTS_CONCURRENCY_MAX)
+                .try_collect()
+                .await
+        })
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        let metas: Vec<object_store::ObjectMeta> = self
+            .runtime
+            .block_on(
+                self.client
+                    .list(Some(&self.path(prefix.trim_end_matches('/'))))
+                    .try_collect(),
+            )
+            .map_err(|e| backend_error("list", prefix, e))?;
+        Ok(metas.into_iter().map(|meta| self.meta(meta)).collect())
+    }
+
+    fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
+        match self.runtime.block_on(self.client.head(&self.path(key))) {
+            Ok(meta) => Ok(Some(self.meta(meta))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err) => Err(backend_error("head", key, err)),
+        }
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        match self.runtime.block_on(self.client.delete(&self.path(key))) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(err) => Err(backend_error("delete", key, err)),
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The store's error type. Variants are what callers act on; messages name
+//! the object or path involved, in lowercase, on one line.
+
+use std::path::PathBuf;
+
+use crate::Digest;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "invalid {kind} name {name:?}: use 1-64 of a-z 0-9 - _, starting with a letter or digit"
+    )]
+    InvalidName { kind: &'static str, name: String },
+
+    #[error("invalid store url {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+
+    #[error("store unreachable during {op} of {key}: {message}")]
+    Backend {
+        op: &'static str,
+        key: String,
+        message: String,
+        /// True when retrying cannot help (for example access denied).
+        permanent: bool,
+    },
+
+    #[error("no such home: {org}/{home}")]
+    NoSuchHome { org: String, home: String },
+
+    #[error("object {digest} is missing from the store{}", at_path(.path))]
+    MissingObject {
+        digest: Digest,
+        path: Option<PathBuf>,
+    },
+
+    #[error("hash mismatch for object {digest}{}", at_path(.path))]
+    Corrupt {
+        digest: Digest,
+        path: Option<PathBuf>,
+    },
+
+    #[error("malformed home pointer {key}")]
+    MalformedPointer { key: String },
+
+    #[error("malformed tree object {digest}: {reason}")]
+    MalformedTree { digest: Digest, reason: String },
+
+    #[error("{}", io_message(.source, .path))]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error("file changed while it was being read: {path}; push again", path = .path.display())]
+    FileChanged { path: PathBuf },
+
+    #[error("objects this push relied on vanished before commit (a concurrent gc); push again")]
+    CommitRaced,
+
+    #[error("gc aborted, nothing deleted: {0}")]
+    GcAborted(Box<Error>),
+
+    #[error("invalid exclude pattern {pattern:?}: {reason}")]
+    InvalidExclude { pattern: String, reason: String },
+}
+
+fn at_path(path: &Option<PathBuf>) -> String {
+    match path {
+        Some(path) => format!(" at {}", path.display()),
+        None => String::new(),
+    }
+}
+
+fn io_message(source: &std::io::Error, path: &std::path::Path) -> String {
+    match source.kind() {
+        std::io::ErrorKind::PermissionDenied => format!("permission denied at {}", path.display()),
+        std::io::ErrorKind::NotFound => format!("not found: {}", path.display()),
+        _ => format!("{} at {}", source, path.display()),
+    }
+}
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { path, source }
+    }
+
+    /// Whether the same operation might succeed if simply tried again.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Backend { permanent, .. } => !permanent,
+            Error::CommitRaced | Error::FileChanged { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Attach the home-relative path of the file an object belongs to.
+    pub fn at(self, at: &std::path::Path) -> Error {
+        match self {
+            Error::Corrupt { digest, path: None } => Error::Corrupt {
+                digest,
+                path: Some(at.to_owned()),
+            },
+            Error::MissingObject { digest, path: None } => Error::MissingObject {
+                digest,
+                path: Some(at.to_owned()),
+            },
+            other => other,
+        }
+    }
+}

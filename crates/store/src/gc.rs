@@ -1,0 +1,343 @@
+//! Garbage collection, verification and statistics over a whole store.
+//!
+//! GC is mark and sweep. It marks from every home pointer (and every tree
+//! younger than the grace period, so a push in flight keeps what its new
+//! trees reach) and deletes unmarked objects older than the grace period.
+//! Any listing or read failure aborts it before a single delete: an error
+//! is never taken for "no objects". Just before sweeping it reads the
+//! pointers again and marks any root committed meanwhile.
+//!
+//! Sweep order keeps the invariant the pruned missing-check relies on,
+//! "a present tree has its whole subtree present", even if gc dies half
+//! way: unreferenced trees go parents first, and blocks only after all
+//! trees.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use rayon::prelude::*;
+
+use crate::backend::ObjectMeta;
+use crate::store::{KeyKind, ObjectId, ObjectKind, parse_key};
+use crate::tree::{EntryKind, Tree};
+use crate::{Digest, Error, HomeName, OrgId, Result, Store};
+
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(3600);
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    pub roots: u64,
+    pub objects: u64,
+    pub marked: u64,
+    pub kept_young: u64,
+    pub deleted: u64,
+    pub bytes_deleted: u64,
+}
+
+type Marked = HashSet<(OrgId, ObjectId)>;
+
+struct Listing {
+    homes: Vec<(OrgId, HomeName)>,
+    objects: Vec<(OrgId, ObjectId, ObjectMeta)>,
+}
+
+fn list(store: &Store) -> Result<Listing> {
+    let mut listing = Listing {
+        homes: Vec::new(),
+        objects: Vec::new(),
+    };
+    for meta in store.list_all()? {
+        match parse_key(&meta.key) {
+            Some(KeyKind::Home { org, home }) => listing.homes.push((org, home)),
+            Some(KeyKind::Object { org, object }) => listing.objects.push((org, object, meta)),
+            None => {}
+        }
+    }
+    Ok(listing)
+}
+
+/// Marks everything reachable from `tree`. With `tolerate_missing`, a
+/// missing child is skipped (a young tree of a push still uploading).
+fn mark_tree(
+    store: &Store,
+    org: &OrgId,
+    tree: Digest,
+    marked: &mut Marked,
+    tolerate_missing: bool,
+) -> Result<()> {
+    let mut stack = vec![tree];
+    while let Some(digest) = stack.pop() {
+        if !marked.insert((org.clone(), ObjectId::tree(digest))) {
+            continue;
+        }
+        let tree = match store.get_tree(org, &digest) {
+            Ok(tree) => tree,
+            Err(Error::MissingObject { .. }) if tolerate_missing => continue,
+            Err(err) => return Err(err),
+        };
+        for entry in tree.entries {
+            match entry.kind {
+                EntryKind::Dir { tree } => stack.push(tree),
+                EntryKind::File { blocks } => {
+                    marked.extend(
+                        blocks
+                            .into_iter()
+                            .map(|b| (org.clone(), ObjectId::block(b))),
+                    );
+                }
+                EntryKind::Symlink { .. } => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+fn mark_homes(store: &Store, homes: &[(OrgId, HomeName)], marked: &mut Marked) -> Result<u64> {
+    let mut roots = 0;
+    for (org, home) in homes {
+        if let Some(root) = store.read_home(org, home)? {
+            mark_tree(store, org, root, marked, false)?;
+            roots += 1;
+        }
+    }
+    Ok(roots)
+}
+
+pub fn gc(store: &Store, grace: Duration) -> Result<GcReport> {
+    gc_inner(store, grace).map_err(|err| Error::GcAborted(Box::new(err)))
+}
+
+fn gc_inner(store: &Store, grace: Duration) -> Result<GcReport> {
+    let started = SystemTime::now();
+    let cutoff = started.checked_sub(grace).unwrap_or(SystemTime::UNIX_EPOCH);
+    let listing = list(store)?;
+    let mut report = GcReport {
+        objects: listing.objects.len() as u64,
+        ..GcReport::default()
+    };
+    let mut marked = Marked::new();
+    report.roots = mark_homes(store, &listing.homes, &mut marked)?;
+    for (org, object, meta) in &listing.objects {
+        if object.kind == ObjectKind::Tree && meta.last_modified >= cutoff {
+            mark_tree(store, org, object.digest, &mut marked, true)?;
+        }
+    }
+    // Roots committed while we marked: read the pointers once more.
+    let homes_again = list(store)?.homes;
+    mark_homes(store, &homes_again, &mut marked)?;
+    report.marked = marked.len() as u64;
+
+    let mut trees = Vec::new();
+    let mut blocks = Vec::new();
+    for (org, object, meta) in listing.objects {
+        if marked.contains(&(org.clone(), object)) {
+            continue;
+        }
+        if meta.last_modified >= cutoff {
+            report.kept_young += 1;
+            continue;
+        }
+        match object.kind {
+            ObjectKind::Tree => trees.push((org, object, meta)),
+            ObjectKind::Block => blocks.push((org, object, meta)),
+        }
+    }
+
+    // Parents before children among the condemned trees.
+    let heights = condemned_heights(store, &trees);
+    trees.sort_by_key(|(org, object, _)| {
+        std::cmp::Reverse(heights.get(&(org.clone(), object.digest)).copied())
+    });
+    let delete = |(_, _, meta): &(OrgId, ObjectId, ObjectMeta)| store.backend().delete(&meta.key);
+    for level in trees.chunk_by(|a, b| {
+        heights.get(&(a.0.clone(), a.1.digest)) == heights.get(&(b.0.clone(), b.1.digest))
+    }) {
+        level.par_iter().try_for_each(delete)?;
+    }
+    blocks.par_iter().try_for_each(delete)?;
+    report.deleted = (trees.len() + blocks.len()) as u64;
+    report.bytes_deleted = trees
+        .iter()
+        .chain(&blocks)
+        .map(|(_, _, meta)| meta.size)
+        .sum();
+    Ok(report)
+}
+
+/// Height of each condemned tree among condemned trees; an unreadable one
+/// counts as tallest (deleted first: nothing can be reached through it).
+fn condemned_heights(
+    store: &Store,
+    trees: &[(OrgId, ObjectId, ObjectMeta)],
+) -> HashMap<(OrgId, Digest), u32> {
+    let condemned: HashSet<(OrgId, Digest)> = trees
+        .iter()
+        .map(|(org, o, _)| (org.clone(), o.digest))
+        .collect();
+    let children: HashMap<(OrgId, Digest), Option<Vec<Digest>>> = trees
+        .par_iter()
+        .map(|(org, object, _)| {
+            let subtrees = store.get_tree(org, &object.digest).ok().map(|tree: Tree| {
+                tree.entries
+                    .into_iter()
+                    .filter_map(|e| match e.kind {
+                        EntryKind::Dir { tree } => Some(tree),
+                        _ => None,
+                    })
+                    .collect()
+            });
+            ((org.clone(), object.digest), subtrees)
+        })
+        .collect();
+    fn height(
+        key: &(OrgId, Digest),
+        children: &HashMap<(OrgId, Digest), Option<Vec<Digest>>>,
+        condemned: &HashSet<(OrgId, Digest)>,
+        memo: &mut HashMap<(OrgId, Digest), u32>,
+    ) -> u32 {
+        if let Some(h) = memo.get(key) {
+            return *h;
+        }
+        let h = match children.get(key) {
+            Some(Some(subtrees)) => subtrees
+                .iter()
+                .map(|d| (key.0.clone(), *d))
+                .filter(|child| condemned.contains(child))
+                .map(|child| height(&child, children, condemned, memo) + 1)
+                .max()
+                .unwrap_or(0),
+            _ => u32::MAX,
+        };
+        memo.insert(key.clone(), h);
+        h
+    }
+    let mut memo = HashMap::new();
+    for key in &condemned {
+        height(key, &children, &condemned, &mut memo);
+    }
+    memo
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub roots: u64,
+    pub objects_checked: u64,
+    pub errors: Vec<String>,
+}
+
+impl VerifyReport {
+    pub fn ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+/// Checks that every object reachable from every home exists and hashes
+/// right. Listing failures are errors; object problems are reported.
+pub fn verify(store: &Store) -> Result<VerifyReport> {
+    let listing = list(store)?;
+    let mut report = VerifyReport::default();
+    let mut checked: HashSet<(OrgId, ObjectId)> = HashSet::new();
+    for (org, home) in &listing.homes {
+        let Some(root) = store.read_home(org, home)? else {
+            continue;
+        };
+        report.roots += 1;
+        let mut stack = vec![(root, std::path::PathBuf::new())];
+        let mut blocks: Vec<(Digest, std::path::PathBuf)> = Vec::new();
+        while let Some((digest, path)) = stack.pop() {
+            if !checked.insert((org.clone(), ObjectId::tree(digest))) {
+                continue;
+            }
+            let tree = match store.get_tree(org, &digest) {
+                Ok(tree) => tree,
+                Err(err) => {
+                    report
+                        .errors
+                        .push(format!("{org}/{home}: {}", err.at(&path)));
+                    continue;
+                }
+            };
+            for entry in tree.entries {
+                let child = path.join(
+                    <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&entry.name),
+                );
+                match entry.kind {
+                    EntryKind::Dir { tree } => stack.push((tree, child)),
+                    EntryKind::File { blocks: b } => {
+                        for block in b {
+                            if checked.insert((org.clone(), ObjectId::block(block))) {
+                                blocks.push((block, child.clone()));
+                            }
+                        }
+                    }
+                    EntryKind::Symlink { .. } => {}
+                }
+            }
+        }
+        let errors: Vec<String> = blocks
+            .par_iter()
+            .filter_map(|(digest, path)| {
+                store
+                    .get_object(org, &ObjectId::block(*digest))
+                    .err()
+                    .map(|err| format!("{org}/{home}: {}", err.at(path)))
+            })
+            .collect();
+        report.errors.extend(errors);
+    }
+    report.objects_checked = checked.len() as u64;
+    Ok(report)
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OrgStats {
+    pub org: String,
+    pub homes: u64,
+    pub objects: u64,
+    pub blocks: u64,
+    pub trees: u64,
+    pub stored_bytes: u64,
+    /// File bytes described by the org's home roots, counted per home.
+    pub logical_bytes: u64,
+    /// logical / stored: how much deduplication and compression save.
+    pub dedup_ratio: f64,
+}
+
+pub fn stats(store: &Store) -> Result<Vec<OrgStats>> {
+    let listing = list(store)?;
+    let mut by_org: std::collections::BTreeMap<String, OrgStats> = Default::default();
+    for (org, object, meta) in &listing.objects {
+        let stats = by_org.entry(org.to_string()).or_default();
+        stats.objects += 1;
+        stats.stored_bytes += meta.size;
+        match object.kind {
+            ObjectKind::Block => stats.blocks += 1,
+            ObjectKind::Tree => stats.trees += 1,
+        }
+    }
+    for (org, home) in &listing.homes {
+        let stats = by_org.entry(org.to_string()).or_default();
+        stats.homes += 1;
+        if let Some(root) = store.read_home(org, home)? {
+            let tree = store.get_tree(org, &root)?;
+            stats.logical_bytes += tree
+                .entries
+                .iter()
+                .filter(|e| !matches!(e.kind, EntryKind::Symlink { .. }))
+                .map(|e| e.size)
+                .sum::<u64>();
+        }
+    }
+    Ok(by_org
+        .into_iter()
+        .map(|(org, mut stats)| {
+            stats.org = org;
+            stats.dedup_ratio = if stats.stored_bytes == 0 {
+                0.0
+            } else {
+                stats.logical_bytes as f64 / stats.stored_bytes as f64
+            };
+            stats
+        })
+        .collect())
+}

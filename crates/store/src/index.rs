@@ -1,0 +1,288 @@
+//! The local file index: what lets a re-scan of an unchanged home skip
+//! reading file contents.
+//!
+//! It maps `(dev, inode, size, mtime_ns, ctime_ns)`, as observed on this
+//! machine, to the file's block digests. It is a cache: a missing, stale
+//! or corrupt index only costs re-hashing, never a wrong result. Entries
+//! are recorded only for files whose timestamps were safely in the past
+//! when observed (see [`is_racy`]), so a change made within the
+//! filesystem's timestamp granularity cannot hide behind an equal stat.
+//! Comparisons are between stats of the same filesystem, so timestamp
+//! precision differences between filesystems never force a re-hash.
+//!
+//! File format v1: magic, version, the last push or pull (store, org,
+//! home, root, its tree digests), the file entries, then a BLAKE3 checksum
+//! of everything before it.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use crate::{Digest, Error, Result};
+
+const MAGIC: &[u8; 5] = b"RIDX\x01";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IndexKey {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl IndexKey {
+    pub fn of(meta: &fs::Metadata) -> IndexKey {
+        IndexKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: mtime_ns(meta),
+            ctime_ns: meta
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.ctime_nsec()),
+        }
+    }
+}
+
+pub fn mtime_ns(meta: &fs::Metadata) -> i64 {
+    meta.mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(meta.mtime_nsec())
+}
+
+/// Timestamps are written from a coarse kernel clock (a few ms); on
+/// filesystems with whole-second timestamps the window is two seconds.
+const RACY_WINDOW_FINE_NS: i64 = 100_000_000;
+const RACY_WINDOW_COARSE_NS: i64 = 2_000_000_000;
+
+/// Whether a file's timestamps are too close to `observed_at_ns` for an
+/// equal stat later to prove equal content: a write landing in the same
+/// timestamp tick after we looked would leave every field unchanged.
+pub fn is_racy(key: &IndexKey, observed_at_ns: i64) -> bool {
+    let coarse = key.mtime_ns % 1_000_000_000 == 0 && key.ctime_ns % 1_000_000_000 == 0;
+    let window = if coarse {
+        RACY_WINDOW_COARSE_NS
+    } else {
+        RACY_WINDOW_FINE_NS
+    };
+    key.mtime_ns.max(key.ctime_ns).saturating_add(window) >= observed_at_ns
+}
+
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// The snapshot a directory was last pushed as or pulled from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastSync {
+    pub store: String,
+    pub org: String,
+    pub home: String,
+    pub root: Digest,
+    /// Every tree digest of `root`, so an incremental push can tell new
+    /// objects from ones the store already holds without asking it.
+    pub trees: Vec<Digest>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Index {
+    pub files: HashMap<IndexKey, Vec<Digest>>,
+    pub last: Option<LastSync>,
+}
+
+impl Index {
+    /// Loads the index; anything unreadable is an empty index (it is a cache).
+    pub fn load(path: &Path) -> Index {
+        match fs::read(path) {
+            Ok(bytes) => match decode(&bytes) {
+                Some(index) => index,
+                None => {
+                    tracing::warn!(path = %path.display(), "discarding unreadable file index");
+                    Index::default()
+                }
+            },
+            Err(_) => Index::default(),
+        }
+    }
+
+    /// Atomically replaces the index file.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(Error::io(parent))?;
+        }
+        let temp = path.with_extension(format!("tmp.{}", std::process::id()));
+        let bytes = encode(self);
+        let write = || -> std::io::Result<()> {
+            let mut file = fs::File::create(&temp)?;
+            file.write_all(&bytes)?;
+            fs::rename(&temp, path)
+        };
+        write().map_err(|e| {
+            let _ = fs::remove_file(&temp);
+            Error::Io {
+                path: path.to_owned(),
+                source: e,
+            }
+        })
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn encode(index: &Index) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + index.files.len() * 80);
+    out.extend_from_slice(MAGIC);
+    match &index.last {
+        Some(last) => {
+            out.push(1);
+            put_bytes(&mut out, last.store.as_bytes());
+            put_bytes(&mut out, last.org.as_bytes());
+            put_bytes(&mut out, last.home.as_bytes());
+            out.extend_from_slice(&last.root.0);
+            out.extend_from_slice(&(last.trees.len() as u64).to_le_bytes());
+            for tree in &last.trees {
+                out.extend_from_slice(&tree.0);
+            }
+        }
+        None => out.push(0),
+    }
+    out.extend_from_slice(&(index.files.len() as u64).to_le_bytes());
+    for (key, blocks) in &index.files {
+        for n in [
+            key.dev,
+            key.ino,
+            key.size,
+            key.mtime_ns as u64,
+            key.ctime_ns as u64,
+        ] {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        out.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+        for block in blocks {
+            out.extend_from_slice(&block.0);
+        }
+    }
+    let checksum = blake3::hash(&out);
+    out.extend_from_slice(checksum.as_bytes());
+    out
+}
+
+fn decode(bytes: &[u8]) -> Option<Index> {
+    let (body, checksum) = bytes.split_at_checked(bytes.len().checked_sub(32)?)?;
+    if blake3::hash(body).as_bytes() != checksum {
+        return None;
+    }
+    let mut at = 0usize;
+    let mut take = |len: usize| -> Option<&[u8]> {
+        let out = body.get(at..at.checked_add(len)?)?;
+        at += len;
+        Some(out)
+    };
+    if take(MAGIC.len())? != MAGIC {
+        return None;
+    }
+    let u64_of = |b: &[u8]| b.try_into().ok().map(u64::from_le_bytes);
+    let last = match take(1)?[0] {
+        0 => None,
+        _ => {
+            let mut string = || -> Option<String> {
+                let len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+                String::from_utf8(take(len)?.to_vec()).ok()
+            };
+            let (store, org, home) = (string()?, string()?, string()?);
+            let root = Digest(take(32)?.try_into().ok()?);
+            let count = u64_of(take(8)?)? as usize;
+            let trees = (0..count)
+                .map(|_| Some(Digest(take(32)?.try_into().ok()?)))
+                .collect::<Option<Vec<_>>>()?;
+            Some(LastSync {
+                store,
+                org,
+                home,
+                root,
+                trees,
+            })
+        }
+    };
+    let count = u64_of(take(8)?)? as usize;
+    let mut files = HashMap::with_capacity(count.min(1 << 22));
+    for _ in 0..count {
+        let mut n = || u64_of(take(8)?);
+        let key = IndexKey {
+            dev: n()?,
+            ino: n()?,
+            size: n()?,
+            mtime_ns: n()? as i64,
+            ctime_ns: n()? as i64,
+        };
+        let blocks_len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let blocks = (0..blocks_len)
+            .map(|_| Some(Digest(take(32)?.try_into().ok()?)))
+            .collect::<Option<Vec<_>>>()?;
+        files.insert(key, blocks);
+    }
+    (at == body.len()).then_some(Index { files, last })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_corruption_is_empty() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("index");
+        let mut index = Index::default();
+        let key = IndexKey {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime_ns: 4,
+            ctime_ns: 5,
+        };
+        index
+            .files
+            .insert(key, vec![Digest::of(b"a"), Digest::of(b"b")]);
+        index.last = Some(LastSync {
+            store: "s".into(),
+            org: "o".into(),
+            home: "h".into(),
+            root: Digest::of(b"root"),
+            trees: vec![Digest::of(b"t")],
+        });
+        index.save(&path).expect("save");
+        assert_eq!(Index::load(&path), index);
+        let mut bytes = fs::read(&path).expect("read");
+        bytes[10] ^= 1;
+        fs::write(&path, bytes).expect("write");
+        assert_eq!(Index::load(&path), Index::default());
+    }
+
+    #[test]
+    fn racy_window() {
+        let second = 1_000_000_000;
+        let key = |t: i64| IndexKey {
+            dev: 0,
+            ino: 0,
+            size: 0,
+            mtime_ns: t,
+            ctime_ns: t,
+        };
+        assert!(is_racy(&key(100 * second + 5), 100 * second + 50));
+        assert!(!is_racy(&key(100 * second + 5), 101 * second));
+        // Whole-second timestamps: the filesystem cannot tell writes within
+        // a second (or two, for FAT) apart.
+        assert!(is_racy(&key(100 * second), 101 * second + 500));
+        assert!(!is_racy(&key(100 * second), 103 * second));
+    }
+}

@@ -1,0 +1,26 @@
+//! The content-addressed home store: blocks, Merkle trees of directories,
+//! push (scan → missing-check → upload → commit) and pull (materialise).
+//!
+//! This crate knows nothing about HTTP or the command line. Everything that
+//! touches the outside world goes through [`backend::Backend`] (object
+//! storage) or the local filesystem under a directory the caller names.
+
+pub mod backend;
+pub mod block;
+pub mod digest;
+mod error;
+pub mod excludes;
+pub mod gc;
+pub mod ids;
+pub mod index;
+pub mod progress;
+pub mod pull;
+pub mod push;
+mod scan;
+pub mod store;
+pub mod tree;
+
+pub use digest::Digest;
+pub use error::{Error, Result};
+pub use ids::{HomeName, OrgId};
+pub use store::Store;

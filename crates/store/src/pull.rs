@@ -1,0 +1,500 @@
+//! Pull: materialise a home's tree into a directory.
+//!
+//! Safety: every filesystem call is relative to a directory handle and
+//! names a single validated component; directories are opened with
+//! `O_NOFOLLOW`, files are created `O_EXCL` under a temporary name and
+//! renamed into place (which replaces a symlink or a hard link rather than
+//! writing through it), and metadata is set on our own handles after the
+//! content. So a hostile tree, or a destination already holding symlinks,
+//! cannot make us write outside the target. Every block is verified
+//! against its digest before a byte of it is written.
+//!
+//! Speed: directories are processed in parallel; files whose current stat
+//! matches the local index with the same blocks are left alone; blocks come
+//! from the optional local block cache before the store; all-zero 4 MiB
+//! blocks of large files become holes.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{Seek, SeekFrom, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rayon::prelude::*;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
+
+use crate::backend::LocalBackend;
+use crate::block::{SPLIT_BLOCK_BYTES, block_ranges};
+use crate::index::{Index, IndexKey, LastSync, is_racy, now_ns};
+use crate::progress::Progress;
+use crate::store::ObjectId;
+use crate::tree::{Entry, EntryKind, Tree};
+use crate::{Digest, Error, HomeName, OrgId, Result, Store, block};
+
+const TEMP_PREFIX: &str = ".roost-tmp-";
+
+pub struct PullOptions {
+    /// A local block cache directory, read before the store and filled
+    /// with what is downloaded.
+    pub cache: Option<PathBuf>,
+    /// The destination's file index (read to skip unchanged files, then
+    /// rewritten so the next push of the destination hashes nothing).
+    pub index_path: Option<PathBuf>,
+    pub store_id: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PullReport {
+    pub root: Option<Digest>,
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub logical_bytes: u64,
+    pub files_written: u64,
+    pub files_unchanged: u64,
+    pub removed: u64,
+    pub blocks_downloaded: u64,
+    /// Stored (compressed) bytes fetched from the store.
+    pub bytes_downloaded: u64,
+    pub blocks_from_cache: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    files: AtomicU64,
+    dirs: AtomicU64,
+    symlinks: AtomicU64,
+    files_written: AtomicU64,
+    files_unchanged: AtomicU64,
+    removed: AtomicU64,
+    blocks_downloaded: AtomicU64,
+    bytes_downloaded: AtomicU64,
+    blocks_from_cache: AtomicU64,
+}
+
+struct Materializer<'a> {
+    store: &'a Store,
+    org: &'a OrgId,
+    cache: Option<Store>,
+    old_index: Index,
+    progress: &'a dyn Progress,
+    counters: Counters,
+    new_index: Mutex<Index>,
+    trees_seen: Mutex<Vec<Digest>>,
+    started_ns: i64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain collections stay valid if another worker panicked.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub fn pull(
+    store: &Store,
+    org: &OrgId,
+    home: &HomeName,
+    dest: &Path,
+    options: &PullOptions,
+    progress: &dyn Progress,
+) -> Result<PullReport> {
+    let root = store
+        .read_home(org, home)?
+        .ok_or_else(|| Error::NoSuchHome {
+            org: org.to_string(),
+            home: home.to_string(),
+        })?;
+    materialize(store, org, home.as_str(), &root, dest, options, progress)
+}
+
+/// Materialises the tree `root` into `dest` (created if absent; an older
+/// copy is updated in place, entries not in the tree removed). `home`
+/// is recorded in the destination's index as where the tree came from.
+pub fn materialize(
+    store: &Store,
+    org: &OrgId,
+    home: &str,
+    root: &Digest,
+    dest: &Path,
+    options: &PullOptions,
+    progress: &dyn Progress,
+) -> Result<PullReport> {
+    std::fs::create_dir_all(dest).map_err(Error::io(dest))?;
+    let dest_fd = rustix::fs::open(
+        dest,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::Io {
+        path: dest.to_owned(),
+        source: e.into(),
+    })?;
+    let cache = match &options.cache {
+        Some(dir) => Some(Store::new(Arc::new(LocalBackend::open(dir)?))),
+        None => None,
+    };
+    let old_index = options
+        .index_path
+        .as_deref()
+        .map(Index::load)
+        .unwrap_or_default();
+    let materializer = Materializer {
+        store,
+        org,
+        cache,
+        old_index,
+        progress,
+        counters: Counters::default(),
+        new_index: Mutex::new(Index::default()),
+        trees_seen: Mutex::new(Vec::new()),
+        started_ns: now_ns(),
+    };
+    let tree = materializer.fetch_tree(root, Path::new(""))?;
+    let logical_bytes: u64 = tree
+        .entries
+        .iter()
+        .filter(|e| !matches!(e.kind, EntryKind::Symlink { .. }))
+        .map(|e| e.size)
+        .sum();
+    progress.phase("downloading", Some(logical_bytes));
+    materializer.materialize_dir(&dest_fd, &tree, Path::new(""))?;
+
+    if let Some(path) = &options.index_path {
+        let mut index = std::mem::take(&mut *lock(&materializer.new_index));
+        index.last = Some(LastSync {
+            store: options.store_id.clone(),
+            org: org.to_string(),
+            home: home.to_owned(),
+            root: *root,
+            trees: std::mem::take(&mut *lock(&materializer.trees_seen)),
+        });
+        index.save(path)?;
+    }
+    let n = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    let c = &materializer.counters;
+    Ok(PullReport {
+        root: Some(*root),
+        files: n(&c.files),
+        dirs: n(&c.dirs),
+        symlinks: n(&c.symlinks),
+        logical_bytes,
+        files_written: n(&c.files_written),
+        files_unchanged: n(&c.files_unchanged),
+        removed: n(&c.removed),
+        blocks_downloaded: n(&c.blocks_downloaded),
+        bytes_downloaded: n(&c.bytes_downloaded),
+        blocks_from_cache: n(&c.blocks_from_cache),
+    })
+}
+
+fn zero_block_digest() -> &'static Digest {
+    static ZERO: OnceLock<Digest> = OnceLock::new();
+    ZERO.get_or_init(|| Digest::of(&vec![0u8; SPLIT_BLOCK_BYTES as usize]))
+}
+
+fn io_at(path: &Path) -> impl FnOnce(rustix::io::Errno) -> Error + '_ {
+    move |errno| Error::Io {
+        path: path.to_owned(),
+        source: errno.into(),
+    }
+}
+
+fn timestamps(mtime_ns: i64) -> Timestamps {
+    let time = Timespec {
+        tv_sec: mtime_ns.div_euclid(1_000_000_000),
+        tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+    };
+    Timestamps {
+        last_access: time,
+        last_modification: time,
+    }
+}
+
+impl Materializer<'_> {
+    fn fetch(&self, object: &ObjectId, rel: &Path) -> Result<Vec<u8>> {
+        if let Some(cache) = &self.cache
+            && let Ok(stored) = cache.get_encoded(self.org, object)
+            && let Ok(plain) = block::decode(&object.digest, &stored)
+        {
+            self.counters
+                .blocks_from_cache
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(plain);
+        }
+        let stored = self
+            .store
+            .get_encoded(self.org, object)
+            .map_err(|e| e.at(rel))?;
+        let plain = block::decode(&object.digest, &stored).map_err(|e| e.at(rel))?;
+        self.counters
+            .blocks_downloaded
+            .fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_downloaded
+            .fetch_add(stored.len() as u64, Ordering::Relaxed);
+        if let Some(cache) = &self.cache {
+            // A failed cache write only costs a later download.
+            if let Err(err) = cache
+                .backend()
+                .put(&Store::object_key(self.org, object), &stored)
+            {
+                tracing::warn!(%err, "block cache write failed");
+            }
+        }
+        Ok(plain)
+    }
+
+    fn fetch_tree(&self, digest: &Digest, rel: &Path) -> Result<Tree> {
+        let bytes = self.fetch(&ObjectId::tree(*digest), rel)?;
+        lock(&self.trees_seen).push(*digest);
+        Tree::decode(digest, &bytes)
+    }
+
+    fn materialize_dir(&self, dir: &OwnedFd, tree: &Tree, rel: &Path) -> Result<()> {
+        self.counters.dirs.fetch_add(1, Ordering::Relaxed);
+        let wanted: HashSet<&[u8]> = tree.entries.iter().map(|e| e.name.as_slice()).collect();
+        for name in list_names(dir).map_err(io_at(rel))? {
+            if !wanted.contains(name.as_slice()) {
+                remove_entry(dir, &name).map_err(io_at(&rel.join(OsStr::from_bytes(&name))))?;
+                self.counters.removed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        tree.entries
+            .par_iter()
+            .try_for_each(|entry| self.materialize_entry(dir, entry, rel))
+    }
+
+    fn materialize_entry(&self, dir: &OwnedFd, entry: &Entry, parent_rel: &Path) -> Result<()> {
+        let name = OsStr::from_bytes(&entry.name);
+        let rel = parent_rel.join(name);
+        let existing = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => Some(stat),
+            Err(rustix::io::Errno::NOENT) => None,
+            Err(errno) => return Err(io_at(&rel)(errno)),
+        };
+        let existing_type = existing
+            .as_ref()
+            .map(|s| FileType::from_raw_mode(s.st_mode));
+        match &entry.kind {
+            EntryKind::Dir { tree } => {
+                if existing_type != Some(FileType::Directory) {
+                    if existing_type.is_some() {
+                        remove_entry(dir, &entry.name).map_err(io_at(&rel))?;
+                    }
+                    rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
+                        .map_err(io_at(&rel))?;
+                }
+                let child = rustix::fs::openat(
+                    dir,
+                    name,
+                    OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(io_at(&rel))?;
+                let subtree = self.fetch_tree(tree, &rel)?;
+                self.materialize_dir(&child, &subtree, &rel)?;
+                rustix::fs::fchmod(&child, Mode::from_raw_mode(entry.mode)).map_err(io_at(&rel))?;
+                rustix::fs::futimens(&child, &timestamps(entry.mtime_ns)).map_err(io_at(&rel))?;
+            }
+            EntryKind::File { blocks } => {
+                self.counters.files.fetch_add(1, Ordering::Relaxed);
+                let reusable = existing.as_ref().filter(|s| {
+                    FileType::from_raw_mode(s.st_mode) == FileType::RegularFile && s.st_nlink == 1
+                });
+                if let Some(stat) = reusable
+                    && self.old_index.files.get(&index_key(stat)) == Some(blocks)
+                {
+                    self.touch_up(dir, name, entry, stat, &rel)?;
+                    self.counters
+                        .files_unchanged
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.progress.advance(entry.size);
+                    return Ok(());
+                }
+                if existing_type == Some(FileType::Directory) {
+                    remove_entry(dir, &entry.name).map_err(io_at(&rel))?;
+                }
+                self.write_file(dir, name, entry, blocks, &rel)?;
+                self.counters.files_written.fetch_add(1, Ordering::Relaxed);
+            }
+            EntryKind::Symlink { target } => {
+                self.counters.symlinks.fetch_add(1, Ordering::Relaxed);
+                if existing_type == Some(FileType::Directory) {
+                    remove_entry(dir, &entry.name).map_err(io_at(&rel))?;
+                }
+                let temp = temp_name(&entry.name);
+                rustix::fs::symlinkat(OsStr::from_bytes(target), dir, &temp)
+                    .map_err(io_at(&rel))?;
+                if let Err(errno) = rustix::fs::renameat(dir, &temp, dir, name) {
+                    let _ = rustix::fs::unlinkat(dir, &temp, AtFlags::empty());
+                    return Err(io_at(&rel)(errno));
+                }
+                rustix::fs::utimensat(
+                    dir,
+                    name,
+                    &timestamps(entry.mtime_ns),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .map_err(io_at(&rel))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Content already right: only mode and mtime may need fixing.
+    fn touch_up(
+        &self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        entry: &Entry,
+        stat: &rustix::fs::Stat,
+        rel: &Path,
+    ) -> Result<()> {
+        let current_mtime = stat
+            .st_mtime
+            .saturating_mul(1_000_000_000)
+            .saturating_add(stat.st_mtime_nsec as i64);
+        if stat.st_mode & 0o7777 != entry.mode || current_mtime != entry.mtime_ns {
+            let fd = rustix::fs::openat(
+                dir,
+                name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(io_at(rel))?;
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(entry.mode)).map_err(io_at(rel))?;
+            rustix::fs::futimens(&fd, &timestamps(entry.mtime_ns)).map_err(io_at(rel))?;
+        }
+        self.record_index(dir, name, entry, rel)
+    }
+
+    fn write_file(
+        &self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        entry: &Entry,
+        blocks: &[Digest],
+        rel: &Path,
+    ) -> Result<()> {
+        let temp = temp_name(&entry.name);
+        let fd = rustix::fs::openat(
+            dir,
+            &temp,
+            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(io_at(rel))?;
+        let result = (|| -> Result<()> {
+            let mut file = File::from(fd);
+            let split = entry.size > crate::block::SINGLE_BLOCK_BYTES_MAX;
+            for ((offset, len), digest) in block_ranges(entry.size).zip(blocks) {
+                if split && digest == zero_block_digest() {
+                    // A hole reads back as zeros: keep sparse files sparse.
+                    file.seek(SeekFrom::Start(offset + len))
+                        .map_err(Error::io(rel))?;
+                } else {
+                    let data = self.fetch(&ObjectId::block(*digest), rel)?;
+                    if data.len() as u64 != len {
+                        return Err(Error::Corrupt {
+                            digest: *digest,
+                            path: Some(rel.to_owned()),
+                        });
+                    }
+                    file.write_all(&data).map_err(Error::io(rel))?;
+                }
+                self.progress.advance(len);
+            }
+            file.set_len(entry.size).map_err(Error::io(rel))?;
+            rustix::fs::fchmod(file.as_fd(), Mode::from_raw_mode(entry.mode))
+                .map_err(io_at(rel))?;
+            rustix::fs::futimens(file.as_fd(), &timestamps(entry.mtime_ns)).map_err(io_at(rel))?;
+            rustix::fs::renameat(dir, &temp, dir, name).map_err(io_at(rel))?;
+            Ok(())
+        })();
+        if result.is_err() {
+            let _ = rustix::fs::unlinkat(dir, &temp, AtFlags::empty());
+        }
+        result?;
+        self.record_index(dir, name, entry, rel)
+    }
+
+    /// Remember what we wrote so the next push of this directory need not
+    /// read it again (unless its timestamps are too fresh to trust).
+    fn record_index(&self, dir: &OwnedFd, name: &OsStr, entry: &Entry, rel: &Path) -> Result<()> {
+        let EntryKind::File { blocks } = &entry.kind else {
+            return Ok(());
+        };
+        let stat = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(io_at(rel))?;
+        let key = index_key(&stat);
+        if !is_racy(&key, now_ns().max(self.started_ns)) {
+            lock(&self.new_index).files.insert(key, blocks.clone());
+        }
+        Ok(())
+    }
+}
+
+fn index_key(stat: &rustix::fs::Stat) -> IndexKey {
+    IndexKey {
+        dev: stat.st_dev,
+        ino: stat.st_ino,
+        size: stat.st_size as u64,
+        mtime_ns: stat
+            .st_mtime
+            .saturating_mul(1_000_000_000)
+            .saturating_add(stat.st_mtime_nsec as i64),
+        ctime_ns: stat
+            .st_ctime
+            .saturating_mul(1_000_000_000)
+            .saturating_add(stat.st_ctime_nsec as i64),
+    }
+}
+
+fn temp_name(name: &[u8]) -> std::ffi::OsString {
+    use std::sync::atomic::AtomicU64;
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tag = &Digest::of(name).to_hex()[..8];
+    std::ffi::OsString::from(format!("{TEMP_PREFIX}{}-{n}-{tag}", std::process::id()))
+}
+
+fn list_names(dir: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
+    let mut names = Vec::new();
+    let mut iter = rustix::fs::Dir::read_from(dir)?;
+    while let Some(entry) = iter.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(name.to_vec());
+        }
+    }
+    Ok(names)
+}
+
+/// Removes a file, symlink or whole directory tree without following links.
+fn remove_entry(dir: &OwnedFd, name: &[u8]) -> rustix::io::Result<()> {
+    let name = OsStr::from_bytes(name);
+    let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => stat,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(errno) => return Err(errno),
+    };
+    if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
+        let child = rustix::fs::openat(
+            dir,
+            name,
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        for grandchild in list_names(&child)? {
+            remove_entry(&child, &grandchild)?;
+        }
+        rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
+    } else {
+        rustix::fs::unlinkat(dir, name, AtFlags::empty())
+    }
+}

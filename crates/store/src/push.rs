@@ -1,0 +1,313 @@
+//! Push: scan → ask which objects are missing → upload only those →
+//! sync → re-verify what we relied on → write the home pointer last.
+//!
+//! The pointer only ever names a complete tree: it is written after every
+//! object it reaches is durable in the store. A push killed at any point
+//! leaves the previous pointer intact, and the next push simply finds
+//! some of its objects already present.
+//!
+//! Deciding what is missing:
+//! - incremental (the index says this directory was last synced as the
+//!   home's current root): everything reachable from that root is present,
+//!   so only objects new since then are asked about, in one batched check;
+//! - otherwise a top-down walk pruned by tree digests: a tree that is
+//!   present has its whole subtree present (an invariant gc keeps by
+//!   deleting parents before children and trees before blocks), so an
+//!   unchanged subtree costs one id.
+//!
+//! Objects found present but not referenced by this home's current root
+//! may be collected by a concurrent gc before we commit. They are checked
+//! again after upload; if any vanished the push fails with
+//! [`Error::CommitRaced`] and the retry uploads them.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+
+use crate::excludes::Excludes;
+use crate::index::{Index, LastSync};
+use crate::progress::Progress;
+use crate::scan::{self, Scan, TreeNode, read_block};
+use crate::store::ObjectId;
+use crate::{Digest, Error, HomeName, OrgId, Result, Store};
+
+pub struct PushOptions {
+    pub excludes: Excludes,
+    /// Where this directory's file index lives; `None` hashes everything.
+    pub index_path: Option<PathBuf>,
+    /// Identifies the store in the index (its URL).
+    pub store_id: String,
+    /// Called after uploads, before the commit (tests use it to race gc).
+    #[doc(hidden)]
+    pub before_commit: Option<Box<dyn Fn() + Sync>>,
+}
+
+impl PushOptions {
+    pub fn new(store_id: impl Into<String>) -> PushOptions {
+        PushOptions {
+            excludes: Excludes::default_set(),
+            index_path: None,
+            store_id: store_id.into(),
+            before_commit: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PushReport {
+    pub root: Option<Digest>,
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub special_skipped: u64,
+    pub excluded: u64,
+    pub bytes_scanned: u64,
+    /// File bytes the tree describes (equals `bytes_scanned`).
+    pub logical_bytes: u64,
+    pub files_hashed: u64,
+    pub bytes_hashed: u64,
+    pub blocks_uploaded: u64,
+    pub trees_uploaded: u64,
+    /// Stored (compressed) bytes sent to the store.
+    pub bytes_uploaded: u64,
+    pub missing_checks: u64,
+    /// True when the home already pointed at this exact tree.
+    pub unchanged: bool,
+}
+
+pub fn push(
+    store: &Store,
+    org: &OrgId,
+    home: &HomeName,
+    dir: &Path,
+    options: &PushOptions,
+    progress: &dyn Progress,
+) -> Result<PushReport> {
+    let index = options
+        .index_path
+        .as_deref()
+        .map(Index::load)
+        .unwrap_or_default();
+    let scan = scan::scan(dir, &options.excludes, &index, progress)?;
+    let mut report = report_of(&scan);
+    let checks_before = store.missing_check_requests();
+    let current = store.read_home(org, home)?;
+
+    let last_is_current = index.last.as_ref().is_some_and(|last| {
+        last.store == options.store_id
+            && last.org == org.as_str()
+            && last.home == home.as_str()
+            && Some(last.root) == current
+    });
+    if current != Some(scan.root) {
+        let (missing, relied_on) = if last_is_current {
+            find_missing_incremental(store, org, &scan, &index)?
+        } else {
+            find_missing_pruned(store, org, &scan)?
+        };
+        upload(store, org, &scan, &missing, &mut report, progress)?;
+        store.sync()?;
+        if let Some(hook) = &options.before_commit {
+            hook();
+        }
+        if !relied_on.is_empty() && !store.missing(org, &relied_on)?.is_empty() {
+            return Err(Error::CommitRaced);
+        }
+        store.write_home(org, home, &scan.root)?;
+    } else {
+        report.unchanged = true;
+    }
+    report.missing_checks = store.missing_check_requests() - checks_before;
+
+    if let Some(path) = &options.index_path {
+        let trees = scan.collected.trees.keys().copied().collect();
+        let index = Index {
+            files: scan.collected.index_files,
+            last: Some(LastSync {
+                store: options.store_id.clone(),
+                org: org.to_string(),
+                home: home.to_string(),
+                root: scan.root,
+                trees,
+            }),
+        };
+        index.save(path)?;
+    }
+    Ok(report)
+}
+
+fn report_of(scan: &Scan) -> PushReport {
+    let n = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    let stats = &scan.stats;
+    PushReport {
+        root: Some(scan.root),
+        files: n(&stats.files),
+        dirs: n(&stats.dirs),
+        symlinks: n(&stats.symlinks),
+        special_skipped: n(&stats.special_skipped),
+        excluded: n(&stats.excluded),
+        bytes_scanned: n(&stats.bytes_scanned),
+        logical_bytes: scan.logical_bytes,
+        files_hashed: n(&stats.files_hashed),
+        bytes_hashed: n(&stats.bytes_hashed),
+        ..PushReport::default()
+    }
+}
+
+/// Returns (missing objects, objects found present that we rely on).
+type MissingAndRelied = (Vec<ObjectId>, Vec<ObjectId>);
+
+fn find_missing_incremental(
+    store: &Store,
+    org: &OrgId,
+    scan: &Scan,
+    index: &Index,
+) -> Result<MissingAndRelied> {
+    let mut known: HashSet<Digest> = HashSet::new();
+    if let Some(last) = &index.last {
+        known.extend(last.trees.iter().copied());
+    }
+    let known_blocks: HashSet<&Digest> = index.files.values().flatten().collect();
+    let mut candidates: Vec<ObjectId> = Vec::new();
+    let mut seen_blocks: HashSet<Digest> = HashSet::new();
+    for (digest, node) in &scan.collected.trees {
+        if known.contains(digest) {
+            continue;
+        }
+        candidates.push(ObjectId::tree(*digest));
+        for block in &node.blocks {
+            if !known_blocks.contains(block) && seen_blocks.insert(*block) {
+                candidates.push(ObjectId::block(*block));
+            }
+        }
+    }
+    let missing = store.missing(org, &candidates)?;
+    let missing_set: HashSet<ObjectId> = missing.iter().copied().collect();
+    let relied_on = candidates
+        .into_iter()
+        .filter(|c| !missing_set.contains(c))
+        .collect();
+    Ok((missing, relied_on))
+}
+
+fn find_missing_pruned(store: &Store, org: &OrgId, scan: &Scan) -> Result<MissingAndRelied> {
+    let trees = &scan.collected.trees;
+    let mut missing = Vec::new();
+    let mut relied_on = Vec::new();
+    let mut seen: HashSet<ObjectId> = HashSet::new();
+    let mut level = vec![ObjectId::tree(scan.root)];
+    seen.insert(level[0]);
+    while !level.is_empty() {
+        let absent = store.missing(org, &level)?;
+        let absent_set: HashSet<ObjectId> = absent.iter().copied().collect();
+        let mut next = Vec::new();
+        for object in level {
+            if !absent_set.contains(&object) {
+                relied_on.push(object);
+                continue;
+            }
+            missing.push(object);
+            // A missing tree's children must be asked about in turn.
+            if let Some(node) = trees
+                .get(&object.digest)
+                .filter(|_| object.kind == crate::store::ObjectKind::Tree)
+            {
+                let children = node
+                    .subtrees
+                    .iter()
+                    .map(|d| ObjectId::tree(*d))
+                    .chain(node.blocks.iter().map(|d| ObjectId::block(*d)));
+                for child in children {
+                    if seen.insert(child) {
+                        next.push(child);
+                    }
+                }
+            }
+        }
+        level = next;
+    }
+    Ok((missing, relied_on))
+}
+
+fn upload(
+    store: &Store,
+    org: &OrgId,
+    scan: &Scan,
+    missing: &[ObjectId],
+    report: &mut PushReport,
+    progress: &dyn Progress,
+) -> Result<()> {
+    let sources = &scan.collected.block_sources;
+    let trees = &scan.collected.trees;
+    let (blocks, mut tree_ids): (Vec<ObjectId>, Vec<ObjectId>) = missing
+        .iter()
+        .partition(|o| o.kind == crate::store::ObjectKind::Block);
+    let total: u64 = blocks
+        .iter()
+        .filter_map(|b| sources.get(&b.digest))
+        .map(|s| s.len)
+        .sum();
+    progress.phase("uploading", Some(total));
+    let uploaded_bytes = AtomicU64::new(0);
+    blocks.par_iter().try_for_each(|object| -> Result<()> {
+        let source = sources.get(&object.digest).ok_or(Error::MissingObject {
+            digest: object.digest,
+            path: None,
+        })?;
+        let data = read_block(source, &object.digest)?;
+        let stored = store.put_object(org, object, &data)?;
+        uploaded_bytes.fetch_add(stored, Ordering::Relaxed);
+        progress.advance(source.len);
+        Ok(())
+    })?;
+    // Children before parents: a tree is only ever present with its whole
+    // subtree, which the pruned missing-check relies on. Height (distance
+    // to the deepest leaf) orders them; depth would not, as one subtree can
+    // appear at several depths.
+    let heights = tree_heights(trees);
+    let height = |t: &ObjectId| heights.get(&t.digest).copied().unwrap_or(0);
+    tree_ids.sort_by_key(height);
+    for level in tree_ids.chunk_by(|a, b| height(a) == height(b)) {
+        level.par_iter().try_for_each(|object| -> Result<()> {
+            let node = trees.get(&object.digest).ok_or(Error::MissingObject {
+                digest: object.digest,
+                path: None,
+            })?;
+            let stored = store.put_object(org, object, &node.bytes)?;
+            uploaded_bytes.fetch_add(stored, Ordering::Relaxed);
+            Ok(())
+        })?;
+    }
+    report.blocks_uploaded = blocks.len() as u64;
+    report.trees_uploaded = tree_ids.len() as u64;
+    report.bytes_uploaded = uploaded_bytes.into_inner();
+    Ok(())
+}
+
+fn tree_heights(trees: &HashMap<Digest, TreeNode>) -> HashMap<Digest, u32> {
+    fn visit(
+        digest: &Digest,
+        trees: &HashMap<Digest, TreeNode>,
+        memo: &mut HashMap<Digest, u32>,
+    ) -> u32 {
+        if let Some(height) = memo.get(digest) {
+            return *height;
+        }
+        let height = trees.get(digest).map_or(0, |node| {
+            node.subtrees
+                .iter()
+                .map(|child| visit(child, trees, memo) + 1)
+                .max()
+                .unwrap_or(0)
+        });
+        memo.insert(*digest, height);
+        height
+    }
+    let mut memo = HashMap::with_capacity(trees.len());
+    for digest in trees.keys() {
+        visit(digest, trees, &mut memo);
+    }
+    memo
+}

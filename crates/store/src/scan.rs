@@ -1,0 +1,326 @@
+//! Scanning a home: walk the directory in parallel, reuse block digests of
+//! unchanged files from the index, hash the rest, and build the Merkle tree
+//! bottom-up. Nothing is uploaded here.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+
+use crate::block::block_ranges;
+use crate::excludes::Excludes;
+use crate::index::{Index, IndexKey, is_racy, mtime_ns, now_ns};
+use crate::progress::Progress;
+use crate::tree::{Entry, EntryKind, MODE_MASK, Tree};
+use crate::{Digest, Error, Result};
+
+/// Attempts at hashing a file that keeps changing under us.
+const HASH_ATTEMPTS_MAX: usize = 3;
+
+pub(crate) struct TreeNode {
+    pub bytes: Vec<u8>,
+    pub subtrees: Vec<Digest>,
+    pub blocks: Vec<Digest>,
+}
+
+/// Where to read a block's content again when it has to be uploaded.
+#[derive(Clone)]
+pub(crate) struct BlockSource {
+    pub path: Arc<PathBuf>,
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Collected {
+    pub trees: HashMap<Digest, TreeNode>,
+    pub block_sources: HashMap<Digest, BlockSource>,
+    pub index_files: HashMap<IndexKey, Vec<Digest>>,
+}
+
+#[derive(Default)]
+pub(crate) struct ScanStats {
+    pub files: AtomicU64,
+    pub dirs: AtomicU64,
+    pub symlinks: AtomicU64,
+    pub special_skipped: AtomicU64,
+    pub excluded: AtomicU64,
+    pub bytes_scanned: AtomicU64,
+    pub files_hashed: AtomicU64,
+    pub bytes_hashed: AtomicU64,
+}
+
+pub(crate) struct Scan {
+    pub root: Digest,
+    pub logical_bytes: u64,
+    pub collected: Collected,
+    pub stats: ScanStats,
+}
+
+struct Scanner<'a> {
+    excludes: &'a Excludes,
+    old: &'a Index,
+    progress: &'a dyn Progress,
+    stats: ScanStats,
+    collected: Mutex<Collected>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Collections stay consistent even if another thread panicked mid-scan.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub(crate) fn scan(
+    root: &Path,
+    excludes: &Excludes,
+    old: &Index,
+    progress: &dyn Progress,
+) -> Result<Scan> {
+    let meta = fs::metadata(root).map_err(Error::io(root))?;
+    if !meta.is_dir() {
+        return Err(Error::Io {
+            path: root.to_owned(),
+            source: std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory"),
+        });
+    }
+    let scanner = Scanner {
+        excludes,
+        old,
+        progress,
+        stats: ScanStats::default(),
+        collected: Mutex::new(Collected::default()),
+    };
+    progress.phase("scanning", None);
+    let (root_digest, logical_bytes) = scanner.scan_dir(root, Path::new(""))?;
+    Ok(Scan {
+        root: root_digest,
+        logical_bytes,
+        collected: scanner
+            .collected
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner()),
+        stats: scanner.stats,
+    })
+}
+
+impl Scanner<'_> {
+    /// Returns the directory's tree digest and the file bytes beneath it.
+    fn scan_dir(&self, abs: &Path, rel: &Path) -> Result<(Digest, u64)> {
+        let mut children = Vec::new();
+        for entry in fs::read_dir(abs).map_err(Error::io(abs))? {
+            children.push(entry.map_err(Error::io(abs))?);
+        }
+        let entries = children
+            .par_iter()
+            .map(|child| self.scan_entry(child, rel))
+            .collect::<Result<Vec<Option<Entry>>>>()?;
+        let entries: Vec<Entry> = entries.into_iter().flatten().collect();
+        let total: u64 = entries
+            .iter()
+            .map(|e| match e.kind {
+                EntryKind::Symlink { .. } => 0,
+                _ => e.size,
+            })
+            .sum();
+        let mut subtrees = Vec::new();
+        let mut blocks = Vec::new();
+        for entry in &entries {
+            match &entry.kind {
+                EntryKind::Dir { tree } => subtrees.push(*tree),
+                EntryKind::File { blocks: b } => blocks.extend_from_slice(b),
+                EntryKind::Symlink { .. } => {}
+            }
+        }
+        let (digest, bytes) = Tree { entries }.encode().map_err(|e| match e {
+            Error::MalformedTree { reason, .. } => Error::Io {
+                path: abs.to_owned(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+            },
+            other => other,
+        })?;
+        self.stats.dirs.fetch_add(1, Ordering::Relaxed);
+        lock(&self.collected)
+            .trees
+            .entry(digest)
+            .or_insert(TreeNode {
+                bytes,
+                subtrees,
+                blocks,
+            });
+        Ok((digest, total))
+    }
+
+    fn scan_entry(&self, child: &fs::DirEntry, rel: &Path) -> Result<Option<Entry>> {
+        let name = child.file_name();
+        let rel_child = rel.join(&name);
+        if self.excludes.is_excluded(&rel_child) {
+            self.stats.excluded.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        let path = child.path();
+        let meta = child.metadata().map_err(Error::io(&path))?;
+        let file_type = meta.file_type();
+        let mode = meta.mode() & MODE_MASK;
+        let name = name.as_bytes().to_vec();
+        let entry = if file_type.is_dir() {
+            let (tree, size) = self.scan_dir(&path, &rel_child)?;
+            Entry {
+                name,
+                mode,
+                size,
+                mtime_ns: mtime_ns(&meta),
+                kind: EntryKind::Dir { tree },
+            }
+        } else if file_type.is_symlink() {
+            let target = fs::read_link(&path).map_err(Error::io(&path))?;
+            let target = target.as_os_str().as_bytes().to_vec();
+            self.stats.symlinks.fetch_add(1, Ordering::Relaxed);
+            Entry {
+                name,
+                mode,
+                size: target.len() as u64,
+                mtime_ns: mtime_ns(&meta),
+                kind: EntryKind::Symlink { target },
+            }
+        } else if file_type.is_file() {
+            let (blocks, meta) = self.file_blocks(&path, meta)?;
+            self.stats.files.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .bytes_scanned
+                .fetch_add(meta.size(), Ordering::Relaxed);
+            self.progress.advance(meta.size());
+            Entry {
+                name,
+                mode: meta.mode() & MODE_MASK,
+                size: meta.size(),
+                mtime_ns: mtime_ns(&meta),
+                kind: EntryKind::File { blocks },
+            }
+        } else {
+            // Sockets, FIFOs and devices are not home content.
+            self.stats.special_skipped.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        };
+        Ok(Some(entry))
+    }
+
+    /// The file's block digests and the metadata they belong to.
+    fn file_blocks(
+        &self,
+        path: &Path,
+        mut meta: fs::Metadata,
+    ) -> Result<(Vec<Digest>, fs::Metadata)> {
+        let key = IndexKey::of(&meta);
+        let path = Arc::new(path.to_owned());
+        if let Some(blocks) = self.old.files.get(&key)
+            && blocks.len() == block_ranges(key.size).count()
+        {
+            self.record(&path, key, blocks, true);
+            return Ok((blocks.clone(), meta));
+        }
+        for _ in 0..HASH_ATTEMPTS_MAX {
+            let before = IndexKey::of(&meta);
+            let mut file = fs::File::open(&*path).map_err(Error::io(&*path))?;
+            let blocks = match hash_blocks(&mut file, before.size) {
+                Ok(blocks) => blocks,
+                Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    meta = file.metadata().map_err(Error::io(&*path))?;
+                    continue;
+                }
+                Err(err) => {
+                    return Err(Error::Io {
+                        path: path.to_path_buf(),
+                        source: err,
+                    });
+                }
+            };
+            // Re-check after reading: a write during the read changes ctime.
+            let after_meta = file.metadata().map_err(Error::io(&*path))?;
+            let after = IndexKey::of(&after_meta);
+            if after == before {
+                self.stats.files_hashed.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .bytes_hashed
+                    .fetch_add(before.size, Ordering::Relaxed);
+                let cacheable = !is_racy(&after, now_ns());
+                self.record(&path, after, &blocks, cacheable);
+                return Ok((blocks, after_meta));
+            }
+            meta = after_meta;
+        }
+        Err(Error::FileChanged {
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn record(&self, path: &Arc<PathBuf>, key: IndexKey, blocks: &[Digest], cacheable: bool) {
+        let mut collected = lock(&self.collected);
+        for ((offset, len), digest) in block_ranges(key.size).zip(blocks) {
+            collected
+                .block_sources
+                .entry(*digest)
+                .or_insert_with(|| BlockSource {
+                    path: Arc::clone(path),
+                    offset,
+                    len,
+                });
+        }
+        if cacheable {
+            collected.index_files.insert(key, blocks.to_vec());
+        }
+    }
+}
+
+thread_local! {
+    static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Reads exactly `size` bytes in block ranges and hashes each block. A
+/// file that turns out shorter or longer than `size` is reported as
+/// changed by the caller's stat comparison; here it is an error.
+fn hash_blocks(file: &mut fs::File, size: u64) -> std::io::Result<Vec<Digest>> {
+    READ_BUFFER.with(|buffer| {
+        let mut buffer = buffer.borrow_mut();
+        let mut blocks = Vec::new();
+        for (_, len) in block_ranges(size) {
+            buffer.clear();
+            let read = file.by_ref().take(len).read_to_end(&mut buffer)?;
+            if read as u64 != len {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "file shrank while reading",
+                ));
+            }
+            blocks.push(Digest::of(&buffer));
+        }
+        Ok(blocks)
+    })
+}
+
+/// Reads one block range of a file for upload and checks its digest.
+pub(crate) fn read_block(source: &BlockSource, digest: &Digest) -> Result<Vec<u8>> {
+    use std::io::{Seek, SeekFrom};
+    let path = &*source.path;
+    let mut file = fs::File::open(path).map_err(Error::io(path))?;
+    file.seek(SeekFrom::Start(source.offset))
+        .map_err(Error::io(path))?;
+    let mut data = Vec::with_capacity(source.len as usize);
+    file.take(source.len)
+        .read_to_end(&mut data)
+        .map_err(Error::io(path))?;
+    if Digest::of(&data) != *digest {
+        return Err(Error::FileChanged {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(data)
+}

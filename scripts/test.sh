@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The one command that runs every check, exactly as CI does: installs what
+# the suite needs (as root, from the package registries), starts the
+# services the tests use on loopback, then fmt, clippy and every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n== %s\n' "$*" >&2; }
+
+install_python_packages() {
+    if ! python3 -c 'import moto.server, boto3' 2>/dev/null; then
+        log "installing moto (S3-compatible test server) from PyPI"
+        python3 -m pip install --quiet 'moto[server]>=5'
+    fi
+}
+
+# An S3-compatible server on loopback for the S3 backend tests.
+start_s3() {
+    local port
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    S3_LOG=$(mktemp)
+    python3 -m moto.server -H 127.0.0.1 -p "$port" >"$S3_LOG" 2>&1 &
+    S3_PID=$!
+    for _ in $(seq 1 100); do
+        if python3 - "$port" <<'PY' 2>/dev/null; then break; fi
+import sys, urllib.request
+urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/", timeout=1)
+PY
+        sleep 0.1
+    done
+    export AWS_ENDPOINT_URL="http://127.0.0.1:$port"
+    export AWS_ACCESS_KEY_ID=roost-test AWS_SECRET_ACCESS_KEY=roost-test
+    export AWS_REGION=us-east-1 AWS_ALLOW_HTTP=true
+    export ROOST_TEST_S3_BUCKET=roost-test
+    python3 - <<'PY'
+import boto3, os
+boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).create_bucket(Bucket="roost-test")
+PY
+    log "S3 test server on $AWS_ENDPOINT_URL (pid $S3_PID)"
+}
+
+cleanup() {
+    if [ -n "${S3_PID:-}" ]; then kill "$S3_PID" 2>/dev/null || true; fi
+}
+trap cleanup EXIT
+
+install_python_packages
+start_s3
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+log "cargo test"
+cargo test --workspace --locked
