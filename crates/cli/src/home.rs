@@ -117,7 +117,7 @@ fn run_push(dir: &Path, target: &Target) -> Result<ExitCode> {
             &options,
             &bar,
         ) {
-            Err(err) if err.is_retryable() && attempt < PUSH_ATTEMPTS_MAX => {
+            Err(err @ store::Error::CommitRaced) if attempt < PUSH_ATTEMPTS_MAX => {
                 tracing::warn!(%err, attempt, "push failed, retrying");
                 attempt += 1;
             }

@@ -122,9 +122,21 @@ fn gc_inner(store: &Store, grace: Duration) -> Result<GcReport> {
             mark_tree(store, org, object.digest, &mut marked, true)?;
         }
     }
-    // Roots committed while we marked: read the pointers once more.
-    let homes_again = list(store)?.homes;
-    mark_homes(store, &homes_again, &mut marked)?;
+    // Roots committed and trees uploaded while we marked: list once more,
+    // so a push that relied on an old object and has since uploaded the
+    // trees naming it (or committed) keeps it.
+    let again = list(store)?;
+    mark_homes(store, &again.homes, &mut marked)?;
+    let first_listing: HashSet<&str> = listing
+        .objects
+        .iter()
+        .map(|(_, _, meta)| meta.key.as_str())
+        .collect();
+    for (org, object, meta) in &again.objects {
+        if object.kind == ObjectKind::Tree && !first_listing.contains(meta.key.as_str()) {
+            mark_tree(store, org, object.digest, &mut marked, true)?;
+        }
+    }
     report.marked = marked.len() as u64;
 
     let mut trees = Vec::new();

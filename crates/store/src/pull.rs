@@ -29,7 +29,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 
 use crate::backend::LocalBackend;
 use crate::block::{SPLIT_BLOCK_BYTES, block_ranges};
-use crate::index::{Index, IndexKey, LastSync, is_racy, now_ns};
+use crate::index::{Index, IndexKey, LastSync};
 use crate::progress::Progress;
 use crate::store::ObjectId;
 use crate::tree::{Entry, EntryKind, Tree};
@@ -85,7 +85,6 @@ struct Materializer<'a> {
     counters: Counters,
     new_index: Mutex<Index>,
     trees_seen: Mutex<Vec<Digest>>,
-    started_ns: i64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -152,7 +151,6 @@ pub fn materialize(
         counters: Counters::default(),
         new_index: Mutex::new(Index::default()),
         trees_seen: Mutex::new(Vec::new()),
-        started_ns: now_ns(),
     };
     let tree = materializer.fetch_tree(root, Path::new(""))?;
     let logical_bytes: u64 = tree
@@ -424,16 +422,20 @@ impl Materializer<'_> {
     }
 
     /// Remember what we wrote so the next push of this directory need not
-    /// read it again (unless its timestamps are too fresh to trust).
+    /// read it again. Unlike a scan, the racy-timestamp rule is not applied:
+    /// we wrote this content ourselves and stat it after our last change,
+    /// and the kernel gives a change made after a stat a distinct ctime
+    /// (multigrain timestamps, Linux 6.13+). On older kernels a write by
+    /// someone else within the same few-millisecond tick as our own last
+    /// write, racing the pull, could go unnoticed by the next push.
     fn record_index(&self, dir: &OwnedFd, name: &OsStr, entry: &Entry, rel: &Path) -> Result<()> {
         let EntryKind::File { blocks } = &entry.kind else {
             return Ok(());
         };
         let stat = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(io_at(rel))?;
-        let key = index_key(&stat);
-        if !is_racy(&key, now_ns().max(self.started_ns)) {
-            lock(&self.new_index).files.insert(key, blocks.clone());
-        }
+        lock(&self.new_index)
+            .files
+            .insert(index_key(&stat), blocks.clone());
         Ok(())
     }
 }

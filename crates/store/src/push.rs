@@ -107,12 +107,19 @@ pub fn push(
         } else {
             find_missing_pruned(store, org, &scan)?
         };
-        upload(store, org, &scan, &missing, &mut report, progress)?;
+        let uploaded_trees = upload(store, org, &scan, &missing, &mut report, progress)?;
         store.sync()?;
         if let Some(hook) = &options.before_commit {
             hook();
         }
         if !relied_on.is_empty() && !store.missing(org, &relied_on)?.is_empty() {
+            // Our new trees may name what vanished: remove them, parents
+            // first, so no later push finds a present tree with a hole.
+            for tree in uploaded_trees.iter().rev() {
+                if let Err(err) = store.backend().delete(&Store::object_key(org, tree)) {
+                    tracing::warn!(%err, "could not remove a tree of an aborted push");
+                }
+            }
             return Err(Error::CommitRaced);
         }
         store.write_home(org, home, &scan.root)?;
@@ -231,6 +238,8 @@ fn find_missing_pruned(store: &Store, org: &OrgId, scan: &Scan) -> Result<Missin
     Ok((missing, relied_on))
 }
 
+/// Uploads the missing objects: blocks, then trees children first.
+/// Returns the trees in the order they were uploaded.
 fn upload(
     store: &Store,
     org: &OrgId,
@@ -238,7 +247,7 @@ fn upload(
     missing: &[ObjectId],
     report: &mut PushReport,
     progress: &dyn Progress,
-) -> Result<()> {
+) -> Result<Vec<ObjectId>> {
     let sources = &scan.collected.block_sources;
     let trees = &scan.collected.trees;
     let (blocks, mut tree_ids): (Vec<ObjectId>, Vec<ObjectId>) = missing
@@ -283,7 +292,7 @@ fn upload(
     report.blocks_uploaded = blocks.len() as u64;
     report.trees_uploaded = tree_ids.len() as u64;
     report.bytes_uploaded = uploaded_bytes.into_inner();
-    Ok(())
+    Ok(tree_ids)
 }
 
 fn tree_heights(trees: &HashMap<Digest, TreeNode>) -> HashMap<Digest, u32> {

@@ -1,0 +1,8 @@
+//! End-to-end tests of the `roost` binary. Each runs the real binary
+//! against a local directory store and, where marked, the real
+//! S3-compatible server that `scripts/test.sh` starts on loopback.
+
+mod harness;
+mod home;
+mod hostile;
+mod store_admin;

@@ -1,0 +1,204 @@
+//! `roost store gc|verify|stats`, and pushes that die half way.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::harness::{BIN, Backend, Env, assert_same_tree, bytes, n, write};
+
+fn gc(env: &Env, grace: &str) -> serde_json::Value {
+    env.json(&[
+        "store", "gc", "--store", &env.store, "--grace", grace, "--json",
+    ])
+}
+
+fn verify_ok(env: &Env) {
+    let report = env.json(&["store", "verify", "--store", &env.store, "--json"]);
+    assert_eq!(report["ok"], true, "{report}");
+}
+
+#[test]
+fn gc_removes_old_unreferenced_keeps_young_and_referenced() {
+    for backend in [Backend::Local, Backend::S3] {
+        let env = Env::new(backend);
+        let src = env.path("src");
+        write(&src.join("keep.txt"), b"stays referenced");
+        write(&src.join("old.bin"), &bytes(1, 50_000));
+        env.push(&src, "acme", "h");
+        std::fs::remove_file(src.join("old.bin")).expect("rm");
+        env.push(&src, "acme", "h");
+        // old.bin's block and the first root tree are now unreferenced, but
+        // young: a young tree is treated as a root, so both are kept.
+        let kept = gc(&env, "1h");
+        assert_eq!(n(&kept, "objects"), 4, "{backend:?} {kept}");
+        assert_eq!(n(&kept, "deleted"), 0, "{backend:?} {kept}");
+        let swept = gc(&env, "0s");
+        assert_eq!(n(&swept, "deleted"), 2, "{backend:?} {swept}");
+        verify_ok(&env);
+        let dest = env.path("dest");
+        env.pull(&dest, "acme", "h");
+        assert_same_tree(&src, &dest);
+        let again = gc(&env, "0s");
+        assert_eq!(n(&again, "deleted"), 0, "{backend:?} {again}");
+    }
+}
+
+/// Makes every object in a local store look two hours old.
+fn age_local_store(env: &Env) {
+    let old = std::time::SystemTime::now() - Duration::from_secs(7200);
+    let mut stack = vec![std::path::PathBuf::from(&env.store)];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .expect("open")
+                    .set_modified(old)
+                    .expect("age");
+            }
+        }
+    }
+}
+
+/// Regression for the bug class "a block reported present by the
+/// missing-check is collected before the push commits, leaving a root that
+/// points at nothing": pushes keep re-using old, unreferenced objects while
+/// gc (default grace) sweeps them in a loop.
+#[test]
+fn gc_running_during_pushes_never_breaks_a_home() {
+    let env = Env::new(Backend::Local);
+    let src = env.path("src");
+    let write_version = |version: u64| {
+        for i in 0..200 {
+            write(
+                &src.join(format!("d{}/f{i}", i % 10)),
+                &bytes(i + 1000 * version, 2000),
+            );
+        }
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = env.store.clone();
+    let gc_loop = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut deleted = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let output = Command::new(BIN)
+                    .args(["store", "gc", "--store", &store, "--json"])
+                    .output()
+                    .expect("gc");
+                assert!(
+                    output.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+                let report: serde_json::Value =
+                    serde_json::from_slice(&output.stdout).expect("json");
+                deleted += report["deleted"].as_u64().expect("deleted");
+            }
+            deleted
+        })
+    };
+    for round in 0..10u64 {
+        // The other version's objects are unreferenced; make them old, so
+        // gc may take them at any moment while this push relies on them.
+        write_version(round % 2);
+        age_local_store(&env);
+        env.push(&src, "acme", "h");
+        let dest = env.path(&format!("dest{round}"));
+        env.pull(&dest, "acme", "h");
+        assert_same_tree(&src, &dest);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let deleted = gc_loop.join().expect("gc thread");
+    assert!(
+        deleted > 0,
+        "gc never collected anything: the race was not exercised"
+    );
+    verify_ok(&env);
+}
+
+#[test]
+fn push_killed_at_random_points_keeps_the_previous_root() {
+    let env = Env::new(Backend::Local);
+    let src = env.path("src");
+    write(&src.join("v1.txt"), b"version one");
+    let first = env.push(&src, "acme", "h");
+    let reference = env.path("reference");
+    env.pull(&reference, "acme", "h");
+    // A bigger second version, so kills land in scan, upload and commit.
+    for i in 0..200 {
+        write(&src.join(format!("many/f{i}")), &bytes(i, 40_000));
+    }
+    write(&src.join("large.bin"), &bytes(9, 24 * 1024 * 1024));
+    let mut delays_ms = vec![5u64, 20, 40, 60, 90, 130, 200];
+    let mut committed = false;
+    for delay in delays_ms.drain(..) {
+        let mut child = Command::new(BIN)
+            .args([
+                "home",
+                "push",
+                src.to_str().expect("utf8"),
+                "--store",
+                &env.store,
+                "--org",
+                "acme",
+                "--home",
+                "h",
+            ])
+            .env("ROOST_STATE_DIR", env.path("state"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        std::thread::sleep(Duration::from_millis(delay));
+        let _ = child.kill();
+        let status = child.wait().expect("wait");
+        let dest = env.path(&format!("after-{delay}"));
+        let pulled = env.pull(&dest, "acme", "h");
+        if pulled["root"] == first["root"] {
+            assert!(!committed, "the pointer went back to an older root");
+            assert_same_tree(&reference, &dest);
+        } else {
+            // The kill came after the commit: the pointer names the whole new tree.
+            committed = true;
+            assert!(status.success() || dest.join("large.bin").exists());
+            assert_same_tree(&src, &dest);
+        }
+        verify_ok(&env);
+    }
+    let finished = env.push(&src, "acme", "h");
+    let dest = env.path("final");
+    env.pull(&dest, "acme", "h");
+    assert_same_tree(&src, &dest);
+    assert!(n(&finished, "files") >= 201);
+}
+
+#[test]
+fn stats_reports_per_org() {
+    let env = Env::new(Backend::Local);
+    let src = env.path("src");
+    write(&src.join("a"), &vec![b'a'; 100_000]);
+    env.push(&src, "one", "h");
+    env.push(&src, "two", "h");
+    let stats = env.json(&["store", "stats", "--store", &env.store, "--json"]);
+    let orgs = stats["orgs"].as_array().expect("orgs");
+    assert_eq!(orgs.len(), 2);
+    for org in orgs {
+        assert_eq!(org["homes"], 1);
+        assert_eq!(org["logical_bytes"], 100_000);
+        assert!(
+            org["stored_bytes"].as_u64().expect("n") < 1000,
+            "compressed: {org}"
+        );
+    }
+    let table = env.roost(&["store", "stats", "--store", &env.store]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.starts_with("ORG") && table.contains("one") && table.contains("two"),
+        "{table}"
+    );
+}
