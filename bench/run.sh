@@ -7,7 +7,8 @@
 #   push-unchanged  push again, nothing changed
 #   push-mutated    push after gen_home.py --mutate 1
 #   pull-empty      restore the latest state into an empty directory
-#   pull-over-prev  restore the latest state over a copy of the pre-mutation tree
+#   pull-over-prev  restore the latest state over the tool's own earlier restore
+#                   of the pre-mutation home (the "wake on the same host" case)
 # Wall time and peak RSS come from /usr/bin/time -f '%e %M'.  Every restore is
 # verified against the source with bench/manifest.py (not timed).
 # Prints a markdown report and saves it to bench/results/<date>.md.
@@ -15,12 +16,12 @@
 # Usage: bench/run.sh [--quick] [--files N] [--size 2G] [--seed S] [--keep]
 #   --quick          small run: 2000 files / 100M
 #   --keep           keep $BENCH_DIR afterwards (default: delete the data)
-#   env ROOST_BIN    roost binary (default /work/main/target/release/roost)
+#   env ROOST_BIN    roost binary (default: target/release/roost of this checkout)
 #   env BENCH_DIR    scratch dir, wiped at start (default /tmp/roost-bench)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOST_BIN=${ROOST_BIN:-/work/main/target/release/roost}
+ROOST_BIN=${ROOST_BIN:-$HERE/../target/release/roost}
 BENCH_DIR=${BENCH_DIR:-/tmp/roost-bench}
 FILES=100000 SIZE=2G SEED=1 KEEP= LABEL=
 while [ $# -gt 0 ]; do
@@ -50,13 +51,14 @@ fi
 rm -rf "$BENCH_DIR"
 mkdir -p "$BENCH_DIR" && touch "$BENCH_DIR/.roost-bench"
 SRC=$BENCH_DIR/src            # the home being pushed
-V0=$BENCH_DIR/src-v0          # copy of the pre-mutation home (for pull-over-prev)
 OUT=$BENCH_DIR/out            # restore targets
 LOGS=$BENCH_DIR/logs          # stdout/stderr/time of every command
 RES=$BENCH_DIR/res            # one small file per measurement
 mkdir -p "$OUT" "$LOGS" "$RES"
 
 export RESTIC_REPOSITORY=$BENCH_DIR/restic-repo RESTIC_PASSWORD=bench RESTIC_CACHE_DIR=$BENCH_DIR/restic-cache
+# The peers save everything, so roost does too (its default skips pip caches etc.).
+export ROOST_STATE_DIR=$BENCH_DIR/roost-state ROOST_HOME_EXCLUDES=
 export BORG_REPO=$BENCH_DIR/borg-repo BORG_BASE_DIR=$BENCH_DIR/borg-base
 export BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK=yes BORG_RELOCATED_REPO_ACCESS_IS_OK=yes
 # restic >= 0.17 can skip unchanged files when restoring over a tree; older versions rewrite everything
@@ -88,11 +90,11 @@ push() {  # push TOOL PHASE
   return 0
 }
 
-pull() {  # pull TOOL PHASE DEST
+pull() {  # pull TOOL PHASE DEST [BORG_ARCHIVE]: restore the latest push
   case $1 in
     roost)  [ -n "$HAVE_ROOST" ] && run_timed roost "$2" "$3" "$ROOST_BIN" home pull "$3" "${ROOST_ARGS[@]}" ;;
     restic) run_timed restic "$2" "$3" restic restore latest --target "$3" "${RESTIC_OVERWRITE[@]}" ;;
-    borg)   run_timed borg "$2" "$3" borg extract ::push-mutated ;;
+    borg)   run_timed borg "$2" "$3" borg extract "::${4:-push-mutated}" ;;
   esac
   return 0
 }
@@ -114,7 +116,7 @@ verify() {  # verify TOOL PHASE DEST : compare DEST with the current source (unt
 log "generating home: --files $FILES --size $SIZE --seed $SEED"
 GEN_SUMMARY=$(python3 "$HERE/gen_home.py" "$SRC" --files "$FILES" --size "$SIZE" --seed "$SEED")
 log "$GEN_SUMMARY"
-cp -a "$SRC" "$V0"
+sync  # untimed: no tool should pay for flushing the generator's writes
 restic init --repository-version 2 >"$LOGS/restic.init" 2>&1
 borg init --encryption=none >"$LOGS/borg.init" 2>&1
 [ -n "$HAVE_ROOST" ] || log "roost: not built ($ROOST_BIN missing); running peers only"
@@ -125,8 +127,16 @@ for phase in push-initial push-unchanged; do
   for t in $TOOLS; do push "$t" "$phase"; done
 done
 
+# Untimed: each tool restores the pre-mutation home; pull-over-prev updates it.
+log "preparing earlier restores for pull-over-prev"
+for t in $TOOLS; do
+  mkdir -p "$OUT/$t-prev"
+  pull "$t" prep-prev "$OUT/$t-prev" push-unchanged
+done
+
 MUTATE_SUMMARY=$(python3 "$HERE/gen_home.py" "$SRC" --mutate 1 --seed "$SEED")
 log "$MUTATE_SUMMARY"
+sync
 log "phase push-mutated"
 for t in $TOOLS; do push "$t" push-mutated; done
 python3 "$HERE/manifest.py" "$SRC" >"$BENCH_DIR/manifest-src.txt"
@@ -141,7 +151,6 @@ done
 
 log "phase pull-over-prev"
 for t in $TOOLS; do
-  cp -a "$V0" "$OUT/$t-prev"   # untimed: the pre-mutation copy to update
   pull "$t" pull-over-prev "$OUT/$t-prev"
   verify "$t" pull-over-prev "$OUT/$t-prev"
   rm -rf "$OUT/$t-prev"

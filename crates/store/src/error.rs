@@ -56,8 +56,11 @@ pub enum Error {
     #[error("file changed while it was being read: {path}; push again", path = .path.display())]
     FileChanged { path: PathBuf },
 
-    #[error("objects this push relied on vanished before commit (a concurrent gc); push again")]
+    #[error("objects this push relied on kept vanishing before commit (concurrent gc); push again")]
     CommitRaced,
+
+    #[error("store busy: gave up waiting for {waiting_for}")]
+    StoreBusy { waiting_for: &'static str },
 
     #[error("gc aborted, nothing deleted: {0}")]
     GcAborted(Box<Error>),
@@ -91,13 +94,16 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Backend { permanent, .. } => !permanent,
-            Error::CommitRaced | Error::FileChanged { .. } => true,
+            Error::CommitRaced | Error::FileChanged { .. } | Error::StoreBusy { .. } => true,
             _ => false,
         }
     }
 
-    /// Attach the home-relative path of the file an object belongs to.
+    /// Attach the home-relative path (the root, an empty path, adds nothing) of the file an object belongs to.
     pub fn at(self, at: &std::path::Path) -> Error {
+        if at.as_os_str().is_empty() {
+            return self;
+        }
         match self {
             Error::Corrupt { digest, path: None } => Error::Corrupt {
                 digest,

@@ -4,8 +4,9 @@
 //! younger than the grace period, so a push in flight keeps what its new
 //! trees reach) and deletes unmarked objects older than the grace period.
 //! Any listing or read failure aborts it before a single delete: an error
-//! is never taken for "no objects". Just before sweeping it reads the
-//! pointers again and marks any root committed meanwhile.
+//! is never taken for "no objects". It holds the store's gc lock from its
+//! listing to its last delete, so no push commits a pointer it has not
+//! seen (see [`crate::Store::lock_commit`]).
 //!
 //! Sweep order keeps the invariant the pruned missing-check relies on,
 //! "a present tree has its whole subtree present", even if gc dies half
@@ -19,7 +20,7 @@ use rayon::prelude::*;
 
 use crate::backend::ObjectMeta;
 use crate::store::{KeyKind, ObjectId, ObjectKind, parse_key};
-use crate::tree::{EntryKind, Tree};
+use crate::tree::EntryKind;
 use crate::{Digest, Error, HomeName, OrgId, Result, Store};
 
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(3600);
@@ -108,6 +109,9 @@ pub fn gc(store: &Store, grace: Duration) -> Result<GcReport> {
 }
 
 fn gc_inner(store: &Store, grace: Duration) -> Result<GcReport> {
+    // Held from the listing to the last delete: no push commits meanwhile,
+    // so the pointers we mark from are the ones that will exist.
+    let lock = store.lock_gc()?;
     let started = SystemTime::now();
     let cutoff = started.checked_sub(grace).unwrap_or(SystemTime::UNIX_EPOCH);
     let listing = list(store)?;
@@ -156,17 +160,22 @@ fn gc_inner(store: &Store, grace: Duration) -> Result<GcReport> {
     }
 
     // Parents before children among the condemned trees.
-    let heights = condemned_heights(store, &trees);
+    let heights = condemned_heights(store, &trees)?;
     trees.sort_by_key(|(org, object, _)| {
         std::cmp::Reverse(heights.get(&(org.clone(), object.digest)).copied())
     });
     let delete = |(_, _, meta): &(OrgId, ObjectId, ObjectMeta)| store.backend().delete(&meta.key);
+    lock.refresh_if_due()?;
     for level in trees.chunk_by(|a, b| {
         heights.get(&(a.0.clone(), a.1.digest)) == heights.get(&(b.0.clone(), b.1.digest))
     }) {
         level.par_iter().try_for_each(delete)?;
+        lock.refresh_if_due()?;
     }
-    blocks.par_iter().try_for_each(delete)?;
+    for chunk in blocks.chunks(10_000) {
+        chunk.par_iter().try_for_each(delete)?;
+        lock.refresh_if_due()?;
+    }
     report.deleted = (trees.len() + blocks.len()) as u64;
     report.bytes_deleted = trees
         .iter()
@@ -176,36 +185,43 @@ fn gc_inner(store: &Store, grace: Duration) -> Result<GcReport> {
     Ok(report)
 }
 
-/// Height of each condemned tree among condemned trees; an unreadable one
-/// counts as tallest (deleted first: nothing can be reached through it).
+/// Height of each condemned tree among condemned trees. A corrupt or
+/// malformed one counts as tallest (deleted first: nothing is reachable
+/// through it); a backend error aborts gc; one already gone is skipped.
 fn condemned_heights(
     store: &Store,
     trees: &[(OrgId, ObjectId, ObjectMeta)],
-) -> HashMap<(OrgId, Digest), u32> {
-    let condemned: HashSet<(OrgId, Digest)> = trees
+) -> Result<HashMap<(OrgId, Digest), u32>> {
+    type Key = (OrgId, Digest);
+    let condemned: HashSet<Key> = trees
         .iter()
         .map(|(org, o, _)| (org.clone(), o.digest))
         .collect();
-    let children: HashMap<(OrgId, Digest), Option<Vec<Digest>>> = trees
+    let children: HashMap<Key, Option<Vec<Digest>>> = trees
         .par_iter()
         .map(|(org, object, _)| {
-            let subtrees = store.get_tree(org, &object.digest).ok().map(|tree: Tree| {
-                tree.entries
-                    .into_iter()
-                    .filter_map(|e| match e.kind {
-                        EntryKind::Dir { tree } => Some(tree),
-                        _ => None,
-                    })
-                    .collect()
-            });
-            ((org.clone(), object.digest), subtrees)
+            let subtrees = match store.get_tree(org, &object.digest) {
+                Ok(tree) => Some(
+                    tree.entries
+                        .into_iter()
+                        .filter_map(|e| match e.kind {
+                            EntryKind::Dir { tree } => Some(tree),
+                            _ => None,
+                        })
+                        .collect(),
+                ),
+                Err(Error::Corrupt { .. } | Error::MalformedTree { .. }) => None,
+                Err(Error::MissingObject { .. }) => Some(Vec::new()),
+                Err(err) => return Err(err),
+            };
+            Ok(((org.clone(), object.digest), subtrees))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     fn height(
-        key: &(OrgId, Digest),
-        children: &HashMap<(OrgId, Digest), Option<Vec<Digest>>>,
-        condemned: &HashSet<(OrgId, Digest)>,
-        memo: &mut HashMap<(OrgId, Digest), u32>,
+        key: &Key,
+        children: &HashMap<Key, Option<Vec<Digest>>>,
+        condemned: &HashSet<Key>,
+        memo: &mut HashMap<Key, u32>,
     ) -> u32 {
         if let Some(h) = memo.get(key) {
             return *h;
@@ -215,7 +231,7 @@ fn condemned_heights(
                 .iter()
                 .map(|d| (key.0.clone(), *d))
                 .filter(|child| condemned.contains(child))
-                .map(|child| height(&child, children, condemned, memo) + 1)
+                .map(|child| height(&child, children, condemned, memo).saturating_add(1))
                 .max()
                 .unwrap_or(0),
             _ => u32::MAX,
@@ -227,7 +243,7 @@ fn condemned_heights(
     for key in &condemned {
         height(key, &children, &condemned, &mut memo);
     }
-    memo
+    Ok(memo)
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

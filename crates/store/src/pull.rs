@@ -294,6 +294,7 @@ impl Materializer<'_> {
                     Mode::empty(),
                 )
                 .map_err(io_at(&rel))?;
+                ensure_writable_dir(&child).map_err(io_at(&rel))?;
                 let subtree = self.fetch_tree(tree, &rel)?;
                 self.materialize_dir(&child, &subtree, &rel)?;
                 rustix::fs::fchmod(&child, Mode::from_raw_mode(entry.mode)).map_err(io_at(&rel))?;
@@ -477,6 +478,17 @@ fn list_names(dir: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
     Ok(names)
 }
 
+/// An older copy may hold read-only directories (Go's module cache makes
+/// them): give ourselves write and search access while we work inside;
+/// the final `fchmod` restores the snapshot's mode.
+fn ensure_writable_dir(dir: &OwnedFd) -> rustix::io::Result<()> {
+    let mode = rustix::fs::fstat(dir)?.st_mode & 0o7777;
+    if mode & 0o700 != 0o700 {
+        rustix::fs::fchmod(dir, Mode::from_raw_mode(mode | 0o700))?;
+    }
+    Ok(())
+}
+
 /// Removes a file, symlink or whole directory tree without following links.
 fn remove_entry(dir: &OwnedFd, name: &[u8]) -> rustix::io::Result<()> {
     let name = OsStr::from_bytes(name);
@@ -492,6 +504,7 @@ fn remove_entry(dir: &OwnedFd, name: &[u8]) -> rustix::io::Result<()> {
             OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
+        ensure_writable_dir(&child)?;
         for grandchild in list_names(&child)? {
             remove_entry(&child, &grandchild)?;
         }

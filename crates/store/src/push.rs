@@ -17,8 +17,9 @@
 //!
 //! Objects found present but not referenced by this home's current root
 //! may be collected by a concurrent gc before we commit. They are checked
-//! again after upload; if any vanished the push fails with
-//! [`Error::CommitRaced`] and the retry uploads them.
+//! again under the store's commit lock, which excludes gc sweeps until the
+//! pointer is written (see [`Store::lock_commit`]); whatever vanished is
+//! uploaded again first.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -30,7 +31,7 @@ use crate::excludes::Excludes;
 use crate::index::{Index, LastSync};
 use crate::progress::Progress;
 use crate::scan::{self, Scan, TreeNode, read_block};
-use crate::store::ObjectId;
+use crate::store::{MISSING_CHECK_BATCH_MAX, ObjectId};
 use crate::{Digest, Error, HomeName, OrgId, Result, Store};
 
 pub struct PushOptions {
@@ -107,22 +108,12 @@ pub fn push(
         } else {
             find_missing_pruned(store, org, &scan)?
         };
-        let uploaded_trees = upload(store, org, &scan, &missing, &mut report, progress)?;
+        upload(store, org, &scan, &missing, &mut report, progress)?;
         store.sync()?;
         if let Some(hook) = &options.before_commit {
             hook();
         }
-        if !relied_on.is_empty() && !store.missing(org, &relied_on)?.is_empty() {
-            // Our new trees may name what vanished: remove them, parents
-            // first, so no later push finds a present tree with a hole.
-            for tree in uploaded_trees.iter().rev() {
-                if let Err(err) = store.backend().delete(&Store::object_key(org, tree)) {
-                    tracing::warn!(%err, "could not remove a tree of an aborted push");
-                }
-            }
-            return Err(Error::CommitRaced);
-        }
-        store.write_home(org, home, &scan.root)?;
+        commit(store, org, home, &scan, relied_on, &mut report, progress)?;
     } else {
         report.unchanged = true;
     }
@@ -238,8 +229,65 @@ fn find_missing_pruned(store: &Store, org: &OrgId, scan: &Scan) -> Result<Missin
     Ok((missing, relied_on))
 }
 
+/// Commits rounds before giving up on a store whose gc keeps taking what
+/// this push needs.
+const COMMIT_ATTEMPTS_MAX: usize = 3;
+
+/// Re-checks, under the store's commit lock, what this push found present
+/// but did not upload, and writes the pointer only if all of it is still
+/// there. Anything a gc took meanwhile is uploaded again outside the lock
+/// (the scan still holds every tree and knows where every block is read
+/// from), and the check repeats. Objects are never deleted here: another
+/// push may already rely on them.
+fn commit(
+    store: &Store,
+    org: &OrgId,
+    home: &HomeName,
+    scan: &Scan,
+    mut relied_on: Vec<ObjectId>,
+    report: &mut PushReport,
+    progress: &dyn Progress,
+) -> Result<()> {
+    for _ in 0..COMMIT_ATTEMPTS_MAX {
+        let lock = store.lock_commit()?;
+        let mut vanished = false;
+        for chunk in relied_on.chunks(MISSING_CHECK_BATCH_MAX * 8) {
+            if !store.missing(org, chunk)?.is_empty() {
+                vanished = true;
+                break;
+            }
+            lock.refresh_if_due()?;
+        }
+        if !vanished {
+            return store.write_home(org, home, &scan.root);
+        }
+        drop(lock);
+        tracing::info!("objects this push relied on were collected by gc; uploading them again");
+        let everything: Vec<ObjectId> = scan
+            .collected
+            .trees
+            .keys()
+            .map(|d| ObjectId::tree(*d))
+            .chain(
+                scan.collected
+                    .block_sources
+                    .keys()
+                    .map(|d| ObjectId::block(*d)),
+            )
+            .collect();
+        let missing = store.missing(org, &everything)?;
+        let missing_set: HashSet<ObjectId> = missing.iter().copied().collect();
+        relied_on = everything
+            .into_iter()
+            .filter(|o| !missing_set.contains(o))
+            .collect();
+        upload(store, org, scan, &missing, report, progress)?;
+        store.sync()?;
+    }
+    Err(Error::CommitRaced)
+}
+
 /// Uploads the missing objects: blocks, then trees children first.
-/// Returns the trees in the order they were uploaded.
 fn upload(
     store: &Store,
     org: &OrgId,
@@ -247,7 +295,7 @@ fn upload(
     missing: &[ObjectId],
     report: &mut PushReport,
     progress: &dyn Progress,
-) -> Result<Vec<ObjectId>> {
+) -> Result<()> {
     let sources = &scan.collected.block_sources;
     let trees = &scan.collected.trees;
     let (blocks, mut tree_ids): (Vec<ObjectId>, Vec<ObjectId>) = missing
@@ -289,10 +337,10 @@ fn upload(
             Ok(())
         })?;
     }
-    report.blocks_uploaded = blocks.len() as u64;
-    report.trees_uploaded = tree_ids.len() as u64;
-    report.bytes_uploaded = uploaded_bytes.into_inner();
-    Ok(tree_ids)
+    report.blocks_uploaded += blocks.len() as u64;
+    report.trees_uploaded += tree_ids.len() as u64;
+    report.bytes_uploaded += uploaded_bytes.into_inner();
+    Ok(())
 }
 
 fn tree_heights(trees: &HashMap<Digest, TreeNode>) -> HashMap<Digest, u32> {

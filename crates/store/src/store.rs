@@ -6,9 +6,11 @@
 //! - `orgs/{org}/blocks/{first two hex}/{digest hex}`: file content blocks
 //! - `orgs/{org}/trees/{first two hex}/{digest hex}`: directory objects
 //! - `orgs/{org}/homes/{home}`: the home's current root digest
+//! - `locks/gc/{id}`, `locks/commit/{id}`: see [`Store::lock_commit`]
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::backend::{self, Backend, ObjectMeta};
 use crate::tree::Tree;
@@ -45,6 +47,16 @@ impl ObjectId {
 
 /// Digests per existence request: bounds request size whatever the home.
 pub const MISSING_CHECK_BATCH_MAX: usize = 1000;
+
+/// A lock not refreshed for this long belongs to a dead process.
+pub const LOCK_STALE: Duration = Duration::from_secs(120);
+/// Holders refresh their lock this often (well inside [`LOCK_STALE`]).
+const LOCK_REFRESH: Duration = Duration::from_secs(20);
+/// How long a commit or a gc waits for the other side before giving up.
+pub const LOCK_WAIT_MAX: Duration = Duration::from_secs(600);
+const LOCK_POLL: Duration = Duration::from_millis(50);
+const GC_LOCKS: &str = "locks/gc/";
+const COMMIT_LOCKS: &str = "locks/commit/";
 
 pub struct Store {
     backend: Arc<dyn Backend>,
@@ -165,9 +177,106 @@ impl Store {
         self.backend.sync()
     }
 
+    /// Takes the store's commit lock: held from a push's final existence
+    /// check to its pointer write. While any push holds it no gc sweeps, and
+    /// while a gc sweeps no push commits; so what a push checked just before
+    /// committing is still there when its pointer lands, and a gc sees every
+    /// pointer committed before its listing.
+    ///
+    /// Both sides write their own lock first and then look for the other's
+    /// (a store that reads its own writes, as S3 and a local directory do,
+    /// makes at least one of them see the other). A waiting push removes its
+    /// lock so a gc is never starved of its turn.
+    pub fn lock_commit(&self) -> Result<StoreLock<'_>> {
+        let started = Instant::now();
+        loop {
+            let lock = StoreLock::take(self, COMMIT_LOCKS)?;
+            if !self.any_live_lock(GC_LOCKS)? {
+                return Ok(lock);
+            }
+            drop(lock);
+            if started.elapsed() > LOCK_WAIT_MAX {
+                return Err(Error::StoreBusy {
+                    waiting_for: "a running gc",
+                });
+            }
+            std::thread::sleep(LOCK_POLL);
+        }
+    }
+
+    /// Takes the gc lock and waits until no push is between its final check
+    /// and its commit. See [`Store::lock_commit`].
+    pub fn lock_gc(&self) -> Result<StoreLock<'_>> {
+        let started = Instant::now();
+        let lock = StoreLock::take(self, GC_LOCKS)?;
+        while self.any_live_lock(COMMIT_LOCKS)? {
+            if started.elapsed() > LOCK_WAIT_MAX {
+                return Err(Error::StoreBusy {
+                    waiting_for: "pushes committing",
+                });
+            }
+            lock.refresh_if_due()?;
+            std::thread::sleep(LOCK_POLL);
+        }
+        Ok(lock)
+    }
+
+    fn any_live_lock(&self, prefix: &str) -> Result<bool> {
+        let now = SystemTime::now();
+        Ok(self.backend.list(prefix)?.iter().any(|lock| {
+            now.duration_since(lock.last_modified)
+                .map_or(true, |age| age < LOCK_STALE)
+        }))
+    }
+
     /// Every object and pointer of every org.
     pub fn list_all(&self) -> Result<Vec<ObjectMeta>> {
         self.backend.list(Self::orgs_prefix())
+    }
+}
+
+/// A held store lock; refreshed by [`StoreLock::refresh_if_due`] during
+/// long work, removed on drop (or ignored once stale if we die).
+pub struct StoreLock<'a> {
+    store: &'a Store,
+    key: String,
+    refreshed_at: Mutex<Instant>,
+}
+
+impl<'a> StoreLock<'a> {
+    fn take(store: &'a Store, prefix: &str) -> Result<StoreLock<'a>> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let key = format!(
+            "{prefix}{nanos}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        store.backend.put_durable(&key, b"")?;
+        Ok(StoreLock {
+            store,
+            key,
+            refreshed_at: Mutex::new(Instant::now()),
+        })
+    }
+
+    pub fn refresh_if_due(&self) -> Result<()> {
+        let mut refreshed_at = self.refreshed_at.lock().unwrap_or_else(|p| p.into_inner());
+        if refreshed_at.elapsed() >= LOCK_REFRESH {
+            self.store.backend.put_durable(&self.key, b"")?;
+            *refreshed_at = Instant::now();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StoreLock<'_> {
+    fn drop(&mut self) {
+        if let Err(err) = self.store.backend.delete(&self.key) {
+            tracing::warn!(%err, key = %self.key, "could not remove a store lock; it goes stale");
+        }
     }
 }
 

@@ -1,0 +1,13 @@
+//! Integration tests of the home store, one binary for the crate.
+//!
+//! - `backend`: the conformance suite every `Backend` must pass (local
+//!   directory, memory, S3 against the server `scripts/test.sh` starts).
+//! - `engine`: push, pull, gc and verify end to end through the library.
+//! - `support`: temp homes, directory snapshots and a backend test double
+//!   that records calls and injects faults.
+//!
+//! Tests named `regression_*` pin bugs found and fixed; each says which.
+
+mod backend;
+mod engine;
+mod support;

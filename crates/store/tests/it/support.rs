@@ -1,0 +1,420 @@
+//! Shared test helpers: names, homes written from a description, directory
+//! snapshots to compare after a round trip, store-wide invariant checks and
+//! `Double`, a backend wrapper that records calls and injects faults.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use store::backend::{Backend, ObjectMeta};
+use store::excludes::Excludes;
+use store::progress::NoProgress;
+use store::pull::{PullOptions, PullReport};
+use store::push::{PushOptions, PushReport};
+use store::store::{KeyKind, ObjectId, ObjectKind, parse_key};
+use store::tree::EntryKind;
+use store::{Digest, Error, HomeName, OrgId, Result, Store};
+
+pub const STORE_ID: &str = "test-store";
+
+pub fn org(name: &str) -> OrgId {
+    name.parse().expect("valid org name")
+}
+
+pub fn home(name: &str) -> HomeName {
+    name.parse().expect("valid home name")
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("create a temp dir")
+}
+
+/// Push options that save everything (no default excludes), no index.
+pub fn push_options() -> PushOptions {
+    let mut options = PushOptions::new(STORE_ID);
+    options.excludes = Excludes::none();
+    options
+}
+
+pub fn pull_options() -> PullOptions {
+    PullOptions {
+        cache: None,
+        index_path: None,
+        store_id: STORE_ID.to_owned(),
+    }
+}
+
+pub fn push(store: &Store, org: &OrgId, home: &HomeName, dir: &Path) -> Result<PushReport> {
+    store::push::push(store, org, home, dir, &push_options(), &NoProgress)
+}
+
+pub fn pull(store: &Store, org: &OrgId, home: &HomeName, dest: &Path) -> Result<PullReport> {
+    store::pull::pull(store, org, home, dest, &pull_options(), &NoProgress)
+}
+
+/// Writes `files` (path → content) under `dir`, creating parent directories.
+pub fn write_files(dir: &Path, files: &[(&str, &[u8])]) {
+    for (path, content) in files {
+        let path = dir.join(path);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).expect("create parent dirs");
+        }
+        fs::write(&path, content).expect("write file");
+    }
+}
+
+/// A new temp dir holding `files`.
+pub fn home_dir(files: &[(&str, &[u8])]) -> tempfile::TempDir {
+    let dir = tempdir();
+    write_files(dir.path(), files);
+    dir
+}
+
+/// A file system entry to create, for generated homes.
+#[derive(Clone, Debug)]
+pub enum Node {
+    File {
+        content: Vec<u8>,
+        mode: u32,
+        mtime_ns: i64,
+    },
+    Dir {
+        entries: BTreeMap<Vec<u8>, Node>,
+        mode: u32,
+        mtime_ns: i64,
+    },
+    Symlink {
+        target: Vec<u8>,
+        mtime_ns: i64,
+    },
+}
+
+/// Creates `entries` inside the existing directory `dir`; children first,
+/// then mode and mtime, so the recorded metadata is what stays.
+pub fn write_nodes(dir: &Path, entries: &BTreeMap<Vec<u8>, Node>) {
+    for (name, node) in entries {
+        let path = dir.join(OsStr::from_bytes(name));
+        match node {
+            Node::File {
+                content,
+                mode,
+                mtime_ns,
+            } => {
+                fs::write(&path, content).expect("write file");
+                fs::set_permissions(&path, fs::Permissions::from_mode(*mode)).expect("chmod");
+                set_mtime(&path, *mtime_ns);
+            }
+            Node::Dir {
+                entries,
+                mode,
+                mtime_ns,
+            } => {
+                fs::create_dir(&path).expect("mkdir");
+                write_nodes(&path, entries);
+                fs::set_permissions(&path, fs::Permissions::from_mode(*mode)).expect("chmod");
+                set_mtime(&path, *mtime_ns);
+            }
+            Node::Symlink { target, mtime_ns } => {
+                std::os::unix::fs::symlink(OsStr::from_bytes(target), &path).expect("symlink");
+                set_mtime(&path, *mtime_ns);
+            }
+        }
+    }
+}
+
+/// Sets atime and mtime without following a symlink.
+pub fn set_mtime(path: &Path, mtime_ns: i64) {
+    let time = rustix::fs::Timespec {
+        tv_sec: mtime_ns.div_euclid(1_000_000_000),
+        tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+    };
+    let times = rustix::fs::Timestamps {
+        last_access: time,
+        last_modification: time,
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        path,
+        &times,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .expect("set mtime");
+}
+
+/// What a directory holds, as pull must reproduce it: every entry below the
+/// root with its type, permission bits, mtime and content or target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    Dir {
+        mode: u32,
+        mtime_ns: i64,
+    },
+    File {
+        mode: u32,
+        mtime_ns: i64,
+        content: Vec<u8>,
+    },
+    Symlink {
+        target: Vec<u8>,
+        mtime_ns: i64,
+    },
+}
+
+pub fn snapshot(root: &Path) -> BTreeMap<PathBuf, Seen> {
+    fn walk(abs: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, Seen>) {
+        for entry in fs::read_dir(abs).expect("read dir") {
+            let entry = entry.expect("dir entry");
+            let abs = entry.path();
+            let rel = rel.join(entry.file_name());
+            let meta = fs::symlink_metadata(&abs).expect("lstat");
+            let mtime_ns = meta.mtime() * 1_000_000_000 + meta.mtime_nsec();
+            let mode = meta.mode() & 0o7777;
+            let seen = if meta.is_dir() {
+                walk(&abs, &rel, out);
+                Seen::Dir { mode, mtime_ns }
+            } else if meta.is_symlink() {
+                let target = fs::read_link(&abs).expect("readlink");
+                Seen::Symlink {
+                    target: target.as_os_str().as_bytes().to_vec(),
+                    mtime_ns,
+                }
+            } else {
+                Seen::File {
+                    mode,
+                    mtime_ns,
+                    content: fs::read(&abs).expect("read file"),
+                }
+            };
+            out.insert(rel, seen);
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, Path::new(""), &mut out);
+    out
+}
+
+/// Paths and file contents, without modes and mtimes: for homes whose files
+/// were rewritten (new mtimes) or written with the default umask.
+pub fn contents(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    snapshot(root)
+        .into_iter()
+        .map(|(path, seen)| match seen {
+            Seen::File { content, .. } => (path, Some(content)),
+            _ => (path, None),
+        })
+        .collect()
+}
+
+/// Every object reachable from `root` (the trees and the blocks).
+pub fn reachable(store: &Store, org: &OrgId, root: Digest) -> HashSet<ObjectId> {
+    let mut out = HashSet::new();
+    let mut stack = vec![root];
+    while let Some(digest) = stack.pop() {
+        if !out.insert(ObjectId::tree(digest)) {
+            continue;
+        }
+        let tree = store.get_tree(org, &digest).expect("reachable tree reads");
+        for entry in tree.entries {
+            match entry.kind {
+                EntryKind::Dir { tree } => stack.push(tree),
+                EntryKind::File { blocks } => out.extend(blocks.into_iter().map(ObjectId::block)),
+                EntryKind::Symlink { .. } => {}
+            }
+        }
+    }
+    out
+}
+
+pub fn object_keys(backend: &dyn Backend) -> HashSet<String> {
+    backend
+        .list(Store::orgs_prefix())
+        .expect("list the store")
+        .into_iter()
+        .filter(|meta| matches!(parse_key(&meta.key), Some(KeyKind::Object { .. })))
+        .map(|meta| meta.key)
+        .collect()
+}
+
+/// The invariant the pruned missing-check relies on: every tree object in
+/// the store has all its children (subtrees and blocks) in the store.
+pub fn assert_present_trees_are_complete(store: &Store) {
+    let keys = object_keys(store.backend().as_ref());
+    for key in &keys {
+        let Some(KeyKind::Object { org, object }) = parse_key(key) else {
+            continue;
+        };
+        if object.kind != ObjectKind::Tree {
+            continue;
+        }
+        let tree = store
+            .get_tree(&org, &object.digest)
+            .expect("a present tree reads");
+        for entry in tree.entries {
+            let children: Vec<ObjectId> = match entry.kind {
+                EntryKind::Dir { tree } => vec![ObjectId::tree(tree)],
+                EntryKind::File { blocks } => blocks.into_iter().map(ObjectId::block).collect(),
+                EntryKind::Symlink { .. } => Vec::new(),
+            };
+            for child in children {
+                let child_key = Store::object_key(&org, &child);
+                assert!(
+                    keys.contains(&child_key),
+                    "tree {key} is present but its child {child_key} (entry {:?}) is not",
+                    String::from_utf8_lossy(&entry.name)
+                );
+            }
+        }
+    }
+}
+
+pub fn assert_verify_ok(store: &Store) {
+    let report = store::gc::verify(store).expect("verify runs");
+    assert!(report.ok(), "verify found errors: {:#?}", report.errors);
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Faults a [`Double`] injects, counted from when they are armed.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// Fail the n-th `list` call (1-based).
+    pub fail_list_call: Option<u64>,
+    /// Fail the n-th `get` (1-based) of this exact key.
+    pub fail_get: Option<(String, u64)>,
+    /// Let this many deletes succeed, then fail every later one.
+    pub fail_delete_after: Option<u64>,
+}
+
+#[derive(Default)]
+struct Counters {
+    lists: u64,
+    gets: HashMap<String, u64>,
+    deletes: u64,
+    exists_batches: Vec<usize>,
+}
+
+type Hook = Box<dyn FnOnce() + Send>;
+
+/// A backend wrapper that records calls and injects errors, in the manner
+/// of neon's `UnreliableWrapper`.
+pub struct Double {
+    inner: Arc<dyn Backend>,
+    faults: Mutex<Faults>,
+    counters: Mutex<Counters>,
+    /// Runs once, before the first delete; every delete waits for it.
+    before_first_delete: Mutex<Option<Hook>>,
+}
+
+pub fn injected(op: &'static str, key: &str) -> Error {
+    Error::Backend {
+        op,
+        key: key.to_owned(),
+        message: "injected fault".to_owned(),
+        permanent: false,
+    }
+}
+
+impl Double {
+    pub fn new(inner: Arc<dyn Backend>) -> Arc<Double> {
+        Arc::new(Double {
+            inner,
+            faults: Mutex::new(Faults::default()),
+            counters: Mutex::new(Counters::default()),
+            before_first_delete: Mutex::new(None),
+        })
+    }
+
+    /// Installs `faults` and restarts every count from zero.
+    pub fn arm(&self, faults: Faults) {
+        *lock(&self.faults) = faults;
+        *lock(&self.counters) = Counters::default();
+    }
+
+    pub fn before_first_delete(&self, hook: impl FnOnce() + Send + 'static) {
+        *lock(&self.before_first_delete) = Some(Box::new(hook));
+    }
+
+    /// Sizes of the `exists` batches since the last `arm`.
+    pub fn exists_batches(&self) -> Vec<usize> {
+        lock(&self.counters).exists_batches.clone()
+    }
+}
+
+impl Backend for Double {
+    fn put(&self, key: &str, data: &[u8]) -> Result<()> {
+        self.inner.put(key, data)
+    }
+
+    fn put_durable(&self, key: &str, data: &[u8]) -> Result<()> {
+        self.inner.put_durable(key, data)
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let nth = {
+            let mut counters = lock(&self.counters);
+            let count = counters.gets.entry(key.to_owned()).or_default();
+            *count += 1;
+            *count
+        };
+        if let Some((fail_key, fail_nth)) = &lock(&self.faults).fail_get
+            && fail_key == key
+            && *fail_nth == nth
+        {
+            return Err(injected("get", key));
+        }
+        self.inner.get(key)
+    }
+
+    fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
+        lock(&self.counters).exists_batches.push(keys.len());
+        self.inner.exists(keys)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        let nth = {
+            let mut counters = lock(&self.counters);
+            counters.lists += 1;
+            counters.lists
+        };
+        if lock(&self.faults).fail_list_call == Some(nth) {
+            return Err(injected("list", prefix));
+        }
+        self.inner.list(prefix)
+    }
+
+    fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
+        self.inner.head(key)
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        {
+            // Held while the hook runs, so no delete overtakes it.
+            let mut hook = lock(&self.before_first_delete);
+            if let Some(hook) = hook.take() {
+                hook();
+            }
+        }
+        {
+            let mut counters = lock(&self.counters);
+            if let Some(limit) = lock(&self.faults).fail_delete_after
+                && counters.deletes >= limit
+            {
+                return Err(injected("delete", key));
+            }
+            counters.deletes += 1;
+        }
+        self.inner.delete(key)
+    }
+}
