@@ -160,7 +160,7 @@ pub fn materialize(
         .map(|e| e.size)
         .sum();
     progress.phase("downloading", Some(logical_bytes));
-    materializer.materialize_dir(&dest_fd, &tree, Path::new(""))?;
+    materializer.materialize_dir(&dest_fd, &tree, Path::new(""), false)?;
 
     if let Some(path) = &options.index_path {
         let mut index = std::mem::take(&mut *lock(&materializer.new_index));
@@ -253,34 +253,49 @@ impl Materializer<'_> {
         Tree::decode(digest, &bytes)
     }
 
-    fn materialize_dir(&self, dir: &OwnedFd, tree: &Tree, rel: &Path) -> Result<()> {
+    /// `created` says we made `dir` in this pull, so it holds nothing of
+    /// its own yet (an existing directory is listed and compared instead).
+    fn materialize_dir(&self, dir: &OwnedFd, tree: &Tree, rel: &Path, created: bool) -> Result<()> {
         self.counters.dirs.fetch_add(1, Ordering::Relaxed);
-        let wanted: HashSet<&[u8]> = tree.entries.iter().map(|e| e.name.as_slice()).collect();
-        for name in list_names(dir).map_err(io_at(rel))? {
-            if !wanted.contains(name.as_slice()) {
-                remove_entry(dir, &name).map_err(io_at(&rel.join(OsStr::from_bytes(&name))))?;
-                self.counters.removed.fetch_add(1, Ordering::Relaxed);
+        if !created {
+            let wanted: HashSet<&[u8]> = tree.entries.iter().map(|e| e.name.as_slice()).collect();
+            for name in list_names(dir).map_err(io_at(rel))? {
+                if !wanted.contains(name.as_slice()) {
+                    remove_entry(dir, &name).map_err(io_at(&rel.join(OsStr::from_bytes(&name))))?;
+                    self.counters.removed.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         tree.entries
             .par_iter()
-            .try_for_each(|entry| self.materialize_entry(dir, entry, rel))
+            .try_for_each(|entry| self.materialize_entry(dir, entry, rel, created))
     }
 
-    fn materialize_entry(&self, dir: &OwnedFd, entry: &Entry, parent_rel: &Path) -> Result<()> {
+    fn materialize_entry(
+        &self,
+        dir: &OwnedFd,
+        entry: &Entry,
+        parent_rel: &Path,
+        parent_created: bool,
+    ) -> Result<()> {
         let name = OsStr::from_bytes(&entry.name);
         let rel = parent_rel.join(name);
-        let existing = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) => Some(stat),
-            Err(rustix::io::Errno::NOENT) => None,
-            Err(errno) => return Err(io_at(&rel)(errno)),
+        let existing = if parent_created {
+            None
+        } else {
+            match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => Some(stat),
+                Err(rustix::io::Errno::NOENT) => None,
+                Err(errno) => return Err(io_at(&rel)(errno)),
+            }
         };
         let existing_type = existing
             .as_ref()
             .map(|s| FileType::from_raw_mode(s.st_mode));
         match &entry.kind {
             EntryKind::Dir { tree } => {
-                if existing_type != Some(FileType::Directory) {
+                let created = existing_type != Some(FileType::Directory);
+                if created {
                     if existing_type.is_some() {
                         remove_entry(dir, &entry.name).map_err(io_at(&rel))?;
                     }
@@ -294,9 +309,11 @@ impl Materializer<'_> {
                     Mode::empty(),
                 )
                 .map_err(io_at(&rel))?;
-                ensure_writable_dir(&child).map_err(io_at(&rel))?;
+                if !created {
+                    ensure_writable_dir(&child).map_err(io_at(&rel))?;
+                }
                 let subtree = self.fetch_tree(tree, &rel)?;
-                self.materialize_dir(&child, &subtree, &rel)?;
+                self.materialize_dir(&child, &subtree, &rel, created)?;
                 rustix::fs::fchmod(&child, Mode::from_raw_mode(entry.mode)).map_err(io_at(&rel))?;
                 rustix::fs::futimens(&child, &timestamps(entry.mtime_ns)).map_err(io_at(&rel))?;
             }
@@ -368,8 +385,12 @@ impl Materializer<'_> {
             .map_err(io_at(rel))?;
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(entry.mode)).map_err(io_at(rel))?;
             rustix::fs::futimens(&fd, &timestamps(entry.mtime_ns)).map_err(io_at(rel))?;
+            let changed = rustix::fs::fstat(&fd).map_err(io_at(rel))?;
+            self.record_index(&changed, entry);
+        } else {
+            self.record_index(stat, entry);
         }
-        self.record_index(dir, name, entry, rel)
+        Ok(())
     }
 
     fn write_file(
@@ -388,11 +409,13 @@ impl Materializer<'_> {
             Mode::from_raw_mode(0o600),
         )
         .map_err(io_at(rel))?;
-        let result = (|| -> Result<()> {
+        let result = (|| -> Result<File> {
             let mut file = File::from(fd);
             let split = entry.size > crate::block::SINGLE_BLOCK_BYTES_MAX;
+            let mut ends_in_hole = false;
             for ((offset, len), digest) in block_ranges(entry.size).zip(blocks) {
-                if split && digest == zero_block_digest() {
+                ends_in_hole = split && digest == zero_block_digest();
+                if ends_in_hole {
                     // A hole reads back as zeros: keep sparse files sparse.
                     file.seek(SeekFrom::Start(offset + len))
                         .map_err(Error::io(rel))?;
@@ -408,18 +431,23 @@ impl Materializer<'_> {
                 }
                 self.progress.advance(len);
             }
-            file.set_len(entry.size).map_err(Error::io(rel))?;
+            if ends_in_hole {
+                file.set_len(entry.size).map_err(Error::io(rel))?;
+            }
             rustix::fs::fchmod(file.as_fd(), Mode::from_raw_mode(entry.mode))
                 .map_err(io_at(rel))?;
             rustix::fs::futimens(file.as_fd(), &timestamps(entry.mtime_ns)).map_err(io_at(rel))?;
             rustix::fs::renameat(dir, &temp, dir, name).map_err(io_at(rel))?;
-            Ok(())
+            Ok(file)
         })();
         if result.is_err() {
             let _ = rustix::fs::unlinkat(dir, &temp, AtFlags::empty());
         }
-        result?;
-        self.record_index(dir, name, entry, rel)
+        // The handle still names the file after the rename; its ctime now
+        // includes the rename.
+        let stat = rustix::fs::fstat(result?).map_err(io_at(rel))?;
+        self.record_index(&stat, entry);
+        Ok(())
     }
 
     /// Remember what we wrote so the next push of this directory need not
@@ -429,15 +457,12 @@ impl Materializer<'_> {
     /// (multigrain timestamps, Linux 6.13+). On older kernels a write by
     /// someone else within the same few-millisecond tick as our own last
     /// write, racing the pull, could go unnoticed by the next push.
-    fn record_index(&self, dir: &OwnedFd, name: &OsStr, entry: &Entry, rel: &Path) -> Result<()> {
-        let EntryKind::File { blocks } = &entry.kind else {
-            return Ok(());
-        };
-        let stat = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(io_at(rel))?;
-        lock(&self.new_index)
-            .files
-            .insert(index_key(&stat), blocks.clone());
-        Ok(())
+    fn record_index(&self, stat: &rustix::fs::Stat, entry: &Entry) {
+        if let EntryKind::File { blocks } = &entry.kind {
+            lock(&self.new_index)
+                .files
+                .insert(index_key(stat), blocks.clone());
+        }
     }
 }
 

@@ -119,7 +119,18 @@ pub fn push(
     }
     report.missing_checks = store.missing_check_requests() - checks_before;
 
-    if let Some(path) = &options.index_path {
+    // An unchanged home whose every file came from the index leaves the
+    // index as it was: skip rewriting it (the fast path stays fast).
+    let index_unchanged = report.unchanged
+        && report.files_hashed == 0
+        && scan.collected.index_files.len() == index.files.len()
+        && index.last.as_ref().is_some_and(|last| {
+            last.store == options.store_id
+                && last.org == org.as_str()
+                && last.home == home.as_str()
+                && last.root == scan.root
+        });
+    if let Some(path) = options.index_path.as_ref().filter(|_| !index_unchanged) {
         let trees = scan.collected.trees.keys().copied().collect();
         let index = Index {
             files: scan.collected.index_files,
@@ -268,12 +279,7 @@ fn commit(
             .trees
             .keys()
             .map(|d| ObjectId::tree(*d))
-            .chain(
-                scan.collected
-                    .block_sources
-                    .keys()
-                    .map(|d| ObjectId::block(*d)),
-            )
+            .chain(scan.collected.all_blocks().into_iter().map(ObjectId::block))
             .collect();
         let missing = store.missing(org, &everything)?;
         let missing_set: HashSet<ObjectId> = missing.iter().copied().collect();
@@ -296,11 +302,12 @@ fn upload(
     report: &mut PushReport,
     progress: &dyn Progress,
 ) -> Result<()> {
-    let sources = &scan.collected.block_sources;
     let trees = &scan.collected.trees;
     let (blocks, mut tree_ids): (Vec<ObjectId>, Vec<ObjectId>) = missing
         .iter()
         .partition(|o| o.kind == crate::store::ObjectKind::Block);
+    let wanted: HashSet<Digest> = blocks.iter().map(|b| b.digest).collect();
+    let sources = &scan.collected.block_sources(&wanted);
     let total: u64 = blocks
         .iter()
         .filter_map(|b| sources.get(&b.digest))

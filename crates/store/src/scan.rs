@@ -2,7 +2,7 @@
 //! unchanged files from the index, hash the rest, and build the Merkle tree
 //! bottom-up. Nothing is uploaded here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -26,6 +26,9 @@ const HASH_ATTEMPTS_MAX: usize = 3;
 
 pub(crate) struct TreeNode {
     pub bytes: Vec<u8>,
+    /// The directory this tree was scanned from: where its files' blocks
+    /// are read again if they have to be uploaded.
+    pub dir: Arc<PathBuf>,
     pub subtrees: Vec<Digest>,
     pub blocks: Vec<Digest>,
 }
@@ -41,8 +44,50 @@ pub(crate) struct BlockSource {
 #[derive(Default)]
 pub(crate) struct Collected {
     pub trees: HashMap<Digest, TreeNode>,
-    pub block_sources: HashMap<Digest, BlockSource>,
     pub index_files: HashMap<IndexKey, Vec<Digest>>,
+}
+
+impl Collected {
+    /// Where to read each of `wanted` blocks: found by walking the trees
+    /// that hold them, only when an upload needs them (an unchanged push
+    /// never pays for it).
+    pub fn block_sources(&self, wanted: &HashSet<Digest>) -> HashMap<Digest, BlockSource> {
+        let mut sources = HashMap::with_capacity(wanted.len());
+        for (digest, node) in &self.trees {
+            if !node
+                .blocks
+                .iter()
+                .any(|b| wanted.contains(b) && !sources.contains_key(b))
+            {
+                continue;
+            }
+            let Ok(tree) = Tree::decode(digest, &node.bytes) else {
+                continue;
+            };
+            for entry in tree.entries {
+                if let EntryKind::File { blocks } = entry.kind {
+                    let path = Arc::new(node.dir.join(std::ffi::OsStr::from_bytes(&entry.name)));
+                    for ((offset, len), block) in block_ranges(entry.size).zip(blocks) {
+                        if wanted.contains(&block) {
+                            sources.entry(block).or_insert_with(|| BlockSource {
+                                path: Arc::clone(&path),
+                                offset,
+                                len,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        sources
+    }
+
+    pub fn all_blocks(&self) -> HashSet<Digest> {
+        self.trees
+            .values()
+            .flat_map(|node| node.blocks.iter().copied())
+            .collect()
+    }
 }
 
 #[derive(Default)]
@@ -151,8 +196,9 @@ impl Scanner<'_> {
         lock(&self.collected)
             .trees
             .entry(digest)
-            .or_insert(TreeNode {
+            .or_insert_with(|| TreeNode {
                 bytes,
+                dir: Arc::new(abs.to_owned()),
                 subtrees,
                 blocks,
             });
@@ -220,63 +266,52 @@ impl Scanner<'_> {
         mut meta: fs::Metadata,
     ) -> Result<(Vec<Digest>, fs::Metadata)> {
         let key = IndexKey::of(&meta);
-        let path = Arc::new(path.to_owned());
         if let Some(blocks) = self.old.files.get(&key)
             && blocks.len() == block_ranges(key.size).count()
         {
-            self.record(&path, key, blocks, true);
+            self.record(key, blocks);
             return Ok((blocks.clone(), meta));
         }
         for _ in 0..HASH_ATTEMPTS_MAX {
             let before = IndexKey::of(&meta);
-            let mut file = fs::File::open(&*path).map_err(Error::io(&*path))?;
+            let mut file = fs::File::open(path).map_err(Error::io(path))?;
             let blocks = match hash_blocks(&mut file, before.size) {
                 Ok(blocks) => blocks,
                 Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    meta = file.metadata().map_err(Error::io(&*path))?;
+                    meta = file.metadata().map_err(Error::io(path))?;
                     continue;
                 }
                 Err(err) => {
                     return Err(Error::Io {
-                        path: path.to_path_buf(),
+                        path: path.to_owned(),
                         source: err,
                     });
                 }
             };
             // Re-check after reading: a write during the read changes ctime.
-            let after_meta = file.metadata().map_err(Error::io(&*path))?;
+            let after_meta = file.metadata().map_err(Error::io(path))?;
             let after = IndexKey::of(&after_meta);
             if after == before {
                 self.stats.files_hashed.fetch_add(1, Ordering::Relaxed);
                 self.stats
                     .bytes_hashed
                     .fetch_add(before.size, Ordering::Relaxed);
-                let cacheable = !is_racy(&after, now_ns());
-                self.record(&path, after, &blocks, cacheable);
+                if !is_racy(&after, now_ns()) {
+                    self.record(after, &blocks);
+                }
                 return Ok((blocks, after_meta));
             }
             meta = after_meta;
         }
         Err(Error::FileChanged {
-            path: path.to_path_buf(),
+            path: path.to_owned(),
         })
     }
 
-    fn record(&self, path: &Arc<PathBuf>, key: IndexKey, blocks: &[Digest], cacheable: bool) {
-        let mut collected = lock(&self.collected);
-        for ((offset, len), digest) in block_ranges(key.size).zip(blocks) {
-            collected
-                .block_sources
-                .entry(*digest)
-                .or_insert_with(|| BlockSource {
-                    path: Arc::clone(path),
-                    offset,
-                    len,
-                });
-        }
-        if cacheable {
-            collected.index_files.insert(key, blocks.to_vec());
-        }
+    fn record(&self, key: IndexKey, blocks: &[Digest]) {
+        lock(&self.collected)
+            .index_files
+            .insert(key, blocks.to_vec());
     }
 }
 
@@ -319,7 +354,7 @@ pub(crate) fn read_block(source: &BlockSource, digest: &Digest) -> Result<Vec<u8
         .map_err(Error::io(path))?;
     if Digest::of(&data) != *digest {
         return Err(Error::FileChanged {
-            path: path.to_path_buf(),
+            path: path.to_owned(),
         });
     }
     Ok(data)

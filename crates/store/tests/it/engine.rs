@@ -457,8 +457,8 @@ fn incremental_push_of_a_deep_change_uploads_only_its_path() {
 /// a first push and on the incremental path.
 #[test]
 fn oversized_missing_checks_are_split() {
-    let files: Vec<(String, Vec<u8>)> = (0..4000)
-        .map(|i| (format!("f{i:04}"), format!("tiny file {i}\n").into_bytes()))
+    let files: Vec<(String, Vec<u8>)> = (0..10_000)
+        .map(|i| (format!("f{i:05}"), format!("tiny file {i}\n").into_bytes()))
         .collect();
     let as_refs = |range: std::ops::Range<usize>| -> Vec<(&str, &[u8])> {
         files[range]
@@ -466,7 +466,7 @@ fn oversized_missing_checks_are_split() {
             .map(|(name, content)| (name.as_str(), content.as_slice()))
             .collect()
     };
-    let src = home_dir(&as_refs(0..2500));
+    let src = home_dir(&as_refs(0..5000));
     let double = Double::new(Arc::new(MemoryBackend::default()));
     let store = Store::new(double.clone());
     let index_dir = tempdir();
@@ -492,11 +492,11 @@ fn oversized_missing_checks_are_split() {
         );
         assert_eq!(report.blocks_uploaded, expected_blocks);
     };
-    // First push, pruned walk: the root, then its 2500 blocks.
-    check(1 + 2500, 2500);
-    // Incremental: the new root and the 1500 new blocks only.
-    write_files(src.path(), &as_refs(2500..4000));
-    check(1 + 1500, 1500);
+    // First push, pruned walk: the root, then its 5000 blocks.
+    check(1 + 5000, 5000);
+    // Incremental: the new root and the 5000 new blocks only.
+    write_files(src.path(), &as_refs(5000..10_000));
+    check(1 + 5000, 5000);
     assert_verify_ok(&store);
 }
 
