@@ -24,6 +24,33 @@ use crate::{Digest, Error, Result};
 
 const MAGIC: &[u8; 5] = b"RIDX\x01";
 
+/// Maps keyed by [`IndexKey`]. Stat values are not chosen by an attacker
+/// who could aim for collisions, so a multiply-rotate hash stands in for
+/// SipHash, which was a visible share of an unchanged re-push.
+pub type FileMap<V> = HashMap<IndexKey, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0.rotate_left(23) ^ value).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_i64(&mut self, value: i64) {
+        self.write_u64(value as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 29)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IndexKey {
     pub dev: u64,
@@ -93,7 +120,7 @@ pub struct LastSync {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Index {
-    pub files: HashMap<IndexKey, Vec<Digest>>,
+    pub files: FileMap<Vec<Digest>>,
     pub last: Option<LastSync>,
 }
 
@@ -215,7 +242,7 @@ fn decode(bytes: &[u8]) -> Option<Index> {
         }
     };
     let count = u64_of(take(8)?)? as usize;
-    let mut files = HashMap::with_capacity(count.min(1 << 22));
+    let mut files = FileMap::with_capacity_and_hasher(count.min(1 << 22), Default::default());
     for _ in 0..count {
         let mut n = || u64_of(take(8)?);
         let key = IndexKey {

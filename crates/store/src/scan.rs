@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::block::block_ranges;
 use crate::excludes::Excludes;
-use crate::index::{Index, IndexKey, is_racy, mtime_ns, now_ns};
+use crate::index::{FileMap, Index, IndexKey, is_racy, mtime_ns, now_ns};
 use crate::progress::Progress;
 use crate::tree::{Entry, EntryKind, MODE_MASK, Tree};
 use crate::{Digest, Error, Result};
@@ -44,7 +44,7 @@ pub(crate) struct BlockSource {
 #[derive(Default)]
 pub(crate) struct Collected {
     pub trees: HashMap<Digest, TreeNode>,
-    pub index_files: HashMap<IndexKey, Vec<Digest>>,
+    pub index_files: FileMap<Vec<Digest>>,
 }
 
 impl Collected {
@@ -164,11 +164,18 @@ impl Scanner<'_> {
         for entry in fs::read_dir(abs).map_err(Error::io(abs))? {
             children.push(entry.map_err(Error::io(abs))?);
         }
-        let entries = children
+        let scanned = children
             .par_iter()
             .map(|child| self.scan_entry(child, rel))
-            .collect::<Result<Vec<Option<Entry>>>>()?;
-        let entries: Vec<Entry> = entries.into_iter().flatten().collect();
+            .collect::<Result<Vec<Option<(Entry, Option<IndexKey>)>>>>()?;
+        let mut entries = Vec::with_capacity(scanned.len());
+        let mut index_records = Vec::new();
+        for (entry, index_key) in scanned.into_iter().flatten() {
+            if let (Some(key), EntryKind::File { blocks }) = (index_key, &entry.kind) {
+                index_records.push((key, blocks.clone()));
+            }
+            entries.push(entry);
+        }
         let total: u64 = entries
             .iter()
             .map(|e| match e.kind {
@@ -193,19 +200,23 @@ impl Scanner<'_> {
             other => other,
         })?;
         self.stats.dirs.fetch_add(1, Ordering::Relaxed);
-        lock(&self.collected)
-            .trees
-            .entry(digest)
-            .or_insert_with(|| TreeNode {
-                bytes,
-                dir: Arc::new(abs.to_owned()),
-                subtrees,
-                blocks,
-            });
+        // One lock per directory, not per file.
+        let mut collected = lock(&self.collected);
+        collected.index_files.extend(index_records);
+        collected.trees.entry(digest).or_insert_with(|| TreeNode {
+            bytes,
+            dir: Arc::new(abs.to_owned()),
+            subtrees,
+            blocks,
+        });
         Ok((digest, total))
     }
 
-    fn scan_entry(&self, child: &fs::DirEntry, rel: &Path) -> Result<Option<Entry>> {
+    fn scan_entry(
+        &self,
+        child: &fs::DirEntry,
+        rel: &Path,
+    ) -> Result<Option<(Entry, Option<IndexKey>)>> {
         let name = child.file_name();
         let rel_child = rel.join(&name);
         if self.excludes.is_excluded(&rel_child) {
@@ -217,6 +228,7 @@ impl Scanner<'_> {
         let file_type = meta.file_type();
         let mode = meta.mode() & MODE_MASK;
         let name = name.as_bytes().to_vec();
+        let mut index_key = None;
         let entry = if file_type.is_dir() {
             let (tree, size) = self.scan_dir(&path, &rel_child)?;
             Entry {
@@ -238,7 +250,8 @@ impl Scanner<'_> {
                 kind: EntryKind::Symlink { target },
             }
         } else if file_type.is_file() {
-            let (blocks, meta) = self.file_blocks(&path, meta)?;
+            let (blocks, meta, key) = self.file_blocks(&path, meta)?;
+            index_key = key;
             self.stats.files.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .bytes_scanned
@@ -256,21 +269,21 @@ impl Scanner<'_> {
             self.stats.special_skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         };
-        Ok(Some(entry))
+        Ok(Some((entry, index_key)))
     }
 
-    /// The file's block digests and the metadata they belong to.
+    /// The file's block digests, the metadata they belong to, and the key
+    /// to record them under in the new index (none while racy).
     fn file_blocks(
         &self,
         path: &Path,
         mut meta: fs::Metadata,
-    ) -> Result<(Vec<Digest>, fs::Metadata)> {
+    ) -> Result<(Vec<Digest>, fs::Metadata, Option<IndexKey>)> {
         let key = IndexKey::of(&meta);
         if let Some(blocks) = self.old.files.get(&key)
             && blocks.len() == block_ranges(key.size).count()
         {
-            self.record(key, blocks);
-            return Ok((blocks.clone(), meta));
+            return Ok((blocks.clone(), meta, Some(key)));
         }
         for _ in 0..HASH_ATTEMPTS_MAX {
             let before = IndexKey::of(&meta);
@@ -296,22 +309,14 @@ impl Scanner<'_> {
                 self.stats
                     .bytes_hashed
                     .fetch_add(before.size, Ordering::Relaxed);
-                if !is_racy(&after, now_ns()) {
-                    self.record(after, &blocks);
-                }
-                return Ok((blocks, after_meta));
+                let cacheable = !is_racy(&after, now_ns());
+                return Ok((blocks, after_meta, cacheable.then_some(after)));
             }
             meta = after_meta;
         }
         Err(Error::FileChanged {
             path: path.to_owned(),
         })
-    }
-
-    fn record(&self, key: IndexKey, blocks: &[Digest]) {
-        lock(&self.collected)
-            .index_files
-            .insert(key, blocks.to_vec());
     }
 }
 
