@@ -370,3 +370,30 @@ fn permission_denied_names_the_path() {
     )
     .expect("chmod");
 }
+
+/// Racy timestamps: a file pushed while its timestamps are within the
+/// filesystem's granularity of the scan is not trusted from the index next
+/// time (a same-tick rewrite would leave its stat unchanged); once its
+/// timestamps are safely old, it is.
+#[test]
+fn files_pushed_while_racy_are_rehashed_once() {
+    let env = Env::new(Backend::Local);
+    let src = env.path("src");
+    write(&src.join("fresh.txt"), b"just written");
+    write(&src.join("also/fresh.bin"), &bytes(3, 5000));
+    let first = env.push(&src, "acme", "h");
+    assert_eq!(n(&first, "files_hashed"), 2);
+    settle();
+    let second = env.push(&src, "acme", "h");
+    assert_eq!(
+        n(&second, "files_hashed"),
+        2,
+        "racy entries must not be trusted: {second}"
+    );
+    let third = env.push(&src, "acme", "h");
+    assert_eq!(
+        n(&third, "files_hashed"),
+        0,
+        "settled entries are trusted: {third}"
+    );
+}
