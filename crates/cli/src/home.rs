@@ -13,7 +13,7 @@ use store::{HomeName, OrgId, Store};
 
 use crate::output::{Bar, human_bytes, print_json};
 
-/// Pushes retried after a concurrent gc removed objects they relied on.
+/// Attempts at a push that failed for a reason retrying can fix.
 const PUSH_ATTEMPTS_MAX: usize = 3;
 
 #[derive(Subcommand)]
@@ -117,7 +117,7 @@ fn run_push(dir: &Path, target: &Target) -> Result<ExitCode> {
             &options,
             &bar,
         ) {
-            Err(err @ store::Error::CommitRaced) if attempt < PUSH_ATTEMPTS_MAX => {
+            Err(err) if err.is_retryable() && attempt < PUSH_ATTEMPTS_MAX => {
                 tracing::warn!(%err, attempt, "push failed, retrying");
                 attempt += 1;
             }

@@ -36,19 +36,21 @@ pub fn block_ranges(size: u64) -> impl Iterator<Item = (u64, u64)> {
 
 /// Encode plain content for storage.
 pub fn encode(plain: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(plain.len() + 1);
     // Tiny objects are not worth a zstd frame header.
-    if plain.len() >= 64
-        && let Ok(compressed) = zstd::bulk::compress(plain, ZSTD_LEVEL)
-    {
-        // Keep the compressed form only when it saves at least 1/16.
-        if compressed.len() + plain.len() / 16 < plain.len() {
-            let mut out = Vec::with_capacity(compressed.len() + 1);
-            out.push(FRAME_ZSTD);
-            out.extend_from_slice(&compressed);
+    if plain.len() >= 64 {
+        // Keep the compressed form only when it saves at least 1/16: give
+        // the compressor exactly that much room, in place, so no second
+        // buffer or copy is needed.
+        let room = plain.len() - plain.len() / 16 - 1;
+        out.push(FRAME_ZSTD);
+        out.resize(1 + room, 0);
+        if let Ok(written) = zstd::bulk::compress_to_buffer(plain, &mut out[1..], ZSTD_LEVEL) {
+            out.truncate(1 + written);
             return out;
         }
+        out.clear();
     }
-    let mut out = Vec::with_capacity(plain.len() + 1);
     out.push(FRAME_PLAIN);
     out.extend_from_slice(plain);
     out

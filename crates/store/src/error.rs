@@ -22,8 +22,6 @@ pub enum Error {
         op: &'static str,
         key: String,
         message: String,
-        /// True when retrying cannot help (for example access denied).
-        permanent: bool,
     },
 
     #[error("no such home: {org}/{home}")]
@@ -90,13 +88,12 @@ impl Error {
         move |source| Error::Io { path, source }
     }
 
-    /// Whether the same operation might succeed if simply tried again.
+    /// Whether running the whole push again is likely to succeed: a file
+    /// changed under the scan, or gc kept taking what the push relied on.
+    /// Backend errors are not: the S3 client already retried them, and a
+    /// local directory's errors do not go away by themselves.
     pub fn is_retryable(&self) -> bool {
-        match self {
-            Error::Backend { permanent, .. } => !permanent,
-            Error::CommitRaced | Error::FileChanged { .. } | Error::StoreBusy { .. } => true,
-            _ => false,
-        }
+        matches!(self, Error::CommitRaced | Error::FileChanged { .. })
     }
 
     /// Attach the home-relative path (the root, an empty path, adds nothing) of the file an object belongs to.

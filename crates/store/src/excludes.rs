@@ -86,10 +86,6 @@ impl Excludes {
         }
     }
 
-    pub fn patterns(&self) -> &[String] {
-        &self.patterns
-    }
-
     /// `relative` is the path from the home root, without a leading `/`.
     pub fn is_excluded(&self, relative: &Path) -> bool {
         !self.patterns.is_empty() && self.set.is_match(relative)

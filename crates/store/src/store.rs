@@ -129,12 +129,6 @@ impl Store {
         Ok(stored.len() as u64)
     }
 
-    /// Stores an already-encoded object after checking it decodes to its digest.
-    pub fn put_encoded(&self, org: &OrgId, object: &ObjectId, stored: &[u8]) -> Result<()> {
-        block::decode(&object.digest, stored)?;
-        self.backend.put(&Self::object_key(org, object), stored)
-    }
-
     /// The stored (encoded) bytes of an object, unverified.
     pub fn get_encoded(&self, org: &OrgId, object: &ObjectId) -> Result<Vec<u8>> {
         self.backend

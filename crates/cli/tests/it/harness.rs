@@ -63,6 +63,12 @@ impl Env {
             "roost {args:?} failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
+        // No progress bar without a terminal, and no stray log lines.
+        assert!(
+            output.stderr.is_empty(),
+            "roost {args:?} wrote to stderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         serde_json::from_slice(&output.stdout).expect("one JSON object on stdout")
     }
 

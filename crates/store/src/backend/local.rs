@@ -25,7 +25,6 @@ fn backend_error(op: &'static str, key: &str, err: std::io::Error) -> Error {
     Error::Backend {
         op,
         key: key.to_owned(),
-        permanent: err.kind() == ErrorKind::PermissionDenied,
         message: err.to_string(),
     }
 }
@@ -54,7 +53,6 @@ impl LocalBackend {
                 op: "resolve",
                 key: key.to_owned(),
                 message: "invalid key".to_owned(),
-                permanent: true,
             });
         }
         Ok(self.root.join(key))

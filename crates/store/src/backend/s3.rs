@@ -24,16 +24,11 @@ pub struct S3Backend {
 }
 
 fn backend_error(op: &'static str, key: &str, err: object_store::Error) -> Error {
-    let permanent = matches!(
-        err,
-        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
-    );
     Error::Backend {
         op,
         key: key.to_owned(),
         // object_store's Display spans lines; the CLI prints one line.
         message: err.to_string().replace('\n', " "),
-        permanent,
     }
 }
 

@@ -318,7 +318,6 @@ pub fn injected(op: &'static str, key: &str) -> Error {
         op,
         key: key.to_owned(),
         message: "injected fault".to_owned(),
-        permanent: false,
     }
 }
 
