@@ -30,7 +30,7 @@ use rayon::prelude::*;
 use crate::excludes::Excludes;
 use crate::index::{Index, LastSync};
 use crate::progress::Progress;
-use crate::scan::{self, Scan, TreeNode, read_block};
+use crate::scan::{self, Scan, TreeNode, with_block};
 use crate::store::{MISSING_CHECK_BATCH_MAX, ObjectId};
 use crate::{Digest, Error, HomeName, OrgId, Result, Store};
 
@@ -320,8 +320,9 @@ fn upload(
             digest: object.digest,
             path: None,
         })?;
-        let data = read_block(source, &object.digest)?;
-        let stored = store.put_object(org, object, &data)?;
+        let stored = with_block(source, &object.digest, |data| {
+            store.put_object(org, object, data)
+        })?;
         uploaded_bytes.fetch_add(stored, Ordering::Relaxed);
         progress.advance(source.len);
         Ok(())

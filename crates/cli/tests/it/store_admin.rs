@@ -202,3 +202,70 @@ fn stats_reports_per_org() {
         "{table}"
     );
 }
+
+/// A full disk under the store: the push fails with one line naming the
+/// problem and the file, and the home still points at its last snapshot.
+#[test]
+fn full_store_disk_fails_cleanly_and_keeps_the_previous_root() {
+    let env = Env::new(Backend::Local);
+    let mount = env.path("small-disk");
+    std::fs::create_dir_all(&mount).expect("mkdir");
+    let mounted = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=2m",
+            "tmpfs",
+            mount.to_str().expect("utf8"),
+        ])
+        .status()
+        .expect("run mount");
+    assert!(
+        mounted.success(),
+        "this test needs root to mount a small tmpfs"
+    );
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mount.clone());
+    let store = mount.join("store").display().to_string();
+    let src = env.path("src");
+    write(&src.join("small.txt"), b"fits");
+    let push = |env: &Env| {
+        let src = src.to_str().expect("utf8");
+        env.roost(&[
+            "home", "push", src, "--store", &store, "--org", "acme", "--home", "h", "--json",
+        ])
+    };
+    let first = push(&env);
+    assert!(first.status.success());
+    let first: serde_json::Value = serde_json::from_slice(&first.stdout).expect("json");
+    write(&src.join("big.bin"), &bytes(4, 6 * 1024 * 1024));
+    let failed = push(&env);
+    assert!(!failed.status.success());
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("No space left on device") && stderr.contains(&store),
+        "{stderr}"
+    );
+    let dest = env.path("dest");
+    let pulled = env.json(&[
+        "home",
+        "pull",
+        dest.to_str().expect("utf8"),
+        "--store",
+        &store,
+        "--org",
+        "acme",
+        "--home",
+        "h",
+        "--json",
+    ]);
+    assert_eq!(pulled["root"], first["root"]);
+    assert!(dest.join("small.txt").exists() && !dest.join("big.bin").exists());
+}

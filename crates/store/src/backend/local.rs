@@ -21,19 +21,19 @@ pub struct LocalBackend {
     temp_counter: AtomicU64,
 }
 
-fn backend_error(op: &'static str, key: &str, err: std::io::Error) -> Error {
-    Error::Backend {
-        op,
-        key: key.to_owned(),
-        message: err.to_string(),
+/// A local store's failures are file errors: they name the file (a full
+/// disk or a permission problem is then plain to see), not "unreachable".
+fn local_error(root: &Path, key: &str, err: std::io::Error) -> Error {
+    Error::Io {
+        path: root.join(key),
+        source: err,
     }
 }
 
 impl LocalBackend {
     pub fn open(root: impl AsRef<Path>) -> Result<LocalBackend> {
         let root = root.as_ref().to_owned();
-        fs::create_dir_all(&root)
-            .map_err(|e| backend_error("open", &root.display().to_string(), e))?;
+        fs::create_dir_all(&root).map_err(|e| local_error(&root, "", e))?;
         Ok(LocalBackend {
             root,
             temp_counter: AtomicU64::new(0),
@@ -78,33 +78,33 @@ impl LocalBackend {
         if let Err(err) = write(&temp) {
             if err.kind() != ErrorKind::NotFound {
                 let _ = fs::remove_file(&temp);
-                return Err(backend_error("put", key, err));
+                return Err(local_error(&self.root, key, err));
             }
             // The fan-out directory does not exist yet.
             if let Some(parent) = path.parent() {
-                fs::create_dir_all(parent).map_err(|e| backend_error("put", key, e))?;
+                fs::create_dir_all(parent).map_err(|e| local_error(&self.root, key, e))?;
             }
             write(&temp).map_err(|e| {
                 let _ = fs::remove_file(&temp);
-                backend_error("put", key, e)
+                local_error(&self.root, key, e)
             })?;
         }
         fs::rename(&temp, &path).map_err(|e| {
             let _ = fs::remove_file(&temp);
-            backend_error("put", key, e)
+            local_error(&self.root, key, e)
         })?;
         if durable && let Some(parent) = path.parent() {
             fs::File::open(parent)
                 .and_then(|dir| dir.sync_all())
-                .map_err(|e| backend_error("put", key, e))?;
+                .map_err(|e| local_error(&self.root, key, e))?;
         }
         Ok(())
     }
 
-    fn meta(key: String, metadata: &fs::Metadata) -> Result<ObjectMeta> {
+    fn meta(&self, key: String, metadata: &fs::Metadata) -> Result<ObjectMeta> {
         let last_modified = metadata
             .modified()
-            .map_err(|e| backend_error("stat", &key, e))?;
+            .map_err(|e| local_error(&self.root, &key, e))?;
         Ok(ObjectMeta {
             key,
             size: metadata.len(),
@@ -116,10 +116,10 @@ impl LocalBackend {
         let entries = match fs::read_dir(dir) {
             Ok(entries) => entries,
             Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
-            Err(err) => return Err(backend_error("list", key_prefix, err)),
+            Err(err) => return Err(local_error(&self.root, key_prefix, err)),
         };
         for entry in entries {
-            let entry = entry.map_err(|e| backend_error("list", key_prefix, e))?;
+            let entry = entry.map_err(|e| local_error(&self.root, key_prefix, e))?;
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
             if name.starts_with(TEMP_PREFIX) {
@@ -128,14 +128,14 @@ impl LocalBackend {
             let key = format!("{key_prefix}{name}");
             let file_type = entry
                 .file_type()
-                .map_err(|e| backend_error("list", &key, e))?;
+                .map_err(|e| local_error(&self.root, &key, e))?;
             if file_type.is_dir() {
                 self.list_into(&entry.path(), &format!("{key}/"), out)?;
             } else if file_type.is_file() {
                 let metadata = entry
                     .metadata()
-                    .map_err(|e| backend_error("list", &key, e))?;
-                out.push(Self::meta(key, &metadata)?);
+                    .map_err(|e| local_error(&self.root, &key, e))?;
+                out.push(self.meta(key, &metadata)?);
             }
         }
         Ok(())
@@ -152,15 +152,15 @@ impl Backend for LocalBackend {
     }
 
     fn sync(&self) -> Result<()> {
-        let root = fs::File::open(&self.root).map_err(|e| backend_error("sync", "", e))?;
-        rustix::fs::syncfs(&root).map_err(|e| backend_error("sync", "", e.into()))
+        let root = fs::File::open(&self.root).map_err(|e| local_error(&self.root, "", e))?;
+        rustix::fs::syncfs(&root).map_err(|e| local_error(&self.root, "", e.into()))
     }
 
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
         match fs::read(self.path(key)?) {
             Ok(data) => Ok(Some(data)),
             Err(err) if err.kind() == ErrorKind::NotFound => Ok(None),
-            Err(err) => Err(backend_error("get", key, err)),
+            Err(err) => Err(local_error(&self.root, key, err)),
         }
     }
 
@@ -169,7 +169,7 @@ impl Backend for LocalBackend {
             .map(|key| match fs::symlink_metadata(self.path(key)?) {
                 Ok(_) => Ok(true),
                 Err(err) if err.kind() == ErrorKind::NotFound => Ok(false),
-                Err(err) => Err(backend_error("exists", key, err)),
+                Err(err) => Err(local_error(&self.root, key, err)),
             })
             .collect()
     }
@@ -183,9 +183,9 @@ impl Backend for LocalBackend {
 
     fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
         match fs::metadata(self.path(key)?) {
-            Ok(metadata) => Ok(Some(Self::meta(key.to_owned(), &metadata)?)),
+            Ok(metadata) => Ok(Some(self.meta(key.to_owned(), &metadata)?)),
             Err(err) if err.kind() == ErrorKind::NotFound => Ok(None),
-            Err(err) => Err(backend_error("head", key, err)),
+            Err(err) => Err(local_error(&self.root, key, err)),
         }
     }
 
@@ -193,7 +193,7 @@ impl Backend for LocalBackend {
         match fs::remove_file(self.path(key)?) {
             Ok(()) => Ok(()),
             Err(err) if err.kind() == ErrorKind::NotFound => Ok(()),
-            Err(err) => Err(backend_error("delete", key, err)),
+            Err(err) => Err(local_error(&self.root, key, err)),
         }
     }
 }
