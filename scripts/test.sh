@@ -39,13 +39,38 @@ PY
     log "S3 test server on $AWS_ENDPOINT_URL (pid $S3_PID)"
 }
 
+# A throwaway PostgreSQL cluster on loopback for the records tests.
+start_postgres() {
+    local bin port
+    bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1 || true)
+    if [ -z "$bin" ] || [ ! -x "$bin/initdb" ]; then
+        log "installing PostgreSQL from Debian"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+        bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)
+    fi
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    PG_DIR=$(mktemp -d)
+    chown postgres "$PG_DIR"
+    runuser -u postgres -- "$bin/initdb" -D "$PG_DIR/data" -A trust -U roost >/dev/null
+    runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
+        -o "-p $port -k $PG_DIR -c listen_addresses=127.0.0.1 -c max_connections=200" start >/dev/null
+    PG_BIN=$bin
+    export ROOST_TEST_POSTGRES_URL="postgres://roost@127.0.0.1:$port/postgres"
+    log "PostgreSQL on 127.0.0.1:$port ($PG_DIR)"
+}
+
 cleanup() {
     if [ -n "${S3_PID:-}" ]; then kill "$S3_PID" 2>/dev/null || true; fi
+    if [ -n "${PG_DIR:-}" ]; then
+        runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true
+        rm -rf "$PG_DIR"
+    fi
 }
 trap cleanup EXIT
 
 install_python_packages
 start_s3
+start_postgres
 
 log "cargo fmt --check"
 cargo fmt --all -- --check

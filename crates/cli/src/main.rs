@@ -1,6 +1,7 @@
 //! The `roost` binary: parses the command line and hands each subcommand
 //! to its module. No logic lives here.
 
+mod control;
 mod home;
 mod output;
 mod store_admin;
@@ -26,6 +27,11 @@ enum Command {
     /// Maintain a store: garbage-collect, verify, report usage.
     #[command(subcommand)]
     Store(store_admin::StoreCommand),
+    /// Run the control plane.
+    Server(control::ServerArgs),
+    /// Administer a running control plane (organisations, runner tokens).
+    #[command(subcommand)]
+    Admin(control::AdminCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -40,6 +46,8 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Home(command) => home::run(command),
         Command::Store(command) => store_admin::run(command),
+        Command::Server(args) => control::run_server(args),
+        Command::Admin(command) => control::run_admin(command),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,10 @@
+//! Wire types of the roost HTTP API (`/v1`) and the client the CLI uses.
+//!
+//! Everything here is a compatibility promise: a type is `Serialize` only
+//! because it crosses the wire. Domain types live in their own crates.
+
+pub mod client;
+mod error;
+pub mod orgs;
+
+pub use error::{ErrorBody, ErrorCode, ErrorDetail};

@@ -1,0 +1,145 @@
+//! `roost server` and `roost admin …`: the control plane and its admin
+//! calls. The CLI reaches the server at `ROOST_URL` with `ROOST_TOKEN`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use crate::output::print_json;
+
+#[derive(Args)]
+pub struct ServerArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// Where the server keeps its SQLite database and the admin token.
+    #[arg(long, default_value = "/var/lib/roost")]
+    data_dir: PathBuf,
+    /// `sqlite://PATH` or `postgres://…` (default: SQLite in the data dir).
+    #[arg(long, value_name = "URL")]
+    database: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum AdminCommand {
+    /// Organisations.
+    #[command(subcommand)]
+    Org(OrgCommand),
+    /// Create a token runners register with.
+    RunnerToken {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum OrgCommand {
+    /// Create an organisation; prints its id and its token (shown once).
+    Create {
+        name: String,
+        /// Most sandboxes running at once.
+        #[arg(long)]
+        max_running: Option<u32>,
+        /// Most sandboxes held (running or stopped).
+        #[arg(long)]
+        max_total: Option<u32>,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+pub struct Target {
+    /// The server's URL.
+    #[arg(long, env = "ROOST_URL", default_value = "http://127.0.0.1:7070")]
+    url: String,
+    /// An admin token.
+    #[arg(long, env = "ROOST_TOKEN", hide_env_values = true)]
+    token: String,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
+    let config = server::Config {
+        listen: args.listen,
+        data_dir: args.data_dir,
+        database_url: args.database,
+    };
+    runtime()?.block_on(async move {
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        server::serve(config, shutdown, |started| {
+            println!("roost server listening on {}", started.url);
+            match started.admin_token {
+                Some(token) => println!("admin token (shown once; also in the data dir as admin-token): {token}"),
+                None => println!("admin token: created earlier (admin-token in the data dir of the server that made it)"),
+            }
+        })
+        .await
+        .context("server failed")
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
+    runtime()?.block_on(async move {
+        match command {
+            AdminCommand::Org(OrgCommand::Create {
+                name,
+                max_running,
+                max_total,
+                target,
+                json,
+            }) => {
+                let client = api::client::Client::new(&target.url, &target.token);
+                let request = api::orgs::CreateOrgRequest {
+                    name,
+                    max_running,
+                    max_total,
+                };
+                let org = client
+                    .create_org(&request)
+                    .await
+                    .context("org create failed")?;
+                if json {
+                    print_json(
+                        &json!({ "org_id": org.org_id, "name": org.name, "token": org.token }),
+                    );
+                } else {
+                    println!(
+                        "org {} ({})\ntoken (shown once): {}",
+                        org.name, org.org_id, org.token
+                    );
+                }
+            }
+            AdminCommand::RunnerToken { target, json } => {
+                let client = api::client::Client::new(&target.url, &target.token);
+                let created = client
+                    .create_runner_token()
+                    .await
+                    .context("runner-token failed")?;
+                if json {
+                    print_json(&json!({ "token": created.token }));
+                } else {
+                    println!("runner token (shown once): {}", created.token);
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}

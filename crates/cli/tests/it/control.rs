@@ -1,0 +1,284 @@
+//! `roost server` and `roost admin`: the real server process on loopback,
+//! on SQLite and on the PostgreSQL that `scripts/test.sh` starts.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::Value;
+
+use crate::harness::BIN;
+
+/// A running `roost server`; killed on drop.
+struct Server {
+    child: Child,
+    url: String,
+    admin_token: Option<String>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(data_dir: &Path, database: Option<&str>) -> Server {
+    let mut command = Command::new(BIN);
+    command.args([
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data_dir.to_str().expect("utf8"),
+    ]);
+    if let Some(database) = database {
+        command.args(["--database", database]);
+    }
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start server");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a line").expect("read");
+    let url = first
+        .strip_prefix("roost server listening on ")
+        .expect("listening line")
+        .to_owned();
+    // The second line says whether this start created the admin token.
+    let second = lines.next().expect("a second line").expect("read");
+    let admin_token = second
+        .starts_with("admin token (shown once")
+        .then(|| second.rsplit(' ').next().map(str::to_owned))
+        .flatten();
+    assert!(
+        std::net::TcpStream::connect(url.trim_start_matches("http://")).is_ok(),
+        "server accepts connections"
+    );
+    Server {
+        child,
+        url,
+        admin_token,
+    }
+}
+
+fn admin(server_url: &str, token: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("admin")
+        .args(args)
+        .env("ROOST_URL", server_url)
+        .env("ROOST_TOKEN", token)
+        .output()
+        .expect("run roost admin")
+}
+
+fn json_of(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("json")
+}
+
+fn post(url: &str, token: &str, body: &str) -> (u16, Option<String>, Value) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let response = reqwest::Client::new()
+            .post(url)
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .expect("send");
+        let status = response.status().as_u16();
+        let request_id = response
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = response.json::<Value>().await.expect("json body");
+        (status, request_id, body)
+    })
+}
+
+fn assert_envelope(body: &Value, code: &str, request_id: &Option<String>) {
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert!(
+        !body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .is_empty()
+    );
+    assert_eq!(
+        body["error"]["request_id"].as_str(),
+        request_id.as_deref(),
+        "{body}"
+    );
+}
+
+fn admin_contract(server: &Server, admin_token: &str) {
+    let url = &server.url;
+    let org = json_of(&admin(
+        url,
+        admin_token,
+        &["org", "create", "acme", "--max-running", "2", "--json"],
+    ));
+    let org_id = org["org_id"].as_str().expect("org_id");
+    let org_token = org["token"].as_str().expect("token");
+    assert!(
+        org_id.starts_with("org_") && org_token.starts_with("roost_org_"),
+        "{org}"
+    );
+
+    let again = admin(url, admin_token, &["org", "create", "acme"]);
+    assert!(!again.status.success());
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        stderr.contains("invalid_state (409)") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+
+    let runner = json_of(&admin(url, admin_token, &["runner-token", "--json"]));
+    assert!(
+        runner["token"]
+            .as_str()
+            .expect("token")
+            .starts_with("roost_runner_")
+    );
+
+    let orgs = format!("{url}/v1/admin/orgs");
+    let (status, id, body) = post(&orgs, "roost_admin_wrong", r#"{"name":"x"}"#);
+    assert_eq!(status, 401);
+    assert_envelope(&body, "unauthenticated", &id);
+    // An org token does not reach admin endpoints: they do not exist for it.
+    let (status, id, body) = post(&orgs, org_token, r#"{"name":"x"}"#);
+    assert_eq!(status, 404);
+    assert_envelope(&body, "not_found", &id);
+    let (status, id, body) = post(&orgs, admin_token, r#"{"nmae":"x"}"#);
+    assert_eq!(status, 400);
+    assert_envelope(&body, "invalid_request", &id);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("nmae"),
+        "names the field: {body}"
+    );
+    let (status, id, body) = post(&orgs, admin_token, r#"{"name":"../evil"}"#);
+    assert_eq!(status, 400);
+    assert_envelope(&body, "invalid_request", &id);
+    let huge = format!(r#"{{"name":"{}"}}"#, "a".repeat(2 * 1024 * 1024));
+    let (status, id, body) = post(&orgs, admin_token, &huge);
+    assert_eq!(status, 413);
+    assert_envelope(&body, "payload_too_large", &id);
+}
+
+#[test]
+fn sqlite_server_bootstraps_an_admin_token_and_creates_orgs() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data_dir = tmp.path().join("data");
+    let server = start_server(&data_dir, None);
+    let admin_token = server
+        .admin_token
+        .clone()
+        .expect("first start prints the admin token");
+    let token_file = data_dir.join("admin-token");
+    assert_eq!(
+        std::fs::read_to_string(&token_file)
+            .expect("token file")
+            .trim(),
+        admin_token
+    );
+    assert_eq!(
+        std::fs::metadata(&token_file)
+            .expect("stat")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    admin_contract(&server, &admin_token);
+    drop(server);
+
+    // Tokens are stored hashed: the database file never holds one.
+    let mut bytes = std::fs::read(data_dir.join("roost.db")).expect("db");
+    if let Ok(wal) = std::fs::read(data_dir.join("roost.db-wal")) {
+        bytes.extend(wal);
+    }
+    let needle = admin_token.as_bytes();
+    assert!(
+        !bytes.windows(needle.len()).any(|w| w == needle),
+        "a plaintext token is in the database"
+    );
+
+    // A restart prints no new token and the old one still works.
+    let restarted = start_server(&data_dir, None);
+    assert_eq!(restarted.admin_token, None);
+    let runner = json_of(&admin(
+        &restarted.url,
+        &admin_token,
+        &["runner-token", "--json"],
+    ));
+    assert!(runner["token"].is_string());
+}
+
+fn postgres_database() -> String {
+    let base = std::env::var("ROOST_TEST_POSTGRES_URL").expect(
+        "PostgreSQL tests need the server scripts/test.sh starts (ROOST_TEST_POSTGRES_URL unset)",
+    );
+    let name = format!("roost_test_{}", std::process::id());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&base)
+            .await
+            .expect("connect to postgres");
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("drop");
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create");
+    });
+    let (prefix, _) = base.rsplit_once('/').expect("url with a database");
+    format!("{prefix}/{name}")
+}
+
+#[test]
+fn two_servers_on_one_postgres_act_as_one_control_plane() {
+    let database = postgres_database();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dirs: Vec<PathBuf> = ["a", "b"].iter().map(|d| tmp.path().join(d)).collect();
+    // Start both at once: exactly one creates the admin token.
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| start_server(&dirs[0], Some(&database)));
+        let b = scope.spawn(|| start_server(&dirs[1], Some(&database)));
+        (a.join().expect("a"), b.join().expect("b"))
+    });
+    let tokens: Vec<&String> = [&a.admin_token, &b.admin_token]
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(
+        tokens.len(),
+        1,
+        "exactly one server bootstraps the admin token"
+    );
+    let admin_token = tokens[0].clone();
+    admin_contract(&a, &admin_token);
+    // The org created through a is known to b.
+    let again = admin(&b.url, &admin_token, &["org", "create", "acme"]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("invalid_state"));
+}

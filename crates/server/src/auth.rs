@@ -1,0 +1,102 @@
+//! Tokens: random, shown once, stored only as BLAKE3 hashes. A token is
+//! 32 random bytes, so a fast hash is enough (there is nothing to guess).
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::ServerError;
+use crate::db::{Db, now_ms};
+
+/// Who is calling.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    Admin,
+    Org { org_id: String },
+    Runner,
+}
+
+pub fn random_hex(bytes: usize) -> Result<String, ServerError> {
+    let mut buffer = vec![0u8; bytes];
+    getrandom::fill(&mut buffer).map_err(|e| ServerError::Random(e.to_string()))?;
+    Ok(buffer.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+pub fn new_token(kind: &str) -> Result<String, ServerError> {
+    Ok(format!("roost_{kind}_{}", random_hex(32)?))
+}
+
+pub fn hash_token(token: &str) -> String {
+    blake3::hash(token.as_bytes()).to_hex().to_string()
+}
+
+pub async fn store_token(
+    db: &Db,
+    token: &str,
+    kind: &str,
+    org_id: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO tokens (hash, kind, org_id, created_at_ms) VALUES ($1, $2, $3, $4)")
+        .bind(hash_token(token))
+        .bind(kind)
+        .bind(org_id)
+        .bind(now_ms())
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
+
+pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sqlx::Error> {
+    let row: Option<(String, Option<String>)> =
+        sqlx::query_as("SELECT kind, org_id FROM tokens WHERE hash = $1")
+            .bind(hash_token(token))
+            .fetch_optional(&db.pool)
+            .await?;
+    Ok(
+        row.and_then(|(kind, org_id)| match (kind.as_str(), org_id) {
+            ("admin", _) => Some(Principal::Admin),
+            ("runner", _) => Some(Principal::Runner),
+            ("org", Some(org_id)) => Some(Principal::Org { org_id }),
+            _ => None,
+        }),
+    )
+}
+
+/// Creates the admin token on the first start of a database: returned
+/// (to print once) and written with mode 0600 to `data_dir/admin-token`.
+/// Later starts, and other servers on the same database, get `None`.
+pub async fn bootstrap_admin(db: &Db, data_dir: &Path) -> Result<Option<String>, ServerError> {
+    let mut tx = db.pool.begin().await?;
+    let claimed =
+        sqlx::query("INSERT INTO bootstrap (step, done_at_ms) VALUES ('admin_token', $1)")
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await;
+    if claimed.is_err() {
+        return Ok(None);
+    }
+    let token = new_token("admin")?;
+    sqlx::query(
+        "INSERT INTO tokens (hash, kind, org_id, created_at_ms) VALUES ($1, 'admin', NULL, $2)",
+    )
+    .bind(hash_token(&token))
+    .bind(now_ms())
+    .execute(&mut *tx)
+    .await?;
+    let path = data_dir.join("admin-token");
+    write_secret(&path, &token).map_err(|source| ServerError::Io { path, source })?;
+    tx.commit().await?;
+    Ok(Some(token))
+}
+
+fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(secret.as_bytes())?;
+    file.write_all(b"\n")?;
+    file.sync_all()
+}

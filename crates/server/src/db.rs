@@ -1,0 +1,119 @@
+//! The records database: one `sqlx::AnyPool` over SQLite (a WAL file in
+//! the data dir) or PostgreSQL, and one set of migrations for both. Queries
+//! use `$1` placeholders and types both engines share (TEXT, BIGINT).
+
+use std::time::Duration;
+
+use sqlx::any::{AnyPoolOptions, install_default_drivers};
+use sqlx::{AnyPool, Executor};
+
+use crate::ServerError;
+
+/// Migrations in order; each runs once, in its own transaction, recorded
+/// in `schema_migrations` (a concurrent server loses the race on the
+/// primary key and finds the migration applied).
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_orgs_and_tokens.sql"))];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Clone)]
+pub struct Db {
+    pub pool: AnyPool,
+    pub engine: Engine,
+}
+
+impl Db {
+    pub async fn connect(url: &str) -> Result<Db, ServerError> {
+        install_default_drivers();
+        let engine = if url.starts_with("sqlite:") {
+            Engine::Sqlite
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Engine::Postgres
+        } else {
+            return Err(ServerError::UnsupportedDatabase(url.to_owned()));
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(if engine == Engine::Sqlite { 4 } else { 16 })
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if engine == Engine::Sqlite {
+                        // WAL: readers never block the writer; a busy
+                        // timeout instead of immediate SQLITE_BUSY errors.
+                        conn.execute("PRAGMA journal_mode = WAL").await?;
+                        conn.execute("PRAGMA busy_timeout = 5000").await?;
+                        conn.execute("PRAGMA foreign_keys = ON").await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect(url)
+            .await?;
+        Ok(Db { pool, engine })
+    }
+
+    /// Applies pending migrations. On PostgreSQL an advisory lock makes
+    /// servers starting together take turns (concurrent `CREATE TABLE`s
+    /// race inside the catalog); SQLite's file lock does the same there.
+    pub async fn migrate(&self) -> Result<(), ServerError> {
+        let mut conn = self.pool.acquire().await?;
+        if self.engine == Engine::Postgres {
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(MIGRATION_LOCK_ID)
+                .execute(&mut *conn)
+                .await?;
+        }
+        let result = apply_migrations(&mut conn).await;
+        if self.engine == Engine::Postgres {
+            sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(MIGRATION_LOCK_ID)
+                .execute(&mut *conn)
+                .await?;
+        }
+        result
+    }
+}
+
+/// Any fixed number all roost servers agree on.
+const MIGRATION_LOCK_ID: i64 = 0x0072_6f6f_7374; // "roost"
+
+async fn apply_migrations(conn: &mut sqlx::AnyConnection) -> Result<(), ServerError> {
+    use sqlx::Connection;
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at_ms BIGINT NOT NULL)")
+        .await?;
+    for (version, sql) in MIGRATIONS {
+        let applied: Option<(i64,)> =
+            sqlx::query_as("SELECT version FROM schema_migrations WHERE version = $1")
+                .bind(version)
+                .fetch_optional(&mut *conn)
+                .await?;
+        if applied.is_some() {
+            continue;
+        }
+        let mut tx = conn.begin().await?;
+        sqlx::query("INSERT INTO schema_migrations (version, applied_at_ms) VALUES ($1, $2)")
+            .bind(version)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        for statement in sql
+            .split(';')
+            .map(str::trim)
+            .filter(|s| !s.is_empty() && !s.lines().all(|l| l.trim_start().starts_with("--")))
+        {
+            tx.execute(statement).await?;
+        }
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

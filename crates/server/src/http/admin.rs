@@ -1,0 +1,102 @@
+//! Admin endpoints: organisations and runner tokens.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+
+use super::{ApiError, AppState, Caller, Json};
+use crate::auth::{self, Principal};
+use crate::db::now_ms;
+use api::ErrorCode;
+use api::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse};
+
+const ORG_NAME_BYTES_MAX: usize = 64;
+
+fn require_admin(caller: &Caller) -> Result<(), ApiError> {
+    match caller.0 {
+        Principal::Admin => Ok(()),
+        // Admin resources do not exist for anyone else.
+        _ => Err(ApiError::new(ErrorCode::NotFound, "no such endpoint")),
+    }
+}
+
+fn validate_org_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= ORG_NAME_BYTES_MAX
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'_')
+        && name.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            "name: use 1-64 of a-z 0-9 - _, starting with a letter or digit",
+        )
+        .with_details(serde_json::json!({ "field": "name" })))
+    }
+}
+
+pub async fn create_org(
+    State(state): State<AppState>,
+    caller: Caller,
+    Json(request): Json<CreateOrgRequest>,
+) -> Result<(StatusCode, axum::Json<CreateOrgResponse>), ApiError> {
+    require_admin(&caller)?;
+    validate_org_name(&request.name)?;
+    let org_id = format!("org_{}", auth::random_hex(8)?);
+    let token = auth::new_token("org")?;
+    let mut tx = state.db.pool.begin().await?;
+    let inserted = sqlx::query("INSERT INTO orgs (id, name, max_running, max_total, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
+        .bind(&org_id)
+        .bind(&request.name)
+        .bind(request.max_running.map(i64::from))
+        .bind(request.max_total.map(i64::from))
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await;
+    if inserted.is_err() {
+        let exists: Option<(String,)> = sqlx::query_as("SELECT id FROM orgs WHERE name = $1")
+            .bind(&request.name)
+            .fetch_optional(&state.db.pool)
+            .await?;
+        if exists.is_some() {
+            return Err(ApiError::new(
+                ErrorCode::InvalidState,
+                format!("an org named {:?} exists", request.name),
+            ));
+        }
+        inserted?;
+    }
+    sqlx::query(
+        "INSERT INTO tokens (hash, kind, org_id, created_at_ms) VALUES ($1, 'org', $2, $3)",
+    )
+    .bind(auth::hash_token(&token))
+    .bind(&org_id)
+    .bind(now_ms())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    tracing::info!(%org_id, name = %request.name, "org created");
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(CreateOrgResponse {
+            org_id,
+            name: request.name,
+            token,
+        }),
+    ))
+}
+
+pub async fn create_runner_token(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<(StatusCode, axum::Json<RunnerTokenResponse>), ApiError> {
+    require_admin(&caller)?;
+    let token = auth::new_token("runner")?;
+    auth::store_token(&state.db, &token, "runner", None).await?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(RunnerTokenResponse { token }),
+    ))
+}
