@@ -20,6 +20,7 @@ const PUSH_ATTEMPTS_MAX: usize = 3;
 pub enum HomeCommand {
     /// Save DIR as the home's new snapshot (only new blocks are uploaded).
     Push {
+        /// The directory to save (the whole tree, minus excludes).
         dir: PathBuf,
         #[command(flatten)]
         target: Target,
@@ -27,6 +28,7 @@ pub enum HomeCommand {
     /// Materialise the home's snapshot into DEST (empty, or an older copy
     /// updated in place; entries not in the snapshot are removed).
     Pull {
+        /// Where to materialise the home (created if absent).
         dest: PathBuf,
         #[command(flatten)]
         target: Target,
@@ -41,8 +43,10 @@ pub struct Target {
     /// Store URL: a path, file://PATH or s3://BUCKET/PREFIX.
     #[arg(long, value_name = "URL")]
     store: String,
+    /// The organisation: blocks are deduplicated within it, never across.
     #[arg(long)]
     org: String,
+    /// The home's name within the org (one current snapshot per home).
     #[arg(long)]
     home: String,
     /// Print one JSON object on stdout.
