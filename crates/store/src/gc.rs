@@ -348,12 +348,7 @@ pub fn stats(store: &Store) -> Result<Vec<OrgStats>> {
         stats.homes += 1;
         if let Some(root) = store.read_home(org, home)? {
             let tree = store.get_tree(org, &root)?;
-            stats.logical_bytes += tree
-                .entries
-                .iter()
-                .filter(|e| !matches!(e.kind, EntryKind::Symlink { .. }))
-                .map(|e| e.size)
-                .sum::<u64>();
+            stats.logical_bytes += crate::tree::logical_bytes(&tree.entries);
         }
     }
     Ok(by_org

@@ -67,18 +67,20 @@ impl IndexKey {
             ino: meta.ino(),
             size: meta.size(),
             mtime_ns: mtime_ns(meta),
-            ctime_ns: meta
-                .ctime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(meta.ctime_nsec()),
+            ctime_ns: timestamp_ns(meta.ctime(), meta.ctime_nsec()),
         }
     }
 }
 
 pub fn mtime_ns(meta: &fs::Metadata) -> i64 {
-    meta.mtime()
+    timestamp_ns(meta.mtime(), meta.mtime_nsec())
+}
+
+/// A stat timestamp (seconds and nanoseconds) as nanoseconds since the epoch.
+pub fn timestamp_ns(seconds: i64, nanoseconds: i64) -> i64 {
+    seconds
         .saturating_mul(1_000_000_000)
-        .saturating_add(meta.mtime_nsec())
+        .saturating_add(nanoseconds)
 }
 
 /// Timestamps are written from a coarse kernel clock (a few ms); on

@@ -29,7 +29,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 
 use crate::backend::LocalBackend;
 use crate::block::{SPLIT_BLOCK_BYTES, block_ranges};
-use crate::index::{Index, IndexKey, LastSync};
+use crate::index::{Index, IndexKey, LastSync, timestamp_ns};
 use crate::progress::Progress;
 use crate::store::ObjectId;
 use crate::tree::{Entry, EntryKind, Tree};
@@ -153,12 +153,7 @@ pub fn materialize(
         trees_seen: Mutex::new(Vec::new()),
     };
     let tree = materializer.fetch_tree(root, Path::new(""))?;
-    let logical_bytes: u64 = tree
-        .entries
-        .iter()
-        .filter(|e| !matches!(e.kind, EntryKind::Symlink { .. }))
-        .map(|e| e.size)
-        .sum();
+    let logical_bytes = crate::tree::logical_bytes(&tree.entries);
     progress.phase("downloading", Some(logical_bytes));
     materializer.materialize_dir(&dest_fd, &tree, Path::new(""), false)?;
 
@@ -371,11 +366,7 @@ impl Materializer<'_> {
         stat: &rustix::fs::Stat,
         rel: &Path,
     ) -> Result<()> {
-        let current_mtime = stat
-            .st_mtime
-            .saturating_mul(1_000_000_000)
-            .saturating_add(stat.st_mtime_nsec as i64);
-        if stat.st_mode & 0o7777 != entry.mode || current_mtime != entry.mtime_ns {
+        if stat.st_mode & 0o7777 != entry.mode || index_key(stat).mtime_ns != entry.mtime_ns {
             let fd = rustix::fs::openat(
                 dir,
                 name,
@@ -471,14 +462,8 @@ fn index_key(stat: &rustix::fs::Stat) -> IndexKey {
         dev: stat.st_dev,
         ino: stat.st_ino,
         size: stat.st_size as u64,
-        mtime_ns: stat
-            .st_mtime
-            .saturating_mul(1_000_000_000)
-            .saturating_add(stat.st_mtime_nsec as i64),
-        ctime_ns: stat
-            .st_ctime
-            .saturating_mul(1_000_000_000)
-            .saturating_add(stat.st_ctime_nsec as i64),
+        mtime_ns: timestamp_ns(stat.st_mtime, stat.st_mtime_nsec as i64),
+        ctime_ns: timestamp_ns(stat.st_ctime, stat.st_ctime_nsec as i64),
     }
 }
 

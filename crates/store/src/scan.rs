@@ -176,13 +176,7 @@ impl Scanner<'_> {
             }
             entries.push(entry);
         }
-        let total: u64 = entries
-            .iter()
-            .map(|e| match e.kind {
-                EntryKind::Symlink { .. } => 0,
-                _ => e.size,
-            })
-            .sum();
+        let total = crate::tree::logical_bytes(&entries);
         let mut subtrees = Vec::new();
         let mut blocks = Vec::new();
         for entry in &entries {

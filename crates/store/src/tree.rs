@@ -62,6 +62,16 @@ pub fn is_valid_name(name: &[u8]) -> bool {
         && !name.iter().any(|&b| b == b'/' || b == 0)
 }
 
+/// File bytes described by `entries`: file sizes, plus the totals that
+/// directory entries carry; symlinks count nothing.
+pub fn logical_bytes(entries: &[Entry]) -> u64 {
+    entries
+        .iter()
+        .filter(|e| !matches!(e.kind, EntryKind::Symlink { .. }))
+        .map(|e| e.size)
+        .sum()
+}
+
 impl Tree {
     /// Sorts entries and encodes. Panics never; refuses invalid names so a
     /// tree we write can always be read back.
