@@ -2,10 +2,11 @@
 //! `{"error":{"code":"…","message":"…","details":{…},"request_id":"…"}}`.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// Stable error codes (DESIGN.md §3). Clients branch on these, never on
 /// messages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     InvalidRequest,
@@ -13,6 +14,8 @@ pub enum ErrorCode {
     NotFound,
     InvalidState,
     IdempotencyConflict,
+    IdempotencyInProgress,
+    Fenced,
     Quarantined,
     PayloadTooLarge,
     UnsupportedCapability,
@@ -29,6 +32,8 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::InvalidState => "invalid_state",
             ErrorCode::IdempotencyConflict => "idempotency_conflict",
+            ErrorCode::IdempotencyInProgress => "idempotency_in_progress",
+            ErrorCode::Fenced => "fenced",
             ErrorCode::Quarantined => "quarantined",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::UnsupportedCapability => "unsupported_capability",
@@ -43,9 +48,11 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => 400,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::NotFound => 404,
-            ErrorCode::InvalidState | ErrorCode::IdempotencyConflict | ErrorCode::Quarantined => {
-                409
-            }
+            ErrorCode::InvalidState
+            | ErrorCode::IdempotencyConflict
+            | ErrorCode::IdempotencyInProgress
+            | ErrorCode::Fenced
+            | ErrorCode::Quarantined => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::UnsupportedCapability => 422,
             ErrorCode::QuotaExceeded => 429,
@@ -55,16 +62,17 @@ impl ErrorCode {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
     pub code: ErrorCode,
     pub message: String,
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    #[schema(value_type = Object)]
     pub details: serde_json::Value,
     pub request_id: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
@@ -87,6 +95,8 @@ mod tests {
             ErrorCode::NotFound,
             ErrorCode::InvalidState,
             ErrorCode::IdempotencyConflict,
+            ErrorCode::IdempotencyInProgress,
+            ErrorCode::Fenced,
             ErrorCode::Quarantined,
             ErrorCode::PayloadTooLarge,
             ErrorCode::UnsupportedCapability,

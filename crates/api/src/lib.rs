@@ -4,7 +4,10 @@
 //! because it crosses the wire. Domain types live in their own crates.
 
 pub mod client;
+pub mod commands;
 mod error;
 pub mod orgs;
+pub mod runners;
+pub mod sandboxes;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};

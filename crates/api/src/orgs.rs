@@ -1,9 +1,10 @@
 //! Organisations and tokens (admin endpoints).
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// `POST /v1/admin/orgs`
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateOrgRequest {
     pub name: String,
@@ -14,7 +15,7 @@ pub struct CreateOrgRequest {
 }
 
 /// The org and its token; the token is shown once and stored only hashed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct CreateOrgResponse {
     pub org_id: String,
     pub name: String,
@@ -22,7 +23,7 @@ pub struct CreateOrgResponse {
 }
 
 /// `POST /v1/admin/runner-tokens`: a token runners register with.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RunnerTokenResponse {
     pub token: String,
 }

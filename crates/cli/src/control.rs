@@ -22,6 +22,22 @@ pub struct ServerArgs {
     /// `sqlite://PATH` or `postgres://…` (default: SQLite in the data dir).
     #[arg(long, value_name = "URL")]
     database: Option<String>,
+    /// The home store: a directory, `file://PATH` or `s3://BUCKET/PREFIX`.
+    /// Without one, `durable` storage is refused.
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// Most sandboxes running at once across every org (a fleet ceiling).
+    #[arg(long, value_name = "N")]
+    fleet_max_running: Option<u64>,
+    /// How long ended sandboxes stay readable (e.g. `7d`, `12h`).
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    retention: std::time::Duration,
+    /// How long a runner's lease lasts after each heartbeat.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_ttl: std::time::Duration,
+    /// How often the reconcilers (leases, TTL, retention, scheduling) run.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    reconcile_interval: std::time::Duration,
 }
 
 #[derive(Subcommand)]
@@ -74,11 +90,14 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
-    let config = server::Config {
-        listen: args.listen,
-        data_dir: args.data_dir,
-        database_url: args.database,
-    };
+    let mut config = server::Config::new(args.listen, args.data_dir);
+    config.database_url = args.database;
+    config.store_url = args.store;
+    config.fleet_max_running = args.fleet_max_running;
+    config.retention = args.retention;
+    config.lease_ttl = args.lease_ttl;
+    config.reconcile_interval = args.reconcile_interval;
+    config.failpoint = std::env::var("ROOST_FAILPOINT").ok();
     runtime()?.block_on(async move {
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;

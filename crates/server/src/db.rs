@@ -4,15 +4,22 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
-use sqlx::{AnyPool, Executor};
+use sqlx::{Any, AnyPool, Executor, Transaction};
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::ServerError;
+use crate::hub::Hub;
 
 /// Migrations in order; each runs once, in its own transaction, recorded
 /// in `schema_migrations` (a concurrent server loses the race on the
 /// primary key and finds the migration applied).
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_orgs_and_tokens.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/0001_orgs_and_tokens.sql")),
+    (2, include_str!("../migrations/0002_sandboxes.sql")),
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Engine {
@@ -24,6 +31,61 @@ pub enum Engine {
 pub struct Db {
     pub pool: AnyPool,
     pub engine: Engine,
+    pub url: String,
+    /// Wakes long-poll waiters when a record they watch changes.
+    pub hub: Hub,
+    /// SQLite has one writer: taking turns in-process turns would-be
+    /// `SQLITE_BUSY` upgrades into a short queue. PostgreSQL needs none.
+    sqlite_writer: Arc<Mutex<()>>,
+}
+
+/// A write transaction. Keys passed to [`WriteTx::changed`] wake their
+/// waiters once the transaction commits: on PostgreSQL through NOTIFY,
+/// delivered at commit to every server; locally right after commit.
+pub struct WriteTx {
+    pub tx: Transaction<'static, Any>,
+    changed: Vec<String>,
+    hub: Hub,
+    engine: Engine,
+    _writer: Option<OwnedMutexGuard<()>>,
+}
+
+impl WriteTx {
+    pub async fn changed(&mut self, key: &str) -> Result<(), sqlx::Error> {
+        if self.engine == Engine::Postgres {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(crate::hub::PG_CHANNEL)
+                .bind(key)
+                .execute(&mut *self.tx)
+                .await?;
+        }
+        self.changed.push(key.to_owned());
+        Ok(())
+    }
+
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await?;
+        for key in &self.changed {
+            self.hub.notify(key);
+        }
+        Ok(())
+    }
+}
+
+impl Db {
+    pub async fn write(&self) -> Result<WriteTx, sqlx::Error> {
+        let writer = match self.engine {
+            Engine::Sqlite => Some(self.sqlite_writer.clone().lock_owned().await),
+            Engine::Postgres => None,
+        };
+        Ok(WriteTx {
+            tx: self.pool.begin().await?,
+            changed: Vec::new(),
+            hub: self.hub.clone(),
+            engine: self.engine,
+            _writer: writer,
+        })
+    }
 }
 
 impl Db {
@@ -53,7 +115,13 @@ impl Db {
             })
             .connect(url)
             .await?;
-        Ok(Db { pool, engine })
+        Ok(Db {
+            pool,
+            engine,
+            url: url.to_owned(),
+            hub: Hub::default(),
+            sqlite_writer: Arc::new(Mutex::new(())),
+        })
     }
 
     /// Applies pending migrations. On PostgreSQL an advisory lock makes

@@ -19,6 +19,8 @@ pub enum ServerError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot open the home store: {0}")]
+    Store(String),
     #[error("no randomness available: {0}")]
     Random(String),
 }

@@ -2,17 +2,29 @@
 //! default, PostgreSQL at scale, through one code path), authenticates
 //! every call, and answers the `/v1` API with one error envelope.
 //!
-//! Built so far: records and migrations, tokens, the admin endpoints that
-//! create organisations and runner tokens. Sandboxes, commands and the
-//! runner protocol come next (issue 3 in the tracker).
+//! Parts: `http` (handlers, one module per resource), `records` (states
+//! and the one place a sandbox's state changes), `scheduler` (placement),
+//! `reconcile` (lease watcher, TTL, retention, waiting sandboxes), `hub`
+//! (long-poll wake-ups, across servers through PostgreSQL NOTIFY),
+//! `idempotency`, `limits`, `metrics`, `openapi`.
 
 pub mod auth;
 pub mod db;
 mod error;
 pub mod http;
+pub mod hub;
+mod idempotency;
+mod limits;
+mod metrics;
+mod openapi;
+mod reconcile;
+mod records;
+mod scheduler;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 pub use error::ServerError;
 
@@ -25,6 +37,35 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// `sqlite://…` or `postgres://…`; default: `roost.db` in the data dir.
     pub database_url: Option<String>,
+    /// The home store (a path, `file://`, `s3://`); without one, `durable`
+    /// storage is refused.
+    pub store_url: Option<String>,
+    /// Most sandboxes running at once across the whole fleet.
+    pub fleet_max_running: Option<u64>,
+    /// How long ended records stay readable.
+    pub retention: Duration,
+    /// How long a runner's lease lasts after a heartbeat.
+    pub lease_ttl: Duration,
+    /// How often the reconcilers run.
+    pub reconcile_interval: Duration,
+    /// See `AppState::failpoint` (tests only).
+    pub failpoint: Option<String>,
+}
+
+impl Config {
+    pub fn new(listen: SocketAddr, data_dir: PathBuf) -> Config {
+        Config {
+            listen,
+            data_dir,
+            database_url: None,
+            store_url: None,
+            fleet_max_running: None,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            lease_ttl: Duration::from_secs(15),
+            reconcile_interval: Duration::from_secs(1),
+            failpoint: None,
+        }
+    }
 }
 
 /// What the server prints once at start-up.
@@ -51,6 +92,9 @@ pub async fn serve(
             config.data_dir.join("roost.db").display()
         )
     });
+    if let Some(store_url) = &config.store_url {
+        store::backend::open(store_url).map_err(|e| ServerError::Store(e.to_string()))?;
+    }
     let db = db::Db::connect(&database_url).await?;
     db.migrate().await?;
     let admin_token = auth::bootstrap_admin(&db, &config.data_dir).await?;
@@ -68,7 +112,16 @@ pub async fn serve(
         url: format!("http://{local}"),
         admin_token,
     });
-    let app = http::router(http::AppState { db });
+    if db.engine == db::Engine::Postgres {
+        tokio::spawn(hub::listen_postgres(db.url.clone(), db.hub.clone()));
+    }
+    let state = http::AppState {
+        db,
+        config: Arc::new(config),
+        metrics: Arc::new(metrics::Metrics::default()),
+    };
+    tokio::spawn(reconcile::run(state.clone()));
+    let app = http::router(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

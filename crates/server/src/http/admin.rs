@@ -100,3 +100,55 @@ pub async fn create_runner_token(
         axum::Json(RunnerTokenResponse { token }),
     ))
 }
+
+/// Quarantine: an administrator freezes a sandbox's record for forensics.
+/// It refuses delete, stop, start and new commands (409 `quarantined`)
+/// until released.
+pub async fn quarantine(
+    State(state): State<AppState>,
+    caller: Caller,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    Json(request): Json<api::sandboxes::QuarantineRequest>,
+) -> Result<axum::Json<api::sandboxes::Sandbox>, ApiError> {
+    set_quarantine(&state, &caller, &id, Some(&request.reason)).await
+}
+
+pub async fn release_quarantine(
+    State(state): State<AppState>,
+    caller: Caller,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<axum::Json<api::sandboxes::Sandbox>, ApiError> {
+    set_quarantine(&state, &caller, &id, None).await
+}
+
+async fn set_quarantine(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    reason: Option<&str>,
+) -> Result<axum::Json<api::sandboxes::Sandbox>, ApiError> {
+    require_admin(caller)?;
+    if reason.is_some_and(|r| r.is_empty() || r.len() > 1024) {
+        return Err(crate::limits::invalid("reason", "1 to 1024 bytes"));
+    }
+    let mut tx = state.db.write().await?;
+    let updated = sqlx::query(
+        "UPDATE sandboxes SET quarantined = $1, quarantine_reason = $2, updated_at_ms = $3 WHERE id = $4",
+    )
+    .bind(i64::from(reason.is_some()))
+    .bind(reason)
+    .bind(now_ms())
+    .bind(id)
+    .execute(&mut *tx.tx)
+    .await?;
+    if updated.rows_affected() == 0 {
+        return Err(crate::records::not_found("sandbox"));
+    }
+    tx.changed(id).await?;
+    let row = crate::records::load_sandbox(&mut tx, id)
+        .await?
+        .ok_or_else(|| crate::records::not_found("sandbox"))?;
+    tx.commit().await?;
+    tracing::warn!(sandbox_id = %id, quarantined = reason.is_some(), "quarantine changed");
+    Ok(axum::Json(row.to_api()))
+}

@@ -2,6 +2,10 @@
 //! the records. Every error leaves as the one envelope of `api::ErrorBody`.
 
 mod admin;
+pub mod commands;
+mod meta;
+pub mod runner;
+pub mod sandboxes;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
@@ -9,25 +13,98 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post, put};
 use serde::de::DeserializeOwned;
+
+use std::sync::Arc;
 
 use crate::auth::{self, Principal};
 use crate::db::Db;
+use crate::metrics::Metrics;
 
 #[derive(Clone)]
 pub struct AppState {
     pub db: Db,
+    pub config: Arc<crate::Config>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl AppState {
+    /// Fault injection for tests of crash safety: `ROOST_FAILPOINT=NAME`
+    /// makes the process abort (as kill -9 would) when it reaches `NAME`.
+    pub fn failpoint(&self, name: &str) {
+        if self.config.failpoint.as_deref() == Some(name) {
+            tracing::error!(failpoint = name, "failpoint reached; aborting");
+            std::process::abort();
+        }
+    }
 }
 
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/admin/orgs", post(admin::create_org))
         .route("/v1/admin/runner-tokens", post(admin::create_runner_token))
+        .route(
+            "/v1/admin/sandboxes/{id}/quarantine",
+            post(admin::quarantine).delete(admin::release_quarantine),
+        )
+        .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
+        .route(
+            "/v1/sandboxes/{id}",
+            get(sandboxes::get).delete(sandboxes::delete),
+        )
+        .route("/v1/sandboxes/{id}/stop", post(sandboxes::stop))
+        .route("/v1/sandboxes/{id}/start", post(sandboxes::start))
+        .route("/v1/sandboxes/{id}/events", get(sandboxes::events))
+        .route(
+            "/v1/sandboxes/{id}/commands",
+            post(commands::create).get(commands::list),
+        )
+        .route("/v1/sandboxes/{id}/commands/{command_id}", get(commands::get))
+        .route(
+            "/v1/sandboxes/{id}/commands/{command_id}/output",
+            get(commands::output),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands/{command_id}/signal",
+            post(commands::signal),
+        )
+        .route("/v1/runner/register", post(runner::register))
+        .route("/v1/runner/heartbeat", post(runner::heartbeat))
+        .route("/v1/runner/assignments", get(runner::assignments))
+        .route("/v1/runner/sandboxes/{id}/report", post(runner::report_sandbox))
+        .route("/v1/runner/commands/{id}/report", post(runner::report_command))
+        .route(
+            "/v1/runner/commands/{id}/output/{stream}",
+            put(runner::append_output),
+        )
+        .route("/v1/openapi.json", get(meta::openapi))
+        .route("/metrics", get(meta::metrics))
+        .route("/healthz", get(meta::health))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(crate::REQUEST_BODY_BYTES_MAX))
-        .layer(middleware::from_fn(request_id))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
+}
+
+/// Request id, span and metrics for every request (the outermost layer,
+/// so rejections by inner layers are counted and carry the id too).
+async fn observe(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let started = std::time::Instant::now();
+    let method = request.method().to_string();
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let response = request_id(request, next).await;
+    state
+        .metrics
+        .observe_request(&method, &route, response.status().as_u16(), started.elapsed());
+    response
 }
 
 tokio::task_local! {
@@ -59,6 +136,7 @@ pub struct ApiError {
     code: api::ErrorCode,
     message: String,
     details: serde_json::Value,
+    retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -67,7 +145,13 @@ impl ApiError {
             code,
             message: message.into(),
             details: serde_json::Value::Null,
+            retry_after_s: None,
         }
+    }
+
+    pub fn with_retry_after(mut self, seconds: u64) -> ApiError {
+        self.retry_after_s = Some(seconds);
+        self
     }
 
     pub fn with_details(mut self, details: serde_json::Value) -> ApiError {
@@ -104,7 +188,13 @@ impl IntoResponse for ApiError {
                 request_id,
             },
         };
-        (status, axum::Json(body)).into_response()
+        let mut response = (status, axum::Json(body)).into_response();
+        if let Some(seconds) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
     }
 }
 
@@ -132,6 +222,29 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
 
 /// The authenticated caller (`Authorization: Bearer TOKEN`).
 pub struct Caller(pub Principal);
+
+impl Caller {
+    /// The caller's org; org resources do not exist for anyone else.
+    pub fn org(&self) -> Result<String, ApiError> {
+        match &self.0 {
+            Principal::Org { org_id } => Ok(org_id.clone()),
+            _ => Err(ApiError::new(
+                api::ErrorCode::NotFound,
+                "no such endpoint for this token (org endpoints need an org token)",
+            )),
+        }
+    }
+
+    pub fn runner(&self) -> Result<(), ApiError> {
+        match &self.0 {
+            Principal::Runner => Ok(()),
+            _ => Err(ApiError::new(
+                api::ErrorCode::NotFound,
+                "no such endpoint for this token (runner endpoints need a runner token)",
+            )),
+        }
+    }
+}
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;

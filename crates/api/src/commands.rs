@@ -1,0 +1,78 @@
+//! Commands (`/v1/sandboxes/{id}/commands`): a record per exec.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `POST /v1/sandboxes/{id}/commands`
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCommandRequest {
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory inside the sandbox (default: `/workspace`).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Seconds before the command is asked to end (`timed_out`).
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+/// A command record. `state` is one of `queued`, `starting` (handed to the
+/// runner, not yet seen running), `running`, or an end state of DESIGN.md
+/// §4: `exited`, `timed_out`, `resource_exhausted`, `interrupted`,
+/// `launch_failed`, `not_launched`, `infrastructure_lost`, `unknown`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Command {
+    pub id: String,
+    pub sandbox_id: String,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    pub timeout: Option<u64>,
+    pub state: String,
+    pub state_reason: Option<String>,
+    /// The program's own exit code (`exited`).
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<String>,
+    /// The sandbox epoch it was handed to the runner under.
+    pub epoch: Option<u64>,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+}
+
+/// `GET /v1/sandboxes/{id}/commands`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CommandList {
+    pub commands: Vec<Command>,
+    pub next_cursor: Option<String>,
+}
+
+/// `POST /v1/sandboxes/{id}/commands/{cid}/signal`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// `TERM`, `KILL`, `INT`, `HUP`, `QUIT`, `USR1` or `USR2`.
+    pub signal: String,
+}
+
+/// Signals a command may be sent.
+pub const SIGNALS: &[&str] = &["TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2"];
+
+/// States a command ends in (DESIGN.md §4).
+pub const COMMAND_END_STATES: &[&str] = &[
+    "exited",
+    "timed_out",
+    "resource_exhausted",
+    "interrupted",
+    "launch_failed",
+    "not_launched",
+    "infrastructure_lost",
+    "unknown",
+];

@@ -1,0 +1,127 @@
+//! The runner protocol (`/v1/runner/…`, runner token): runners dial out,
+//! hold a lease, long-poll their assignments and report what they observe.
+//! Every report carries the placement epoch; a stale one is 409 `fenced`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::sandboxes::Resources;
+
+/// `POST /v1/runner/register`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    /// Set by a runner re-registering after a restart, to keep its identity.
+    #[serde(default)]
+    pub runner_id: Option<String>,
+    pub name: String,
+    /// `spot` or `on_demand`.
+    pub placement_class: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// What this runner can do, e.g. `image:default`, `network:none`,
+    /// `network:bridge`, `storage:standard`, `storage:durable`.
+    pub capabilities: Vec<String>,
+    pub capacity: Capacity,
+}
+
+/// Total capacity of a runner; a sandbox's resources count against it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Capacity {
+    pub sandboxes: u64,
+    pub memory_mib: u64,
+    pub cpus: f64,
+    pub pids: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RegisterResponse {
+    pub runner_id: String,
+    /// The lease lasts this long after each heartbeat.
+    pub lease_ttl_ms: u64,
+    pub heartbeat_interval_ms: u64,
+}
+
+/// `POST /v1/runner/heartbeat`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    pub runner_id: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct HeartbeatResponse {
+    pub lease_expires_in_ms: u64,
+}
+
+/// `GET /v1/runner/assignments?runner_id=…&etag=…&timeout=…`: everything
+/// placed on the runner, level-triggered. Returns at once when the set
+/// differs from `etag`, otherwise when it changes or the timeout passes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Assignments {
+    pub etag: String,
+    pub sandboxes: Vec<SandboxAssignment>,
+    pub commands: Vec<CommandAssignment>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxAssignment {
+    pub sandbox_id: String,
+    pub org_id: String,
+    pub epoch: u64,
+    /// `running`, `stopped`, `terminated` or `deleted`.
+    pub desired: String,
+    /// The last state this runner (or the control plane) recorded.
+    pub state: String,
+    pub image: String,
+    pub storage_class: String,
+    pub resources: Resources,
+    pub network: String,
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CommandAssignment {
+    pub command_id: String,
+    pub sandbox_id: String,
+    pub epoch: u64,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    pub timeout: Option<u64>,
+    /// A signal the caller asked to deliver, not yet reported delivered.
+    pub signal: Option<String>,
+    /// `starting` until the runner reports the command running.
+    pub state: String,
+}
+
+/// `POST /v1/runner/sandboxes/{id}/report`: an observed sandbox state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxReport {
+    pub runner_id: String,
+    pub epoch: u64,
+    pub state: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// `POST /v1/runner/commands/{id}/report`: an observed command state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommandReport {
+    pub runner_id: String,
+    pub epoch: u64,
+    pub state: String,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub signal: Option<String>,
+    #[serde(default)]
+    pub reason: Option<String>,
+}

@@ -1,0 +1,145 @@
+//! Sandboxes (`/v1/sandboxes`) and their event history.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `POST /v1/sandboxes`. Unknown fields are refused (400), so a typo never
+/// turns into a silently ignored setting.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    /// Image name; `default` is the runner host's own system.
+    #[serde(default = "default_image")]
+    pub image: String,
+    /// `standard` (node-bound, the default) or `durable` (saved to the store).
+    #[serde(default = "default_storage_class")]
+    pub storage_class: String,
+    #[serde(default)]
+    pub resources: Resources,
+    /// `none` (loopback only, the default) or `bridge`.
+    #[serde(default = "default_network")]
+    pub network: String,
+    /// Seconds the sandbox may live; on expiry it is `terminated`
+    /// (`ttl_expired`), its storage kept until delete.
+    #[serde(default)]
+    pub ttl: Option<u64>,
+    /// `spot_first` (default: spot runners, on-demand as fallback) or
+    /// `non_preemptible` (on-demand runners only).
+    #[serde(default = "default_placement")]
+    pub placement: String,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Shared filesystem mounts; refused unless the deployment configures them.
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
+    /// Secrets to inject; refused unless the deployment configures them.
+    #[serde(default)]
+    pub secrets: Vec<Secret>,
+}
+
+pub fn default_image() -> String {
+    "default".to_owned()
+}
+pub fn default_storage_class() -> String {
+    "standard".to_owned()
+}
+pub fn default_network() -> String {
+    "none".to_owned()
+}
+pub fn default_placement() -> String {
+    "spot_first".to_owned()
+}
+
+/// Limits the runtime enforces; unset means the runner's default.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Mount {
+    /// `FILESYSTEM_ID:SUBDIR`.
+    pub source: String,
+    pub target: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Secret {
+    /// The secret path in the deployment's secret store.
+    pub path: String,
+    /// Environment variable to expose it as.
+    pub env: String,
+}
+
+/// A sandbox record. `state` is what the runtime was observed doing;
+/// `desired` is what was asked for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    pub id: String,
+    pub org_id: String,
+    pub state: String,
+    /// Why the record is in its state: a stable snake_case code.
+    pub state_reason: Option<String>,
+    pub desired: String,
+    pub runner_id: Option<String>,
+    /// Placement epoch, bumped on every placement; fences stale runners.
+    pub epoch: u64,
+    pub image: String,
+    pub storage_class: String,
+    pub resources: Resources,
+    pub network: String,
+    pub placement: String,
+    pub env: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+    pub quarantined: bool,
+    /// RFC 3339 times.
+    pub created_at: String,
+    pub updated_at: String,
+    pub expires_at: Option<String>,
+    pub ended_at: Option<String>,
+}
+
+/// `GET /v1/sandboxes`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+    /// Pass as `cursor` to get the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// One state change of a sandbox.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Event {
+    pub seq: u64,
+    pub at: String,
+    pub state: String,
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    pub epoch: u64,
+    pub runner_id: Option<String>,
+}
+
+/// `GET /v1/sandboxes/{id}/events`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EventList {
+    pub events: Vec<Event>,
+}
+
+/// `POST /v1/admin/sandboxes/{id}/quarantine`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuarantineRequest {
+    pub reason: String,
+}

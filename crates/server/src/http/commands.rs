@@ -1,0 +1,446 @@
+//! `/v1/sandboxes/{id}/commands`: a record per exec, handed to the runner
+//! through its assignments; output kept and readable while it runs.
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::sandboxes::{visible_sandbox, wait_timeout};
+use super::{ApiError, AppState, Caller, Json};
+use crate::db::now_ms;
+use crate::idempotency;
+use crate::limits;
+use crate::records::{self, is_terminal, json_map, not_found, rfc3339};
+use api::ErrorCode;
+use api::commands::{COMMAND_END_STATES, Command, CommandList, CreateCommandRequest, SignalRequest};
+
+/// Most output bytes one read returns.
+const OUTPUT_READ_BYTES_MAX: usize = 1024 * 1024;
+
+#[derive(Clone, Debug)]
+pub struct CommandRow {
+    pub id: String,
+    pub sandbox_id: String,
+    pub org_id: String,
+    pub argv: String,
+    pub env: String,
+    pub cwd: Option<String>,
+    pub timeout_s: Option<i64>,
+    pub state: String,
+    pub state_reason: Option<String>,
+    pub exit_code: Option<i64>,
+    pub signal: Option<String>,
+    pub signal_requested: Option<String>,
+    pub epoch: Option<i64>,
+    pub stdout_bytes: i64,
+    pub stderr_bytes: i64,
+    pub created_at_ms: i64,
+    pub started_at_ms: Option<i64>,
+    pub ended_at_ms: Option<i64>,
+}
+
+pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms";
+
+impl CommandRow {
+    pub fn from_row(row: &AnyRow) -> Result<CommandRow, sqlx::Error> {
+        Ok(CommandRow {
+            id: row.try_get("id")?,
+            sandbox_id: row.try_get("sandbox_id")?,
+            org_id: row.try_get("org_id")?,
+            argv: row.try_get("argv")?,
+            env: row.try_get("env")?,
+            cwd: row.try_get("cwd")?,
+            timeout_s: row.try_get("timeout_s")?,
+            state: row.try_get("state")?,
+            state_reason: row.try_get("state_reason")?,
+            exit_code: row.try_get("exit_code")?,
+            signal: row.try_get("signal")?,
+            signal_requested: row.try_get("signal_requested")?,
+            epoch: row.try_get("epoch")?,
+            stdout_bytes: row.try_get("stdout_bytes")?,
+            stderr_bytes: row.try_get("stderr_bytes")?,
+            created_at_ms: row.try_get("created_at_ms")?,
+            started_at_ms: row.try_get("started_at_ms")?,
+            ended_at_ms: row.try_get("ended_at_ms")?,
+        })
+    }
+
+    pub fn argv(&self) -> Vec<String> {
+        serde_json::from_str(&self.argv).unwrap_or_default()
+    }
+
+    pub fn ended(&self) -> bool {
+        COMMAND_END_STATES.contains(&self.state.as_str())
+    }
+
+    pub fn to_api(&self) -> Command {
+        Command {
+            id: self.id.clone(),
+            sandbox_id: self.sandbox_id.clone(),
+            argv: self.argv(),
+            env: json_map(&self.env),
+            cwd: self.cwd.clone(),
+            timeout: self.timeout_s.map(|t| t as u64),
+            state: self.state.clone(),
+            state_reason: self.state_reason.clone(),
+            exit_code: self.exit_code.map(|c| c as i32),
+            signal: self.signal.clone(),
+            epoch: self.epoch.map(|e| e as u64),
+            stdout_bytes: self.stdout_bytes as u64,
+            stderr_bytes: self.stderr_bytes as u64,
+            created_at: rfc3339(self.created_at_ms),
+            started_at: self.started_at_ms.map(rfc3339),
+            ended_at: self.ended_at_ms.map(rfc3339),
+        }
+    }
+}
+
+async fn visible_command(
+    state: &AppState,
+    org_id: &str,
+    sandbox_id: &str,
+    id: &str,
+) -> Result<CommandRow, ApiError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1 AND sandbox_id = $2 AND org_id = $3"
+    ))
+    .bind(id)
+    .bind(sandbox_id)
+    .bind(org_id)
+    .fetch_optional(&state.db.pool)
+    .await?;
+    match row {
+        Some(row) => Ok(CommandRow::from_row(&row)?),
+        None => Err(not_found("command")),
+    }
+}
+
+fn validate(request: &CreateCommandRequest) -> Result<(), ApiError> {
+    limits::argv(&request.argv)?;
+    limits::env("env", &request.env)?;
+    if let Some(cwd) = &request.cwd {
+        limits::absolute_path("cwd", cwd)?;
+    }
+    if let Some(timeout) = request.timeout
+        && (timeout == 0 || timeout > limits::COMMAND_TIMEOUT_SECONDS_MAX) {
+            return Err(limits::invalid(
+                "timeout",
+                format!("seconds, between 1 and {}", limits::COMMAND_TIMEOUT_SECONDS_MAX),
+            ));
+        }
+    Ok(())
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Path(sandbox_id): Path<String>,
+    Json(request): Json<CreateCommandRequest>,
+) -> Result<Response, ApiError> {
+    let org_id = caller.org()?;
+    let key = idempotency::Key::from_request(&headers, &org_id, "commands", &sandbox_id, &request)?;
+    if let Some(key) = &key
+        && let Some(replayed) = idempotency::replay(&state.db, key).await? {
+            return Ok(replayed);
+        }
+    validate(&request)?;
+    let mut tx = state.db.write().await?;
+    let sandbox = records::load_sandbox(&mut tx, &sandbox_id)
+        .await?
+        .filter(|s| s.org_id == org_id)
+        .ok_or_else(|| not_found("sandbox"))?;
+    visible_sandbox(&state, &org_id, &sandbox_id).await?;
+    if sandbox.quarantined {
+        return Err(ApiError::new(
+            ErrorCode::Quarantined,
+            "the sandbox is quarantined by an administrator",
+        ));
+    }
+    if sandbox.desired != "running" || is_terminal(&sandbox.state) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidState,
+            format!(
+                "the sandbox is {} (desired {}): start it before running commands",
+                sandbox.state, sandbox.desired
+            ),
+        ));
+    }
+    let id = records::new_id("cmd")?;
+    let now = now_ms();
+    sqlx::query(&format!(
+        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL)"
+    ))
+    .bind(&id)
+    .bind(&sandbox_id)
+    .bind(&org_id)
+    .bind(serde_json::to_string(&request.argv).unwrap_or_default())
+    .bind(serde_json::to_string(&request.env).unwrap_or_default())
+    .bind(&request.cwd)
+    .bind(request.timeout.map(|t| t as i64))
+    .bind(now)
+    .execute(&mut *tx.tx)
+    .await?;
+    if let Some(runner) = &sandbox.runner_id {
+        tx.changed(&format!("runner:{runner}")).await?;
+    }
+    let row = sqlx::query(&format!("SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"))
+        .bind(&id)
+        .fetch_one(&mut *tx.tx)
+        .await?;
+    let record = CommandRow::from_row(&row)?.to_api();
+    if let Some(key) = &key
+        && !idempotency::record(&mut tx, key, StatusCode::CREATED, &record, &id).await? {
+            drop(tx);
+            return idempotency::replay(&state.db, key)
+                .await?
+                .ok_or_else(|| ApiError::new(ErrorCode::Internal, "idempotency key vanished"));
+        }
+    tx.commit().await?;
+    tracing::info!(command_id = %id, %sandbox_id, "command queued");
+    Ok((StatusCode::CREATED, axum::Json(record)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandWait {
+    /// A state, or `ended` for any end state.
+    wait_for: Option<String>,
+    timeout: Option<u64>,
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((sandbox_id, id)): Path<(String, String)>,
+    Query(query): Query<CommandWait>,
+) -> Result<axum::Json<Command>, ApiError> {
+    let org_id = caller.org()?;
+    let Some(target) = query.wait_for else {
+        return Ok(axum::Json(
+            visible_command(&state, &org_id, &sandbox_id, &id).await?.to_api(),
+        ));
+    };
+    let known = ["queued", "starting", "running", "ended"].contains(&target.as_str())
+        || COMMAND_END_STATES.contains(&target.as_str());
+    if !known {
+        return Err(limits::invalid("wait_for", format!("unknown state {target:?}")));
+    }
+    let timeout = wait_timeout(query.timeout)?;
+    let watch = state.db.hub.watch(&id);
+    let row = crate::hub::wait_until(
+        &watch,
+        timeout,
+        || visible_command(&state, &org_id, &sandbox_id, &id),
+        |row| row.state == target || row.ended(),
+    )
+    .await?;
+    Ok(axum::Json(row.to_api()))
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(sandbox_id): Path<String>,
+    Query(query): Query<Vec<(String, String)>>,
+) -> Result<axum::Json<CommandList>, ApiError> {
+    let org_id = caller.org()?;
+    visible_sandbox(&state, &org_id, &sandbox_id).await?;
+    let mut limit = 50;
+    let mut cursor = String::new();
+    for (name, value) in query {
+        match name.as_str() {
+            "limit" => {
+                limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|l| (1..=200).contains(l))
+                    .ok_or_else(|| limits::invalid("limit", "a number from 1 to 200"))?;
+            }
+            "cursor" => cursor = value,
+            other => return Err(limits::invalid(other, "unknown query parameter")),
+        }
+    }
+    let rows = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE sandbox_id = $1 AND id > $2 ORDER BY id LIMIT {}",
+        limit + 1
+    ))
+    .bind(&sandbox_id)
+    .bind(&cursor)
+    .fetch_all(&state.db.pool)
+    .await?;
+    let mut commands = rows
+        .iter()
+        .map(CommandRow::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    let next_cursor = if commands.len() > limit {
+        commands.truncate(limit);
+        commands.last().map(|c| c.id.clone())
+    } else {
+        None
+    };
+    Ok(axum::Json(CommandList {
+        commands: commands.iter().map(CommandRow::to_api).collect(),
+        next_cursor,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputQuery {
+    /// `stdout` (default) or `stderr`.
+    stream: Option<String>,
+    #[serde(default)]
+    offset: u64,
+    /// Seconds to wait for bytes past `offset` (default 0: answer at once).
+    timeout: Option<u64>,
+}
+
+/// Reads `stream` from `offset`: the bytes (raw) with `x-roost-next-offset`
+/// and `x-roost-command-state`; `x-roost-complete: true` once the command
+/// has ended and every byte has been read.
+pub async fn output(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((sandbox_id, id)): Path<(String, String)>,
+    Query(query): Query<OutputQuery>,
+) -> Result<Response, ApiError> {
+    let org_id = caller.org()?;
+    let stream = query.stream.unwrap_or_else(|| "stdout".to_owned());
+    if stream != "stdout" && stream != "stderr" {
+        return Err(limits::invalid("stream", "stdout or stderr"));
+    }
+    let timeout = match query.timeout {
+        None | Some(0) => std::time::Duration::ZERO,
+        Some(t) => wait_timeout(Some(t))?,
+    };
+    let offset = query.offset as i64;
+    let watch = state.db.hub.watch(&id);
+    let command = crate::hub::wait_until(
+        &watch,
+        timeout,
+        || visible_command(&state, &org_id, &sandbox_id, &id),
+        |c| c.ended() || stream_len(c, &stream) > offset,
+    )
+    .await?;
+    let length = stream_len(&command, &stream);
+    if offset > length {
+        return Err(limits::invalid(
+            "offset",
+            format!("past the end of {stream} ({length} bytes)"),
+        ));
+    }
+    let chunks = sqlx::query(
+        "SELECT start_offset, data FROM command_output WHERE command_id = $1 AND stream = $2 AND start_offset < $3 ORDER BY start_offset",
+    )
+    .bind(&id)
+    .bind(&stream)
+    .bind(offset + OUTPUT_READ_BYTES_MAX as i64)
+    .fetch_all(&state.db.pool)
+    .await?;
+    let mut data: Vec<u8> = Vec::new();
+    for chunk in chunks {
+        let start: i64 = chunk.try_get("start_offset")?;
+        let bytes: Vec<u8> = chunk.try_get("data")?;
+        let end = start + bytes.len() as i64;
+        if end <= offset {
+            continue;
+        }
+        let from = (offset.max(start) - start) as usize;
+        let want = OUTPUT_READ_BYTES_MAX - data.len();
+        let slice = &bytes[from..];
+        data.extend_from_slice(&slice[..slice.len().min(want)]);
+        if data.len() >= OUTPUT_READ_BYTES_MAX {
+            break;
+        }
+    }
+    let next = offset + data.len() as i64;
+    let complete = command.ended() && next >= length;
+    let mut response = (StatusCode::OK, Body::from(data)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers.insert("x-roost-next-offset", HeaderValue::from(next));
+    if let Ok(value) = HeaderValue::from_str(&command.state) {
+        headers.insert("x-roost-command-state", value);
+    }
+    headers.insert(
+        "x-roost-complete",
+        HeaderValue::from_static(if complete { "true" } else { "false" }),
+    );
+    Ok(response)
+}
+
+fn stream_len(command: &CommandRow, stream: &str) -> i64 {
+    if stream == "stderr" {
+        command.stderr_bytes
+    } else {
+        command.stdout_bytes
+    }
+}
+
+/// Asks a command to end. A queued one never starts (`not_launched`); a
+/// started one gets the signal through its runner, which reports the end.
+pub async fn signal(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((sandbox_id, id)): Path<(String, String)>,
+    Json(request): Json<SignalRequest>,
+) -> Result<(StatusCode, axum::Json<Command>), ApiError> {
+    let org_id = caller.org()?;
+    if !api::commands::SIGNALS.contains(&request.signal.as_str()) {
+        return Err(limits::invalid(
+            "signal",
+            format!("one of {}", api::commands::SIGNALS.join(", ")),
+        ));
+    }
+    let command = visible_command(&state, &org_id, &sandbox_id, &id).await?;
+    if command.ended() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidState,
+            format!("the command has already ended ({})", command.state),
+        ));
+    }
+    let mut tx = state.db.write().await?;
+    let updated = if command.state == "queued" {
+        sqlx::query(
+            "UPDATE commands SET state = 'not_launched', state_reason = 'cancelled', ended_at_ms = $1 WHERE id = $2 AND state = 'queued'",
+        )
+        .bind(now_ms())
+        .bind(&id)
+        .execute(&mut *tx.tx)
+        .await?
+    } else {
+        sqlx::query("UPDATE commands SET signal_requested = $1 WHERE id = $2 AND state IN ('starting', 'running')")
+            .bind(&request.signal)
+            .bind(&id)
+            .execute(&mut *tx.tx)
+            .await?
+    };
+    if updated.rows_affected() == 0 {
+        return Err(ApiError::new(
+            ErrorCode::InvalidState,
+            "the command changed state meanwhile; read it and retry",
+        ));
+    }
+    tx.changed(&id).await?;
+    let runner: Option<(Option<String>,)> = sqlx::query_as("SELECT runner_id FROM sandboxes WHERE id = $1")
+        .bind(&sandbox_id)
+        .fetch_optional(&mut *tx.tx)
+        .await?;
+    if let Some((Some(runner),)) = runner {
+        tx.changed(&format!("runner:{runner}")).await?;
+    }
+    let row = sqlx::query(&format!("SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"))
+        .bind(&id)
+        .fetch_one(&mut *tx.tx)
+        .await?;
+    tx.commit().await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(CommandRow::from_row(&row)?.to_api())))
+}

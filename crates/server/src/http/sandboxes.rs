@@ -1,0 +1,692 @@
+//! `/v1/sandboxes`: create (admission, quotas, idempotency, placement),
+//! read (long-pollable), list, stop, start, delete, events.
+
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use sqlx::Row;
+
+use super::{ApiError, AppState, Caller, Json};
+use crate::db::{WriteTx, now_ms};
+use crate::idempotency;
+use crate::limits;
+use crate::records::{
+    self, RUNNING_QUOTA_STATES, SANDBOX_COLUMNS, SANDBOX_STATES, SandboxRow, Transition,
+    is_terminal, load_sandbox, not_found, set_sandbox_state,
+};
+use crate::scheduler::{self, Needs, Placed};
+use api::ErrorCode;
+use api::sandboxes::{CreateSandboxRequest, Event, EventList, Sandbox, SandboxList};
+
+/// Defaults written into the record, so it shows the limits enforced.
+const DEFAULT_MEMORY_MIB: u64 = 512;
+const DEFAULT_CPUS: f64 = 1.0;
+const DEFAULT_PIDS: u64 = 1024;
+pub const LONG_POLL_SECONDS_MAX: u64 = 25;
+const LIST_LIMIT_MAX: usize = 200;
+
+fn unsupported(missing: Vec<String>, message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorCode::UnsupportedCapability, message)
+        .with_details(serde_json::json!({ "missing": missing }))
+}
+
+/// The create request with defaults applied and every bound checked.
+fn validate(request: &mut CreateSandboxRequest) -> Result<(), ApiError> {
+    limits::name("image", &request.image)?;
+    limits::env("env", &request.env)?;
+    limits::labels(&request.labels)?;
+    let resources = &mut request.resources;
+    let memory = *resources.memory_mib.get_or_insert(DEFAULT_MEMORY_MIB);
+    let cpus = *resources.cpus.get_or_insert(DEFAULT_CPUS);
+    let pids = *resources.pids.get_or_insert(DEFAULT_PIDS);
+    if !(1..=1 << 30).contains(&memory) {
+        return Err(limits::invalid("resources.memory_mib", "must be 1 or more"));
+    }
+    if !(cpus.is_finite() && (0.001..=4096.0).contains(&cpus)) {
+        return Err(limits::invalid(
+            "resources.cpus",
+            "must be between 0.001 and 4096",
+        ));
+    }
+    if !(1..=1 << 22).contains(&pids) {
+        return Err(limits::invalid("resources.pids", "must be 1 or more"));
+    }
+    if let Some(ttl) = request.ttl
+        && (ttl == 0 || ttl > limits::TTL_SECONDS_MAX) {
+            return Err(limits::invalid(
+                "ttl",
+                format!("seconds, between 1 and {}", limits::TTL_SECONDS_MAX),
+            ));
+        }
+    for mount in &request.mounts {
+        limits::absolute_path("mounts.target", &mount.target)?;
+    }
+    Ok(())
+}
+
+/// Fail-closed admission: everything the deployment or its runners cannot
+/// enforce exactly is refused, naming what is missing.
+async fn admit(
+    state: &AppState,
+    tx: &mut WriteTx,
+    sandbox: &SandboxRow,
+    request: &CreateSandboxRequest,
+) -> Result<(), ApiError> {
+    if !["standard", "durable"].contains(&sandbox.storage_class.as_str()) {
+        return Err(unsupported(
+            vec![format!("storage_class:{}", sandbox.storage_class)],
+            format!("unknown storage class {:?}", sandbox.storage_class),
+        ));
+    }
+    if sandbox.storage_class == "durable" && state.config.store_url.is_none() {
+        return Err(unsupported(
+            vec!["storage_class:durable".to_owned()],
+            "durable storage needs a home store, and this deployment has none (--store)",
+        ));
+    }
+    if !["spot_first", "non_preemptible"].contains(&sandbox.placement.as_str()) {
+        return Err(unsupported(
+            vec![format!("placement:{}", sandbox.placement)],
+            format!("unknown placement {:?}", sandbox.placement),
+        ));
+    }
+    // No mount transport or secret store is configured in this deployment.
+    if let Some(mount) = request.mounts.first() {
+        return Err(unsupported(
+            vec![format!("mount:{}", mount.source)],
+            "no shared filesystem is configured for mounts",
+        ));
+    }
+    if let Some(secret) = request.secrets.first() {
+        return Err(unsupported(
+            vec![format!("secret:{}", secret.path)],
+            "no secret store is configured",
+        ));
+    }
+    let needs = Needs::of(sandbox);
+    let runners = scheduler::all_runners(tx).await?;
+    let best = runners
+        .iter()
+        .map(|r| needs.missing_on(r))
+        .min_by_key(Vec::len);
+    match best {
+        None => Err(unsupported(
+            vec!["runner".to_owned()],
+            "no runner is registered, so nothing would run this sandbox",
+        )),
+        Some(missing) if !missing.is_empty() => Err(unsupported(
+            missing.clone(),
+            format!("no registered runner offers {}", missing.join(", ")),
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+fn quota_exceeded(metric: &str, limit: i64, current: i64, retry_after_s: u64) -> ApiError {
+    ApiError::new(
+        ErrorCode::QuotaExceeded,
+        format!("quota {metric} reached ({current} of {limit})"),
+    )
+    .with_details(serde_json::json!({
+        "quota": { "metric": metric, "limit": limit, "current": current }
+    }))
+    .with_retry_after(retry_after_s)
+}
+
+/// Takes the admission lock (one row, updated) and checks the org's quotas
+/// and the fleet ceiling for one more running sandbox (and one more held
+/// one if `new`). Creates and starts on every server pass through here
+/// one at a time, so the counts cannot be raced past their limits.
+async fn check_quotas(
+    state: &AppState,
+    tx: &mut WriteTx,
+    org_id: &str,
+    new: bool,
+) -> Result<(), ApiError> {
+    sqlx::query("UPDATE admission SET creates = creates + 1 WHERE id = 1")
+        .execute(&mut *tx.tx)
+        .await?;
+    let org = sqlx::query("SELECT max_running, max_total FROM orgs WHERE id = $1")
+        .bind(org_id)
+        .fetch_one(&mut *tx.tx)
+        .await?;
+    let max_running: Option<i64> = org.try_get("max_running")?;
+    let max_total: Option<i64> = org.try_get("max_total")?;
+    let counts = sqlx::query(&format!(
+        "SELECT
+            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired = 'running' AND state IN {RUNNING_QUOTA_STATES}) AS running,
+            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired <> 'deleted' AND state NOT IN ('deleting', 'deleted')) AS total,
+            (SELECT COUNT(*) FROM sandboxes WHERE desired = 'running' AND state IN {RUNNING_QUOTA_STATES}) AS fleet"
+    ))
+    .bind(org_id)
+    .fetch_one(&mut *tx.tx)
+    .await?;
+    let running: i64 = counts.try_get("running")?;
+    let total: i64 = counts.try_get("total")?;
+    let fleet: i64 = counts.try_get("fleet")?;
+    if let Some(limit) = max_total.filter(|&limit| new && total >= limit) {
+        state.metrics.quota_rejected("sandboxes.total");
+        return Err(quota_exceeded("sandboxes.total", limit, total, 60));
+    }
+    if let Some(limit) = max_running.filter(|&limit| running >= limit) {
+        state.metrics.quota_rejected("sandboxes.running");
+        return Err(quota_exceeded("sandboxes.running", limit, running, 30));
+    }
+    if let Some(limit) = state.config.fleet_max_running {
+        let limit = limit as i64;
+        if fleet >= limit {
+            state.metrics.quota_rejected("fleet.sandboxes.running");
+            return Err(quota_exceeded("fleet.sandboxes.running", limit, fleet, 30));
+        }
+    }
+    Ok(())
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Json(mut request): Json<CreateSandboxRequest>,
+) -> Result<Response, ApiError> {
+    let org_id = caller.org()?;
+    let key = idempotency::Key::from_request(&headers, &org_id, "sandboxes", "", &request)?;
+    if let Some(key) = &key
+        && let Some(replayed) = idempotency::replay(&state.db, key).await? {
+            return Ok(replayed);
+        }
+    validate(&mut request)?;
+    let now = now_ms();
+    let id = records::new_id("sbx")?;
+    let env = serde_json::to_string(&request.env).unwrap_or_default();
+    let labels = serde_json::to_string(&request.labels).unwrap_or_default();
+    let resources = &request.resources;
+    let row = SandboxRow {
+        id: id.clone(),
+        org_id: org_id.clone(),
+        image: request.image.clone(),
+        storage_class: request.storage_class.clone(),
+        memory_mib: resources.memory_mib.map(|v| v as i64),
+        millicpus: resources.cpus.map(|v| (v * 1000.0).round() as i64),
+        pids: resources.pids.map(|v| v as i64),
+        network: request.network.clone(),
+        placement: request.placement.clone(),
+        env,
+        labels,
+        state: "pending".to_owned(),
+        state_reason: Some("admitted".to_owned()),
+        desired: "running".to_owned(),
+        runner_id: None,
+        last_runner_id: None,
+        epoch: 0,
+        quarantined: false,
+        created_at_ms: now,
+        updated_at_ms: now,
+        expires_at_ms: request.ttl.map(|ttl| now + ttl as i64 * 1000),
+        ended_at_ms: None,
+    };
+
+    let mut tx = state.db.write().await?;
+    admit(&state, &mut tx, &row, &request).await?;
+    check_quotas(&state, &mut tx, &org_id, true).await?;
+    insert_sandbox(&mut tx, &row, &request).await?;
+    let placed = scheduler::place(&mut tx, &row).await?;
+    if let Placed::Waiting(reason) = placed {
+        sqlx::query("UPDATE sandboxes SET state_reason = $1 WHERE id = $2")
+            .bind(reason)
+            .bind(&id)
+            .execute(&mut *tx.tx)
+            .await?;
+    }
+    let record = load_sandbox(&mut tx, &id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?
+        .to_api();
+    if let Some(key) = &key
+        && !idempotency::record(&mut tx, key, StatusCode::CREATED, &record, &id).await? {
+            drop(tx);
+            return idempotency::replay(&state.db, key)
+                .await?
+                .ok_or_else(|| ApiError::new(ErrorCode::Internal, "idempotency key vanished"));
+        }
+    tx.commit().await?;
+    state.failpoint("after_commit:create_sandbox");
+    tracing::info!(sandbox_id = %id, %org_id, state = %record.state, "sandbox created");
+    Ok((StatusCode::CREATED, axum::Json(record)).into_response())
+}
+
+async fn insert_sandbox(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    request: &CreateSandboxRequest,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!(
+        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)"
+    ))
+    .bind(&row.id)
+    .bind(&row.org_id)
+    .bind(&row.image)
+    .bind(&row.storage_class)
+    .bind(row.memory_mib)
+    .bind(row.millicpus)
+    .bind(row.pids)
+    .bind(&row.network)
+    .bind(&row.placement)
+    .bind(&row.env)
+    .bind(&row.labels)
+    .bind(&row.state)
+    .bind(&row.state_reason)
+    .bind(&row.desired)
+    .bind(&row.runner_id)
+    .bind(&row.last_runner_id)
+    .bind(row.epoch)
+    .bind(0_i64)
+    .bind(row.created_at_ms)
+    .bind(row.updated_at_ms)
+    .bind(row.expires_at_ms)
+    .bind(row.ended_at_ms)
+    .execute(&mut *tx.tx)
+    .await?;
+    for (key, value) in &request.labels {
+        sqlx::query("INSERT INTO sandbox_labels (sandbox_id, key, value) VALUES ($1, $2, $3)")
+            .bind(&row.id)
+            .bind(key)
+            .bind(value)
+            .execute(&mut *tx.tx)
+            .await?;
+    }
+    sqlx::query(
+        "INSERT INTO events (sandbox_id, seq, at_ms, state, reason, message, epoch, runner_id) VALUES ($1, 1, $2, 'pending', 'admitted', NULL, 0, NULL)",
+    )
+    .bind(&row.id)
+    .bind(row.created_at_ms)
+    .execute(&mut *tx.tx)
+    .await?;
+    Ok(())
+}
+
+/// The sandbox as its org sees it: another org's, and one past its
+/// retention window, do not exist.
+pub async fn visible_sandbox(
+    state: &AppState,
+    org_id: &str,
+    id: &str,
+) -> Result<SandboxRow, ApiError> {
+    let row = sqlx::query(&format!(
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1 AND org_id = $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)"
+    ))
+    .bind(id)
+    .bind(org_id)
+    .bind(now_ms() - state.config.retention.as_millis() as i64)
+    .fetch_optional(&state.db.pool)
+    .await?;
+    match row {
+        Some(row) => Ok(SandboxRow::from_row(&row)?),
+        None => Err(not_found("sandbox")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitQuery {
+    wait_for: Option<String>,
+    timeout: Option<u64>,
+}
+
+pub fn wait_timeout(timeout: Option<u64>) -> Result<Duration, ApiError> {
+    match timeout {
+        None => Ok(Duration::from_secs(LONG_POLL_SECONDS_MAX)),
+        Some(t) if t <= LONG_POLL_SECONDS_MAX => Ok(Duration::from_secs(t)),
+        Some(_) => Err(limits::invalid(
+            "timeout",
+            format!("at most {LONG_POLL_SECONDS_MAX} seconds"),
+        )),
+    }
+}
+
+/// `wait_for` is satisfied by the state itself, or made unreachable by an
+/// end state, or by a resting state that nothing will move on from.
+fn wait_done(row: &SandboxRow, target: &str) -> bool {
+    if row.state == target || is_terminal(&row.state) {
+        return true;
+    }
+    let resting = row.state == "stopped" && row.desired != "running";
+    resting && target != "stopped"
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(query): Query<WaitQuery>,
+) -> Result<axum::Json<Sandbox>, ApiError> {
+    let org_id = caller.org()?;
+    let Some(target) = query.wait_for else {
+        return Ok(axum::Json(visible_sandbox(&state, &org_id, &id).await?.to_api()));
+    };
+    if !SANDBOX_STATES.contains(&target.as_str()) {
+        return Err(limits::invalid(
+            "wait_for",
+            format!("unknown state {target:?}"),
+        ));
+    }
+    let timeout = wait_timeout(query.timeout)?;
+    let watch = state.db.hub.watch(&id);
+    let row = crate::hub::wait_until(
+        &watch,
+        timeout,
+        || visible_sandbox(&state, &org_id, &id),
+        |row| wait_done(row, &target),
+    )
+    .await?;
+    Ok(axum::Json(row.to_api()))
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(query): Query<Vec<(String, String)>>,
+) -> Result<axum::Json<SandboxList>, ApiError> {
+    let org_id = caller.org()?;
+    let mut states: Vec<String> = Vec::new();
+    let mut labels: Vec<(String, String)> = Vec::new();
+    let mut limit = 50;
+    let mut cursor = String::new();
+    for (name, value) in query {
+        match name.as_str() {
+            "state" => {
+                if !SANDBOX_STATES.contains(&value.as_str()) {
+                    return Err(limits::invalid("state", format!("unknown state {value:?}")));
+                }
+                states.push(value);
+            }
+            "label" => {
+                let (k, v) = value
+                    .split_once('=')
+                    .ok_or_else(|| limits::invalid("label", "use label=KEY=VALUE"))?;
+                limits::label_key(k)?;
+                labels.push((k.to_owned(), v.to_owned()));
+            }
+            "limit" => {
+                limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|l| (1..=LIST_LIMIT_MAX).contains(l))
+                    .ok_or_else(|| {
+                        limits::invalid("limit", format!("a number from 1 to {LIST_LIMIT_MAX}"))
+                    })?;
+            }
+            "cursor" => cursor = value,
+            other => return Err(limits::invalid(other, "unknown query parameter")),
+        }
+    }
+    // Built from fixed fragments; every value is a bound parameter.
+    let mut sql = format!(
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes s WHERE org_id = $1 AND id > $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)"
+    );
+    let mut params: Vec<String> = Vec::new();
+    let mut next = 4;
+    if !states.is_empty() {
+        let placeholders: Vec<String> = states
+            .iter()
+            .map(|s| {
+                params.push(s.clone());
+                next += 1;
+                format!("${}", next - 1)
+            })
+            .collect();
+        sql.push_str(&format!(" AND state IN ({})", placeholders.join(", ")));
+    }
+    for (k, v) in &labels {
+        sql.push_str(&format!(
+            " AND EXISTS (SELECT 1 FROM sandbox_labels l WHERE l.sandbox_id = s.id AND l.key = ${} AND l.value = ${})",
+            next,
+            next + 1
+        ));
+        params.push(k.clone());
+        params.push(v.clone());
+        next += 2;
+    }
+    sql.push_str(&format!(" ORDER BY id LIMIT {}", limit + 1));
+    let mut query = sqlx::query(&sql)
+        .bind(&org_id)
+        .bind(&cursor)
+        .bind(now_ms() - state.config.retention.as_millis() as i64);
+    for p in &params {
+        query = query.bind(p);
+    }
+    let rows = query.fetch_all(&state.db.pool).await?;
+    let mut sandboxes = rows
+        .iter()
+        .map(SandboxRow::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    let next_cursor = if sandboxes.len() > limit {
+        sandboxes.truncate(limit);
+        sandboxes.last().map(|s| s.id.clone())
+    } else {
+        None
+    };
+    Ok(axum::Json(SandboxList {
+        sandboxes: sandboxes.iter().map(SandboxRow::to_api).collect(),
+        next_cursor,
+    }))
+}
+
+pub async fn events(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<EventList>, ApiError> {
+    let org_id = caller.org()?;
+    visible_sandbox(&state, &org_id, &id).await?;
+    let rows = sqlx::query(
+        "SELECT seq, at_ms, state, reason, message, epoch, runner_id FROM events WHERE sandbox_id = $1 ORDER BY seq",
+    )
+    .bind(&id)
+    .fetch_all(&state.db.pool)
+    .await?;
+    let events = rows
+        .iter()
+        .map(|row| {
+            Ok(Event {
+                seq: row.try_get::<i64, _>("seq")? as u64,
+                at: records::rfc3339(row.try_get("at_ms")?),
+                state: row.try_get("state")?,
+                reason: row.try_get("reason")?,
+                message: row.try_get("message")?,
+                epoch: row.try_get::<i64, _>("epoch")? as u64,
+                runner_id: row.try_get("runner_id")?,
+            })
+        })
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    Ok(axum::Json(EventList { events }))
+}
+
+/// Loads the caller's sandbox inside a write transaction, refusing a
+/// quarantined one.
+async fn load_mutable(
+    state: &AppState,
+    tx: &mut WriteTx,
+    org_id: &str,
+    id: &str,
+) -> Result<SandboxRow, ApiError> {
+    let row = load_sandbox(tx, id)
+        .await?
+        .filter(|row| row.org_id == org_id)
+        .filter(|row| {
+            row.ended_at_ms
+                .is_none_or(|ended| ended > now_ms() - state.config.retention.as_millis() as i64)
+        })
+        .ok_or_else(|| not_found("sandbox"))?;
+    if row.quarantined {
+        return Err(ApiError::new(
+            ErrorCode::Quarantined,
+            "the sandbox is quarantined by an administrator",
+        ));
+    }
+    Ok(row)
+}
+
+async fn set_desired(tx: &mut WriteTx, row: &SandboxRow, desired: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE sandboxes SET desired = $1, updated_at_ms = $2 WHERE id = $3")
+        .bind(desired)
+        .bind(now_ms())
+        .bind(&row.id)
+        .execute(&mut *tx.tx)
+        .await?;
+    tx.changed(&row.id).await?;
+    if let Some(runner) = &row.runner_id {
+        tx.changed(&format!("runner:{runner}")).await?;
+    }
+    Ok(())
+}
+
+fn invalid_state(row: &SandboxRow, action: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::InvalidState,
+        format!("cannot {action} a sandbox that is {}", row.state),
+    )
+    .with_details(serde_json::json!({ "state": row.state, "desired": row.desired }))
+}
+
+/// Stop asks for no compute. A sandbox not yet placed has none, so it is
+/// stopped at once; a placed one stops when its runner reports it.
+pub async fn stop(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, axum::Json<Sandbox>), ApiError> {
+    let org_id = caller.org()?;
+    let mut tx = state.db.write().await?;
+    let row = load_mutable(&state, &mut tx, &org_id, &id).await?;
+    if is_terminal(&row.state) || row.desired == "deleted" {
+        return Err(invalid_state(&row, "stop"));
+    }
+    if row.desired != "stopped" {
+        set_desired(&mut tx, &row, "stopped").await?;
+        if row.runner_id.is_none() && ["pending", "recovering"].contains(&row.state.as_str()) {
+            let to = Transition {
+                state: "stopped",
+                reason: Some("stop_requested"),
+                message: None,
+            };
+            set_sandbox_state(&mut tx, &row, to, None, row.epoch).await?;
+        }
+    }
+    let record = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+    tx.commit().await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(record.to_api())))
+}
+
+/// Start asks for compute again: a stopped sandbox goes back to `pending`
+/// and is placed (a standard one only on the runner that holds its home).
+pub async fn start(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, axum::Json<Sandbox>), ApiError> {
+    let org_id = caller.org()?;
+    let mut tx = state.db.write().await?;
+    let row = load_mutable(&state, &mut tx, &org_id, &id).await?;
+    if is_terminal(&row.state) || row.desired == "deleted" || row.desired == "terminated" {
+        return Err(invalid_state(&row, "start"));
+    }
+    if row.desired != "running" {
+        check_quotas(&state, &mut tx, &org_id, false).await?;
+        set_desired(&mut tx, &row, "running").await?;
+        if row.state == "stopped" {
+            let row = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+            // A standard home stays on its runner, which keeps it assigned
+            // while the sandbox waits to be placed there again.
+            let keep = (row.storage_class == "standard")
+                .then_some(row.runner_id.as_deref())
+                .flatten();
+            let to = Transition {
+                state: "pending",
+                reason: Some("start_requested"),
+                message: None,
+            };
+            set_sandbox_state(&mut tx, &row, to, keep, row.epoch).await?;
+            let row = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+            place_or_wait(&mut tx, &row).await?;
+        }
+    }
+    let record = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+    tx.commit().await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(record.to_api())))
+}
+
+/// Places the sandbox, or records why it waits or cannot run.
+pub async fn place_or_wait(tx: &mut WriteTx, row: &SandboxRow) -> Result<(), ApiError> {
+    match scheduler::place(tx, row).await? {
+        Placed::On(_) | Placed::Raced => {}
+        Placed::Waiting(reason) => {
+            if row.state_reason.as_deref() != Some(reason) {
+                sqlx::query("UPDATE sandboxes SET state_reason = $1 WHERE id = $2 AND state = $3")
+                    .bind(reason)
+                    .bind(&row.id)
+                    .bind(&row.state)
+                    .execute(&mut *tx.tx)
+                    .await?;
+                tx.changed(&row.id).await?;
+            }
+        }
+        Placed::HomeLost => {
+            let to = Transition {
+                state: "failed",
+                reason: Some("node_lost"),
+                message: Some("the runner holding this standard home is gone"),
+            };
+            set_sandbox_state(tx, row, to, None, row.epoch).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Delete is idempotent by outcome: accepted once while the sandbox holds
+/// anything (failed and terminated included), then `not_found`.
+pub async fn delete(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, axum::Json<Sandbox>), ApiError> {
+    let org_id = caller.org()?;
+    let mut tx = state.db.write().await?;
+    let row = load_mutable(&state, &mut tx, &org_id, &id).await?;
+    if row.desired == "deleted" || row.state == "deleted" {
+        return Err(not_found("sandbox"));
+    }
+    set_desired(&mut tx, &row, "deleted").await?;
+    let runner_alive = match &row.runner_id {
+        Some(runner) => {
+            let live: Option<(String,)> =
+                sqlx::query_as("SELECT id FROM runners WHERE id = $1 AND state = 'live'")
+                    .bind(runner)
+                    .fetch_optional(&mut *tx.tx)
+                    .await?;
+            live.is_some()
+        }
+        None => false,
+    };
+    // With no runner holding anything, nothing is left to release.
+    let to = if runner_alive {
+        Transition {
+            state: "deleting",
+            reason: Some("delete_requested"),
+            message: None,
+        }
+    } else {
+        Transition {
+            state: "deleted",
+            reason: Some("delete_requested"),
+            message: None,
+        }
+    };
+    let runner = if runner_alive { row.runner_id.as_deref() } else { None };
+    set_sandbox_state(&mut tx, &row, to, runner, row.epoch).await?;
+    let record = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+    tx.commit().await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(record.to_api())))
+}

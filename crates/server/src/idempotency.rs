@@ -1,0 +1,130 @@
+//! `Idempotency-Key`: the same key with the same request replays the
+//! original response; with a different request it is 409
+//! `idempotency_conflict`. The key row is written in the transaction that
+//! makes the effect, with `ON CONFLICT DO NOTHING`: of two concurrent
+//! requests with one key, the second waits on the first's uncommitted row
+//! (PostgreSQL) or on the writer lock (SQLite), inserts nothing, rolls its
+//! own effect back and replays the first one's answer.
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use sqlx::Row;
+
+use crate::db::{Db, WriteTx, now_ms};
+use crate::http::ApiError;
+use crate::limits;
+use api::ErrorCode;
+
+pub struct Key {
+    pub org_id: String,
+    pub scope: &'static str,
+    pub key: String,
+    pub request_hash: String,
+}
+
+impl Key {
+    /// The key from the headers, if any, bound to this request's content.
+    pub fn from_request(
+        headers: &HeaderMap,
+        org_id: &str,
+        scope: &'static str,
+        target: &str,
+        request: &impl Serialize,
+    ) -> Result<Option<Key>, ApiError> {
+        let Some(value) = headers.get("idempotency-key") else {
+            return Ok(None);
+        };
+        let key = value
+            .to_str()
+            .ok()
+            .filter(|k| !k.is_empty() && k.len() <= limits::IDEMPOTENCY_KEY_BYTES_MAX)
+            .ok_or_else(|| {
+                limits::invalid(
+                    "Idempotency-Key",
+                    format!(
+                        "use 1-{} visible ASCII characters",
+                        limits::IDEMPOTENCY_KEY_BYTES_MAX
+                    ),
+                )
+            })?;
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(target.as_bytes());
+        hasher.update(b"\n");
+        // Serialized from the parsed request (maps are sorted), so two
+        // spellings of one request are the same request.
+        hasher.update(&serde_json::to_vec(request).unwrap_or_default());
+        Ok(Some(Key {
+            org_id: org_id.to_owned(),
+            scope,
+            key: key.to_owned(),
+            request_hash: hasher.finalize().to_hex().to_string(),
+        }))
+    }
+}
+
+/// The stored answer for `key`, if a request with it has committed.
+pub async fn replay(db: &Db, key: &Key) -> Result<Option<Response>, ApiError> {
+    let row = sqlx::query(
+        "SELECT request_hash, status, response FROM idempotency_keys WHERE org_id = $1 AND scope = $2 AND key = $3",
+    )
+    .bind(&key.org_id)
+    .bind(key.scope)
+    .bind(&key.key)
+    .fetch_optional(&db.pool)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let hash: String = row.try_get("request_hash")?;
+    if hash != key.request_hash {
+        return Err(ApiError::new(
+            ErrorCode::IdempotencyConflict,
+            "this Idempotency-Key was used with a different request",
+        ));
+    }
+    let status: i64 = row.try_get("status")?;
+    let body: String = row.try_get("response")?;
+    let status = StatusCode::from_u16(status as u16).unwrap_or(StatusCode::OK);
+    let mut response = (
+        status,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response();
+    response
+        .headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    Ok(Some(response))
+}
+
+/// Records the answer in `tx`. `false`: another request with this key
+/// committed first; roll back and replay its answer.
+pub async fn record(
+    tx: &mut WriteTx,
+    key: &Key,
+    status: StatusCode,
+    body: &impl Serialize,
+    resource_id: &str,
+) -> Result<bool, ApiError> {
+    let body = serde_json::to_string(body)
+        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+    let inserted = sqlx::query(
+        "INSERT INTO idempotency_keys (org_id, scope, key, request_hash, status, response, resource_id, created_at_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+    )
+    .bind(&key.org_id)
+    .bind(key.scope)
+    .bind(&key.key)
+    .bind(&key.request_hash)
+    .bind(i64::from(status.as_u16()))
+    .bind(body)
+    .bind(resource_id)
+    .bind(now_ms())
+    .execute(&mut *tx.tx)
+    .await?;
+    Ok(inserted.rows_affected() == 1)
+}

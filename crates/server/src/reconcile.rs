@@ -1,0 +1,218 @@
+//! Reconcilers: the lease watcher, the scheduler for waiting sandboxes,
+//! TTL expiry and retention. Every server runs them; each step is a
+//! conditional update inside a transaction, so servers running the same
+//! step at once do it once (the loser's update matches no row).
+
+use crate::db::now_ms;
+use crate::http::{ApiError, AppState};
+use crate::records::{SANDBOX_COLUMNS, SandboxRow, Transition, load_sandbox, set_sandbox_state};
+
+/// Idempotency keys outlive what they created by at least this long.
+const IDEMPOTENCY_KEEP_MS: i64 = 24 * 3600 * 1000;
+const BATCH: i64 = 100;
+
+pub async fn run(state: AppState) {
+    let mut tick = tokio::time::interval(state.config.reconcile_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(err) = pass(&state).await {
+            tracing::warn!(?err, "reconcile pass failed; retrying next tick");
+        }
+    }
+}
+
+pub async fn pass(state: &AppState) -> Result<(), ApiError> {
+    expire_leases(state).await?;
+    expire_ttls(state).await?;
+    schedule_pending(state).await?;
+    apply_retention(state).await?;
+    Ok(())
+}
+
+/// Lease watcher: a runner whose lease has expired is `lost`. Its durable
+/// sandboxes go `recovering` with the epoch bumped (fencing the old host),
+/// its standard ones `failed`/`node_lost` (their home was on it); their
+/// commands end as `records::set_sandbox_state` decides.
+pub async fn expire_leases(state: &AppState) -> Result<(), ApiError> {
+    let now = now_ms();
+    let expired: Vec<(String,)> =
+        sqlx::query_as("SELECT id FROM runners WHERE state = 'live' AND lease_expires_at_ms < $1")
+            .bind(now)
+            .fetch_all(&state.db.pool)
+            .await?;
+    for (runner_id,) in expired {
+        let mut tx = state.db.write().await?;
+        let lost = sqlx::query(
+            "UPDATE runners SET state = 'lost' WHERE id = $1 AND state = 'live' AND lease_expires_at_ms < $2",
+        )
+        .bind(&runner_id)
+        .bind(now)
+        .execute(&mut *tx.tx)
+        .await?;
+        if lost.rows_affected() == 0 {
+            continue;
+        }
+        let rows = sqlx::query(&format!(
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE runner_id = $1 AND state NOT IN ('failed', 'terminated', 'deleted')"
+        ))
+        .bind(&runner_id)
+        .fetch_all(&mut *tx.tx)
+        .await?;
+        for row in rows {
+            let sandbox = SandboxRow::from_row(&row)?;
+            let (to, epoch) = match (sandbox.storage_class.as_str(), sandbox.state.as_str()) {
+                // Nothing left to release: the node took it with it.
+                (_, "deleting") => ("deleted", sandbox.epoch),
+                // The home is in the store; nothing ran there.
+                ("durable", "stopped") => ("stopped", sandbox.epoch),
+                ("durable", _) if sandbox.desired == "running" => {
+                    ("recovering", sandbox.epoch + 1)
+                }
+                ("durable", _) => ("stopped", sandbox.epoch + 1),
+                _ => ("failed", sandbox.epoch),
+            };
+            let reason = Some("node_lost");
+            let message = format!("lease of runner {runner_id} expired");
+            if to == sandbox.state {
+                // Only the placement goes away.
+                sqlx::query("UPDATE sandboxes SET runner_id = NULL WHERE id = $1")
+                    .bind(&sandbox.id)
+                    .execute(&mut *tx.tx)
+                    .await?;
+                continue;
+            }
+            let transition = Transition {
+                state: to,
+                reason,
+                message: Some(&message),
+            };
+            set_sandbox_state(&mut tx, &sandbox, transition, None, epoch).await?;
+        }
+        tx.changed(&format!("runner:{runner_id}")).await?;
+        tx.commit().await?;
+        state.metrics.lease_expired();
+        tracing::warn!(%runner_id, "runner lease expired; runner is lost");
+    }
+    Ok(())
+}
+
+/// Places sandboxes waiting for a runner.
+pub async fn schedule_pending(state: &AppState) -> Result<(), ApiError> {
+    let waiting: Vec<(String,)> = sqlx::query_as(
+        "SELECT id FROM sandboxes WHERE state IN ('pending', 'recovering') AND desired = 'running' ORDER BY id LIMIT $1",
+    )
+    .bind(BATCH)
+    .fetch_all(&state.db.pool)
+    .await?;
+    for (id,) in waiting {
+        let mut tx = state.db.write().await?;
+        let Some(row) = load_sandbox(&mut tx, &id).await? else {
+            continue;
+        };
+        if !["pending", "recovering"].contains(&row.state.as_str()) || row.desired != "running" {
+            continue;
+        }
+        crate::http::sandboxes::place_or_wait(&mut tx, &row).await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// TTL: an expired sandbox is to be terminated. One without compute is
+/// terminated at once; a running one when its runner reports it ended.
+async fn expire_ttls(state: &AppState) -> Result<(), ApiError> {
+    let now = now_ms();
+    let expired: Vec<(String,)> = sqlx::query_as(
+        "SELECT id FROM sandboxes WHERE expires_at_ms <= $1 AND desired NOT IN ('terminated', 'deleted') AND state NOT IN ('failed', 'terminated', 'deleted') LIMIT $2",
+    )
+    .bind(now)
+    .bind(BATCH)
+    .fetch_all(&state.db.pool)
+    .await?;
+    for (id,) in expired {
+        let mut tx = state.db.write().await?;
+        let Some(row) = load_sandbox(&mut tx, &id).await? else {
+            continue;
+        };
+        if ["terminated", "deleted"].contains(&row.desired.as_str()) {
+            continue;
+        }
+        sqlx::query("UPDATE sandboxes SET desired = 'terminated' WHERE id = $1")
+            .bind(&id)
+            .execute(&mut *tx.tx)
+            .await?;
+        tx.changed(&id).await?;
+        let computing = row.runner_id.is_some()
+            && ["starting", "running", "stopping", "securing"].contains(&row.state.as_str());
+        if let Some(runner) = &row.runner_id {
+            tx.changed(&format!("runner:{runner}")).await?;
+        }
+        if !computing {
+            let row = load_sandbox(&mut tx, &id).await?.unwrap_or(row);
+            let to = Transition {
+                state: "terminated",
+                reason: Some("ttl_expired"),
+                message: None,
+            };
+            set_sandbox_state(&mut tx, &row, to, row.runner_id.as_deref(), row.epoch).await?;
+        }
+        tx.commit().await?;
+        tracing::info!(sandbox_id = %id, "ttl expired");
+    }
+    Ok(())
+}
+
+/// Retention: an ended sandbox past the window answers 404. One that still
+/// holds storage is deleted then, so nothing strands; deleted records and
+/// their history are purged, and idempotency keys a day after that.
+async fn apply_retention(state: &AppState) -> Result<(), ApiError> {
+    let cutoff = now_ms() - state.config.retention.as_millis() as i64;
+    let ended: Vec<(String,)> = sqlx::query_as(
+        "SELECT id FROM sandboxes WHERE ended_at_ms < $1 AND state IN ('failed', 'terminated') AND desired <> 'deleted' LIMIT $2",
+    )
+    .bind(cutoff)
+    .bind(BATCH)
+    .fetch_all(&state.db.pool)
+    .await?;
+    for (id,) in ended {
+        let mut tx = state.db.write().await?;
+        let Some(row) = load_sandbox(&mut tx, &id).await? else {
+            continue;
+        };
+        sqlx::query("UPDATE sandboxes SET desired = 'deleted' WHERE id = $1")
+            .bind(&id)
+            .execute(&mut *tx.tx)
+            .await?;
+        if row.runner_id.is_none() {
+            let to = Transition {
+                state: "deleted",
+                reason: Some("retention_expired"),
+                message: None,
+            };
+            set_sandbox_state(&mut tx, &row, to, None, row.epoch).await?;
+        } else if let Some(runner) = &row.runner_id {
+            tx.changed(&format!("runner:{runner}")).await?;
+        }
+        tx.commit().await?;
+    }
+    let mut tx = state.db.write().await?;
+    sqlx::query("DELETE FROM sandboxes WHERE state = 'deleted' AND ended_at_ms < $1")
+        .bind(cutoff)
+        .execute(&mut *tx.tx)
+        .await?;
+    let keys_cutoff = now_ms() - IDEMPOTENCY_KEEP_MS.max(state.config.retention.as_millis() as i64);
+    let purged = sqlx::query(
+        "DELETE FROM idempotency_keys WHERE created_at_ms < $1
+         AND resource_id NOT IN (SELECT id FROM sandboxes WHERE ended_at_ms IS NULL OR ended_at_ms >= $1)
+         AND resource_id NOT IN (SELECT id FROM commands WHERE ended_at_ms IS NULL OR ended_at_ms >= $1)",
+    )
+    .bind(keys_cutoff)
+    .execute(&mut *tx.tx)
+    .await?;
+    tx.commit().await?;
+    if purged.rows_affected() > 0 {
+        tracing::debug!(keys = purged.rows_affected(), "expired idempotency keys");
+    }
+    Ok(())
+}

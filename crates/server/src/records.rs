@@ -1,0 +1,296 @@
+//! Shared vocabulary of the records: states, ids, times, and the one place
+//! a sandbox's state changes (`set_sandbox_state`), which also writes the
+//! event history and ends the sandbox's unfinished commands.
+
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use crate::db::{WriteTx, now_ms};
+use crate::http::ApiError;
+use api::ErrorCode;
+
+/// States that hold compute on a runner (count against `sandboxes.running`
+/// and runner capacity). `pending` and `recovering` are waiting for it.
+pub const COMPUTE_STATES: &[&str] = &["starting", "running", "stopping"];
+/// States that count as running for the `sandboxes.running` quota.
+pub const RUNNING_QUOTA_STATES: &str =
+    "('pending', 'starting', 'running', 'stopping', 'recovering')";
+/// End states: the runtime is gone for good.
+pub const TERMINAL_STATES: &[&str] = &["failed", "terminated", "deleted"];
+/// Every sandbox state (DESIGN.md §2).
+pub const SANDBOX_STATES: &[&str] = &[
+    "pending",
+    "starting",
+    "running",
+    "stopping",
+    "securing",
+    "stopped",
+    "recovering",
+    "failed",
+    "terminated",
+    "deleting",
+    "deleted",
+];
+/// States a runner may report.
+pub const REPORTABLE_STATES: &[&str] = &[
+    "starting",
+    "running",
+    "stopping",
+    "securing",
+    "stopped",
+    "failed",
+    "terminated",
+    "deleted",
+];
+
+pub fn is_terminal(state: &str) -> bool {
+    TERMINAL_STATES.contains(&state)
+}
+
+/// Time-ordered ids: `PREFIX_` + 12 hex digits of milliseconds + 16 random
+/// hex digits, so ordering by id is ordering by creation (pagination).
+pub fn new_id(prefix: &str) -> Result<String, ApiError> {
+    Ok(format!(
+        "{prefix}_{:012x}{}",
+        now_ms(),
+        crate::auth::random_hex(8)?
+    ))
+}
+
+pub fn rfc3339(ms: i64) -> String {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(time).to_string()
+}
+
+pub fn json_map(text: &str) -> std::collections::BTreeMap<String, String> {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+/// A sandbox row as stored.
+#[derive(Clone, Debug)]
+pub struct SandboxRow {
+    pub id: String,
+    pub org_id: String,
+    pub image: String,
+    pub storage_class: String,
+    pub memory_mib: Option<i64>,
+    pub millicpus: Option<i64>,
+    pub pids: Option<i64>,
+    pub network: String,
+    pub placement: String,
+    pub env: String,
+    pub labels: String,
+    pub state: String,
+    pub state_reason: Option<String>,
+    pub desired: String,
+    pub runner_id: Option<String>,
+    pub last_runner_id: Option<String>,
+    pub epoch: i64,
+    pub quarantined: bool,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub expires_at_ms: Option<i64>,
+    pub ended_at_ms: Option<i64>,
+}
+
+pub const SANDBOX_COLUMNS: &str = "id, org_id, image, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms";
+
+impl SandboxRow {
+    pub fn from_row(row: &AnyRow) -> Result<SandboxRow, sqlx::Error> {
+        Ok(SandboxRow {
+            id: row.try_get("id")?,
+            org_id: row.try_get("org_id")?,
+            image: row.try_get("image")?,
+            storage_class: row.try_get("storage_class")?,
+            memory_mib: row.try_get("memory_mib")?,
+            millicpus: row.try_get("millicpus")?,
+            pids: row.try_get("pids")?,
+            network: row.try_get("network")?,
+            placement: row.try_get("placement")?,
+            env: row.try_get("env")?,
+            labels: row.try_get("labels")?,
+            state: row.try_get("state")?,
+            state_reason: row.try_get("state_reason")?,
+            desired: row.try_get("desired")?,
+            runner_id: row.try_get("runner_id")?,
+            last_runner_id: row.try_get("last_runner_id")?,
+            epoch: row.try_get("epoch")?,
+            quarantined: row.try_get::<i64, _>("quarantined")? != 0,
+            created_at_ms: row.try_get("created_at_ms")?,
+            updated_at_ms: row.try_get("updated_at_ms")?,
+            expires_at_ms: row.try_get("expires_at_ms")?,
+            ended_at_ms: row.try_get("ended_at_ms")?,
+        })
+    }
+
+    pub fn resources(&self) -> api::sandboxes::Resources {
+        api::sandboxes::Resources {
+            memory_mib: self.memory_mib.map(|v| v as u64),
+            cpus: self.millicpus.map(|v| v as f64 / 1000.0),
+            pids: self.pids.map(|v| v as u64),
+        }
+    }
+
+    pub fn to_api(&self) -> api::sandboxes::Sandbox {
+        api::sandboxes::Sandbox {
+            id: self.id.clone(),
+            org_id: self.org_id.clone(),
+            state: self.state.clone(),
+            state_reason: self.state_reason.clone(),
+            desired: self.desired.clone(),
+            runner_id: self.runner_id.clone(),
+            epoch: self.epoch as u64,
+            image: self.image.clone(),
+            storage_class: self.storage_class.clone(),
+            resources: self.resources(),
+            network: self.network.clone(),
+            placement: self.placement.clone(),
+            env: json_map(&self.env),
+            labels: json_map(&self.labels),
+            quarantined: self.quarantined,
+            created_at: rfc3339(self.created_at_ms),
+            updated_at: rfc3339(self.updated_at_ms),
+            expires_at: self.expires_at_ms.map(rfc3339),
+            ended_at: self.ended_at_ms.map(rfc3339),
+        }
+    }
+}
+
+pub async fn load_sandbox(
+    tx: &mut WriteTx,
+    id: &str,
+) -> Result<Option<SandboxRow>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *tx.tx)
+    .await?;
+    row.as_ref().map(SandboxRow::from_row).transpose()
+}
+
+/// What a state change writes besides `state`.
+pub struct Transition<'a> {
+    pub state: &'a str,
+    pub reason: Option<&'a str>,
+    pub message: Option<&'a str>,
+}
+
+/// Moves a sandbox to a new observed state: updates the record (guarded by
+/// the state, epoch and runner it was read with, so a concurrent change
+/// makes this return `false` and write nothing), appends the event, and
+/// ends the sandbox's commands that can no longer run.
+pub async fn set_sandbox_state(
+    tx: &mut WriteTx,
+    current: &SandboxRow,
+    to: Transition<'_>,
+    runner_id: Option<&str>,
+    epoch: i64,
+) -> Result<bool, sqlx::Error> {
+    let now = now_ms();
+    let ended = if is_terminal(to.state) {
+        Some(current.ended_at_ms.unwrap_or(now))
+    } else {
+        None
+    };
+    let updated = sqlx::query(
+        "UPDATE sandboxes SET state = $1, state_reason = $2, runner_id = $3, epoch = $4, updated_at_ms = $5, ended_at_ms = $6
+         WHERE id = $7 AND state = $8 AND epoch = $9 AND COALESCE(runner_id, '') = $10",
+    )
+    .bind(to.state)
+    .bind(to.reason)
+    .bind(runner_id)
+    .bind(epoch)
+    .bind(now)
+    .bind(ended)
+    .bind(&current.id)
+    .bind(&current.state)
+    .bind(current.epoch)
+    .bind(current.runner_id.as_deref().unwrap_or(""))
+    .execute(&mut *tx.tx)
+    .await?;
+    if updated.rows_affected() == 0 {
+        return Ok(false);
+    }
+    if let Some(runner_id) = runner_id {
+        sqlx::query("UPDATE sandboxes SET last_runner_id = $1 WHERE id = $2")
+            .bind(runner_id)
+            .bind(&current.id)
+            .execute(&mut *tx.tx)
+            .await?;
+    }
+    sqlx::query(
+        "INSERT INTO events (sandbox_id, seq, at_ms, state, reason, message, epoch, runner_id)
+         SELECT $1, COALESCE(MAX(seq), 0) + 1, $2, $3, $4, $5, $6, $7 FROM events WHERE sandbox_id = $1",
+    )
+    .bind(&current.id)
+    .bind(now)
+    .bind(to.state)
+    .bind(to.reason)
+    .bind(to.message)
+    .bind(epoch)
+    .bind(runner_id)
+    .execute(&mut *tx.tx)
+    .await?;
+    end_commands_for(tx, &current.id, to.state, to.reason).await?;
+    tx.changed(&current.id).await?;
+    if let Some(runner) = runner_id.or(current.runner_id.as_deref()) {
+        tx.changed(&format!("runner:{runner}")).await?;
+    }
+    Ok(true)
+}
+
+/// Ends the commands that cannot run any more once a sandbox is in
+/// `state`. Queued ones never started: `not_launched`. For the rest:
+/// - the host is gone (`recovering`, or `failed` with `node_lost`): seen
+///   running → `infrastructure_lost`; handed over but never confirmed →
+///   `unknown`;
+/// - the sandbox was stopped, terminated or deleted: the runner reports its
+///   commands first; any it left open were asked to end by the stop
+///   (`interrupted`), or, never confirmed, `unknown`;
+/// - the workload died on its own (`failed`): the runner would have told
+///   what it knew, so what is left is `unknown`.
+async fn end_commands_for(
+    tx: &mut WriteTx,
+    sandbox_id: &str,
+    state: &str,
+    reason: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    let running = match (state, reason) {
+        ("recovering", _) | ("failed", Some("node_lost")) => "infrastructure_lost",
+        ("stopped" | "securing" | "terminated" | "deleting" | "deleted", _) => "interrupted",
+        ("failed", _) => "unknown",
+        _ => return Ok(()),
+    };
+    let now = now_ms();
+    let reason = format!("sandbox_{state}");
+    let mut ids: Vec<String> = Vec::new();
+    for (from, to) in [
+        ("queued", "not_launched"),
+        ("starting", "unknown"),
+        ("running", running),
+    ] {
+        let rows = sqlx::query(
+            "UPDATE commands SET state = $1, state_reason = $2, ended_at_ms = $3 WHERE sandbox_id = $4 AND state = $5 RETURNING id",
+        )
+        .bind(to)
+        .bind(&reason)
+        .bind(now)
+        .bind(sandbox_id)
+        .bind(from)
+        .fetch_all(&mut *tx.tx)
+        .await?;
+        for row in rows {
+            ids.push(row.try_get("id")?);
+        }
+    }
+    for id in ids {
+        tx.changed(&id).await?;
+    }
+    Ok(())
+}
+
+/// Errors every sandbox endpoint shares.
+pub fn not_found(what: &str) -> ApiError {
+    ApiError::new(ErrorCode::NotFound, format!("no such {what}"))
+}

@@ -1,0 +1,200 @@
+//! Placement: which runner a sandbox goes to. Filters runners by live
+//! lease, capabilities, placement class and free capacity; prefers the
+//! runner the sandbox last ran on (its home and blocks are there), then
+//! spot before on-demand for `spot_first`, then the emptiest runner.
+
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use crate::db::{WriteTx, now_ms};
+use crate::records::{COMPUTE_STATES, SandboxRow, Transition, set_sandbox_state};
+
+#[derive(Clone, Debug)]
+pub struct RunnerRow {
+    pub id: String,
+    pub placement_class: String,
+    pub capabilities: Vec<String>,
+    pub capacity_sandboxes: i64,
+    pub capacity_memory_mib: i64,
+    pub capacity_millicpus: i64,
+    pub capacity_pids: i64,
+    pub state: String,
+    pub lease_expires_at_ms: i64,
+}
+
+pub const RUNNER_COLUMNS: &str = "id, placement_class, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms";
+
+impl RunnerRow {
+    pub fn from_row(row: &AnyRow) -> Result<RunnerRow, sqlx::Error> {
+        let capabilities: String = row.try_get("capabilities")?;
+        Ok(RunnerRow {
+            id: row.try_get("id")?,
+            placement_class: row.try_get("placement_class")?,
+            capabilities: serde_json::from_str(&capabilities).unwrap_or_default(),
+            capacity_sandboxes: row.try_get("capacity_sandboxes")?,
+            capacity_memory_mib: row.try_get("capacity_memory_mib")?,
+            capacity_millicpus: row.try_get("capacity_millicpus")?,
+            capacity_pids: row.try_get("capacity_pids")?,
+            state: row.try_get("state")?,
+            lease_expires_at_ms: row.try_get("lease_expires_at_ms")?,
+        })
+    }
+
+    pub fn is_live(&self, now: i64) -> bool {
+        self.state == "live" && self.lease_expires_at_ms > now
+    }
+}
+
+/// What a sandbox needs from a runner, each named as `details.missing`
+/// names it when no runner offers it.
+#[derive(Clone, Debug)]
+pub struct Needs {
+    pub capabilities: Vec<String>,
+    pub on_demand_only: bool,
+    pub memory_mib: i64,
+    pub millicpus: i64,
+    pub pids: i64,
+}
+
+impl Needs {
+    pub fn of(sandbox: &SandboxRow) -> Needs {
+        Needs {
+            capabilities: vec![
+                format!("image:{}", sandbox.image),
+                format!("network:{}", sandbox.network),
+                format!("storage:{}", sandbox.storage_class),
+            ],
+            on_demand_only: sandbox.placement == "non_preemptible",
+            memory_mib: sandbox.memory_mib.unwrap_or(0),
+            millicpus: sandbox.millicpus.unwrap_or(0),
+            pids: sandbox.pids.unwrap_or(0),
+        }
+    }
+
+    /// What `runner` lacks, by name; empty if it can run the sandbox at all
+    /// (ignoring what is in use right now).
+    pub fn missing_on(&self, runner: &RunnerRow) -> Vec<String> {
+        let mut missing: Vec<String> = self
+            .capabilities
+            .iter()
+            .filter(|c| !runner.capabilities.contains(c))
+            .cloned()
+            .collect();
+        if self.on_demand_only && runner.placement_class != "on_demand" {
+            missing.push("placement:non_preemptible".to_owned());
+        }
+        if self.memory_mib > runner.capacity_memory_mib {
+            missing.push(format!("resources.memory_mib:{}", self.memory_mib));
+        }
+        if self.millicpus > runner.capacity_millicpus {
+            missing.push(format!("resources.cpus:{}", self.millicpus as f64 / 1000.0));
+        }
+        if self.pids > runner.capacity_pids {
+            missing.push(format!("resources.pids:{}", self.pids));
+        }
+        missing
+    }
+}
+
+pub async fn all_runners(tx: &mut WriteTx) -> Result<Vec<RunnerRow>, sqlx::Error> {
+    let rows = sqlx::query(&format!(
+        "SELECT {RUNNER_COLUMNS} FROM runners WHERE state <> 'retired' ORDER BY id"
+    ))
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    rows.iter().map(RunnerRow::from_row).collect()
+}
+
+/// The outcome of trying to place one sandbox.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Placed {
+    On(String),
+    /// Stays where it is, with this reason (`no_capacity`, …).
+    Waiting(&'static str),
+    /// A standard sandbox whose home was on a runner that is gone.
+    HomeLost,
+    /// Changed under us; the next pass will look again.
+    Raced,
+}
+
+/// Places `sandbox` (in `pending` or `recovering`, no runner) if a runner
+/// fits, moving it to `starting` with a bumped epoch. The runner's row is
+/// locked (an UPDATE) before its usage is counted, so servers placing at
+/// once never overfill it.
+pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sqlx::Error> {
+    let now = now_ms();
+    let needs = Needs::of(sandbox);
+    let runners = all_runners(tx).await?;
+    // A standard home lives on its runner: it can start only there.
+    let home_runner = (sandbox.storage_class == "standard")
+        .then_some(sandbox.last_runner_id.as_deref())
+        .flatten();
+    if let Some(home) = home_runner {
+        match runners.iter().find(|r| r.id == home) {
+            Some(r) if r.state == "live" => {}
+            _ => return Ok(Placed::HomeLost),
+        }
+    }
+    let mut candidates: Vec<&RunnerRow> = runners
+        .iter()
+        .filter(|r| r.is_live(now) && needs.missing_on(r).is_empty())
+        .filter(|r| home_runner.is_none_or(|home| r.id == home))
+        .collect();
+    let last = sandbox.last_runner_id.as_deref();
+    candidates.sort_by_key(|r| {
+        (
+            Some(r.id.as_str()) != last,
+            r.placement_class != "spot",
+            std::cmp::Reverse(r.capacity_sandboxes),
+        )
+    });
+    for runner in candidates {
+        let locked = sqlx::query(
+            "UPDATE runners SET placements = placements + 1 WHERE id = $1 AND state = 'live' AND lease_expires_at_ms > $2",
+        )
+        .bind(&runner.id)
+        .bind(now)
+        .execute(&mut *tx.tx)
+        .await?;
+        if locked.rows_affected() == 0 {
+            continue;
+        }
+        let states = COMPUTE_STATES
+            .iter()
+            .map(|s| format!("'{s}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let usage = sqlx::query(&format!(
+            "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(memory_mib), 0) AS BIGINT) AS memory, CAST(COALESCE(SUM(millicpus), 0) AS BIGINT) AS cpus, CAST(COALESCE(SUM(pids), 0) AS BIGINT) AS pids
+             FROM sandboxes WHERE runner_id = $1 AND state IN ({states})"
+        ))
+        .bind(&runner.id)
+        .fetch_one(&mut *tx.tx)
+        .await?;
+        let fits = usage.try_get::<i64, _>("n")? < runner.capacity_sandboxes
+            && usage.try_get::<i64, _>("memory")? + needs.memory_mib <= runner.capacity_memory_mib
+            && usage.try_get::<i64, _>("cpus")? + needs.millicpus <= runner.capacity_millicpus
+            && usage.try_get::<i64, _>("pids")? + needs.pids <= runner.capacity_pids;
+        if !fits {
+            continue;
+        }
+        let placed = set_sandbox_state(
+            tx,
+            sandbox,
+            Transition {
+                state: "starting",
+                reason: Some("placed"),
+                message: None,
+            },
+            Some(&runner.id),
+            sandbox.epoch + 1,
+        )
+        .await?;
+        return Ok(if placed {
+            Placed::On(runner.id.clone())
+        } else {
+            Placed::Raced
+        });
+    }
+    Ok(Placed::Waiting("no_capacity"))
+}
