@@ -21,8 +21,11 @@ pub const TTL_SECONDS_MAX: u64 = 365 * 24 * 3600;
 pub const COMMAND_TIMEOUT_SECONDS_MAX: u64 = 30 * 24 * 3600;
 
 pub fn invalid(field: &str, message: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorCode::InvalidRequest, format!("{field}: {}", message.into()))
-        .with_details(serde_json::json!({ "field": field }))
+    ApiError::new(
+        ErrorCode::InvalidRequest,
+        format!("{field}: {}", message.into()),
+    )
+    .with_details(serde_json::json!({ "field": field }))
 }
 
 pub fn too_large(field: &str, limit: usize) -> ApiError {
@@ -35,7 +38,10 @@ pub fn too_large(field: &str, limit: usize) -> ApiError {
 
 pub fn env(field: &str, env: &BTreeMap<String, String>) -> Result<(), ApiError> {
     if env.len() > ENV_ENTRIES_MAX {
-        return Err(invalid(field, format!("more than {ENV_ENTRIES_MAX} variables")));
+        return Err(invalid(
+            field,
+            format!("more than {ENV_ENTRIES_MAX} variables"),
+        ));
     }
     let mut bytes = 0;
     for (key, value) in env {
@@ -69,7 +75,9 @@ pub fn labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
         if value.len() > LABEL_VALUE_BYTES_MAX || value.chars().any(char::is_control) {
             return Err(invalid(
                 "labels",
-                format!("value of {key:?} is longer than {LABEL_VALUE_BYTES_MAX} bytes or has control characters"),
+                format!(
+                    "value of {key:?} is longer than {LABEL_VALUE_BYTES_MAX} bytes or has control characters"
+                ),
             ));
         }
     }
@@ -113,7 +121,10 @@ pub fn argv(argv: &[String]) -> Result<(), ApiError> {
         return Err(invalid("argv", "must name a program"));
     }
     if argv.len() > ARGV_ENTRIES_MAX {
-        return Err(invalid("argv", format!("more than {ARGV_ENTRIES_MAX} arguments")));
+        return Err(invalid(
+            "argv",
+            format!("more than {ARGV_ENTRIES_MAX} arguments"),
+        ));
     }
     if argv.iter().any(|a| a.contains('\0')) {
         return Err(invalid("argv", "contains a NUL byte"));

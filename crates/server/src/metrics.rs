@@ -31,7 +31,10 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn observe_request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
-        let mut routes = self.routes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut routes = self
+            .routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let entry = routes
             .entry((method.to_owned(), route.to_owned()))
             .or_default();
@@ -65,9 +68,15 @@ impl Metrics {
     /// The exposition text; `sandboxes` are (state, count) from the records.
     pub fn render(&self, sandboxes: &[(String, i64)], waiters: usize) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "# HELP roost_http_requests_total HTTP requests by route and status.");
+        let _ = writeln!(
+            out,
+            "# HELP roost_http_requests_total HTTP requests by route and status."
+        );
         let _ = writeln!(out, "# TYPE roost_http_requests_total counter");
-        let routes = self.routes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let routes = self
+            .routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for ((method, route), r) in routes.iter() {
             for (status, count) in &r.by_status {
                 let _ = writeln!(
@@ -76,7 +85,10 @@ impl Metrics {
                 );
             }
         }
-        let _ = writeln!(out, "# HELP roost_http_request_duration_seconds Time to answer, by route.");
+        let _ = writeln!(
+            out,
+            "# HELP roost_http_request_duration_seconds Time to answer, by route."
+        );
         let _ = writeln!(out, "# TYPE roost_http_request_duration_seconds histogram");
         for ((method, route), r) in routes.iter() {
             let labels = format!("method=\"{method}\",route=\"{route}\"");
@@ -91,16 +103,30 @@ impl Metrics {
                 "roost_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
                 r.count
             );
-            let _ = writeln!(out, "roost_http_request_duration_seconds_sum{{{labels}}} {}", r.sum_seconds);
-            let _ = writeln!(out, "roost_http_request_duration_seconds_count{{{labels}}} {}", r.count);
+            let _ = writeln!(
+                out,
+                "roost_http_request_duration_seconds_sum{{{labels}}} {}",
+                r.sum_seconds
+            );
+            let _ = writeln!(
+                out,
+                "roost_http_request_duration_seconds_count{{{labels}}} {}",
+                r.count
+            );
         }
         drop(routes);
-        let _ = writeln!(out, "# HELP roost_sandboxes Sandboxes by observed state (whole fleet).");
+        let _ = writeln!(
+            out,
+            "# HELP roost_sandboxes Sandboxes by observed state (whole fleet)."
+        );
         let _ = writeln!(out, "# TYPE roost_sandboxes gauge");
         for (state, count) in sandboxes {
             let _ = writeln!(out, "roost_sandboxes{{state=\"{state}\"}} {count}");
         }
-        let _ = writeln!(out, "# HELP roost_quota_rejections_total Creates refused by a quota, by metric.");
+        let _ = writeln!(
+            out,
+            "# HELP roost_quota_rejections_total Creates refused by a quota, by metric."
+        );
         let _ = writeln!(out, "# TYPE roost_quota_rejections_total counter");
         for (metric, count) in self
             .quota_rejections
@@ -108,16 +134,25 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
         {
-            let _ = writeln!(out, "roost_quota_rejections_total{{metric=\"{metric}\"}} {count}");
+            let _ = writeln!(
+                out,
+                "roost_quota_rejections_total{{metric=\"{metric}\"}} {count}"
+            );
         }
-        let _ = writeln!(out, "# HELP roost_lease_expiries_total Runner leases this server expired.");
+        let _ = writeln!(
+            out,
+            "# HELP roost_lease_expiries_total Runner leases this server expired."
+        );
         let _ = writeln!(out, "# TYPE roost_lease_expiries_total counter");
         let _ = writeln!(
             out,
             "roost_lease_expiries_total {}",
             self.lease_expiries.load(Ordering::Relaxed)
         );
-        let _ = writeln!(out, "# HELP roost_long_poll_waiters Requests waiting in a long-poll.");
+        let _ = writeln!(
+            out,
+            "# HELP roost_long_poll_waiters Requests waiting in a long-poll."
+        );
         let _ = writeln!(out, "# TYPE roost_long_poll_waiters gauge");
         let _ = writeln!(out, "roost_long_poll_waiters {waiters}");
         out

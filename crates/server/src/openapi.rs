@@ -5,7 +5,10 @@ use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "roost", description = "Sandboxes for AI coding agents whose homes persist."),
+    info(
+        title = "roost",
+        description = "Sandboxes for AI coding agents whose homes persist."
+    ),
     components(schemas(
         api::ErrorBody,
         api::ErrorDetail,

@@ -66,9 +66,7 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ApiError> {
                 (_, "deleting") => ("deleted", sandbox.epoch),
                 // The home is in the store; nothing ran there.
                 ("durable", "stopped") => ("stopped", sandbox.epoch),
-                ("durable", _) if sandbox.desired == "running" => {
-                    ("recovering", sandbox.epoch + 1)
-                }
+                ("durable", _) if sandbox.desired == "running" => ("recovering", sandbox.epoch + 1),
                 ("durable", _) => ("stopped", sandbox.epoch + 1),
                 _ => ("failed", sandbox.epoch),
             };

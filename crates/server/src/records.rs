@@ -156,10 +156,7 @@ impl SandboxRow {
     }
 }
 
-pub async fn load_sandbox(
-    tx: &mut WriteTx,
-    id: &str,
-) -> Result<Option<SandboxRow>, sqlx::Error> {
+pub async fn load_sandbox(tx: &mut WriteTx, id: &str) -> Result<Option<SandboxRow>, sqlx::Error> {
     let row = sqlx::query(&format!(
         "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1"
     ))

@@ -1,68 +1,14 @@
 //! `roost server` and `roost admin`: the real server process on loopback,
 //! on SQLite and on the PostgreSQL that `scripts/test.sh` starts.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Output};
 
 use serde_json::Value;
 
 use crate::harness::BIN;
-
-/// A running `roost server`; killed on drop.
-struct Server {
-    child: Child,
-    url: String,
-    admin_token: Option<String>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server(data_dir: &Path, database: Option<&str>) -> Server {
-    let mut command = Command::new(BIN);
-    command.args([
-        "server",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data_dir.to_str().expect("utf8"),
-    ]);
-    if let Some(database) = database {
-        command.args(["--database", database]);
-    }
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start server");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let first = lines.next().expect("a line").expect("read");
-    let url = first
-        .strip_prefix("roost server listening on ")
-        .expect("listening line")
-        .to_owned();
-    // The second line says whether this start created the admin token.
-    let second = lines.next().expect("a second line").expect("read");
-    let admin_token = second
-        .starts_with("admin token (shown once")
-        .then(|| second.rsplit(' ').next().map(str::to_owned))
-        .flatten();
-    assert!(
-        std::net::TcpStream::connect(url.trim_start_matches("http://")).is_ok(),
-        "server accepts connections"
-    );
-    Server {
-        child,
-        url,
-        admin_token,
-    }
-}
+use crate::plane::{Server, postgres_database, start_server};
 
 fn admin(server_url: &str, token: &str, args: &[&str]) -> Output {
     Command::new(BIN)
@@ -229,36 +175,9 @@ fn sqlite_server_bootstraps_an_admin_token_and_creates_orgs() {
     assert!(runner["token"].is_string());
 }
 
-fn postgres_database() -> String {
-    let base = std::env::var("ROOST_TEST_POSTGRES_URL").expect(
-        "PostgreSQL tests need the server scripts/test.sh starts (ROOST_TEST_POSTGRES_URL unset)",
-    );
-    let name = format!("roost_test_{}", std::process::id());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        use sqlx::Connection;
-        let mut conn = sqlx::PgConnection::connect(&base)
-            .await
-            .expect("connect to postgres");
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
-            .execute(&mut conn)
-            .await
-            .expect("drop");
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut conn)
-            .await
-            .expect("create");
-    });
-    let (prefix, _) = base.rsplit_once('/').expect("url with a database");
-    format!("{prefix}/{name}")
-}
-
 #[test]
 fn two_servers_on_one_postgres_act_as_one_control_plane() {
-    let database = postgres_database();
+    let database = postgres_database("control");
     let tmp = tempfile::tempdir().expect("tempdir");
     let dirs: Vec<PathBuf> = ["a", "b"].iter().map(|d| tmp.path().join(d)).collect();
     // Start both at once: exactly one creates the admin token.

@@ -6,4 +6,6 @@ mod control;
 mod harness;
 mod home;
 mod hostile;
+mod plane;
+mod sandboxes;
 mod store_admin;

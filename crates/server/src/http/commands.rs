@@ -16,7 +16,9 @@ use crate::idempotency;
 use crate::limits;
 use crate::records::{self, is_terminal, json_map, not_found, rfc3339};
 use api::ErrorCode;
-use api::commands::{COMMAND_END_STATES, Command, CommandList, CreateCommandRequest, SignalRequest};
+use api::commands::{
+    COMMAND_END_STATES, Command, CommandList, CreateCommandRequest, SignalRequest,
+};
 
 /// Most output bytes one read returns.
 const OUTPUT_READ_BYTES_MAX: usize = 1024 * 1024;
@@ -126,12 +128,16 @@ fn validate(request: &CreateCommandRequest) -> Result<(), ApiError> {
         limits::absolute_path("cwd", cwd)?;
     }
     if let Some(timeout) = request.timeout
-        && (timeout == 0 || timeout > limits::COMMAND_TIMEOUT_SECONDS_MAX) {
-            return Err(limits::invalid(
-                "timeout",
-                format!("seconds, between 1 and {}", limits::COMMAND_TIMEOUT_SECONDS_MAX),
-            ));
-        }
+        && (timeout == 0 || timeout > limits::COMMAND_TIMEOUT_SECONDS_MAX)
+    {
+        return Err(limits::invalid(
+            "timeout",
+            format!(
+                "seconds, between 1 and {}",
+                limits::COMMAND_TIMEOUT_SECONDS_MAX
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -145,9 +151,10 @@ pub async fn create(
     let org_id = caller.org()?;
     let key = idempotency::Key::from_request(&headers, &org_id, "commands", &sandbox_id, &request)?;
     if let Some(key) = &key
-        && let Some(replayed) = idempotency::replay(&state.db, key).await? {
-            return Ok(replayed);
-        }
+        && let Some(replayed) = idempotency::replay(&state.db, key).await?
+    {
+        return Ok(replayed);
+    }
     validate(&request)?;
     let mut tx = state.db.write().await?;
     let sandbox = records::load_sandbox(&mut tx, &sandbox_id)
@@ -188,18 +195,21 @@ pub async fn create(
     if let Some(runner) = &sandbox.runner_id {
         tx.changed(&format!("runner:{runner}")).await?;
     }
-    let row = sqlx::query(&format!("SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"))
-        .bind(&id)
-        .fetch_one(&mut *tx.tx)
-        .await?;
+    let row = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"
+    ))
+    .bind(&id)
+    .fetch_one(&mut *tx.tx)
+    .await?;
     let record = CommandRow::from_row(&row)?.to_api();
     if let Some(key) = &key
-        && !idempotency::record(&mut tx, key, StatusCode::CREATED, &record, &id).await? {
-            drop(tx);
-            return idempotency::replay(&state.db, key)
-                .await?
-                .ok_or_else(|| ApiError::new(ErrorCode::Internal, "idempotency key vanished"));
-        }
+        && !idempotency::record(&mut tx, key, StatusCode::CREATED, &record, &id).await?
+    {
+        drop(tx);
+        return idempotency::replay(&state.db, key)
+            .await?
+            .ok_or_else(|| ApiError::new(ErrorCode::Internal, "idempotency key vanished"));
+    }
     tx.commit().await?;
     tracing::info!(command_id = %id, %sandbox_id, "command queued");
     Ok((StatusCode::CREATED, axum::Json(record)).into_response())
@@ -222,13 +232,18 @@ pub async fn get(
     let org_id = caller.org()?;
     let Some(target) = query.wait_for else {
         return Ok(axum::Json(
-            visible_command(&state, &org_id, &sandbox_id, &id).await?.to_api(),
+            visible_command(&state, &org_id, &sandbox_id, &id)
+                .await?
+                .to_api(),
         ));
     };
     let known = ["queued", "starting", "running", "ended"].contains(&target.as_str())
         || COMMAND_END_STATES.contains(&target.as_str());
     if !known {
-        return Err(limits::invalid("wait_for", format!("unknown state {target:?}")));
+        return Err(limits::invalid(
+            "wait_for",
+            format!("unknown state {target:?}"),
+        ));
     }
     let timeout = wait_timeout(query.timeout)?;
     let watch = state.db.hub.watch(&id);
@@ -430,17 +445,23 @@ pub async fn signal(
         ));
     }
     tx.changed(&id).await?;
-    let runner: Option<(Option<String>,)> = sqlx::query_as("SELECT runner_id FROM sandboxes WHERE id = $1")
-        .bind(&sandbox_id)
-        .fetch_optional(&mut *tx.tx)
-        .await?;
+    let runner: Option<(Option<String>,)> =
+        sqlx::query_as("SELECT runner_id FROM sandboxes WHERE id = $1")
+            .bind(&sandbox_id)
+            .fetch_optional(&mut *tx.tx)
+            .await?;
     if let Some((Some(runner),)) = runner {
         tx.changed(&format!("runner:{runner}")).await?;
     }
-    let row = sqlx::query(&format!("SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"))
-        .bind(&id)
-        .fetch_one(&mut *tx.tx)
-        .await?;
+    let row = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"
+    ))
+    .bind(&id)
+    .fetch_one(&mut *tx.tx)
+    .await?;
     tx.commit().await?;
-    Ok((StatusCode::ACCEPTED, axum::Json(CommandRow::from_row(&row)?.to_api())))
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(CommandRow::from_row(&row)?.to_api()),
+    ))
 }

@@ -48,7 +48,10 @@ pub fn router(state: AppState) -> Router {
             "/v1/admin/sandboxes/{id}/quarantine",
             post(admin::quarantine).delete(admin::release_quarantine),
         )
-        .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
+        .route(
+            "/v1/sandboxes",
+            post(sandboxes::create).get(sandboxes::list),
+        )
         .route(
             "/v1/sandboxes/{id}",
             get(sandboxes::get).delete(sandboxes::delete),
@@ -60,7 +63,10 @@ pub fn router(state: AppState) -> Router {
             "/v1/sandboxes/{id}/commands",
             post(commands::create).get(commands::list),
         )
-        .route("/v1/sandboxes/{id}/commands/{command_id}", get(commands::get))
+        .route(
+            "/v1/sandboxes/{id}/commands/{command_id}",
+            get(commands::get),
+        )
         .route(
             "/v1/sandboxes/{id}/commands/{command_id}/output",
             get(commands::output),
@@ -72,8 +78,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/runner/register", post(runner::register))
         .route("/v1/runner/heartbeat", post(runner::heartbeat))
         .route("/v1/runner/assignments", get(runner::assignments))
-        .route("/v1/runner/sandboxes/{id}/report", post(runner::report_sandbox))
-        .route("/v1/runner/commands/{id}/report", post(runner::report_command))
+        .route(
+            "/v1/runner/sandboxes/{id}/report",
+            post(runner::report_sandbox),
+        )
+        .route(
+            "/v1/runner/commands/{id}/report",
+            post(runner::report_command),
+        )
         .route(
             "/v1/runner/commands/{id}/output/{stream}",
             put(runner::append_output),
@@ -101,9 +113,12 @@ async fn observe(
         .get::<axum::extract::MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let response = request_id(request, next).await;
-    state
-        .metrics
-        .observe_request(&method, &route, response.status().as_u16(), started.elapsed());
+    state.metrics.observe_request(
+        &method,
+        &route,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
     response
 }
 

@@ -129,11 +129,13 @@ pub async fn register(
 }
 
 async fn live_runner(tx: &mut WriteTx, runner_id: &str) -> Result<RunnerRow, ApiError> {
-    let row = sqlx::query(&format!("SELECT {RUNNER_COLUMNS} FROM runners WHERE id = $1"))
-        .bind(runner_id)
-        .fetch_optional(&mut *tx.tx)
-        .await?
-        .ok_or_else(|| not_found("runner"))?;
+    let row = sqlx::query(&format!(
+        "SELECT {RUNNER_COLUMNS} FROM runners WHERE id = $1"
+    ))
+    .bind(runner_id)
+    .fetch_optional(&mut *tx.tx)
+    .await?
+    .ok_or_else(|| not_found("runner"))?;
     let runner = RunnerRow::from_row(&row)?;
     if runner.state != "live" {
         return Err(fenced(
@@ -154,13 +156,12 @@ pub async fn heartbeat(
     live_runner(&mut tx, &request.runner_id).await?;
     // Renewed only while still live: a lease the watcher has expired
     // stays expired (the runner must register again).
-    let renewed = sqlx::query(
-        "UPDATE runners SET lease_expires_at_ms = $1 WHERE id = $2 AND state = 'live'",
-    )
-    .bind(now_ms() + lease_ms)
-    .bind(&request.runner_id)
-    .execute(&mut *tx.tx)
-    .await?;
+    let renewed =
+        sqlx::query("UPDATE runners SET lease_expires_at_ms = $1 WHERE id = $2 AND state = 'live'")
+            .bind(now_ms() + lease_ms)
+            .bind(&request.runner_id)
+            .execute(&mut *tx.tx)
+            .await?;
     if renewed.rows_affected() == 0 {
         return Err(fenced("lease expired; register again"));
     }
@@ -321,13 +322,18 @@ pub async fn report_sandbox(
     });
     let mut tx = state.db.write().await?;
     live_runner(&mut tx, &report.runner_id).await?;
-    let row = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+    let row = load_sandbox(&mut tx, &id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?;
     check_placement(&row, &report.runner_id, report.epoch)?;
     if row.state != report.state {
         if !report_allowed(&row, &report.state) {
             return Err(ApiError::new(
                 ErrorCode::InvalidState,
-                format!("a runner cannot move a sandbox from {} to {}", row.state, report.state),
+                format!(
+                    "a runner cannot move a sandbox from {} to {}",
+                    row.state, report.state
+                ),
             ));
         }
         // A deleted sandbox no longer holds anything on its runner.
@@ -347,7 +353,9 @@ pub async fn report_sandbox(
             tx.changed(&format!("runner:{}", report.runner_id)).await?;
         }
     }
-    let record = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+    let record = load_sandbox(&mut tx, &id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?;
     tx.commit().await?;
     Ok(axum::Json(record.to_api()))
 }
@@ -360,11 +368,13 @@ async fn runner_command(
     epoch: u64,
 ) -> Result<CommandRow, ApiError> {
     live_runner(tx, runner_id).await?;
-    let row = sqlx::query(&format!("SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(&mut *tx.tx)
-        .await?
-        .ok_or_else(|| not_found("command"))?;
+    let row = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *tx.tx)
+    .await?
+    .ok_or_else(|| not_found("command"))?;
     let command = CommandRow::from_row(&row)?;
     let sandbox = load_sandbox(tx, &command.sandbox_id)
         .await?
@@ -425,10 +435,12 @@ pub async fn report_command(
         tx.changed(&id).await?;
         tx.changed(&format!("runner:{}", report.runner_id)).await?;
     }
-    let row = sqlx::query(&format!("SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"))
-        .bind(&id)
-        .fetch_one(&mut *tx.tx)
-        .await?;
+    let row = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"
+    ))
+    .bind(&id)
+    .fetch_one(&mut *tx.tx)
+    .await?;
     tx.commit().await?;
     Ok(axum::Json(CommandRow::from_row(&row)?.to_api()))
 }
@@ -466,7 +478,10 @@ pub async fn append_output(
     if query.offset > length {
         return Err(ApiError::new(
             ErrorCode::InvalidState,
-            format!("offset {} leaves a gap: the stream has {length} bytes", query.offset),
+            format!(
+                "offset {} leaves a gap: the stream has {length} bytes",
+                query.offset
+            ),
         )
         .with_details(serde_json::json!({ "length": length })));
     }
@@ -493,5 +508,8 @@ pub async fn append_output(
     }
     tx.commit().await?;
     let new_length = length.max(query.offset + body.len() as u64);
-    Ok(axum::Json(BTreeMap::from([("length".to_owned(), new_length)])))
+    Ok(axum::Json(BTreeMap::from([(
+        "length".to_owned(),
+        new_length,
+    )])))
 }

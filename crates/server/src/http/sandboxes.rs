@@ -55,12 +55,13 @@ fn validate(request: &mut CreateSandboxRequest) -> Result<(), ApiError> {
         return Err(limits::invalid("resources.pids", "must be 1 or more"));
     }
     if let Some(ttl) = request.ttl
-        && (ttl == 0 || ttl > limits::TTL_SECONDS_MAX) {
-            return Err(limits::invalid(
-                "ttl",
-                format!("seconds, between 1 and {}", limits::TTL_SECONDS_MAX),
-            ));
-        }
+        && (ttl == 0 || ttl > limits::TTL_SECONDS_MAX)
+    {
+        return Err(limits::invalid(
+            "ttl",
+            format!("seconds, between 1 and {}", limits::TTL_SECONDS_MAX),
+        ));
+    }
     for mount in &request.mounts {
         limits::absolute_path("mounts.target", &mount.target)?;
     }
@@ -194,9 +195,10 @@ pub async fn create(
     let org_id = caller.org()?;
     let key = idempotency::Key::from_request(&headers, &org_id, "sandboxes", "", &request)?;
     if let Some(key) = &key
-        && let Some(replayed) = idempotency::replay(&state.db, key).await? {
-            return Ok(replayed);
-        }
+        && let Some(replayed) = idempotency::replay(&state.db, key).await?
+    {
+        return Ok(replayed);
+    }
     validate(&mut request)?;
     let now = now_ms();
     let id = records::new_id("sbx")?;
@@ -245,12 +247,13 @@ pub async fn create(
         .ok_or_else(|| not_found("sandbox"))?
         .to_api();
     if let Some(key) = &key
-        && !idempotency::record(&mut tx, key, StatusCode::CREATED, &record, &id).await? {
-            drop(tx);
-            return idempotency::replay(&state.db, key)
-                .await?
-                .ok_or_else(|| ApiError::new(ErrorCode::Internal, "idempotency key vanished"));
-        }
+        && !idempotency::record(&mut tx, key, StatusCode::CREATED, &record, &id).await?
+    {
+        drop(tx);
+        return idempotency::replay(&state.db, key)
+            .await?
+            .ok_or_else(|| ApiError::new(ErrorCode::Internal, "idempotency key vanished"));
+    }
     tx.commit().await?;
     state.failpoint("after_commit:create_sandbox");
     tracing::info!(sandbox_id = %id, %org_id, state = %record.state, "sandbox created");
@@ -364,7 +367,9 @@ pub async fn get(
 ) -> Result<axum::Json<Sandbox>, ApiError> {
     let org_id = caller.org()?;
     let Some(target) = query.wait_for else {
-        return Ok(axum::Json(visible_sandbox(&state, &org_id, &id).await?.to_api()));
+        return Ok(axum::Json(
+            visible_sandbox(&state, &org_id, &id).await?.to_api(),
+        ));
     };
     if !SANDBOX_STATES.contains(&target.as_str()) {
         return Err(limits::invalid(
@@ -575,7 +580,9 @@ pub async fn stop(
             set_sandbox_state(&mut tx, &row, to, None, row.epoch).await?;
         }
     }
-    let record = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+    let record = load_sandbox(&mut tx, &id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?;
     tx.commit().await?;
     Ok((StatusCode::ACCEPTED, axum::Json(record.to_api())))
 }
@@ -597,7 +604,9 @@ pub async fn start(
         check_quotas(&state, &mut tx, &org_id, false).await?;
         set_desired(&mut tx, &row, "running").await?;
         if row.state == "stopped" {
-            let row = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+            let row = load_sandbox(&mut tx, &id)
+                .await?
+                .ok_or_else(|| not_found("sandbox"))?;
             // A standard home stays on its runner, which keeps it assigned
             // while the sandbox waits to be placed there again.
             let keep = (row.storage_class == "standard")
@@ -609,11 +618,15 @@ pub async fn start(
                 message: None,
             };
             set_sandbox_state(&mut tx, &row, to, keep, row.epoch).await?;
-            let row = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+            let row = load_sandbox(&mut tx, &id)
+                .await?
+                .ok_or_else(|| not_found("sandbox"))?;
             place_or_wait(&mut tx, &row).await?;
         }
     }
-    let record = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+    let record = load_sandbox(&mut tx, &id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?;
     tx.commit().await?;
     Ok((StatusCode::ACCEPTED, axum::Json(record.to_api())))
 }
@@ -684,9 +697,15 @@ pub async fn delete(
             message: None,
         }
     };
-    let runner = if runner_alive { row.runner_id.as_deref() } else { None };
+    let runner = if runner_alive {
+        row.runner_id.as_deref()
+    } else {
+        None
+    };
     set_sandbox_state(&mut tx, &row, to, runner, row.epoch).await?;
-    let record = load_sandbox(&mut tx, &id).await?.ok_or_else(|| not_found("sandbox"))?;
+    let record = load_sandbox(&mut tx, &id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?;
     tx.commit().await?;
     Ok((StatusCode::ACCEPTED, axum::Json(record.to_api())))
 }
