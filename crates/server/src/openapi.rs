@@ -5,6 +5,33 @@ use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
+    paths(
+        crate::http::admin::create_org,
+        crate::http::admin::create_runner_token,
+        crate::http::admin::quarantine,
+        crate::http::admin::release_quarantine,
+        crate::http::sandboxes::create,
+        crate::http::sandboxes::get,
+        crate::http::sandboxes::list,
+        crate::http::sandboxes::events,
+        crate::http::sandboxes::stop,
+        crate::http::sandboxes::start,
+        crate::http::sandboxes::delete,
+        crate::http::commands::create,
+        crate::http::commands::get,
+        crate::http::commands::list,
+        crate::http::commands::output,
+        crate::http::commands::signal,
+        crate::http::runner::register,
+        crate::http::runner::heartbeat,
+        crate::http::runner::assignments,
+        crate::http::runner::report_sandbox,
+        crate::http::runner::report_command,
+        crate::http::runner::append_output,
+        crate::http::meta::metrics,
+        crate::http::meta::openapi,
+        crate::http::meta::health,
+    ),
     info(
         title = "roost",
         description = "Sandboxes for AI coding agents whose homes persist."

@@ -2,10 +2,12 @@
 //! against a local directory store and, where marked, the real
 //! S3-compatible server that `scripts/test.sh` starts on loopback.
 
+mod commands;
 mod control;
 mod harness;
 mod home;
 mod hostile;
+mod leases;
 mod plane;
 mod sandboxes;
 mod store_admin;

@@ -37,6 +37,7 @@ fn validate_org_name(name: &str) -> Result<(), ApiError> {
     }
 }
 
+#[utoipa::path(post, path = "/v1/admin/orgs", tag = "admin", request_body = api::orgs::CreateOrgRequest, responses((status = 201, body = api::orgs::CreateOrgResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create_org(
     State(state): State<AppState>,
     caller: Caller,
@@ -88,6 +89,7 @@ pub async fn create_org(
     ))
 }
 
+#[utoipa::path(post, path = "/v1/admin/runner-tokens", tag = "admin", responses((status = 201, body = api::orgs::RunnerTokenResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create_runner_token(
     State(state): State<AppState>,
     caller: Caller,
@@ -104,6 +106,7 @@ pub async fn create_runner_token(
 /// Quarantine: an administrator freezes a sandbox's record for forensics.
 /// It refuses delete, stop, start and new commands (409 `quarantined`)
 /// until released.
+#[utoipa::path(post, path = "/v1/admin/sandboxes/{id}/quarantine", tag = "admin", params(("id" = String, Path, description = "sandbox id")), request_body = api::sandboxes::QuarantineRequest, responses((status = 200, body = api::sandboxes::Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn quarantine(
     State(state): State<AppState>,
     caller: Caller,
@@ -113,6 +116,7 @@ pub async fn quarantine(
     set_quarantine(&state, &caller, &id, Some(&request.reason)).await
 }
 
+#[utoipa::path(delete, path = "/v1/admin/sandboxes/{id}/quarantine", tag = "admin", params(("id" = String, Path, description = "sandbox id")), responses((status = 200, body = api::sandboxes::Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn release_quarantine(
     State(state): State<AppState>,
     caller: Caller,

@@ -141,6 +141,7 @@ fn validate(request: &CreateCommandRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("Idempotency-Key" = Option<String>, Header, description = "replays the original answer for a retried request")), request_body = CreateCommandRequest, responses((status = 201, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
     caller: Caller,
@@ -223,6 +224,7 @@ pub struct CommandWait {
     timeout: Option<u64>,
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{command_id}", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id"), ("wait_for" = Option<String>, Query, description = "long-poll until this state (or an end state)"), ("timeout" = Option<u64>, Query, description = "seconds, at most 25")), responses((status = 200, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
     caller: Caller,
@@ -257,6 +259,7 @@ pub async fn get(
     Ok(axum::Json(row.to_api()))
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)), responses((status = 200, body = CommandList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
@@ -318,6 +321,7 @@ pub struct OutputQuery {
 /// Reads `stream` from `offset`: the bytes (raw) with `x-roost-next-offset`
 /// and `x-roost-command-state`; `x-roost-complete: true` once the command
 /// has ended and every byte has been read.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{command_id}/output", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id"), ("stream" = Option<String>, Query, description = "stdout (default) or stderr"), ("offset" = Option<u64>, Query), ("timeout" = Option<u64>, Query, description = "seconds to wait for bytes past offset")), responses((status = 200, description = "raw bytes; headers x-roost-next-offset, x-roost-command-state, x-roost-complete", content_type = "application/octet-stream", body = Vec<u8>), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn output(
     State(state): State<AppState>,
     caller: Caller,
@@ -402,6 +406,7 @@ fn stream_len(command: &CommandRow, stream: &str) -> i64 {
 
 /// Asks a command to end. A queued one never starts (`not_launched`); a
 /// started one gets the signal through its runner, which reports the end.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{command_id}/signal", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id")), request_body = SignalRequest, responses((status = 202, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn signal(
     State(state): State<AppState>,
     caller: Caller,

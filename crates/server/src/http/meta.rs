@@ -6,10 +6,12 @@ use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, AppState};
 
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "meta", responses((status = 200, description = "this document")))]
 pub async fn openapi() -> Response {
     axum::Json(crate::openapi::document()).into_response()
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "meta", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let sandboxes: Vec<(String, i64)> =
         sqlx::query_as("SELECT state, COUNT(*) FROM sandboxes GROUP BY state ORDER BY state")
@@ -25,6 +27,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
 }
 
 /// Liveness that includes the records: 200 only if the database answers.
+#[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, description = "the server and its database answer")))]
 pub async fn health(State(state): State<AppState>) -> Result<&'static str, ApiError> {
     sqlx::query("SELECT 1").execute(&state.db.pool).await?;
     Ok("ok\n")

@@ -1,9 +1,9 @@
 //! The HTTP layer: thin handlers that parse, authenticate and call into
 //! the records. Every error leaves as the one envelope of `api::ErrorBody`.
 
-mod admin;
+pub(crate) mod admin;
 pub mod commands;
-mod meta;
+pub(crate) mod meta;
 pub mod runner;
 pub mod sandboxes;
 

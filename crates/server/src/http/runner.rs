@@ -35,6 +35,7 @@ fn fenced(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::Fenced, message)
 }
 
+#[utoipa::path(post, path = "/v1/runner/register", tag = "runner", request_body = RegisterRequest, responses((status = 200, body = RegisterResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn register(
     State(state): State<AppState>,
     caller: Caller,
@@ -145,6 +146,7 @@ async fn live_runner(tx: &mut WriteTx, runner_id: &str) -> Result<RunnerRow, Api
     Ok(runner)
 }
 
+#[utoipa::path(post, path = "/v1/runner/heartbeat", tag = "runner", request_body = HeartbeatRequest, responses((status = 200, body = HeartbeatResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn heartbeat(
     State(state): State<AppState>,
     caller: Caller,
@@ -180,6 +182,7 @@ pub struct AssignmentsQuery {
     timeout: Option<u64>,
 }
 
+#[utoipa::path(get, path = "/v1/runner/assignments", tag = "runner", params(("runner_id" = String, Query), ("etag" = Option<String>, Query), ("timeout" = Option<u64>, Query)), responses((status = 200, body = Assignments), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn assignments(
     State(state): State<AppState>,
     caller: Caller,
@@ -210,7 +213,7 @@ async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignmen
     live_runner(&mut tx, runner_id).await?;
     let handed = sqlx::query(
         "UPDATE commands SET state = 'starting', epoch = (SELECT epoch FROM sandboxes s WHERE s.id = commands.sandbox_id)
-         WHERE state = 'queued' AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1 AND state = 'running') RETURNING id",
+         WHERE state = 'queued' AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1 AND state = 'running' AND desired = 'running') RETURNING id",
     )
     .bind(runner_id)
     .fetch_all(&mut *tx.tx)
@@ -305,6 +308,7 @@ fn check_placement(row: &SandboxRow, runner_id: &str, epoch: u64) -> Result<(), 
     Ok(())
 }
 
+#[utoipa::path(post, path = "/v1/runner/sandboxes/{id}/report", tag = "runner", params(("id" = String, Path, description = "sandbox id")), request_body = SandboxReport, responses((status = 200, body = api::sandboxes::Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn report_sandbox(
     State(state): State<AppState>,
     caller: Caller,
@@ -386,6 +390,7 @@ async fn runner_command(
     Ok(command)
 }
 
+#[utoipa::path(post, path = "/v1/runner/commands/{id}/report", tag = "runner", params(("id" = String, Path)), request_body = CommandReport, responses((status = 200, body = api::commands::Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn report_command(
     State(state): State<AppState>,
     caller: Caller,
@@ -455,6 +460,7 @@ pub struct OutputAppend {
 
 /// Appends output at `offset` (the stream's length as the runner knows it).
 /// A retry of bytes already stored is accepted and skipped; a gap is 409.
+#[utoipa::path(put, path = "/v1/runner/commands/{id}/output/{stream}", tag = "runner", params(("id" = String, Path), ("stream" = String, Path), ("runner_id" = String, Query), ("epoch" = u64, Query), ("offset" = u64, Query)), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 200, description = "the stream length"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn append_output(
     State(state): State<AppState>,
     caller: Caller,

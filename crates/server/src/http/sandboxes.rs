@@ -186,6 +186,7 @@ async fn check_quotas(
     Ok(())
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", params(("Idempotency-Key" = Option<String>, Header, description = "replays the original answer for a retried request")), request_body = CreateSandboxRequest, responses((status = 201, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
     caller: Caller,
@@ -359,6 +360,7 @@ fn wait_done(row: &SandboxRow, target: &str) -> bool {
     resting && target != "stopped"
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id"), ("wait_for" = Option<String>, Query, description = "long-poll until this state (or an end state)"), ("timeout" = Option<u64>, Query, description = "seconds, at most 25")), responses((status = 200, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
     caller: Caller,
@@ -389,6 +391,7 @@ pub async fn get(
     Ok(axum::Json(row.to_api()))
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(("state" = Option<String>, Query, description = "repeatable"), ("label" = Option<String>, Query, description = "KEY=VALUE, repeatable"), ("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)), responses((status = 200, body = SandboxList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
@@ -479,6 +482,7 @@ pub async fn list(
     }))
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/events", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")), responses((status = 200, body = EventList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn events(
     State(state): State<AppState>,
     caller: Caller,
@@ -558,6 +562,7 @@ fn invalid_state(row: &SandboxRow, action: &str) -> ApiError {
 
 /// Stop asks for no compute. A sandbox not yet placed has none, so it is
 /// stopped at once; a placed one stops when its runner reports it.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/stop", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")), responses((status = 202, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn stop(
     State(state): State<AppState>,
     caller: Caller,
@@ -589,6 +594,7 @@ pub async fn stop(
 
 /// Start asks for compute again: a stopped sandbox goes back to `pending`
 /// and is placed (a standard one only on the runner that holds its home).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/start", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")), responses((status = 202, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn start(
     State(state): State<AppState>,
     caller: Caller,
@@ -600,10 +606,15 @@ pub async fn start(
     if is_terminal(&row.state) || row.desired == "deleted" || row.desired == "terminated" {
         return Err(invalid_state(&row, "start"));
     }
-    if row.desired != "running" {
+    // Stopped while wanted running (the workload ended itself) also needs
+    // compute again.
+    let needs_compute = row.state == "stopped";
+    if row.desired != "running" || needs_compute {
         check_quotas(&state, &mut tx, &org_id, false).await?;
-        set_desired(&mut tx, &row, "running").await?;
-        if row.state == "stopped" {
+        if row.desired != "running" {
+            set_desired(&mut tx, &row, "running").await?;
+        }
+        if needs_compute {
             let row = load_sandbox(&mut tx, &id)
                 .await?
                 .ok_or_else(|| not_found("sandbox"))?;
@@ -635,6 +646,8 @@ pub async fn start(
 pub async fn place_or_wait(tx: &mut WriteTx, row: &SandboxRow) -> Result<(), ApiError> {
     match scheduler::place(tx, row).await? {
         Placed::On(_) | Placed::Raced => {}
+        // A recovering sandbox keeps saying why it is recovering.
+        Placed::Waiting(_) if row.state != "pending" => {}
         Placed::Waiting(reason) => {
             if row.state_reason.as_deref() != Some(reason) {
                 sqlx::query("UPDATE sandboxes SET state_reason = $1 WHERE id = $2 AND state = $3")
@@ -660,6 +673,7 @@ pub async fn place_or_wait(tx: &mut WriteTx, row: &SandboxRow) -> Result<(), Api
 
 /// Delete is idempotent by outcome: accepted once while the sandbox holds
 /// anything (failed and terminated included), then `not_found`.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")), responses((status = 202, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn delete(
     State(state): State<AppState>,
     caller: Caller,
