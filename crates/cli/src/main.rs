@@ -34,14 +34,28 @@ enum Command {
     Admin(control::AdminCommand),
 }
 
+/// The server logs its requests and decisions; other commands only warn.
+fn default_log_filter() -> &'static str {
+    match std::env::args().nth(1).as_deref() {
+        Some("server") => "info",
+        _ => "warn",
+    }
+}
+
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
+    // Logs go to stderr: key=value text by default, one JSON object per
+    // line with ROOST_LOG_FORMAT=json (for log pipelines). ROOST_LOG sets
+    // the filter (default `warn`; `roost server` raises it to `info`).
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ROOST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log_filter()));
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ROOST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+        .with_env_filter(filter);
+    if std::env::var("ROOST_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Home(command) => home::run(command),

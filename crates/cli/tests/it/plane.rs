@@ -37,6 +37,8 @@ pub fn start_server_with(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -
         data_dir.to_str().expect("utf8"),
     ]);
     command.args(args);
+    // Quiet unless a test asks: the server's stderr goes to the test output.
+    command.env("ROOST_LOG", "warn");
     for (k, v) in env {
         command.env(k, v);
     }

@@ -131,8 +131,17 @@ async fn request_id(request: Request, next: Next) -> Response {
     use tracing::Instrument;
     let id = auth::random_hex(8).unwrap_or_else(|_| "unknown".to_owned());
     let span = tracing::info_span!("request", request_id = %id, method = %request.method(), path = %request.uri().path());
+    let started = std::time::Instant::now();
     let mut response = REQUEST_ID
-        .scope(id.clone(), next.run(request))
+        .scope(id.clone(), async move {
+            let response = next.run(request).await;
+            tracing::debug!(
+                status = response.status().as_u16(),
+                elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+                "answered"
+            );
+            response
+        })
         .instrument(span)
         .await;
     if let Ok(value) = HeaderValue::from_str(&id) {
