@@ -107,6 +107,8 @@ async fn visible_command(
     sandbox_id: &str,
     id: &str,
 ) -> Result<CommandRow, ApiError> {
+    // A sandbox past its retention window takes its commands with it.
+    visible_sandbox(state, org_id, sandbox_id).await?;
     let row = sqlx::query(&format!(
         "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1 AND sandbox_id = $2 AND org_id = $3"
     ))
