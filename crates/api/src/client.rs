@@ -1,14 +1,30 @@
 //! A small blocking-free HTTP client over the API, shared by the CLI (and,
 //! later, the runner). It turns the error envelope into [`ClientError`].
 
+use std::time::Duration;
+
+use reqwest::{Method, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::commands::{Command, CommandList, CreateCommandRequest, SignalRequest};
 use crate::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse};
+use crate::sandboxes::{CreateSandboxRequest, EventList, QuarantineRequest, Sandbox, SandboxList};
 use crate::{ErrorBody, ErrorCode};
+
+/// Longest a single request may take, long-polls (at most 25 s on the
+/// server) included: a server that stops answering fails the call instead
+/// of hanging it.
+const REQUEST_TIMEOUT_SECONDS: u64 = 60;
+/// How much of an unexpected body an error quotes.
+const UNEXPECTED_BODY_CHARS_MAX: usize = 200;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    #[error("invalid server url {url:?}: {message}")]
+    InvalidUrl { url: String, message: String },
+    #[error("cannot encode the request: {message}")]
+    Encode { message: String },
     #[error("server unreachable at {url}: {message}")]
     Unreachable { url: String, message: String },
     #[error("{code} ({status}): {message} (request {request_id})")]
@@ -26,6 +42,70 @@ pub enum ClientError {
     },
 }
 
+impl ClientError {
+    /// The API's error code, if the server answered with the envelope.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Api { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// Whether the same request may succeed later: the server could not
+    /// be reached or said it is unavailable (a proxy's 502/503/504 too).
+    /// Everything else is permanent for that request.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Unreachable { .. } => true,
+            ClientError::Api { code, .. } => *code == ErrorCode::Unavailable,
+            ClientError::Unexpected { status, .. } => [502, 503, 504].contains(status),
+            ClientError::InvalidUrl { .. } | ClientError::Encode { .. } => false,
+        }
+    }
+}
+
+/// `GET /v1/sandboxes` filters and paging.
+#[derive(Clone, Debug, Default)]
+pub struct SandboxListQuery {
+    /// Any of these states (none: every state).
+    pub states: Vec<String>,
+    /// Every one of these labels.
+    pub labels: Vec<(String, String)>,
+    /// Page size (the server's default when unset).
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// `stdout` or `stderr` of a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+impl OutputStream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        }
+    }
+}
+
+/// One read of a command's output stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutputChunk {
+    /// The bytes from the requested offset (possibly none).
+    pub data: Vec<u8>,
+    /// Where the next read starts (`x-roost-next-offset`).
+    pub next_offset: u64,
+    /// The command's state when read (`x-roost-command-state`).
+    pub state: String,
+    /// The command has ended and every byte has been read (`x-roost-complete`).
+    pub complete: bool,
+}
+
 pub struct Client {
     base: String,
     token: String,
@@ -41,38 +121,65 @@ impl Client {
         }
     }
 
-    async fn post<B: Serialize, R: DeserializeOwned>(
+    /// The base URL with `segments` appended, each percent-encoded (an id
+    /// cannot reach another path), and `query`.
+    fn url(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Url, ClientError> {
+        let invalid = |message: String| ClientError::InvalidUrl {
+            url: self.base.clone(),
+            message,
+        };
+        let mut url = Url::parse(&self.base).map_err(|e| invalid(e.to_string()))?;
+        url.path_segments_mut()
+            .map_err(|()| invalid("not a base url".to_owned()))?
+            .pop_if_empty()
+            .extend(segments);
+        if !query.is_empty() {
+            let mut pairs = url.query_pairs_mut();
+            for (name, value) in query {
+                pairs.append_pair(name, value);
+            }
+        }
+        Ok(url)
+    }
+
+    /// Sends the request; a 2xx response is returned, anything else
+    /// becomes a [`ClientError`] (the envelope's code when there is one).
+    async fn send(
         &self,
-        path: &str,
-        body: &B,
-    ) -> Result<R, ClientError> {
-        let url = format!("{}{path}", self.base);
-        let response = self
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> Result<reqwest::Response, ClientError> {
+        let shown = url.to_string();
+        let mut request = self
             .http
-            .post(&url)
+            .request(method, url)
             .bearer_auth(&self.token)
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| ClientError::Unreachable {
-                url: url.clone(),
-                message: e.to_string(),
-            })?;
+            .timeout(Duration::from_secs(REQUEST_TIMEOUT_SECONDS));
+        if let Some(body) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.map_err(|e| ClientError::Unreachable {
+            url: shown.clone(),
+            message: error_chain(e),
+        })?;
         let status = response.status().as_u16();
+        if (200..300).contains(&status) {
+            return Ok(response);
+        }
         let bytes = response
             .bytes()
             .await
             .map_err(|e| ClientError::Unreachable {
-                url: url.clone(),
-                message: e.to_string(),
+                url: shown.clone(),
+                message: error_chain(e),
             })?;
-        if (200..300).contains(&status) {
-            return serde_json::from_slice(&bytes).map_err(|_| ClientError::Unexpected {
-                url,
-                status,
-                body: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
-            });
-        }
         match serde_json::from_slice::<ErrorBody>(&bytes) {
             Ok(body) => Err(ClientError::Api {
                 status,
@@ -81,22 +188,375 @@ impl Client {
                 request_id: body.error.request_id,
             }),
             Err(_) => Err(ClientError::Unexpected {
-                url,
+                url: shown,
                 status,
-                body: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
+                body: quote(&bytes),
             }),
         }
+    }
+
+    /// A request whose answer is a JSON record.
+    async fn call<R: DeserializeOwned>(
+        &self,
+        method: Method,
+        segments: &[&str],
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> Result<R, ClientError> {
+        let url = self.url(segments, query)?;
+        let shown = url.to_string();
+        let response = self.send(method, url, body, headers).await?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Unreachable {
+                url: shown.clone(),
+                message: error_chain(e),
+            })?;
+        serde_json::from_slice(&bytes).map_err(|_| ClientError::Unexpected {
+            url: shown,
+            status,
+            body: quote(&bytes),
+        })
+    }
+
+    async fn get<R: DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        query: &[(&str, String)],
+    ) -> Result<R, ClientError> {
+        self.call(Method::GET, segments, query, None, &[]).await
+    }
+
+    async fn post<B: Serialize, R: DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        body: &B,
+        headers: &[(&str, &str)],
+    ) -> Result<R, ClientError> {
+        let body = serde_json::to_vec(body).map_err(|e| ClientError::Encode {
+            message: e.to_string(),
+        })?;
+        self.call(Method::POST, segments, &[], Some(body), headers)
+            .await
+    }
+
+    async fn delete<R: DeserializeOwned>(&self, segments: &[&str]) -> Result<R, ClientError> {
+        self.call(Method::DELETE, segments, &[], None, &[]).await
     }
 
     pub async fn create_org(
         &self,
         request: &CreateOrgRequest,
     ) -> Result<CreateOrgResponse, ClientError> {
-        self.post("/v1/admin/orgs", request).await
+        self.post(&["v1", "admin", "orgs"], request, &[]).await
     }
 
     pub async fn create_runner_token(&self) -> Result<RunnerTokenResponse, ClientError> {
-        self.post("/v1/admin/runner-tokens", &serde_json::json!({}))
+        self.post(
+            &["v1", "admin", "runner-tokens"],
+            &serde_json::json!({}),
+            &[],
+        )
+        .await
+    }
+
+    /// `POST /v1/admin/sandboxes/{id}/quarantine` (admin token).
+    pub async fn quarantine_sandbox(
+        &self,
+        id: &str,
+        request: &QuarantineRequest,
+    ) -> Result<Sandbox, ClientError> {
+        self.post(
+            &["v1", "admin", "sandboxes", id, "quarantine"],
+            request,
+            &[],
+        )
+        .await
+    }
+
+    /// `DELETE /v1/admin/sandboxes/{id}/quarantine` (admin token).
+    pub async fn release_sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
+        self.delete(&["v1", "admin", "sandboxes", id, "quarantine"])
             .await
+    }
+
+    /// `POST /v1/sandboxes`; with a key, a retry returns the same sandbox.
+    pub async fn create_sandbox(
+        &self,
+        request: &CreateSandboxRequest,
+        idempotency_key: Option<&str>,
+    ) -> Result<Sandbox, ClientError> {
+        let headers: Vec<(&str, &str)> = idempotency_key
+            .map(|key| ("idempotency-key", key))
+            .into_iter()
+            .collect();
+        self.post(&["v1", "sandboxes"], request, &headers).await
+    }
+
+    pub async fn get_sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
+        self.get(&["v1", "sandboxes", id], &[]).await
+    }
+
+    /// Long-poll: answers once the sandbox is in `state` (or an end state
+    /// makes it unreachable), or after `timeout_s` (at most 25) with the
+    /// record as it is.
+    pub async fn wait_sandbox(
+        &self,
+        id: &str,
+        state: &str,
+        timeout_s: u64,
+    ) -> Result<Sandbox, ClientError> {
+        let query = [
+            ("wait_for", state.to_owned()),
+            ("timeout", timeout_s.to_string()),
+        ];
+        self.get(&["v1", "sandboxes", id], &query).await
+    }
+
+    pub async fn list_sandboxes(
+        &self,
+        query: &SandboxListQuery,
+    ) -> Result<SandboxList, ClientError> {
+        let mut pairs: Vec<(&str, String)> = Vec::new();
+        for state in &query.states {
+            pairs.push(("state", state.clone()));
+        }
+        for (key, value) in &query.labels {
+            pairs.push(("label", format!("{key}={value}")));
+        }
+        if let Some(limit) = query.limit {
+            pairs.push(("limit", limit.to_string()));
+        }
+        if let Some(cursor) = &query.cursor {
+            pairs.push(("cursor", cursor.clone()));
+        }
+        self.get(&["v1", "sandboxes"], &pairs).await
+    }
+
+    pub async fn stop_sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
+        self.post(
+            &["v1", "sandboxes", id, "stop"],
+            &serde_json::json!({}),
+            &[],
+        )
+        .await
+    }
+
+    pub async fn start_sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
+        self.post(
+            &["v1", "sandboxes", id, "start"],
+            &serde_json::json!({}),
+            &[],
+        )
+        .await
+    }
+
+    pub async fn delete_sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
+        self.delete(&["v1", "sandboxes", id]).await
+    }
+
+    pub async fn sandbox_events(&self, id: &str) -> Result<EventList, ClientError> {
+        self.get(&["v1", "sandboxes", id, "events"], &[]).await
+    }
+
+    /// `POST /v1/sandboxes/{id}/commands`; with a key, a retry does not
+    /// run the command twice.
+    pub async fn create_command(
+        &self,
+        sandbox_id: &str,
+        request: &CreateCommandRequest,
+        idempotency_key: Option<&str>,
+    ) -> Result<Command, ClientError> {
+        let headers: Vec<(&str, &str)> = idempotency_key
+            .map(|key| ("idempotency-key", key))
+            .into_iter()
+            .collect();
+        self.post(
+            &["v1", "sandboxes", sandbox_id, "commands"],
+            request,
+            &headers,
+        )
+        .await
+    }
+
+    pub async fn get_command(&self, sandbox_id: &str, id: &str) -> Result<Command, ClientError> {
+        self.get(&["v1", "sandboxes", sandbox_id, "commands", id], &[])
+            .await
+    }
+
+    /// Long-poll: answers once the command is in `state` (`ended` for any
+    /// end state) or has ended, or after `timeout_s` (at most 25).
+    pub async fn wait_command(
+        &self,
+        sandbox_id: &str,
+        id: &str,
+        state: &str,
+        timeout_s: u64,
+    ) -> Result<Command, ClientError> {
+        let query = [
+            ("wait_for", state.to_owned()),
+            ("timeout", timeout_s.to_string()),
+        ];
+        self.get(&["v1", "sandboxes", sandbox_id, "commands", id], &query)
+            .await
+    }
+
+    pub async fn list_commands(
+        &self,
+        sandbox_id: &str,
+        limit: Option<u32>,
+        cursor: Option<&str>,
+    ) -> Result<CommandList, ClientError> {
+        let mut query: Vec<(&str, String)> = Vec::new();
+        if let Some(limit) = limit {
+            query.push(("limit", limit.to_string()));
+        }
+        if let Some(cursor) = cursor {
+            query.push(("cursor", cursor.to_owned()));
+        }
+        self.get(&["v1", "sandboxes", sandbox_id, "commands"], &query)
+            .await
+    }
+
+    pub async fn signal_command(
+        &self,
+        sandbox_id: &str,
+        id: &str,
+        request: &SignalRequest,
+    ) -> Result<Command, ClientError> {
+        self.post(
+            &["v1", "sandboxes", sandbox_id, "commands", id, "signal"],
+            request,
+            &[],
+        )
+        .await
+    }
+
+    /// Reads a command's `stream` from `offset` (raw bytes, at most 1 MiB a
+    /// read). With `timeout_s` above 0 it long-polls until there are bytes
+    /// past `offset` or the command has ended.
+    pub async fn command_output(
+        &self,
+        sandbox_id: &str,
+        id: &str,
+        stream: OutputStream,
+        offset: u64,
+        timeout_s: u64,
+    ) -> Result<OutputChunk, ClientError> {
+        let query = [
+            ("stream", stream.as_str().to_owned()),
+            ("offset", offset.to_string()),
+            ("timeout", timeout_s.to_string()),
+        ];
+        let url = self.url(
+            &["v1", "sandboxes", sandbox_id, "commands", id, "output"],
+            &query,
+        )?;
+        let shown = url.to_string();
+        let response = self.send(Method::GET, url, None, &[]).await?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let next_offset = header("x-roost-next-offset").and_then(|v| v.parse::<u64>().ok());
+        let state = header("x-roost-command-state").map(str::to_owned);
+        let complete = header("x-roost-complete").map(|v| v == "true");
+        let data = response
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Unreachable {
+                url: shown.clone(),
+                message: error_chain(e),
+            })?
+            .to_vec();
+        match (next_offset, state, complete) {
+            (Some(next_offset), Some(state), Some(complete)) => Ok(OutputChunk {
+                data,
+                next_offset,
+                state,
+                complete,
+            }),
+            _ => Err(ClientError::Unexpected {
+                url: shown,
+                status,
+                body: "output without the x-roost-next-offset, x-roost-command-state and x-roost-complete headers".to_owned(),
+            }),
+        }
+    }
+}
+
+fn quote(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .chars()
+        .take(UNEXPECTED_BODY_CHARS_MAX)
+        .collect()
+}
+
+/// reqwest's own message is often just "error sending request"; the cause
+/// (connection refused, timed out) is what a user needs.
+fn error_chain(err: reqwest::Error) -> String {
+    let err = err.without_url();
+    let mut message = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        message = format!("{message}: {cause}");
+        source = cause.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_unreachable_and_unavailable_are_transient() {
+        let api = |code: ErrorCode| ClientError::Api {
+            status: code.status(),
+            code,
+            message: String::new(),
+            request_id: String::new(),
+        };
+        let unexpected = |status: u16| ClientError::Unexpected {
+            url: String::new(),
+            status,
+            body: String::new(),
+        };
+        let unreachable = ClientError::Unreachable {
+            url: String::new(),
+            message: String::new(),
+        };
+        assert!(unreachable.is_transient());
+        assert!(api(ErrorCode::Unavailable).is_transient());
+        assert!(unexpected(502).is_transient());
+        assert!(!api(ErrorCode::NotFound).is_transient());
+        assert!(!api(ErrorCode::Internal).is_transient());
+        assert!(!api(ErrorCode::QuotaExceeded).is_transient());
+        assert!(!unexpected(200).is_transient());
+    }
+
+    #[test]
+    fn ids_are_one_path_segment_each() {
+        let client = Client::new("http://127.0.0.1:7070/", "t");
+        let url = client
+            .url(
+                &["v1", "sandboxes", "../admin/orgs"],
+                &[("label", "a=b&c".to_owned())],
+            )
+            .expect("url");
+        assert_eq!(
+            url.as_str(),
+            "http://127.0.0.1:7070/v1/sandboxes/..%2Fadmin%2Forgs?label=a%3Db%26c"
+        );
+        let prefixed = Client::new("https://example.com/roost", "t");
+        assert_eq!(
+            prefixed
+                .url(&["v1", "sandboxes"], &[])
+                .expect("url")
+                .as_str(),
+            "https://example.com/roost/v1/sandboxes"
+        );
     }
 }

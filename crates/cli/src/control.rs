@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use crate::output::print_json;
+use crate::output::{print_json, print_record};
 
 #[derive(Args)]
 pub struct ServerArgs {
@@ -52,6 +52,37 @@ pub enum AdminCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Quarantine sandboxes for forensics, and release them.
+    #[command(subcommand)]
+    Sandbox(AdminSandboxCommand),
+}
+
+#[derive(Subcommand)]
+pub enum AdminSandboxCommand {
+    /// Freeze a sandbox: its owner can no longer stop, start, delete it or
+    /// run commands in it (409 `quarantined`) until it is released.
+    Quarantine {
+        /// The sandbox (any org's).
+        id: String,
+        /// Why, kept on the record (1 to 1024 bytes).
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        target: Target,
+        /// Print the sandbox record as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Lift a quarantine: the owner can act on the sandbox again.
+    Release {
+        /// The sandbox (any org's).
+        id: String,
+        #[command(flatten)]
+        target: Target,
+        /// Print the sandbox record as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -82,7 +113,13 @@ pub struct Target {
     token: String,
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+impl Target {
+    fn client(&self) -> api::client::Client {
+        api::client::Client::new(&self.url, &self.token)
+    }
+}
+
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -125,7 +162,7 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                 target,
                 json,
             }) => {
-                let client = api::client::Client::new(&target.url, &target.token);
+                let client = target.client();
                 let request = api::orgs::CreateOrgRequest {
                     name,
                     max_running,
@@ -147,7 +184,7 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                 }
             }
             AdminCommand::RunnerToken { target, json } => {
-                let client = api::client::Client::new(&target.url, &target.token);
+                let client = target.client();
                 let created = client
                     .create_runner_token()
                     .await
@@ -156,6 +193,42 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                     print_json(&json!({ "token": created.token }));
                 } else {
                     println!("runner token (shown once): {}", created.token);
+                }
+            }
+            AdminCommand::Sandbox(AdminSandboxCommand::Quarantine {
+                id,
+                reason,
+                target,
+                json,
+            }) => {
+                let request = api::sandboxes::QuarantineRequest { reason };
+                let sandbox = target
+                    .client()
+                    .quarantine_sandbox(&id, &request)
+                    .await
+                    .context("sandbox quarantine failed")?;
+                if json {
+                    print_record(&sandbox)?;
+                } else {
+                    println!(
+                        "sandbox {} quarantined ({}; state {})",
+                        sandbox.id, request.reason, sandbox.state
+                    );
+                }
+            }
+            AdminCommand::Sandbox(AdminSandboxCommand::Release { id, target, json }) => {
+                let sandbox = target
+                    .client()
+                    .release_sandbox(&id)
+                    .await
+                    .context("sandbox release failed")?;
+                if json {
+                    print_record(&sandbox)?;
+                } else {
+                    println!(
+                        "sandbox {} released from quarantine (state {})",
+                        sandbox.id, sandbox.state
+                    );
                 }
             }
         }

@@ -2,8 +2,10 @@
 //! to its module. No logic lives here.
 
 mod control;
+mod exec;
 mod home;
 mod output;
+mod sandbox;
 mod store_admin;
 
 use clap::{Parser, Subcommand};
@@ -29,9 +31,19 @@ enum Command {
     Store(store_admin::StoreCommand),
     /// Run the control plane.
     Server(control::ServerArgs),
-    /// Administer a running control plane (organisations, runner tokens).
+    /// Administer a running control plane (organisations, runner tokens,
+    /// quarantine).
     #[command(subcommand)]
     Admin(control::AdminCommand),
+    /// Create, inspect, list, stop, start and delete sandboxes (org token).
+    #[command(subcommand)]
+    Sandbox(sandbox::SandboxCommand),
+    /// Run a command in a sandbox, streaming its output; exits with its
+    /// exit code.
+    Exec(exec::ExecArgs),
+    /// Inspect, read and signal the commands run in a sandbox.
+    #[command(subcommand, name = "command")]
+    Cmd(exec::CommandCommand),
 }
 
 /// The server logs its requests and decisions; other commands only warn.
@@ -62,6 +74,9 @@ fn main() -> std::process::ExitCode {
         Command::Store(command) => store_admin::run(command),
         Command::Server(args) => control::run_server(args),
         Command::Admin(command) => control::run_admin(command),
+        Command::Sandbox(command) => sandbox::run(command),
+        Command::Exec(args) => exec::run_exec(args),
+        Command::Cmd(command) => exec::run_command(command),
     };
     match result {
         Ok(code) => code,

@@ -65,11 +65,11 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
 /// (to print once) and written with mode 0600 to `data_dir/admin-token`.
 /// Later starts, and other servers on the same database, get `None`.
 pub async fn bootstrap_admin(db: &Db, data_dir: &Path) -> Result<Option<String>, ServerError> {
-    let mut tx = db.pool.begin().await?;
+    let mut tx = db.write().await?;
     let claimed =
         sqlx::query("INSERT INTO bootstrap (step, done_at_ms) VALUES ('admin_token', $1)")
             .bind(now_ms())
-            .execute(&mut *tx)
+            .execute(&mut *tx.tx)
             .await;
     if claimed.is_err() {
         return Ok(None);
@@ -80,7 +80,7 @@ pub async fn bootstrap_admin(db: &Db, data_dir: &Path) -> Result<Option<String>,
     )
     .bind(hash_token(&token))
     .bind(now_ms())
-    .execute(&mut *tx)
+    .execute(&mut *tx.tx)
     .await?;
     let path = data_dir.join("admin-token");
     write_secret(&path, &token).map_err(|source| ServerError::Io { path, source })?;

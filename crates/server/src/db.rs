@@ -78,8 +78,17 @@ impl Db {
             Engine::Sqlite => Some(self.sqlite_writer.clone().lock_owned().await),
             Engine::Postgres => None,
         };
+        // SQLite: take the write lock at BEGIN, where the busy timeout
+        // applies. A deferred transaction that reads first and then writes
+        // gets SQLITE_BUSY at once if another connection still holds the
+        // lock (a dropped transaction's rollback runs when its connection
+        // returns to the pool, just after our in-process lock is free).
+        let tx = match self.engine {
+            Engine::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Engine::Postgres => self.pool.begin().await?,
+        };
         Ok(WriteTx {
-            tx: self.pool.begin().await?,
+            tx,
             changed: Vec::new(),
             hub: self.hub.clone(),
             engine: self.engine,
@@ -104,9 +113,8 @@ impl Db {
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if engine == Engine::Sqlite {
-                        // WAL: readers never block the writer; a busy
-                        // timeout instead of immediate SQLITE_BUSY errors.
-                        conn.execute("PRAGMA journal_mode = WAL").await?;
+                        // A busy timeout instead of immediate SQLITE_BUSY
+                        // errors (the WAL mode is set once, below).
                         conn.execute("PRAGMA busy_timeout = 5000").await?;
                         conn.execute("PRAGMA foreign_keys = ON").await?;
                     }
@@ -115,6 +123,13 @@ impl Db {
             })
             .connect(url)
             .await?;
+        if engine == Engine::Sqlite {
+            // WAL (readers never block the writer) is a property of the
+            // database file: set once at start-up, because switching needs
+            // an exclusive lock that the busy timeout does not wait for,
+            // so doing it on every new connection fails under load.
+            pool.execute("PRAGMA journal_mode = WAL").await?;
+        }
         Ok(Db {
             pool,
             engine,

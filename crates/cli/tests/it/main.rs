@@ -9,5 +9,6 @@ mod home;
 mod hostile;
 mod leases;
 mod plane;
+mod sandbox_cli;
 mod sandboxes;
 mod store_admin;

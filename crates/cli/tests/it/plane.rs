@@ -28,11 +28,22 @@ impl Drop for Server {
 /// Starts `roost server` on a free loopback port with `args` added and
 /// `env` set; returns once it listens.
 pub fn start_server_with(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+    start_server_listening(data_dir, "127.0.0.1:0", args, env)
+}
+
+/// `start_server_with` on a given address, e.g. to restart a server where
+/// its clients expect it.
+pub fn start_server_listening(
+    data_dir: &Path,
+    listen: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Server {
     let mut command = Command::new(BIN);
     command.args([
         "server",
         "--listen",
-        "127.0.0.1:0",
+        listen,
         "--data-dir",
         data_dir.to_str().expect("utf8"),
     ]);
@@ -166,7 +177,10 @@ impl Api {
         Api {
             url: url.to_owned(),
             token: token.to_owned(),
+            // No pooled connections: a server closing one after an early
+            // 413 must not fail the next request that reuses it.
             http: reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
                 .timeout(Duration::from_secs(60))
                 .build()
                 .expect("client"),

@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::plane::{
-    ALL, Api, Plane, STANDARD, TestRunner, eventually, new_org, postgres_database,
-    start_server_with,
+    ALL, Api, Plane, STANDARD, TestRunner, new_org, postgres_database, start_server_with,
 };
 
 fn states(events: &Value) -> Vec<String> {

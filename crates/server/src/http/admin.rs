@@ -47,14 +47,14 @@ pub async fn create_org(
     validate_org_name(&request.name)?;
     let org_id = format!("org_{}", auth::random_hex(8)?);
     let token = auth::new_token("org")?;
-    let mut tx = state.db.pool.begin().await?;
+    let mut tx = state.db.write().await?;
     let inserted = sqlx::query("INSERT INTO orgs (id, name, max_running, max_total, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
         .bind(&org_id)
         .bind(&request.name)
         .bind(request.max_running.map(i64::from))
         .bind(request.max_total.map(i64::from))
         .bind(now_ms())
-        .execute(&mut *tx)
+        .execute(&mut *tx.tx)
         .await;
     if inserted.is_err() {
         let exists: Option<(String,)> = sqlx::query_as("SELECT id FROM orgs WHERE name = $1")
@@ -75,7 +75,7 @@ pub async fn create_org(
     .bind(auth::hash_token(&token))
     .bind(&org_id)
     .bind(now_ms())
-    .execute(&mut *tx)
+    .execute(&mut *tx.tx)
     .await?;
     tx.commit().await?;
     tracing::info!(%org_id, name = %request.name, "org created");

@@ -398,6 +398,17 @@ pub async fn report_command(
     Json(report): Json<CommandReport>,
 ) -> Result<axum::Json<api::commands::Command>, ApiError> {
     caller.runner()?;
+    if let Some(reason) = &report.reason {
+        limits::name("reason", reason)?;
+    }
+    if let Some(signal) = &report.signal
+        && !api::commands::SIGNALS.contains(&signal.as_str())
+    {
+        return Err(limits::invalid(
+            "signal",
+            format!("one of {}", api::commands::SIGNALS.join(", ")),
+        ));
+    }
     let mut tx = state.db.write().await?;
     let command = runner_command(&mut tx, &id, &report.runner_id, report.epoch).await?;
     let to = report.state.as_str();
@@ -460,6 +471,9 @@ pub struct OutputAppend {
 
 /// Appends output at `offset` (the stream's length as the runner knows it).
 /// A retry of bytes already stored is accepted and skipped; a gap is 409.
+/// Output is complete once the command has ended (readers are told so),
+/// so a runner appends everything before it reports the end; bytes for an
+/// ended command are refused (409) unless they are a retry.
 #[utoipa::path(put, path = "/v1/runner/commands/{id}/output/{stream}", tag = "runner", params(("id" = String, Path), ("stream" = String, Path), ("runner_id" = String, Query), ("epoch" = u64, Query), ("offset" = u64, Query)), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 200, description = "the stream length"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn append_output(
     State(state): State<AppState>,
@@ -492,6 +506,15 @@ pub async fn append_output(
         .with_details(serde_json::json!({ "length": length })));
     }
     let skip = (length - query.offset) as usize;
+    if skip < body.len() && command.ended() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidState,
+            format!(
+                "the command has ended ({}); its output is complete",
+                command.state
+            ),
+        ));
+    }
     if skip < body.len() {
         let fresh = &body[skip..];
         sqlx::query(

@@ -1,0 +1,550 @@
+//! `roost sandbox …`: create, inspect, list, stop, start and delete
+//! sandboxes, and read their events, through the server's API with an org
+//! token. Human output is aligned text; `--json` prints the API's records.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use api::client::{Client, ClientError, SandboxListQuery};
+use api::sandboxes::{CreateSandboxRequest, Resources, Sandbox, SandboxList};
+use clap::{Args, Subcommand};
+use tokio::time::Instant;
+
+use crate::control::runtime;
+use crate::output::{age, or_dash, print_fields, print_record, print_table, time_and_age};
+
+/// The longest one long-poll may ask the server to wait (its maximum).
+pub const LONG_POLL_SECONDS_MAX: u64 = 25;
+/// End states of a sandbox: nothing moves it on from there (DESIGN.md §2).
+const SANDBOX_END_STATES: &[&str] = &["failed", "terminated", "deleted"];
+
+/// Where the server is and who is asking (an org), and how to print.
+#[derive(Args)]
+pub struct OrgTarget {
+    /// The server's URL.
+    #[arg(long, env = "ROOST_URL", default_value = "http://127.0.0.1:7070")]
+    url: String,
+    /// An org token (`roost admin org create` prints it).
+    #[arg(long, env = "ROOST_TOKEN", hide_env_values = true)]
+    token: String,
+    /// Print the API's JSON record(s) on stdout instead of text; stderr
+    /// then carries nothing but errors.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl OrgTarget {
+    pub fn client(&self) -> Client {
+        Client::new(&self.url, &self.token)
+    }
+}
+
+#[derive(Subcommand)]
+pub enum SandboxCommand {
+    /// Create a sandbox; prints its record (placed, usually not yet running).
+    Create(CreateArgs),
+    /// Show a sandbox's record, optionally waiting for a state.
+    #[command(
+        after_help = "With --wait-for, exits 1 when the sandbox did not reach the state (an end \
+                      state made it unreachable, or --timeout passed); the record is printed \
+                      either way."
+    )]
+    Get {
+        /// The sandbox's id (`sbx_…`).
+        id: String,
+        /// Wait until the sandbox is in this state (or an end state makes it
+        /// unreachable), e.g. `running` or `stopped`.
+        #[arg(long, value_name = "STATE")]
+        wait_for: Option<String>,
+        /// Longest to wait with --wait-for, in seconds.
+        #[arg(
+            long,
+            value_name = "SECONDS",
+            default_value_t = 60,
+            requires = "wait_for"
+        )]
+        timeout: u64,
+        #[command(flatten)]
+        target: OrgTarget,
+    },
+    /// List the org's sandboxes, oldest first, in pages.
+    List {
+        /// Only sandboxes in this state (repeat for any of several):
+        /// pending, starting, running, stopping, securing, stopped,
+        /// recovering, failed, terminated, deleting, deleted.
+        #[arg(long = "state", value_name = "STATE")]
+        states: Vec<String>,
+        /// Only sandboxes with this label (repeat: all must match).
+        #[arg(long = "label", value_name = "K=V", value_parser = parse_pair)]
+        labels: Vec<(String, String)>,
+        /// Sandboxes per page (1 to 200; the server's default is 50).
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+        /// Follow every page to the end instead of printing the first.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        target: OrgTarget,
+    },
+    /// Ask a sandbox to stop: its compute goes, its home stays.
+    Stop {
+        /// The sandbox's id.
+        id: String,
+        #[command(flatten)]
+        target: OrgTarget,
+    },
+    /// Ask a stopped sandbox to run again (on the runner holding its home,
+    /// for standard storage).
+    Start {
+        /// The sandbox's id.
+        id: String,
+        #[command(flatten)]
+        target: OrgTarget,
+    },
+    /// Delete a sandbox and release everything it holds.
+    Delete {
+        /// The sandbox's id.
+        id: String,
+        #[command(flatten)]
+        target: OrgTarget,
+    },
+    /// Show a sandbox's state changes, oldest first.
+    Events {
+        /// The sandbox's id.
+        id: String,
+        #[command(flatten)]
+        target: OrgTarget,
+    },
+}
+
+#[derive(Args)]
+#[command(
+    after_help = "With --wait, exits 1 when the sandbox did not reach running (it ended, \
+                  stopped, or --wait-timeout passed); the record is printed either way."
+)]
+pub struct CreateArgs {
+    /// The image (`default`: the runner host's own system).
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    image: String,
+    /// `standard` keeps the home on its runner; `durable` saves it to the
+    /// home store, so it survives the runner.
+    #[arg(long, value_name = "CLASS", default_value = "standard", value_parser = ["standard", "durable"])]
+    storage_class: String,
+    /// Memory limit in MiB (server default 512).
+    #[arg(long, value_name = "N")]
+    memory_mib: Option<u64>,
+    /// CPU limit, fractions allowed (server default 1).
+    #[arg(long, value_name = "X")]
+    cpus: Option<f64>,
+    /// Process limit (server default 1024).
+    #[arg(long, value_name = "N")]
+    pids: Option<u64>,
+    /// `none`: loopback only; `bridge`: outbound network.
+    #[arg(long, value_name = "MODE", default_value = "none", value_parser = ["none", "bridge"])]
+    network: String,
+    /// How long the sandbox may live (e.g. `90m`, `2h`, `7d`); then it is
+    /// terminated (`ttl_expired`) and its storage kept until delete.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    ttl: Option<Duration>,
+    /// `spot_first`: spot runners, on-demand as fallback; `non_preemptible`:
+    /// on-demand runners only.
+    #[arg(long, value_name = "PLACEMENT", default_value = "spot_first", value_parser = ["spot_first", "non_preemptible"])]
+    placement: String,
+    /// An environment variable for the sandbox (repeatable).
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_pair)]
+    env: Vec<(String, String)>,
+    /// A label, for filtering lists (repeatable).
+    #[arg(long = "label", value_name = "K=V", value_parser = parse_pair)]
+    labels: Vec<(String, String)>,
+    /// Makes the create safe to retry: the same key with the same request
+    /// returns the sandbox the first one made, never a second sandbox.
+    #[arg(long, value_name = "KEY")]
+    idempotency_key: Option<String>,
+    /// Wait until the sandbox runs (or ends), then print its record.
+    #[arg(long)]
+    wait: bool,
+    /// Longest to wait with --wait.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration, requires = "wait")]
+    wait_timeout: Duration,
+    #[command(flatten)]
+    target: OrgTarget,
+}
+
+/// Attempts at a read that failed transiently (server restarting, a
+/// dropped connection), with pauses doubling from half a second (about
+/// 15 s in all), so a long wait survives a blip but not an outage.
+const READ_ATTEMPTS_MAX: u32 = 6;
+const READ_PAUSE_MAX: Duration = Duration::from_secs(8);
+
+/// Runs `read` (an idempotent request) again while it fails transiently.
+pub async fn retrying<T, F, Fut>(mut read: F) -> Result<T, ClientError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let mut pause = Duration::from_millis(500);
+    let mut attempt = 1;
+    loop {
+        match read().await {
+            Err(err) if err.is_transient() && attempt < READ_ATTEMPTS_MAX => {
+                tracing::debug!(%err, attempt, "retrying a read");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(READ_PAUSE_MAX);
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `KEY=VALUE`, split at the first `=` (the value may hold more).
+pub fn parse_pair(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {text:?}")),
+    }
+}
+
+/// Whole seconds, rounded up, so `--ttl 1500ms` is not sent as 1.
+pub fn seconds_rounded_up(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+pub fn run(command: SandboxCommand) -> Result<ExitCode> {
+    runtime()?.block_on(async move {
+        match command {
+            SandboxCommand::Create(args) => create(args).await,
+            SandboxCommand::Get {
+                id,
+                wait_for,
+                timeout,
+                target,
+            } => get(&id, wait_for.as_deref(), timeout, &target).await,
+            SandboxCommand::List {
+                states,
+                labels,
+                limit,
+                all,
+                target,
+            } => {
+                let query = SandboxListQuery {
+                    states,
+                    labels,
+                    limit,
+                    cursor: None,
+                };
+                list(query, all, &target).await
+            }
+            SandboxCommand::Stop { id, target } => {
+                let sandbox = target
+                    .client()
+                    .stop_sandbox(&id)
+                    .await
+                    .context("sandbox stop failed")?;
+                print_change(&sandbox, "stop requested", &target)
+            }
+            SandboxCommand::Start { id, target } => {
+                let sandbox = target
+                    .client()
+                    .start_sandbox(&id)
+                    .await
+                    .context("sandbox start failed")?;
+                print_change(&sandbox, "start requested", &target)
+            }
+            SandboxCommand::Delete { id, target } => {
+                let sandbox = target
+                    .client()
+                    .delete_sandbox(&id)
+                    .await
+                    .context("sandbox delete failed")?;
+                print_change(&sandbox, "delete requested", &target)
+            }
+            SandboxCommand::Events { id, target } => events(&id, &target).await,
+        }
+    })
+}
+
+async fn create(args: CreateArgs) -> Result<ExitCode> {
+    let request = CreateSandboxRequest {
+        image: args.image,
+        storage_class: args.storage_class,
+        resources: Resources {
+            memory_mib: args.memory_mib,
+            cpus: args.cpus,
+            pids: args.pids,
+        },
+        network: args.network,
+        ttl: args.ttl.map(seconds_rounded_up),
+        placement: args.placement,
+        env: args.env.into_iter().collect::<BTreeMap<_, _>>(),
+        labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
+        mounts: Vec::new(),
+        secrets: Vec::new(),
+    };
+    let client = args.target.client();
+    let created = client
+        .create_sandbox(&request, args.idempotency_key.as_deref())
+        .await
+        .context("sandbox create failed")?;
+    if !args.wait {
+        print_sandbox(&created, &args.target)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let deadline = Instant::now() + args.wait_timeout;
+    let record = wait_for_state(&client, &created.id, "running", deadline)
+        .await
+        .with_context(|| format!("sandbox create failed: waiting for {}", created.id))?;
+    print_sandbox(&record, &args.target)?;
+    Ok(reached(&record, "running", &args.target))
+}
+
+async fn get(
+    id: &str,
+    wait_for: Option<&str>,
+    timeout: u64,
+    target: &OrgTarget,
+) -> Result<ExitCode> {
+    let client = target.client();
+    let Some(state) = wait_for else {
+        let sandbox = client.get_sandbox(id).await.context("sandbox get failed")?;
+        print_sandbox(&sandbox, target)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    let deadline = Instant::now() + Duration::from_secs(timeout);
+    let record = wait_for_state(&client, id, state, deadline)
+        .await
+        .context("sandbox get failed")?;
+    print_sandbox(&record, target)?;
+    Ok(reached(&record, state, target))
+}
+
+/// Success when the record is in `state`; otherwise one line on stderr
+/// (not with `--json`, whose record says it) and exit status 1.
+fn reached(record: &Sandbox, state: &str, target: &OrgTarget) -> ExitCode {
+    if record.state == state {
+        return ExitCode::SUCCESS;
+    }
+    if !target.json {
+        eprintln!(
+            "roost: sandbox {} is {}, not {state}",
+            record.id,
+            state_with_reason(&record.state, record.state_reason.as_deref())
+        );
+    }
+    ExitCode::FAILURE
+}
+
+/// Long-polls until the sandbox is in `state`, or nothing will move it
+/// there any more, or `deadline` passes; returns the last record read.
+async fn wait_for_state(
+    client: &Client,
+    id: &str,
+    state: &str,
+    deadline: Instant,
+) -> Result<Sandbox, ClientError> {
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let timeout_s = seconds_rounded_up(remaining).min(LONG_POLL_SECONDS_MAX);
+        let record = retrying(|| client.wait_sandbox(id, state, timeout_s)).await?;
+        if record.state == state || settled(&record, state) || Instant::now() >= deadline {
+            return Ok(record);
+        }
+    }
+}
+
+/// The sandbox will not reach `state` by itself: it ended, or it rests
+/// stopped with nobody asking it to run (the server's own wait rule).
+fn settled(record: &Sandbox, state: &str) -> bool {
+    let resting = record.state == "stopped" && record.desired != "running";
+    SANDBOX_END_STATES.contains(&record.state.as_str()) || (resting && state != "stopped")
+}
+
+async fn list(mut query: SandboxListQuery, all: bool, target: &OrgTarget) -> Result<ExitCode> {
+    let client = target.client();
+    let mut page = client
+        .list_sandboxes(&query)
+        .await
+        .context("sandbox list failed")?;
+    let mut sandboxes = std::mem::take(&mut page.sandboxes);
+    while all && let Some(cursor) = page.next_cursor.take() {
+        query.cursor = Some(cursor);
+        page = client
+            .list_sandboxes(&query)
+            .await
+            .context("sandbox list failed")?;
+        sandboxes.append(&mut page.sandboxes);
+    }
+    let listed = SandboxList {
+        sandboxes,
+        next_cursor: page.next_cursor,
+    };
+    if target.json {
+        print_record(&listed)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if listed.sandboxes.is_empty() {
+        println!("no sandboxes");
+    } else {
+        let rows: Vec<Vec<String>> = listed
+            .sandboxes
+            .iter()
+            .map(|s| {
+                vec![
+                    s.id.clone(),
+                    s.state.clone(),
+                    or_dash(s.state_reason.as_deref()),
+                    s.desired.clone(),
+                    or_dash(s.runner_id.as_deref()),
+                    s.epoch.to_string(),
+                    age(&s.created_at),
+                ]
+            })
+            .collect();
+        print_table(
+            &["ID", "STATE", "REASON", "DESIRED", "RUNNER", "EPOCH", "AGE"],
+            &rows,
+        );
+    }
+    if listed.next_cursor.is_some() {
+        eprintln!("roost: more sandboxes than shown: add --all (or a larger --limit)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn events(id: &str, target: &OrgTarget) -> Result<ExitCode> {
+    let events = target
+        .client()
+        .sandbox_events(id)
+        .await
+        .context("sandbox events failed")?;
+    if target.json {
+        print_record(&events)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = events
+        .events
+        .iter()
+        .map(|e| {
+            vec![
+                e.seq.to_string(),
+                e.at.clone(),
+                e.state.clone(),
+                or_dash(e.reason.as_deref()),
+                e.epoch.to_string(),
+                or_dash(e.runner_id.as_deref()),
+                or_dash(e.message.as_deref()),
+            ]
+        })
+        .collect();
+    print_table(
+        &["SEQ", "AT", "STATE", "REASON", "EPOCH", "RUNNER", "MESSAGE"],
+        &rows,
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// After stop, start or delete: the record's desired and observed state.
+fn print_change(sandbox: &Sandbox, what: &str, target: &OrgTarget) -> Result<ExitCode> {
+    if target.json {
+        print_record(sandbox)?;
+    } else {
+        println!(
+            "sandbox {}: {what}; desired {}, state {}",
+            sandbox.id,
+            sandbox.desired,
+            state_with_reason(&sandbox.state, sandbox.state_reason.as_deref())
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn state_with_reason(state: &str, reason: Option<&str>) -> String {
+    match reason {
+        Some(reason) => format!("{state} ({reason})"),
+        None => state.to_owned(),
+    }
+}
+
+fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
+    if target.json {
+        return print_record(sandbox);
+    }
+    let resources = &sandbox.resources;
+    let limit = |value: Option<String>, unit: &str| match value {
+        Some(value) => format!("{value}{unit}"),
+        None => format!("default{unit}"),
+    };
+    let pairs = |map: &BTreeMap<String, String>| {
+        if map.is_empty() {
+            "-".to_owned()
+        } else {
+            map.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    // Env values may be secrets: names only on screen (--json has all).
+    let env_names = if sandbox.env.is_empty() {
+        "-".to_owned()
+    } else {
+        sandbox.env.keys().cloned().collect::<Vec<_>>().join(", ")
+    };
+    print_fields(&[
+        ("id", sandbox.id.clone()),
+        (
+            "state",
+            state_with_reason(&sandbox.state, sandbox.state_reason.as_deref()),
+        ),
+        ("desired", sandbox.desired.clone()),
+        ("runner", or_dash(sandbox.runner_id.as_deref())),
+        ("epoch", sandbox.epoch.to_string()),
+        ("image", sandbox.image.clone()),
+        ("storage class", sandbox.storage_class.clone()),
+        (
+            "resources",
+            format!(
+                "{} memory, {} cpus, {} pids",
+                limit(resources.memory_mib.map(|m| m.to_string()), " MiB"),
+                limit(resources.cpus.map(|c| c.to_string()), ""),
+                limit(resources.pids.map(|p| p.to_string()), ""),
+            ),
+        ),
+        ("network", sandbox.network.clone()),
+        ("placement", sandbox.placement.clone()),
+        ("labels", pairs(&sandbox.labels)),
+        ("env", env_names),
+        (
+            "quarantined",
+            if sandbox.quarantined { "yes" } else { "no" }.to_owned(),
+        ),
+        ("created", time_and_age(Some(&sandbox.created_at))),
+        ("updated", time_and_age(Some(&sandbox.updated_at))),
+        ("expires", or_dash(sandbox.expires_at.as_deref())),
+        ("ended", time_and_age(sandbox.ended_at.as_deref())),
+    ]);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_split_at_the_first_equals_sign() {
+        assert_eq!(parse_pair("A=1"), Ok(("A".to_owned(), "1".to_owned())));
+        assert_eq!(parse_pair("A=b=c"), Ok(("A".to_owned(), "b=c".to_owned())));
+        assert_eq!(parse_pair("A="), Ok(("A".to_owned(), String::new())));
+        assert!(parse_pair("A").is_err());
+        assert!(parse_pair("=1").is_err());
+    }
+
+    #[test]
+    fn durations_are_sent_as_whole_seconds_rounded_up() {
+        assert_eq!(seconds_rounded_up(Duration::from_secs(7200)), 7200);
+        assert_eq!(seconds_rounded_up(Duration::from_millis(1500)), 2);
+        assert_eq!(seconds_rounded_up(Duration::ZERO), 0);
+    }
+}
