@@ -14,6 +14,19 @@ install_python_packages() {
     fi
 }
 
+# The OCI runtimes the runner's container tests drive (crates/runner): runc
+# runs them on any cgroup layout; crun is tested where it works and for its
+# refusal where it does not (hybrid cgroup hosts).
+install_runtimes() {
+    local missing=()
+    command -v runc >/dev/null 2>&1 || missing+=(runc)
+    command -v crun >/dev/null 2>&1 || missing+=(crun)
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]} from Debian"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
 # An S3-compatible server on loopback for the S3 backend tests.
 start_s3() {
     local port
@@ -69,6 +82,7 @@ cleanup() {
 trap cleanup EXIT
 
 install_python_packages
+install_runtimes
 start_s3
 start_postgres
 

@@ -1,0 +1,19 @@
+//! Integration tests of the runner's OCI layer, one binary for the crate.
+//! They run real containers with runc on this machine, as root, with the
+//! crate's `roost-test-init` as PID 1:
+//!
+//! - `lifecycle`: PID 1 and reaping, the filesystem layout, pause/resume,
+//!   deaths and their causes, stop, delete.
+//! - `exec`: command outcomes, output, env, cwd, timeout, signals.
+//! - `limits`: cgroup limits (memory → OOM, pids → fork bomb, cpu).
+//! - `security`: capabilities, no-new-privileges, seccomp.
+//! - `selection`: which runtime `auto` picks, an explicit crun, a missing
+//!   binary.
+//! - `support`: temp sandboxes and a guard that force-deletes them.
+
+mod exec;
+mod lifecycle;
+mod limits;
+mod security;
+mod selection;
+mod support;
