@@ -155,7 +155,7 @@ pub fn run_exec(args: ExecArgs) -> Result<ExitCode> {
     runtime()?.block_on(exec(args))
 }
 
-async fn exec(args: ExecArgs) -> Result<ExitCode> {
+pub async fn exec(args: ExecArgs) -> Result<ExitCode> {
     let request = CreateCommandRequest {
         argv: args.argv,
         env: args.env.into_iter().collect::<BTreeMap<_, _>>(),

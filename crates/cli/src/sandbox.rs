@@ -117,6 +117,21 @@ pub enum SandboxCommand {
         #[command(flatten)]
         target: OrgTarget,
     },
+    /// Wait until a sandbox is in STATE (or an end state makes it
+    /// unreachable); prints the record, exits 1 if it is not in STATE.
+    Wait {
+        /// The sandbox's id.
+        id: String,
+        /// The state to wait for, e.g. `running` or `stopped`.
+        state: String,
+        /// Longest to wait (e.g. `30s`, `5m`).
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        #[command(flatten)]
+        target: OrgTarget,
+    },
+    /// Run a command in a sandbox (the same as `roost exec`).
+    Exec(crate::exec::ExecArgs),
 }
 
 #[derive(Args)]
@@ -132,7 +147,11 @@ pub struct CreateArgs {
     /// home store, so it survives the runner.
     #[arg(long, value_name = "CLASS", default_value = "standard", value_parser = ["standard", "durable"])]
     storage_class: String,
-    /// Memory limit in MiB (server default 512).
+    /// Memory limit: a size such as `512MiB`, `2GiB`, `768M`, `1G`, or a
+    /// number of MiB (server default 512 MiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_mib, conflicts_with = "memory_mib")]
+    memory: Option<u64>,
+    /// Memory limit in MiB (the same as --memory N).
     #[arg(long, value_name = "N")]
     memory_mib: Option<u64>,
     /// CPU limit, fractions allowed (server default 1).
@@ -208,6 +227,33 @@ pub fn parse_pair(text: &str) -> Result<(String, String), String> {
 }
 
 /// Whole seconds, rounded up, so `--ttl 1500ms` is not sent as 1.
+/// A memory size in MiB: `512MiB`, `2GiB`, `768M`, `1G`, `1048576KiB`, or
+/// a plain number of MiB. Binary units either way (`M` = MiB), as memory
+/// limits are.
+pub fn parse_mib(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size such as 512MiB or 2GiB"))?;
+    let kib_per_unit: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "m" | "mi" | "mib" | "mb" => 1024,
+        "g" | "gi" | "gib" | "gb" => 1024 * 1024,
+        "k" | "ki" | "kib" | "kb" => 1,
+        _ => return Err(format!("{text:?}: use KiB, MiB or GiB")),
+    };
+    let kib = number
+        .checked_mul(kib_per_unit)
+        .ok_or_else(|| format!("{text:?} is too large"))?;
+    if kib % 1024 != 0 || kib == 0 {
+        return Err(format!("{text:?}: give a whole number of MiB, at least 1"));
+    }
+    Ok(kib / 1024)
+}
+
 pub fn seconds_rounded_up(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
@@ -262,6 +308,13 @@ pub fn run(command: SandboxCommand) -> Result<ExitCode> {
                 print_change(&sandbox, "delete requested", &target)
             }
             SandboxCommand::Events { id, target } => events(&id, &target).await,
+            SandboxCommand::Wait {
+                id,
+                state,
+                timeout,
+                target,
+            } => get(&id, Some(&state), timeout.as_secs().max(1), &target).await,
+            SandboxCommand::Exec(args) => crate::exec::exec(args).await,
         }
     })
 }
@@ -271,7 +324,7 @@ async fn create(args: CreateArgs) -> Result<ExitCode> {
         image: args.image,
         storage_class: args.storage_class,
         resources: Resources {
-            memory_mib: args.memory_mib,
+            memory_mib: args.memory.or(args.memory_mib),
             cpus: args.cpus,
             pids: args.pids,
         },
@@ -539,6 +592,19 @@ mod tests {
         assert_eq!(parse_pair("A="), Ok(("A".to_owned(), String::new())));
         assert!(parse_pair("A").is_err());
         assert!(parse_pair("=1").is_err());
+    }
+
+    #[test]
+    fn memory_sizes_are_mib() {
+        assert_eq!(parse_mib("512"), Ok(512));
+        assert_eq!(parse_mib("512MiB"), Ok(512));
+        assert_eq!(parse_mib("2GiB"), Ok(2048));
+        assert_eq!(parse_mib("1G"), Ok(1024));
+        assert_eq!(parse_mib("2048KiB"), Ok(2));
+        assert!(parse_mib("1000KiB").is_err());
+        assert!(parse_mib("0").is_err());
+        assert!(parse_mib("lots").is_err());
+        assert!(parse_mib("3TB").is_err());
     }
 
     #[test]

@@ -940,3 +940,51 @@ async fn admin_quarantine_freezes_a_sandbox_until_released() {
     assert_eq!(stopped["desired"], "stopped");
     assert_eq!(stopped["quarantined"], false);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_wait_exec_and_memory_sizes_have_the_documented_shapes() {
+    let plane = Plane::start(&[]).await;
+    let runner = plane.runner("r1", "spot", STANDARD).await;
+    let roost = Roost::new(&plane.server.url, &plane.org.token);
+    let created = roost
+        .json(&["sandbox", "create", "--memory", "1GiB", "--json"])
+        .await;
+    assert_eq!(created["resources"]["memory_mib"], 1024);
+    let id = created["id"].as_str().expect("id").to_owned();
+    let waiting = roost.spawn(&[
+        "sandbox",
+        "wait",
+        &id,
+        "running",
+        "--timeout",
+        "20s",
+        "--json",
+    ]);
+    runner.report(&id, "running", None).await;
+    let (status, stdout, _) = waiting.finish().await;
+    assert_eq!(status, Some(0));
+    let waited: Value = serde_json::from_slice(&stdout).expect("json");
+    assert_eq!(waited["state"], "running");
+    // Not reached in time: the record, and exit status 1.
+    let output = roost
+        .run(&[
+            "sandbox",
+            "wait",
+            &id,
+            "stopped",
+            "--timeout",
+            "1s",
+            "--json",
+        ])
+        .await;
+    assert_eq!(output.status.code(), Some(1));
+    let queued = roost
+        .json(&[
+            "sandbox", "exec", &id, "--detach", "--json", "--", "echo", "hi",
+        ])
+        .await;
+    assert_eq!(queued["argv"], json!(["echo", "hi"]));
+    assert_eq!(queued["state"], "queued");
+    let bad = roost.run(&["sandbox", "create", "--memory", "lots"]).await;
+    assert_eq!(bad.status.code(), Some(2), "a usage error from clap");
+}
