@@ -81,11 +81,16 @@ async fn a_fork_bomb_is_contained_by_the_pids_limit() {
         ..Limits::default()
     };
     let t = TestSandbox::start("forkbomb", limits).await;
-    // Each call forks two more and returns; the first shell stays to be
-    // timed out, turned into `sleep` by exec (no fork left to fail); the
-    // bomb runs in its process group, orphans included.
-    let mut command =
-        CommandSpec::new(["sh", "-c", "bomb() { bomb | bomb & }; bomb; exec sleep 30"]);
+    // A subshell forks long-lived processes until forking fails (a shell
+    // that cannot fork exits 2; that is ignored); the sleepers it made
+    // stay, holding the sandbox at its limit. The first shell then becomes
+    // `sleep` by exec (no fork left to fail) and stays to be timed out.
+    // Everything is in the command's process group, orphans included.
+    let mut command = CommandSpec::new([
+        "sh",
+        "-c",
+        "(i=0; while [ $i -lt 100 ]; do sleep 30 & i=$((i+1)); done); exec sleep 30",
+    ]);
     command.timeout = Some(Duration::from_secs(2));
     command.kill_grace = Duration::from_millis(200);
     let execution = t.sandbox.exec(&command).await.expect("exec");
