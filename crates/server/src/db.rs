@@ -19,6 +19,7 @@ use crate::hub::Hub;
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_orgs_and_tokens.sql")),
     (2, include_str!("../migrations/0002_sandboxes.sql")),
+    (3, include_str!("../migrations/0003_counting_indexes.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -102,7 +102,9 @@ where
         let notified = watch.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let value = read().await?;
+        // Boxed: the database read's future is large and lives only while
+        // it runs; inline, every sleeping waiter would carry its size.
+        let value = Box::pin(read()).await?;
         if ready(&value) || tokio::time::Instant::now() >= deadline {
             return Ok(value);
         }

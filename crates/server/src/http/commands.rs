@@ -235,11 +235,9 @@ pub async fn get(
 ) -> Result<axum::Json<Command>, ApiError> {
     let org_id = caller.org()?;
     let Some(target) = query.wait_for else {
-        return Ok(axum::Json(
-            visible_command(&state, &org_id, &sandbox_id, &id)
-                .await?
-                .to_api(),
-        ));
+        // Boxed, like every read here: see `hub::wait_until`.
+        let row = Box::pin(visible_command(&state, &org_id, &sandbox_id, &id)).await?;
+        return Ok(axum::Json(row.to_api()));
     };
     let known = ["queued", "starting", "running", "ended"].contains(&target.as_str())
         || COMMAND_END_STATES.contains(&target.as_str());

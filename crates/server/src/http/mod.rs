@@ -289,7 +289,9 @@ impl FromRequestParts<AppState> for Caller {
             .ok()
             .and_then(|value| value.strip_prefix("Bearer "))
             .ok_or_else(unauthenticated)?;
-        auth::authenticate(&state.db, token.trim())
+        // Boxed: the query's future would otherwise stay part of every
+        // request's future, long-polls included, for their whole life.
+        Box::pin(auth::authenticate(&state.db, token.trim()))
             .await?
             .map(Caller)
             .ok_or_else(unauthenticated)

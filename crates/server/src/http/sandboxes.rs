@@ -369,9 +369,9 @@ pub async fn get(
 ) -> Result<axum::Json<Sandbox>, ApiError> {
     let org_id = caller.org()?;
     let Some(target) = query.wait_for else {
-        return Ok(axum::Json(
-            visible_sandbox(&state, &org_id, &id).await?.to_api(),
-        ));
+        // Boxed, like every read here: see `hub::wait_until`.
+        let row = Box::pin(visible_sandbox(&state, &org_id, &id)).await?;
+        return Ok(axum::Json(row.to_api()));
     };
     if !SANDBOX_STATES.contains(&target.as_str()) {
         return Err(limits::invalid(
