@@ -46,6 +46,11 @@ pub struct Config {
     pub retention: Duration,
     /// How long a runner's lease lasts after a heartbeat.
     pub lease_ttl: Duration,
+    /// After this server starts, how long the lease watcher waits before
+    /// it declares any runner lost: runners that were fine when the control
+    /// plane went down get time to reach it again (DESIGN.md §7). Zero by
+    /// default; `roost up`, whose runner stops with its server, sets it.
+    pub lease_grace_after_start: Duration,
     /// How often the reconcilers run.
     pub reconcile_interval: Duration,
     /// See `AppState::failpoint` (tests only).
@@ -62,6 +67,7 @@ impl Config {
             fleet_max_running: None,
             retention: Duration::from_secs(7 * 24 * 3600),
             lease_ttl: Duration::from_secs(15),
+            lease_grace_after_start: Duration::ZERO,
             reconcile_interval: Duration::from_secs(1),
             failpoint: None,
         }
@@ -98,12 +104,10 @@ pub async fn serve(
     let db = db::Db::connect(&database_url).await?;
     db.migrate().await?;
     let admin_token = auth::bootstrap_admin(&db, &config.data_dir).await?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServerError::Bind {
-            addr: config.listen,
-            source,
-        })?;
+    let listener = listen(config.listen).map_err(|source| ServerError::Bind {
+        addr: config.listen,
+        source,
+    })?;
     let local = listener.local_addr().map_err(|source| ServerError::Bind {
         addr: config.listen,
         source,
@@ -122,11 +126,64 @@ pub async fn serve(
     };
     tokio::spawn(reconcile::run(state.clone()));
     let app = http::router(state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|source| ServerError::Bind {
-            addr: local,
-            source,
-        })
+    serve_connections(listener, app, shutdown).await;
+    Ok(())
+}
+
+/// Pending connections the kernel queues before `accept`: a burst of
+/// clients (thousands of long-polls reconnecting at once) must not
+/// overflow it into SYN retries.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Serves HTTP/1.1 on each accepted connection until `shutdown`, then stops
+/// accepting (connections in flight end with the process; clients retry).
+///
+/// Hand-rolled rather than `axum::serve` for memory: that builds a copy
+/// of the router per connection and speaks HTTP/1 and HTTP/2, which cost
+/// about 35 KiB per idle connection, and a long-poll holds its connection
+/// for up to 25 s (10,000 waiters: 490 MiB that way, under 200 here;
+/// BENCHMARKS.md).
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                // Out of file descriptors and the like: back off, go on.
+                tracing::warn!(%err, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, "connection ended with an error");
+            }
+        });
+    }
 }

@@ -14,16 +14,20 @@ const BATCH: i64 = 100;
 pub async fn run(state: AppState) {
     let mut tick = tokio::time::interval(state.config.reconcile_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let leases_watched_from = tokio::time::Instant::now() + state.config.lease_grace_after_start;
     loop {
         tick.tick().await;
-        if let Err(err) = pass(&state).await {
+        let watch_leases = tokio::time::Instant::now() >= leases_watched_from;
+        if let Err(err) = pass(&state, watch_leases).await {
             tracing::warn!(?err, "reconcile pass failed; retrying next tick");
         }
     }
 }
 
-pub async fn pass(state: &AppState) -> Result<(), ApiError> {
-    expire_leases(state).await?;
+pub async fn pass(state: &AppState, watch_leases: bool) -> Result<(), ApiError> {
+    if watch_leases {
+        expire_leases(state).await?;
+    }
     expire_ttls(state).await?;
     schedule_pending(state).await?;
     apply_retention(state).await?;

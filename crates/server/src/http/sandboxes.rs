@@ -137,25 +137,30 @@ fn quota_exceeded(metric: &str, limit: i64, current: i64, retry_after_s: u64) ->
     .with_retry_after(retry_after_s)
 }
 
-/// Takes the admission lock (one row, updated) and checks the org's quotas
-/// and the fleet ceiling for one more running sandbox (and one more held
-/// one if `new`). Creates and starts on every server pass through here
-/// one at a time, so the counts cannot be raced past their limits.
+/// Checks the org's quotas and the fleet ceiling for one more running
+/// sandbox (and one more held one if `new`). Where any limit applies, it
+/// first takes the admission lock (one row, updated): creates and starts
+/// on every server then count one at a time, so no limit can be raced
+/// past. With no limit set, nothing is locked or counted.
 async fn check_quotas(
     state: &AppState,
     tx: &mut WriteTx,
     org_id: &str,
     new: bool,
 ) -> Result<(), ApiError> {
-    sqlx::query("UPDATE admission SET creates = creates + 1 WHERE id = 1")
-        .execute(&mut *tx.tx)
-        .await?;
     let org = sqlx::query("SELECT max_running, max_total FROM orgs WHERE id = $1")
         .bind(org_id)
         .fetch_one(&mut *tx.tx)
         .await?;
     let max_running: Option<i64> = org.try_get("max_running")?;
     let max_total: Option<i64> = org.try_get("max_total")?;
+    if max_running.is_none() && max_total.is_none() && state.config.fleet_max_running.is_none() {
+        // Nothing to count against: no lock, no counting.
+        return Ok(());
+    }
+    sqlx::query("UPDATE admission SET creates = creates + 1 WHERE id = 1")
+        .execute(&mut *tx.tx)
+        .await?;
     let counts = sqlx::query(&format!(
         "SELECT
             (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired = 'running' AND state IN {RUNNING_QUOTA_STATES}) AS running,
