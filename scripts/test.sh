@@ -27,6 +27,18 @@ install_runtimes() {
     fi
 }
 
+# The runner's bridge networking (crates/runner/src/network.rs) drives `ip`
+# and `iptables` as a runner host does; its tests need both.
+install_network_tools() {
+    local missing=()
+    command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+    command -v iptables-restore >/dev/null 2>&1 || missing+=(iptables)
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]} from Debian"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
 # An S3-compatible server on loopback for the S3 backend tests.
 start_s3() {
     local port
@@ -83,6 +95,7 @@ trap cleanup EXIT
 
 install_python_packages
 install_runtimes
+install_network_tools
 start_s3
 start_postgres
 

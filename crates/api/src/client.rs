@@ -1,5 +1,6 @@
-//! A small blocking-free HTTP client over the API, shared by the CLI (and,
-//! later, the runner). It turns the error envelope into [`ClientError`].
+//! A small blocking-free HTTP client over the API, shared by the CLI and
+//! the runner (which speaks the runner protocol through the `runner_…`
+//! methods). It turns the error envelope into [`ClientError`].
 
 use std::time::Duration;
 
@@ -9,6 +10,10 @@ use serde::de::DeserializeOwned;
 
 use crate::commands::{Command, CommandList, CreateCommandRequest, SignalRequest};
 use crate::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse};
+use crate::runners::{
+    Assignments, CommandReport, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
+    RegisterResponse, SandboxReport,
+};
 use crate::sandboxes::{CreateSandboxRequest, EventList, QuarantineRequest, Sandbox, SandboxList};
 use crate::{ErrorBody, ErrorCode};
 
@@ -106,6 +111,12 @@ pub struct OutputChunk {
     pub complete: bool,
 }
 
+/// A request body and its media type.
+struct Body {
+    bytes: Vec<u8>,
+    content_type: &'static str,
+}
+
 pub struct Client {
     base: String,
     token: String,
@@ -148,7 +159,7 @@ impl Client {
         &self,
         method: Method,
         url: Url,
-        body: Option<Vec<u8>>,
+        body: Option<Body>,
         headers: &[(&str, &str)],
     ) -> Result<reqwest::Response, ClientError> {
         let shown = url.to_string();
@@ -159,8 +170,8 @@ impl Client {
             .timeout(Duration::from_secs(REQUEST_TIMEOUT_SECONDS));
         if let Some(body) = body {
             request = request
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body);
+                .header(reqwest::header::CONTENT_TYPE, body.content_type)
+                .body(body.bytes);
         }
         for (name, value) in headers {
             request = request.header(*name, *value);
@@ -206,6 +217,10 @@ impl Client {
     ) -> Result<R, ClientError> {
         let url = self.url(segments, query)?;
         let shown = url.to_string();
+        let body = body.map(|bytes| Body {
+            bytes,
+            content_type: "application/json",
+        });
         let response = self.send(method, url, body, headers).await?;
         let status = response.status().as_u16();
         let bytes = response
@@ -484,6 +499,125 @@ impl Client {
                 body: "output without the x-roost-next-offset, x-roost-command-state and x-roost-complete headers".to_owned(),
             }),
         }
+    }
+
+    /// `POST /v1/runner/register` (runner token): a lease, and the runner's
+    /// id (kept when `request.runner_id` names an existing runner).
+    pub async fn runner_register(
+        &self,
+        request: &RegisterRequest,
+    ) -> Result<RegisterResponse, ClientError> {
+        self.post(&["v1", "runner", "register"], request, &[]).await
+    }
+
+    /// `POST /v1/runner/heartbeat`: renews the lease; 409 `fenced` once it
+    /// has expired (register again).
+    pub async fn runner_heartbeat(
+        &self,
+        request: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, ClientError> {
+        self.post(&["v1", "runner", "heartbeat"], request, &[])
+            .await
+    }
+
+    /// `GET /v1/runner/assignments`: everything placed on the runner.
+    /// Long-polls up to `timeout_s` (at most 25) while the answer's etag
+    /// would still be `etag`.
+    pub async fn runner_assignments(
+        &self,
+        runner_id: &str,
+        etag: &str,
+        timeout_s: u64,
+    ) -> Result<Assignments, ClientError> {
+        let query = [
+            ("runner_id", runner_id.to_owned()),
+            ("etag", etag.to_owned()),
+            ("timeout", timeout_s.to_string()),
+        ];
+        self.get(&["v1", "runner", "assignments"], &query).await
+    }
+
+    /// `POST /v1/runner/sandboxes/{id}/report`: an observed sandbox state.
+    pub async fn runner_report_sandbox(
+        &self,
+        sandbox_id: &str,
+        report: &SandboxReport,
+    ) -> Result<Sandbox, ClientError> {
+        self.post(
+            &["v1", "runner", "sandboxes", sandbox_id, "report"],
+            report,
+            &[],
+        )
+        .await
+    }
+
+    /// `POST /v1/runner/commands/{id}/report`: an observed command state.
+    pub async fn runner_report_command(
+        &self,
+        command_id: &str,
+        report: &CommandReport,
+    ) -> Result<Command, ClientError> {
+        self.post(
+            &["v1", "runner", "commands", command_id, "report"],
+            report,
+            &[],
+        )
+        .await
+    }
+
+    /// `PUT /v1/runner/commands/{id}/output/{stream}`: appends `data` at
+    /// `offset` (bytes the server already has are skipped, so a retry is
+    /// safe); returns the stream's length afterwards.
+    pub async fn runner_append_output(
+        &self,
+        command_id: &str,
+        stream: OutputStream,
+        placement: (&str, u64),
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<u64, ClientError> {
+        let (runner_id, epoch) = placement;
+        let query = [
+            ("runner_id", runner_id.to_owned()),
+            ("epoch", epoch.to_string()),
+            ("offset", offset.to_string()),
+        ];
+        let url = self.url(
+            &[
+                "v1",
+                "runner",
+                "commands",
+                command_id,
+                "output",
+                stream.as_str(),
+            ],
+            &query,
+        )?;
+        let shown = url.to_string();
+        let body = Body {
+            bytes: data,
+            content_type: "application/octet-stream",
+        };
+        let response = self.send(Method::PUT, url, Some(body), &[]).await?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Unreachable {
+                url: shown.clone(),
+                message: error_chain(e),
+            })?;
+        #[derive(serde::Deserialize)]
+        struct Length {
+            length: u64,
+        }
+        serde_json::from_slice::<Length>(&bytes)
+            .map(|answer| answer.length)
+            .map_err(|_| ClientError::Unexpected {
+                url: shown,
+                status,
+                body: quote(&bytes),
+            })
     }
 }
 

@@ -105,17 +105,19 @@ pub enum OrgCommand {
 
 #[derive(Args)]
 pub struct Target {
-    /// The server's URL.
-    #[arg(long, env = "ROOST_URL", default_value = "http://127.0.0.1:7070")]
-    url: String,
+    /// The server's URL [default: the one `roost up` saved, else
+    /// http://127.0.0.1:7070].
+    #[arg(long, env = "ROOST_URL")]
+    url: Option<String>,
     /// An admin token.
     #[arg(long, env = "ROOST_TOKEN", hide_env_values = true)]
     token: String,
 }
 
 impl Target {
-    fn client(&self) -> api::client::Client {
-        api::client::Client::new(&self.url, &self.token)
+    fn client(&self) -> Result<api::client::Client> {
+        let url = crate::credentials::resolve_url(self.url.as_deref())?;
+        Ok(api::client::Client::new(&url, &self.token))
     }
 }
 
@@ -162,7 +164,7 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                 target,
                 json,
             }) => {
-                let client = target.client();
+                let client = target.client()?;
                 let request = api::orgs::CreateOrgRequest {
                     name,
                     max_running,
@@ -184,7 +186,7 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                 }
             }
             AdminCommand::RunnerToken { target, json } => {
-                let client = target.client();
+                let client = target.client()?;
                 let created = client
                     .create_runner_token()
                     .await
@@ -203,7 +205,7 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
             }) => {
                 let request = api::sandboxes::QuarantineRequest { reason };
                 let sandbox = target
-                    .client()
+                    .client()?
                     .quarantine_sandbox(&id, &request)
                     .await
                     .context("sandbox quarantine failed")?;
@@ -218,7 +220,7 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
             }
             AdminCommand::Sandbox(AdminSandboxCommand::Release { id, target, json }) => {
                 let sandbox = target
-                    .client()
+                    .client()?
                     .release_sandbox(&id)
                     .await
                     .context("sandbox release failed")?;

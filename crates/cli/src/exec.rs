@@ -162,7 +162,7 @@ pub async fn exec(args: ExecArgs) -> Result<ExitCode> {
         cwd: args.cwd,
         timeout: args.timeout.map(seconds_rounded_up),
     };
-    let client = args.target.client();
+    let client = args.target.client()?;
     let sandbox_id = args.sandbox_id.as_str();
     let created = client
         .create_command(sandbox_id, &request, args.idempotency_key.as_deref())
@@ -336,7 +336,7 @@ pub fn run_command(command: CommandCommand) -> Result<ExitCode> {
                 let name = upper.strip_prefix("SIG").unwrap_or(&upper).to_owned();
                 let request = api::commands::SignalRequest { signal: name };
                 let command = target
-                    .client()
+                    .client()?
                     .signal_command(&sandbox_id, &command_id, &request)
                     .await
                     .context("command signal failed")?;
@@ -363,7 +363,7 @@ async fn get(
     timeout: u64,
     target: &OrgTarget,
 ) -> Result<ExitCode> {
-    let client = target.client();
+    let client = target.client()?;
     let Some(state) = wait_for else {
         let command = client
             .get_command(sandbox_id, command_id)
@@ -404,7 +404,7 @@ async fn list(
     all: bool,
     target: &OrgTarget,
 ) -> Result<ExitCode> {
-    let client = target.client();
+    let client = target.client()?;
     let mut page = client
         .list_commands(sandbox_id, limit, None)
         .await
@@ -470,7 +470,7 @@ async fn output(
     } else {
         OutputStream::Stdout
     };
-    let client = target.client();
+    let client = target.client()?;
     // Without --follow, read what is there now (several reads if large).
     let timeout_s = if follow { LONG_POLL_SECONDS_MAX } else { 0 };
     let mut offset = 0;

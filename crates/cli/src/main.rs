@@ -2,11 +2,14 @@
 //! to its module. No logic lives here.
 
 mod control;
+mod credentials;
 mod exec;
 mod home;
 mod output;
+mod runner;
 mod sandbox;
 mod store_admin;
+mod up;
 
 use clap::{Parser, Subcommand};
 
@@ -44,17 +47,31 @@ enum Command {
     /// Inspect, read and signal the commands run in a sandbox.
     #[command(subcommand, name = "command")]
     Cmd(exec::CommandCommand),
+    /// Run the agent on a host: register with the control plane and run
+    /// the sandboxes it places here.
+    Runner(runner::RunnerArgs),
+    /// Run everything on this machine in one process: the control plane,
+    /// one runner and a local home store; saves the URL and an org token
+    /// for the CLI.
+    Up(up::UpArgs),
 }
 
-/// The server logs its requests and decisions; other commands only warn.
+/// Long-running parts (server, runner, `up`) log their decisions; other
+/// commands only warn.
 fn default_log_filter() -> &'static str {
     match std::env::args().nth(1).as_deref() {
-        Some("server") => "info",
+        Some("server" | "runner" | "up") => "info",
         _ => "warn",
     }
 }
 
 fn main() -> std::process::ExitCode {
+    // `roost init` is PID 1 inside every sandbox (hidden): it runs before
+    // anything else, with no logging and no argument parsing of ours.
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|first| first == "init") {
+        return runner::run_init(args);
+    }
     // Logs go to stderr: key=value text by default, one JSON object per
     // line with ROOST_LOG_FORMAT=json (for log pipelines). ROOST_LOG sets
     // the filter (default `warn`; `roost server` raises it to `info`).
@@ -77,6 +94,8 @@ fn main() -> std::process::ExitCode {
         Command::Sandbox(command) => sandbox::run(command),
         Command::Exec(args) => exec::run_exec(args),
         Command::Cmd(command) => exec::run_command(command),
+        Command::Runner(args) => runner::run(args),
+        Command::Up(args) => up::run(args),
     };
     match result {
         Ok(code) => code,

@@ -23,12 +23,14 @@ const SANDBOX_END_STATES: &[&str] = &["failed", "terminated", "deleted"];
 /// Where the server is and who is asking (an org), and how to print.
 #[derive(Args)]
 pub struct OrgTarget {
-    /// The server's URL.
-    #[arg(long, env = "ROOST_URL", default_value = "http://127.0.0.1:7070")]
-    url: String,
-    /// An org token (`roost admin org create` prints it).
+    /// The server's URL [default: the one `roost up` saved, else
+    /// http://127.0.0.1:7070].
+    #[arg(long, env = "ROOST_URL")]
+    url: Option<String>,
+    /// An org token (`roost admin org create` prints it) [default: the one
+    /// `roost up` saved, for its URL].
     #[arg(long, env = "ROOST_TOKEN", hide_env_values = true)]
-    token: String,
+    token: Option<String>,
     /// Print the API's JSON record(s) on stdout instead of text; stderr
     /// then carries nothing but errors.
     #[arg(long)]
@@ -36,8 +38,10 @@ pub struct OrgTarget {
 }
 
 impl OrgTarget {
-    pub fn client(&self) -> Client {
-        Client::new(&self.url, &self.token)
+    /// A client for the given URL and token, or those `roost up` saved.
+    pub fn client(&self) -> Result<Client> {
+        let target = crate::credentials::resolve(self.url.as_deref(), self.token.as_deref())?;
+        Ok(Client::new(&target.url, &target.token))
     }
 }
 
@@ -285,7 +289,7 @@ pub fn run(command: SandboxCommand) -> Result<ExitCode> {
             }
             SandboxCommand::Stop { id, target } => {
                 let sandbox = target
-                    .client()
+                    .client()?
                     .stop_sandbox(&id)
                     .await
                     .context("sandbox stop failed")?;
@@ -293,7 +297,7 @@ pub fn run(command: SandboxCommand) -> Result<ExitCode> {
             }
             SandboxCommand::Start { id, target } => {
                 let sandbox = target
-                    .client()
+                    .client()?
                     .start_sandbox(&id)
                     .await
                     .context("sandbox start failed")?;
@@ -301,7 +305,7 @@ pub fn run(command: SandboxCommand) -> Result<ExitCode> {
             }
             SandboxCommand::Delete { id, target } => {
                 let sandbox = target
-                    .client()
+                    .client()?
                     .delete_sandbox(&id)
                     .await
                     .context("sandbox delete failed")?;
@@ -336,7 +340,7 @@ async fn create(args: CreateArgs) -> Result<ExitCode> {
         mounts: Vec::new(),
         secrets: Vec::new(),
     };
-    let client = args.target.client();
+    let client = args.target.client()?;
     let created = client
         .create_sandbox(&request, args.idempotency_key.as_deref())
         .await
@@ -359,7 +363,7 @@ async fn get(
     timeout: u64,
     target: &OrgTarget,
 ) -> Result<ExitCode> {
-    let client = target.client();
+    let client = target.client()?;
     let Some(state) = wait_for else {
         let sandbox = client.get_sandbox(id).await.context("sandbox get failed")?;
         print_sandbox(&sandbox, target)?;
@@ -415,7 +419,7 @@ fn settled(record: &Sandbox, state: &str) -> bool {
 }
 
 async fn list(mut query: SandboxListQuery, all: bool, target: &OrgTarget) -> Result<ExitCode> {
-    let client = target.client();
+    let client = target.client()?;
     let mut page = client
         .list_sandboxes(&query)
         .await
@@ -468,7 +472,7 @@ async fn list(mut query: SandboxListQuery, all: bool, target: &OrgTarget) -> Res
 
 async fn events(id: &str, target: &OrgTarget) -> Result<ExitCode> {
     let events = target
-        .client()
+        .client()?
         .sandbox_events(id)
         .await
         .context("sandbox events failed")?;

@@ -111,8 +111,11 @@ impl Limits {
 pub enum Network {
     /// Its own network namespace with only loopback.
     None,
-    /// A veth pair into a host bridge. Not built yet: refused by
-    /// [`crate::oci::spec`] so a sandbox never silently gets `none` instead.
+    /// Its own network namespace with loopback and a veth into the
+    /// runner's bridge: an address, a default route, outbound NAT (see
+    /// [`crate::network`]). Only a [`crate::Runtime`] whose bridge is set up
+    /// creates such a sandbox; any other refuses it with
+    /// [`Error::Unsupported`], never falling back to `none`.
     Bridge,
 }
 
@@ -144,9 +147,9 @@ pub struct InitProgram {
 /// DIR/rootfs/   the container's root: its writable top layer (kept with the
 ///               sandbox on this node, `standard` storage); the host's system
 ///               directories are bind-mounted read-only over it
-/// DIR/bundle/   runtime bundle: config.json, init.status, init.log and
-///               per-command scratch files; rebuilt at every create and
-///               removed by delete
+/// DIR/bundle/   runtime bundle: config.json, init.status, init.log,
+///               resolv.conf (`bridge`) and per-command scratch files;
+///               rebuilt at every create and removed by delete
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SandboxPaths {
@@ -184,6 +187,11 @@ impl SandboxPaths {
     /// The init's and the workload's stderr (and stdout of the workload).
     pub fn init_log(&self) -> PathBuf {
         self.bundle().join("init.log")
+    }
+    /// A `bridge` sandbox's `/etc/resolv.conf` (see
+    /// [`crate::network::sandbox_resolv_conf`]), mounted read-only.
+    pub fn resolv_conf(&self) -> PathBuf {
+        self.bundle().join("resolv.conf")
     }
     pub(crate) fn runtime_log(&self, op: &str) -> PathBuf {
         self.bundle().join(format!("{op}.runtime.log"))

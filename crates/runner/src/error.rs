@@ -77,6 +77,22 @@ pub enum Error {
     #[error("could not build the OCI config for sandbox {id}: {message}")]
     Spec { id: String, message: String },
 
+    /// A host networking command (`ip`, `iptables`) failed or could not be
+    /// started; `message` is what it said on stderr.
+    #[error("could not {action}: `{command}` failed{}: {message}", status_suffix(.status))]
+    Network {
+        action: String,
+        command: String,
+        status: Option<i32>,
+        message: String,
+    },
+
+    /// Every address of the bridge's subnet is leased.
+    #[error(
+        "no free address in the bridge subnet {subnet} ({leases} leased): delete sandboxes or configure a larger subnet"
+    )]
+    AddressesExhausted { subnet: String, leases: usize },
+
     /// A host file operation failed.
     #[error("could not {action} {path}: {source}")]
     Io {

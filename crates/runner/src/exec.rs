@@ -255,6 +255,15 @@ impl Sandbox {
             }
             Some(_) => {}
         }
+        self.exec_seen_running(command).await
+    }
+
+    /// [`Sandbox::exec`] without asking the runtime first, for a caller
+    /// that has just seen the sandbox running (the runner agent watches
+    /// each init's pidfd): one runtime call less per command. Should the
+    /// sandbox not be running after all, the runtime's exec fails and the
+    /// command ends [`Outcome::LaunchFailed`] with the runtime's message.
+    pub async fn exec_seen_running(&self, command: &CommandSpec) -> Result<Execution> {
         let config_json = self.paths.config_json();
         let spec = Spec::load(&config_json).map_err(|e| Error::Spec {
             id: self.id.to_string(),

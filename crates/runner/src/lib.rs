@@ -10,12 +10,18 @@
 //!   observing a death and its cause).
 //! - [`exec`]: commands: output streamed while they run, timeout, signals,
 //!   one [`Outcome`] each.
+//! - [`network`]: `bridge` networking (a runner bridge, a veth per sandbox,
+//!   isolation between sandboxes, outbound NAT, address leases).
 //! - [`init`]: the PID 1 every sandbox runs (the `roost init` entry point).
 //! - [`cgroup`]: the host's cgroup layout and the counters read from it.
+//! - [`agent`]: the runner agent (`roost runner`): registers with the
+//!   control plane, keeps its lease, and reconciles its assignments into
+//!   containers through the modules above, reporting what it observes.
 //!
-//! Only this crate spawns the runtime binary; it knows nothing about the
-//! control plane or its protocol. Everything is async (tokio) except
-//! [`init::run`], which builds its own small runtime.
+//! Only this crate spawns the runtime binary. Only [`agent`] knows the
+//! control plane and its protocol; the OCI layer below it knows nothing of
+//! either. Everything is async (tokio) except [`init::run`], which builds
+//! its own small runtime.
 //!
 //! ```no_run
 //! # async fn example() -> runner::Result<()> {
@@ -40,11 +46,13 @@
 //! # }
 //! ```
 
+pub mod agent;
 pub mod cgroup;
 pub mod config;
 mod error;
 pub mod exec;
 pub mod init;
+pub mod network;
 pub mod oci;
 pub mod runtime;
 pub mod signal;
@@ -53,6 +61,7 @@ pub use config::{InitProgram, Limits, Network, SandboxConfig, SandboxId, Sandbox
 pub use error::{Error, Result};
 pub use exec::{CommandEnd, CommandSpec, Execution, Outcome, Signaller, Stream};
 pub use init::InitEnd;
+pub use network::{BridgeConfig, BridgeNetwork, Ipv4Subnet, Lease};
 pub use runtime::{
     CgroupCounters, DeathCause, Observation, Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind,
     RuntimeState, Sandbox, Status,

@@ -31,8 +31,11 @@
 //! # Isolation
 //!
 //! Namespaces: pid, mount, ipc, uts, cgroup and network (`none`: a fresh
-//! namespace with only loopback). Capabilities: Docker's default set minus
-//! `CAP_NET_RAW` (see [`CAPABILITIES`]); none inheritable or ambient.
+//! namespace with only loopback; `bridge`: the named namespace that
+//! [`crate::network`] plumbed before `create`, joined by path, with the
+//! sandbox's own `/etc/resolv.conf` mounted read-only over the host's).
+//! Capabilities: Docker's default set minus `CAP_NET_RAW` (see
+//! [`CAPABILITIES`]); none inheritable or ambient.
 //! `noNewPrivileges`. A seccomp filter (see [`seccomp`]). Cgroup limits for
 //! memory (swap disabled where the host accounts swap), CPU quota and pids;
 //! device access denied except the runtime's standard devices.
@@ -61,14 +64,20 @@ use crate::error::{Error, Result};
 pub const INIT_PATH: &str = "/.roost/init";
 /// The sandbox's home: `$HOME`, the default cwd, the caller's host directory.
 pub const WORKSPACE_PATH: &str = "/workspace";
+/// A `bridge` sandbox's DNS configuration (see [`SandboxPaths::resolv_conf`]).
+///
+/// [`SandboxPaths::resolv_conf`]: crate::SandboxPaths::resolv_conf
+pub const RESOLV_CONF_PATH: &str = "/etc/resolv.conf";
 /// `PATH` of the init, the workload and commands unless overridden.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Docker's default capability set without `CAP_NET_RAW` (raw sockets
-/// forge packets; with `network: none` nothing needs them, and `ping` uses
-/// ICMP datagram sockets). Bounding, effective and permitted get exactly
-/// these; inheritable and ambient stay empty, so a program cannot carry
-/// them through `execve` of a non-root binary (CVE-2022-24769).
+/// forge packets, which `bridge` isolation relies on no sandbox doing; and
+/// `ping` uses ICMP datagram sockets). No `CAP_NET_ADMIN` either: a
+/// sandbox cannot change its addresses, routes or interfaces. Bounding,
+/// effective and permitted get exactly these; inheritable and ambient
+/// stay empty, so a program cannot carry them through `execve` of a
+/// non-root binary (CVE-2022-24769).
 pub const CAPABILITIES: &[Capability] = &[
     Capability::Chown,
     Capability::DacOverride,
@@ -336,14 +345,6 @@ fn spec_error(config: &SandboxConfig) -> impl Fn(oci_spec::OciSpecError) -> Erro
 /// cgroup path for it (see [`crate::runtime::Runtime`]).
 pub fn spec(config: &SandboxConfig, host: &HostSystem, cgroups_path: &str) -> Result<Spec> {
     config.validate()?;
-    if config.network == Network::Bridge {
-        // The hook for later: a bridge needs a veth pair and addressing set
-        // up around create; until that exists, refuse rather than fall back
-        // to `none`.
-        return Err(Error::Unsupported(
-            "network bridge is not available on this runner yet (only none)".to_owned(),
-        ));
-    }
     let err = spec_error(config);
 
     let mut args = vec![INIT_PATH.to_owned()];
@@ -369,12 +370,14 @@ pub fn spec(config: &SandboxConfig, host: &HostSystem, cgroups_path: &str) -> Re
         LinuxNamespaceType::Cgroup,
         LinuxNamespaceType::Network,
     ] {
-        namespaces.push(
-            LinuxNamespaceBuilder::default()
-                .typ(typ)
-                .build()
-                .map_err(&err)?,
-        );
+        let mut namespace = LinuxNamespaceBuilder::default().typ(typ);
+        // `bridge`: join the namespace crate::network prepared (whoever
+        // runs `create` must have attached the sandbox first, as
+        // `Runtime::create` does); `none`: the runtime makes a fresh one.
+        if typ == LinuxNamespaceType::Network && config.network == Network::Bridge {
+            namespace = namespace.path(crate::network::netns_path(&config.id));
+        }
+        namespaces.push(namespace.build().map_err(&err)?);
     }
 
     let mut resources = LinuxResourcesBuilder::default().devices(vec![
@@ -630,6 +633,27 @@ fn mounts(config: &SandboxConfig, host: &HostSystem) -> Result<Vec<Mount>, oci_s
         config.init.host_path.clone(),
         &["bind", "ro", "nosuid", "nodev"],
     )?);
+    // Over the host's (read-only) /etc/resolv.conf, which may name a stub
+    // resolver on the host's loopback. Only where the host has one: the
+    // read-only /etc offers no place to create a mount point. (runc
+    // resolves a symlinked destination inside the rootfs, so
+    // systemd-resolved's link into /run should land in the sandbox's own
+    // /run tmpfs; only a plain file is exercised by the tests.)
+    let etc_from_host = host
+        .entries
+        .iter()
+        .any(|e| matches!(e, SystemEntry::Directory(p) if p == "/etc"));
+    if config.network == Network::Bridge
+        && etc_from_host
+        && std::fs::symlink_metadata(RESOLV_CONF_PATH).is_ok()
+    {
+        mounts.push(mount(
+            RESOLV_CONF_PATH,
+            "bind",
+            config.paths.resolv_conf(),
+            &["bind", "ro", "nosuid", "nodev", "noexec"],
+        )?);
+    }
     Ok(mounts)
 }
 
@@ -975,13 +999,47 @@ mod tests {
         );
     }
 
+    fn network_namespace(value: &serde_json::Value) -> serde_json::Value {
+        value["linux"]["namespaces"]
+            .as_array()
+            .expect("namespaces")
+            .iter()
+            .find(|n| n["type"] == "network")
+            .expect("a network namespace")
+            .clone()
+    }
+
     #[test]
-    fn bridge_is_refused_not_weakened() {
+    fn none_gets_a_fresh_namespace_and_the_hosts_resolv_conf() {
+        let value = json(&config());
+        assert!(network_namespace(&value).get("path").is_none());
+        let mounts = value["mounts"].as_array().expect("mounts");
+        assert!(mounts.iter().all(|m| m["destination"] != RESOLV_CONF_PATH));
+    }
+
+    #[test]
+    fn bridge_joins_the_prepared_namespace_with_its_own_resolv_conf() {
         let mut config = config();
         config.network = Network::Bridge;
-        let error = spec(&config, &host(), "/roost/x").expect_err("bridge refused");
-        assert!(matches!(error, Error::Unsupported(_)), "{error}");
-        assert!(error.to_string().contains("bridge"), "{error}");
+        let value = json(&config);
+        assert_eq!(
+            network_namespace(&value)["path"],
+            "/run/netns/roost-sbx_test"
+        );
+        // Mounted only over a host file that exists (see `mounts`).
+        if Path::new(RESOLV_CONF_PATH).exists() {
+            let mounts = value["mounts"].as_array().expect("mounts");
+            let resolv = mounts
+                .iter()
+                .find(|m| m["destination"] == RESOLV_CONF_PATH)
+                .expect("resolv.conf mounted");
+            assert_eq!(
+                resolv["source"],
+                "/var/lib/roost/sandboxes/sbx_test/bundle/resolv.conf"
+            );
+            let options = resolv["options"].as_array().expect("options");
+            assert!(options.iter().any(|o| o == "ro"), "{options:?}");
+        }
     }
 
     #[test]

@@ -43,9 +43,10 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::cgroup::CgroupHost;
-use crate::config::{SandboxConfig, SandboxId, SandboxPaths};
+use crate::config::{Network, SandboxConfig, SandboxId, SandboxPaths};
 use crate::error::{Error, Result};
 use crate::init::InitEnd;
+use crate::network::{BridgeConfig, BridgeNetwork, Lease};
 use crate::oci::{self, HostSystem};
 use crate::signal::Signal;
 
@@ -108,6 +109,10 @@ pub struct RuntimeConfig {
     pub cgroup_parent: String,
     /// Where to look for the binaries; `None` = the `PATH` variable.
     pub search_path: Option<OsString>,
+    /// The `bridge` network, set up by [`Runtime::open`] (a handful of
+    /// blocking `ip` and `iptables` calls); `None` = this runtime refuses
+    /// `bridge` sandboxes. See [`Runtime::bridge_available`].
+    pub bridge: Option<BridgeConfig>,
 }
 
 impl RuntimeConfig {
@@ -117,6 +122,7 @@ impl RuntimeConfig {
             state_root: state_root.into(),
             cgroup_parent: "roost".to_owned(),
             search_path: None,
+            bridge: None,
         }
     }
 }
@@ -182,6 +188,16 @@ struct RuntimeInner {
     cgroup_parent: String,
     cgroups: CgroupHost,
     host: HostSystem,
+    bridge: Option<BridgeState>,
+}
+
+/// The configured bridge and, when its setup failed, why: `bridge`
+/// sandboxes are then refused with that reason. Kept either way so that
+/// deleting a sandbox still frees what an earlier run gave it.
+#[derive(Debug)]
+struct BridgeState {
+    network: Arc<BridgeNetwork>,
+    unavailable: Option<String>,
 }
 
 impl Runtime {
@@ -216,6 +232,25 @@ impl Runtime {
             find_binary(&search_path, name)
         })?;
         let host = HostSystem::probe(cgroups.swap_accounting())?;
+        // A malformed bridge config is an error; a host that cannot do
+        // bridging is not: the runtime still runs `none` sandboxes and says
+        // why `bridge` is unavailable (`bridge_unavailable_reason`).
+        let bridge = match config.bridge {
+            Some(bridge) => {
+                let network = BridgeNetwork::new(bridge)?;
+                let unavailable = network.setup().err().map(|e| match e {
+                    // Refused again at create as Unsupported: no need to
+                    // say "unsupported" twice.
+                    Error::Unsupported(reason) => reason,
+                    other => other.to_string(),
+                });
+                Some(BridgeState {
+                    network: Arc::new(network),
+                    unavailable,
+                })
+            }
+            None => None,
+        };
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
                 kind,
@@ -224,8 +259,48 @@ impl Runtime {
                 cgroup_parent: config.cgroup_parent.trim_matches('/').to_owned(),
                 cgroups,
                 host,
+                bridge,
             }),
         })
+    }
+
+    /// Whether this runtime creates `bridge` sandboxes: configured, and
+    /// set up on this host with everything [`crate::network`] promises
+    /// (isolation, NAT). Only then may the runner advertise
+    /// `network:bridge`.
+    pub fn bridge_available(&self) -> bool {
+        self.inner
+            .bridge
+            .as_ref()
+            .is_some_and(|bridge| bridge.unavailable.is_none())
+    }
+
+    /// Why `bridge` sandboxes are refused, or `None` when they are not.
+    pub fn bridge_unavailable_reason(&self) -> Option<String> {
+        match &self.inner.bridge {
+            None => Some("no bridge is configured for this runner".to_owned()),
+            Some(bridge) => bridge.unavailable.clone(),
+        }
+    }
+
+    /// The configured bridge (whether or not its setup worked): its
+    /// leases, e.g. a sandbox's address.
+    pub fn bridge(&self) -> Option<&BridgeNetwork> {
+        self.inner
+            .bridge
+            .as_ref()
+            .map(|bridge| bridge.network.as_ref())
+    }
+
+    /// The bridge, for a sandbox that asks for one; fails closed.
+    fn usable_bridge(&self) -> Result<Arc<BridgeNetwork>> {
+        match (&self.inner.bridge, self.bridge_unavailable_reason()) {
+            (Some(bridge), None) => Ok(bridge.network.clone()),
+            (_, reason) => Err(Error::Unsupported(format!(
+                "network bridge is not available on this runner: {}",
+                reason.unwrap_or_default()
+            ))),
+        }
     }
 
     pub fn kind(&self) -> RuntimeKind {
@@ -298,6 +373,11 @@ impl Runtime {
     pub async fn create(&self, config: &SandboxConfig) -> Result<Sandbox> {
         let cgroups_path = self.cgroups_path(&config.id);
         let spec = oci::spec(config, &self.inner.host, &cgroups_path)?;
+        // Refused before anything is written (fail closed, never `none`).
+        let bridge = match config.network {
+            Network::Bridge => Some(self.usable_bridge()?),
+            Network::None => None,
+        };
         let paths = &config.paths;
         if !config.workspace.is_dir() {
             return Err(Error::Invalid(format!(
@@ -338,6 +418,18 @@ impl Runtime {
         })?;
         write_file(&config_json, &json)?;
 
+        // ── network step (`bridge`) ──────────────────────────────────────
+        // The named namespace config.json points at, plumbed before the
+        // runtime joins it (why before `create`: see crate::network).
+        if let Some(bridge) = &bridge {
+            let (id, owned_paths) = (config.id.clone(), paths.clone());
+            let network = bridge.clone();
+            blocking("set up the network of", paths.dir(), move || {
+                network.attach(&id, &owned_paths).map(drop)
+            })
+            .await?;
+        }
+
         let status = open_append(&paths.init_status())?;
         let log = open_append(&paths.init_log())?;
         let runtime_log = paths.runtime_log("create");
@@ -368,6 +460,8 @@ impl Runtime {
             if self.state_dir(&config.id).exists() {
                 let _ = sandbox.delete_container().await;
             }
+            // ── network step: undo the attach ──
+            let _ = sandbox.release_network().await;
             return Err(Error::Runtime {
                 runtime: self.kind().name(),
                 op: "create",
@@ -388,6 +482,8 @@ impl Runtime {
         let sandbox = self.create(config).await?;
         if let Err(e) = sandbox.start().await {
             let _ = sandbox.delete_container().await;
+            // ── network step: undo the attach ──
+            let _ = sandbox.release_network().await;
             return Err(e);
         }
         Ok(sandbox)
@@ -417,6 +513,23 @@ fn open_append(path: &Path) -> Result<std::fs::File> {
         .append(true)
         .open(path)
         .map_err(|e| Error::io("open", path, e))
+}
+
+/// Runs blocking host work (the `ip` and `iptables` commands of
+/// [`crate::network`]) off the async workers.
+async fn blocking(
+    action: &'static str,
+    path: &Path,
+    work: impl FnOnce() -> Result<()> + Send + 'static,
+) -> Result<()> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result,
+        Err(join) => Err(Error::io(
+            action,
+            path,
+            std::io::Error::other(join.to_string()),
+        )),
+    }
 }
 
 pub(crate) fn write_file(path: &Path, contents: &[u8]) -> Result<()> {
@@ -883,12 +996,38 @@ impl Sandbox {
         }
     }
 
+    /// Takes the sandbox off the runtime's bridge (its veth, namespace and
+    /// address lease), if it is on it. Runs for every sandbox of a runtime
+    /// with a bridge, since a handle made after a restart does not know
+    /// the sandbox's network mode; for a `none` sandbox it finds nothing.
+    async fn release_network(&self) -> Result<()> {
+        let Some(bridge) = &self.runtime.inner.bridge else {
+            return Ok(());
+        };
+        let network = bridge.network.clone();
+        let id = self.id.clone();
+        blocking("release the network of", self.paths.dir(), move || {
+            network.detach(&id)
+        })
+        .await
+    }
+
+    /// The sandbox's address on the runtime's bridge, if it has one.
+    pub fn lease(&self) -> Result<Option<Lease>> {
+        match self.runtime.bridge() {
+            Some(network) => network.lease(&self.id),
+            None => Ok(None),
+        }
+    }
+
     /// Deletes the container and its bundle. The root directory (the
     /// sandbox's writable layer) and the workspace stay: they are storage
     /// the caller may keep (a stopped `standard` sandbox) or remove with
     /// [`Sandbox::remove_files`]. Idempotent.
     pub async fn delete(&self) -> Result<()> {
         self.delete_container().await?;
+        // ── network step: veth, namespace, then the lease ──
+        self.release_network().await?;
         let bundle = self.paths.bundle();
         match std::fs::remove_dir_all(&bundle) {
             Ok(()) => Ok(()),

@@ -9,6 +9,7 @@ mod home;
 mod hostile;
 mod leases;
 mod plane;
+mod runner_e2e;
 mod sandbox_cli;
 mod sandboxes;
 mod store_admin;

@@ -6,6 +6,8 @@
 //!   deaths and their causes, stop, delete.
 //! - `exec`: command outcomes, output, env, cwd, timeout, signals.
 //! - `limits`: cgroup limits (memory → OOM, pids → fork bomb, cpu).
+//! - `network`: `bridge` (address, routes, NAT, isolation, leases,
+//!   recovery) and `none` networking.
 //! - `security`: capabilities, no-new-privileges, seccomp.
 //! - `selection`: which runtime `auto` picks, an explicit crun, a missing
 //!   binary.
@@ -14,6 +16,7 @@
 mod exec;
 mod lifecycle;
 mod limits;
+mod network;
 mod security;
 mod selection;
 mod support;

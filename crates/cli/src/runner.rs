@@ -1,0 +1,109 @@
+//! `roost runner` (the agent on each host) and `roost init` (the PID 1 it
+//! puts in every sandbox: this same binary, bind-mounted read-only).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use runner::agent::{AgentConfig, host};
+use runner::{InitProgram, RuntimeChoice};
+
+use crate::control::runtime;
+use crate::sandbox::parse_pair;
+
+#[derive(Args)]
+pub struct RunnerArgs {
+    /// The control plane's URL.
+    #[arg(long, env = "ROOST_URL", value_name = "URL")]
+    server: String,
+    /// A runner token (`roost admin runner-token`).
+    #[arg(long, env = "ROOST_RUNNER_TOKEN", hide_env_values = true)]
+    token: String,
+    /// Where the runner keeps its id, sandboxes' files and homes, and
+    /// command records; a restart with the same one loses nothing.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/roost/runner")]
+    data_dir: PathBuf,
+    /// The OCI runtime: `auto` picks crun on a pure cgroup v2 host, runc
+    /// otherwise.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "runc", "crun"])]
+    runtime: String,
+    /// Labels shown on the runner, `k=v,…`.
+    #[arg(long, value_name = "K=V,…")]
+    labels: Option<String>,
+    /// `spot` (may go away at any time) or `on_demand`.
+    #[arg(long, default_value = "on_demand", value_parser = ["spot", "on_demand"])]
+    placement_class: String,
+    /// What this runner offers, any of `sandboxes=N,memory_mib=M,cpus=C,pids=P`
+    /// (default: 64 sandboxes and the host's CPUs, memory and pid limit).
+    #[arg(long, value_name = "LIST")]
+    capacity: Option<String>,
+    /// The runner's name in the server's records (default: the host name).
+    #[arg(long)]
+    name: Option<String>,
+}
+
+/// The `roost` binary itself, as every sandbox's init.
+pub fn init_program() -> Result<InitProgram> {
+    let exe = std::env::current_exe().context("finding the roost binary (the sandboxes' init)")?;
+    Ok(InitProgram {
+        host_path: exe,
+        args: vec!["init".to_owned()],
+    })
+}
+
+pub fn absolute(path: PathBuf) -> Result<PathBuf> {
+    std::path::absolute(&path).with_context(|| format!("resolving {}", path.display()))
+}
+
+/// Resolves when the process is asked to stop (Ctrl-C or SIGTERM).
+pub async fn stop_requested() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+
+pub fn run(args: RunnerArgs) -> Result<ExitCode> {
+    let mut config = AgentConfig::new(
+        &args.server,
+        &args.token,
+        absolute(args.data_dir)?,
+        init_program()?,
+    );
+    config.runtime = RuntimeChoice::parse(&args.runtime)?;
+    config.placement_class = args.placement_class;
+    if let Some(name) = args.name {
+        config.name = name;
+    }
+    if let Some(labels) = args.labels {
+        for pair in labels.split(',').filter(|p| !p.trim().is_empty()) {
+            let (key, value) = parse_pair(pair.trim()).map_err(anyhow::Error::msg)?;
+            config.labels.insert(key, value);
+        }
+    }
+    if let Some(capacity) = args.capacity {
+        config.capacity =
+            host::parse_capacity(&capacity, config.capacity).map_err(anyhow::Error::msg)?;
+    }
+    config.failpoint = std::env::var("ROOST_FAILPOINT").ok();
+    runtime()?.block_on(async move {
+        runner::agent::run(config, stop_requested())
+            .await
+            .context("runner failed")
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `roost init [-- WORKLOAD…]`: PID 1 of a sandbox.
+pub fn run_init(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
+    runner::init::run_from_args(args)
+}

@@ -1,0 +1,249 @@
+//! `roost up`: the whole platform in one process on embedded defaults: the
+//! control plane (SQLite, a local directory home store) and one runner,
+//! all under one data dir. The first start creates an org `default` and a
+//! runner token through the server's own admin API; every start writes the
+//! URL and org token where the CLI finds them without flags.
+//!
+//! ```text
+//! DIR/server/   the server's data dir: roost.db, admin-token
+//! DIR/store/    the home store (local directory)
+//! DIR/runner/   the runner's data dir (sandboxes, homes, command records)
+//! DIR/up.json   the org and runner tokens this made (mode 0600)
+//! ```
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use runner::RuntimeChoice;
+use runner::agent::AgentConfig;
+use serde_json::json;
+
+use crate::control::runtime;
+use crate::credentials::{self, Credentials};
+use crate::runner::{absolute, init_program, stop_requested};
+
+/// How many times its CPUs `roost up`'s runner offers.
+const UP_CPU_SHARING: f64 = 8.0;
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Where everything is kept (default `$XDG_DATA_HOME/roost` or
+    /// `~/.local/share/roost`).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address the API listens on.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// The OCI runtime: `auto`, `runc` or `crun`.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "runc", "crun"])]
+    runtime: String,
+}
+
+fn default_data_dir() -> Result<PathBuf> {
+    let absolute = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    absolute("XDG_DATA_HOME")
+        .or_else(|| absolute("HOME").map(|home| home.join(".local").join("share")))
+        .map(|dir| dir.join("roost"))
+        .context("no data dir: pass --data-dir (neither XDG_DATA_HOME nor HOME is set)")
+}
+
+/// The tokens the first start made, kept for the next ones.
+struct Made {
+    org_token: String,
+    runner_token: String,
+}
+
+fn read_made(path: &Path) -> Result<Option<Made>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let field = |name: &str| {
+        value[name]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("{} has no {name:?}", path.display()))
+    };
+    Ok(Some(Made {
+        org_token: field("org_token")?,
+        runner_token: field("runner_token")?,
+    }))
+}
+
+fn write_made(path: &Path, org_id: &str, made: &Made) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let body = json!({
+        "org": "default",
+        "org_id": org_id,
+        "org_token": made.org_token,
+        "runner_token": made.runner_token,
+    });
+    let temporary = path.with_extension("json.tmp");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .and_then(|mut file| {
+            file.write_all(format!("{body:#}\n").as_bytes())?;
+            file.sync_all()
+        })
+        .with_context(|| format!("writing {}", temporary.display()))?;
+    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The org and runner tokens: made once, through the admin API.
+async fn org_and_runner_tokens(url: &str, data_dir: &Path) -> Result<Made> {
+    let made_path = data_dir.join("up.json");
+    if let Some(made) = read_made(&made_path)? {
+        return Ok(made);
+    }
+    let admin_path = data_dir.join("server").join("admin-token");
+    let admin_token = std::fs::read_to_string(&admin_path)
+        .with_context(|| format!("reading the admin token {}", admin_path.display()))?;
+    let admin = api::client::Client::new(url, admin_token.trim());
+    let org = admin
+        .create_org(&api::orgs::CreateOrgRequest {
+            name: "default".to_owned(),
+            max_running: None,
+            max_total: None,
+        })
+        .await
+        .context("creating the org `default`")?;
+    let runner = admin
+        .create_runner_token()
+        .await
+        .context("creating a runner token")?;
+    let made = Made {
+        org_token: org.token,
+        runner_token: runner.token,
+    };
+    write_made(&made_path, &org.org_id, &made)?;
+    Ok(made)
+}
+
+pub fn run(args: UpArgs) -> Result<ExitCode> {
+    let data_dir = match args.data_dir {
+        Some(dir) => absolute(dir)?,
+        None => default_data_dir()?,
+    };
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    let mut server_config = server::Config::new(args.listen, data_dir.join("server"));
+    server_config.store_url = Some(data_dir.join("store").display().to_string());
+    // The runner stops with the server: give it a lease's time to come
+    // back before its sandboxes would count as lost.
+    server_config.lease_grace_after_start = server_config.lease_ttl;
+    let runtime_choice = RuntimeChoice::parse(&args.runtime)?;
+    let init = init_program()?;
+    runtime()?.block_on(async move {
+        let (stop_server, server_stopping) = tokio::sync::oneshot::channel::<()>();
+        let (started_tx, started) = tokio::sync::oneshot::channel::<String>();
+        let server = tokio::spawn(server::serve(
+            server_config,
+            async {
+                let _ = server_stopping.await;
+            },
+            move |started| {
+                let _ = started_tx.send(started.url);
+            },
+        ));
+        let url = match started.await {
+            Ok(url) => url,
+            Err(_) => {
+                return match server.await {
+                    Ok(Err(err)) => Err(err).context("the server failed to start"),
+                    _ => bail!("the server failed to start"),
+                };
+            }
+        };
+        let made = org_and_runner_tokens(&url, &data_dir).await?;
+        let credentials_path = credentials::save(&Credentials {
+            url: url.clone(),
+            token: made.org_token.clone(),
+        })?;
+
+        let mut agent = AgentConfig::new(&url, &made.runner_token, data_dir.join("runner"), init);
+        agent.runtime = runtime_choice;
+        // On one machine, sandboxes share its CPUs: a CPU limit caps a
+        // sandbox, it reserves nothing, so offering only the host's count
+        // would turn away the third sandbox on a two-core laptop.
+        agent.capacity.cpus *= UP_CPU_SHARING;
+        agent.failpoint = std::env::var("ROOST_FAILPOINT").ok();
+        let (stop_runner, runner_stopping) = tokio::sync::oneshot::channel::<()>();
+        let (registered_tx, registered) = tokio::sync::oneshot::channel::<()>();
+        let mut runner = tokio::spawn(runner::agent::run_with(
+            agent,
+            async {
+                let _ = runner_stopping.await;
+            },
+            move |_| {
+                let _ = registered_tx.send(());
+            },
+        ));
+        // Up means usable: until the runner has registered, every create
+        // would be refused (no runner offers what it needs).
+        tokio::select! {
+            answer = registered => {
+                if answer.is_err() {
+                    return match (&mut runner).await {
+                        Ok(Err(err)) => Err(err).context("the runner failed to start"),
+                        _ => bail!("the runner failed to start"),
+                    };
+                }
+            }
+            () = stop_requested() => {
+                let _ = stop_runner.send(());
+                let _ = stop_server.send(());
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+
+        println!("roost is up at {url}");
+        println!("  data:        {}", data_dir.display());
+        println!(
+            "  credentials: {} (the CLI uses them when ROOST_URL and ROOST_TOKEN are unset)",
+            credentials_path.display()
+        );
+        println!("try: roost sandbox create --wait");
+        let _ = std::io::stdout().flush();
+
+        let result = tokio::select! {
+            () = stop_requested() => Ok(()),
+            ended = &mut runner => match ended {
+                Ok(Ok(())) => bail!("the runner stopped on its own"),
+                Ok(Err(err)) => Err(err).context("the runner failed"),
+                Err(join) => bail!("the runner task failed: {join}"),
+            },
+        };
+        // The runner first (its sandboxes keep running and their files stay
+        // on disk; the next `roost up` re-adopts them), then the server.
+        let _ = stop_runner.send(());
+        if !runner.is_finished() {
+            let _ = runner.await;
+        }
+        let _ = stop_server.send(());
+        match server.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(%err, "the server ended with an error"),
+            Err(join) => tracing::warn!(%join, "the server task failed"),
+        }
+        eprintln!(
+            "roost stopped; sandboxes and homes are kept in {}",
+            data_dir.display()
+        );
+        result.map(|()| ExitCode::SUCCESS)
+    })
+}

@@ -1,0 +1,834 @@
+//! The whole stack for real: a `roost server` process, a `roost runner`
+//! process driving runc, and containers running `roost init` as PID 1.
+//! Every state asserted here was observed by the runner and reported
+//! through the protocol; nothing is faked. Needs root and runc
+//! (`scripts/test.sh` installs runc).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::harness::BIN;
+use crate::plane::{Api, Plane, eventually};
+
+/// A `roost runner` process with its data dir; on drop it is killed and
+/// every container it left is force-deleted, however the test ended.
+struct RunnerProcess {
+    child: Child,
+    data_dir: PathBuf,
+    url: String,
+    token: String,
+    logs: Arc<Mutex<Vec<String>>>,
+    runner_id: String,
+}
+
+impl RunnerProcess {
+    fn start(url: &str, token: &str, data_dir: &Path, env: &[(&str, &str)]) -> RunnerProcess {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (child, runner_id) = spawn(url, token, data_dir, env, &logs);
+        RunnerProcess {
+            child,
+            data_dir: data_dir.to_path_buf(),
+            url: url.to_owned(),
+            token: token.to_owned(),
+            logs,
+            runner_id,
+        }
+    }
+
+    /// SIGKILL, as a crash would: no clean-up of any kind.
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Kill -9 and start again on the same data dir.
+    fn restart(&mut self, env: &[(&str, &str)]) {
+        self.kill9();
+        let (child, runner_id) = spawn(&self.url, &self.token, &self.data_dir, env, &self.logs);
+        self.child = child;
+        self.runner_id = runner_id;
+    }
+
+    fn signal(&self, signal: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("pid");
+        rustix::process::kill_process(pid, signal).expect("signal the runner");
+    }
+
+    fn runtime_root(&self) -> PathBuf {
+        self.data_dir.join("runtime")
+    }
+
+    /// The init's host pid, as runc reports it.
+    fn init_pid(&self, sandbox_id: &str) -> i32 {
+        let output = Command::new("runc")
+            .arg(format!("--root={}", self.runtime_root().display()))
+            .args(["state", sandbox_id])
+            .output()
+            .expect("runc state");
+        assert!(
+            output.status.success(),
+            "runc state {sandbox_id}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let state: Value = serde_json::from_slice(&output.stdout).expect("state json");
+        assert_eq!(state["status"], "running", "{state}");
+        state["pid"].as_i64().expect("pid") as i32
+    }
+
+    /// Log lines at ERROR, other than a failpoint's.
+    fn errors(&self) -> Vec<String> {
+        self.logs
+            .lock()
+            .expect("logs")
+            .iter()
+            .filter(|l| l.contains("\"level\":\"ERROR\"") && !l.contains("failpoint"))
+            .cloned()
+            .collect()
+    }
+
+    fn assert_no_errors(&self) {
+        let errors = self.errors();
+        assert!(errors.is_empty(), "the runner logged errors: {errors:#?}");
+    }
+}
+
+/// Starts `roost runner` (its log lines go to `logs` and the test's
+/// output); returns once it has registered, with its runner id.
+fn spawn(
+    url: &str,
+    token: &str,
+    data_dir: &Path,
+    env: &[(&str, &str)],
+    logs: &Arc<Mutex<Vec<String>>>,
+) -> (Child, String) {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "the runner's end-to-end tests need root (scripts/test.sh runs them as root)"
+    );
+    let mut command = Command::new(BIN);
+    command
+        .args(["runner", "--server", url, "--data-dir"])
+        .arg(data_dir)
+        .args(["--runtime", "runc", "--capacity", "cpus=64,sandboxes=16"])
+        .env("ROOST_RUNNER_TOKEN", token)
+        .env("ROOST_LOG", "info")
+        .env("ROOST_LOG_FORMAT", "json")
+        .env_remove("ROOST_FAILPOINT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().expect("start roost runner");
+    let (registered_tx, registered_rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().expect("stderr");
+    let collected = logs.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("runner: {line}");
+            if let Ok(entry) = serde_json::from_str::<Value>(&line)
+                && entry["fields"]["message"] == "registered"
+                && let Some(id) = entry["fields"]["runner_id"].as_str()
+            {
+                let _ = registered_tx.send(id.to_owned());
+            }
+            collected.lock().expect("logs").push(line);
+        }
+    });
+    let runner_id = registered_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the runner registers");
+    (child, runner_id)
+}
+
+impl Drop for RunnerProcess {
+    fn drop(&mut self) {
+        self.kill9();
+        force_delete_containers(&self.runtime_root());
+    }
+}
+
+fn force_delete_containers(runtime_root: &Path) {
+    let Ok(listing) = std::fs::read_dir(runtime_root) else {
+        return;
+    };
+    for entry in listing.flatten() {
+        let _ = Command::new("runc")
+            .arg(format!("--root={}", runtime_root.display()))
+            .args(["delete", "--force"])
+            .arg(entry.file_name())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// A server (SQLite) with an org, and a runner on it. Fields drop in
+/// order: the runner goes before its server.
+struct Stack {
+    runner: RunnerProcess,
+    plane: Plane,
+    _dir: tempfile::TempDir,
+}
+
+impl Stack {
+    async fn start() -> Stack {
+        Self::start_with(&[]).await
+    }
+
+    async fn start_with(runner_env: &[(&str, &str)]) -> Stack {
+        let plane = Plane::start(&[]).await;
+        let dir = tempfile::Builder::new()
+            .prefix("roost-e2e-")
+            .tempdir()
+            .expect("tempdir");
+        let runner = RunnerProcess::start(
+            &plane.server.url,
+            &plane.runner_token,
+            &dir.path().join("runner"),
+            runner_env,
+        );
+        Stack {
+            plane,
+            runner,
+            _dir: dir,
+        }
+    }
+
+    fn api(&self) -> &Api {
+        &self.plane.org
+    }
+
+    /// Creates a sandbox and waits until it runs.
+    async fn running_sandbox(&self, body: Value) -> Value {
+        let created = self.api().post("/v1/sandboxes", body).await;
+        assert_eq!(created.status, 201, "{created:?}");
+        let id = created.str("id");
+        let sandbox = wait_sandbox(self.api(), &id, "running").await;
+        assert_eq!(sandbox["state"], "running", "{sandbox}");
+        assert_eq!(sandbox["runner_id"], self.runner.runner_id.as_str());
+        sandbox
+    }
+
+    fn home(&self, sandbox_id: &str) -> PathBuf {
+        self.runner.data_dir.join("homes").join(sandbox_id)
+    }
+}
+
+/// Long-polls the sandbox until `state` (or an end state), at most 30 s.
+async fn wait_sandbox(api: &Api, id: &str, state: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = api
+            .get(&format!("/v1/sandboxes/{id}?wait_for={state}&timeout=10"))
+            .await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        let done = answer.body["state"] == state
+            || ["failed", "terminated", "deleted"]
+                .contains(&answer.body["state"].as_str().unwrap_or(""));
+        if done || Instant::now() >= deadline {
+            return answer.body;
+        }
+    }
+}
+
+/// Runs a command to its end; returns the record, stdout and stderr.
+async fn exec(api: &Api, sandbox_id: &str, body: Value) -> (Value, String, String) {
+    let created = api
+        .post(&format!("/v1/sandboxes/{sandbox_id}/commands"), body)
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let command = wait_command(api, sandbox_id, &created.str("id"), "ended").await;
+    let stdout = output(api, sandbox_id, &created.str("id"), "stdout").await;
+    let stderr = output(api, sandbox_id, &created.str("id"), "stderr").await;
+    (command, stdout, stderr)
+}
+
+/// `sh -c SCRIPT`, which must exit 0; returns its stdout.
+async fn sh(api: &Api, sandbox_id: &str, script: &str) -> String {
+    let (command, stdout, stderr) =
+        exec(api, sandbox_id, json!({"argv": ["sh", "-c", script]})).await;
+    assert_eq!(
+        (command["state"].as_str(), command["exit_code"].as_i64()),
+        (Some("exited"), Some(0)),
+        "`{script}`: {command}\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    stdout
+}
+
+async fn wait_command(api: &Api, sandbox_id: &str, id: &str, state: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let answer = api
+            .get(&format!(
+                "/v1/sandboxes/{sandbox_id}/commands/{id}?wait_for={state}&timeout=10"
+            ))
+            .await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        let ended = answer.body["ended_at"].is_string();
+        if answer.body["state"] == state || ended || Instant::now() >= deadline {
+            return answer.body;
+        }
+    }
+}
+
+async fn output(api: &Api, sandbox_id: &str, id: &str, stream: &str) -> String {
+    let answer = api
+        .get(&format!(
+            "/v1/sandboxes/{sandbox_id}/commands/{id}/output?stream={stream}"
+        ))
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.headers["x-roost-complete"], "true", "{answer:?}");
+    String::from_utf8_lossy(&answer.bytes).into_owned()
+}
+
+fn state_of(command: &Value) -> (&str, Option<&str>) {
+    (
+        command["state"].as_str().unwrap_or(""),
+        command["state_reason"].as_str(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_end_honestly_and_the_sandbox_is_confined() {
+    let stack = Stack::start().await;
+    let api = stack.api();
+    let sandbox = stack
+        .running_sandbox(json!({"resources": {"memory_mib": 64}}))
+        .await;
+    let sid = sandbox["id"].as_str().expect("id");
+
+    // Output and exit codes are the program's own.
+    let (command, stdout, _) = exec(api, sid, json!({"argv": ["echo", "hi"]})).await;
+    assert_eq!(state_of(&command).0, "exited", "{command}");
+    assert_eq!(command["exit_code"], 0);
+    assert_eq!(stdout, "hi\n");
+    let (command, stdout, stderr) = exec(
+        api,
+        sid,
+        json!({"argv": ["sh", "-c", "echo out; echo err >&2; exit 3"]}),
+    )
+    .await;
+    assert_eq!(
+        (state_of(&command).0, command["exit_code"].as_i64()),
+        ("exited", Some(3))
+    );
+    assert_eq!((stdout.as_str(), stderr.as_str()), ("out\n", "err\n"));
+
+    // A missing executable never started: told apart from a program's 127.
+    let (command, _, _) = exec(api, sid, json!({"argv": ["no-such-program"]})).await;
+    assert_eq!(
+        state_of(&command),
+        ("launch_failed", Some("executable_not_found")),
+        "{command}"
+    );
+    let (command, _, _) = exec(api, sid, json!({"argv": ["sh", "-c", "exit 127"]})).await;
+    assert_eq!(
+        (state_of(&command).0, command["exit_code"].as_i64()),
+        ("exited", Some(127))
+    );
+
+    // A timeout ends it, soon after the second.
+    let started = Instant::now();
+    let (command, _, _) = exec(api, sid, json!({"argv": ["sleep", "30"], "timeout": 1})).await;
+    assert_eq!(state_of(&command).0, "timed_out", "{command}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A signal through the API interrupts it.
+    let created = api
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"argv": ["sleep", "30"]}),
+        )
+        .await;
+    let cid = created.str("id");
+    let running = wait_command(api, sid, &cid, "running").await;
+    assert_eq!(running["state"], "running", "{running}");
+    let signalled = api
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{cid}/signal"),
+            json!({"signal": "TERM"}),
+        )
+        .await;
+    assert_eq!(signalled.status, 202, "{signalled:?}");
+    let command = wait_command(api, sid, &cid, "ended").await;
+    assert_eq!(
+        state_of(&command),
+        ("interrupted", Some("signal_requested")),
+        "{command}"
+    );
+    assert_eq!(command["signal"], "TERM");
+
+    // Over the memory limit: the OOM killer ends it, the sandbox lives on.
+    let (command, _, _) = exec(
+        api,
+        sid,
+        json!({"argv": ["sh", "-c", "head -c 400000000 /dev/zero | tail"]}),
+    )
+    .await;
+    assert_eq!(
+        state_of(&command),
+        ("resource_exhausted", Some("oom_killed")),
+        "{command}"
+    );
+    let limit = sh(
+        api,
+        sid,
+        "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes",
+    )
+    .await;
+    assert_eq!(limit.trim(), (64u64 << 20).to_string());
+    let after = api.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(after.body["state"], "running", "{after:?}");
+
+    // Confinement: only its own processes, no new privileges, a reduced
+    // capability set.
+    let processes = sh(api, sid, "ps -e -o pid=,args=").await;
+    let lines: Vec<&str> = processes.lines().map(str::trim).collect();
+    assert_eq!(lines.first(), Some(&"1 /.roost/init init"), "{processes}");
+    assert!(
+        lines.len() <= 6
+            && !processes.contains("roost runner")
+            && !processes.contains("roost server"),
+        "the sandbox sees host processes:\n{processes}"
+    );
+    let entries = sh(api, sid, "ls /proc | grep -c '^[0-9]'").await;
+    assert!(
+        entries.trim().parse::<u32>().expect("count") <= 6,
+        "{entries}"
+    );
+    let status = sh(api, sid, "cat /proc/self/status").await;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("{name} in {status}"))
+            .to_owned()
+    };
+    assert_eq!(field("NoNewPrivs"), "1");
+    let effective = u64::from_str_radix(&field("CapEff"), 16).expect("hex");
+    for (bit, name) in [
+        (21, "SYS_ADMIN"),
+        (13, "NET_RAW"),
+        (19, "SYS_PTRACE"),
+        (16, "SYS_MODULE"),
+        (12, "NET_ADMIN"),
+    ] {
+        assert_eq!(effective & (1 << bit), 0, "CAP_{name} in {effective:x}");
+    }
+    assert_eq!(field("CapBnd"), field("CapEff"));
+    assert_eq!(u64::from_str_radix(&field("CapInh"), 16).expect("hex"), 0);
+    assert_eq!(u64::from_str_radix(&field("CapAmb"), 16).expect("hex"), 0);
+    stack.runner.assert_no_errors();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_see_neither_each_other_nor_the_host() {
+    let stack = Stack::start().await;
+    let api = stack.api();
+    let a = stack.running_sandbox(json!({})).await;
+    let b = stack.running_sandbox(json!({})).await;
+    let (a, b) = (a["id"].as_str().expect("id"), b["id"].as_str().expect("id"));
+    let probe = format!("roost-probe-{a}");
+
+    sh(api, a, "echo secret > /workspace/secret").await;
+    assert!(stack.home(a).join("secret").is_file());
+    // The image is read-only: a write under /usr fails and lands nowhere.
+    let (command, _, stderr) = exec(
+        api,
+        a,
+        json!({"argv": ["sh", "-c", format!("echo x > /usr/{probe}")]}),
+    )
+    .await;
+    assert_ne!(command["exit_code"], 0, "{command}");
+    assert!(stderr.contains("Read-only file system"), "{stderr}");
+    // A write at the top level lands in A's own layer only.
+    sh(api, a, &format!("mkdir -p /opt && echo x > /opt/{probe}")).await;
+    assert!(!Path::new(&format!("/usr/{probe}")).exists());
+    assert!(!Path::new(&format!("/opt/{probe}")).exists());
+
+    let seen_by_b = sh(
+        api,
+        b,
+        &format!(
+            "ls -A /workspace; test -e /usr/{probe} && echo usr; test -e /opt/{probe} && echo opt; test -e {} && echo host-home; true",
+            stack.home(a).display()
+        ),
+    )
+    .await;
+    assert_eq!(seen_by_b, "", "B sees A's files");
+    assert_eq!(sh(api, a, "cat /workspace/secret").await, "secret\n");
+
+    // TTL: expiry terminates the runtime; the record says why.
+    let short = stack.running_sandbox(json!({"ttl": 1})).await;
+    let short_id = short["id"].as_str().expect("id");
+    let ended = wait_sandbox(api, short_id, "terminated").await;
+    assert_eq!(
+        (ended["state"].as_str(), ended["state_reason"].as_str()),
+        (Some("terminated"), Some("ttl_expired")),
+        "{ended}"
+    );
+    let runtime_root = stack.runner.runtime_root();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let gone = !runtime_root.join(short_id).exists();
+            async move { gone }
+        })
+        .await,
+        "a terminated sandbox's container is removed"
+    );
+    stack.runner.assert_no_errors();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_init_from_the_host_is_failed_workload_exited_within_2s() {
+    let stack = Stack::start().await;
+    let api = stack.api();
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id");
+    let pid = stack.runner.init_pid(sid);
+
+    let killed_at = Instant::now();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the init");
+    let answer = api
+        .get(&format!("/v1/sandboxes/{sid}?wait_for=failed&timeout=5"))
+        .await;
+    let noticed = killed_at.elapsed();
+    assert_eq!(
+        (
+            answer.body["state"].as_str(),
+            answer.body["state_reason"].as_str()
+        ),
+        (Some("failed"), Some("workload_exited")),
+        "{answer:?}"
+    );
+    assert!(
+        noticed < Duration::from_secs(2),
+        "reported after {noticed:?}"
+    );
+    let events = api.get(&format!("/v1/sandboxes/{sid}/events")).await;
+    let last = events.body["events"]
+        .as_array()
+        .and_then(|e| e.last())
+        .cloned()
+        .expect("events");
+    assert!(
+        last["message"].as_str().unwrap_or("").contains("killed"),
+        "{last}"
+    );
+    stack.runner.assert_no_errors();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_keeps_the_home_start_comes_back_and_queued_commands_are_not_launched() {
+    let mut stack = Stack::start().await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    sh(&api, &sid, "echo kept > /workspace/notes").await;
+
+    let stop = api
+        .post(&format!("/v1/sandboxes/{sid}/stop"), json!({}))
+        .await;
+    assert_eq!(stop.status, 202, "{stop:?}");
+    let stopped = wait_sandbox(&api, &sid, "stopped").await;
+    assert_eq!(stopped["state"], "stopped", "{stopped}");
+    assert!(
+        !stack.runner.runtime_root().join(&sid).exists(),
+        "no container while stopped"
+    );
+    assert!(
+        stack.home(&sid).join("notes").is_file(),
+        "the home stays on its runner"
+    );
+
+    let start = api
+        .post(&format!("/v1/sandboxes/{sid}/start"), json!({}))
+        .await;
+    assert_eq!(start.status, 202, "{start:?}");
+    let running = wait_sandbox(&api, &sid, "running").await;
+    assert_eq!(running["state"], "running", "{running}");
+    assert_eq!(running["runner_id"], stack.runner.runner_id.as_str());
+    assert_eq!(running["epoch"], 2);
+    assert_eq!(sh(&api, &sid, "cat /workspace/notes").await, "kept\n");
+
+    // A command queued while the sandbox is being placed again, then
+    // stopped before it ran: the runner is frozen so nothing can hand the
+    // command over in between.
+    api.post(&format!("/v1/sandboxes/{sid}/stop"), json!({}))
+        .await;
+    assert_eq!(
+        wait_sandbox(&api, &sid, "stopped").await["state"],
+        "stopped"
+    );
+    stack.runner.signal(rustix::process::Signal::STOP);
+    let start = api
+        .post(&format!("/v1/sandboxes/{sid}/start"), json!({}))
+        .await;
+    assert_eq!(start.body["state"], "starting", "{start:?}");
+    let queued = api
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"argv": ["sh", "-c", "echo ran >> /workspace/ran"]}),
+        )
+        .await;
+    assert_eq!(queued.body["state"], "queued", "{queued:?}");
+    api.post(&format!("/v1/sandboxes/{sid}/stop"), json!({}))
+        .await;
+    stack.runner.signal(rustix::process::Signal::CONT);
+    let command = wait_command(&api, &sid, &queued.str("id"), "ended").await;
+    assert_eq!(state_of(&command).0, "not_launched", "{command}");
+    assert_eq!(
+        wait_sandbox(&api, &sid, "stopped").await["state"],
+        "stopped"
+    );
+    assert!(!stack.home(&sid).join("ran").exists());
+
+    // Delete releases everything on the runner.
+    let deleted = api.delete(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(deleted.status, 202, "{deleted:?}");
+    let gone = wait_sandbox(&api, &sid, "deleted").await;
+    assert_eq!(gone["state"], "deleted", "{gone}");
+    assert!(!stack.home(&sid).exists());
+    assert!(!stack.runner.data_dir.join("sandboxes").join(&sid).exists());
+    assert!(!stack.runner.runtime_root().join(&sid).exists());
+    stack.runner.assert_no_errors();
+    stack.runner.kill9();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_restart_readopts_sandboxes_and_never_runs_a_command_twice() {
+    let mut stack = Stack::start_with(&[("ROOST_FAILPOINT", "runner:after_command_launch")]).await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    let pid = stack.runner.init_pid(&sid);
+    let count = stack.home(&sid).join("count");
+
+    // The runner dies (SIGKILL, at the failpoint) right after launching.
+    let body = json!({"argv": ["sh", "-c", "echo run >> /workspace/count"]});
+    let key = [("idempotency-key", "count-once")];
+    let created = api
+        .post_with(&format!("/v1/sandboxes/{sid}/commands"), body.clone(), &key)
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let cid = created.str("id");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stack.runner.child.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "the failpoint never fired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ran_once = eventually(Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(&count).unwrap_or_default();
+        async move { text == "run\n" }
+    })
+    .await;
+    assert!(ran_once, "the launched command ran");
+
+    // Restarted, the runner re-adopts the container (same init) and, not
+    // knowing how the command ended, says so instead of running it again.
+    stack.runner.restart(&[]);
+    let command = wait_command(&api, &sid, &cid, "ended").await;
+    assert_eq!(
+        state_of(&command),
+        ("unknown", Some("runner_restarted")),
+        "{command}"
+    );
+    let retried = api
+        .post_with(&format!("/v1/sandboxes/{sid}/commands"), body, &key)
+        .await;
+    assert_eq!(retried.str("id"), cid, "{retried:?}");
+    assert!(retried.replayed);
+    assert_eq!(sh(&api, &sid, "cat /workspace/count").await, "run\n");
+    assert_eq!(
+        stack.runner.init_pid(&sid),
+        pid,
+        "the sandbox was restarted"
+    );
+
+    // A plain kill -9 and restart: still the same container, still usable.
+    stack.runner.restart(&[]);
+    assert_eq!(
+        stack.runner.init_pid(&sid),
+        pid,
+        "the sandbox was restarted"
+    );
+    assert_eq!(sh(&api, &sid, "echo again").await, "again\n");
+    let record = api.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(
+        (record.body["state"].as_str(), record.body["epoch"].as_u64()),
+        (Some("running"), Some(1))
+    );
+    let events = api.get(&format!("/v1/sandboxes/{sid}/events")).await;
+    let states: Vec<&str> = events.body["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["state"].as_str())
+        .collect();
+    assert_eq!(states, ["pending", "starting", "running"], "{events:?}");
+    stack.runner.assert_no_errors();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roost_up_serves_the_cli_without_flags() {
+    let tmp = tempfile::Builder::new()
+        .prefix("roost-up-")
+        .tempdir()
+        .expect("tempdir");
+    let config_home = tmp.path().join("config");
+    let isolated = |command: &mut Command| {
+        command
+            .env("XDG_CONFIG_HOME", &config_home)
+            .env("HOME", tmp.path().join("home"))
+            .env_remove("ROOST_URL")
+            .env_remove("ROOST_TOKEN")
+            .env_remove("ROOST_FAILPOINT");
+    };
+    let mut up = Command::new(BIN);
+    up.args([
+        "up",
+        "--listen",
+        "127.0.0.1:0",
+        "--runtime",
+        "runc",
+        "--data-dir",
+    ])
+    .arg(tmp.path().join("data"))
+    .env("ROOST_LOG", "warn")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    isolated(&mut up);
+    let mut child = up.spawn().expect("start roost up");
+    let stderr = child.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("roost up: {line}");
+        }
+    });
+    struct Up(Child, PathBuf);
+    impl Drop for Up {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            force_delete_containers(&self.1);
+        }
+    }
+    let mut up = Up(child, tmp.path().join("data/runner/runtime"));
+    let mut lines = BufReader::new(up.0.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a line").expect("read");
+    let url = first
+        .strip_prefix("roost is up at ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_owned();
+    std::thread::spawn(move || for _ in lines {});
+
+    let credentials = config_home.join("roost/credentials.json");
+    let mode = std::fs::metadata(&credentials).expect("credentials written");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(&credentials).expect("read")).expect("json");
+    assert_eq!(saved["url"], url.as_str());
+    assert!(
+        saved["token"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("roost_")),
+        "{saved}"
+    );
+
+    let roost = |args: &[&str]| {
+        let mut command = Command::new(BIN);
+        command.args(args);
+        isolated(&mut command);
+        command.output().expect("run roost")
+    };
+    let created = roost(&["sandbox", "create", "--wait", "--json"]);
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let sandbox: Value = serde_json::from_slice(&created.stdout).expect("record");
+    assert_eq!(sandbox["state"], "running", "{sandbox}");
+    let sid = sandbox["id"].as_str().expect("id");
+    let hi = roost(&["exec", sid, "--", "echo", "hi"]);
+    assert_eq!(String::from_utf8_lossy(&hi.stdout), "hi\n");
+    assert_eq!(hi.status.code(), Some(0));
+    let three = roost(&["exec", sid, "--", "sh", "-c", "exit 3"]);
+    assert_eq!(three.status.code(), Some(3));
+    let deleted = roost(&["sandbox", "delete", sid]);
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+
+    // SIGTERM stops it cleanly.
+    let pid = rustix::process::Pid::from_raw(up.0.id() as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = up.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "roost up did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_sandbox_gets_a_network_the_runner_offers_and_a_none_one_does_not() {
+    let stack = Stack::start().await;
+    let api = stack.api();
+    // Admitted only because the runner registered `network:bridge`.
+    let bridged = stack.running_sandbox(json!({"network": "bridge"})).await;
+    let bid = bridged["id"].as_str().expect("id");
+    let routes = sh(api, bid, "cat /proc/net/route").await;
+    assert!(
+        routes.lines().any(|l| l.starts_with("eth0\t00000000")),
+        "a default route via eth0: {routes}"
+    );
+    let address = sh(
+        api,
+        bid,
+        "python3 -c 'import socket,fcntl,struct; s=socket.socket(); print(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack(\"256s\", b\"eth0\"))[20:24]))'",
+    )
+    .await;
+    assert!(
+        address.starts_with("10.88."),
+        "an address on the runner's subnet: {address}"
+    );
+    // The host's end of the bridge answers the sandbox.
+    let listener = std::net::TcpListener::bind("10.88.0.1:0").expect("listen on the bridge");
+    let port = listener.local_addr().expect("addr").port();
+    let reached = sh(
+        api,
+        bid,
+        &format!("python3 -c 'import socket; socket.create_connection((\"10.88.0.1\", {port}), 3); print(\"ok\")'"),
+    )
+    .await;
+    assert_eq!(reached.trim(), "ok");
+    let none = stack.running_sandbox(json!({})).await;
+    let nid = none["id"].as_str().expect("id");
+    let interfaces = sh(api, nid, "ls /sys/class/net").await;
+    assert_eq!(interfaces.split_whitespace().collect::<Vec<_>>(), ["lo"]);
+    stack.runner.assert_no_errors();
+}

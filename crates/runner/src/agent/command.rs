@@ -1,0 +1,532 @@
+//! One task per handed-over command: launch it at most once, stream its
+//! output to the server by offset while it runs, and report how it ended
+//! as one of the server's command states.
+//!
+//! At most once: before the runtime is asked to exec, a marker is fsynced
+//! in the data dir ([`CommandFiles::record_launch`]). A command that has a
+//! marker is never launched again: after a restart, one with a recorded end
+//! is reported with that end, one without is reported `unknown` (it may
+//! have run; nothing here can prove it did not).
+//!
+//! Output goes to spool files in the data dir as the OCI layer hands it
+//! over (no memory grows with a chatty command), and an uploader appends
+//! it to the server by offset. The server refuses output once the end is
+//! reported, so every byte is uploaded first.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use api::client::OutputStream;
+use api::runners::{CommandAssignment, CommandReport};
+use tokio::sync::{Notify, watch};
+
+use super::dirs::{CommandFiles, CommandRecord, RecordedEnd};
+use super::{Refusal, Shared};
+use crate::error::Error;
+use crate::exec::{CommandSpec, Outcome, Stream};
+use crate::runtime::Sandbox;
+use crate::signal::Signal;
+
+/// Largest output chunk one upload carries (the server takes bodies up to
+/// 1 MiB).
+const UPLOAD_CHUNK_BYTES_MAX: usize = 256 * 1024;
+/// How long output waits to be batched with more before it is uploaded.
+const UPLOAD_BATCH_MS: u64 = 20;
+
+/// Everything a command task needs.
+pub(crate) struct CommandJob {
+    pub shared: Arc<Shared>,
+    pub sandbox: Sandbox,
+    pub files: CommandFiles,
+    pub assignment: CommandAssignment,
+    /// The signal the caller asked for, as the assignments show it.
+    pub signals: watch::Receiver<Option<String>>,
+}
+
+/// The task's stop: fenced (not this runner's), or refused for good.
+struct Stopped;
+
+pub(crate) async fn run(job: CommandJob) {
+    let id = job.assignment.command_id.clone();
+    let record = match job.files.record(&id) {
+        Ok(record) => record,
+        Err(err) => {
+            // Without its record the command could be run twice: leave it.
+            tracing::error!(command_id = %id, %err, "cannot read the command's record; not launching it");
+            return;
+        }
+    };
+    let end = match record {
+        CommandRecord::Ended(end) => end,
+        CommandRecord::Launched => {
+            tracing::warn!(command_id = %id, "launched before a runner restart, end unknown: reporting unknown");
+            unknown()
+        }
+        // Reported running by an earlier run whose records are gone.
+        CommandRecord::New if job.assignment.state != "starting" => unknown(),
+        CommandRecord::New => match job.launch().await {
+            Ok(end) => end,
+            Err(Stopped) => return,
+        },
+    };
+    if let Err(err) = job.files.record_end(&id, &end) {
+        tracing::warn!(command_id = %id, %err, "cannot record the command's end; reporting it anyway");
+    }
+    let _ = job.report(&end).await;
+}
+
+/// The honest end of a command that may or may not have run.
+fn unknown() -> RecordedEnd {
+    RecordedEnd {
+        reason: Some("runner_restarted".to_owned()),
+        ..RecordedEnd::new("unknown")
+    }
+}
+
+impl CommandJob {
+    fn command_id(&self) -> &str {
+        &self.assignment.command_id
+    }
+
+    /// Reports `end` (or `running`); a refusal other than a fence means
+    /// the record has already moved on (the server ended the command).
+    async fn report(&self, end: &RecordedEnd) -> Result<(), Stopped> {
+        let report = CommandReport {
+            runner_id: self.shared.runner_id(),
+            epoch: self.assignment.epoch,
+            state: end.state.clone(),
+            exit_code: end.exit_code,
+            signal: end.signal.clone(),
+            reason: end.reason.clone(),
+        };
+        let result = self
+            .shared
+            .retrying("command report", || {
+                self.shared
+                    .client
+                    .runner_report_command(self.command_id(), &report)
+            })
+            .await;
+        match result {
+            Ok(_) => {
+                tracing::debug!(command_id = %self.command_id(), state = %end.state, "command reported");
+                Ok(())
+            }
+            Err(Refusal::Fenced(message)) => {
+                tracing::warn!(command_id = %self.command_id(), %message, "fenced: the command is no longer this runner's");
+                Err(Stopped)
+            }
+            Err(Refusal::Refused(err)) => {
+                tracing::info!(command_id = %self.command_id(), state = %end.state, %err, "command report refused: its record has moved on");
+                Err(Stopped)
+            }
+        }
+    }
+
+    fn spec(&self) -> CommandSpec {
+        let assignment = &self.assignment;
+        let mut spec = CommandSpec::new(assignment.argv.iter().cloned());
+        spec.env = assignment.env.clone();
+        spec.cwd = assignment.cwd.clone();
+        spec.timeout = assignment.timeout.map(Duration::from_secs);
+        spec.kill_grace = self.shared.config.command_kill_grace;
+        spec
+    }
+
+    /// Launches the command (once), drives it to its end, uploads its
+    /// output, and returns the end to report.
+    async fn launch(&self) -> Result<RecordedEnd, Stopped> {
+        let id = self.command_id();
+        if let Err(err) = self.files.record_launch(id, self.assignment.epoch) {
+            tracing::error!(command_id = %id, %err, "cannot record the launch; not launching");
+            return Ok(RecordedEnd {
+                reason: Some("runner_error".to_owned()),
+                ..RecordedEnd::new("launch_failed")
+            });
+        }
+        let spool = match Spool::create(&self.files, id) {
+            Ok(spool) => Arc::new(spool),
+            Err(err) => {
+                tracing::error!(command_id = %id, %err, "cannot spool output; not launching");
+                return Ok(RecordedEnd {
+                    reason: Some("runner_error".to_owned()),
+                    ..RecordedEnd::new("launch_failed")
+                });
+            }
+        };
+        // The worker starts command tasks only in a pass that saw the
+        // init alive (and watches its pidfd), so the runtime is not asked
+        // again before the exec.
+        let execution = match self.sandbox.exec_seen_running(&self.spec()).await {
+            Ok(execution) => execution,
+            Err(Error::NotRunning { .. } | Error::NotFound { .. }) => {
+                return Ok(RecordedEnd {
+                    reason: Some("sandbox_not_running".to_owned()),
+                    ..RecordedEnd::new("not_launched")
+                });
+            }
+            Err(err) => {
+                tracing::warn!(command_id = %id, %err, "the runtime could not exec the command");
+                return Ok(RecordedEnd {
+                    reason: Some("runtime_error".to_owned()),
+                    ..RecordedEnd::new("launch_failed")
+                });
+            }
+        };
+        self.shared.failpoint("runner:after_command_launch");
+        let signaller = execution.signaller();
+        let delivered: Mutex<Vec<Signal>> = Mutex::new(Vec::new());
+        let mut uploader = Uploader::new(self, spool.clone());
+        let fenced = Notify::new();
+
+        let drive = async {
+            let callback_spool = spool.clone();
+            let waited = execution.wait(move |stream, bytes| callback_spool.append(stream, bytes));
+            let running = async {
+                let report = RecordedEnd::new("running");
+                if self.report(&report).await.is_err() {
+                    fenced.notify_one();
+                }
+            };
+            let (ended, ()) = tokio::join!(waited, running);
+            spool.close();
+            ended
+        };
+        let signals = self.forward_signals(&signaller, &delivered);
+        let uploads = async {
+            if uploader.run_while_open().await.is_err() {
+                fenced.notify_one();
+            }
+            std::future::pending::<()>().await
+        };
+        let ended = tokio::select! {
+            ended = drive => ended,
+            () = signals => unreachable_pending(),
+            () = uploads => unreachable_pending(),
+            () = fenced.notified() => return Err(Stopped),
+        };
+        // Every byte goes up before the end is reported.
+        uploader.flush().await?;
+        let delivered = delivered
+            .lock()
+            .map(|d| d.clone())
+            .unwrap_or_else(|p| p.into_inner().clone());
+        Ok(match ended {
+            Ok(end) => end_of(&end.outcome, &delivered),
+            Err(err) => {
+                tracing::warn!(command_id = %id, %err, "lost track of the command");
+                RecordedEnd {
+                    reason: Some("runtime_exec_lost".to_owned()),
+                    ..RecordedEnd::new("unknown")
+                }
+            }
+        })
+    }
+
+    /// Delivers each signal the assignments ask for, once; never returns.
+    async fn forward_signals(
+        &self,
+        signaller: &crate::exec::Signaller,
+        delivered: &Mutex<Vec<Signal>>,
+    ) {
+        let mut signals = self.signals.clone();
+        let mut last: Option<String> = None;
+        loop {
+            let requested = signals.borrow_and_update().clone();
+            if requested != last {
+                if let Some(signal) = requested.as_deref().and_then(Signal::from_name) {
+                    tracing::info!(command_id = %self.command_id(), %signal, "delivering a signal");
+                    if signaller.send(signal)
+                        && let Ok(mut delivered) = delivered.lock()
+                    {
+                        delivered.push(signal);
+                    }
+                }
+                last = requested;
+            }
+            if signals.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// The futures it is used on never complete.
+fn unreachable_pending<T>() -> T {
+    unreachable!("a future that never completes completed")
+}
+
+/// The report of an outcome. `delivered`: the signals the caller sent.
+fn end_of(outcome: &Outcome, delivered: &[Signal]) -> RecordedEnd {
+    match outcome {
+        Outcome::Exited { code } => RecordedEnd {
+            exit_code: Some(*code),
+            ..RecordedEnd::new("exited")
+        },
+        Outcome::TimedOut => RecordedEnd {
+            reason: Some("timeout".to_owned()),
+            ..RecordedEnd::new("timed_out")
+        },
+        Outcome::ResourceExhausted => RecordedEnd {
+            signal: Some(Signal::Kill.name().to_owned()),
+            reason: Some("oom_killed".to_owned()),
+            ..RecordedEnd::new("resource_exhausted")
+        },
+        Outcome::Interrupted { signal } => RecordedEnd {
+            signal: Some(signal.name().to_owned()),
+            reason: Some(
+                if delivered.contains(signal) {
+                    "signal_requested"
+                } else {
+                    "sandbox_stopped"
+                }
+                .to_owned(),
+            ),
+            ..RecordedEnd::new("interrupted")
+        },
+        // The runtime refused because the sandbox was no longer running:
+        // the command never started, for want of a sandbox.
+        Outcome::LaunchFailed { message } if sandbox_gone(message) => RecordedEnd {
+            reason: Some("sandbox_not_running".to_owned()),
+            ..RecordedEnd::new("not_launched")
+        },
+        Outcome::LaunchFailed { message } => RecordedEnd {
+            reason: Some(launch_failure_reason(message).to_owned()),
+            ..RecordedEnd::new("launch_failed")
+        },
+    }
+}
+
+/// runc's and crun's words for an exec into a container that has stopped
+/// or is gone.
+fn sandbox_gone(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    ["stopped", "container does not exist", "not running"]
+        .iter()
+        .any(|words| message.contains(words))
+}
+
+/// A stable reason code for the runtime's exec error (the message itself
+/// is the runtime's and is logged).
+fn launch_failure_reason(message: &str) -> &'static str {
+    let message = message.to_ascii_lowercase();
+    if message.contains("chdir") || message.contains("cwd") {
+        "bad_cwd"
+    } else if message.contains("not found") || message.contains("no such file or directory") {
+        "executable_not_found"
+    } else if message.contains("permission denied") {
+        "permission_denied"
+    } else {
+        "exec_failed"
+    }
+}
+
+/// A command's output spooled to files, as the OCI layer hands it over.
+struct Spool {
+    files: [Mutex<File>; 2],
+    written: [AtomicU64; 2],
+    readers: [File; 2],
+    /// Set once the command has ended: no more bytes will come.
+    closed: AtomicBool,
+    /// Set when a write failed: the output from there on is lost.
+    broken: AtomicBool,
+    more: Notify,
+}
+
+fn index(stream: Stream) -> usize {
+    match stream {
+        Stream::Stdout => 0,
+        Stream::Stderr => 1,
+    }
+}
+
+const STREAMS: [(Stream, OutputStream); 2] = [
+    (Stream::Stdout, OutputStream::Stdout),
+    (Stream::Stderr, OutputStream::Stderr),
+];
+
+impl Spool {
+    fn create(files: &CommandFiles, command_id: &str) -> Result<Spool, Error> {
+        let open = |name: &str| -> Result<(File, File), Error> {
+            let path = files.output(command_id, name);
+            let writer = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| Error::io("create", &path, e))?;
+            let reader = File::open(&path).map_err(|e| Error::io("open", &path, e))?;
+            Ok((writer, reader))
+        };
+        let (stdout, stdout_reader) = open("stdout")?;
+        let (stderr, stderr_reader) = open("stderr")?;
+        Ok(Spool {
+            files: [Mutex::new(stdout), Mutex::new(stderr)],
+            written: [AtomicU64::new(0), AtomicU64::new(0)],
+            readers: [stdout_reader, stderr_reader],
+            closed: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+            more: Notify::new(),
+        })
+    }
+
+    fn append(&self, stream: Stream, bytes: &[u8]) {
+        let i = index(stream);
+        let written = match self.files[i].lock() {
+            Ok(mut file) => file.write_all(bytes).is_ok(),
+            Err(_) => false,
+        };
+        if written {
+            self.written[i].fetch_add(bytes.len() as u64, Ordering::SeqCst);
+            self.more.notify_one();
+        } else if !self.broken.swap(true, Ordering::SeqCst) {
+            tracing::error!("cannot spool a command's output; the rest of it is lost");
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.more.notify_one();
+    }
+}
+
+/// Appends spooled output to the server, by offset.
+struct Uploader<'a> {
+    job: &'a CommandJob,
+    spool: Arc<Spool>,
+    sent: [u64; 2],
+    /// The server refused more output (the command's record has ended):
+    /// nothing more is sent.
+    refused: bool,
+}
+
+impl<'a> Uploader<'a> {
+    fn new(job: &'a CommandJob, spool: Arc<Spool>) -> Self {
+        Uploader {
+            job,
+            spool,
+            sent: [0, 0],
+            refused: false,
+        }
+    }
+
+    /// Uploads as output arrives until the spool is closed.
+    async fn run_while_open(&mut self) -> Result<(), Stopped> {
+        while !self.spool.closed.load(Ordering::SeqCst) {
+            self.spool.more.notified().await;
+            // A little batching: chatty output in fewer requests.
+            tokio::time::sleep(Duration::from_millis(UPLOAD_BATCH_MS)).await;
+            self.upload_available().await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), Stopped> {
+        self.upload_available().await
+    }
+
+    async fn upload_available(&mut self) -> Result<(), Stopped> {
+        for (stream, wire) in STREAMS {
+            let i = index(stream);
+            loop {
+                let written = self.spool.written[i].load(Ordering::SeqCst);
+                if self.refused || self.sent[i] >= written {
+                    break;
+                }
+                let want = (written - self.sent[i]).min(UPLOAD_CHUNK_BYTES_MAX as u64) as usize;
+                let mut chunk = vec![0u8; want];
+                if let Err(err) = self.spool.readers[i].read_exact_at(&mut chunk, self.sent[i]) {
+                    tracing::error!(command_id = %self.job.command_id(), %err, "cannot read spooled output; the rest of it is lost");
+                    self.refused = true;
+                    break;
+                }
+                let offset = self.sent[i];
+                let shared = &self.job.shared;
+                let runner_id = shared.runner_id();
+                let result = shared
+                    .retrying("output upload", || {
+                        shared.client.runner_append_output(
+                            self.job.command_id(),
+                            wire,
+                            (&runner_id, self.job.assignment.epoch),
+                            offset,
+                            chunk.clone(),
+                        )
+                    })
+                    .await;
+                match result {
+                    Ok(_) => self.sent[i] = offset + want as u64,
+                    Err(Refusal::Fenced(message)) => {
+                        tracing::warn!(command_id = %self.job.command_id(), %message, "fenced while uploading output");
+                        return Err(Stopped);
+                    }
+                    Err(Refusal::Refused(err)) => {
+                        tracing::info!(command_id = %self.job.command_id(), %err, "output refused: the command's record has ended");
+                        self.refused = true;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_map_to_command_states() {
+        let end = end_of(&Outcome::Exited { code: 3 }, &[]);
+        assert_eq!((end.state.as_str(), end.exit_code), ("exited", Some(3)));
+        assert_eq!(end_of(&Outcome::TimedOut, &[]).state, "timed_out");
+        assert_eq!(
+            end_of(&Outcome::ResourceExhausted, &[]).state,
+            "resource_exhausted"
+        );
+        let asked = end_of(
+            &Outcome::Interrupted {
+                signal: Signal::Term,
+            },
+            &[Signal::Term],
+        );
+        assert_eq!(asked.signal.as_deref(), Some("TERM"));
+        assert_eq!(asked.reason.as_deref(), Some("signal_requested"));
+        let by_stop = end_of(
+            &Outcome::Interrupted {
+                signal: Signal::Kill,
+            },
+            &[],
+        );
+        assert_eq!(by_stop.reason.as_deref(), Some("sandbox_stopped"));
+        let missing = end_of(
+            &Outcome::LaunchFailed {
+                message: "exec failed: unable to start container process: exec: \"nope\": executable file not found in $PATH".to_owned(),
+            },
+            &[],
+        );
+        assert_eq!(missing.state, "launch_failed");
+        assert_eq!(missing.reason.as_deref(), Some("executable_not_found"));
+        assert_eq!(
+            launch_failure_reason(
+                "chdir to cwd (\"/x\") set in config.json failed: no such file or directory"
+            ),
+            "bad_cwd"
+        );
+        assert_eq!(launch_failure_reason("something else"), "exec_failed");
+        let gone = end_of(
+            &Outcome::LaunchFailed {
+                message: "exec failed: cannot exec in a stopped container".to_owned(),
+            },
+            &[],
+        );
+        assert_eq!(
+            (gone.state.as_str(), gone.reason.as_deref()),
+            ("not_launched", Some("sandbox_not_running"))
+        );
+    }
+}

@@ -1,0 +1,431 @@
+//! The runner's data directory: what it keeps on disk so that a restart
+//! loses nothing it has reported.
+//!
+//! ```text
+//! DIR/lock                       held (flock) while a runner uses DIR
+//! DIR/runner-id                  the id the server gave at the first register
+//! DIR/runtime/                   the OCI runtime's --root (container state)
+//! DIR/sandboxes/ID/              the sandbox's files (rootfs: its writable
+//!                                layer; bundle: config.json, init status)
+//! DIR/homes/ID/                  /workspace of a standard sandbox, kept
+//!                                across stop and start, removed at delete
+//! DIR/commands/ID/CMD.launched   written and fsynced before CMD is launched:
+//!                                a command with this file is never launched
+//!                                again (at most once, across restarts)
+//! DIR/commands/ID/CMD.end        how CMD ended, written before it is reported
+//! DIR/commands/ID/CMD.stdout|stderr  output spooled until the server has it
+//! ```
+//!
+//! Files of a command stay until the command is no longer assigned (the
+//! server has recorded its end); those of a sandbox until it is deleted or
+//! no longer this runner's.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::config::{SandboxId, SandboxPaths};
+use crate::error::{Error, Result};
+
+/// The data directory, locked for this runner.
+#[derive(Debug)]
+pub struct DataDir {
+    root: PathBuf,
+    /// Holds the exclusive lock for as long as the runner lives.
+    _lock: File,
+}
+
+impl DataDir {
+    /// Creates (if needed) and locks `root`. A second runner on the same
+    /// directory would fight the first over every container: refused.
+    pub fn open(root: &Path) -> Result<DataDir> {
+        if !root.is_absolute() {
+            return Err(Error::Invalid(format!(
+                "data dir {} must be an absolute path",
+                root.display()
+            )));
+        }
+        for dir in [
+            root.to_path_buf(),
+            root.join("sandboxes"),
+            root.join("homes"),
+            root.join("commands"),
+        ] {
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
+        }
+        let lock_path = root.join("lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| Error::io("open", &lock_path, e))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+            |_| {
+                Error::Invalid(format!(
+                    "data dir {} is in use by another runner (it holds {})",
+                    root.display(),
+                    lock_path.display()
+                ))
+            },
+        )?;
+        Ok(DataDir {
+            root: root.to_path_buf(),
+            _lock: lock,
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The OCI runtime's state root: private to this runner.
+    pub fn runtime_root(&self) -> PathBuf {
+        self.root.join("runtime")
+    }
+
+    pub fn sandbox_paths(&self, id: &SandboxId) -> Result<SandboxPaths> {
+        SandboxPaths::new(self.root.join("sandboxes").join(id.as_str()))
+    }
+
+    pub fn home(&self, id: &SandboxId) -> PathBuf {
+        self.root.join("homes").join(id.as_str())
+    }
+
+    pub fn commands(&self, id: &SandboxId) -> CommandFiles {
+        CommandFiles {
+            dir: self.root.join("commands").join(id.as_str()),
+        }
+    }
+
+    /// The runner id saved by an earlier run, if any.
+    pub fn runner_id(&self) -> Result<Option<String>> {
+        let path = self.root.join("runner-id");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let id = text.trim();
+                Ok((!id.is_empty()).then(|| id.to_owned()))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("read", &path, e)),
+        }
+    }
+
+    pub fn save_runner_id(&self, id: &str) -> Result<()> {
+        write_durably(&self.root.join("runner-id"), format!("{id}\n").as_bytes())
+    }
+
+    /// Ids of the sandboxes anything is kept for on disk (files, home,
+    /// command records), for finding leftovers no longer assigned.
+    pub fn sandbox_ids_on_disk(&self) -> Result<Vec<String>> {
+        let mut ids = Vec::new();
+        for dir in ["sandboxes", "homes", "commands"] {
+            let dir = self.root.join(dir);
+            for name in list(&dir)? {
+                if !ids.contains(&name) {
+                    ids.push(name);
+                }
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+}
+
+/// A sandbox's command records (`DIR/commands/ID/`).
+#[derive(Clone, Debug)]
+pub struct CommandFiles {
+    dir: PathBuf,
+}
+
+/// What the data dir says about one command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CommandRecord {
+    /// Never launched by this runner.
+    New,
+    /// Launched (or about to be), end unknown to the data dir.
+    Launched,
+    /// Ended, as recorded (not necessarily reported yet).
+    Ended(RecordedEnd),
+}
+
+/// A command's end as it is reported: the state and its details.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedEnd {
+    pub state: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl RecordedEnd {
+    pub fn new(state: &str) -> RecordedEnd {
+        RecordedEnd {
+            state: state.to_owned(),
+            exit_code: None,
+            signal: None,
+            reason: None,
+        }
+    }
+
+    /// One line: `STATE EXIT_CODE SIGNAL REASON`, `-` for an absent field.
+    /// States, signals and reasons are single words.
+    fn to_line(&self) -> String {
+        let field = |value: Option<String>| value.unwrap_or_else(|| "-".to_owned());
+        format!(
+            "{} {} {} {}\n",
+            self.state,
+            field(self.exit_code.map(|c| c.to_string())),
+            field(self.signal.clone()),
+            field(self.reason.clone()),
+        )
+    }
+
+    fn parse(text: &str) -> Option<RecordedEnd> {
+        let mut fields = text.split_whitespace();
+        let state = fields.next()?.to_owned();
+        let mut next = || fields.next().filter(|f| *f != "-").map(str::to_owned);
+        let exit_code = match next() {
+            Some(code) => Some(code.parse().ok()?),
+            None => None,
+        };
+        Some(RecordedEnd {
+            state,
+            exit_code,
+            signal: next(),
+            reason: next(),
+        })
+    }
+}
+
+impl CommandFiles {
+    fn path(&self, command_id: &str, suffix: &str) -> PathBuf {
+        self.dir.join(format!("{command_id}.{suffix}"))
+    }
+
+    pub fn output(&self, command_id: &str, stream: &str) -> PathBuf {
+        self.path(command_id, stream)
+    }
+
+    /// Command ids must be one plain file name part; the server's are.
+    fn check(command_id: &str) -> Result<()> {
+        let ok = !command_id.is_empty()
+            && command_id.len() <= 128
+            && command_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Invalid(format!("command id {command_id:?}")))
+        }
+    }
+
+    pub fn record(&self, command_id: &str) -> Result<CommandRecord> {
+        Self::check(command_id)?;
+        let end = self.path(command_id, "end");
+        match std::fs::read_to_string(&end) {
+            Ok(text) => {
+                return RecordedEnd::parse(&text)
+                    .map(CommandRecord::Ended)
+                    .ok_or_else(|| {
+                        Error::Invalid(format!("unreadable command end record {}", end.display()))
+                    });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("read", &end, e)),
+        }
+        let launched = self.path(command_id, "launched");
+        match std::fs::symlink_metadata(&launched) {
+            Ok(_) => Ok(CommandRecord::Launched),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(CommandRecord::New),
+            Err(e) => Err(Error::io("inspect", &launched, e)),
+        }
+    }
+
+    /// Records, durably, that `command_id` is being launched: the file and
+    /// its directory entry are fsynced before this returns, so after any
+    /// crash (even of the host) the command is known as possibly run.
+    pub fn record_launch(&self, command_id: &str, epoch: u64) -> Result<()> {
+        Self::check(command_id)?;
+        if !self.dir.is_dir() {
+            std::fs::create_dir_all(&self.dir)
+                .map_err(|e| Error::io("create directory", &self.dir, e))?;
+            if let Some(parent) = self.dir.parent() {
+                sync_dir(parent)?;
+            }
+        }
+        let path = self.path(command_id, "launched");
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| Error::io("create", &path, e))?;
+        file.write_all(format!("epoch {epoch}\n").as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(|e| Error::io("write", &path, e))?;
+        sync_dir(&self.dir)
+    }
+
+    /// Records how the command ended, before it is reported, so a restart
+    /// reports the same end instead of `unknown`. Not fsynced: a runner
+    /// crash keeps it (page cache); a host crash loses it, and the end is
+    /// then reported `unknown`, which is still true.
+    pub fn record_end(&self, command_id: &str, end: &RecordedEnd) -> Result<()> {
+        Self::check(command_id)?;
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| Error::io("create directory", &self.dir, e))?;
+        let path = self.path(command_id, "end");
+        let temporary = self.path(command_id, "end.tmp");
+        std::fs::write(&temporary, end.to_line()).map_err(|e| Error::io("write", &temporary, e))?;
+        std::fs::rename(&temporary, &path).map_err(|e| Error::io("rename into", &path, e))
+    }
+
+    /// Ids of the commands with files here.
+    pub fn command_ids(&self) -> Result<Vec<String>> {
+        let mut ids: Vec<String> = list(&self.dir)?
+            .into_iter()
+            .filter_map(|name| name.split_once('.').map(|(id, _)| id.to_owned()))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// Removes every file of `command_id`.
+    pub fn forget(&self, command_id: &str) -> Result<()> {
+        Self::check(command_id)?;
+        for suffix in ["stdout", "stderr", "end", "end.tmp", "launched"] {
+            remove_file(&self.path(command_id, suffix))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the sandbox's whole command directory.
+    pub fn remove_all(&self) -> Result<()> {
+        remove_tree(&self.dir)
+    }
+}
+
+/// Names in `dir` (none if it does not exist).
+fn list(dir: &Path) -> Result<Vec<String>> {
+    let listing = match std::fs::read_dir(dir) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("list", dir, e)),
+    };
+    let mut names = Vec::new();
+    for entry in listing {
+        let entry = entry.map_err(|e| Error::io("list", dir, e))?;
+        if let Ok(name) = entry.file_name().into_string() {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("sync", dir, e))
+}
+
+/// temp file → fsync → rename → fsync the directory.
+pub(crate) fn write_durably(path: &Path, contents: &[u8]) -> Result<()> {
+    let temporary = path.with_extension("tmp");
+    let mut file = File::create(&temporary).map_err(|e| Error::io("create", &temporary, e))?;
+    file.write_all(contents)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| Error::io("write", &temporary, e))?;
+    std::fs::rename(&temporary, path).map_err(|e| Error::io("rename into", path, e))?;
+    match path.parent() {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
+}
+
+pub(crate) fn remove_file(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove", path, e)),
+    }
+}
+
+pub(crate) fn remove_tree(path: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove", path, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ends_round_trip() {
+        let ends = [
+            RecordedEnd {
+                state: "exited".into(),
+                exit_code: Some(-3),
+                signal: None,
+                reason: None,
+            },
+            RecordedEnd {
+                state: "interrupted".into(),
+                exit_code: None,
+                signal: Some("TERM".into()),
+                reason: Some("signal_requested".into()),
+            },
+            RecordedEnd::new("unknown"),
+        ];
+        for end in ends {
+            assert_eq!(RecordedEnd::parse(&end.to_line()), Some(end));
+        }
+        assert_eq!(RecordedEnd::parse(""), None);
+        assert_eq!(RecordedEnd::parse("exited x - -"), None);
+    }
+
+    #[test]
+    fn a_launched_command_stays_launched_until_forgotten() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = DataDir::open(tmp.path()).expect("open");
+        let id = SandboxId::new("sbx_1").expect("id");
+        let files = data.commands(&id);
+        assert_eq!(files.record("cmd_1").expect("record"), CommandRecord::New);
+        files.record_launch("cmd_1", 3).expect("launch");
+        assert_eq!(
+            files.record("cmd_1").expect("record"),
+            CommandRecord::Launched
+        );
+        // Launching twice is refused: the marker is created exclusively.
+        assert!(files.record_launch("cmd_1", 3).is_err());
+        let end = RecordedEnd {
+            exit_code: Some(0),
+            ..RecordedEnd::new("exited")
+        };
+        files.record_end("cmd_1", &end).expect("end");
+        assert_eq!(
+            files.record("cmd_1").expect("record"),
+            CommandRecord::Ended(end)
+        );
+        assert_eq!(files.command_ids().expect("ids"), vec!["cmd_1".to_owned()]);
+        files.forget("cmd_1").expect("forget");
+        assert_eq!(files.record("cmd_1").expect("record"), CommandRecord::New);
+        assert!(files.record("../x").is_err());
+    }
+
+    #[test]
+    fn the_data_dir_is_locked_and_keeps_the_runner_id() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = DataDir::open(tmp.path()).expect("open");
+        assert!(DataDir::open(tmp.path()).is_err(), "a second runner");
+        assert_eq!(data.runner_id().expect("read"), None);
+        data.save_runner_id("rnr_1").expect("save");
+        drop(data);
+        let again = DataDir::open(tmp.path()).expect("reopen after the first let go");
+        assert_eq!(again.runner_id().expect("read"), Some("rnr_1".to_owned()));
+    }
+}

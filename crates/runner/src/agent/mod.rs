@@ -1,0 +1,535 @@
+//! The runner agent (`roost runner`): the one part of this crate that
+//! speaks the control plane's runner protocol. It registers, keeps its
+//! lease by heartbeat, long-polls its assignments and turns them into
+//! containers through the OCI layer, reporting only what it observes.
+//!
+//! # Shape
+//!
+//! - [`run`]: registration, the heartbeat task and the assignments loop,
+//!   which hands each sandbox's assignment (with its commands) to that
+//!   sandbox's worker.
+//! - `sandbox`: one worker task per sandbox, level-triggered: each pass
+//!   compares the desired state with what the runtime is observed doing and
+//!   acts (launch, stop keeping the home, start, terminate, delete), then
+//!   reports the observed state with the placement's epoch. It also watches
+//!   a running container for out-of-band death.
+//! - `command`: one task per command: launched at most once (a marker is
+//!   fsynced in the data dir first), output spooled and streamed to the
+//!   server by offset, its end mapped to the server's command states.
+//! - [`dirs`]: the data directory. [`host`]: default capacity.
+//!
+//! # Restarts lose nothing reported
+//!
+//! Containers do not belong to the agent's process: they keep running when
+//! it dies, and a restarted agent re-adopts them (by id, from the runtime's
+//! state in the data dir) instead of launching them again. Its runner id is
+//! kept in the data dir, so it registers as the same runner and its
+//! placements stay valid. A command found launched but without a recorded
+//! end is reported `unknown`, never launched again.
+//!
+//! # Fencing
+//!
+//! A report answered 409 `fenced` means the placement is no longer this
+//! runner's (its lease expired and the sandbox was failed or moved, or a
+//! newer placement exists): the agent kills the container, stops reporting
+//! for that placement, and removes the sandbox's files once it is no longer
+//! assigned. Nothing fenced is retried.
+//!
+//! A runner that cannot renew its lease keeps its sandboxes running:
+//! DESIGN.md §7's freeze before the lease could expire guards against two
+//! writers of one durable home, and this runner runs only `standard`
+//! sandboxes, which the server never places anywhere else.
+
+pub mod dirs;
+pub mod host;
+
+mod command;
+mod sandbox;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use api::ErrorCode;
+use api::client::{Client, ClientError};
+use api::runners::{Assignments, Capacity, CommandAssignment, RegisterRequest};
+use tokio::sync::watch;
+
+use crate::config::{InitProgram, SandboxId};
+use crate::runtime::{Runtime, RuntimeChoice, RuntimeConfig};
+use dirs::DataDir;
+use sandbox::Assigned;
+
+/// What this runner enforces, exactly; the server places only sandboxes
+/// whose needs are all listed (fail closed: a network, image or storage
+/// class missing here is refused at admission, never weakened).
+pub const CAPABILITIES: &[&str] = &["image:default", "network:none", "storage:standard"];
+
+/// Advertised on top of [`CAPABILITIES`] when the runner's bridge (a
+/// bridge, outbound NAT, isolation between sandboxes) was set up.
+pub const BRIDGE_CAPABILITY: &str = "network:bridge";
+
+/// What this runner enforces, as it registers: the bridge only where its
+/// setup succeeded on this host.
+fn capabilities(runtime: &Runtime) -> Vec<String> {
+    let mut capabilities: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
+    if runtime.bridge_available() {
+        capabilities.push(BRIDGE_CAPABILITY.to_owned());
+    }
+    capabilities
+}
+
+/// How soon a failed heartbeat is tried again.
+const HEARTBEAT_RETRY_MS: u64 = 1_000;
+/// Seconds one assignments long-poll may wait (the server's maximum).
+const ASSIGNMENTS_WAIT_SECONDS: u64 = 25;
+/// First and longest pause between attempts at a call that failed
+/// transiently (server restarting, connection dropped).
+const RETRY_PAUSE_MIN_MS: u64 = 100;
+const RETRY_PAUSE_MAX_MS: u64 = 5_000;
+
+/// How to run the agent.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// The control plane, e.g. `http://127.0.0.1:7070`.
+    pub server_url: String,
+    /// A runner token (`roost admin runner-token`).
+    pub token: String,
+    /// Where the runner keeps everything (see [`dirs`]).
+    pub data_dir: PathBuf,
+    pub runtime: RuntimeChoice,
+    /// Shown in the server's records; defaults to the host name.
+    pub name: String,
+    /// `spot` or `on_demand`.
+    pub placement_class: String,
+    pub labels: BTreeMap<String, String>,
+    pub capacity: Capacity,
+    /// The program every sandbox runs as PID 1 (the `roost` binary with
+    /// `init`), bind-mounted read-only into each sandbox.
+    pub init: InitProgram,
+    /// Parent of every sandbox's cgroup.
+    pub cgroup_parent: String,
+    /// Between a stop's SIGTERM and its SIGKILL.
+    pub stop_grace: Duration,
+    /// Between a command timeout's SIGTERM and its SIGKILL.
+    pub command_kill_grace: Duration,
+    /// Tests only: a named point at which the agent kills itself with
+    /// SIGKILL (`ROOST_FAILPOINT`), e.g. `runner:after_command_launch`.
+    pub failpoint: Option<String>,
+}
+
+impl AgentConfig {
+    /// A config with the host's defaults: its name, its whole capacity,
+    /// `on_demand`, the runtime picked automatically.
+    pub fn new(server_url: &str, token: &str, data_dir: PathBuf, init: InitProgram) -> Self {
+        AgentConfig {
+            server_url: server_url.to_owned(),
+            token: token.to_owned(),
+            data_dir,
+            runtime: RuntimeChoice::Auto,
+            name: host::hostname(),
+            placement_class: "on_demand".to_owned(),
+            labels: BTreeMap::new(),
+            capacity: host::capacity(),
+            init,
+            cgroup_parent: "roost".to_owned(),
+            stop_grace: Duration::from_secs(10),
+            command_kill_grace: Duration::from_secs(10),
+            failpoint: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Local(#[from] crate::Error),
+    #[error("register with {url} failed: {source}")]
+    Register { url: String, source: ClientError },
+    #[error(
+        "the server does not know runner {saved} (saved in {path}), yet sandboxes of it are on disk: this data dir belongs to another control plane; use a fresh --data-dir"
+    )]
+    ForeignDataDir { saved: String, path: PathBuf },
+}
+
+/// Why a report or upload stopped for good.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// 409 `fenced`: the placement is not this runner's any more.
+    Fenced(String),
+    /// Any other permanent answer (e.g. 409 `invalid_state`: the record
+    /// has moved on, such as a command the server already ended).
+    Refused(ClientError),
+}
+
+/// Sorts a client error into "try again" (`None`) and a refusal.
+pub(crate) fn refusal(err: ClientError) -> Result<ClientError, Refusal> {
+    match err.code() {
+        Some(ErrorCode::Fenced) => Err(Refusal::Fenced(err.to_string())),
+        _ if err.is_transient() => Ok(err),
+        _ => Err(Refusal::Refused(err)),
+    }
+}
+
+/// Pauses doubling from [`RETRY_PAUSE_MIN_MS`] to [`RETRY_PAUSE_MAX_MS`].
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    next_ms: u64,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Backoff {
+        Backoff {
+            next_ms: RETRY_PAUSE_MIN_MS,
+        }
+    }
+
+    pub(crate) fn next(&mut self) -> Duration {
+        let pause = Duration::from_millis(self.next_ms);
+        self.next_ms = (self.next_ms * 2).min(RETRY_PAUSE_MAX_MS);
+        pause
+    }
+}
+
+/// What every task of the agent shares.
+pub(crate) struct Shared {
+    pub(crate) client: Client,
+    runner_id: Mutex<String>,
+    pub(crate) runtime: Runtime,
+    pub(crate) data: DataDir,
+    pub(crate) config: AgentConfig,
+}
+
+impl Shared {
+    pub(crate) fn runner_id(&self) -> String {
+        self.runner_id
+            .lock()
+            .map(|id| id.clone())
+            .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+    }
+
+    fn set_runner_id(&self, id: &str) {
+        match self.runner_id.lock() {
+            Ok(mut current) => *current = id.to_owned(),
+            Err(poisoned) => *poisoned.into_inner() = id.to_owned(),
+        }
+    }
+
+    /// Tests only: dies here, as `kill -9` would, when told to.
+    pub(crate) fn failpoint(&self, name: &str) {
+        if self.config.failpoint.as_deref() == Some(name) {
+            tracing::error!(failpoint = name, "failpoint reached; killing this runner");
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::KILL,
+            );
+        }
+    }
+
+    /// Runs `call` until it succeeds or is refused, pausing between
+    /// transient failures. Reports and uploads are idempotent, so a retry
+    /// of one that did arrive changes nothing.
+    pub(crate) async fn retrying<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T, Refusal>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        let mut backoff = Backoff::new();
+        let mut attempts = 0_u32;
+        loop {
+            match call().await {
+                Ok(value) => return Ok(value),
+                Err(err) => {
+                    let err = refusal(err)?;
+                    attempts += 1;
+                    if attempts >= 3 && attempts.is_power_of_two() {
+                        tracing::warn!(%err, attempts, "{what} failed; retrying");
+                    }
+                    tokio::time::sleep(backoff.next()).await;
+                }
+            }
+        }
+    }
+}
+
+/// Registers (as the runner saved in the data dir, if any) until the server
+/// answers; a permanent refusal (a bad token) is an error.
+async fn register(shared: &Shared, request: &RegisterRequest) -> Result<u64, AgentError> {
+    let mut backoff = Backoff::new();
+    let mut attempts = 0_u32;
+    let registered = loop {
+        match shared.client.runner_register(request).await {
+            Ok(registered) => break registered,
+            Err(err) if err.is_transient() => {
+                attempts += 1;
+                if attempts.is_power_of_two() {
+                    tracing::warn!(%err, "cannot register yet; retrying");
+                }
+                tokio::time::sleep(backoff.next()).await;
+            }
+            Err(source) => {
+                return Err(AgentError::Register {
+                    url: shared.config.server_url.clone(),
+                    source,
+                });
+            }
+        }
+    };
+    if request.runner_id.as_deref() != Some(registered.runner_id.as_str()) {
+        if let Some(saved) = &request.runner_id
+            && !shared.data.sandbox_ids_on_disk()?.is_empty()
+        {
+            return Err(AgentError::ForeignDataDir {
+                saved: saved.clone(),
+                path: shared.data.root().join("runner-id"),
+            });
+        }
+        shared.data.save_runner_id(&registered.runner_id)?;
+    }
+    shared.set_runner_id(&registered.runner_id);
+    tracing::info!(runner_id = %registered.runner_id, lease_ttl_ms = registered.lease_ttl_ms, "registered");
+    Ok(registered.heartbeat_interval_ms.max(100))
+}
+
+fn register_request(shared: &Shared) -> RegisterRequest {
+    let config = &shared.config;
+    let saved = shared.runner_id();
+    RegisterRequest {
+        runner_id: (!saved.is_empty()).then_some(saved),
+        name: config.name.clone(),
+        placement_class: config.placement_class.clone(),
+        labels: config.labels.clone(),
+        capabilities: capabilities(&shared.runtime),
+        capacity: config.capacity.clone(),
+    }
+}
+
+/// Runs the agent until `shutdown` resolves. Sandboxes keep running when
+/// it returns (a restart re-adopts them); commands it was driving are
+/// killed, and reported `unknown` by the next run.
+pub async fn run(
+    config: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), AgentError> {
+    run_with(config, shutdown, |_| {}).await
+}
+
+/// [`run`], calling `on_registered` with the runner id once the first
+/// registration has succeeded: from then on the server admits sandboxes
+/// this runner can run (`roost up` says it is up only then).
+pub async fn run_with(
+    config: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+    on_registered: impl FnOnce(&str),
+) -> Result<(), AgentError> {
+    if !rustix::process::geteuid().is_root() {
+        // The OCI config is not rootless: every create would fail later,
+        // one sandbox at a time.
+        return Err(crate::Error::Unsupported(
+            "the runner needs root: it creates containers, cgroups and mounts through runc or crun"
+                .to_owned(),
+        )
+        .into());
+    }
+    let data = DataDir::open(&config.data_dir)?;
+    let mut runtime_config = RuntimeConfig::new(config.runtime, data.runtime_root());
+    runtime_config.cgroup_parent = config.cgroup_parent.clone();
+    runtime_config.bridge = Some(crate::network::BridgeConfig::new(
+        data.root().join("network"),
+    ));
+    let runtime = Runtime::open(runtime_config)?;
+    if let Some(reason) = runtime.bridge_unavailable_reason() {
+        tracing::warn!(%reason, "bridge networking unavailable; not offering network:bridge");
+    }
+    let saved = data.runner_id()?.unwrap_or_default();
+    let shared = Arc::new(Shared {
+        client: Client::new(&config.server_url, &config.token),
+        runner_id: Mutex::new(saved),
+        runtime,
+        data,
+        config,
+    });
+    tracing::info!(
+        runtime = shared.runtime.kind().name(),
+        data_dir = %shared.data.root().display(),
+        "runner starting"
+    );
+    let registration = tokio::sync::Mutex::new(());
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut heartbeat_ms = {
+        let _guard = registration.lock().await;
+        let request = register_request(&shared);
+        tokio::select! {
+            registered = register(&shared, &request) => registered?,
+            () = &mut shutdown => return Ok(()),
+        }
+    };
+    on_registered(&shared.runner_id());
+    let mut workers: HashMap<String, WorkerHandle> = HashMap::new();
+    let result = {
+        let assignments = assignments_loop(&shared, &registration, &mut workers);
+        let heartbeats = async {
+            let mut pause_ms = heartbeat_ms;
+            loop {
+                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                pause_ms = heartbeat_ms;
+                let request = api::runners::HeartbeatRequest {
+                    runner_id: shared.runner_id(),
+                };
+                match shared.client.runner_heartbeat(&request).await {
+                    Ok(_) => {}
+                    Err(err) if err.code() == Some(ErrorCode::Fenced) => {
+                        tracing::warn!(%err, "lease lost; registering again");
+                        let _guard = registration.lock().await;
+                        let request = register_request(&shared);
+                        heartbeat_ms = register(&shared, &request).await?;
+                        pause_ms = heartbeat_ms;
+                    }
+                    Err(err) => {
+                        // Try again soon: a lease lasts three intervals.
+                        pause_ms = HEARTBEAT_RETRY_MS.min(heartbeat_ms);
+                        tracing::warn!(%err, "heartbeat failed; the lease runs out unless one gets through");
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            result = assignments => result,
+            result = heartbeats => result,
+            () = &mut shutdown => Ok(()),
+        }
+    };
+    // Workers end when their senders go; their containers stay.
+    for (_, worker) in workers.drain() {
+        drop(worker.sender);
+        worker.task.abort();
+    }
+    tracing::info!("runner stopped; sandboxes keep running and are re-adopted at the next start");
+    result
+}
+
+/// One sandbox's worker, as the assignments loop holds it.
+struct WorkerHandle {
+    sender: watch::Sender<Option<Assigned>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn assignments_loop(
+    shared: &Arc<Shared>,
+    registration: &tokio::sync::Mutex<()>,
+    workers: &mut HashMap<String, WorkerHandle>,
+) -> Result<(), AgentError> {
+    let mut etag = String::new();
+    let mut first = true;
+    let mut backoff = Backoff::new();
+    loop {
+        let runner_id = shared.runner_id();
+        let answer = shared
+            .client
+            .runner_assignments(&runner_id, &etag, ASSIGNMENTS_WAIT_SECONDS)
+            .await;
+        match answer {
+            Ok(assignments) => {
+                backoff = Backoff::new();
+                etag = assignments.etag.clone();
+                dispatch(shared, assignments, workers, first)?;
+                first = false;
+            }
+            Err(err) if err.code() == Some(ErrorCode::Fenced) => {
+                tracing::warn!(%err, "the server no longer counts this runner live; registering again");
+                let _guard = registration.lock().await;
+                let request = register_request(shared);
+                register(shared, &request).await?;
+                etag.clear();
+            }
+            Err(err) => {
+                let pause = backoff.next();
+                tracing::warn!(%err, pause_ms = pause.as_millis() as u64, "cannot read assignments; retrying");
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// Hands each sandbox its assignment and commands (waking its worker only
+/// if they changed), tells workers of sandboxes no longer assigned, and on
+/// the first answer also cleans up leftovers of earlier runs.
+fn dispatch(
+    shared: &Arc<Shared>,
+    assignments: Assignments,
+    workers: &mut HashMap<String, WorkerHandle>,
+    first: bool,
+) -> Result<(), AgentError> {
+    let mut commands: HashMap<String, Vec<CommandAssignment>> = HashMap::new();
+    for command in assignments.commands {
+        commands
+            .entry(command.sandbox_id.clone())
+            .or_default()
+            .push(command);
+    }
+    let mut assigned_ids: Vec<String> = Vec::new();
+    for sandbox in assignments.sandboxes {
+        let id = sandbox.sandbox_id.clone();
+        let assigned = Assigned {
+            commands: commands.remove(&id).unwrap_or_default(),
+            sandbox,
+        };
+        assigned_ids.push(id.clone());
+        if let Some(worker) = workers.get(&id)
+            && !worker.task.is_finished()
+        {
+            worker.sender.send_if_modified(|current| {
+                if current.as_ref() == Some(&assigned) {
+                    false
+                } else {
+                    *current = Some(assigned);
+                    true
+                }
+            });
+            continue;
+        }
+        match SandboxId::new(id.clone()) {
+            Ok(sandbox_id) => {
+                workers.insert(id, spawn_worker(shared, sandbox_id, Some(assigned)));
+            }
+            Err(err) => {
+                tracing::error!(sandbox_id = %id, %err, "cannot run a sandbox with this id")
+            }
+        }
+    }
+    for (id, worker) in workers.iter() {
+        if !assigned_ids.contains(id) {
+            worker
+                .sender
+                .send_if_modified(|current| current.take().is_some());
+        }
+    }
+    workers.retain(|_, worker| !worker.task.is_finished());
+    if first {
+        // Whatever an earlier run left that the server no longer assigns
+        // here: a worker with no assignment removes it.
+        let mut leftovers = shared.data.sandbox_ids_on_disk()?;
+        leftovers.extend(shared.runtime.container_ids()?);
+        leftovers.sort();
+        leftovers.dedup();
+        for id in leftovers {
+            if workers.contains_key(&id) {
+                continue;
+            }
+            match SandboxId::new(id.clone()) {
+                Ok(sandbox_id) => {
+                    workers.insert(id, spawn_worker(shared, sandbox_id, None));
+                }
+                Err(err) => tracing::warn!(name = %id, %err, "ignoring a file that is no sandbox"),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn spawn_worker(shared: &Arc<Shared>, id: SandboxId, assigned: Option<Assigned>) -> WorkerHandle {
+    let (sender, receiver) = watch::channel(assigned);
+    let task = tokio::spawn(sandbox::run(shared.clone(), id, receiver));
+    WorkerHandle { sender, task }
+}

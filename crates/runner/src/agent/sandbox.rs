@@ -1,0 +1,918 @@
+//! One worker per sandbox, level-triggered: each pass observes the
+//! container, compares that with the assignment's desired and recorded
+//! states ([`decide`]), acts, and reports what it then observes, with the
+//! placement's epoch. Passes run when the assignment changes, when the
+//! container's init dies (a watcher on its pidfd), after a failed step (with
+//! a backoff) and every [`RESYNC_SECONDS`] regardless.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::runners::{CommandAssignment, SandboxAssignment, SandboxReport};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::command::{self, CommandJob};
+use super::dirs::{CommandFiles, remove_tree};
+use super::{Backoff, Refusal, Shared, refusal};
+use crate::config::{Limits, Network, SandboxConfig, SandboxId};
+use crate::error::Error;
+use crate::runtime::{DeathCause, Observation, Sandbox};
+
+/// A pass runs at least this often, to catch what no event announced.
+const RESYNC_SECONDS: u64 = 10;
+/// How long a stop or a death waits for the sandbox's commands to report
+/// their own ends before the sandbox's state is reported.
+const COMMANDS_SETTLE_MS: u64 = 1_500;
+/// Launch attempts that fail for a reason that may pass (a runtime that
+/// could not be started, an I/O error) before the sandbox is failed.
+const LAUNCH_ATTEMPTS_MAX: u32 = 3;
+
+/// A sandbox's assignment and the commands handed over for it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Assigned {
+    pub sandbox: SandboxAssignment,
+    pub commands: Vec<CommandAssignment>,
+}
+
+/// What the runtime shows, reduced to what decisions depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Seen {
+    Missing,
+    Created,
+    Running,
+    Paused,
+    Stopped,
+}
+
+impl Seen {
+    fn of(observation: &Observation) -> Seen {
+        match observation {
+            Observation::Missing => Seen::Missing,
+            Observation::Created { .. } => Seen::Created,
+            Observation::Running { .. } => Seen::Running,
+            Observation::Paused { .. } => Seen::Paused,
+            Observation::Stopped(_) => Seen::Stopped,
+        }
+    }
+
+    fn has_compute(self) -> bool {
+        matches!(self, Seen::Created | Seen::Running | Seen::Paused)
+    }
+}
+
+/// One step of a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Desired and observed agree.
+    Idle,
+    /// Create and start the container (removing a dead one of an earlier
+    /// placement first).
+    Launch,
+    /// A created container not yet started (the runner died in between).
+    Start,
+    Resume,
+    ReportRunning,
+    /// The init died on its own: `failed` with its cause.
+    ReportDeath,
+    /// The record says running, the runtime has no such container.
+    ReportVanished,
+    /// Stop the container (SIGTERM, SIGKILL after the grace), keep its
+    /// files, then report `end`; `stopping` first when not yet reported.
+    Stop {
+        report_stopping: bool,
+        end: End,
+    },
+    /// Nothing runs any more: clear a dead container, report `end`.
+    Finish {
+        end: End,
+    },
+    /// The record says no compute, yet a container is there: kill it.
+    Kill,
+    /// A dead container with nothing left to report: remove it (its files
+    /// stay).
+    ClearCorpse,
+    /// Kill everything, remove every file and the home, report `deleted`.
+    Delete,
+}
+
+/// Where a stop ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum End {
+    /// `stopped` (`stop_requested`): the home stays, start comes back here.
+    Stopped,
+    /// `terminated` (`ttl_expired`): final; storage stays until delete.
+    Terminated,
+}
+
+impl End {
+    fn state(self) -> &'static str {
+        match self {
+            End::Stopped => "stopped",
+            End::Terminated => "terminated",
+        }
+    }
+
+    fn reason(self) -> &'static str {
+        match self {
+            End::Stopped => "stop_requested",
+            End::Terminated => "ttl_expired",
+        }
+    }
+}
+
+/// The decision table: what to do given the desired state, the state the
+/// server last recorded, what the runtime shows, and whether this process
+/// launched the container for this placement. Pure, so it is tested alone.
+pub(crate) fn decide(desired: &str, recorded: &str, seen: Seen, launched_here: bool) -> Action {
+    use Action::*;
+    if desired == "deleted" {
+        return Delete;
+    }
+    let settled = |seen: Seen| match seen {
+        Seen::Missing => Idle,
+        Seen::Stopped => ClearCorpse,
+        _ => Kill,
+    };
+    if matches!(recorded, "failed" | "terminated" | "deleted") {
+        return settled(seen);
+    }
+    match desired {
+        "running" => match recorded {
+            "starting" => match seen {
+                Seen::Missing => Launch,
+                Seen::Created => Start,
+                Seen::Paused => Resume,
+                Seen::Running => ReportRunning,
+                // Died before it was ever reported running.
+                Seen::Stopped if launched_here => ReportDeath,
+                // A dead container of an earlier placement.
+                Seen::Stopped => Launch,
+            },
+            "running" => match seen {
+                Seen::Running => Idle,
+                Seen::Paused => Resume,
+                Seen::Created => Start,
+                Seen::Stopped => ReportDeath,
+                Seen::Missing => ReportVanished,
+            },
+            // Started again while stopping (the server keeps the placement
+            // until the stop is reported): if it still runs, it runs; if it
+            // is already down, it runs again, on the same home.
+            "stopping" => match seen {
+                Seen::Running => ReportRunning,
+                Seen::Paused => Resume,
+                Seen::Created => Start,
+                Seen::Stopped | Seen::Missing => Launch,
+            },
+            // Waiting to be placed (again): no compute meanwhile.
+            _ => settled(seen),
+        },
+        "stopped" | "terminated" => {
+            let end = if desired == "stopped" {
+                End::Stopped
+            } else {
+                End::Terminated
+            };
+            match recorded {
+                "stopped" if end == End::Stopped => settled(seen),
+                _ if seen.has_compute() => Stop {
+                    report_stopping: recorded != "stopping",
+                    end,
+                },
+                _ => Finish { end },
+            }
+        }
+        _ => settled(seen),
+    }
+}
+
+/// What to do after a pass.
+enum Next {
+    /// Wait for an event (or the resync).
+    Idle,
+    /// A step failed in a way that may pass: run again after a pause.
+    Retry,
+}
+
+/// A running command task; aborted (killing the command) when dropped.
+struct CommandTask {
+    task: JoinHandle<()>,
+    signal: watch::Sender<Option<String>>,
+}
+
+impl Drop for CommandTask {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    id: SandboxId,
+    handle: Sandbox,
+    home: PathBuf,
+    files: CommandFiles,
+    /// Fires when the running container's init dies.
+    watcher: Option<JoinHandle<()>>,
+    /// The epoch this process launched a container for.
+    launched_epoch: Option<u64>,
+    /// A placement the server fenced this runner from: nothing more is done
+    /// for it (or an earlier one).
+    fenced_epoch: Option<u64>,
+    launch_failures: u32,
+    commands: HashMap<String, CommandTask>,
+    /// The sandbox was deleted and reported so: nothing is left here.
+    deleted: bool,
+    /// The last state reported and accepted, to log changes once.
+    reported: Option<(u64, String)>,
+    /// What the last pass saw.
+    last_seen: Option<Seen>,
+}
+
+/// Runs one sandbox's worker until its sender is dropped (the runner
+/// stops: the container keeps running) or the sandbox is no longer
+/// assigned (then it is removed).
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    id: SandboxId,
+    mut assigned: watch::Receiver<Option<Assigned>>,
+) {
+    let paths = match shared.data.sandbox_paths(&id) {
+        Ok(paths) => paths,
+        Err(err) => {
+            tracing::error!(sandbox_id = %id, %err, "cannot place this sandbox's files");
+            return;
+        }
+    };
+    let mut worker = Worker {
+        handle: shared.runtime.sandbox(id.clone(), paths),
+        home: shared.data.home(&id),
+        files: shared.data.commands(&id),
+        shared,
+        id,
+        watcher: None,
+        launched_epoch: None,
+        fenced_epoch: None,
+        launch_failures: 0,
+        commands: HashMap::new(),
+        deleted: false,
+        reported: None,
+        last_seen: None,
+    };
+    let mut backoff = Backoff::new();
+    // Whether the next pass must ask the runtime (not the first, after a
+    // timer or a death, or when the sandbox's own assignment changed).
+    let mut fresh = true;
+    loop {
+        let current = assigned.borrow_and_update().clone();
+        let Some(current) = current else {
+            worker.leave().await;
+            // Assigned again while it was being removed: carry on.
+            if assigned.borrow_and_update().is_some() {
+                continue;
+            }
+            return;
+        };
+        let pause = match worker.pass(&current, fresh).await {
+            Next::Idle => {
+                backoff = Backoff::new();
+                Duration::from_secs(RESYNC_SECONDS)
+            }
+            Next::Retry => backoff.next(),
+        };
+        let watcher = async {
+            match worker.watcher.as_mut() {
+                Some(watcher) => {
+                    let _ = watcher.await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        fresh = true;
+        tokio::select! {
+            changed = assigned.changed() => {
+                if changed.is_err() {
+                    // The runner is stopping; the container stays.
+                    return;
+                }
+                let next = assigned.borrow();
+                fresh = next.as_ref().is_none_or(|next| next.sandbox != current.sandbox);
+            }
+            () = watcher => {
+                worker.watcher = None;
+            }
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+impl Worker {
+    /// One pass. Without `fresh`, only the commands changed: if the init
+    /// was seen running and its pidfd watcher has not fired since, it is
+    /// still running, and the runtime is not asked again (that costs a
+    /// process spawn per exec).
+    async fn pass(&mut self, assigned: &Assigned, fresh: bool) -> Next {
+        let sandbox = &assigned.sandbox;
+        if self
+            .fenced_epoch
+            .is_some_and(|fenced| sandbox.epoch <= fenced)
+        {
+            return Next::Idle;
+        }
+        let watched_alive = self.watcher.as_ref().is_some_and(|w| !w.is_finished());
+        let observation = if !fresh && watched_alive && self.last_seen == Some(Seen::Running) {
+            Observation::Running { init_pid: 0 }
+        } else {
+            match self.handle.observe().await {
+                Ok(observation) => observation,
+                Err(err) => {
+                    tracing::warn!(sandbox_id = %self.id, %err, "cannot observe the container");
+                    self.last_seen = None;
+                    return Next::Retry;
+                }
+            }
+        };
+        let seen = Seen::of(&observation);
+        self.last_seen = Some(seen);
+        let launched_here = self.launched_epoch == Some(sandbox.epoch);
+        let action = decide(&sandbox.desired, &sandbox.state, seen, launched_here);
+        if action != Action::Idle {
+            tracing::debug!(sandbox_id = %self.id, desired = %sandbox.desired, recorded = %sandbox.state, ?seen, ?action, "acting");
+        }
+        let result = match action {
+            Action::Idle => Ok(()),
+            Action::Launch => self.launch(sandbox, seen).await,
+            Action::Start => self.start(sandbox).await,
+            Action::Resume => self.resume(sandbox).await,
+            Action::ReportRunning => self.report_running(sandbox).await,
+            Action::ReportDeath => self.report_death(sandbox, &observation).await,
+            Action::ReportVanished => {
+                self.report(
+                    sandbox,
+                    "failed",
+                    Some("workload_exited"),
+                    Some("the container is gone from the runtime (was the host restarted?); its exit code is unknown".to_owned()),
+                )
+                .await
+            }
+            Action::Stop {
+                report_stopping,
+                end,
+            } => self.stop(sandbox, report_stopping, end).await,
+            Action::Finish { end } => self.finish(sandbox, end).await,
+            Action::Kill => self.kill().await,
+            Action::ClearCorpse => self.handle.delete().await.map_err(Step::Local),
+            Action::Delete => self.delete(sandbox).await,
+        };
+        if let Err(step) = result {
+            return self.failed_step(sandbox, step).await;
+        }
+        if seen == Seen::Running
+            && matches!(action, Action::Idle | Action::ReportRunning)
+            && sandbox.desired == "running"
+        {
+            self.watch();
+            self.run_commands(assigned);
+        }
+        self.forget_ended_commands(assigned);
+        Next::Idle
+    }
+
+    async fn failed_step(&mut self, sandbox: &SandboxAssignment, step: Step) -> Next {
+        match step {
+            Step::Local(err) => {
+                tracing::warn!(sandbox_id = %self.id, %err, "step failed; retrying");
+                Next::Retry
+            }
+            Step::Transient(err) => {
+                tracing::debug!(sandbox_id = %self.id, %err, "report failed; retrying");
+                Next::Retry
+            }
+            Step::Refused(Refusal::Fenced(message)) => {
+                self.fenced(sandbox.epoch, &message).await;
+                Next::Idle
+            }
+            Step::Refused(Refusal::Refused(err)) => {
+                // The record moved on (e.g. a concurrent change): the
+                // next assignment shows where it is.
+                tracing::info!(sandbox_id = %self.id, %err, "report refused");
+                Next::Retry
+            }
+        }
+    }
+
+    /// The server says this placement is not ours: kill the container and
+    /// stop acting for it. Logged once per placement.
+    async fn fenced(&mut self, epoch: u64, message: &str) {
+        if self.fenced_epoch.is_some_and(|fenced| fenced >= epoch) {
+            return;
+        }
+        self.fenced_epoch = Some(epoch);
+        let ended_here = self.reported.as_ref().is_some_and(|(reported, state)| {
+            *reported == epoch
+                && ["stopped", "terminated", "failed", "deleted"].contains(&state.as_str())
+        });
+        if ended_here {
+            // A late pass over an old assignment re-reported the end of a
+            // placement the server has since replaced (a start after a
+            // stop): nothing runs for it any more.
+            tracing::debug!(sandbox_id = %self.id, epoch, message, "placement already ended and replaced");
+        } else {
+            tracing::warn!(sandbox_id = %self.id, epoch, message, "fenced: this placement is no longer this runner's; killing the sandbox");
+        }
+        self.unwatch();
+        self.commands.clear();
+        if let Err(err) = self.handle.delete().await {
+            tracing::error!(sandbox_id = %self.id, %err, "cannot kill the fenced sandbox");
+        }
+    }
+
+    /// Reports `state` at the placement's epoch.
+    async fn report(
+        &mut self,
+        sandbox: &SandboxAssignment,
+        state: &str,
+        reason: Option<&str>,
+        message: Option<String>,
+    ) -> Result<(), Step> {
+        let report = SandboxReport {
+            runner_id: self.shared.runner_id(),
+            epoch: sandbox.epoch,
+            state: state.to_owned(),
+            reason: reason.map(str::to_owned),
+            message: message.clone(),
+        };
+        match self
+            .shared
+            .client
+            .runner_report_sandbox(self.id.as_str(), &report)
+            .await
+        {
+            Ok(_) => {
+                let now = Some((sandbox.epoch, state.to_owned()));
+                if self.reported != now {
+                    tracing::info!(sandbox_id = %self.id, epoch = sandbox.epoch, state, reason, message, "reported");
+                    self.reported = now;
+                }
+                Ok(())
+            }
+            Err(err) => Err(match refusal(err) {
+                Ok(transient) => Step::Transient(transient),
+                Err(refused) => Step::Refused(refused),
+            }),
+        }
+    }
+
+    fn config(&self, sandbox: &SandboxAssignment) -> Result<SandboxConfig, Unrunnable> {
+        if sandbox.image != "default" {
+            return Err(Unrunnable::new(
+                "image_unavailable",
+                format!(
+                    "image {:?} is not available on this runner (it runs only the default image)",
+                    sandbox.image
+                ),
+            ));
+        }
+        if sandbox.storage_class != "standard" {
+            return Err(Unrunnable::new(
+                "storage_unavailable",
+                format!(
+                    "storage class {:?} is not available on this runner (only standard)",
+                    sandbox.storage_class
+                ),
+            ));
+        }
+        let network = Network::parse(&sandbox.network)
+            .map_err(|err| Unrunnable::new("network_unavailable", err.to_string()))?;
+        let mut config = SandboxConfig::new(
+            self.id.clone(),
+            self.handle.paths().clone(),
+            self.home.clone(),
+            self.shared.config.init.clone(),
+        );
+        config.env = sandbox.env.clone();
+        config.network = network;
+        let resources = &sandbox.resources;
+        config.limits = Limits {
+            memory_bytes: resources.memory_mib.map(|mib| mib.saturating_mul(1 << 20)),
+            cpus: resources.cpus,
+            pids: resources.pids,
+        };
+        // The runner's own files are no business of a sandbox, wherever
+        // the data dir is.
+        config.masked_paths = vec![self.shared.data.root().display().to_string()];
+        Ok(config)
+    }
+
+    async fn launch(&mut self, sandbox: &SandboxAssignment, seen: Seen) -> Result<(), Step> {
+        let config = match self.config(sandbox) {
+            Ok(config) => config,
+            Err(unrunnable) => {
+                return self
+                    .report(
+                        sandbox,
+                        "failed",
+                        Some(unrunnable.reason),
+                        Some(unrunnable.message),
+                    )
+                    .await;
+            }
+        };
+        if seen == Seen::Stopped {
+            self.handle.delete().await.map_err(Step::Local)?;
+        }
+        std::fs::create_dir_all(&self.home)
+            .map_err(|e| Step::Local(Error::io("create directory", &self.home, e)))?;
+        match self.shared.runtime.launch(&config).await {
+            Ok(handle) => {
+                self.handle = handle;
+                self.launched_epoch = Some(sandbox.epoch);
+                self.launch_failures = 0;
+            }
+            Err(err) => {
+                self.launch_failures += 1;
+                if !err.is_permanent() && self.launch_failures < LAUNCH_ATTEMPTS_MAX {
+                    return Err(Step::Local(err));
+                }
+                return self
+                    .report(
+                        sandbox,
+                        "failed",
+                        Some("runtime_error"),
+                        Some(err.to_string()),
+                    )
+                    .await;
+            }
+        }
+        // Report as soon as the init is seen alive, not a pass later.
+        match self.handle.observe().await.map_err(Step::Local)? {
+            Observation::Running { .. } => self.report_running(sandbox).await,
+            // Anything else is handled by the next pass.
+            _ => Err(Step::Local(Error::Invalid(
+                "the container is not running right after start".to_owned(),
+            ))),
+        }
+    }
+
+    async fn start(&mut self, sandbox: &SandboxAssignment) -> Result<(), Step> {
+        self.handle.start().await.map_err(Step::Local)?;
+        self.launched_epoch = Some(sandbox.epoch);
+        Ok(())
+    }
+
+    async fn resume(&mut self, _sandbox: &SandboxAssignment) -> Result<(), Step> {
+        self.handle.resume().await.map_err(Step::Local)
+    }
+
+    async fn report_running(&mut self, sandbox: &SandboxAssignment) -> Result<(), Step> {
+        self.report(sandbox, "running", None, None).await?;
+        self.watch();
+        Ok(())
+    }
+
+    /// Watches the init's pidfd; the worker runs a pass when it dies.
+    fn watch(&mut self) {
+        if self.watcher.as_ref().is_some_and(|w| !w.is_finished()) {
+            return;
+        }
+        let handle = self.handle.clone();
+        let id = self.id.clone();
+        self.watcher = Some(tokio::spawn(async move {
+            if let Err(err) = handle.wait_for_exit().await {
+                // The pass this wakes looks again; not at once, so a
+                // runtime that keeps failing is not asked in a tight loop.
+                tracing::debug!(sandbox_id = %id, %err, "watching the init failed");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }));
+    }
+
+    fn unwatch(&mut self) {
+        if let Some(watcher) = self.watcher.take() {
+            watcher.abort();
+        }
+    }
+
+    /// Lets the sandbox's commands report their own ends (they end with
+    /// the container) before its state is reported, then drops the rest.
+    async fn settle_commands(&mut self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(COMMANDS_SETTLE_MS);
+        for task in self.commands.values_mut() {
+            let _ = tokio::time::timeout_at(deadline, &mut task.task).await;
+        }
+        self.commands.clear();
+    }
+
+    async fn report_death(
+        &mut self,
+        sandbox: &SandboxAssignment,
+        observation: &Observation,
+    ) -> Result<(), Step> {
+        self.unwatch();
+        self.settle_commands().await;
+        let cause = match observation {
+            Observation::Stopped(cause) => *cause,
+            _ => DeathCause::WorkloadExited { end: None },
+        };
+        let message = match (cause, cause.exit_code()) {
+            (DeathCause::OomKilled, _) => {
+                let limit = sandbox
+                    .resources
+                    .memory_mib
+                    .map(|mib| format!(" ({mib} MiB)"))
+                    .unwrap_or_default();
+                format!("the sandbox ran out of memory{limit} and its init was killed")
+            }
+            (_, Some(code)) => format!("the sandbox's init exited with code {code}"),
+            (_, None) => {
+                "the sandbox's init was killed (no exit code is knowable): killed from outside"
+                    .to_owned()
+            }
+        };
+        self.report(sandbox, "failed", Some(cause.reason()), Some(message))
+            .await
+    }
+
+    async fn stop(
+        &mut self,
+        sandbox: &SandboxAssignment,
+        report_stopping: bool,
+        end: End,
+    ) -> Result<(), Step> {
+        if report_stopping {
+            self.report(sandbox, "stopping", Some(end.reason()), None)
+                .await?;
+        }
+        self.unwatch();
+        self.handle
+            .stop(self.shared.config.stop_grace)
+            .await
+            .map_err(Step::Local)?;
+        self.finish(sandbox, end).await
+    }
+
+    async fn finish(&mut self, sandbox: &SandboxAssignment, end: End) -> Result<(), Step> {
+        self.unwatch();
+        self.settle_commands().await;
+        // The container goes; its root directory and the home stay.
+        self.handle.delete().await.map_err(Step::Local)?;
+        self.report(sandbox, end.state(), Some(end.reason()), None)
+            .await
+    }
+
+    async fn kill(&mut self) -> Result<(), Step> {
+        tracing::warn!(sandbox_id = %self.id, "a container runs that its record says must not; killing it");
+        self.unwatch();
+        self.commands.clear();
+        self.handle.delete().await.map_err(Step::Local)
+    }
+
+    /// Removes the container and every file of the sandbox.
+    async fn remove_everything(&mut self) -> Result<(), Error> {
+        self.unwatch();
+        self.commands.clear();
+        self.handle.remove_files().await?;
+        let home = self.home.clone();
+        let files = self.files.clone();
+        tokio::task::spawn_blocking(move || {
+            remove_tree(&home)?;
+            files.remove_all()
+        })
+        .await
+        .map_err(|join| {
+            Error::io(
+                "remove the files of",
+                self.home.clone(),
+                std::io::Error::other(join.to_string()),
+            )
+        })?
+    }
+
+    async fn delete(&mut self, sandbox: &SandboxAssignment) -> Result<(), Step> {
+        if !self.deleted {
+            self.remove_everything().await.map_err(Step::Local)?;
+        }
+        self.deleted = true;
+        self.report(sandbox, "deleted", Some("delete_requested"), None)
+            .await
+    }
+
+    /// No longer assigned here (deleted, or taken away with the lease):
+    /// whatever is left goes.
+    async fn leave(&mut self) {
+        if self.deleted {
+            return;
+        }
+        let has_anything = self.handle.paths().dir().exists()
+            || self.home.exists()
+            || matches!(self.handle.state().await, Ok(Some(_)));
+        if !has_anything {
+            self.deleted = true;
+            return;
+        }
+        tracing::warn!(sandbox_id = %self.id, "no longer assigned to this runner; removing its container and files");
+        match self.remove_everything().await {
+            Ok(()) => self.deleted = true,
+            Err(err) => {
+                tracing::error!(sandbox_id = %self.id, %err, "cannot remove an unassigned sandbox")
+            }
+        }
+    }
+
+    /// Starts a task for each handed-over command that has none, and
+    /// passes requested signals to running ones.
+    fn run_commands(&mut self, assigned: &Assigned) {
+        let epoch = assigned.sandbox.epoch;
+        for command in &assigned.commands {
+            if command.epoch != epoch {
+                continue;
+            }
+            if let Some(task) = self.commands.get(&command.command_id) {
+                task.signal.send_if_modified(|current| {
+                    if *current == command.signal {
+                        false
+                    } else {
+                        current.clone_from(&command.signal);
+                        true
+                    }
+                });
+                continue;
+            }
+            let (signal, signals) = watch::channel(command.signal.clone());
+            let job = CommandJob {
+                shared: self.shared.clone(),
+                sandbox: self.handle.clone(),
+                files: self.files.clone(),
+                assignment: command.clone(),
+                signals,
+            };
+            let task = tokio::spawn(command::run(job));
+            self.commands
+                .insert(command.command_id.clone(), CommandTask { task, signal });
+        }
+    }
+
+    /// Drops tasks and files of commands no longer assigned: the server
+    /// has their end, so nothing can hand them over again.
+    fn forget_ended_commands(&mut self, assigned: &Assigned) {
+        let assigned_ids: Vec<&str> = assigned
+            .commands
+            .iter()
+            .map(|c| c.command_id.as_str())
+            .collect();
+        self.commands
+            .retain(|id, task| assigned_ids.contains(&id.as_str()) || !task.task.is_finished());
+        let on_disk = match self.files.command_ids() {
+            Ok(ids) => ids,
+            Err(err) => {
+                tracing::warn!(sandbox_id = %self.id, %err, "cannot list command records");
+                return;
+            }
+        };
+        for id in on_disk {
+            if assigned_ids.contains(&id.as_str()) || self.commands.contains_key(&id) {
+                continue;
+            }
+            if let Err(err) = self.files.forget(&id) {
+                tracing::warn!(sandbox_id = %self.id, command_id = %id, %err, "cannot remove command records");
+            }
+        }
+    }
+}
+
+/// Why a step of a pass did not complete.
+#[derive(Debug)]
+enum Step {
+    /// Something on this host failed (the runtime, a file).
+    Local(Error),
+    /// The server could not be reached.
+    Transient(api::client::ClientError),
+    Refused(Refusal),
+}
+
+/// A sandbox this runner cannot run as asked: reported `failed`.
+struct Unrunnable {
+    reason: &'static str,
+    message: String,
+}
+
+impl Unrunnable {
+    fn new(reason: &'static str, message: String) -> Unrunnable {
+        Unrunnable { reason, message }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Action::*;
+    use super::*;
+
+    /// `check(desired, recorded, seen, launched_here, expected)` for every
+    /// row that matters.
+    #[test]
+    fn decisions() {
+        let rows: &[(&str, &str, Seen, bool, Action)] = &[
+            // Placed: launch, or report what is already there.
+            ("running", "starting", Seen::Missing, false, Launch),
+            ("running", "starting", Seen::Running, false, ReportRunning),
+            ("running", "starting", Seen::Created, false, Start),
+            ("running", "starting", Seen::Stopped, true, ReportDeath),
+            ("running", "starting", Seen::Stopped, false, Launch),
+            // Running: nothing to do, or report an out-of-band death.
+            ("running", "running", Seen::Running, false, Idle),
+            ("running", "running", Seen::Stopped, false, ReportDeath),
+            ("running", "running", Seen::Missing, false, ReportVanished),
+            ("running", "running", Seen::Paused, false, Resume),
+            // Stop keeps the files; report stopping only once.
+            (
+                "stopped",
+                "running",
+                Seen::Running,
+                false,
+                Stop {
+                    report_stopping: true,
+                    end: End::Stopped,
+                },
+            ),
+            (
+                "stopped",
+                "stopping",
+                Seen::Running,
+                false,
+                Stop {
+                    report_stopping: false,
+                    end: End::Stopped,
+                },
+            ),
+            (
+                "stopped",
+                "stopping",
+                Seen::Missing,
+                false,
+                Finish { end: End::Stopped },
+            ),
+            // Stopped while still being placed or launched.
+            (
+                "stopped",
+                "starting",
+                Seen::Missing,
+                false,
+                Finish { end: End::Stopped },
+            ),
+            (
+                "stopped",
+                "pending",
+                Seen::Missing,
+                false,
+                Finish { end: End::Stopped },
+            ),
+            ("stopped", "stopped", Seen::Missing, false, Idle),
+            ("stopped", "stopped", Seen::Stopped, false, ClearCorpse),
+            ("stopped", "stopped", Seen::Running, false, Kill),
+            // Started again while stopping.
+            ("running", "stopping", Seen::Running, false, ReportRunning),
+            ("running", "stopping", Seen::Missing, false, Launch),
+            // Waiting for placement again: nothing runs.
+            ("running", "pending", Seen::Missing, false, Idle),
+            ("running", "stopped", Seen::Missing, false, Idle),
+            // TTL.
+            (
+                "terminated",
+                "running",
+                Seen::Running,
+                false,
+                Stop {
+                    report_stopping: true,
+                    end: End::Terminated,
+                },
+            ),
+            (
+                "terminated",
+                "stopped",
+                Seen::Missing,
+                false,
+                Finish {
+                    end: End::Terminated,
+                },
+            ),
+            // Ended records hold no compute.
+            ("running", "failed", Seen::Stopped, false, ClearCorpse),
+            ("running", "failed", Seen::Running, false, Kill),
+            ("running", "failed", Seen::Missing, false, Idle),
+            ("terminated", "terminated", Seen::Missing, false, Idle),
+            // Delete, from anywhere.
+            ("deleted", "deleting", Seen::Running, false, Delete),
+            ("deleted", "failed", Seen::Missing, false, Delete),
+        ];
+        for (desired, recorded, seen, launched_here, expected) in rows {
+            assert_eq!(
+                decide(desired, recorded, *seen, *launched_here),
+                *expected,
+                "desired {desired}, recorded {recorded}, seen {seen:?}"
+            );
+        }
+    }
+}
