@@ -4,7 +4,7 @@
 //! neither `--url`/`--token` nor `ROOST_URL`/`ROOST_TOKEN` say otherwise.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
@@ -38,36 +38,38 @@ pub fn load() -> Result<Option<Credentials>> {
     let Some(path) = path() else {
         return Ok(None);
     };
-    let text = match std::fs::read_to_string(&path) {
+    Ok(read_secret_fields(&path, ["url", "token"])?.map(|[url, token]| Credentials { url, token }))
+}
+
+/// The string fields `names` of the JSON file at `path`; `None` if there
+/// is no such file. Shared with `roost up`'s own token file.
+pub fn read_secret_fields<const N: usize>(
+    path: &Path,
+    names: [&str; N],
+) -> Result<Option<[String; N]>> {
+    let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let value: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
-    let field = |name: &str| {
-        value[name]
+    let mut fields = Vec::with_capacity(N);
+    for name in names {
+        let field = value[name]
             .as_str()
-            .map(str::to_owned)
-            .with_context(|| format!("{} has no string {name:?}", path.display()))
-    };
-    Ok(Some(Credentials {
-        url: field("url")?,
-        token: field("token")?,
-    }))
+            .with_context(|| format!("{} has no string {name:?}", path.display()))?;
+        fields.push(field.to_owned());
+    }
+    Ok(fields.try_into().ok())
 }
 
-/// Writes `credentials` (mode 0600, replaced atomically); returns the path.
-pub fn save(credentials: &Credentials) -> Result<PathBuf> {
+/// Writes `body` to `path` as JSON, mode 0600, replaced atomically (a
+/// synced temporary renamed into place), so a reader never sees half.
+pub fn write_secret_json(path: &Path, body: &serde_json::Value) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    let Some(path) = path() else {
-        bail!("cannot save credentials: neither XDG_CONFIG_HOME nor HOME is set");
-    };
-    let dir = path.parent().context("credentials path has no directory")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let temporary = path.with_extension("json.tmp");
-    let body = json!({ "url": credentials.url, "token": credentials.token });
-    let written = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
@@ -76,9 +78,22 @@ pub fn save(credentials: &Credentials) -> Result<PathBuf> {
         .and_then(|mut file| {
             file.write_all(format!("{body:#}\n").as_bytes())?;
             file.sync_all()
-        });
-    written.with_context(|| format!("writing {}", temporary.display()))?;
-    std::fs::rename(&temporary, &path).with_context(|| format!("writing {}", path.display()))?;
+        })
+        .with_context(|| format!("writing {}", temporary.display()))?;
+    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes `credentials` (mode 0600, replaced atomically); returns the path.
+pub fn save(credentials: &Credentials) -> Result<PathBuf> {
+    let Some(path) = path() else {
+        bail!("cannot save credentials: neither XDG_CONFIG_HOME nor HOME is set");
+    };
+    let dir = path.parent().context("credentials path has no directory")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    write_secret_json(
+        &path,
+        &json!({ "url": credentials.url, "token": credentials.token }),
+    )?;
     Ok(path)
 }
 

@@ -62,46 +62,21 @@ struct Made {
 }
 
 fn read_made(path: &Path) -> Result<Option<Made>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    let value: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
-    let field = |name: &str| {
-        value[name]
-            .as_str()
-            .map(str::to_owned)
-            .with_context(|| format!("{} has no {name:?}", path.display()))
-    };
-    Ok(Some(Made {
-        org_token: field("org_token")?,
-        runner_token: field("runner_token")?,
+    let fields = credentials::read_secret_fields(path, ["org_token", "runner_token"])?;
+    Ok(fields.map(|[org_token, runner_token]| Made {
+        org_token,
+        runner_token,
     }))
 }
 
 fn write_made(path: &Path, org_id: &str, made: &Made) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
     let body = json!({
         "org": "default",
         "org_id": org_id,
         "org_token": made.org_token,
         "runner_token": made.runner_token,
     });
-    let temporary = path.with_extension("json.tmp");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&temporary)
-        .and_then(|mut file| {
-            file.write_all(format!("{body:#}\n").as_bytes())?;
-            file.sync_all()
-        })
-        .with_context(|| format!("writing {}", temporary.display()))?;
-    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))
+    credentials::write_secret_json(path, &body)
 }
 
 /// The org and runner tokens: made once, through the admin API.
