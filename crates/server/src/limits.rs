@@ -19,6 +19,8 @@ pub const NAME_BYTES_MAX: usize = 128;
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
 pub const TTL_SECONDS_MAX: u64 = 365 * 24 * 3600;
 pub const COMMAND_TIMEOUT_SECONDS_MAX: u64 = 30 * 24 * 3600;
+pub const LIST_LIMIT_MAX: usize = 200;
+pub const LIST_LIMIT_DEFAULT: usize = 50;
 
 pub fn invalid(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::new(
@@ -146,4 +148,13 @@ pub fn absolute_path(field: &str, path: &str) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// A list's `limit` query parameter.
+pub fn list_limit(value: &str) -> Result<usize, ApiError> {
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|l| (1..=LIST_LIMIT_MAX).contains(l))
+        .ok_or_else(|| invalid("limit", format!("a number from 1 to {LIST_LIMIT_MAX}")))
 }

@@ -287,6 +287,21 @@ async fn end_commands_for(
     Ok(())
 }
 
+/// One page of a list read with `LIMIT limit + 1`, ordered by id: the
+/// first `limit` items, and the cursor of the next page if there is one.
+pub fn page<T>(
+    mut items: Vec<T>,
+    limit: usize,
+    id: impl Fn(&T) -> &str,
+) -> (Vec<T>, Option<String>) {
+    if items.len() <= limit {
+        return (items, None);
+    }
+    items.truncate(limit);
+    let next = items.last().map(|item| id(item).to_owned());
+    (items, next)
+}
+
 /// Errors every sandbox endpoint shares.
 pub fn not_found(what: &str) -> ApiError {
     ApiError::new(ErrorCode::NotFound, format!("no such {what}"))

@@ -268,17 +268,11 @@ pub async fn list(
 ) -> Result<axum::Json<CommandList>, ApiError> {
     let org_id = caller.org()?;
     visible_sandbox(&state, &org_id, &sandbox_id).await?;
-    let mut limit = 50;
+    let mut limit = limits::LIST_LIMIT_DEFAULT;
     let mut cursor = String::new();
     for (name, value) in query {
         match name.as_str() {
-            "limit" => {
-                limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|l| (1..=200).contains(l))
-                    .ok_or_else(|| limits::invalid("limit", "a number from 1 to 200"))?;
-            }
+            "limit" => limit = limits::list_limit(&value)?,
             "cursor" => cursor = value,
             other => return Err(limits::invalid(other, "unknown query parameter")),
         }
@@ -291,16 +285,11 @@ pub async fn list(
     .bind(&cursor)
     .fetch_all(&state.db.pool)
     .await?;
-    let mut commands = rows
+    let commands = rows
         .iter()
         .map(CommandRow::from_row)
         .collect::<Result<Vec<_>, _>>()?;
-    let next_cursor = if commands.len() > limit {
-        commands.truncate(limit);
-        commands.last().map(|c| c.id.clone())
-    } else {
-        None
-    };
+    let (commands, next_cursor) = records::page(commands, limit, |c| &c.id);
     Ok(axum::Json(CommandList {
         commands: commands.iter().map(CommandRow::to_api).collect(),
         next_cursor,

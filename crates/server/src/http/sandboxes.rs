@@ -26,7 +26,6 @@ const DEFAULT_MEMORY_MIB: u64 = 512;
 const DEFAULT_CPUS: f64 = 1.0;
 const DEFAULT_PIDS: u64 = 1024;
 pub const LONG_POLL_SECONDS_MAX: u64 = 25;
-const LIST_LIMIT_MAX: usize = 200;
 
 fn unsupported(missing: Vec<String>, message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::UnsupportedCapability, message)
@@ -405,7 +404,7 @@ pub async fn list(
     let org_id = caller.org()?;
     let mut states: Vec<String> = Vec::new();
     let mut labels: Vec<(String, String)> = Vec::new();
-    let mut limit = 50;
+    let mut limit = limits::LIST_LIMIT_DEFAULT;
     let mut cursor = String::new();
     for (name, value) in query {
         match name.as_str() {
@@ -422,15 +421,7 @@ pub async fn list(
                 limits::label_key(k)?;
                 labels.push((k.to_owned(), v.to_owned()));
             }
-            "limit" => {
-                limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|l| (1..=LIST_LIMIT_MAX).contains(l))
-                    .ok_or_else(|| {
-                        limits::invalid("limit", format!("a number from 1 to {LIST_LIMIT_MAX}"))
-                    })?;
-            }
+            "limit" => limit = limits::list_limit(&value)?,
             "cursor" => cursor = value,
             other => return Err(limits::invalid(other, "unknown query parameter")),
         }
@@ -471,16 +462,11 @@ pub async fn list(
         query = query.bind(p);
     }
     let rows = query.fetch_all(&state.db.pool).await?;
-    let mut sandboxes = rows
+    let sandboxes = rows
         .iter()
         .map(SandboxRow::from_row)
         .collect::<Result<Vec<_>, _>>()?;
-    let next_cursor = if sandboxes.len() > limit {
-        sandboxes.truncate(limit);
-        sandboxes.last().map(|s| s.id.clone())
-    } else {
-        None
-    };
+    let (sandboxes, next_cursor) = records::page(sandboxes, limit, |s| &s.id);
     Ok(axum::Json(SandboxList {
         sandboxes: sandboxes.iter().map(SandboxRow::to_api).collect(),
         next_cursor,
