@@ -247,10 +247,7 @@ pub async fn create(
             .execute(&mut *tx.tx)
             .await?;
     }
-    let record = load_sandbox(&mut tx, &id)
-        .await?
-        .ok_or_else(|| not_found("sandbox"))?
-        .to_api();
+    let record = reload(&mut tx, &id).await?.to_api();
     if let Some(key) = &key
         && !idempotency::record(&mut tx, key, StatusCode::CREATED, &record, &id).await?
     {
@@ -504,6 +501,13 @@ pub async fn events(
     Ok(axum::Json(EventList { events }))
 }
 
+/// The sandbox as this transaction now sees it (after its own writes).
+async fn reload(tx: &mut WriteTx, id: &str) -> Result<SandboxRow, ApiError> {
+    load_sandbox(tx, id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))
+}
+
 /// Loads the caller's sandbox inside a write transaction, refusing a
 /// quarantined one.
 async fn load_mutable(
@@ -576,9 +580,7 @@ pub async fn stop(
             set_sandbox_state(&mut tx, &row, to, None, row.epoch).await?;
         }
     }
-    let record = load_sandbox(&mut tx, &id)
-        .await?
-        .ok_or_else(|| not_found("sandbox"))?;
+    let record = reload(&mut tx, &id).await?;
     tx.commit().await?;
     Ok((StatusCode::ACCEPTED, axum::Json(record.to_api())))
 }
@@ -606,9 +608,7 @@ pub async fn start(
             set_desired(&mut tx, &row, "running").await?;
         }
         if needs_compute {
-            let row = load_sandbox(&mut tx, &id)
-                .await?
-                .ok_or_else(|| not_found("sandbox"))?;
+            let row = reload(&mut tx, &id).await?;
             // A standard home stays on its runner, which keeps it assigned
             // while the sandbox waits to be placed there again.
             let keep = (row.storage_class == "standard")
@@ -620,15 +620,11 @@ pub async fn start(
                 message: None,
             };
             set_sandbox_state(&mut tx, &row, to, keep, row.epoch).await?;
-            let row = load_sandbox(&mut tx, &id)
-                .await?
-                .ok_or_else(|| not_found("sandbox"))?;
+            let row = reload(&mut tx, &id).await?;
             place_or_wait(&mut tx, &row).await?;
         }
     }
-    let record = load_sandbox(&mut tx, &id)
-        .await?
-        .ok_or_else(|| not_found("sandbox"))?;
+    let record = reload(&mut tx, &id).await?;
     tx.commit().await?;
     Ok((StatusCode::ACCEPTED, axum::Json(record.to_api())))
 }
@@ -708,9 +704,7 @@ pub async fn delete(
         None
     };
     set_sandbox_state(&mut tx, &row, to, runner, row.epoch).await?;
-    let record = load_sandbox(&mut tx, &id)
-        .await?
-        .ok_or_else(|| not_found("sandbox"))?;
+    let record = reload(&mut tx, &id).await?;
     tx.commit().await?;
     Ok((StatusCode::ACCEPTED, axum::Json(record.to_api())))
 }
