@@ -126,15 +126,16 @@ impl LocalBackend {
                 continue;
             }
             let key = format!("{key_prefix}{name}");
-            let file_type = entry
-                .file_type()
-                .map_err(|e| local_error(&self.root, &key, e))?;
-            if file_type.is_dir() {
+            // An entry removed between readdir and stat (a lock released,
+            // a gc deleting) is simply not part of this listing.
+            let metadata = match entry.metadata() {
+                Ok(metadata) => metadata,
+                Err(err) if err.kind() == ErrorKind::NotFound => continue,
+                Err(err) => return Err(local_error(&self.root, &key, err)),
+            };
+            if metadata.is_dir() {
                 self.list_into(&entry.path(), &format!("{key}/"), out)?;
-            } else if file_type.is_file() {
-                let metadata = entry
-                    .metadata()
-                    .map_err(|e| local_error(&self.root, &key, e))?;
+            } else if metadata.is_file() {
                 out.push(self.meta(key, &metadata)?);
             }
         }

@@ -279,6 +279,36 @@ fn local_backend_does_not_list_leftover_temp_files() {
     assert_eq!(keys, vec!["orgs/a/blocks/ab/ab01".to_owned()]);
 }
 
+/// A listing while keys come and go (store locks, a gc deleting) lists a
+/// snapshot; a key removed between readdir and stat is not an error. This
+/// race once failed a gc with "not found: …/locks/commit/…".
+#[test]
+fn local_backend_lists_while_keys_vanish() {
+    let dir = tempdir();
+    let backend = Arc::new(LocalBackend::open(dir.path()).expect("open"));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (backend, stop) = (Arc::clone(&backend), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            // About 200 keys live at any time, each deleted soon after.
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                backend.put(&format!("locks/commit/{n}"), b"").expect("put");
+                if n >= 200 {
+                    let old = format!("locks/commit/{}", n - 200);
+                    backend.delete(&old).expect("delete");
+                }
+                n += 1;
+            }
+        })
+    };
+    for _ in 0..2000 {
+        backend.list("locks/").expect("a listing during churn");
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().expect("churn thread");
+}
+
 /// A key that would resolve outside the store directory is an error, never
 /// a read or write of some other file (nor a silent "absent").
 #[test]
