@@ -21,6 +21,8 @@ install_runtimes() {
     local missing=()
     command -v runc >/dev/null 2>&1 || missing+=(runc)
     command -v crun >/dev/null 2>&1 || missing+=(crun)
+    # A static busybox is the image the imported-image tests run: no libc.
+    [ -x /bin/busybox ] || missing+=(busybox-static)
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing ${missing[*]} from Debian"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -8,8 +8,10 @@ use reqwest::{Method, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::blocks::{MissingRequest, MissingResponse};
 use crate::commands::{Command, CommandList, CreateCommandRequest, SignalRequest};
-use crate::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse};
+use crate::images::{CommitImageRequest, Image, ImageList};
+use crate::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse, Whoami};
 use crate::runners::{
     Assignments, CommandReport, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
     RegisterResponse, SandboxReport,
@@ -117,6 +119,7 @@ struct Body {
     content_type: &'static str,
 }
 
+#[derive(Clone)]
 pub struct Client {
     base: String,
     token: String,
@@ -618,6 +621,96 @@ impl Client {
                 status,
                 body: quote(&bytes),
             })
+    }
+
+    /// `GET /v1/whoami`: the token's kind and org.
+    pub async fn whoami(&self) -> Result<Whoami, ClientError> {
+        self.get(&["v1", "whoami"], &[]).await
+    }
+
+    /// `POST /v1/blocks/{org}/missing`: which of `objects` (`blocks/HEX`,
+    /// `trees/HEX`) the org's store lacks.
+    pub async fn missing_objects(
+        &self,
+        org: &str,
+        objects: &[String],
+    ) -> Result<Vec<String>, ClientError> {
+        let request = MissingRequest {
+            objects: objects.to_vec(),
+        };
+        let answer: MissingResponse = self
+            .post(&["v1", "blocks", org, "missing"], &request, &[])
+            .await?;
+        Ok(answer.missing)
+    }
+
+    /// `PUT /v1/blocks/{org}/{kind}/{hex}`: an object's stored (framed)
+    /// bytes; the server checks them against the digest.
+    pub async fn put_object(
+        &self,
+        org: &str,
+        object: &str,
+        stored: Vec<u8>,
+    ) -> Result<(), ClientError> {
+        let mut segments = vec!["v1", "blocks", org];
+        segments.extend(object.split('/'));
+        let url = self.url(&segments, &[])?;
+        let body = Body {
+            bytes: stored,
+            content_type: "application/octet-stream",
+        };
+        self.send(Method::PUT, url, Some(body), &[]).await?;
+        Ok(())
+    }
+
+    /// `GET /v1/blocks/{org}/{kind}/{hex}`: the stored bytes, `None` when
+    /// the org's store lacks the object.
+    pub async fn get_object(
+        &self,
+        org: &str,
+        object: &str,
+    ) -> Result<Option<Vec<u8>>, ClientError> {
+        let mut segments = vec!["v1", "blocks", org];
+        segments.extend(object.split('/'));
+        let url = self.url(&segments, &[])?;
+        let shown = url.to_string();
+        let response = match self.send(Method::GET, url, None, &[]).await {
+            Ok(response) => response,
+            Err(err) if err.code() == Some(ErrorCode::NotFound) => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Unreachable {
+                url: shown,
+                message: error_chain(e),
+            })?;
+        Ok(Some(bytes.to_vec()))
+    }
+
+    /// `PUT /v1/images/{name}`: commits an uploaded tree as the image.
+    pub async fn commit_image(&self, name: &str, root: &str) -> Result<Image, ClientError> {
+        let body = serde_json::to_vec(&CommitImageRequest {
+            root: root.to_owned(),
+        })
+        .map_err(|e| ClientError::Encode {
+            message: e.to_string(),
+        })?;
+        self.call(Method::PUT, &["v1", "images", name], &[], Some(body), &[])
+            .await
+    }
+
+    pub async fn get_image(&self, name: &str) -> Result<Image, ClientError> {
+        self.get(&["v1", "images", name], &[]).await
+    }
+
+    pub async fn list_images(&self) -> Result<ImageList, ClientError> {
+        self.get(&["v1", "images"], &[]).await
+    }
+
+    pub async fn delete_image(&self, name: &str) -> Result<Image, ClientError> {
+        self.delete(&["v1", "images", name]).await
     }
 }
 

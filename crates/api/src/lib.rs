@@ -3,9 +3,11 @@
 //! Everything here is a compatibility promise: a type is `Serialize` only
 //! because it crosses the wire. Domain types live in their own crates.
 
+pub mod blocks;
 pub mod client;
 pub mod commands;
 mod error;
+pub mod images;
 pub mod orgs;
 pub mod runners;
 pub mod sandboxes;

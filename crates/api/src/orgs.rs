@@ -27,3 +27,12 @@ pub struct CreateOrgResponse {
 pub struct RunnerTokenResponse {
     pub token: String,
 }
+
+/// `GET /v1/whoami`: who a token belongs to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Whoami {
+    /// `admin`, `org` or `runner`.
+    pub kind: String,
+    /// The org of an org token.
+    pub org_id: Option<String>,
+}

@@ -77,6 +77,10 @@ pub struct SandboxAssignment {
     /// The last state this runner (or the control plane) recorded.
     pub state: String,
     pub image: String,
+    /// For an imported image, the root tree to materialise from the
+    /// org's store (pinned when the sandbox was created).
+    #[serde(default)]
+    pub image_root: Option<String>,
     pub storage_class: String,
     pub resources: Resources,
     pub network: String,

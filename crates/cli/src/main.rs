@@ -5,6 +5,7 @@ mod control;
 mod credentials;
 mod exec;
 mod home;
+mod image;
 mod output;
 mod runner;
 mod sandbox;
@@ -41,6 +42,10 @@ enum Command {
     /// Create, inspect, list, stop, start and delete sandboxes (org token).
     #[command(subcommand)]
     Sandbox(sandbox::SandboxCommand),
+    /// Import root filesystems as images into the org's store; list,
+    /// show and delete them (org token).
+    #[command(subcommand)]
+    Image(image::ImageCommand),
     /// Run a command in a sandbox, streaming its output; exits with its
     /// exit code.
     Exec(exec::ExecArgs),
@@ -92,6 +97,7 @@ fn main() -> std::process::ExitCode {
         Command::Server(args) => control::run_server(args),
         Command::Admin(command) => control::run_admin(command),
         Command::Sandbox(command) => sandbox::run(command),
+        Command::Image(command) => image::run(command),
         Command::Exec(args) => exec::run_exec(args),
         Command::Cmd(command) => exec::run_command(command),
         Command::Runner(args) => runner::run(args),

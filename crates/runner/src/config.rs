@@ -141,12 +141,26 @@ pub struct InitProgram {
     pub args: Vec<String>,
 }
 
+/// What a sandbox's root filesystem is made of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RootImage {
+    /// The default image: the host's own system, read-only, under a plain
+    /// writable directory (see [`crate::oci`]).
+    Host,
+    /// An imported image materialised on this host: a directory used as
+    /// the read-only lower layer of an overlay whose upper layer is the
+    /// sandbox's own (`DIR/upper`). It must not change while in use.
+    Tree(PathBuf),
+}
+
 /// Where a sandbox's files live on the host:
 ///
 /// ```text
 /// DIR/rootfs/   the container's root: its writable top layer (kept with the
 ///               sandbox on this node, `standard` storage); the host's system
-///               directories are bind-mounted read-only over it
+///               directories are bind-mounted read-only over it. With an
+///               imported image it is an overlay mount of the image under
+///               DIR/upper (the writable layer; DIR/work is overlay's)
 /// DIR/bundle/   runtime bundle: config.json, init.status, init.log,
 ///               resolv.conf (`bridge`) and per-command scratch files;
 ///               rebuilt at every create and removed by delete
@@ -176,6 +190,14 @@ impl SandboxPaths {
     }
     pub fn bundle(&self) -> PathBuf {
         self.dir.join("bundle")
+    }
+    /// The writable layer over an imported image.
+    pub fn upper(&self) -> PathBuf {
+        self.dir.join("upper")
+    }
+    /// overlayfs's scratch directory (same filesystem as `upper`).
+    pub fn overlay_work(&self) -> PathBuf {
+        self.dir.join("work")
     }
     pub fn config_json(&self) -> PathBuf {
         self.bundle().join("config.json")
@@ -210,6 +232,7 @@ pub struct SandboxConfig {
     /// `$HOME` and the default cwd). It must exist.
     pub workspace: PathBuf,
     pub init: InitProgram,
+    pub image: RootImage,
     /// The workload the init starts and supervises; empty = none: the init
     /// idles as PID 1, reaping, until asked to stop.
     pub workload: Vec<String>,
@@ -238,6 +261,7 @@ impl SandboxConfig {
             paths,
             workspace: workspace.into(),
             init,
+            image: RootImage::Host,
             workload: Vec::new(),
             env: BTreeMap::new(),
             limits: Limits::default(),

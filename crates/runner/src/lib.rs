@@ -57,7 +57,7 @@ pub mod oci;
 pub mod runtime;
 pub mod signal;
 
-pub use config::{InitProgram, Limits, Network, SandboxConfig, SandboxId, SandboxPaths};
+pub use config::{InitProgram, Limits, Network, RootImage, SandboxConfig, SandboxId, SandboxPaths};
 pub use error::{Error, Result};
 pub use exec::{CommandEnd, CommandSpec, Execution, Outcome, Signaller, Stream};
 pub use init::InitEnd;

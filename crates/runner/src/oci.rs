@@ -57,11 +57,15 @@ use oci_spec::runtime::{
     ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
-use crate::config::{CPU_PERIOD_US, Network, SandboxConfig};
+use crate::config::{CPU_PERIOD_US, Network, RootImage, SandboxConfig, SandboxPaths};
 use crate::error::{Error, Result};
 
 /// Where the init binary appears inside every sandbox.
 pub const INIT_PATH: &str = "/.roost/init";
+/// The host's dynamic loader, for the init inside an imported image.
+pub const INIT_LOADER_PATH: &str = "/.roost/ld.so";
+/// The host libraries the init links against, one bind mount each.
+pub const INIT_LIBS_PATH: &str = "/.roost/lib";
 /// The sandbox's home: `$HOME`, the default cwd, the caller's host directory.
 pub const WORKSPACE_PATH: &str = "/workspace";
 /// A `bridge` sandbox's DNS configuration (see [`SandboxPaths::resolv_conf`]).
@@ -347,7 +351,22 @@ pub fn spec(config: &SandboxConfig, host: &HostSystem, cgroups_path: &str) -> Re
     config.validate()?;
     let err = spec_error(config);
 
-    let mut args = vec![INIT_PATH.to_owned()];
+    let linkage = match config.image {
+        RootImage::Host => None,
+        RootImage::Tree(_) => init_linkage(&config.init.host_path)?,
+    };
+    // In an imported image the host's init binary runs through the host's
+    // own dynamic loader and libraries (mounted under /.roost): the image
+    // may have another C library, or none.
+    let mut args = match &linkage {
+        Some(_) => vec![
+            INIT_LOADER_PATH.to_owned(),
+            "--library-path".to_owned(),
+            INIT_LIBS_PATH.to_owned(),
+            INIT_PATH.to_owned(),
+        ],
+        None => vec![INIT_PATH.to_owned()],
+    };
     args.extend(config.init.args.iter().cloned());
     if !config.workload.is_empty() {
         args.push("--".to_owned());
@@ -449,7 +468,7 @@ pub fn spec(config: &SandboxConfig, host: &HostSystem, cgroups_path: &str) -> Re
         )
         .hostname(hostname)
         .process(process)
-        .mounts(mounts(config, host).map_err(&err)?)
+        .mounts(mounts(config, host, linkage.as_ref()).map_err(&err)?)
         .linux(linux)
         .build()
         .map_err(&err)
@@ -560,7 +579,11 @@ fn mount(
         .build()
 }
 
-fn mounts(config: &SandboxConfig, host: &HostSystem) -> Result<Vec<Mount>, oci_spec::OciSpecError> {
+fn mounts(
+    config: &SandboxConfig,
+    host: &HostSystem,
+    linkage: Option<&InitLinkage>,
+) -> Result<Vec<Mount>, oci_spec::OciSpecError> {
     let mut mounts = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
         mount(
@@ -609,7 +632,7 @@ fn mounts(config: &SandboxConfig, host: &HostSystem) -> Result<Vec<Mount>, oci_s
         mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"])?,
         mount("/run", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=755"])?,
     ];
-    for entry in &host.entries {
+    for entry in host_entries(config, host) {
         if let SystemEntry::Directory(path) = entry {
             // Not `rbind`: a recursive bind would be read-only only at its
             // top, leaving any submount writable.
@@ -633,20 +656,39 @@ fn mounts(config: &SandboxConfig, host: &HostSystem) -> Result<Vec<Mount>, oci_s
         config.init.host_path.clone(),
         &["bind", "ro", "nosuid", "nodev"],
     )?);
+    if let Some(linkage) = linkage {
+        mounts.push(mount(
+            INIT_LOADER_PATH,
+            "bind",
+            linkage.loader.clone(),
+            &["bind", "ro", "nosuid", "nodev"],
+        )?);
+        for lib in &linkage.libs {
+            let name = lib.file_name().map(|n| n.to_string_lossy().into_owned());
+            mounts.push(mount(
+                &format!("{INIT_LIBS_PATH}/{}", name.unwrap_or_default()),
+                "bind",
+                lib.clone(),
+                &["bind", "ro", "nosuid", "nodev"],
+            )?);
+        }
+    }
     // Over the host's (read-only) /etc/resolv.conf, which may name a stub
     // resolver on the host's loopback. Only where the host has one: the
     // read-only /etc offers no place to create a mount point. (runc
     // resolves a symlinked destination inside the rootfs, so
     // systemd-resolved's link into /run should land in the sandbox's own
     // /run tmpfs; only a plain file is exercised by the tests.)
-    let etc_from_host = host
-        .entries
+    // An imported image's root is a writable overlay: the runtime makes
+    // the mount point there if the image has none.
+    let etc_from_host = host_entries(config, host)
         .iter()
         .any(|e| matches!(e, SystemEntry::Directory(p) if p == "/etc"));
-    if config.network == Network::Bridge
-        && etc_from_host
-        && std::fs::symlink_metadata(RESOLV_CONF_PATH).is_ok()
-    {
+    let resolv_conf_target = match config.image {
+        RootImage::Host => etc_from_host && std::fs::symlink_metadata(RESOLV_CONF_PATH).is_ok(),
+        RootImage::Tree(_) => true,
+    };
+    if config.network == Network::Bridge && resolv_conf_target {
         mounts.push(mount(
             RESOLV_CONF_PATH,
             "bind",
@@ -713,14 +755,130 @@ pub fn seccomp() -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
     builder.build()
 }
 
+/// What a dynamically linked init needs from the host to run in a root
+/// that is not the host's: its ELF interpreter and the libraries it loads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InitLinkage {
+    pub loader: PathBuf,
+    pub libs: Vec<PathBuf>,
+}
+
+/// The init binary's linkage (`None` for a static binary), found once per
+/// binary: its `PT_INTERP`, then the libraries that loader resolves
+/// (`ld.so --list`, which is what `ldd` runs).
+pub fn init_linkage(init: &Path) -> Result<Option<InitLinkage>> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static FOUND: OnceLock<Mutex<HashMap<PathBuf, Option<InitLinkage>>>> = OnceLock::new();
+    let found = FOUND.get_or_init(Default::default);
+    if let Some(known) = found.lock().ok().and_then(|map| map.get(init).cloned()) {
+        return Ok(known);
+    }
+    let linkage = match elf_interpreter(init)? {
+        None => None,
+        Some(loader) => {
+            let output = std::process::Command::new(&loader)
+                .arg("--list")
+                .arg(init)
+                .output()
+                .map_err(|e| Error::io("run", &loader, e))?;
+            if !output.status.success() {
+                return Err(Error::Unsupported(format!(
+                    "{} --list {} failed: {}",
+                    loader.display(),
+                    init.display(),
+                    String::from_utf8_lossy(&output.stderr).trim()
+                )));
+            }
+            let libs = String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .filter_map(|line| line.split_once(" => ").map(|(_, rest)| rest))
+                .filter_map(|rest| rest.split(" (").next())
+                .map(PathBuf::from)
+                .filter(|path| path.is_absolute())
+                .collect();
+            Some(InitLinkage { loader, libs })
+        }
+    };
+    if let Ok(mut map) = found.lock() {
+        map.insert(init.to_path_buf(), linkage.clone());
+    }
+    Ok(linkage)
+}
+
+/// The `PT_INTERP` of a 64-bit little-endian ELF file, `None` if it has
+/// none (a static binary). Reads the headers only, not the whole binary.
+fn elf_interpreter(path: &Path) -> Result<Option<PathBuf>> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileExt;
+    const PT_INTERP: u32 = 3;
+    const PHDR_BYTES: usize = 56;
+    let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let unsupported = || {
+        Error::Unsupported(format!(
+            "{} is not a 64-bit little-endian ELF binary",
+            path.display()
+        ))
+    };
+    let read = |offset: u64, len: usize| -> Result<Vec<u8>> {
+        let mut buffer = vec![0u8; len];
+        file.read_exact_at(&mut buffer, offset)
+            .map_err(|_| unsupported())?;
+        Ok(buffer)
+    };
+    let le = |bytes: &[u8]| {
+        bytes
+            .iter()
+            .rev()
+            .fold(0u64, |n, b| (n << 8) | u64::from(*b))
+    };
+    let header = read(0, 64)?;
+    if header[..6] != [0x7f, b'E', b'L', b'F', 2, 1] {
+        return Err(unsupported());
+    }
+    let phoff = le(&header[0x20..0x28]);
+    let phentsize = le(&header[0x36..0x38]);
+    let phnum = le(&header[0x38..0x3a]);
+    if phentsize < PHDR_BYTES as u64 || phnum > 4096 {
+        return Err(unsupported());
+    }
+    for i in 0..phnum {
+        let phdr = read(phoff + i * phentsize, PHDR_BYTES)?;
+        if le(&phdr[0..4]) != u64::from(PT_INTERP) {
+            continue;
+        }
+        let (offset, size) = (le(&phdr[8..16]), le(&phdr[0x20..0x28]));
+        if size == 0 || size > 4096 {
+            return Err(unsupported());
+        }
+        let raw = read(offset, size as usize)?;
+        let name = raw.split(|b| *b == 0).next().unwrap_or_default();
+        return Ok(Some(PathBuf::from(std::ffi::OsStr::from_bytes(name))));
+    }
+    Ok(None)
+}
+
+/// What the sandbox takes from the host's system: everything for the
+/// default image, nothing for an imported one.
+fn host_entries<'h>(config: &SandboxConfig, host: &'h HostSystem) -> &'h [SystemEntry] {
+    match config.image {
+        RootImage::Host => &host.entries,
+        RootImage::Tree(_) => &[],
+    }
+}
+
 /// Makes the sandbox's root directory on the host: the writable layer, the
 /// merged-/usr symlinks and the mount points with their usual modes. Files
 /// the sandbox wrote earlier are left as they are; a mismatched symlink
-/// (the host changed) is replaced.
+/// (the host changed) is replaced. For an imported image the root is an
+/// overlay of the image under the sandbox's upper layer, mounted here.
 pub fn prepare_rootfs(config: &SandboxConfig, host: &HostSystem) -> Result<()> {
     let rootfs = config.paths.rootfs();
     create_dir(&rootfs, 0o755)?;
-    for entry in &host.entries {
+    if let RootImage::Tree(lower) = &config.image {
+        mount_overlay(&config.paths, lower)?;
+    }
+    for entry in host_entries(config, host) {
         match entry {
             SystemEntry::Directory(path) => create_dir(&rootfs.join(&path[1..]), 0o755)?,
             SystemEntry::Symlink { path, target } => {
@@ -755,6 +913,64 @@ pub fn prepare_rootfs(config: &SandboxConfig, host: &HostSystem) -> Result<()> {
         create_dir(&rootfs.join(dir), mode)?;
     }
     Ok(())
+}
+
+/// Mounts `lower` (read-only) under the sandbox's upper layer at its
+/// rootfs, replacing a mount left by an earlier life of the sandbox (a
+/// runner that died leaves its mounts behind).
+fn mount_overlay(paths: &SandboxPaths, lower: &Path) -> Result<()> {
+    use rustix::mount::{MountFlags, mount};
+    let rootfs = paths.rootfs();
+    unmount_rootfs(paths)?;
+    for dir in [paths.upper(), paths.overlay_work()] {
+        create_dir(&dir, 0o755)?;
+    }
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        overlay_path(lower)?,
+        overlay_path(&paths.upper())?,
+        overlay_path(&paths.overlay_work())?,
+    );
+    mount(
+        "overlay",
+        &rootfs,
+        "overlay",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        Some(
+            std::ffi::CString::new(options)
+                .map_err(|e| Error::io("mount", &rootfs, e.into()))?
+                .as_c_str(),
+        ),
+    )
+    .map_err(|e| Error::io("mount the image overlay at", &rootfs, e.into()))
+}
+
+/// A path as overlayfs options take it: `,` `:` and `\` would split or
+/// escape the option string, so such paths are refused.
+fn overlay_path(path: &Path) -> Result<String> {
+    let text = path.to_str().unwrap_or("");
+    if text.is_empty() || text.contains([',', ':', '\\']) {
+        return Err(Error::Invalid(format!(
+            "{} cannot be an overlay layer (use a path without , : or \\)",
+            path.display()
+        )));
+    }
+    Ok(text.to_owned())
+}
+
+/// Unmounts an imported image's overlay from the sandbox's rootfs, if
+/// mounted (a plain directory, or nothing, is fine). Idempotent.
+pub fn unmount_rootfs(paths: &SandboxPaths) -> Result<()> {
+    use rustix::mount::{UnmountFlags, unmount};
+    let rootfs = paths.rootfs();
+    loop {
+        match unmount(&rootfs, UnmountFlags::DETACH) {
+            // Several lives may have stacked mounts: peel them all.
+            Ok(()) => continue,
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(Error::io("unmount", &rootfs, e.into())),
+        }
+    }
 }
 
 fn symlink(target: &Path, link: &Path) -> Result<()> {

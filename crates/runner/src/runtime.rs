@@ -1028,6 +1028,7 @@ impl Sandbox {
         self.delete_container().await?;
         // ── network step: veth, namespace, then the lease ──
         self.release_network().await?;
+        oci::unmount_rootfs(&self.paths)?;
         let bundle = self.paths.bundle();
         match std::fs::remove_dir_all(&bundle) {
             Ok(()) => Ok(()),

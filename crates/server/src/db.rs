@@ -20,6 +20,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_orgs_and_tokens.sql")),
     (2, include_str!("../migrations/0002_sandboxes.sql")),
     (3, include_str!("../migrations/0003_counting_indexes.sql")),
+    (4, include_str!("../migrations/0004_images.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

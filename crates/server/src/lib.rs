@@ -98,9 +98,12 @@ pub async fn serve(
             config.data_dir.join("roost.db").display()
         )
     });
-    if let Some(store_url) = &config.store_url {
-        store::backend::open(store_url).map_err(|e| ServerError::Store(e.to_string()))?;
-    }
+    let store = match &config.store_url {
+        Some(url) => Some(Arc::new(
+            store::Store::open(url).map_err(|e| ServerError::Store(e.to_string()))?,
+        )),
+        None => None,
+    };
     let db = db::Db::connect(&database_url).await?;
     db.migrate().await?;
     let admin_token = auth::bootstrap_admin(&db, &config.data_dir).await?;
@@ -121,6 +124,7 @@ pub async fn serve(
     }
     let state = http::AppState {
         db,
+        store,
         config: Arc::new(config),
         metrics: Arc::new(metrics::Metrics::default()),
     };

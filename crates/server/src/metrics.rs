@@ -27,6 +27,8 @@ pub struct Metrics {
     routes: Mutex<BTreeMap<(String, String), Route>>,
     quota_rejections: Mutex<BTreeMap<String, u64>>,
     lease_expiries: AtomicU64,
+    block_bytes_in: AtomicU64,
+    block_bytes_out: AtomicU64,
 }
 
 impl Metrics {
@@ -59,6 +61,16 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .entry(metric.to_owned())
             .or_default() += 1;
+    }
+
+    /// Stored bytes through the block service: "in" (uploads) or "out".
+    pub fn block_bytes(&self, direction: &str, bytes: u64) {
+        let counter = if direction == "in" {
+            &self.block_bytes_in
+        } else {
+            &self.block_bytes_out
+        };
+        counter.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub fn lease_expired(&self) {
@@ -149,6 +161,18 @@ impl Metrics {
             "roost_lease_expiries_total {}",
             self.lease_expiries.load(Ordering::Relaxed)
         );
+        let _ = writeln!(
+            out,
+            "# HELP roost_block_bytes_total Stored object bytes through the block service."
+        );
+        let _ = writeln!(out, "# TYPE roost_block_bytes_total counter");
+        for (direction, counter) in [("in", &self.block_bytes_in), ("out", &self.block_bytes_out)] {
+            let _ = writeln!(
+                out,
+                "roost_block_bytes_total{{direction=\"{direction}\"}} {}",
+                counter.load(Ordering::Relaxed)
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP roost_long_poll_waiters Requests waiting in a long-poll."

@@ -28,6 +28,14 @@ use utoipa::OpenApi;
         crate::http::runner::report_sandbox,
         crate::http::runner::report_command,
         crate::http::runner::append_output,
+        crate::http::images::commit,
+        crate::http::images::get,
+        crate::http::images::list,
+        crate::http::images::delete,
+        crate::http::blocks::missing,
+        crate::http::blocks::put,
+        crate::http::blocks::get,
+        crate::http::meta::whoami,
         crate::http::meta::metrics,
         crate::http::meta::openapi,
         crate::http::meta::health,
@@ -60,6 +68,12 @@ use utoipa::OpenApi;
         api::runners::Assignments,
         api::runners::SandboxReport,
         api::runners::CommandReport,
+        api::orgs::Whoami,
+        api::images::CommitImageRequest,
+        api::images::Image,
+        api::images::ImageList,
+        api::blocks::MissingRequest,
+        api::blocks::MissingResponse,
     ))
 )]
 struct Doc;

@@ -72,6 +72,8 @@ pub struct SandboxRow {
     pub id: String,
     pub org_id: String,
     pub image: String,
+    /// The imported image's root tree, pinned at create (`None`: default).
+    pub image_root: Option<String>,
     pub storage_class: String,
     pub memory_mib: Option<i64>,
     pub millicpus: Option<i64>,
@@ -93,7 +95,7 @@ pub struct SandboxRow {
     pub ended_at_ms: Option<i64>,
 }
 
-pub const SANDBOX_COLUMNS: &str = "id, org_id, image, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms";
+pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms";
 
 impl SandboxRow {
     pub fn from_row(row: &AnyRow) -> Result<SandboxRow, sqlx::Error> {
@@ -101,6 +103,7 @@ impl SandboxRow {
             id: row.try_get("id")?,
             org_id: row.try_get("org_id")?,
             image: row.try_get("image")?,
+            image_root: row.try_get("image_root")?,
             storage_class: row.try_get("storage_class")?,
             memory_mib: row.try_get("memory_mib")?,
             millicpus: row.try_get("millicpus")?,

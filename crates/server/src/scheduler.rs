@@ -60,7 +60,13 @@ impl Needs {
     pub fn of(sandbox: &SandboxRow) -> Needs {
         Needs {
             capabilities: vec![
-                format!("image:{}", sandbox.image),
+                // An imported image is one the runner fetches from the
+                // store; admission has already checked that it exists.
+                if sandbox.image_root.is_some() {
+                    "image:store".to_owned()
+                } else {
+                    format!("image:{}", sandbox.image)
+                },
                 format!("network:{}", sandbox.network),
                 format!("storage:{}", sandbox.storage_class),
             ],

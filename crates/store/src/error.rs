@@ -57,6 +57,11 @@ pub enum Error {
     #[error("objects this push relied on kept vanishing before commit (concurrent gc); push again")]
     CommitRaced,
 
+    #[error(
+        "tree {root} is incomplete in the store: {missing} objects missing; upload them and commit again"
+    )]
+    IncompleteTree { root: Digest, missing: u64 },
+
     #[error("store busy: gave up waiting for {waiting_for}")]
     StoreBusy { waiting_for: &'static str },
 

@@ -147,6 +147,100 @@ pub fn push(
     Ok(report)
 }
 
+/// Uploads whatever of `dir`'s tree the org's store lacks and returns the
+/// report (with its root), pointing no home at it. For a store reached
+/// through the control plane's block service: the client cannot take the
+/// store's commit lock, so the server commits ([`commit_uploaded`]).
+pub fn upload_tree(
+    store: &Store,
+    org: &OrgId,
+    dir: &Path,
+    excludes: &Excludes,
+    progress: &dyn Progress,
+) -> Result<PushReport> {
+    let scan = scan::scan(dir, excludes, &Index::default(), progress)?;
+    let mut report = report_of(&scan);
+    let checks_before = store.missing_check_requests();
+    let (missing, _) = find_missing_pruned(store, org, &scan)?;
+    upload(store, org, &scan, &missing, &mut report, progress)?;
+    store.sync()?;
+    report.missing_checks = store.missing_check_requests() - checks_before;
+    Ok(report)
+}
+
+/// What [`commit_uploaded`] found under a root.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TreeSummary {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub logical_bytes: u64,
+    pub objects: u64,
+}
+
+/// Points `home` at `root` once every object the tree reaches is in the
+/// org's store: the server half of [`upload_tree`]. The check runs under
+/// the store's commit lock (no gc sweeps meanwhile), reads every tree
+/// (verifying its hash) and asks for every block, so a client that skipped
+/// an upload, or a gc that took an object since, leaves the pointer as it
+/// was and answers [`Error::IncompleteTree`].
+pub fn commit_uploaded(
+    store: &Store,
+    org: &OrgId,
+    home: &HomeName,
+    root: &Digest,
+) -> Result<TreeSummary> {
+    let lock = store.lock_commit()?;
+    let mut summary = TreeSummary::default();
+    let mut missing = 0u64;
+    let mut seen_trees: HashSet<Digest> = HashSet::new();
+    let mut blocks: HashSet<Digest> = HashSet::new();
+    let mut stack = vec![*root];
+    while let Some(digest) = stack.pop() {
+        if !seen_trees.insert(digest) {
+            continue;
+        }
+        let tree = match store.get_tree(org, &digest) {
+            Ok(tree) => tree,
+            Err(Error::MissingObject { .. }) => {
+                missing += 1;
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
+        summary.dirs += 1;
+        for entry in tree.entries {
+            match entry.kind {
+                crate::tree::EntryKind::Dir { tree } => stack.push(tree),
+                crate::tree::EntryKind::File {
+                    blocks: file_blocks,
+                } => {
+                    summary.files += 1;
+                    summary.logical_bytes += entry.size;
+                    blocks.extend(file_blocks);
+                }
+                crate::tree::EntryKind::Symlink { .. } => summary.symlinks += 1,
+            }
+        }
+        lock.refresh_if_due()?;
+    }
+    let blocks: Vec<ObjectId> = blocks.into_iter().map(ObjectId::block).collect();
+    for chunk in blocks.chunks(MISSING_CHECK_BATCH_MAX) {
+        missing += store.missing(org, chunk)?.len() as u64;
+        lock.refresh_if_due()?;
+    }
+    if missing > 0 {
+        return Err(Error::IncompleteTree {
+            root: *root,
+            missing,
+        });
+    }
+    summary.objects = (seen_trees.len() + blocks.len()) as u64;
+    store.sync()?;
+    store.write_home(org, home, root)?;
+    Ok(summary)
+}
+
 fn report_of(scan: &Scan) -> PushReport {
     let n = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     let stats = &scan.stats;

@@ -129,6 +129,14 @@ impl Store {
         Ok(stored.len() as u64)
     }
 
+    /// Stores an object already encoded by a client, after checking that
+    /// it decodes to its digest ([`Error::Corrupt`] otherwise: nothing is
+    /// stored).
+    pub fn put_encoded(&self, org: &OrgId, object: &ObjectId, stored: &[u8]) -> Result<()> {
+        block::decode(&object.digest, stored)?;
+        self.backend.put(&Self::object_key(org, object), stored)
+    }
+
     /// The stored (encoded) bytes of an object, unverified.
     pub fn get_encoded(&self, org: &OrgId, object: &ObjectId) -> Result<Vec<u8>> {
         self.backend
@@ -167,6 +175,11 @@ impl Store {
     pub fn write_home(&self, org: &OrgId, home: &HomeName, root: &Digest) -> Result<()> {
         self.backend
             .put_durable(&Self::home_key(org, home), format!("{root}\n").as_bytes())
+    }
+
+    /// Removes the home's pointer; its objects become collectable by gc.
+    pub fn delete_home(&self, org: &OrgId, home: &HomeName) -> Result<()> {
+        self.backend.delete(&Self::home_key(org, home))
     }
 
     pub fn sync(&self) -> Result<()> {

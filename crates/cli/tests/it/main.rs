@@ -7,6 +7,7 @@ mod control;
 mod harness;
 mod home;
 mod hostile;
+mod images;
 mod leases;
 mod plane;
 mod runner_e2e;

@@ -17,13 +17,13 @@ use crate::plane::{Api, Plane, eventually};
 
 /// A `roost runner` process with its data dir; on drop it is killed and
 /// every container it left is force-deleted, however the test ended.
-struct RunnerProcess {
+pub(crate) struct RunnerProcess {
     child: Child,
-    data_dir: PathBuf,
+    pub(crate) data_dir: PathBuf,
     url: String,
     token: String,
     logs: Arc<Mutex<Vec<String>>>,
-    runner_id: String,
+    pub(crate) runner_id: String,
 }
 
 impl RunnerProcess {
@@ -170,9 +170,9 @@ fn force_delete_containers(runtime_root: &Path) {
 
 /// A server (SQLite) with an org, and a runner on it. Fields drop in
 /// order: the runner goes before its server.
-struct Stack {
-    runner: RunnerProcess,
-    plane: Plane,
+pub(crate) struct Stack {
+    pub(crate) runner: RunnerProcess,
+    pub(crate) plane: Plane,
     _dir: tempfile::TempDir,
 }
 
@@ -182,7 +182,12 @@ impl Stack {
     }
 
     async fn start_with(runner_env: &[(&str, &str)]) -> Stack {
-        let plane = Plane::start(&[]).await;
+        Self::start_full(&[], runner_env).await
+    }
+
+    /// A server started with `server_args`, and a runner.
+    pub(crate) async fn start_full(server_args: &[&str], runner_env: &[(&str, &str)]) -> Stack {
+        let plane = Plane::start(server_args).await;
         let dir = tempfile::Builder::new()
             .prefix("roost-e2e-")
             .tempdir()
@@ -200,12 +205,12 @@ impl Stack {
         }
     }
 
-    fn api(&self) -> &Api {
+    pub(crate) fn api(&self) -> &Api {
         &self.plane.org
     }
 
     /// Creates a sandbox and waits until it runs.
-    async fn running_sandbox(&self, body: Value) -> Value {
+    pub(crate) async fn running_sandbox(&self, body: Value) -> Value {
         let created = self.api().post("/v1/sandboxes", body).await;
         assert_eq!(created.status, 201, "{created:?}");
         let id = created.str("id");
@@ -221,7 +226,7 @@ impl Stack {
 }
 
 /// Long-polls the sandbox until `state` (or an end state), at most 30 s.
-async fn wait_sandbox(api: &Api, id: &str, state: &str) -> Value {
+pub(crate) async fn wait_sandbox(api: &Api, id: &str, state: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let answer = api
@@ -250,7 +255,7 @@ async fn exec(api: &Api, sandbox_id: &str, body: Value) -> (Value, String, Strin
 }
 
 /// `sh -c SCRIPT`, which must exit 0; returns its stdout.
-async fn sh(api: &Api, sandbox_id: &str, script: &str) -> String {
+pub(crate) async fn sh(api: &Api, sandbox_id: &str, script: &str) -> String {
     let (command, stdout, stderr) =
         exec(api, sandbox_id, json!({"argv": ["sh", "-c", script]})).await;
     assert_eq!(

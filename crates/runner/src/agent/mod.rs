@@ -44,6 +44,7 @@ pub mod dirs;
 pub mod host;
 
 mod command;
+mod images;
 mod sandbox;
 
 use std::collections::{BTreeMap, HashMap};
@@ -66,6 +67,11 @@ use sandbox::Assigned;
 /// class missing here is refused at admission, never weakened).
 pub const CAPABILITIES: &[&str] = &["image:default", "network:none", "storage:standard"];
 
+/// Advertised on top of [`CAPABILITIES`] where the kernel has overlayfs:
+/// the runner materialises imported images from the org's content store
+/// and runs them as a read-only layer under the sandbox's own.
+pub const STORE_IMAGE_CAPABILITY: &str = "image:store";
+
 /// Advertised on top of [`CAPABILITIES`] when the runner's bridge (a
 /// bridge, outbound NAT, isolation between sandboxes) was set up.
 pub const BRIDGE_CAPABILITY: &str = "network:bridge";
@@ -77,7 +83,19 @@ fn capabilities(runtime: &Runtime) -> Vec<String> {
     if runtime.bridge_available() {
         capabilities.push(BRIDGE_CAPABILITY.to_owned());
     }
+    if overlayfs_available() {
+        capabilities.push(STORE_IMAGE_CAPABILITY.to_owned());
+    }
     capabilities
+}
+
+/// Whether the kernel offers overlayfs (listed in /proc/filesystems once
+/// the module is loaded; `modprobe` is not ours to run).
+fn overlayfs_available() -> bool {
+    std::fs::read_to_string("/proc/filesystems").is_ok_and(|list| {
+        list.lines()
+            .any(|line| line.split_whitespace().last() == Some("overlay"))
+    })
 }
 
 /// How soon a failed heartbeat is tried again.
@@ -198,6 +216,7 @@ pub(crate) struct Shared {
     runner_id: Mutex<String>,
     pub(crate) runtime: Runtime,
     pub(crate) data: DataDir,
+    pub(crate) images: images::Images,
     pub(crate) config: AgentConfig,
 }
 
@@ -343,11 +362,13 @@ pub async fn run_with(
         tracing::warn!(%reason, "bridge networking unavailable; not offering network:bridge");
     }
     let saved = data.runner_id()?.unwrap_or_default();
+    let images = images::Images::open(data.root())?;
     let shared = Arc::new(Shared {
         client: Client::new(&config.server_url, &config.token),
         runner_id: Mutex::new(saved),
         runtime,
         data,
+        images,
         config,
     });
     tracing::info!(

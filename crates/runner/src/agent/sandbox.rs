@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use super::command::{self, CommandJob};
 use super::dirs::{CommandFiles, remove_tree};
 use super::{Backoff, Refusal, Shared, refusal};
-use crate::config::{Limits, Network, SandboxConfig, SandboxId};
+use crate::config::{Limits, Network, RootImage, SandboxConfig, SandboxId};
 use crate::error::Error;
 use crate::runtime::{DeathCause, Observation, Sandbox};
 
@@ -466,8 +466,12 @@ impl Worker {
         }
     }
 
-    fn config(&self, sandbox: &SandboxAssignment) -> Result<SandboxConfig, Unrunnable> {
-        if sandbox.image != "default" {
+    fn config(
+        &self,
+        sandbox: &SandboxAssignment,
+        image: RootImage,
+    ) -> Result<SandboxConfig, Unrunnable> {
+        if sandbox.image_root.is_none() && sandbox.image != "default" {
             return Err(Unrunnable::new(
                 "image_unavailable",
                 format!(
@@ -493,6 +497,7 @@ impl Worker {
             self.home.clone(),
             self.shared.config.init.clone(),
         );
+        config.image = image;
         config.env = sandbox.env.clone();
         config.network = network;
         let resources = &sandbox.resources;
@@ -508,7 +513,29 @@ impl Worker {
     }
 
     async fn launch(&mut self, sandbox: &SandboxAssignment, seen: Seen) -> Result<(), Step> {
-        let config = match self.config(sandbox) {
+        let image = match &sandbox.image_root {
+            None => RootImage::Host,
+            Some(root) => match self
+                .shared
+                .images
+                .materialised(&self.shared.client, &sandbox.org_id, root)
+                .await
+            {
+                Ok(dir) => RootImage::Tree(dir),
+                Err(err) if err.is_permanent() => {
+                    return self
+                        .report(
+                            sandbox,
+                            "failed",
+                            Some("image_unavailable"),
+                            Some(err.to_string()),
+                        )
+                        .await;
+                }
+                Err(err) => return Err(Step::Local(err)),
+            },
+        };
+        let config = match self.config(sandbox, image) {
             Ok(config) => config,
             Err(unrunnable) => {
                 return self

@@ -14,6 +14,7 @@
 //! - `support`: temp sandboxes and a guard that force-deletes them.
 
 mod exec;
+mod image;
 mod lifecycle;
 mod limits;
 mod network;

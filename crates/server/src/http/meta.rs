@@ -4,7 +4,8 @@ use axum::extract::State;
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, Caller};
+use crate::auth::Principal;
 
 #[utoipa::path(get, path = "/v1/openapi.json", tag = "meta", responses((status = 200, description = "this document")))]
 pub async fn openapi() -> Response {
@@ -31,4 +32,18 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
 pub async fn health(State(state): State<AppState>) -> Result<&'static str, ApiError> {
     sqlx::query("SELECT 1").execute(&state.db.pool).await?;
     Ok("ok\n")
+}
+
+/// Who the bearer token belongs to: clients learn their org id here.
+#[utoipa::path(get, path = "/v1/whoami", tag = "meta", responses((status = 200, body = api::orgs::Whoami), (status = 401, description = "error envelope", body = api::ErrorBody)))]
+pub async fn whoami(caller: Caller) -> axum::Json<api::orgs::Whoami> {
+    let (kind, org_id) = match caller.0 {
+        Principal::Admin => ("admin", None),
+        Principal::Org { org_id } => ("org", Some(org_id)),
+        Principal::Runner => ("runner", None),
+    };
+    axum::Json(api::orgs::Whoami {
+        kind: kind.to_owned(),
+        org_id,
+    })
 }

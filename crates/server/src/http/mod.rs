@@ -2,7 +2,9 @@
 //! the records. Every error leaves as the one envelope of `api::ErrorBody`.
 
 pub(crate) mod admin;
+pub(crate) mod blocks;
 pub mod commands;
+pub(crate) mod images;
 pub(crate) mod meta;
 pub mod runner;
 pub mod sandboxes;
@@ -25,6 +27,8 @@ use crate::metrics::Metrics;
 #[derive(Clone)]
 pub struct AppState {
     pub db: Db,
+    /// The content store (`--store`): images, and the block service.
+    pub store: Option<Arc<store::Store>>,
     pub config: Arc<crate::Config>,
     pub metrics: Arc<Metrics>,
 }
@@ -75,6 +79,18 @@ pub fn router(state: AppState) -> Router {
             "/v1/sandboxes/{id}/commands/{command_id}/signal",
             post(commands::signal),
         )
+        .route("/v1/images", get(images::list))
+        .route(
+            "/v1/images/{name}",
+            get(images::get).put(images::commit).delete(images::delete),
+        )
+        .route("/v1/blocks/{org}/missing", post(blocks::missing))
+        .route(
+            "/v1/blocks/{org}/{kind}/{hex}",
+            get(blocks::get)
+                .put(blocks::put)
+                .layer(DefaultBodyLimit::max(blocks::OBJECT_BODY_BYTES_MAX)),
+        )
         .route("/v1/runner/register", post(runner::register))
         .route("/v1/runner/heartbeat", post(runner::heartbeat))
         .route("/v1/runner/assignments", get(runner::assignments))
@@ -90,6 +106,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/runner/commands/{id}/output/{stream}",
             put(runner::append_output),
         )
+        .route("/v1/whoami", get(meta::whoami))
         .route("/v1/openapi.json", get(meta::openapi))
         .route("/metrics", get(meta::metrics))
         .route("/healthz", get(meta::health))

@@ -239,6 +239,7 @@ async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignmen
                 desired: s.desired.clone(),
                 state: s.state.clone(),
                 image: s.image.clone(),
+                image_root: s.image_root.clone(),
                 storage_class: s.storage_class.clone(),
                 resources: s.resources(),
                 network: s.network.clone(),

@@ -72,9 +72,24 @@ fn validate(request: &mut CreateSandboxRequest) -> Result<(), ApiError> {
 async fn admit(
     state: &AppState,
     tx: &mut WriteTx,
-    sandbox: &SandboxRow,
+    sandbox: &mut SandboxRow,
     request: &CreateSandboxRequest,
 ) -> Result<(), ApiError> {
+    if sandbox.image != "default" {
+        let root = crate::http::images::root_of(tx, &sandbox.org_id, &sandbox.image).await?;
+        match root {
+            Some(root) if state.store.is_some() => sandbox.image_root = Some(root),
+            _ => {
+                return Err(unsupported(
+                    vec![format!("image:{}", sandbox.image)],
+                    format!(
+                        "no image {:?} in this org (import one with `roost image import`)",
+                        sandbox.image
+                    ),
+                ));
+            }
+        }
+    }
     if !["standard", "durable"].contains(&sandbox.storage_class.as_str()) {
         return Err(unsupported(
             vec![format!("storage_class:{}", sandbox.storage_class)],
@@ -210,10 +225,11 @@ pub async fn create(
     let env = serde_json::to_string(&request.env).unwrap_or_default();
     let labels = serde_json::to_string(&request.labels).unwrap_or_default();
     let resources = &request.resources;
-    let row = SandboxRow {
+    let mut row = SandboxRow {
         id: id.clone(),
         org_id: org_id.clone(),
         image: request.image.clone(),
+        image_root: None,
         storage_class: request.storage_class.clone(),
         memory_mib: resources.memory_mib.map(|v| v as i64),
         millicpus: resources.cpus.map(|v| (v * 1000.0).round() as i64),
@@ -236,7 +252,7 @@ pub async fn create(
     };
 
     let mut tx = state.db.write().await?;
-    admit(&state, &mut tx, &row, &request).await?;
+    admit(&state, &mut tx, &mut row, &request).await?;
     check_quotas(&state, &mut tx, &org_id, true).await?;
     insert_sandbox(&mut tx, &row, &request).await?;
     let placed = scheduler::place(&mut tx, &row).await?;
@@ -268,11 +284,12 @@ async fn insert_sandbox(
     request: &CreateSandboxRequest,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(&format!(
-        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)"
+        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)"
     ))
     .bind(&row.id)
     .bind(&row.org_id)
     .bind(&row.image)
+    .bind(&row.image_root)
     .bind(&row.storage_class)
     .bind(row.memory_mib)
     .bind(row.millicpus)

@@ -1,0 +1,271 @@
+//! Images end to end: `roost image import` through the block service into
+//! the server's store, a real runner materialising the image (only what
+//! it lacks) and running it; the block service's refusals.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use crate::harness::BIN;
+use crate::plane::{Api, new_org};
+use crate::runner_e2e::{Stack, sh, wait_sandbox};
+
+/// A root filesystem of a static busybox (no libc) and `files` small
+/// distinct files under /data, so that changes are easy to count.
+fn busybox_tree(dir: &Path, files: usize) {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    std::fs::create_dir_all(dir.join("etc")).expect("etc");
+    std::fs::create_dir_all(dir.join("data")).expect("data");
+    std::fs::copy("/bin/busybox", bin.join("busybox"))
+        .expect("/bin/busybox (apt-get install busybox-static)");
+    for applet in ["sh", "cat", "ls", "echo", "wc"] {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet link");
+    }
+    std::fs::write(dir.join("etc/os-release"), "ID=roost-busybox\n").expect("os-release");
+    for i in 0..files {
+        std::fs::write(dir.join(format!("data/f{i}")), format!("file {i}\n")).expect("data");
+    }
+}
+
+/// `tar -C tree -cf archive .`, as a build tool would hand an image over.
+fn tar_of(tree: &Path, archive: &Path) -> std::path::PathBuf {
+    let status = Command::new("tar")
+        .arg("-C")
+        .arg(tree)
+        .arg("-cf")
+        .arg(archive)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(status.success());
+    archive.to_path_buf()
+}
+
+fn import(api: &Api, name: &str, path: &Path) -> Value {
+    let output = Command::new(BIN)
+        .args(["image", "import", name])
+        .arg(path)
+        .args(["--json", "--url", &api.url, "--token", &api.token])
+        .output()
+        .expect("roost image import");
+    assert!(
+        output.status.success(),
+        "import failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("import prints one JSON document")
+}
+
+/// GETs of objects the server has answered, from its metrics.
+async fn object_downloads(api: &Api) -> u64 {
+    let metrics = api.get("/metrics").await;
+    String::from_utf8_lossy(&metrics.bytes)
+        .lines()
+        .filter(|l| {
+            l.starts_with("roost_http_requests_total{method=\"GET\",route=\"/v1/blocks/{org}/{kind}/{hex}\",status=\"200\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_image_runs_and_a_new_version_brings_only_its_changes() {
+    let store = tempfile::tempdir().expect("store dir");
+    let store_arg = store.path().to_str().expect("utf-8").to_owned();
+    let stack = Stack::start_full(&["--store", &store_arg], &[]).await;
+    let api = stack.api();
+    let work = tempfile::tempdir().expect("work dir");
+
+    // v1 as a tar archive (what `tar` or a build tool hands over).
+    let tree = work.path().join("tree");
+    busybox_tree(&tree, 60);
+    let v1 = import(api, "busy", &tar_of(&tree, &work.path().join("v1.tar")));
+    assert_eq!(v1["source"], "tar", "{v1}");
+    assert_eq!(v1["image"]["name"], "busy");
+    assert_eq!(v1["image"]["files"], 62, "{v1}");
+    assert!(v1["blocks_uploaded"].as_u64() >= Some(62), "{v1}");
+
+    let listed = api.get("/v1/images").await;
+    assert_eq!(listed.body["images"][0]["root"], v1["image"]["root"]);
+
+    let before = object_downloads(api).await;
+    let sandbox = stack.running_sandbox(json!({"image": "busy"})).await;
+    let sid = sandbox["id"].as_str().expect("id");
+    let first_pull = object_downloads(api).await - before;
+    assert!(
+        first_pull >= 62,
+        "the first materialisation fetched {first_pull} objects"
+    );
+    assert_eq!(
+        sh(api, sid, "cat /etc/os-release").await,
+        "ID=roost-busybox\n"
+    );
+    assert_eq!(sh(api, sid, "ls /data | wc -l").await.trim(), "60");
+
+    // v2 changes one file: one block goes up, and a sandbox of v2 on the
+    // same runner brings down only that block and the trees above it.
+    std::fs::write(tree.join("data/f7"), "changed\n").expect("change");
+    let v2 = import(api, "busy", &tar_of(&tree, &work.path().join("v2.tar")));
+    assert_eq!(v2["source"], "tar", "{v2}");
+    assert_eq!(v2["blocks_uploaded"], 1, "{v2}");
+    assert_ne!(v2["image"]["root"], v1["image"]["root"]);
+    let before = object_downloads(api).await;
+    let second = stack.running_sandbox(json!({"image": "busy"})).await;
+    let second_id = second["id"].as_str().expect("id");
+    let second_pull = object_downloads(api).await - before;
+    assert!(
+        (1..=3).contains(&second_pull),
+        "v2 fetched {second_pull} objects; expected its one new block and the changed trees"
+    );
+    assert_eq!(sh(api, second_id, "cat /data/f7").await, "changed\n");
+    // The first sandbox keeps the tree it was created with.
+    assert_eq!(sh(api, sid, "cat /data/f7").await, "file 7\n");
+
+    // `docker save` output (manifest.json naming layer tars) and a plain
+    // directory import the same way.
+    let docker = work.path().join("docker");
+    std::fs::create_dir(&docker).expect("docker dir");
+    tar_of(&tree, &docker.join("layer.tar"));
+    std::fs::write(docker.join("config.json"), "{}").expect("config");
+    std::fs::write(
+        docker.join("manifest.json"),
+        r#"[{"Config":"config.json","RepoTags":["busy:latest"],"Layers":["layer.tar"]}]"#,
+    )
+    .expect("manifest");
+    let saved = import(
+        api,
+        "busy-docker",
+        &tar_of(&docker, &work.path().join("saved.tar")),
+    );
+    assert_eq!(saved["source"], "docker_archive", "{saved}");
+    assert_eq!(
+        saved["image"]["root"], v2["image"]["root"],
+        "same tree, same root"
+    );
+    assert_eq!(saved["blocks_uploaded"], 0, "{saved}");
+    let from_dir = import(api, "busy-dir", &tree);
+    assert_eq!(from_dir["source"], "directory", "{from_dir}");
+    let third = stack.running_sandbox(json!({"image": "busy-docker"})).await;
+    assert_eq!(
+        sh(api, third["id"].as_str().expect("id"), "cat /data/f7").await,
+        "changed\n"
+    );
+
+    // An unknown image is refused at admission, naming it.
+    let refused = api.post("/v1/sandboxes", json!({"image": "nope"})).await;
+    refused.assert_error(422, "unsupported_capability");
+    assert_eq!(
+        refused.body["error"]["details"]["missing"],
+        json!(["image:nope"])
+    );
+
+    // Deleting the image refuses new sandboxes of it.
+    assert_eq!(api.delete("/v1/images/busy").await.status, 200);
+    api.post("/v1/sandboxes", json!({"image": "busy"}))
+        .await
+        .assert_error(422, "unsupported_capability");
+    let _ = wait_sandbox(api, sid, "running").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_block_service_verifies_uploads_and_keeps_orgs_apart() {
+    let store = tempfile::tempdir().expect("store dir");
+    let store_arg = store.path().to_str().expect("utf-8").to_owned();
+    let plane = crate::plane::Plane::start(&["--store", &store_arg]).await;
+    let org = &plane.org;
+    let org_id = &plane.org_id;
+    let content = b"hello blocks";
+    let digest = store::Digest::of(content).to_hex();
+    let path = format!("/v1/blocks/{org_id}/blocks/{digest}");
+    let put = |api: &Api, path: String, body: Vec<u8>| {
+        let api = Api::new(&api.url, &api.token);
+        async move {
+            api.send(reqwest::Method::PUT, &path, Some(body), &[])
+                .await
+                .expect("request")
+        }
+    };
+
+    // A body that does not hash to its name is refused and not stored.
+    let wrong = store::block::encode(b"something else");
+    let refused = put(org, path.clone(), wrong).await;
+    refused.assert_error(400, "invalid_request");
+    let missing = org
+        .post(
+            &format!("/v1/blocks/{org_id}/missing"),
+            json!({"objects": [format!("blocks/{digest}")]}),
+        )
+        .await;
+    assert_eq!(missing.body["missing"], json!([format!("blocks/{digest}")]));
+
+    // The right bytes are stored and read back.
+    let stored = put(org, path.clone(), store::block::encode(content)).await;
+    assert_eq!(stored.status, 204, "{stored:?}");
+    let missing = org
+        .post(
+            &format!("/v1/blocks/{org_id}/missing"),
+            json!({"objects": [format!("blocks/{digest}")]}),
+        )
+        .await;
+    assert_eq!(missing.body["missing"], json!([]));
+    let read = org.get(&path).await;
+    assert_eq!(read.status, 200);
+    assert_eq!(
+        store::block::decode(&store::Digest::of(content), &read.bytes).expect("decodes"),
+        content
+    );
+
+    // Another org's token finds nothing there; its own path has nothing.
+    let (other, other_id) = new_org(&plane.admin, "other", json!({})).await;
+    other.get(&path).await.assert_error(404, "not_found");
+    other
+        .get(&format!("/v1/blocks/{other_id}/blocks/{digest}"))
+        .await
+        .assert_error(404, "not_found");
+    // The runner token reaches every org's objects (runners serve them all).
+    let runner = Api::new(&plane.server.url, &plane.runner_token);
+    assert_eq!(runner.get(&path).await.status, 200);
+
+    // A commit of a tree whose objects are not all there changes nothing.
+    let mut entries = store::tree::Tree::default();
+    entries.entries.push(store::tree::Entry {
+        name: b"absent".to_vec(),
+        mode: 0o644,
+        size: 5,
+        mtime_ns: 0,
+        kind: store::tree::EntryKind::File {
+            blocks: vec![store::Digest::of(b"never uploaded")],
+        },
+    });
+    let (root, bytes) = entries.encode().expect("tree");
+    let tree_path = format!("/v1/blocks/{org_id}/trees/{}", root.to_hex());
+    assert_eq!(
+        put(org, tree_path, store::block::encode(&bytes))
+            .await
+            .status,
+        204
+    );
+    let commit = org
+        .send(
+            reqwest::Method::PUT,
+            "/v1/images/broken",
+            Some(serde_json::to_vec(&json!({"root": root.to_hex()})).expect("json")),
+            &[],
+        )
+        .await
+        .expect("request");
+    commit.assert_error(409, "invalid_state");
+    assert_eq!(commit.body["error"]["details"]["missing_objects"], 1);
+    org.get("/v1/images/broken")
+        .await
+        .assert_error(404, "not_found");
+
+    // Without a store the service says so.
+    let bare = crate::plane::Plane::start(&[]).await;
+    bare.org
+        .get(&format!("/v1/blocks/{}/blocks/{digest}", bare.org_id))
+        .await
+        .assert_error(422, "unsupported_capability");
+}

@@ -1,0 +1,127 @@
+//! Imported images on this host: materialised from the org's content store
+//! through the control plane's block service, once per root tree.
+//!
+//! ```text
+//! DIR/images/ROOT/        a complete image tree, never changed once here
+//!                         (the read-only lower layer of its sandboxes)
+//! DIR/images/.tmp-ROOT-N  a materialisation in progress (removed at start)
+//! DIR/block-cache/        objects fetched before: a new version of an image
+//!                         downloads only the blocks this host lacks
+//! ```
+//!
+//! A tree is renamed into place only once complete, so a runner killed
+//! mid-download leaves nothing that looks usable.
+
+use std::path::{Path, PathBuf};
+
+use api::blocks::RemoteBackend;
+use api::client::Client;
+use store::pull::{PullOptions, materialize};
+use store::{Digest, OrgId, Store};
+
+use crate::error::{Error, Result};
+
+pub(crate) struct Images {
+    dir: PathBuf,
+    cache: PathBuf,
+}
+
+impl Images {
+    /// Prepares `data_root/images` (dropping half-made trees) and the
+    /// block cache beside it.
+    pub(crate) fn open(data_root: &Path) -> Result<Images> {
+        let dir = data_root.join("images");
+        let cache = data_root.join("block-cache");
+        for path in [&dir, &cache] {
+            std::fs::create_dir_all(path).map_err(|e| Error::io("create directory", path, e))?;
+        }
+        let listing = std::fs::read_dir(&dir).map_err(|e| Error::io("list", &dir, e))?;
+        for entry in listing.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(".tmp-") {
+                let path = entry.path();
+                std::fs::remove_dir_all(&path).map_err(|e| Error::io("remove", &path, e))?;
+            }
+        }
+        Ok(Images { dir, cache })
+    }
+
+    /// The directory holding tree `root` of `org`'s store, materialised
+    /// first if this host does not have it yet.
+    pub(crate) async fn materialised(
+        &self,
+        client: &Client,
+        org: &str,
+        root: &str,
+    ) -> Result<PathBuf> {
+        let digest: Digest = root
+            .parse()
+            .map_err(|_| Error::Invalid(format!("image root {root:?} is not a digest")))?;
+        let org: OrgId = org
+            .parse()
+            .map_err(|_| Error::Invalid(format!("org {org:?} is not a store org")))?;
+        let dest = self.dir.join(digest.to_hex());
+        if dest.is_dir() {
+            return Ok(dest);
+        }
+        static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let temp = self.dir.join(format!(".tmp-{}-{n}", digest.to_hex()));
+        let backend = RemoteBackend::new(client.clone(), tokio::runtime::Handle::current());
+        let options = PullOptions {
+            cache: Some(self.cache.clone()),
+            index_path: None,
+            store_id: "control-plane".to_owned(),
+        };
+        let (work_temp, work_dest) = (temp.clone(), dest.clone());
+        let done = tokio::task::spawn_blocking(move || -> Result<()> {
+            let store = Store::new(std::sync::Arc::new(backend));
+            let report = materialize(
+                &store,
+                &org,
+                "image",
+                &digest,
+                &work_temp,
+                &options,
+                &store::progress::NoProgress,
+            )
+            .map_err(|e| match e {
+                // The control plane out of reach: try again later.
+                store::Error::Backend { .. } => Error::io(
+                    "download image",
+                    &work_temp,
+                    std::io::Error::other(e.to_string()),
+                ),
+                _ => Error::Invalid(format!("materialise image {digest}: {e}")),
+            })?;
+            tracing::info!(
+                image_root = %digest,
+                files = report.files,
+                blocks_downloaded = report.blocks_downloaded,
+                bytes_downloaded = report.bytes_downloaded,
+                blocks_from_cache = report.blocks_from_cache,
+                "image materialised"
+            );
+            match std::fs::rename(&work_temp, &work_dest) {
+                Ok(()) => Ok(()),
+                // Another sandbox's materialisation of the same tree won.
+                Err(_) if work_dest.is_dir() => std::fs::remove_dir_all(&work_temp)
+                    .map_err(|e| Error::io("remove", &work_temp, e)),
+                Err(e) => Err(Error::io("rename into place", &work_temp, e)),
+            }
+        })
+        .await;
+        match done {
+            Ok(Ok(())) => Ok(dest),
+            Ok(Err(err)) => {
+                let _ = std::fs::remove_dir_all(&temp);
+                Err(err)
+            }
+            Err(join) => {
+                let _ = std::fs::remove_dir_all(&temp);
+                Err(Error::Invalid(format!(
+                    "image materialisation failed: {join}"
+                )))
+            }
+        }
+    }
+}
