@@ -122,6 +122,30 @@ async fn an_imported_image_runs_and_a_new_version_brings_only_its_changes() {
     assert_eq!(sh(api, second_id, "cat /data/f7").await, "changed\n");
     // The first sandbox keeps the tree it was created with.
     assert_eq!(sh(api, sid, "cat /data/f7").await, "file 7\n");
+    // What one sandbox writes into the image lands in its own layer only:
+    // neither the other sandbox nor the runner's copy of the image sees it.
+    sh(
+        api,
+        second_id,
+        "echo mine > /data/f8; echo new > /bin/added",
+    )
+    .await;
+    assert_eq!(sh(api, second_id, "cat /data/f8").await, "mine\n");
+    let third_view = sh(api, sid, "cat /data/f8; ls /bin/added 2>&1 || true").await;
+    assert!(third_view.starts_with("file 8\n"), "{third_view}");
+    assert!(!third_view.contains("new"), "{third_view}");
+    let images_dir = stack.runner.data_dir.join("images");
+    for entry in std::fs::read_dir(&images_dir)
+        .expect("images dir")
+        .flatten()
+    {
+        let f8 = entry.path().join("data/f8");
+        assert_eq!(
+            std::fs::read_to_string(&f8).expect("image file"),
+            "file 8\n"
+        );
+        assert!(!entry.path().join("bin/added").exists());
+    }
 
     // `docker save` output (manifest.json naming layer tars) and a plain
     // directory import the same way.
