@@ -23,6 +23,8 @@ install_runtimes() {
     command -v crun >/dev/null 2>&1 || missing+=(crun)
     # A static busybox is the image the imported-image tests run: no libc.
     [ -x /bin/busybox ] || missing+=(busybox-static)
+    # Durable homes live on btrfs (a loop-mounted image on other filesystems).
+    command -v mkfs.btrfs >/dev/null 2>&1 || missing+=(btrfs-progs)
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing ${missing[*]} from Debian"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

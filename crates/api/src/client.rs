@@ -14,9 +14,10 @@ use crate::images::{CommitImageRequest, Image, ImageList};
 use crate::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse, Whoami};
 use crate::runners::{
     Assignments, CommandReport, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
-    RegisterResponse, SandboxReport,
+    RegisterResponse, SandboxReport, SaveReport, SnapshotReport,
 };
 use crate::sandboxes::{CreateSandboxRequest, EventList, QuarantineRequest, Sandbox, SandboxList};
+use crate::snapshots::{CreateSnapshotRequest, Snapshot, SnapshotList};
 use crate::{ErrorBody, ErrorCode};
 
 /// Longest a single request may take, long-polls (at most 25 s on the
@@ -621,6 +622,96 @@ impl Client {
                 status,
                 body: quote(&bytes),
             })
+    }
+
+    /// `POST /v1/runner/sandboxes/{id}/saves`: how a save went.
+    pub async fn runner_report_save(
+        &self,
+        sandbox_id: &str,
+        report: &SaveReport,
+    ) -> Result<Sandbox, ClientError> {
+        self.post(
+            &["v1", "runner", "sandboxes", sandbox_id, "saves"],
+            report,
+            &[],
+        )
+        .await
+    }
+
+    /// `POST /v1/runner/snapshots/{id}/report`.
+    pub async fn runner_report_snapshot(
+        &self,
+        snapshot_id: &str,
+        report: &SnapshotReport,
+    ) -> Result<Snapshot, ClientError> {
+        self.post(
+            &["v1", "runner", "snapshots", snapshot_id, "report"],
+            report,
+            &[],
+        )
+        .await
+    }
+
+    /// `POST /v1/sandboxes/{id}/snapshots`; with a key, a retry returns the
+    /// same snapshot.
+    pub async fn create_snapshot(
+        &self,
+        sandbox_id: &str,
+        request: &CreateSnapshotRequest,
+        idempotency_key: Option<&str>,
+    ) -> Result<Snapshot, ClientError> {
+        let headers: Vec<(&str, &str)> = idempotency_key
+            .map(|key| ("idempotency-key", key))
+            .into_iter()
+            .collect();
+        self.post(
+            &["v1", "sandboxes", sandbox_id, "snapshots"],
+            request,
+            &headers,
+        )
+        .await
+    }
+
+    pub async fn get_snapshot(&self, id: &str) -> Result<Snapshot, ClientError> {
+        self.get(&["v1", "snapshots", id], &[]).await
+    }
+
+    /// Long-poll: answers once the snapshot reached `durability` (or
+    /// failed), or after `timeout_s` (at most 25) as it is.
+    pub async fn wait_snapshot(
+        &self,
+        id: &str,
+        durability: &str,
+        timeout_s: u64,
+    ) -> Result<Snapshot, ClientError> {
+        let query = [
+            ("wait_for", durability.to_owned()),
+            ("timeout", timeout_s.to_string()),
+        ];
+        self.get(&["v1", "snapshots", id], &query).await
+    }
+
+    pub async fn list_snapshots(
+        &self,
+        sandbox_id: Option<&str>,
+        limit: Option<u32>,
+        cursor: Option<&str>,
+    ) -> Result<SnapshotList, ClientError> {
+        let mut query = Vec::new();
+        if let Some(sandbox_id) = sandbox_id {
+            query.push(("sandbox_id", sandbox_id.to_owned()));
+        }
+        if let Some(limit) = limit {
+            query.push(("limit", limit.to_string()));
+        }
+        if let Some(cursor) = cursor {
+            query.push(("cursor", cursor.to_owned()));
+        }
+        self.get(&["v1", "snapshots"], &query).await
+    }
+
+    pub async fn delete_snapshot(&self, id: &str) -> Result<Snapshot, ClientError> {
+        self.delete(&["v1", "snapshots", id]).await
     }
 
     /// `GET /v1/whoami`: the token's kind and org.

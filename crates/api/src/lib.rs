@@ -11,5 +11,6 @@ pub mod images;
 pub mod orgs;
 pub mod runners;
 pub mod sandboxes;
+pub mod snapshots;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};

@@ -85,6 +85,62 @@ pub struct SandboxAssignment {
     pub resources: Resources,
     pub network: String,
     pub env: BTreeMap<String, String>,
+    /// The tree the home starts as on a runner that has no copy of it: the
+    /// last completed save of a durable home, or the snapshot a child was
+    /// created from. `None`: an empty home.
+    #[serde(default)]
+    pub home_root: Option<String>,
+    /// Durable sandboxes: seconds between saves while running.
+    #[serde(default)]
+    pub save_interval_s: Option<u64>,
+    /// Snapshots asked for and not yet replicated or failed.
+    #[serde(default)]
+    pub snapshots: Vec<SnapshotAssignment>,
+}
+
+/// A snapshot the runner is to capture and replicate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotAssignment {
+    pub snapshot_id: String,
+    /// `pending` or `local`.
+    pub durability: String,
+}
+
+/// `POST /v1/runner/sandboxes/{id}/saves`: how a save of a durable home
+/// went. `completed` carries the root the runner uploaded; the server
+/// checks the tree is complete and commits it only at the current epoch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SaveReport {
+    pub runner_id: String,
+    pub epoch: u64,
+    /// `progress`, `completed` or `failed`.
+    pub outcome: String,
+    #[serde(default)]
+    pub root: Option<String>,
+    /// When the saved state was captured (ms since the epoch).
+    #[serde(default)]
+    pub captured_at_ms: Option<i64>,
+    #[serde(default)]
+    pub bytes_pending: Option<u64>,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// `POST /v1/runner/snapshots/{id}/report`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotReport {
+    pub runner_id: String,
+    pub epoch: u64,
+    /// `local`, `replicated` (with `root`) or `failed` (with `message`).
+    pub durability: String,
+    #[serde(default)]
+    pub root: Option<String>,
+    #[serde(default)]
+    pub captured_at_ms: Option<i64>,
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -39,6 +39,13 @@ pub struct CreateSandboxRequest {
     /// Secrets to inject; refused unless the deployment configures them.
     #[serde(default)]
     pub secrets: Vec<Secret>,
+    /// Seconds between saves of a durable home while it runs (within the
+    /// deployment's bounds; default: the deployment's interval).
+    #[serde(default)]
+    pub save_interval_s: Option<u64>,
+    /// A snapshot (`snp_…`, replicated) whose files the new home starts with.
+    #[serde(default)]
+    pub from_snapshot: Option<String>,
 }
 
 pub fn default_image() -> String {
@@ -109,6 +116,29 @@ pub struct Sandbox {
     pub updated_at: String,
     pub expires_at: Option<String>,
     pub ended_at: Option<String>,
+    /// How saving the home goes (durable sandboxes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub save: Option<SaveStatus>,
+    /// The snapshot this sandbox's home started as (lineage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+}
+
+/// A durable sandbox's saves. A save counts once it is complete in the
+/// store and committed; `last_completed_at` is when it captured the home.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SaveStatus {
+    pub interval_s: u64,
+    /// `ok`, `delayed` (no save completed within twice the interval) or
+    /// `failing` (the last attempt failed: `last_error`).
+    pub state: String,
+    pub last_completed_at: Option<String>,
+    pub last_attempt_at: Option<String>,
+    pub last_error: Option<String>,
+    /// Bytes the save under way (or securing) still has to upload.
+    pub bytes_pending: Option<u64>,
+    /// The root tree of the last completed save.
+    pub root: Option<String>,
 }
 
 /// `GET /v1/sandboxes`

@@ -38,6 +38,25 @@ pub struct ServerArgs {
     /// How often the reconcilers (leases, TTL, retention, scheduling) run.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     reconcile_interval: std::time::Duration,
+    /// How often running durable homes are saved (a create may ask for
+    /// another interval within --save-interval-min and --save-interval-max).
+    #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
+    save_interval: std::time::Duration,
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    save_interval_min: std::time::Duration,
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    save_interval_max: std::time::Duration,
+}
+
+/// `ROOST_HOME_STORE=false` runs without a store whatever `--store` says:
+/// `durable` is then refused and homes are plain directories on their
+/// runner.
+pub fn home_store_enabled() -> Result<bool> {
+    match std::env::var("ROOST_HOME_STORE").as_deref() {
+        Err(_) | Ok("true" | "1" | "") => Ok(true),
+        Ok("false" | "0") => Ok(false),
+        Ok(other) => anyhow::bail!("ROOST_HOME_STORE={other:?}: use true or false"),
+    }
 }
 
 #[derive(Subcommand)]
@@ -131,8 +150,15 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
 pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     let mut config = server::Config::new(args.listen, args.data_dir);
     config.database_url = args.database;
-    config.store_url = args.store;
+    config.store_url = if home_store_enabled()? {
+        args.store
+    } else {
+        None
+    };
     config.fleet_max_running = args.fleet_max_running;
+    config.save_interval = args.save_interval;
+    config.save_interval_min = args.save_interval_min;
+    config.save_interval_max = args.save_interval_max;
     config.retention = args.retention;
     config.lease_ttl = args.lease_ttl;
     config.reconcile_interval = args.reconcile_interval;

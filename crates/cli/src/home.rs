@@ -182,6 +182,7 @@ fn run_pull(dest: &Path, target: &Target, cache: Option<PathBuf>) -> Result<Exit
         cache,
         index_path: Some(target.index_path(dest)?),
         store_id: target.store.clone(),
+        index_dev: None,
     };
     let started = Instant::now();
     let bar = Bar::new(target.json);

@@ -163,7 +163,7 @@ fn import(name: &str, path: &Path, target: &OrgTarget) -> Result<ExitCode> {
             &store,
             &org,
             &rootfs,
-            &store::excludes::Excludes::none(),
+            &store::push::UploadOptions::everything(),
             &bar,
         );
         bar.finish();

@@ -41,6 +41,11 @@ pub struct RunnerArgs {
     /// The runner's name in the server's records (default: the host name).
     #[arg(long)]
     name: Option<String>,
+    /// Where the data dir is not on btrfs, homes live on a btrfs image
+    /// file of this size in it (sparse: it costs what homes use), so that
+    /// running homes can be snapshotted for saves. E.g. `256GiB`.
+    #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = crate::sandbox::parse_mib)]
+    homes_image_size: u64,
 }
 
 /// The `roost` binary itself, as every sandbox's init.
@@ -94,6 +99,7 @@ pub fn run(args: RunnerArgs) -> Result<ExitCode> {
         config.capacity =
             host::parse_capacity(&capacity, config.capacity).map_err(anyhow::Error::msg)?;
     }
+    config.homes_image_bytes = args.homes_image_size.saturating_mul(1 << 20);
     config.failpoint = std::env::var("ROOST_FAILPOINT").ok();
     runtime()?.block_on(async move {
         runner::agent::run(config, stop_requested())

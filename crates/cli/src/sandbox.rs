@@ -181,6 +181,13 @@ pub struct CreateArgs {
     /// A label, for filtering lists (repeatable).
     #[arg(long = "label", value_name = "K=V", value_parser = parse_pair)]
     labels: Vec<(String, String)>,
+    /// How often a running durable home is saved (e.g. `60s`; within the
+    /// deployment's bounds; default: the deployment's interval).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    save_interval: Option<Duration>,
+    /// Start the home as a snapshot's files (`snp_…`, replicated).
+    #[arg(long, value_name = "SNAPSHOT_ID")]
+    from_snapshot: Option<String>,
     /// Makes the create safe to retry: the same key with the same request
     /// returns the sandbox the first one made, never a second sandbox.
     #[arg(long, value_name = "KEY")]
@@ -339,6 +346,8 @@ async fn create(args: CreateArgs) -> Result<ExitCode> {
         labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
         mounts: Vec::new(),
         secrets: Vec::new(),
+        save_interval_s: args.save_interval.map(seconds_rounded_up),
+        from_snapshot: args.from_snapshot,
     };
     let client = args.target.client()?;
     let created = client

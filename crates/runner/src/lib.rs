@@ -56,6 +56,7 @@ pub mod network;
 pub mod oci;
 pub mod runtime;
 pub mod signal;
+pub mod volumes;
 
 pub use config::{InitProgram, Limits, Network, RootImage, SandboxConfig, SandboxId, SandboxPaths};
 pub use error::{Error, Result};

@@ -21,6 +21,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../migrations/0002_sandboxes.sql")),
     (3, include_str!("../migrations/0003_counting_indexes.sql")),
     (4, include_str!("../migrations/0004_images.sql")),
+    (5, include_str!("../migrations/0005_homes.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,10 +186,16 @@ async fn apply_migrations(conn: &mut sqlx::AnyConnection) -> Result<(), ServerEr
             .bind(now_ms())
             .execute(&mut *tx)
             .await?;
-        for statement in sql
+        // Whole-line comments go first, so a `;` in prose splits nothing.
+        let code: Vec<&str> = sql
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("--"))
+            .collect();
+        for statement in code
+            .join("\n")
             .split(';')
             .map(str::trim)
-            .filter(|s| !s.is_empty() && !s.lines().all(|l| l.trim_start().starts_with("--")))
+            .filter(|s| !s.is_empty())
         {
             tx.execute(statement).await?;
         }

@@ -53,6 +53,11 @@ pub struct Config {
     pub lease_grace_after_start: Duration,
     /// How often the reconcilers run.
     pub reconcile_interval: Duration,
+    /// How often a running durable sandbox's home is saved, unless its
+    /// create asks otherwise within `save_interval_min..=save_interval_max`.
+    pub save_interval: Duration,
+    pub save_interval_min: Duration,
+    pub save_interval_max: Duration,
     /// See `AppState::failpoint` (tests only).
     pub failpoint: Option<String>,
 }
@@ -69,6 +74,9 @@ impl Config {
             lease_ttl: Duration::from_secs(15),
             lease_grace_after_start: Duration::ZERO,
             reconcile_interval: Duration::from_secs(1),
+            save_interval: Duration::from_secs(300),
+            save_interval_min: Duration::from_secs(10),
+            save_interval_max: Duration::from_secs(24 * 3600),
             failpoint: None,
         }
     }

@@ -31,6 +31,42 @@ pub async fn pass(state: &AppState, watch_leases: bool) -> Result<(), ApiError> 
     expire_ttls(state).await?;
     schedule_pending(state).await?;
     apply_retention(state).await?;
+    crate::http::snapshots::expire(state).await?;
+    release_deleted_homes(state).await?;
+    Ok(())
+}
+
+/// Unpins the store homes of deleted sandboxes (their saves become
+/// collectable by gc), then forgets the root. Done here, after the fact,
+/// so every path to `deleted` is covered and a failed store call is
+/// simply tried again on the next pass.
+pub async fn release_deleted_homes(state: &AppState) -> Result<(), ApiError> {
+    let Some(store) = state.store.clone() else {
+        return Ok(());
+    };
+    let rows: Vec<(String, String)> = sqlx::query_as(&format!(
+        "SELECT id, org_id FROM sandboxes WHERE state = 'deleted' AND home_root IS NOT NULL LIMIT {BATCH}"
+    ))
+    .fetch_all(&state.db.pool)
+    .await?;
+    for (id, org_id) in rows {
+        let (committed, next) = crate::http::homes::home_names(&id)?;
+        let org = crate::http::homes::store_org(&org_id)?;
+        let store = store.clone();
+        let released = crate::http::blocks::blocking(move || {
+            store.delete_home(&org, &next)?;
+            store.delete_home(&org, &committed)
+        })
+        .await?;
+        if let Err(err) = released {
+            tracing::warn!(sandbox_id = %id, %err, "could not release a deleted sandbox's home; retrying next pass");
+            continue;
+        }
+        sqlx::query("UPDATE sandboxes SET home_root = NULL WHERE id = $1 AND state = 'deleted'")
+            .bind(&id)
+            .execute(&state.db.pool)
+            .await?;
+    }
     Ok(())
 }
 

@@ -93,9 +93,27 @@ pub struct SandboxRow {
     pub updated_at_ms: i64,
     pub expires_at_ms: Option<i64>,
     pub ended_at_ms: Option<i64>,
+    pub home: HomeColumns,
 }
 
-pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms";
+/// A sandbox's home in the store and how saving it goes (durable
+/// sandboxes; a child of a snapshot starts from `root` whatever its class).
+#[derive(Clone, Debug, Default)]
+pub struct HomeColumns {
+    /// The last completed save (or the snapshot a child starts from).
+    pub root: Option<String>,
+    /// When that save captured the home.
+    pub saved_at_ms: Option<i64>,
+    /// Set for durable sandboxes only.
+    pub save_interval_s: Option<i64>,
+    pub save_attempt_at_ms: Option<i64>,
+    /// The last attempt's error; cleared by a completed save.
+    pub save_error: Option<String>,
+    pub save_bytes_pending: Option<i64>,
+    pub from_snapshot: Option<String>,
+}
+
+pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot";
 
 impl SandboxRow {
     pub fn from_row(row: &AnyRow) -> Result<SandboxRow, sqlx::Error> {
@@ -123,6 +141,15 @@ impl SandboxRow {
             updated_at_ms: row.try_get("updated_at_ms")?,
             expires_at_ms: row.try_get("expires_at_ms")?,
             ended_at_ms: row.try_get("ended_at_ms")?,
+            home: HomeColumns {
+                root: row.try_get("home_root")?,
+                saved_at_ms: row.try_get("home_saved_at_ms")?,
+                save_interval_s: row.try_get("save_interval_s")?,
+                save_attempt_at_ms: row.try_get("save_attempt_at_ms")?,
+                save_error: row.try_get("save_error")?,
+                save_bytes_pending: row.try_get("save_bytes_pending")?,
+                from_snapshot: row.try_get("from_snapshot")?,
+            },
         })
     }
 
@@ -155,7 +182,33 @@ impl SandboxRow {
             updated_at: rfc3339(self.updated_at_ms),
             expires_at: self.expires_at_ms.map(rfc3339),
             ended_at: self.ended_at_ms.map(rfc3339),
+            save: self.save_status(now_ms()),
+            from_snapshot: self.home.from_snapshot.clone(),
         }
+    }
+
+    /// The `save` object of a durable sandbox: `failing` while the last
+    /// attempt failed, `delayed` when no save completed within twice the
+    /// interval (counted from creation before the first), else `ok`.
+    pub fn save_status(&self, now: i64) -> Option<api::sandboxes::SaveStatus> {
+        let interval_s = self.home.save_interval_s?;
+        let since = self.home.saved_at_ms.unwrap_or(self.created_at_ms);
+        let state = if self.home.save_error.is_some() {
+            "failing"
+        } else if self.state == "running" && now - since > 2 * interval_s * 1000 {
+            "delayed"
+        } else {
+            "ok"
+        };
+        Some(api::sandboxes::SaveStatus {
+            interval_s: interval_s as u64,
+            state: state.to_owned(),
+            last_completed_at: self.home.saved_at_ms.map(rfc3339),
+            last_attempt_at: self.home.save_attempt_at_ms.map(rfc3339),
+            last_error: self.home.save_error.clone(),
+            bytes_pending: self.home.save_bytes_pending.map(|b| b.max(0) as u64),
+            root: self.home.root.clone(),
+        })
     }
 }
 

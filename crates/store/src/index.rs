@@ -72,6 +72,35 @@ impl IndexKey {
     }
 }
 
+/// How a scan or a pull takes index keys.
+///
+/// A home read through filesystem snapshots (btrfs) sees every snapshot on
+/// a device number of its own, with the same inodes and times: `dev`
+/// replaces the device number so one index serves every snapshot of a
+/// home (and the home itself, where pulls write). A snapshot cannot change
+/// after it was taken, so the racy-timestamp rule compares with the moment
+/// it was taken (`observed_at_ns`), not with the time the scan reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyRule {
+    pub dev: Option<u64>,
+    pub observed_at_ns: Option<i64>,
+}
+
+impl KeyRule {
+    pub fn key(&self, meta: &fs::Metadata) -> IndexKey {
+        let mut key = IndexKey::of(meta);
+        if let Some(dev) = self.dev {
+            key.dev = dev;
+        }
+        key
+    }
+
+    /// [`is_racy`] at the moment the files were (or are being) observed.
+    pub fn is_racy(&self, key: &IndexKey) -> bool {
+        is_racy(key, self.observed_at_ns.unwrap_or_else(now_ns))
+    }
+}
+
 pub fn mtime_ns(meta: &fs::Metadata) -> i64 {
     timestamp_ns(meta.mtime(), meta.mtime_nsec())
 }

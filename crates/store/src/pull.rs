@@ -45,6 +45,9 @@ pub struct PullOptions {
     /// rewritten so the next push of the destination hashes nothing).
     pub index_path: Option<PathBuf>,
     pub store_id: String,
+    /// Replaces the device number in index keys (see
+    /// [`crate::index::KeyRule`]), for homes later read through snapshots.
+    pub index_dev: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -81,6 +84,7 @@ struct Materializer<'a> {
     org: &'a OrgId,
     cache: Option<Store>,
     old_index: Index,
+    index_dev: Option<u64>,
     progress: &'a dyn Progress,
     counters: Counters,
     new_index: Mutex<Index>,
@@ -147,6 +151,7 @@ pub fn materialize(
         org,
         cache,
         old_index,
+        index_dev: options.index_dev,
         progress,
         counters: Counters::default(),
         new_index: Mutex::new(Index::default()),
@@ -318,7 +323,7 @@ impl Materializer<'_> {
                     FileType::from_raw_mode(s.st_mode) == FileType::RegularFile && s.st_nlink == 1
                 });
                 if let Some(stat) = reusable
-                    && self.old_index.files.get(&index_key(stat)) == Some(blocks)
+                    && self.old_index.files.get(&self.index_key(stat)) == Some(blocks)
                 {
                     self.touch_up(dir, name, entry, stat, &rel)?;
                     self.counters
@@ -366,7 +371,7 @@ impl Materializer<'_> {
         stat: &rustix::fs::Stat,
         rel: &Path,
     ) -> Result<()> {
-        if stat.st_mode & 0o7777 != entry.mode || index_key(stat).mtime_ns != entry.mtime_ns {
+        if stat.st_mode & 0o7777 != entry.mode || self.index_key(stat).mtime_ns != entry.mtime_ns {
             let fd = rustix::fs::openat(
                 dir,
                 name,
@@ -452,8 +457,16 @@ impl Materializer<'_> {
         if let EntryKind::File { blocks } = &entry.kind {
             lock(&self.new_index)
                 .files
-                .insert(index_key(stat), blocks.clone());
+                .insert(self.index_key(stat), blocks.clone());
         }
+    }
+
+    fn index_key(&self, stat: &rustix::fs::Stat) -> IndexKey {
+        let mut key = index_key(stat);
+        if let Some(dev) = self.index_dev {
+            key.dev = dev;
+        }
+        key
     }
 }
 

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 
 use crate::excludes::Excludes;
-use crate::index::{Index, LastSync};
+use crate::index::{Index, KeyRule, LastSync};
 use crate::progress::Progress;
 use crate::scan::{self, Scan, TreeNode, with_block};
 use crate::store::{MISSING_CHECK_BATCH_MAX, ObjectId};
@@ -91,7 +91,7 @@ pub fn push(
         .as_deref()
         .map(Index::load)
         .unwrap_or_default();
-    let scan = scan::scan(dir, &options.excludes, &index, progress)?;
+    let scan = scan::scan(dir, &options.excludes, &index, KeyRule::default(), progress)?;
     let mut report = report_of(&scan);
     let checks_before = store.missing_check_requests();
     let current = store.read_home(org, home)?;
@@ -147,24 +147,58 @@ pub fn push(
     Ok(report)
 }
 
+/// How [`upload_tree`] reads the directory.
+pub struct UploadOptions {
+    pub excludes: Excludes,
+    /// The directory's file index: read to skip hashing unchanged files,
+    /// rewritten after the upload. `None` hashes everything.
+    pub index_path: Option<PathBuf>,
+    pub key_rule: KeyRule,
+}
+
+impl UploadOptions {
+    /// Everything included (no excludes), no index.
+    pub fn everything() -> UploadOptions {
+        UploadOptions {
+            excludes: Excludes::none(),
+            index_path: None,
+            key_rule: KeyRule::default(),
+        }
+    }
+}
+
 /// Uploads whatever of `dir`'s tree the org's store lacks and returns the
 /// report (with its root), pointing no home at it. For a store reached
 /// through the control plane's block service: the client cannot take the
 /// store's commit lock, so the server commits ([`commit_uploaded`]).
+/// Deciding what is missing walks down from the root, pruned by trees the
+/// store has (an unchanged subtree costs one id).
 pub fn upload_tree(
     store: &Store,
     org: &OrgId,
     dir: &Path,
-    excludes: &Excludes,
+    options: &UploadOptions,
     progress: &dyn Progress,
 ) -> Result<PushReport> {
-    let scan = scan::scan(dir, excludes, &Index::default(), progress)?;
+    let index = options
+        .index_path
+        .as_deref()
+        .map(Index::load)
+        .unwrap_or_default();
+    let scan = scan::scan(dir, &options.excludes, &index, options.key_rule, progress)?;
     let mut report = report_of(&scan);
     let checks_before = store.missing_check_requests();
     let (missing, _) = find_missing_pruned(store, org, &scan)?;
     upload(store, org, &scan, &missing, &mut report, progress)?;
     store.sync()?;
     report.missing_checks = store.missing_check_requests() - checks_before;
+    if let Some(path) = &options.index_path {
+        let index = Index {
+            files: scan.collected.index_files,
+            last: None,
+        };
+        index.save(path)?;
+    }
     Ok(report)
 }
 

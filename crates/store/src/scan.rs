@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::block::block_ranges;
 use crate::excludes::Excludes;
-use crate::index::{FileMap, Index, IndexKey, is_racy, mtime_ns, now_ns};
+use crate::index::{FileMap, Index, IndexKey, KeyRule, mtime_ns};
 use crate::progress::Progress;
 use crate::tree::{Entry, EntryKind, MODE_MASK, Tree};
 use crate::{Digest, Error, Result};
@@ -112,6 +112,7 @@ pub(crate) struct Scan {
 struct Scanner<'a> {
     excludes: &'a Excludes,
     old: &'a Index,
+    rule: KeyRule,
     progress: &'a dyn Progress,
     stats: ScanStats,
     collected: Mutex<Collected>,
@@ -128,6 +129,7 @@ pub(crate) fn scan(
     root: &Path,
     excludes: &Excludes,
     old: &Index,
+    rule: KeyRule,
     progress: &dyn Progress,
 ) -> Result<Scan> {
     let meta = fs::metadata(root).map_err(Error::io(root))?;
@@ -140,6 +142,7 @@ pub(crate) fn scan(
     let scanner = Scanner {
         excludes,
         old,
+        rule,
         progress,
         stats: ScanStats::default(),
         collected: Mutex::new(Collected::default()),
@@ -273,14 +276,14 @@ impl Scanner<'_> {
         path: &Path,
         mut meta: fs::Metadata,
     ) -> Result<(Vec<Digest>, fs::Metadata, Option<IndexKey>)> {
-        let key = IndexKey::of(&meta);
+        let key = self.rule.key(&meta);
         if let Some(blocks) = self.old.files.get(&key)
             && blocks.len() == block_ranges(key.size).count()
         {
             return Ok((blocks.clone(), meta, Some(key)));
         }
         for _ in 0..HASH_ATTEMPTS_MAX {
-            let before = IndexKey::of(&meta);
+            let before = self.rule.key(&meta);
             let mut file = fs::File::open(path).map_err(Error::io(path))?;
             let blocks = match hash_blocks(&mut file, before.size) {
                 Ok(blocks) => blocks,
@@ -297,13 +300,13 @@ impl Scanner<'_> {
             };
             // Re-check after reading: a write during the read changes ctime.
             let after_meta = file.metadata().map_err(Error::io(path))?;
-            let after = IndexKey::of(&after_meta);
+            let after = self.rule.key(&after_meta);
             if after == before {
                 self.stats.files_hashed.fetch_add(1, Ordering::Relaxed);
                 self.stats
                     .bytes_hashed
                     .fetch_add(before.size, Ordering::Relaxed);
-                let cacheable = !is_racy(&after, now_ns());
+                let cacheable = !self.rule.is_racy(&after);
                 return Ok((blocks, after_meta, cacheable.then_some(after)));
             }
             meta = after_meta;

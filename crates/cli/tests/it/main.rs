@@ -4,6 +4,7 @@
 
 mod commands;
 mod control;
+mod durable;
 mod harness;
 mod home;
 mod hostile;

@@ -27,7 +27,12 @@ pub(crate) struct RunnerProcess {
 }
 
 impl RunnerProcess {
-    fn start(url: &str, token: &str, data_dir: &Path, env: &[(&str, &str)]) -> RunnerProcess {
+    pub(crate) fn start(
+        url: &str,
+        token: &str,
+        data_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> RunnerProcess {
         let logs = Arc::new(Mutex::new(Vec::new()));
         let (child, runner_id) = spawn(url, token, data_dir, env, &logs);
         RunnerProcess {
@@ -41,7 +46,7 @@ impl RunnerProcess {
     }
 
     /// SIGKILL, as a crash would: no clean-up of any kind.
-    fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -54,12 +59,12 @@ impl RunnerProcess {
         self.runner_id = runner_id;
     }
 
-    fn signal(&self, signal: rustix::process::Signal) {
+    pub(crate) fn signal(&self, signal: rustix::process::Signal) {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("pid");
         rustix::process::kill_process(pid, signal).expect("signal the runner");
     }
 
-    fn runtime_root(&self) -> PathBuf {
+    pub(crate) fn runtime_root(&self) -> PathBuf {
         self.data_dir.join("runtime")
     }
 
@@ -91,7 +96,7 @@ impl RunnerProcess {
             .collect()
     }
 
-    fn assert_no_errors(&self) {
+    pub(crate) fn assert_no_errors(&self) {
         let errors = self.errors();
         assert!(errors.is_empty(), "the runner logged errors: {errors:#?}");
     }
@@ -151,10 +156,21 @@ impl Drop for RunnerProcess {
     fn drop(&mut self) {
         self.kill9();
         force_delete_containers(&self.runtime_root());
+        unmount_homes(&self.data_dir);
     }
 }
 
-fn force_delete_containers(runtime_root: &Path) {
+/// The runner's homes image stays mounted after a kill -9: unmount it so
+/// the test's temp dir can go (and no loop device leaks).
+pub(crate) fn unmount_homes(data_dir: &Path) {
+    let _ = Command::new("umount")
+        .arg("-l")
+        .arg(data_dir.join("volumes"))
+        .stderr(Stdio::null())
+        .status();
+}
+
+pub(crate) fn force_delete_containers(runtime_root: &Path) {
     let Ok(listing) = std::fs::read_dir(runtime_root) else {
         return;
     };
@@ -220,8 +236,9 @@ impl Stack {
         sandbox
     }
 
+    /// Where the runner keeps the sandbox's home (see runner::agent::homes).
     fn home(&self, sandbox_id: &str) -> PathBuf {
-        self.runner.data_dir.join("homes").join(sandbox_id)
+        self.runner.data_dir.join("volumes/homes").join(sandbox_id)
     }
 }
 
@@ -243,7 +260,7 @@ pub(crate) async fn wait_sandbox(api: &Api, id: &str, state: &str) -> Value {
 }
 
 /// Runs a command to its end; returns the record, stdout and stderr.
-async fn exec(api: &Api, sandbox_id: &str, body: Value) -> (Value, String, String) {
+pub(crate) async fn exec(api: &Api, sandbox_id: &str, body: Value) -> (Value, String, String) {
     let created = api
         .post(&format!("/v1/sandboxes/{sandbox_id}/commands"), body)
         .await;
@@ -733,6 +750,9 @@ async fn roost_up_serves_the_cli_without_flags() {
             let _ = self.0.kill();
             let _ = self.0.wait();
             force_delete_containers(&self.1);
+            if let Some(data) = self.1.parent() {
+                unmount_homes(data);
+            }
         }
     }
     let mut up = Up(child, tmp.path().join("data/runner/runtime"));

@@ -119,7 +119,7 @@ impl DataDir {
     /// command records), for finding leftovers no longer assigned.
     pub fn sandbox_ids_on_disk(&self) -> Result<Vec<String>> {
         let mut ids = Vec::new();
-        for dir in ["sandboxes", "homes", "commands"] {
+        for dir in ["sandboxes", "homes", "commands", "volumes/homes"] {
             let dir = self.root.join(dir);
             for name in list(&dir)? {
                 if !ids.contains(&name) {

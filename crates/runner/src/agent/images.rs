@@ -71,6 +71,7 @@ impl Images {
             cache: Some(self.cache.clone()),
             index_path: None,
             store_id: "control-plane".to_owned(),
+            index_dev: None,
         };
         let (work_temp, work_dest) = (temp.clone(), dest.clone());
         let done = tokio::task::spawn_blocking(move || -> Result<()> {

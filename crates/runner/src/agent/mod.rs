@@ -44,6 +44,7 @@ pub mod dirs;
 pub mod host;
 
 mod command;
+mod homes;
 mod images;
 mod sandbox;
 
@@ -76,10 +77,18 @@ pub const STORE_IMAGE_CAPABILITY: &str = "image:store";
 /// bridge, outbound NAT, isolation between sandboxes) was set up.
 pub const BRIDGE_CAPABILITY: &str = "network:bridge";
 
+/// Advertised on top of [`CAPABILITIES`] where homes can be snapshotted
+/// (btrfs): a durable home is saved while it runs only crash-consistently.
+pub const DURABLE_CAPABILITY: &str = "storage:durable";
+
 /// What this runner enforces, as it registers: the bridge only where its
-/// setup succeeded on this host.
-fn capabilities(runtime: &Runtime) -> Vec<String> {
+/// setup succeeded on this host, durable storage only where running homes
+/// can be snapshotted.
+fn capabilities(runtime: &Runtime, homes: &homes::Homes) -> Vec<String> {
     let mut capabilities: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
+    if homes.can_snapshot() {
+        capabilities.push(DURABLE_CAPABILITY.to_owned());
+    }
     if runtime.bridge_available() {
         capabilities.push(BRIDGE_CAPABILITY.to_owned());
     }
@@ -132,6 +141,9 @@ pub struct AgentConfig {
     pub stop_grace: Duration,
     /// Between a command timeout's SIGTERM and its SIGKILL.
     pub command_kill_grace: Duration,
+    /// Size of the btrfs image that holds homes when the data dir is not
+    /// on btrfs (sparse: it costs what the homes use).
+    pub homes_image_bytes: u64,
     /// Tests only: a named point at which the agent kills itself with
     /// SIGKILL (`ROOST_FAILPOINT`), e.g. `runner:after_command_launch`.
     pub failpoint: Option<String>,
@@ -154,6 +166,7 @@ impl AgentConfig {
             cgroup_parent: "roost".to_owned(),
             stop_grace: Duration::from_secs(10),
             command_kill_grace: Duration::from_secs(10),
+            homes_image_bytes: 256 << 30,
             failpoint: None,
         }
     }
@@ -217,6 +230,7 @@ pub(crate) struct Shared {
     pub(crate) runtime: Runtime,
     pub(crate) data: DataDir,
     pub(crate) images: images::Images,
+    pub(crate) homes: homes::Homes,
     pub(crate) config: AgentConfig,
 }
 
@@ -319,7 +333,7 @@ fn register_request(shared: &Shared) -> RegisterRequest {
         name: config.name.clone(),
         placement_class: config.placement_class.clone(),
         labels: config.labels.clone(),
-        capabilities: capabilities(&shared.runtime),
+        capabilities: capabilities(&shared.runtime, &shared.homes),
         capacity: config.capacity.clone(),
     }
 }
@@ -363,12 +377,14 @@ pub async fn run_with(
     }
     let saved = data.runner_id()?.unwrap_or_default();
     let images = images::Images::open(data.root())?;
+    let homes = homes::Homes::open(data.root(), config.homes_image_bytes)?;
     let shared = Arc::new(Shared {
         client: Client::new(&config.server_url, &config.token),
         runner_id: Mutex::new(saved),
         runtime,
         data,
         images,
+        homes,
         config,
     });
     tracing::info!(

@@ -15,7 +15,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::command::{self, CommandJob};
-use super::dirs::{CommandFiles, remove_tree};
+use super::dirs::CommandFiles;
+use super::homes::{Homes, SaveFailure};
 use super::{Backoff, Refusal, Shared, refusal};
 use crate::config::{Limits, Network, RootImage, SandboxConfig, SandboxId};
 use crate::error::Error;
@@ -230,6 +231,10 @@ struct Worker {
     reported: Option<(u64, String)>,
     /// What the last pass saw.
     last_seen: Option<Seen>,
+    /// Saves a running durable home on its schedule (for one epoch).
+    saver: Option<(u64, JoinHandle<()>)>,
+    /// Snapshots being captured and uploaded, by id.
+    snapshots: HashMap<String, JoinHandle<()>>,
 }
 
 /// Runs one sandbox's worker until its sender is dropped (the runner
@@ -249,7 +254,10 @@ pub(crate) async fn run(
     };
     let mut worker = Worker {
         handle: shared.runtime.sandbox(id.clone(), paths),
-        home: shared.data.home(&id),
+        home: shared
+            .homes
+            .path(id.as_str())
+            .unwrap_or_else(|_| shared.data.home(&id)),
         files: shared.data.commands(&id),
         shared,
         id,
@@ -261,6 +269,8 @@ pub(crate) async fn run(
         deleted: false,
         reported: None,
         last_seen: None,
+        saver: None,
+        snapshots: HashMap::new(),
     };
     let mut backoff = Backoff::new();
     // Whether the next pass must ask the runtime (not the first, after a
@@ -370,15 +380,109 @@ impl Worker {
         if let Err(step) = result {
             return self.failed_step(sandbox, step).await;
         }
-        if seen == Seen::Running
+        let running = seen == Seen::Running
             && matches!(action, Action::Idle | Action::ReportRunning)
-            && sandbox.desired == "running"
-        {
+            && sandbox.desired == "running";
+        if running {
             self.watch();
             self.run_commands(assigned);
+            self.keep_saving(sandbox);
+        }
+        let at_rest = seen == Seen::Missing && matches!(sandbox.state.as_str(), "stopped");
+        if running || at_rest {
+            self.take_snapshots(sandbox, running);
         }
         self.forget_ended_commands(assigned);
         Next::Idle
+    }
+
+    /// Starts the scheduled saves of a running durable home (once per
+    /// placement): every interval, a snapshot uploaded and committed.
+    fn keep_saving(&mut self, sandbox: &SandboxAssignment) {
+        let Some(interval) = sandbox
+            .save_interval_s
+            .filter(|_| sandbox.storage_class == "durable")
+        else {
+            return;
+        };
+        if self
+            .saver
+            .as_ref()
+            .is_some_and(|(epoch, task)| *epoch == sandbox.epoch && !task.is_finished())
+        {
+            return;
+        }
+        self.stop_saving();
+        let shared = self.shared.clone();
+        let epoch = sandbox.epoch;
+        let sandbox = sandbox.clone();
+        let id = self.id.clone();
+        let task = tokio::spawn(async move {
+            let interval = Duration::from_secs(interval.max(1));
+            loop {
+                tokio::time::sleep(interval).await;
+                let runner_id = shared.runner_id();
+                match shared
+                    .homes
+                    .save_running(&shared.client, &sandbox, &runner_id)
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(SaveFailure::Fenced(message)) => {
+                        tracing::info!(sandbox_id = %id, %message, "saves stop: fenced");
+                        return;
+                    }
+                    Err(SaveFailure::Failed(error)) => {
+                        tracing::warn!(sandbox_id = %id, %error, "save failed; trying again next interval");
+                        let reported =
+                            Homes::report_failure(&shared.client, &sandbox, &runner_id, &error)
+                                .await;
+                        if let Err(SaveFailure::Fenced(_)) = reported {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        self.saver = Some((epoch, task));
+    }
+
+    fn stop_saving(&mut self) {
+        if let Some((_, task)) = self.saver.take() {
+            task.abort();
+        }
+    }
+
+    /// Starts a task for each assigned snapshot that has none; drops tasks
+    /// of snapshots no longer assigned (replicated, failed or deleted).
+    fn take_snapshots(&mut self, sandbox: &SandboxAssignment, running: bool) {
+        self.snapshots.retain(|id, task| {
+            let assigned = sandbox.snapshots.iter().any(|s| &s.snapshot_id == id);
+            if !assigned {
+                task.abort();
+            }
+            assigned
+        });
+        for snapshot in &sandbox.snapshots {
+            if self.snapshots.contains_key(&snapshot.snapshot_id) {
+                continue;
+            }
+            let shared = self.shared.clone();
+            let sandbox = sandbox.clone();
+            let snapshot_id = snapshot.snapshot_id.clone();
+            let id = self.id.clone();
+            let task = tokio::spawn(async move {
+                let runner_id = shared.runner_id();
+                if let Err(err) = shared
+                    .homes
+                    .snapshot(&shared.client, &sandbox, &runner_id, &snapshot_id, running)
+                    .await
+                {
+                    tracing::warn!(sandbox_id = %id, %snapshot_id, ?err, "snapshot did not complete");
+                }
+            });
+            self.snapshots.insert(snapshot.snapshot_id.clone(), task);
+        }
     }
 
     async fn failed_step(&mut self, sandbox: &SandboxAssignment, step: Step) -> Next {
@@ -424,6 +528,8 @@ impl Worker {
             tracing::warn!(sandbox_id = %self.id, epoch, message, "fenced: this placement is no longer this runner's; killing the sandbox");
         }
         self.unwatch();
+        self.stop_saving();
+        self.snapshots.clear();
         self.commands.clear();
         if let Err(err) = self.handle.delete().await {
             tracing::error!(sandbox_id = %self.id, %err, "cannot kill the fenced sandbox");
@@ -480,11 +586,12 @@ impl Worker {
                 ),
             ));
         }
-        if sandbox.storage_class != "standard" {
+        let durable_here = sandbox.storage_class == "durable" && self.shared.homes.can_snapshot();
+        if sandbox.storage_class != "standard" && !durable_here {
             return Err(Unrunnable::new(
                 "storage_unavailable",
                 format!(
-                    "storage class {:?} is not available on this runner (only standard)",
+                    "storage class {:?} is not available on this runner",
                     sandbox.storage_class
                 ),
             ));
@@ -535,7 +642,7 @@ impl Worker {
                 Err(err) => return Err(Step::Local(err)),
             },
         };
-        let config = match self.config(sandbox, image) {
+        let mut config = match self.config(sandbox, image) {
             Ok(config) => config,
             Err(unrunnable) => {
                 return self
@@ -551,8 +658,28 @@ impl Worker {
         if seen == Seen::Stopped {
             self.handle.delete().await.map_err(Step::Local)?;
         }
-        std::fs::create_dir_all(&self.home)
-            .map_err(|e| Step::Local(Error::io("create directory", &self.home, e)))?;
+        match self
+            .shared
+            .homes
+            .prepare(&self.shared.client, sandbox)
+            .await
+        {
+            Ok(home) => {
+                self.home = home;
+                config.workspace = self.home.clone();
+            }
+            Err(err) if err.is_permanent() => {
+                return self
+                    .report(
+                        sandbox,
+                        "failed",
+                        Some("home_unavailable"),
+                        Some(err.to_string()),
+                    )
+                    .await;
+            }
+            Err(err) => return Err(Step::Local(err)),
+        }
         match self.shared.runtime.launch(&config).await {
             Ok(handle) => {
                 self.handle = handle;
@@ -639,6 +766,7 @@ impl Worker {
         observation: &Observation,
     ) -> Result<(), Step> {
         self.unwatch();
+        self.stop_saving();
         self.settle_commands().await;
         let cause = match observation {
             Observation::Stopped(cause) => *cause,
@@ -683,16 +811,52 @@ impl Worker {
 
     async fn finish(&mut self, sandbox: &SandboxAssignment, end: End) -> Result<(), Step> {
         self.unwatch();
+        self.stop_saving();
         self.settle_commands().await;
         // The container goes; its root directory and the home stay.
         self.handle.delete().await.map_err(Step::Local)?;
+        if sandbox.storage_class == "durable" {
+            self.secure(sandbox).await?;
+        }
         self.report(sandbox, end.state(), Some(end.reason()), None)
             .await
+    }
+
+    /// `securing`: the home of a durable sandbox goes into the store before
+    /// the stop is reported. A failure leaves it `securing` with the error
+    /// on its save status, the home kept, and the next pass tries again.
+    async fn secure(&mut self, sandbox: &SandboxAssignment) -> Result<(), Step> {
+        if sandbox.state != "securing" {
+            self.report(sandbox, "securing", Some("stop_requested"), None)
+                .await?;
+        }
+        let runner_id = self.shared.runner_id();
+        match self
+            .shared
+            .homes
+            .secure(&self.shared.client, sandbox, &runner_id)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(SaveFailure::Fenced(message)) => Err(Step::Refused(Refusal::Fenced(message))),
+            Err(SaveFailure::Failed(error)) => {
+                tracing::warn!(sandbox_id = %self.id, %error, "securing the home failed; the home stays and securing is tried again");
+                if let Err(SaveFailure::Fenced(message)) =
+                    Homes::report_failure(&self.shared.client, sandbox, &runner_id, &error).await
+                {
+                    return Err(Step::Refused(Refusal::Fenced(message)));
+                }
+                Err(Step::Local(Error::Invalid(format!(
+                    "securing the home: {error}"
+                ))))
+            }
+        }
     }
 
     async fn kill(&mut self) -> Result<(), Step> {
         tracing::warn!(sandbox_id = %self.id, "a container runs that its record says must not; killing it");
         self.unwatch();
+        self.stop_saving();
         self.commands.clear();
         self.handle.delete().await.map_err(Step::Local)
     }
@@ -700,12 +864,17 @@ impl Worker {
     /// Removes the container and every file of the sandbox.
     async fn remove_everything(&mut self) -> Result<(), Error> {
         self.unwatch();
+        self.stop_saving();
+        for (_, task) in self.snapshots.drain() {
+            task.abort();
+        }
         self.commands.clear();
         self.handle.remove_files().await?;
-        let home = self.home.clone();
+        let shared = self.shared.clone();
+        let id = self.id.clone();
         let files = self.files.clone();
         tokio::task::spawn_blocking(move || {
-            remove_tree(&home)?;
+            shared.homes.remove(id.as_str())?;
             files.remove_all()
         })
         .await

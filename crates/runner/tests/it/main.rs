@@ -21,3 +21,4 @@ mod network;
 mod security;
 mod selection;
 mod support;
+mod volumes;

@@ -4,10 +4,12 @@
 pub(crate) mod admin;
 pub(crate) mod blocks;
 pub mod commands;
+pub(crate) mod homes;
 pub(crate) mod images;
 pub(crate) mod meta;
 pub mod runner;
 pub mod sandboxes;
+pub(crate) mod snapshots;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
@@ -79,6 +81,14 @@ pub fn router(state: AppState) -> Router {
             "/v1/sandboxes/{id}/commands/{command_id}/signal",
             post(commands::signal),
         )
+        .route("/v1/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/v1/snapshots", get(snapshots::list))
+        .route(
+            "/v1/snapshots/{id}",
+            get(snapshots::get).delete(snapshots::delete),
+        )
+        .route("/v1/runner/sandboxes/{id}/saves", post(homes::report_save))
+        .route("/v1/runner/snapshots/{id}/report", post(snapshots::report))
         .route("/v1/images", get(images::list))
         .route(
             "/v1/images/{name}",

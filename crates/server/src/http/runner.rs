@@ -26,12 +26,12 @@ use api::ErrorCode;
 use api::commands::COMMAND_END_STATES;
 use api::runners::{
     Assignments, CommandAssignment, CommandReport, HeartbeatRequest, HeartbeatResponse,
-    RegisterRequest, RegisterResponse, SandboxAssignment, SandboxReport,
+    RegisterRequest, RegisterResponse, SandboxAssignment, SandboxReport, SnapshotAssignment,
 };
 
 const CAPABILITIES_MAX: usize = 64;
 
-fn fenced(message: impl Into<String>) -> ApiError {
+pub(crate) fn fenced(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::Fenced, message)
 }
 
@@ -129,7 +129,7 @@ pub async fn register(
     ))
 }
 
-async fn live_runner(tx: &mut WriteTx, runner_id: &str) -> Result<RunnerRow, ApiError> {
+pub(crate) async fn live_runner(tx: &mut WriteTx, runner_id: &str) -> Result<RunnerRow, ApiError> {
     let row = sqlx::query(&format!(
         "SELECT {RUNNER_COLUMNS} FROM runners WHERE id = $1"
     ))
@@ -228,6 +228,23 @@ async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignmen
     .bind(runner_id)
     .fetch_all(&mut *tx.tx)
     .await?;
+    let mut snapshots: BTreeMap<String, Vec<SnapshotAssignment>> = BTreeMap::new();
+    let pending = sqlx::query(
+        "SELECT id, sandbox_id, durability FROM snapshots WHERE durability IN ('pending', 'local')
+         AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1) ORDER BY id",
+    )
+    .bind(runner_id)
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    for row in &pending {
+        snapshots
+            .entry(row.try_get("sandbox_id")?)
+            .or_default()
+            .push(SnapshotAssignment {
+                snapshot_id: row.try_get("id")?,
+                durability: row.try_get("durability")?,
+            });
+    }
     let sandboxes: Vec<SandboxAssignment> = sandboxes
         .iter()
         .map(|row| {
@@ -244,6 +261,9 @@ async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignmen
                 resources: s.resources(),
                 network: s.network.clone(),
                 env: records::json_map(&s.env),
+                home_root: s.home.root.clone(),
+                save_interval_s: s.home.save_interval_s.map(|i| i as u64),
+                snapshots: snapshots.remove(&s.id).unwrap_or_default(),
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;
@@ -297,7 +317,11 @@ fn report_allowed(from: &SandboxRow, to: &str) -> bool {
 }
 
 /// Checks the report is from the sandbox's current placement.
-fn check_placement(row: &SandboxRow, runner_id: &str, epoch: u64) -> Result<(), ApiError> {
+pub(crate) fn check_placement(
+    row: &SandboxRow,
+    runner_id: &str,
+    epoch: u64,
+) -> Result<(), ApiError> {
     if row.runner_id.as_deref() != Some(runner_id) || row.epoch as u64 != epoch {
         return Err(fenced(format!(
             "stale placement: the sandbox is at epoch {} on {}; this report is for epoch {epoch} on {runner_id}",

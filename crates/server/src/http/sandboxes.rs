@@ -67,6 +67,38 @@ fn validate(request: &mut CreateSandboxRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A durable sandbox's save interval: the request's, within the
+/// deployment's bounds, or the deployment's default. Others have none.
+fn save_interval(
+    state: &AppState,
+    request: &CreateSandboxRequest,
+) -> Result<Option<i64>, ApiError> {
+    let config = &state.config;
+    if request.storage_class != "durable" {
+        if request.save_interval_s.is_some() {
+            return Err(limits::invalid(
+                "save_interval_s",
+                "only durable sandboxes are saved on a schedule",
+            ));
+        }
+        return Ok(None);
+    }
+    let (min, max) = (
+        config.save_interval_min.as_secs(),
+        config.save_interval_max.as_secs(),
+    );
+    let interval = request
+        .save_interval_s
+        .unwrap_or_else(|| config.save_interval.as_secs());
+    if !(min..=max).contains(&interval) {
+        return Err(limits::invalid(
+            "save_interval_s",
+            format!("seconds, between {min} and {max} in this deployment"),
+        ));
+    }
+    Ok(Some(interval as i64))
+}
+
 /// Fail-closed admission: everything the deployment or its runners cannot
 /// enforce exactly is refused, naming what is missing.
 async fn admit(
@@ -249,9 +281,16 @@ pub async fn create(
         updated_at_ms: now,
         expires_at_ms: request.ttl.map(|ttl| now + ttl as i64 * 1000),
         ended_at_ms: None,
+        home: records::HomeColumns::default(),
     };
 
+    row.home.save_interval_s = save_interval(&state, &request)?;
     let mut tx = state.db.write().await?;
+    if let Some(snapshot_id) = &request.from_snapshot {
+        let root = crate::http::snapshots::replicated_root(&mut tx, &org_id, snapshot_id).await?;
+        row.home.root = Some(root);
+        row.home.from_snapshot = Some(snapshot_id.clone());
+    }
     admit(&state, &mut tx, &mut row, &request).await?;
     check_quotas(&state, &mut tx, &org_id, true).await?;
     insert_sandbox(&mut tx, &row, &request).await?;
@@ -262,6 +301,20 @@ pub async fn create(
             .bind(&id)
             .execute(&mut *tx.tx)
             .await?;
+    }
+    if let Some(root) = &row.home.root {
+        // The child's home starts as the snapshot: pinned under the
+        // child's own name, so deleting the snapshot cannot take it. (The
+        // snapshot's own pin was checked complete when it was replicated.)
+        let digest: store::Digest = root
+            .parse()
+            .map_err(|_| ApiError::new(ErrorCode::Internal, "internal error"))?;
+        let (home, _) = crate::http::homes::home_names(&id)?;
+        let org = crate::http::homes::store_org(&org_id)?;
+        let store = crate::http::blocks::store_of(&state)?;
+        crate::http::blocks::blocking(move || store.write_home(&org, &home, &digest))
+            .await?
+            .map_err(crate::http::blocks::store_error)?;
     }
     let record = reload(&mut tx, &id).await?.to_api();
     if let Some(key) = &key
@@ -284,7 +337,7 @@ async fn insert_sandbox(
     request: &CreateSandboxRequest,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(&format!(
-        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)"
+        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)"
     ))
     .bind(&row.id)
     .bind(&row.org_id)
@@ -309,6 +362,13 @@ async fn insert_sandbox(
     .bind(row.updated_at_ms)
     .bind(row.expires_at_ms)
     .bind(row.ended_at_ms)
+    .bind(&row.home.root)
+    .bind(row.home.saved_at_ms)
+    .bind(row.home.save_interval_s)
+    .bind(row.home.save_attempt_at_ms)
+    .bind(&row.home.save_error)
+    .bind(row.home.save_bytes_pending)
+    .bind(&row.home.from_snapshot)
     .execute(&mut *tx.tx)
     .await?;
     for (key, value) in &request.labels {

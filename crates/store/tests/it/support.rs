@@ -45,6 +45,7 @@ pub fn pull_options() -> PullOptions {
         cache: None,
         index_path: None,
         store_id: STORE_ID.to_owned(),
+        index_dev: None,
     }
 }
 

@@ -1,0 +1,47 @@
+//! Snapshots: a sandbox's home captured at one instant and kept in the
+//! store, whatever the sandbox's storage class.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `POST /v1/sandboxes/{id}/snapshots` (`Idempotency-Key` accepted).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshotRequest {
+    /// `local` (captured on the host) or `replicated` (every object and the
+    /// tree confirmed in the central store; the default).
+    #[serde(default)]
+    pub durability: Option<String>,
+    /// Seconds from now by which the requested durability must be reached;
+    /// past it the receipt fails with `durability_deadline_exceeded`.
+    #[serde(default)]
+    pub deadline: Option<u64>,
+}
+
+/// The receipt. `durability` moves `pending` → `local` → `replicated`, or
+/// ends `failed` (`reason`); the snapshot always goes on to the store.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Snapshot {
+    pub id: String,
+    pub sandbox_id: String,
+    /// The durability asked for.
+    pub requested: String,
+    pub durability: String,
+    pub reason: Option<String>,
+    /// RFC 3339.
+    pub deadline: Option<String>,
+    pub root: Option<String>,
+    pub files: Option<u64>,
+    pub logical_bytes: Option<u64>,
+    /// When the home was captured.
+    pub captured_at: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// `GET /v1/snapshots`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotList {
+    pub snapshots: Vec<Snapshot>,
+    pub next_cursor: Option<String>,
+}

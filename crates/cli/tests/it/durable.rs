@@ -1,0 +1,485 @@
+//! Durable homes end to end: a server with a store, real runner processes
+//! (each its own "host": own data dir, homes on a loop-mounted btrfs), and
+//! sandboxes whose homes are secured on stop, saved while running, brought
+//! back elsewhere from the last completed save, and snapshotted.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::plane::{Api, Plane, eventually};
+use crate::runner_e2e::{RunnerProcess, force_delete_containers, sh, unmount_homes, wait_sandbox};
+
+/// A server with a store (short leases, saves every second allowed) and
+/// runners started on demand, each in its own data dir.
+struct Fleet {
+    plane: Plane,
+    store: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    runners: Vec<RunnerProcess>,
+}
+
+impl Fleet {
+    async fn start(extra: &[&str]) -> Fleet {
+        let store = tempfile::tempdir().expect("store dir");
+        let store_arg = store.path().to_str().expect("utf-8").to_owned();
+        let mut args = vec![
+            "--store",
+            &store_arg,
+            "--lease-ttl",
+            "3s",
+            "--save-interval-min",
+            "1s",
+        ];
+        args.extend_from_slice(extra);
+        let plane = Plane::start(&args).await;
+        let dir = tempfile::Builder::new()
+            .prefix("roost-durable-")
+            .tempdir()
+            .expect("tempdir");
+        Fleet {
+            plane,
+            store,
+            dir,
+            runners: Vec::new(),
+        }
+    }
+
+    fn api(&self) -> &Api {
+        &self.plane.org
+    }
+
+    fn data_dir(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Starts runner `name` (its data dir named after it); returns its index.
+    fn runner(&mut self, name: &str) -> usize {
+        let runner = RunnerProcess::start(
+            &self.plane.server.url,
+            &self.plane.runner_token,
+            &self.data_dir(name),
+            &[],
+        );
+        self.runners.push(runner);
+        self.runners.len() - 1
+    }
+
+    /// kill -9 the runner and delete its data dir: the host is gone (its
+    /// containers with it: they would otherwise outlive their state dir).
+    fn destroy(&mut self, index: usize) {
+        let runner = &mut self.runners[index];
+        runner.kill9();
+        force_delete_containers(&runner.runtime_root());
+        let data = runner.data_dir.clone();
+        unmount_homes(&data);
+        std::fs::remove_dir_all(&data).expect("delete the runner's data dir");
+    }
+
+    async fn create(&self, body: Value) -> String {
+        let created = self.api().post("/v1/sandboxes", body).await;
+        assert_eq!(created.status, 201, "{created:?}");
+        let id = created.str("id");
+        let sandbox = wait_sandbox(self.api(), &id, "running").await;
+        assert_eq!(sandbox["state"], "running", "{sandbox}");
+        id
+    }
+
+    async fn get(&self, id: &str) -> Value {
+        self.api().get(&format!("/v1/sandboxes/{id}")).await.body
+    }
+
+    /// Waits until the sandbox's last completed save is after `after`
+    /// (RFC 3339, compared as text: same format and zone).
+    async fn wait_saved_after(&self, id: &str, after: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let sandbox = self.get(id).await;
+            let saved = sandbox["save"]["last_completed_at"].as_str().unwrap_or("");
+            if saved > after {
+                return sandbox;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no save completed after {after}: {sandbox}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Object GETs the block service answered (runners' downloads).
+    async fn downloads(&self) -> u64 {
+        let metrics = self.api().get("/metrics").await;
+        String::from_utf8_lossy(&metrics.bytes)
+            .lines()
+            .filter(|l| {
+                l.starts_with("roost_http_requests_total{method=\"GET\",route=\"/v1/blocks/{org}/{kind}/{hex}\",status=\"200\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Stored bytes uploaded through the block service so far.
+    async fn uploaded_bytes(&self) -> u64 {
+        let metrics = self.api().get("/metrics").await;
+        String::from_utf8_lossy(&metrics.bytes)
+            .lines()
+            .find(|l| l.starts_with("roost_block_bytes_total{direction=\"in\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn store_path(&self) -> &Path {
+        self.store.path()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        // Runners go before the server (their Drop unmounts their homes).
+        self.runners.clear();
+    }
+}
+
+/// Every file under the home with its mode and content hash, for comparing
+/// homes byte for byte.
+const LISTING: &str = "cd /workspace && find . -path ./.cache -prune -o -print | sort | while read -r p; do if [ -L \"$p\" ]; then echo \"$p -> $(readlink \"$p\")\"; elif [ -f \"$p\" ]; then echo \"$p $(stat -c %a \"$p\") $(sha256sum < \"$p\" | cut -c1-16)\"; else echo \"$p/ $(stat -c %a \"$p\")\"; fi; done";
+
+const WRITE_HOME: &str = "cd /workspace && mkdir -p src/deep/er notes && printf 'hello\\n' > notes/a.txt \
+    && head -c 3000000 /dev/urandom > big.bin && printf '#!/bin/sh\\necho hi\\n' > src/run.sh \
+    && chmod 0750 src/run.sh && chmod 0700 notes && ln -s notes/a.txt link \
+    && echo deep > src/deep/er/f && mkdir -p __pycache__ && echo junk > __pycache__/x.pyc";
+
+async fn wait_runner_lost(api: &Api, sandbox_id: &str) {
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            let sandbox = api.get(&format!("/v1/sandboxes/{sandbox_id}")).await.body;
+            sandbox["runner_id"].is_null()
+        })
+        .await,
+        "the lost runner's placement was not released"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_home_is_secured_on_stop_and_wakes_on_another_runner() {
+    let mut fleet = Fleet::start(&[]).await;
+    let first = fleet.runner("a");
+    let id = fleet.create(json!({"storage_class": "durable"})).await;
+    let api = fleet.api();
+    sh(api, &id, WRITE_HOME).await;
+    let before = sh(api, &id, LISTING).await;
+    assert!(before.contains("./src/run.sh 750"), "{before}");
+
+    // Stop: stopping → securing → stopped, the save recorded.
+    assert_eq!(
+        api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+            .await
+            .status,
+        202
+    );
+    let stopped = wait_sandbox(api, &id, "stopped").await;
+    assert_eq!(stopped["state"], "stopped", "{stopped}");
+    assert_eq!(stopped["save"]["state"], "ok", "{stopped}");
+    assert!(
+        stopped["save"]["last_completed_at"].is_string(),
+        "{stopped}"
+    );
+    let events = api.get(&format!("/v1/sandboxes/{id}/events")).await.body;
+    let states: Vec<&str> = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["state"].as_str())
+        .collect();
+    let securing = states
+        .iter()
+        .position(|s| *s == "securing")
+        .expect("securing event");
+    assert_eq!(states[securing - 1], "stopping", "{states:?}");
+    assert_eq!(states[securing + 1], "stopped", "{states:?}");
+
+    // The host goes away for good; another wakes the home from the store.
+    fleet.destroy(first);
+    let second = fleet.runner("b");
+    let api = fleet.api();
+    wait_runner_lost(api, &id).await;
+    assert_eq!(
+        api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+            .await
+            .status,
+        202
+    );
+    let running = wait_sandbox(api, &id, "running").await;
+    assert_eq!(
+        running["runner_id"],
+        fleet.runners[second].runner_id.as_str(),
+        "{running}"
+    );
+    let after = sh(api, &id, LISTING).await;
+    let expected: String = before
+        .lines()
+        .filter(|l| !l.contains("__pycache__"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(after, expected, "the home came back different");
+    assert!(!after.contains("x.pyc"), "an excluded file was saved");
+
+    // Stop and start on the same runner: (almost) nothing comes down.
+    sh(api, &id, "echo more > /workspace/more.txt").await;
+    api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
+    assert_eq!(wait_sandbox(api, &id, "stopped").await["state"], "stopped");
+    let downloads = fleet.downloads().await;
+    api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
+    let again = wait_sandbox(api, &id, "running").await;
+    assert_eq!(again["runner_id"], fleet.runners[second].runner_id.as_str());
+    assert!(
+        fleet.downloads().await - downloads <= 2,
+        "a wake on the last runner downloaded objects"
+    );
+    assert_eq!(sh(api, &id, "cat /workspace/more.txt").await, "more\n");
+    fleet.runners[second].assert_no_errors();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_save_brings_the_home_back_after_its_host_dies() {
+    let mut fleet = Fleet::start(&[]).await;
+    let first = fleet.runner("a");
+    let id = fleet
+        .create(json!({"storage_class": "durable", "save_interval_s": 1}))
+        .await;
+    let api = fleet.api();
+    let created = fleet.get(&id).await;
+    assert_eq!(created["save"]["interval_s"], 1, "{created}");
+    sh(api, &id, "echo precious > /workspace/work.txt").await;
+    let written = fleet.get(&id).await["updated_at"]
+        .as_str()
+        .expect("time")
+        .to_owned();
+    let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let saved = fleet.wait_saved_after(&id, &now.max(written)).await;
+    assert_eq!(saved["save"]["state"], "ok", "{saved}");
+
+    fleet.destroy(first);
+    let second = fleet.runner("b");
+    let api = fleet.api();
+    let on_second = fleet.runners[second].runner_id.clone();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let sandbox = api.get(&format!("/v1/sandboxes/{id}")).await.body;
+            sandbox["state"] == "running" && sandbox["runner_id"] == on_second.as_str()
+        })
+        .await,
+        "the sandbox did not come back on the other runner: {}",
+        fleet.get(&id).await
+    );
+    let recovered = fleet.get(&id).await;
+    assert!(recovered["epoch"].as_u64() > Some(1), "{recovered}");
+    assert_eq!(sh(api, &id, "cat /workspace/work.txt").await, "precious\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_save_is_one_instant_of_the_home() {
+    let mut fleet = Fleet::start(&[]).await;
+    fleet.runner("a");
+    let id = fleet
+        .create(json!({"storage_class": "durable", "save_interval_s": 1}))
+        .await;
+    let api = fleet.api();
+    // Replaces a, then b (each whole, by rename), forever: at any instant
+    // b is a or a - 1.
+    let writer = api
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"argv": ["sh", "-c", "cd /workspace; i=0; while :; do i=$((i+1)); echo $i > a.new; mv a.new a; echo $i > b.new; mv b.new b; done"]}),
+        )
+        .await;
+    assert_eq!(writer.status, 201, "{writer:?}");
+    let mut roots: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while roots.len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "saves did not complete: {roots:?}"
+        );
+        let sandbox = fleet.get(&id).await;
+        if let Some(root) = sandbox["save"]["root"].as_str()
+            && !roots.iter().any(|r| r == root)
+        {
+            roots.push(root.to_owned());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let store = store::Store::open(fleet.store_path().to_str().expect("utf-8")).expect("store");
+    let org: store::OrgId = fleet.plane.org_id.parse().expect("org id");
+    let mut counters = Vec::new();
+    for root in &roots {
+        let dest = tempfile::tempdir().expect("dest");
+        let digest: store::Digest = root.parse().expect("digest");
+        store::pull::materialize(
+            &store,
+            &org,
+            "check",
+            &digest,
+            dest.path(),
+            &store::pull::PullOptions {
+                cache: None,
+                index_path: None,
+                store_id: "test".to_owned(),
+                index_dev: None,
+            },
+            &store::progress::NoProgress,
+        )
+        .expect("materialise a save");
+        let read = |name: &str| -> u64 {
+            std::fs::read_to_string(dest.path().join(name))
+                .unwrap_or_default()
+                .trim()
+                .parse()
+                .unwrap_or(0)
+        };
+        let (a, b) = (read("a"), read("b"));
+        assert!(
+            a == b || a == b + 1,
+            "save {root} is not one instant: a={a} b={b}"
+        );
+        counters.push(a);
+    }
+    assert!(counters.windows(2).all(|w| w[0] <= w[1]), "{counters:?}");
+    assert!(counters.iter().any(|c| *c > 0), "{counters:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_files_of_two_homes_are_stored_once_and_the_store_switch_refuses_durable() {
+    let mut fleet = Fleet::start(&[]).await;
+    fleet.runner("a");
+    let api = fleet.api();
+    let toolchain = "mkdir -p /workspace/.toolchain && seq 1 2000000 > /workspace/.toolchain/lib.a";
+    let one = fleet.create(json!({"storage_class": "durable"})).await;
+    sh(api, &one, toolchain).await;
+    api.post(&format!("/v1/sandboxes/{one}/stop"), json!({}))
+        .await;
+    assert_eq!(wait_sandbox(api, &one, "stopped").await["state"], "stopped");
+    let after_first = fleet.uploaded_bytes().await;
+    let two = fleet.create(json!({"storage_class": "durable"})).await;
+    sh(api, &two, toolchain).await;
+    api.post(&format!("/v1/sandboxes/{two}/stop"), json!({}))
+        .await;
+    assert_eq!(wait_sandbox(api, &two, "stopped").await["state"], "stopped");
+    let second_upload = fleet.uploaded_bytes().await - after_first;
+    // The 14 MB file compresses to a few MB; its blocks went up once.
+    assert!(after_first > 1_000_000, "first upload {after_first}");
+    assert!(
+        second_upload < 100_000,
+        "the second home uploaded {second_upload} bytes"
+    );
+
+    let bare = Plane::start_with(
+        &["--store", fleet.store_path().to_str().expect("utf-8")],
+        &[("ROOST_HOME_STORE", "false")],
+        None,
+    )
+    .await;
+    let refused = bare
+        .org
+        .post("/v1/sandboxes", json!({"storage_class": "durable"}))
+        .await;
+    refused.assert_error(422, "unsupported_capability");
+    assert_eq!(
+        refused.body["error"]["details"]["missing"],
+        json!(["storage_class:durable"])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_replicate_give_children_and_fail_past_their_deadline() {
+    let mut fleet = Fleet::start(&[]).await;
+    let runner = fleet.runner("a");
+    let id = fleet.create(json!({"storage_class": "standard"})).await;
+    let api = fleet.api();
+    sh(api, &id, "echo parent > /workspace/p.txt").await;
+
+    let request = |durability: &str| json!({"durability": durability});
+    let first = api
+        .post_with(
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            request("replicated"),
+            &[("idempotency-key", "snap-1")],
+        )
+        .await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(first.body["durability"], "pending");
+    let again = api
+        .post_with(
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            request("replicated"),
+            &[("idempotency-key", "snap-1")],
+        )
+        .await;
+    assert_eq!(
+        again.body["id"], first.body["id"],
+        "the same key made a second snapshot"
+    );
+    let snapshot_id = first.str("id");
+    let replicated = api
+        .get(&format!(
+            "/v1/snapshots/{snapshot_id}?wait_for=replicated&timeout=20"
+        ))
+        .await;
+    assert_eq!(
+        replicated.body["durability"], "replicated",
+        "{replicated:?}"
+    );
+    assert!(replicated.body["root"].is_string());
+    assert!(replicated.body["captured_at"].is_string());
+
+    // A child starts as the snapshot, then has its own future.
+    sh(api, &id, "echo changed > /workspace/p.txt").await;
+    let child = fleet
+        .create(json!({"storage_class": "durable", "from_snapshot": snapshot_id}))
+        .await;
+    let child_record = fleet.get(&child).await;
+    assert_eq!(child_record["from_snapshot"], snapshot_id.as_str());
+    assert_eq!(sh(api, &child, "cat /workspace/p.txt").await, "parent\n");
+    sh(api, &child, "echo child > /workspace/c.txt").await;
+    assert_eq!(
+        sh(api, &id, "cat /workspace/p.txt; ls /workspace").await,
+        "changed\np.txt\n"
+    );
+
+    // A runner that cannot act (stopped with SIGSTOP) misses a deadline.
+    fleet.runners[runner].signal(rustix::process::Signal::STOP);
+    let late = api
+        .post(
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            json!({"durability": "replicated", "deadline": 1}),
+        )
+        .await;
+    assert_eq!(late.status, 201, "{late:?}");
+    let failed = api
+        .get(&format!(
+            "/v1/snapshots/{}?wait_for=replicated&timeout=10",
+            late.str("id")
+        ))
+        .await;
+    fleet.runners[runner].signal(rustix::process::Signal::CONT);
+    assert_eq!(failed.body["durability"], "failed", "{failed:?}");
+    assert_eq!(failed.body["reason"], "durability_deadline_exceeded");
+
+    let listed = api.get(&format!("/v1/snapshots?sandbox_id={id}")).await;
+    assert_eq!(listed.body["snapshots"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        api.delete(&format!("/v1/snapshots/{snapshot_id}"))
+            .await
+            .status,
+        200
+    );
+    api.get(&format!("/v1/snapshots/{snapshot_id}"))
+        .await
+        .assert_error(404, "not_found");
+    // The child keeps its home whatever happens to the snapshot.
+    assert_eq!(sh(api, &child, "cat /workspace/p.txt").await, "parent\n");
+}

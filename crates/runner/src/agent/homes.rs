@@ -1,0 +1,487 @@
+//! Homes on this runner, and their saves to the org's store (through the
+//! control plane's block service; the runner holds no store credentials).
+//!
+//! ```text
+//! DIR/volumes/homes/ID          the home: a btrfs subvolume where btrfs is
+//!                               available (the data dir's own filesystem,
+//!                               or DIR/homes.btrfs loop-mounted), else a
+//!                               plain directory (see crate::volumes)
+//! DIR/volumes/snapshots/ID/N    read-only snapshots being uploaded
+//! DIR/home-state/ID.index       the home's file index: a save hashes only
+//!                               what changed since the last one
+//! DIR/home-state/ID.secured     the root a stop secured: while it names the
+//!                               tree the home must start as, the home is
+//!                               that tree already and nothing is pulled
+//! DIR/homes/ID                  homes of the earlier layout (plain), used
+//!                               where they exist
+//! ```
+//!
+//! A save of a running home is crash-consistent: a read-only snapshot
+//! taken in one step (milliseconds whatever the home's size), uploaded
+//! while the workload goes on, committed by the server only at this
+//! placement's epoch. A stop's securing uploads the home itself, as nothing
+//! runs in it any more. Index keys ignore the device number, which differs
+//! for every snapshot (see `store::index::KeyRule`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use api::blocks::RemoteBackend;
+use api::client::Client;
+use api::runners::{SandboxAssignment, SaveReport, SnapshotReport};
+use store::excludes::Excludes;
+use store::index::KeyRule;
+use store::pull::{PullOptions, materialize};
+use store::push::{PushReport, UploadOptions, upload_tree};
+use store::{Digest, OrgId, Store};
+
+use super::{Refusal, refusal};
+use crate::error::{Error, Result};
+use crate::volumes::HomeVolumes;
+
+/// The device number every index key of a home is taken with.
+const INDEX_DEV: u64 = 0;
+
+/// Why a save did not complete.
+#[derive(Debug)]
+pub(crate) enum SaveFailure {
+    /// The placement is not this runner's any more: stop saving.
+    Fenced(String),
+    /// Worth reporting as the save's error, and trying again later.
+    Failed(String),
+}
+
+impl From<Error> for SaveFailure {
+    fn from(err: Error) -> SaveFailure {
+        SaveFailure::Failed(err.to_string())
+    }
+}
+
+pub(crate) struct Homes {
+    volumes: HomeVolumes,
+    legacy: PathBuf,
+    state: PathBuf,
+    cache: PathBuf,
+    excludes: Excludes,
+}
+
+fn ms_since_epoch(time: SystemTime) -> i64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Runs blocking work (tools, hashing, uploads) off the async threads.
+async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|join| Error::Invalid(format!("{what} failed: {join}")))?
+}
+
+impl Homes {
+    /// `image_bytes`: the size of the btrfs image made for the homes when
+    /// the data dir is not on btrfs (sparse: it costs what homes use).
+    pub(crate) fn open(data_root: &Path, image_bytes: u64) -> Result<Homes> {
+        let volumes = HomeVolumes::open(
+            &data_root.join("volumes"),
+            Some(&data_root.join("homes.btrfs")),
+            image_bytes,
+        )?;
+        let state = data_root.join("home-state");
+        let cache = data_root.join("block-cache");
+        for dir in [&state, &cache] {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        }
+        let excludes = Excludes::from_env()
+            .map_err(|e| Error::Invalid(format!("ROOST_HOME_EXCLUDES: {e}")))?;
+        tracing::info!(backing = %volumes.backing(), "homes ready");
+        Ok(Homes {
+            volumes,
+            legacy: data_root.join("homes"),
+            state,
+            cache,
+            excludes,
+        })
+    }
+
+    /// Whether running homes can be saved crash-consistently here (what
+    /// `storage:durable` promises).
+    pub(crate) fn can_snapshot(&self) -> bool {
+        self.volumes.can_snapshot()
+    }
+
+    pub(crate) fn path(&self, id: &str) -> Result<PathBuf> {
+        let legacy = self.legacy.join(id);
+        if legacy.is_dir() {
+            return Ok(legacy);
+        }
+        self.volumes.home(id)
+    }
+
+    fn index_path(&self, id: &str) -> PathBuf {
+        self.state.join(format!("{id}.index"))
+    }
+
+    fn secured_path(&self, id: &str) -> PathBuf {
+        self.state.join(format!("{id}.secured"))
+    }
+
+    fn remote(client: &Client) -> Store {
+        Store::new(Arc::new(RemoteBackend::new(
+            client.clone(),
+            tokio::runtime::Handle::current(),
+        )))
+    }
+
+    fn org(org: &str) -> Result<OrgId> {
+        org.parse()
+            .map_err(|_| Error::Invalid(format!("org {org:?} is not a store org")))
+    }
+
+    /// Makes the home ready for a launch: created if missing, and made the
+    /// tree `root` (the last completed save, or a snapshot) unless it is
+    /// that tree already (secured here by the last stop). Only what differs
+    /// is written, and only blocks missing from the cache come down.
+    pub(crate) async fn prepare(
+        &self,
+        client: &Client,
+        sandbox: &SandboxAssignment,
+    ) -> Result<PathBuf> {
+        let id = sandbox.sandbox_id.clone();
+        let (home, existed) = match self.path(&id) {
+            Ok(home) if home.is_dir() => (home, true),
+            _ => (self.volumes.create(&id)?, false),
+        };
+        // A standard home starts as `root` (a snapshot) once; after that it
+        // is its own, kept on this runner.
+        if sandbox.storage_class != "durable" && existed {
+            return Ok(home);
+        }
+        let secured = self.secured_path(&id);
+        let Some(root) = sandbox.home_root.clone() else {
+            let _ = std::fs::remove_file(&secured);
+            return Ok(home);
+        };
+        let secured_root = std::fs::read_to_string(&secured).unwrap_or_default();
+        if secured_root.trim() == root {
+            // About to run again: from here on the home may differ.
+            let _ = std::fs::remove_file(&secured);
+            return Ok(home);
+        }
+        let digest: Digest = root
+            .parse()
+            .map_err(|_| Error::Invalid(format!("home root {root:?} is not a digest")))?;
+        let org = Self::org(&sandbox.org_id)?;
+        let store = Self::remote(client);
+        let options = PullOptions {
+            cache: Some(self.cache.clone()),
+            index_path: Some(self.index_path(&id)),
+            store_id: "control-plane".to_owned(),
+            index_dev: Some(INDEX_DEV),
+        };
+        let dest = home.clone();
+        let started = Instant::now();
+        let report = blocking("materialising the home", move || {
+            materialize(
+                &store,
+                &org,
+                "home",
+                &digest,
+                &dest,
+                &options,
+                &store::progress::NoProgress,
+            )
+            .map_err(|e| match e {
+                store::Error::Backend { .. } => Error::io(
+                    "download the home to",
+                    &dest,
+                    std::io::Error::other(e.to_string()),
+                ),
+                _ => Error::Invalid(format!("materialise the home {digest}: {e}")),
+            })
+        })
+        .await?;
+        let _ = std::fs::remove_file(&secured);
+        tracing::info!(
+            sandbox_id = %id,
+            root = %digest,
+            files_written = report.files_written,
+            files_unchanged = report.files_unchanged,
+            blocks_downloaded = report.blocks_downloaded,
+            blocks_from_cache = report.blocks_from_cache,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "home materialised"
+        );
+        Ok(home)
+    }
+
+    /// Uploads `dir` (a snapshot of the home, or the home of a stopped
+    /// sandbox) as the home's tree, observed at `observed_at`.
+    async fn upload(
+        &self,
+        client: &Client,
+        org: &str,
+        id: &str,
+        dir: PathBuf,
+        observed_at: SystemTime,
+    ) -> Result<PushReport> {
+        let org = Self::org(org)?;
+        let store = Self::remote(client);
+        let options = UploadOptions {
+            excludes: self.excludes.clone(),
+            index_path: Some(self.index_path(id)),
+            key_rule: KeyRule {
+                dev: Some(INDEX_DEV),
+                observed_at_ns: Some(ms_since_epoch(observed_at).saturating_mul(1_000_000)),
+            },
+        };
+        blocking("uploading the home", move || {
+            upload_tree(&store, &org, &dir, &options, &store::progress::NoProgress).map_err(|e| {
+                match e {
+                    store::Error::Backend { .. } => Error::io(
+                        "upload the home from",
+                        &dir,
+                        std::io::Error::other(e.to_string()),
+                    ),
+                    _ => Error::Invalid(format!("upload the home from {}: {e}", dir.display())),
+                }
+            })
+        })
+        .await
+    }
+
+    /// Asks the server to commit `root` as the home's last completed save.
+    async fn commit(
+        client: &Client,
+        sandbox: &SandboxAssignment,
+        runner_id: &str,
+        root: Digest,
+        captured_at: SystemTime,
+    ) -> Result<(), SaveFailure> {
+        let report = SaveReport {
+            runner_id: runner_id.to_owned(),
+            epoch: sandbox.epoch,
+            outcome: "completed".to_owned(),
+            root: Some(root.to_hex()),
+            captured_at_ms: Some(ms_since_epoch(captured_at)),
+            bytes_pending: None,
+            error: None,
+        };
+        match client
+            .runner_report_save(&sandbox.sandbox_id, &report)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(err) => match refusal(err) {
+                Err(Refusal::Fenced(message)) => Err(SaveFailure::Fenced(message)),
+                Err(Refusal::Refused(err)) | Ok(err) => Err(SaveFailure::Failed(format!(
+                    "the server did not commit the save: {err}"
+                ))),
+            },
+        }
+    }
+
+    /// Tells the server a save failed (kept on the record as `save.state`
+    /// `failing`); a fenced answer says to stop.
+    pub(crate) async fn report_failure(
+        client: &Client,
+        sandbox: &SandboxAssignment,
+        runner_id: &str,
+        error: &str,
+    ) -> Result<(), SaveFailure> {
+        let report = SaveReport {
+            runner_id: runner_id.to_owned(),
+            epoch: sandbox.epoch,
+            outcome: "failed".to_owned(),
+            root: None,
+            captured_at_ms: None,
+            bytes_pending: None,
+            error: Some(error.to_owned()),
+        };
+        match client
+            .runner_report_save(&sandbox.sandbox_id, &report)
+            .await
+        {
+            Err(err) => match refusal(err) {
+                Err(Refusal::Fenced(message)) => Err(SaveFailure::Fenced(message)),
+                _ => Ok(()),
+            },
+            Ok(_) => Ok(()),
+        }
+    }
+
+    /// A save of a running home: snapshot, upload, commit. Returns how long
+    /// the snapshot took (the pause the workload may have felt).
+    pub(crate) async fn save_running(
+        &self,
+        client: &Client,
+        sandbox: &SandboxAssignment,
+        runner_id: &str,
+    ) -> Result<Duration, SaveFailure> {
+        let id = sandbox.sandbox_id.clone();
+        let name = format!(
+            "save-{}-{}",
+            sandbox.epoch,
+            ms_since_epoch(SystemTime::now())
+        );
+        let captured_at = SystemTime::now();
+        let snapshot = self.volumes.snapshot(&id, &name)?;
+        let result = async {
+            let report = self
+                .upload(
+                    client,
+                    &sandbox.org_id,
+                    &id,
+                    snapshot.path.clone(),
+                    captured_at,
+                )
+                .await?;
+            let root = report
+                .root
+                .ok_or_else(|| Error::Invalid("the upload gave no root".to_owned()))?;
+            Self::commit(client, sandbox, runner_id, root, captured_at).await?;
+            tracing::info!(
+                sandbox_id = %id,
+                %root,
+                snapshot_ms = snapshot.took.as_secs_f64() * 1000.0,
+                files_hashed = report.files_hashed,
+                blocks_uploaded = report.blocks_uploaded,
+                bytes_uploaded = report.bytes_uploaded,
+                "home saved"
+            );
+            Ok::<_, SaveFailure>(())
+        }
+        .await;
+        if let Err(err) = self.volumes.delete_snapshot(&id, &name) {
+            tracing::warn!(sandbox_id = %id, %err, "cannot delete a save's snapshot");
+        }
+        result.map(|()| snapshot.took)
+    }
+
+    /// Secures the home of a stopped sandbox: uploads it as it is (nothing
+    /// runs in it) and commits it; remembers the root so that a start here
+    /// pulls nothing.
+    pub(crate) async fn secure(
+        &self,
+        client: &Client,
+        sandbox: &SandboxAssignment,
+        runner_id: &str,
+    ) -> Result<(), SaveFailure> {
+        let id = sandbox.sandbox_id.clone();
+        self.drop_snapshots(&id);
+        let home = self.path(&id)?;
+        if !home.is_dir() {
+            return Err(SaveFailure::Failed(format!(
+                "the home {} is missing on this runner",
+                home.display()
+            )));
+        }
+        let captured_at = SystemTime::now();
+        let report = self
+            .upload(client, &sandbox.org_id, &id, home, captured_at)
+            .await?;
+        let root = report
+            .root
+            .ok_or_else(|| SaveFailure::Failed("the upload gave no root".to_owned()))?;
+        Self::commit(client, sandbox, runner_id, root, captured_at).await?;
+        let secured = self.secured_path(&id);
+        std::fs::write(&secured, root.to_hex()).map_err(|e| Error::io("write", &secured, e))?;
+        tracing::info!(sandbox_id = %id, %root, files_hashed = report.files_hashed, blocks_uploaded = report.blocks_uploaded, "home secured");
+        Ok(())
+    }
+
+    /// Captures the home for the snapshot `snapshot_id` (a read-only
+    /// snapshot while it runs, the home itself when it does not), reports
+    /// it `local`, uploads it and reports it `replicated` with its root.
+    pub(crate) async fn snapshot(
+        &self,
+        client: &Client,
+        sandbox: &SandboxAssignment,
+        runner_id: &str,
+        snapshot_id: &str,
+        running: bool,
+    ) -> std::result::Result<(), SaveFailure> {
+        let id = sandbox.sandbox_id.clone();
+        let report = |durability: &str,
+                      root: Option<Digest>,
+                      at: Option<SystemTime>,
+                      message: Option<String>| SnapshotReport {
+            runner_id: runner_id.to_owned(),
+            epoch: sandbox.epoch,
+            durability: durability.to_owned(),
+            root: root.map(|r| r.to_hex()),
+            captured_at_ms: at.map(ms_since_epoch),
+            message,
+        };
+        let send = |report: SnapshotReport| async move {
+            match client.runner_report_snapshot(snapshot_id, &report).await {
+                Ok(_) => Ok(()),
+                Err(err) => match refusal(err) {
+                    Err(Refusal::Fenced(message)) => Err(SaveFailure::Fenced(message)),
+                    Err(Refusal::Refused(err)) | Ok(err) => Err(SaveFailure::Failed(format!(
+                        "snapshot report refused: {err}"
+                    ))),
+                },
+            }
+        };
+        let captured_at = SystemTime::now();
+        let name = format!("snap-{snapshot_id}");
+        let (dir, taken) = if running {
+            if !self.volumes.can_snapshot() {
+                let message = "this runner cannot capture a running home (no btrfs)".to_owned();
+                send(report("failed", None, None, Some(message.clone()))).await?;
+                return Err(SaveFailure::Failed(message));
+            }
+            let snap = self.volumes.snapshot(&id, &name)?;
+            (snap.path, true)
+        } else {
+            (self.path(&id)?, false)
+        };
+        let result = async {
+            send(report("local", None, Some(captured_at), None)).await?;
+            let uploaded = self
+                .upload(client, &sandbox.org_id, &id, dir.clone(), captured_at)
+                .await?;
+            let root = uploaded
+                .root
+                .ok_or_else(|| SaveFailure::Failed("the upload gave no root".to_owned()))?;
+            send(report("replicated", Some(root), Some(captured_at), None)).await?;
+            tracing::info!(sandbox_id = %id, snapshot_id, %root, "snapshot replicated");
+            Ok(())
+        }
+        .await;
+        if taken && let Err(err) = self.volumes.delete_snapshot(&id, &name) {
+            tracing::warn!(sandbox_id = %id, %err, "cannot delete a snapshot's capture");
+        }
+        result
+    }
+
+    /// Removes snapshots an interrupted save left behind.
+    fn drop_snapshots(&self, id: &str) {
+        if let Ok(names) = self.volumes.snapshots(id) {
+            for name in names {
+                let _ = self.volumes.delete_snapshot(id, &name);
+            }
+        }
+    }
+
+    /// Removes the home, its snapshots and its state.
+    pub(crate) fn remove(&self, id: &str) -> Result<()> {
+        let legacy = self.legacy.join(id);
+        if legacy.exists() {
+            super::dirs::remove_tree(&legacy)?;
+        }
+        self.volumes.remove(id)?;
+        for path in [self.index_path(id), self.secured_path(id)] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("remove", &path, e)),
+            }
+        }
+        Ok(())
+    }
+}

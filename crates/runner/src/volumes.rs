@@ -1,0 +1,868 @@
+//! Where sandbox homes (`/workspace`) live on a runner host, and how a
+//! home is frozen at one instant so that it can be saved while the sandbox
+//! keeps running.
+//!
+//! ```text
+//! ROOT/homes/ID              the home of sandbox ID: a btrfs subvolume
+//!                            (a plain directory when btrfs is unavailable)
+//! ROOT/snapshots/ID/NAME     a read-only btrfs snapshot of that home
+//! ```
+//!
+//! # Why snapshots
+//!
+//! A durable sandbox's home is saved (hashed, uploaded) while its workload
+//! keeps writing to it. Reading the live directory would save a mix of
+//! before and after: a half-written file next to the index that points
+//! into it. A read-only snapshot of the home's subvolume is the home as a
+//! power cut would have left it (crash-consistent: what the workload had
+//! written, not what it still held in its own buffers), taken in
+//! milliseconds whatever the home's size; the save then reads the snapshot
+//! at leisure and deletes it. Snapshots live outside `homes/` so that the
+//! home's bind mount into the sandbox never shows them, and in the same
+//! filesystem, which btrfs requires.
+//!
+//! # Backings
+//!
+//! - [`Backing::Btrfs`]: `ROOT` is on btrfs already (a btrfs data disk).
+//! - [`Backing::LoopImage`]: `ROOT` is elsewhere, so a sparse image file
+//!   formatted btrfs is loop-mounted at `ROOT`. The mount outlives the
+//!   runner process: a restarted runner finds it in `/proc/self/mountinfo`
+//!   and uses it again instead of stacking a second mount over the first.
+//! - [`Backing::Plain`]: no btrfs here (no btrfs-progs, no kernel support,
+//!   no loop devices). Homes are plain directories and cannot be
+//!   snapshotted; the reason is kept so the runner can report why it does
+//!   not offer durable homes. That is not an error: the caller decides.
+//!
+//! # Host tools
+//!
+//! Subvolumes and snapshots are made with `btrfs` (the ioctls would need
+//! `unsafe`), images with `mkfs.btrfs`, mounts with `mount -o loop` (which
+//! also sets up the loop device and frees it at unmount). Btrfs is detected
+//! with `statfs(2)`, never by reading a tool's output. Everything here
+//! blocks: async code calls it from `spawn_blocking`. One runner uses a
+//! `ROOT` at a time (the data dir's lock sees to that).
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::io::ErrorKind;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// `statfs(2)`'s `f_type` of a btrfs filesystem (`BTRFS_SUPER_MAGIC`).
+pub const BTRFS_SUPER_MAGIC: u32 = 0x9123_683E;
+/// The inode number of every subvolume's root directory
+/// (`BTRFS_FIRST_FREE_OBJECTID`): how `btrfs` itself tells a subvolume from
+/// a directory.
+const SUBVOLUME_ROOT_INODE: u64 = 256;
+/// Longest sandbox id or snapshot name: both become file names.
+pub const NAME_BYTES_MAX: usize = 128;
+/// Smallest image accepted: a btrfs with the default profiles needs about
+/// 114 MiB, and a home volume smaller than this is useless anyway.
+pub const IMAGE_BYTES_MIN: u64 = 128 << 20;
+/// Searched for the tools when the process has no `PATH`.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Where sandbox homes live on a runner host and how they are snapshotted.
+#[derive(Debug)]
+pub struct HomeVolumes {
+    /// Canonical (symlinks resolved), as `/proc/self/mountinfo` shows it.
+    root: PathBuf,
+    backing: Backing,
+    /// The `btrfs` tool, found once at open; `None` with [`Backing::Plain`].
+    btrfs: Option<PathBuf>,
+}
+
+/// What holds the homes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// `root` is on btrfs already: homes are subvolumes there.
+    Btrfs,
+    /// A sparse image file formatted btrfs, loop-mounted at `root`.
+    LoopImage {
+        /// The image file (canonical path).
+        image: PathBuf,
+    },
+    /// No btrfs available: plain directories, no snapshots.
+    Plain {
+        /// Why btrfs could not be used, for logs and the runner's
+        /// capabilities.
+        reason: String,
+    },
+}
+
+impl fmt::Display for Backing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backing::Btrfs => f.write_str("btrfs"),
+            Backing::LoopImage { image } => write!(f, "btrfs image {}", image.display()),
+            Backing::Plain { reason } => write!(f, "plain directories ({reason})"),
+        }
+    }
+}
+
+/// A read-only snapshot of a home.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HomeSnapshot {
+    /// Where the snapshot is (`ROOT/snapshots/ID/NAME`).
+    pub path: PathBuf,
+    /// How long taking it took, tool start-up included: the longest the
+    /// workload can have been held up by it (btrfs flushes the home's dirty
+    /// data and commits while taking it).
+    pub took: Duration,
+}
+
+impl HomeVolumes {
+    /// Prepares `root` (created if missing) to hold homes.
+    ///
+    /// - `root` on btrfs (including an image mounted there by an earlier
+    ///   run of the runner): [`Backing::Btrfs`], or [`Backing::LoopImage`]
+    ///   when what is mounted at `root` is `image` itself.
+    /// - Otherwise, with an `image`: the image is created (sparse,
+    ///   `image_bytes`, `mkfs.btrfs`) if it does not exist, and
+    ///   loop-mounted at `root`: [`Backing::LoopImage`]. An existing image
+    ///   keeps its size. Mounting over a non-empty `root` is refused: it
+    ///   would hide what is there (homes kept as plain directories before
+    ///   btrfs was available, say).
+    /// - Btrfs not usable here (no btrfs-progs, no kernel support, no loop
+    ///   devices, or no `image`): [`Backing::Plain`] with the reason, not an
+    ///   error.
+    ///
+    /// Errors are real failures: permissions, I/O, a tool that failed,
+    /// something other than btrfs already mounted at `root`.
+    pub fn open(root: &Path, image: Option<&Path>, image_bytes: u64) -> Result<HomeVolumes> {
+        std::fs::create_dir_all(root).map_err(|e| Error::io("create directory", root, e))?;
+        let root = std::fs::canonicalize(root).map_err(|e| Error::io("resolve", root, e))?;
+        let image = image.map(absolute_image_path).transpose()?;
+        let search_path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
+        let btrfs = find_on_path(&search_path, "btrfs");
+
+        let mounted = mounts_at(&root)?.pop();
+        let backing = if is_btrfs(&root)? {
+            match (&image, &mounted) {
+                (Some(image), Some(mount)) if loop_backing_file(&mount.source) == *image => {
+                    Backing::LoopImage {
+                        image: image.clone(),
+                    }
+                }
+                _ => Backing::Btrfs,
+            }
+        } else if let Some(mount) = mounted
+            && let Some(image) = &image
+        {
+            return Err(Error::Unsupported(format!(
+                "home volume root {} is a mount of {} ({}), not btrfs: unmount it to use the image {}",
+                root.display(),
+                mount.source,
+                mount.fstype,
+                image.display()
+            )));
+        } else if let Some(image) = image {
+            match btrfs_unavailable(&search_path, btrfs.is_some(), &image) {
+                Some(reason) => Backing::Plain { reason },
+                None => {
+                    mount_image(&root, &image, image_bytes)?;
+                    Backing::LoopImage { image }
+                }
+            }
+        } else {
+            Backing::Plain {
+                reason: format!(
+                    "{} is on {}, not btrfs, and no btrfs image is configured",
+                    root.display(),
+                    filesystem_name(filesystem_type(&root)?)
+                ),
+            }
+        };
+        let (backing, btrfs) = match (backing, btrfs) {
+            (Backing::Plain { reason }, _) => (Backing::Plain { reason }, None),
+            (_, None) => (
+                Backing::Plain {
+                    reason: "btrfs-progs is not installed (no `btrfs` on PATH)".to_owned(),
+                },
+                None,
+            ),
+            (backing, btrfs) => (backing, btrfs),
+        };
+        for dir in [root.join("homes"), root.join("snapshots")] {
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
+        }
+        Ok(HomeVolumes {
+            root,
+            backing,
+            btrfs,
+        })
+    }
+
+    /// The root (canonical path) homes and snapshots are under.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// What holds the homes.
+    pub fn backing(&self) -> &Backing {
+        &self.backing
+    }
+
+    /// Whether homes can be snapshotted, that is whether durable homes can
+    /// be saved while their sandbox runs.
+    pub fn can_snapshot(&self) -> bool {
+        self.btrfs.is_some()
+    }
+
+    /// The home directory of sandbox `id`: `ROOT/homes/ID`.
+    pub fn home(&self, id: &str) -> Result<PathBuf> {
+        validate("sandbox id", id)?;
+        Ok(self.root.join("homes").join(id))
+    }
+
+    /// Creates the home of `id`: a btrfs subvolume when snapshots work,
+    /// else a directory. An existing home is kept as it is (a restarted
+    /// sandbox finds its files).
+    pub fn create(&self, id: &str) -> Result<PathBuf> {
+        let home = self.home(id)?;
+        match std::fs::symlink_metadata(&home) {
+            Ok(_) => return Ok(home),
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("inspect", &home, e)),
+        }
+        match &self.btrfs {
+            Some(btrfs) => {
+                let made = run_tool(
+                    "create the home subvolume",
+                    &home,
+                    btrfs,
+                    &[
+                        OsStr::new("subvolume"),
+                        OsStr::new("create"),
+                        home.as_os_str(),
+                    ],
+                );
+                // Made meanwhile by another caller: kept as it is.
+                if made.is_err() && std::fs::symlink_metadata(&home).is_err() {
+                    made?;
+                }
+            }
+            None => match std::fs::create_dir(&home) {
+                Ok(()) => {}
+                // Made meanwhile by another caller: kept as it is.
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io("create directory", &home, e)),
+            },
+        }
+        Ok(home)
+    }
+
+    /// Takes a read-only snapshot of the home of `id` at one instant, at
+    /// `ROOT/snapshots/ID/NAME`. A snapshot by that name must not exist
+    /// (an older one would not be of this instant). Refused when
+    /// [`can_snapshot`](Self::can_snapshot) is false.
+    pub fn snapshot(&self, id: &str, name: &str) -> Result<HomeSnapshot> {
+        let home = self.home(id)?;
+        validate("snapshot name", name)?;
+        let Some(btrfs) = &self.btrfs else {
+            return Err(Error::Unsupported(format!(
+                "home snapshots need btrfs, and the homes under {} are {}",
+                self.root.display(),
+                self.backing
+            )));
+        };
+        let metadata =
+            std::fs::symlink_metadata(&home).map_err(|e| Error::io("snapshot", &home, e))?;
+        if !is_subvolume(&metadata) {
+            return Err(Error::Unsupported(format!(
+                "home {} is a plain directory, not a btrfs subvolume (it was made before btrfs was available): it cannot be snapshotted",
+                home.display()
+            )));
+        }
+        let dir = self.snapshot_dir(id);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
+        let path = dir.join(name);
+        if std::fs::symlink_metadata(&path).is_ok() {
+            return Err(Error::io(
+                "snapshot into",
+                &path,
+                std::io::Error::new(
+                    ErrorKind::AlreadyExists,
+                    "a snapshot by this name already exists: delete it first",
+                ),
+            ));
+        }
+        let started = Instant::now();
+        run_tool(
+            "snapshot the home into",
+            &path,
+            btrfs,
+            &[
+                OsStr::new("subvolume"),
+                OsStr::new("snapshot"),
+                OsStr::new("-r"),
+                home.as_os_str(),
+                path.as_os_str(),
+            ],
+        )?;
+        Ok(HomeSnapshot {
+            path,
+            took: started.elapsed(),
+        })
+    }
+
+    /// The names of the snapshots of `id` that exist, sorted (to find
+    /// those a crash left behind). Entries that are not valid names are
+    /// not snapshots of ours and are left out; [`remove`](Self::remove)
+    /// still deletes them.
+    pub fn snapshots(&self, id: &str) -> Result<Vec<String>> {
+        validate("sandbox id", id)?;
+        let mut names: Vec<String> = list_dir(&self.snapshot_dir(id))?
+            .into_iter()
+            .filter_map(|name| name.into_string().ok())
+            .filter(|name| validate("snapshot name", name).is_ok())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Deletes the snapshot `name` of `id`; deleting one that does not
+    /// exist succeeds.
+    pub fn delete_snapshot(&self, id: &str, name: &str) -> Result<()> {
+        validate("sandbox id", id)?;
+        validate("snapshot name", name)?;
+        self.delete_tree(&self.snapshot_dir(id).join(name))
+    }
+
+    /// Deletes the home of `id` and all its snapshots, subvolumes the
+    /// workload made inside the home included (any user can make one, and
+    /// make it read-only). Removing what does not exist succeeds, so a
+    /// removal cut short is finished by calling this again.
+    pub fn remove(&self, id: &str) -> Result<()> {
+        let home = self.home(id)?;
+        let snapshots = self.snapshot_dir(id);
+        for name in list_dir(&snapshots)? {
+            self.delete_tree(&snapshots.join(name))?;
+        }
+        match std::fs::remove_dir(&snapshots) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("remove directory", &snapshots, e)),
+        }
+        self.delete_tree(&home)
+    }
+
+    /// Unmounts a loop-mounted image (retiring a runner, tests); the loop
+    /// device goes with it. Nothing to do for other backings, or when the
+    /// image is not mounted. Fails while anything still uses the volume
+    /// (a running sandbox's home).
+    pub fn unmount(self) -> Result<()> {
+        if !matches!(self.backing, Backing::LoopImage { .. }) {
+            return Ok(());
+        }
+        if mounts_at(&self.root)?.is_empty() {
+            return Ok(());
+        }
+        run_tool(
+            "unmount",
+            &self.root,
+            Path::new("umount"),
+            &[self.root.as_os_str()],
+        )?;
+        Ok(())
+    }
+
+    fn snapshot_dir(&self, id: &str) -> PathBuf {
+        self.root.join("snapshots").join(id)
+    }
+
+    /// Deletes whatever is at `path` (a subvolume, a directory, a file);
+    /// nothing there is fine.
+    fn delete_tree(&self, path: &Path) -> Result<()> {
+        let metadata = match std::fs::symlink_metadata(path) {
+            Ok(metadata) => metadata,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io("inspect", path, e)),
+        };
+        if !metadata.is_dir() {
+            return std::fs::remove_file(path).map_err(|e| Error::io("remove", path, e));
+        }
+        if let Some(btrfs) = &self.btrfs {
+            if is_subvolume(&metadata) {
+                return delete_subvolume(btrfs, path);
+            }
+            // A plain directory on btrfs (made before snapshots were
+            // available) may still hold subvolumes the workload made, and
+            // `remove_dir_all` cannot delete read-only ones.
+            for nested in nested_subvolumes(path)? {
+                delete_subvolume(btrfs, &nested)?;
+            }
+        }
+        match std::fs::remove_dir_all(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("remove directory", path, e)),
+        }
+    }
+}
+
+/// Ids and names become path components: `[A-Za-z0-9_.-]`, 1 to
+/// [`NAME_BYTES_MAX`] bytes, not starting with `.` (no `.`, `..`, hidden
+/// files).
+fn validate(what: &str, value: &str) -> Result<()> {
+    let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    if value.is_empty()
+        || value.len() > NAME_BYTES_MAX
+        || value.starts_with('.')
+        || !value.chars().all(valid_char)
+    {
+        return Err(Error::Invalid(format!(
+            "{what} {value:?}: use 1-{NAME_BYTES_MAX} of A-Z a-z 0-9 _ - ., not starting with ."
+        )));
+    }
+    Ok(())
+}
+
+/// Deletes the subvolume at `path`. The fast path is one `btrfs subvolume
+/// delete` (the data is freed in the background). The kernel refuses to
+/// delete a subvolume that holds other subvolumes (`ENOTEMPTY`), and to
+/// delete one from inside a read-only one (`EROFS`); then the nested ones
+/// are found, the subvolume made writable, and the nested ones deleted
+/// first, depth first.
+fn delete_subvolume(btrfs: &Path, path: &Path) -> Result<()> {
+    let delete = || {
+        run_tool(
+            "delete the subvolume",
+            path,
+            btrfs,
+            &[
+                OsStr::new("subvolume"),
+                OsStr::new("delete"),
+                path.as_os_str(),
+            ],
+        )
+    };
+    let first = match delete() {
+        Ok(_) => return Ok(()),
+        Err(e) => e,
+    };
+    let nested = nested_subvolumes(path)?;
+    if nested.is_empty() {
+        return Err(first);
+    }
+    // Read-only or not, the flag no longer matters: it is being deleted.
+    run_tool(
+        "clear the read-only flag of",
+        path,
+        btrfs,
+        &[
+            OsStr::new("property"),
+            OsStr::new("set"),
+            OsStr::new("-f"),
+            OsStr::new("-ts"),
+            path.as_os_str(),
+            OsStr::new("ro"),
+            OsStr::new("false"),
+        ],
+    )?;
+    for nested in nested {
+        delete_subvolume(btrfs, &nested)?;
+    }
+    delete()?;
+    Ok(())
+}
+
+/// The subvolumes directly inside the tree at `path` (not those inside
+/// them), found by walking it. Only used when deleting found some, so a
+/// whole home is walked only in that rare case.
+fn nested_subvolumes(path: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let mut pending = vec![path.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| Error::io("list", &dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("list", &dir, e))?;
+            let child = entry.path();
+            let metadata = match std::fs::symlink_metadata(&child) {
+                Ok(metadata) => metadata,
+                // Deleted meanwhile by a workload still running.
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::io("inspect", &child, e)),
+            };
+            if !metadata.is_dir() {
+                continue;
+            }
+            if is_subvolume(&metadata) {
+                found.push(child);
+            } else {
+                pending.push(child);
+            }
+        }
+    }
+    Ok(found)
+}
+
+fn is_subvolume(metadata: &std::fs::Metadata) -> bool {
+    metadata.is_dir() && metadata.ino() == SUBVOLUME_ROOT_INODE
+}
+
+fn filesystem_type(path: &Path) -> Result<u32> {
+    let stat = rustix::fs::statfs(path).map_err(|e| Error::io("statfs", path, e.into()))?;
+    // `f_type` is a signed word on most targets: the magic, above
+    // `i32::MAX`, is compared on its low 32 bits whatever the width.
+    Ok((i128::from(stat.f_type) & 0xFFFF_FFFF) as u32)
+}
+
+/// A few common filesystems by name, for the reason given with plain homes.
+fn filesystem_name(magic: u32) -> String {
+    match magic {
+        0xEF53 => "ext2/3/4".to_owned(),
+        0x5846_5342 => "xfs".to_owned(),
+        0x0102_1994 => "tmpfs".to_owned(),
+        0x794C_7630 => "overlayfs".to_owned(),
+        0x2FC1_2FC1 => "zfs".to_owned(),
+        other => format!("a filesystem of type {other:#x}"),
+    }
+}
+
+fn is_btrfs(path: &Path) -> Result<bool> {
+    Ok(filesystem_type(path)? == BTRFS_SUPER_MAGIC)
+}
+
+/// Why an image cannot be made and mounted on this host, or `None` if it
+/// can. Checked before touching anything, so that a host without btrfs
+/// gets plain homes and a clear reason rather than a failed mount.
+fn btrfs_unavailable(search_path: &OsStr, has_btrfs: bool, image: &Path) -> Option<String> {
+    if !has_btrfs {
+        return Some("btrfs-progs is not installed (no `btrfs` on PATH)".to_owned());
+    }
+    if !image.exists() && find_on_path(search_path, "mkfs.btrfs").is_none() {
+        return Some(format!(
+            "btrfs-progs is not installed (no `mkfs.btrfs` on PATH to make {})",
+            image.display()
+        ));
+    }
+    if !kernel_has_btrfs(search_path) {
+        return Some("the kernel has no btrfs support (not in /proc/filesystems)".to_owned());
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        return Some("no loop devices (/dev/loop-control is missing)".to_owned());
+    }
+    None
+}
+
+/// Whether the kernel knows btrfs, loading the module if it is only
+/// available as one (as `mount` would).
+fn kernel_has_btrfs(search_path: &OsStr) -> bool {
+    let listed = || {
+        std::fs::read_to_string("/proc/filesystems").is_ok_and(|text| {
+            text.lines()
+                .any(|line| line.trim_end().ends_with("\tbtrfs"))
+        })
+    };
+    if listed() {
+        return true;
+    }
+    if let Some(modprobe) = find_on_path(search_path, "modprobe") {
+        // Failure just means no module: the second look answers.
+        let _ = Command::new(modprobe)
+            .args(["-q", "btrfs"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    listed()
+}
+
+/// Makes the image if needed and loop-mounts it at `root`, which is not a
+/// mount point.
+fn mount_image(root: &Path, image: &Path, image_bytes: u64) -> Result<()> {
+    if image.starts_with(root) {
+        return Err(Error::Invalid(format!(
+            "the home image {} is inside the home volume root {} it is mounted on",
+            image.display(),
+            root.display()
+        )));
+    }
+    let leftovers = list_dir(root)?;
+    if !leftovers.is_empty() {
+        return Err(Error::Unsupported(format!(
+            "home volume root {} is not empty ({} entries, e.g. {:?}) and not a mount: mounting the image {} over it would hide them; move them away or choose another root",
+            root.display(),
+            leftovers.len(),
+            leftovers[0],
+            image.display()
+        )));
+    }
+    if !image.exists() {
+        make_image(image, image_bytes)?;
+    }
+    run_tool(
+        "mount the home image on",
+        root,
+        Path::new("mount"),
+        &[
+            OsStr::new("-t"),
+            OsStr::new("btrfs"),
+            OsStr::new("-o"),
+            OsStr::new("loop"),
+            image.as_os_str(),
+            root.as_os_str(),
+        ],
+    )?;
+    if !is_btrfs(root)? {
+        return Err(Error::Unsupported(format!(
+            "{} is not btrfs after mounting the image {} on it",
+            root.display(),
+            image.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Makes a sparse btrfs image. It is made under a temporary name and
+/// renamed once formatted, so a crash never leaves a half-made image that
+/// every later start would fail to mount.
+fn make_image(image: &Path, image_bytes: u64) -> Result<()> {
+    if image_bytes < IMAGE_BYTES_MIN {
+        return Err(Error::Invalid(format!(
+            "home image size {image_bytes} bytes: at least {IMAGE_BYTES_MIN} bytes (btrfs needs about 114 MiB)"
+        )));
+    }
+    let mut partial = image.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let file = std::fs::File::create(&partial).map_err(|e| Error::io("create", &partial, e))?;
+    file.set_len(image_bytes)
+        .map_err(|e| Error::io("size", &partial, e))?;
+    drop(file);
+    let search_path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
+    let mkfs = find_on_path(&search_path, "mkfs.btrfs").unwrap_or_else(|| "mkfs.btrfs".into());
+    // mkfs.btrfs fsyncs what it writes.
+    run_tool(
+        "format the home image",
+        &partial,
+        &mkfs,
+        &[OsStr::new("-q"), partial.as_os_str()],
+    )?;
+    std::fs::rename(&partial, image).map_err(|e| Error::io("rename into place", image, e))?;
+    if let Some(parent) = image.parent() {
+        std::fs::File::open(parent)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|e| Error::io("sync", parent, e))?;
+    }
+    Ok(())
+}
+
+/// The image path made absolute with its directory's symlinks resolved
+/// (the directory is created if missing): how the kernel names a loop
+/// device's backing file, so a mount of it is recognised, and never
+/// mistaken by a tool for an option.
+fn absolute_image_path(image: &Path) -> Result<PathBuf> {
+    let invalid = || Error::Invalid(format!("home image {}: not a file path", image.display()));
+    let name = image.file_name().ok_or_else(invalid)?;
+    let parent = match image.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| Error::io("create directory", &parent, e))?;
+    let parent = std::fs::canonicalize(&parent).map_err(|e| Error::io("resolve", &parent, e))?;
+    let image = parent.join(name);
+    // The image itself may be a symlink to the real file.
+    match std::fs::canonicalize(&image) {
+        Ok(real) => Ok(real),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(image),
+        Err(e) => Err(Error::io("resolve", &image, e)),
+    }
+}
+
+/// One line of `/proc/self/mountinfo`, the parts used here.
+#[derive(Debug)]
+struct Mount {
+    fstype: String,
+    source: String,
+}
+
+/// The mounts whose mount point is `path` (canonical), oldest first: the
+/// last one is what `path` shows.
+fn mounts_at(path: &Path) -> Result<Vec<Mount>> {
+    let mountinfo = Path::new("/proc/self/mountinfo");
+    let text = std::fs::read_to_string(mountinfo).map_err(|e| Error::io("read", mountinfo, e))?;
+    Ok(parse_mounts_at(&text, path))
+}
+
+/// Lines are `ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL…] -
+/// FSTYPE SOURCE SUPEROPTIONS`.
+fn parse_mounts_at(mountinfo: &str, path: &Path) -> Vec<Mount> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mount_point = unescape_mountinfo(left.split(' ').nth(4)?);
+            if Path::new(&mount_point) != path {
+                return None;
+            }
+            let mut right = right.split(' ');
+            Some(Mount {
+                fstype: unescape_mountinfo(right.next()?),
+                source: unescape_mountinfo(right.next()?),
+            })
+        })
+        .collect()
+}
+
+/// Mountinfo escapes space, tab, newline and backslash as `\OOO`.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && let Some(digits) = bytes.get(i + 1..i + 4)
+            && digits.iter().all(|d| (b'0'..=b'7').contains(d))
+            && let Ok(value) = u8::try_from(
+                digits
+                    .iter()
+                    .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0')),
+            )
+        {
+            out.push(value);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The file behind loop device `source` (`/dev/loopN`), as the kernel
+/// names it; empty if `source` is not a loop device.
+fn loop_backing_file(source: &str) -> PathBuf {
+    let Some(device) = Path::new(source).file_name() else {
+        return PathBuf::new();
+    };
+    let sys = Path::new("/sys/block")
+        .join(device)
+        .join("loop/backing_file");
+    std::fs::read_to_string(sys)
+        .map(|text| PathBuf::from(text.trim_end_matches('\n')))
+        .unwrap_or_default()
+}
+
+fn find_on_path(search_path: &OsStr, name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(search_path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// Names in directory `dir`; none if it does not exist.
+fn list_dir(dir: &Path) -> Result<Vec<OsString>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("list", dir, e)),
+    };
+    entries
+        .map(|entry| {
+            entry
+                .map(|entry| entry.file_name())
+                .map_err(|e| Error::io("list", dir, e))
+        })
+        .collect()
+}
+
+/// Runs `program args…` and returns its stdout. A failure is
+/// [`Error::Io`] on `path` whose message has the command line, the exit
+/// status and what the tool said on stderr, on one line.
+fn run_tool(action: &'static str, path: &Path, program: &Path, args: &[&OsStr]) -> Result<String> {
+    let command_line = std::iter::once(program.as_os_str())
+        .chain(args.iter().copied())
+        .map(|part| part.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let output = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| {
+            let message = format!("could not start `{}`: {e}", program.display());
+            Error::io(action, path, std::io::Error::new(e.kind(), message))
+        })?;
+    if output.status.success() {
+        return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let said = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let status = match output.status.code() {
+        Some(code) => format!("exit status {code}"),
+        None => "killed by a signal".to_owned(),
+    };
+    Err(Error::io(
+        action,
+        path,
+        std::io::Error::other(format!("`{command_line}` failed ({status}): {said}")),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_matched_unescaped() {
+        let mountinfo = "\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+79 27 0:49 / /tmp/a\\040b/root rw,relatime - btrfs /dev/loop0 rw,subvol=/
+80 79 0:50 / /tmp/a\\040b/root rw,relatime - tmpfs tmpfs rw
+81 27 0:51 / /tmp/a\\040b/root/x rw,relatime - tmpfs tmpfs rw
+";
+        let mounts = parse_mounts_at(mountinfo, Path::new("/tmp/a b/root"));
+        let seen: Vec<_> = mounts
+            .iter()
+            .map(|m| (m.fstype.as_str(), m.source.as_str()))
+            .collect();
+        assert_eq!(seen, [("btrfs", "/dev/loop0"), ("tmpfs", "tmpfs")]);
+        assert!(parse_mounts_at(mountinfo, Path::new("/tmp")).is_empty());
+    }
+
+    #[test]
+    fn names() {
+        for good in [
+            "a",
+            "sbx_0123",
+            "a.b-c_D",
+            "-x",
+            &"x".repeat(NAME_BYTES_MAX),
+        ] {
+            assert!(validate("name", good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "a/b",
+            "a b",
+            "é",
+            "a\0",
+            &"x".repeat(NAME_BYTES_MAX + 1),
+        ] {
+            assert!(
+                matches!(validate("name", bad), Err(Error::Invalid(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}
