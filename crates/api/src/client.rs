@@ -781,9 +781,15 @@ impl Client {
     }
 
     /// `PUT /v1/images/{name}`: commits an uploaded tree as the image.
-    pub async fn commit_image(&self, name: &str, root: &str) -> Result<Image, ClientError> {
+    pub async fn commit_image(
+        &self,
+        name: &str,
+        root: &str,
+        files: Option<u64>,
+    ) -> Result<Image, ClientError> {
         let body = serde_json::to_vec(&CommitImageRequest {
             root: root.to_owned(),
+            files,
         })
         .map_err(|e| ClientError::Encode {
             message: e.to_string(),

@@ -12,6 +12,9 @@ use utoipa::ToSchema;
 pub struct CommitImageRequest {
     /// The root tree digest (64 hex digits).
     pub root: String,
+    /// How many files the uploader counted (shown on the image).
+    #[serde(default)]
+    pub files: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

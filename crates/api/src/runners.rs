@@ -137,6 +137,9 @@ pub struct SnapshotReport {
     pub durability: String,
     #[serde(default)]
     pub root: Option<String>,
+    /// Files in the snapshot, as the runner counted them.
+    #[serde(default)]
+    pub files: Option<u64>,
     #[serde(default)]
     pub captured_at_ms: Option<i64>,
     #[serde(default)]

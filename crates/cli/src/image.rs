@@ -169,7 +169,7 @@ fn import(name: &str, path: &Path, target: &OrgTarget) -> Result<ExitCode> {
         bar.finish();
         let report = report.context("uploading the image")?;
         let root = report.root.map(|r| r.to_hex()).unwrap_or_default();
-        match rt.block_on(client.commit_image(name, &root)) {
+        match rt.block_on(client.commit_image(name, &root, Some(report.files))) {
             Err(err)
                 if err.code() == Some(ErrorCode::InvalidState) && attempt < IMPORT_ATTEMPTS_MAX =>
             {

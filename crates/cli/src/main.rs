@@ -9,6 +9,7 @@ mod image;
 mod output;
 mod runner;
 mod sandbox;
+mod snapshot;
 mod store_admin;
 mod up;
 
@@ -42,6 +43,10 @@ enum Command {
     /// Create, inspect, list, stop, start and delete sandboxes (org token).
     #[command(subcommand)]
     Sandbox(sandbox::SandboxCommand),
+    /// Snapshot sandboxes' homes into the store; list and delete
+    /// snapshots (org token).
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
     /// Import root filesystems as images into the org's store; list,
     /// show and delete them (org token).
     #[command(subcommand)]
@@ -98,6 +103,7 @@ fn main() -> std::process::ExitCode {
         Command::Admin(command) => control::run_admin(command),
         Command::Sandbox(command) => sandbox::run(command),
         Command::Image(command) => image::run(command),
+        Command::Snapshot(command) => snapshot::run(command),
         Command::Exec(args) => exec::run_exec(args),
         Command::Cmd(command) => exec::run_command(command),
         Command::Runner(args) => runner::run(args),

@@ -558,6 +558,22 @@ fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
     } else {
         sandbox.env.keys().cloned().collect::<Vec<_>>().join(", ")
     };
+    // Durable homes: how fresh the last completed save is.
+    let save = match &sandbox.save {
+        None => "-".to_owned(),
+        Some(save) => {
+            let last = match &save.last_completed_at {
+                Some(at) => format!("last {} ago", age(at)),
+                None => "none yet".to_owned(),
+            };
+            let error = save
+                .last_error
+                .as_deref()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default();
+            format!("{}, {last}, every {}s{error}", save.state, save.interval_s)
+        }
+    };
     print_fields(&[
         ("id", sandbox.id.clone()),
         (
@@ -569,6 +585,8 @@ fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
         ("epoch", sandbox.epoch.to_string()),
         ("image", sandbox.image.clone()),
         ("storage class", sandbox.storage_class.clone()),
+        ("save", save),
+        ("from snapshot", or_dash(sandbox.from_snapshot.as_deref())),
         (
             "resources",
             format!(

@@ -202,74 +202,83 @@ pub fn upload_tree(
     Ok(report)
 }
 
-/// What [`commit_uploaded`] found under a root.
+/// What [`commit_uploaded`] found at a root.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TreeSummary {
-    pub files: u64,
-    pub dirs: u64,
-    pub symlinks: u64,
+    /// File bytes of the whole tree (directory entries carry their totals).
     pub logical_bytes: u64,
-    pub objects: u64,
 }
 
-/// Points `home` at `root` once every object the tree reaches is in the
-/// org's store: the server half of [`upload_tree`]. The check runs under
-/// the store's commit lock (no gc sweeps meanwhile), reads every tree
-/// (verifying its hash) and asks for every block, so a client that skipped
-/// an upload, or a gc that took an object since, leaves the pointer as it
-/// was and answers [`Error::IncompleteTree`].
+/// The objects a tree names directly: its subtrees and its files' blocks.
+pub fn children(tree: &crate::tree::Tree) -> Vec<ObjectId> {
+    let mut children = Vec::new();
+    for entry in &tree.entries {
+        match &entry.kind {
+            crate::tree::EntryKind::Dir { tree } => children.push(ObjectId::tree(*tree)),
+            crate::tree::EntryKind::File { blocks } => {
+                children.extend(blocks.iter().map(|b| ObjectId::block(*b)));
+            }
+            crate::tree::EntryKind::Symlink { .. } => {}
+        }
+    }
+    children
+}
+
+/// Stores a tree object a client uploaded, only if every object it names
+/// is already in the org's store ([`Error::IncompleteTree`] otherwise).
+/// With this rule at upload, and gc deleting parents before children, a
+/// present tree always has its whole subtree present, so a commit need
+/// only find the root.
+pub fn put_tree_checked(store: &Store, org: &OrgId, digest: &Digest, stored: &[u8]) -> Result<()> {
+    let plain = crate::block::decode(digest, stored)?;
+    let tree = crate::tree::Tree::decode(digest, &plain)?;
+    let missing = store.missing(org, &children(&tree))?;
+    if !missing.is_empty() {
+        return Err(Error::IncompleteTree {
+            root: *digest,
+            missing: missing.len() as u64,
+        });
+    }
+    store.put_encoded(org, &ObjectId::tree(*digest), stored)
+}
+
+/// Points `home` at `root` once the tree is in the org's store: the server
+/// half of [`upload_tree`]. Trees are accepted only with their children
+/// present ([`put_tree_checked`]) and gc removes parents first, so the
+/// root's presence proves the whole tree's; the check and the pointer
+/// write run under the store's commit lock, so no gc sweeps between them.
+/// A root that is absent leaves the pointer as it was:
+/// [`Error::IncompleteTree`].
 pub fn commit_uploaded(
     store: &Store,
     org: &OrgId,
     home: &HomeName,
     root: &Digest,
 ) -> Result<TreeSummary> {
-    let lock = store.lock_commit()?;
-    let mut summary = TreeSummary::default();
-    let mut missing = 0u64;
-    let mut seen_trees: HashSet<Digest> = HashSet::new();
-    let mut blocks: HashSet<Digest> = HashSet::new();
-    let mut stack = vec![*root];
-    while let Some(digest) = stack.pop() {
-        if !seen_trees.insert(digest) {
-            continue;
+    let _lock = store.lock_commit()?;
+    let tree = match store.get_tree(org, root) {
+        Ok(tree) => tree,
+        Err(Error::MissingObject { .. }) => {
+            return Err(Error::IncompleteTree {
+                root: *root,
+                missing: 1,
+            });
         }
-        let tree = match store.get_tree(org, &digest) {
-            Ok(tree) => tree,
-            Err(Error::MissingObject { .. }) => {
-                missing += 1;
-                continue;
-            }
-            Err(err) => return Err(err),
-        };
-        summary.dirs += 1;
-        for entry in tree.entries {
-            match entry.kind {
-                crate::tree::EntryKind::Dir { tree } => stack.push(tree),
-                crate::tree::EntryKind::File {
-                    blocks: file_blocks,
-                } => {
-                    summary.files += 1;
-                    summary.logical_bytes += entry.size;
-                    blocks.extend(file_blocks);
-                }
-                crate::tree::EntryKind::Symlink { .. } => summary.symlinks += 1,
-            }
-        }
-        lock.refresh_if_due()?;
-    }
-    let blocks: Vec<ObjectId> = blocks.into_iter().map(ObjectId::block).collect();
-    for chunk in blocks.chunks(MISSING_CHECK_BATCH_MAX) {
-        missing += store.missing(org, chunk)?.len() as u64;
-        lock.refresh_if_due()?;
-    }
-    if missing > 0 {
+        Err(err) => return Err(err),
+    };
+    // A root stored before uploads were checked (or by a push with direct
+    // store access, which keeps the same order) still needs its own
+    // children: they are what this commit can cheaply confirm.
+    let missing = store.missing(org, &children(&tree))?;
+    if !missing.is_empty() {
         return Err(Error::IncompleteTree {
             root: *root,
-            missing,
+            missing: missing.len() as u64,
         });
     }
-    summary.objects = (seen_trees.len() + blocks.len()) as u64;
+    let summary = TreeSummary {
+        logical_bytes: crate::tree::logical_bytes(&tree.entries),
+    };
     store.sync()?;
     store.write_home(org, home, root)?;
     Ok(summary)

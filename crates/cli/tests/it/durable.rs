@@ -483,3 +483,172 @@ async fn snapshots_replicate_give_children_and_fail_past_their_deadline() {
     // The child keeps its home whatever happens to the snapshot.
     assert_eq!(sh(api, &child, "cat /workspace/p.txt").await, "parent\n");
 }
+
+/// A runner killed at `failpoint` during a running save: a recovery
+/// restores the new content only if the save's commit had completed.
+async fn a_save_killed_at(failpoint: &str, committed: bool) {
+    let mut fleet = Fleet::start(&[]).await;
+    let first = fleet.runner("a");
+    let id = fleet
+        .create(json!({"storage_class": "durable", "save_interval_s": 3}))
+        .await;
+    let api = fleet.api();
+    sh(api, &id, "echo v1 > /workspace/f").await;
+    api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
+    assert_eq!(wait_sandbox(api, &id, "stopped").await["state"], "stopped");
+
+    fleet.runners[first].restart(&[("ROOST_FAILPOINT", failpoint)]);
+    let api = fleet.api();
+    api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
+    assert_eq!(wait_sandbox(api, &id, "running").await["state"], "running");
+    sh(api, &id, "echo v2 > /workspace/f").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !fleet.runners[first].exited() {
+        assert!(
+            Instant::now() < deadline,
+            "the runner never reached {failpoint}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let second = fleet.runner("b");
+    let on_second = fleet.runners[second].runner_id.clone();
+    let api = fleet.api();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let sandbox = api.get(&format!("/v1/sandboxes/{id}")).await.body;
+            sandbox["state"] == "running" && sandbox["runner_id"] == on_second.as_str()
+        })
+        .await,
+        "not recovered on the other runner: {}",
+        fleet.get(&id).await
+    );
+    let expected = if committed { "v2\n" } else { "v1\n" };
+    assert_eq!(
+        sh(api, &id, "cat /workspace/f").await,
+        expected,
+        "after {failpoint}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_killed_before_upload_changes_nothing() {
+    a_save_killed_at("runner:save_before_upload", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_killed_mid_upload_changes_nothing() {
+    a_save_killed_at("runner:save_mid_upload", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_killed_after_upload_before_commit_changes_nothing() {
+    a_save_killed_at("runner:save_before_commit", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_killed_after_its_commit_is_restored() {
+    a_save_killed_at("runner:save_after_commit", true).await;
+}
+
+/// The commit of a save is a compare-and-swap guarded by the placement:
+/// a stale epoch or another runner is `fenced` and changes nothing; a root
+/// that is not in the store is refused; only then does the record move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_commit_from_a_stale_placement_is_fenced_and_changes_nothing() {
+    let fleet = Fleet::start(&[]).await;
+    let plane = &fleet.plane;
+    let runner = plane.runner("r1", "on_demand", crate::plane::ALL).await;
+    let other = plane.runner("r2", "on_demand", crate::plane::ALL).await;
+    let sandbox = plane
+        .running_sandbox(&runner, json!({"storage_class": "durable"}))
+        .await;
+    let id = sandbox["id"].as_str().expect("id");
+    let epoch = sandbox["epoch"].as_u64().expect("epoch");
+    let org_id = &plane.org_id;
+
+    // A one-file tree, uploaded through the block service as a runner would.
+    let content = b"saved content";
+    let block = store::Digest::of(content);
+    let mut tree = store::tree::Tree::default();
+    tree.entries.push(store::tree::Entry {
+        name: b"f".to_vec(),
+        mode: 0o644,
+        size: content.len() as u64,
+        mtime_ns: 0,
+        kind: store::tree::EntryKind::File {
+            blocks: vec![block],
+        },
+    });
+    let (root, tree_bytes) = tree.encode().expect("tree");
+    let put = |path: String, body: Vec<u8>| {
+        let api = Api::new(&runner.api.url, &runner.api.token);
+        async move {
+            api.send(reqwest::Method::PUT, &path, Some(body), &[])
+                .await
+                .expect("request")
+        }
+    };
+    let save = |runner_id: &str, epoch: u64, root: &str| json!({"runner_id": runner_id, "epoch": epoch, "outcome": "completed", "root": root});
+    let saves = format!("/v1/runner/sandboxes/{id}/saves");
+
+    // Nothing uploaded yet: the root is not there.
+    runner
+        .api
+        .post(&saves, save(&runner.id, epoch, &root.to_hex()))
+        .await
+        .assert_error(409, "invalid_state");
+    assert_eq!(
+        put(
+            format!("/v1/blocks/{org_id}/blocks/{}", block.to_hex()),
+            store::block::encode(content)
+        )
+        .await
+        .status,
+        204
+    );
+    assert_eq!(
+        put(
+            format!("/v1/blocks/{org_id}/trees/{}", root.to_hex()),
+            store::block::encode(&tree_bytes)
+        )
+        .await
+        .status,
+        204
+    );
+    // A stale epoch, or another runner: fenced, the record keeps no root.
+    for (runner_id, at) in [(runner.id.as_str(), epoch - 1), (other.id.as_str(), epoch)] {
+        let refused = runner
+            .api
+            .post(&saves, save(runner_id, at, &root.to_hex()))
+            .await;
+        refused.assert_error(409, "fenced");
+    }
+    let unchanged = fleet.get(id).await;
+    assert!(unchanged["save"]["root"].is_null(), "{unchanged}");
+    assert!(
+        unchanged["save"]["last_completed_at"].is_null(),
+        "{unchanged}"
+    );
+    // The current placement commits.
+    let committed = runner
+        .api
+        .post(&saves, save(&runner.id, epoch, &root.to_hex()))
+        .await;
+    assert_eq!(committed.status, 200, "{committed:?}");
+    assert_eq!(committed.body["save"]["root"], root.to_hex());
+    assert_eq!(committed.body["save"]["state"], "ok");
+    // A failed attempt says so on the record, and the root stays.
+    let failed = runner
+        .api
+        .post(
+            &saves,
+            json!({"runner_id": runner.id, "epoch": epoch, "outcome": "failed", "error": "disk full"}),
+        )
+        .await;
+    assert_eq!(failed.body["save"]["state"], "failing", "{failed:?}");
+    assert_eq!(failed.body["save"]["last_error"], "disk full");
+    assert_eq!(failed.body["save"]["root"], root.to_hex());
+}

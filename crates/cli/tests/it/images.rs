@@ -252,7 +252,9 @@ async fn the_block_service_verifies_uploads_and_keeps_orgs_apart() {
     let runner = Api::new(&plane.server.url, &plane.runner_token);
     assert_eq!(runner.get(&path).await.status, 200);
 
-    // A commit of a tree whose objects are not all there changes nothing.
+    // A tree is stored only once every object it names is there (so a
+    // present tree always has its whole subtree), and a commit of a root
+    // that is not there changes nothing.
     let mut entries = store::tree::Tree::default();
     entries.entries.push(store::tree::Entry {
         name: b"absent".to_vec(),
@@ -265,12 +267,9 @@ async fn the_block_service_verifies_uploads_and_keeps_orgs_apart() {
     });
     let (root, bytes) = entries.encode().expect("tree");
     let tree_path = format!("/v1/blocks/{org_id}/trees/{}", root.to_hex());
-    assert_eq!(
-        put(org, tree_path, store::block::encode(&bytes))
-            .await
-            .status,
-        204
-    );
+    let refused = put(org, tree_path.clone(), store::block::encode(&bytes)).await;
+    refused.assert_error(409, "invalid_state");
+    assert_eq!(refused.body["error"]["details"]["missing_objects"], 1);
     let commit = org
         .send(
             reqwest::Method::PUT,
@@ -281,10 +280,26 @@ async fn the_block_service_verifies_uploads_and_keeps_orgs_apart() {
         .await
         .expect("request");
     commit.assert_error(409, "invalid_state");
-    assert_eq!(commit.body["error"]["details"]["missing_objects"], 1);
     org.get("/v1/images/broken")
         .await
         .assert_error(404, "not_found");
+    // With its block uploaded first, the same tree is accepted.
+    let block = format!(
+        "/v1/blocks/{org_id}/blocks/{}",
+        store::Digest::of(b"never uploaded").to_hex()
+    );
+    assert_eq!(
+        put(org, block, store::block::encode(b"never uploaded"))
+            .await
+            .status,
+        204
+    );
+    assert_eq!(
+        put(org, tree_path, store::block::encode(&bytes))
+            .await
+            .status,
+        204
+    );
 
     // Without a store the service says so.
     let bare = crate::plane::Plane::start(&[]).await;

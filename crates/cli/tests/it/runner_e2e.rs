@@ -52,11 +52,16 @@ impl RunnerProcess {
     }
 
     /// Kill -9 and start again on the same data dir.
-    fn restart(&mut self, env: &[(&str, &str)]) {
+    pub(crate) fn restart(&mut self, env: &[(&str, &str)]) {
         self.kill9();
         let (child, runner_id) = spawn(&self.url, &self.token, &self.data_dir, env, &self.logs);
         self.child = child;
         self.runner_id = runner_id;
+    }
+
+    /// Whether the process has ended (a failpoint killed it, say).
+    pub(crate) fn exited(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_some()
     }
 
     pub(crate) fn signal(&self, signal: rustix::process::Signal) {

@@ -25,6 +25,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use api::blocks::RemoteBackend;
@@ -64,7 +65,50 @@ pub(crate) struct Homes {
     state: PathBuf,
     cache: PathBuf,
     excludes: Excludes,
+    /// Tests only: `runner:save_before_upload`, `runner:save_mid_upload`,
+    /// `runner:save_before_commit`, `runner:save_after_commit` kill the
+    /// runner at that point of a running save (as a crash would).
+    failpoint: Option<String>,
 }
+
+/// Kills this process (as `kill -9` would) when `name` is the armed
+/// failpoint.
+fn failpoint(armed: &Option<String>, name: &str) {
+    if armed.as_deref() == Some(name) {
+        tracing::error!(failpoint = name, "failpoint reached; killing this runner");
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    }
+}
+
+/// An upload's bytes still to send (for the record's `save.bytes_pending`)
+/// and the `runner:save_mid_upload` failpoint, fired once some of the
+/// upload is done (the first object sent).
+struct UploadProgress {
+    pending: Arc<AtomicU64>,
+    failpoint: Option<String>,
+}
+
+impl store::progress::Progress for UploadProgress {
+    fn phase(&self, name: &'static str, total_bytes: Option<u64>) {
+        if name == "uploading" {
+            self.pending
+                .store(total_bytes.unwrap_or(0), Ordering::Relaxed);
+        }
+    }
+
+    fn advance(&self, bytes: u64) {
+        let _ = self
+            .pending
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                Some(p.saturating_sub(bytes))
+            });
+        failpoint(&self.failpoint, "runner:save_mid_upload");
+    }
+}
+
+/// How often a save under way tells the server how much is left.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 fn ms_since_epoch(time: SystemTime) -> i64 {
     time.duration_since(SystemTime::UNIX_EPOCH)
@@ -84,7 +128,11 @@ async fn blocking<T: Send + 'static>(
 impl Homes {
     /// `image_bytes`: the size of the btrfs image made for the homes when
     /// the data dir is not on btrfs (sparse: it costs what homes use).
-    pub(crate) fn open(data_root: &Path, image_bytes: u64) -> Result<Homes> {
+    pub(crate) fn open(
+        data_root: &Path,
+        image_bytes: u64,
+        failpoint: Option<String>,
+    ) -> Result<Homes> {
         let volumes = HomeVolumes::open(
             &data_root.join("volumes"),
             Some(&data_root.join("homes.btrfs")),
@@ -104,6 +152,7 @@ impl Homes {
             state,
             cache,
             excludes,
+            failpoint,
         })
     }
 
@@ -223,11 +272,46 @@ impl Homes {
     async fn upload(
         &self,
         client: &Client,
-        org: &str,
-        id: &str,
+        sandbox: &SandboxAssignment,
+        runner_id: &str,
         dir: PathBuf,
         observed_at: SystemTime,
     ) -> Result<PushReport> {
+        let (org, id) = (sandbox.org_id.as_str(), sandbox.sandbox_id.as_str());
+        let pending = Arc::new(AtomicU64::new(0));
+        let progress = UploadProgress {
+            pending: pending.clone(),
+            failpoint: self.failpoint.clone(),
+        };
+        // Tells the server the bytes to go while the upload runs (durable
+        // homes only: what `save.bytes_pending` shows).
+        let reporter = (sandbox.storage_class == "durable").then(|| {
+            let (client, mut report) = (
+                client.clone(),
+                SaveReport {
+                    runner_id: runner_id.to_owned(),
+                    epoch: sandbox.epoch,
+                    outcome: "progress".to_owned(),
+                    root: None,
+                    captured_at_ms: None,
+                    bytes_pending: None,
+                    error: None,
+                },
+            );
+            let id = id.to_owned();
+            tokio::spawn(async move {
+                let mut last = 0;
+                loop {
+                    tokio::time::sleep(PROGRESS_EVERY).await;
+                    let now = pending.load(Ordering::Relaxed);
+                    if now != last {
+                        report.bytes_pending = Some(now);
+                        let _ = client.runner_report_save(&id, &report).await;
+                        last = now;
+                    }
+                }
+            })
+        });
         let org = Self::org(org)?;
         let store = Self::remote(client);
         let options = UploadOptions {
@@ -238,19 +322,21 @@ impl Homes {
                 observed_at_ns: Some(ms_since_epoch(observed_at).saturating_mul(1_000_000)),
             },
         };
-        blocking("uploading the home", move || {
-            upload_tree(&store, &org, &dir, &options, &store::progress::NoProgress).map_err(|e| {
-                match e {
-                    store::Error::Backend { .. } => Error::io(
-                        "upload the home from",
-                        &dir,
-                        std::io::Error::other(e.to_string()),
-                    ),
-                    _ => Error::Invalid(format!("upload the home from {}: {e}", dir.display())),
-                }
+        let uploaded = blocking("uploading the home", move || {
+            upload_tree(&store, &org, &dir, &options, &progress).map_err(|e| match e {
+                store::Error::Backend { .. } => Error::io(
+                    "upload the home from",
+                    &dir,
+                    std::io::Error::other(e.to_string()),
+                ),
+                _ => Error::Invalid(format!("upload the home from {}: {e}", dir.display())),
             })
         })
-        .await
+        .await;
+        if let Some(reporter) = reporter {
+            reporter.abort();
+        }
+        uploaded
     }
 
     /// Asks the server to commit `root` as the home's last completed save.
@@ -329,12 +415,13 @@ impl Homes {
         );
         let captured_at = SystemTime::now();
         let snapshot = self.volumes.snapshot(&id, &name)?;
+        failpoint(&self.failpoint, "runner:save_before_upload");
         let result = async {
             let report = self
                 .upload(
                     client,
-                    &sandbox.org_id,
-                    &id,
+                    sandbox,
+                    runner_id,
                     snapshot.path.clone(),
                     captured_at,
                 )
@@ -342,7 +429,9 @@ impl Homes {
             let root = report
                 .root
                 .ok_or_else(|| Error::Invalid("the upload gave no root".to_owned()))?;
+            failpoint(&self.failpoint, "runner:save_before_commit");
             Self::commit(client, sandbox, runner_id, root, captured_at).await?;
+            failpoint(&self.failpoint, "runner:save_after_commit");
             tracing::info!(
                 sandbox_id = %id,
                 %root,
@@ -381,7 +470,7 @@ impl Homes {
         }
         let captured_at = SystemTime::now();
         let report = self
-            .upload(client, &sandbox.org_id, &id, home, captured_at)
+            .upload(client, sandbox, runner_id, home, captured_at)
             .await?;
         let root = report
             .root
@@ -406,13 +495,14 @@ impl Homes {
     ) -> std::result::Result<(), SaveFailure> {
         let id = sandbox.sandbox_id.clone();
         let report = |durability: &str,
-                      root: Option<Digest>,
+                      root: Option<(Digest, u64)>,
                       at: Option<SystemTime>,
                       message: Option<String>| SnapshotReport {
             runner_id: runner_id.to_owned(),
             epoch: sandbox.epoch,
             durability: durability.to_owned(),
-            root: root.map(|r| r.to_hex()),
+            root: root.map(|(r, _)| r.to_hex()),
+            files: root.map(|(_, files)| files),
             captured_at_ms: at.map(ms_since_epoch),
             message,
         };
@@ -443,12 +533,18 @@ impl Homes {
         let result = async {
             send(report("local", None, Some(captured_at), None)).await?;
             let uploaded = self
-                .upload(client, &sandbox.org_id, &id, dir.clone(), captured_at)
+                .upload(client, sandbox, runner_id, dir.clone(), captured_at)
                 .await?;
             let root = uploaded
                 .root
                 .ok_or_else(|| SaveFailure::Failed("the upload gave no root".to_owned()))?;
-            send(report("replicated", Some(root), Some(captured_at), None)).await?;
+            send(report(
+                "replicated",
+                Some((root, uploaded.files)),
+                Some(captured_at),
+                None,
+            ))
+            .await?;
             tracing::info!(sandbox_id = %id, snapshot_id, %root, "snapshot replicated");
             Ok(())
         }

@@ -377,7 +377,11 @@ pub async fn run_with(
     }
     let saved = data.runner_id()?.unwrap_or_default();
     let images = images::Images::open(data.root())?;
-    let homes = homes::Homes::open(data.root(), config.homes_image_bytes)?;
+    let homes = homes::Homes::open(
+        data.root(),
+        config.homes_image_bytes,
+        config.failpoint.clone(),
+    )?;
     let shared = Arc::new(Shared {
         client: Client::new(&config.server_url, &config.token),
         runner_id: Mutex::new(saved),

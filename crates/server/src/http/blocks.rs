@@ -5,7 +5,9 @@
 //!   `{"missing": […]}`, at most [`MISSING_CHECK_BATCH_MAX`] per call;
 //! - `PUT /v1/blocks/{org}/{blocks|trees}/{hex}`: the object's stored
 //!   (framed, compressed) bytes; the server decodes them and checks the
-//!   hash before storing, so a mismatching upload stores nothing (400);
+//!   hash before storing, so a mismatching upload stores nothing (400); a
+//!   tree is stored only once every object it names is there (409
+//!   otherwise), so a present tree always has its whole subtree;
 //! - `GET` the same path: the stored bytes (the client verifies them too).
 //!
 //! Who may use an org's objects: that org's token, and runner tokens
@@ -20,7 +22,7 @@ use super::{ApiError, AppState, Caller, Json};
 use crate::auth::Principal;
 use api::ErrorCode;
 use api::blocks::{MissingRequest, MissingResponse, object_name};
-use store::store::{MISSING_CHECK_BATCH_MAX, ObjectId};
+use store::store::{MISSING_CHECK_BATCH_MAX, ObjectId, ObjectKind};
 use store::{Digest, OrgId, Store};
 
 /// Largest object body: an 8 MiB block, its frame byte and zstd's worst
@@ -136,12 +138,25 @@ pub async fn put(
     let object = parse_object(&kind, &hex)?;
     let store = store_of(&state)?;
     let size = body.len() as u64;
-    let stored = blocking(move || store.put_encoded(&org, &object, &body)).await?;
+    let stored = blocking(move || match object.kind {
+        ObjectKind::Block => store.put_encoded(&org, &object, &body),
+        ObjectKind::Tree => store::push::put_tree_checked(&store, &org, &object.digest, &body),
+    })
+    .await?;
     match stored {
         Ok(()) => {
             state.metrics.block_bytes("in", size);
             Ok(StatusCode::NO_CONTENT)
         }
+        Err(store::Error::IncompleteTree { missing, .. }) => Err(ApiError::new(
+            ErrorCode::InvalidState,
+            format!("tree {hex} names {missing} objects this org's store lacks: upload them first"),
+        )
+        .with_details(serde_json::json!({ "missing_objects": missing }))),
+        Err(store::Error::MalformedTree { reason, .. }) => Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("trees/{hex} is not a valid tree: {reason}"),
+        )),
         Err(store::Error::Corrupt { .. }) => Err(ApiError::new(
             ErrorCode::InvalidRequest,
             format!(

@@ -133,7 +133,7 @@ pub async fn commit(
          WHERE org_id = $5 AND name = $6",
     )
     .bind(root.to_hex())
-    .bind(summary.files as i64)
+    .bind(request.files.unwrap_or(0) as i64)
     .bind(summary.logical_bytes as i64)
     .bind(now)
     .bind(&org)
@@ -147,7 +147,7 @@ pub async fn commit(
         .bind(&org)
         .bind(&name)
         .bind(root.to_hex())
-        .bind(summary.files as i64)
+        .bind(request.files.unwrap_or(0) as i64)
         .bind(summary.logical_bytes as i64)
         .bind(now)
         .bind(now)
@@ -155,7 +155,7 @@ pub async fn commit(
         .await?;
     }
     tx.commit().await?;
-    tracing::info!(%org, image = %name, %root, files = summary.files, "image committed");
+    tracing::info!(%org, image = %name, %root, "image committed");
     read(&state, &org, &name)
         .await?
         .map(axum::Json)

@@ -418,7 +418,7 @@ pub async fn report(
                  captured_at_ms = COALESCE(captured_at_ms, $4), updated_at_ms = $5 WHERE id = $6",
             )
             .bind(root.to_hex())
-            .bind(summary.files as i64)
+            .bind(report.files.map(|f| f as i64))
             .bind(summary.logical_bytes as i64)
             .bind(captured)
             .bind(now)
