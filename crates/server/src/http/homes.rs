@@ -5,9 +5,10 @@
 //!
 //! 1. the placement (runner, epoch) is checked: a stale one is `fenced`
 //!    before anything is written;
-//! 2. under the store's commit lock the whole tree is checked present and
-//!    the store home `{id}-next` is pointed at it (so gc keeps it whatever
-//!    happens next);
+//! 2. under the store's commit lock the tree is checked present (its root:
+//!    the block service takes a tree only with its children) and the store
+//!    home `{id}-next` is pointed at it (so gc keeps it whatever happens
+//!    next);
 //! 3. a compare-and-swap on the record, guarded by the epoch, makes it the
 //!    sandbox's `home_root` (a placement that moved on meanwhile is
 //!    `fenced` and the record keeps the previous save);

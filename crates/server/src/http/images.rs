@@ -1,9 +1,10 @@
 //! Images: root filesystems imported into an org's content store.
 //!
 //! `roost image import` uploads the tree through the block service, then
-//! `PUT /v1/images/{name}` `{"root": HEX}` commits it: the server checks,
-//! under the store's commit lock, that every object the tree reaches is
-//! present, points the store's home `image-{hash of name}` at it (which
+//! `PUT /v1/images/{name}` `{"root": HEX}` commits it: the server finds
+//! the root under the store's commit lock (the block service took each
+//! tree only with its children, so the root proves the whole tree),
+//! points the store's home `image-{hash of name}` at it (which
 //! keeps it alive for gc) and records the image. A sandbox created with
 //! `image: NAME` pins that root; runners materialise it from the store.
 
