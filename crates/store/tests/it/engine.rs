@@ -1248,3 +1248,43 @@ fn regression_pull_updates_read_only_directories_in_place() {
     outcome.expect("pull v2 over v1");
     assert_eq!(contents(dest.path()), contents(v2.path()));
 }
+
+/// A home read through snapshots sees every snapshot on its own device
+/// number: with the key rule's fixed `dev`, one index serves them all and
+/// an unchanged file is never hashed again; without it, every file is.
+#[test]
+fn upload_tree_index_keys_follow_the_key_rule() {
+    let store = memory_store();
+    let org = org("acme");
+    let dir = fixed_home(&[("a", b"one"), ("sub/b", b"two"), ("sub/c", b"three")]);
+    // Past the racy-timestamp window of the files' ctime, so the index may
+    // keep them.
+    std::thread::sleep(Duration::from_millis(250));
+    let state = tempdir();
+    let options = |dev: Option<u64>| store::push::UploadOptions {
+        excludes: store::excludes::Excludes::none(),
+        index_path: Some(state.path().join("index")),
+        key_rule: store::index::KeyRule {
+            dev,
+            observed_at_ns: None,
+        },
+    };
+    let upload = |dev| {
+        store::push::upload_tree(
+            &store,
+            &org,
+            dir.path(),
+            &options(dev),
+            &store::progress::NoProgress,
+        )
+        .expect("upload")
+    };
+    let first = upload(Some(0));
+    assert_eq!(first.files_hashed, 3);
+    assert!(first.blocks_uploaded >= 3);
+    let again = upload(Some(0));
+    assert_eq!((again.files_hashed, again.blocks_uploaded), (0, 0));
+    assert_eq!(again.root, first.root);
+    // The index was keyed with device 0: the real device number misses it.
+    assert_eq!(upload(None).files_hashed, 3);
+}
