@@ -413,6 +413,14 @@ impl Homes {
             sandbox.epoch,
             ms_since_epoch(SystemTime::now())
         );
+        // Flush the home's dirty data first, while the workload runs on:
+        // the snapshot then has little left to flush, and the pause it can
+        // cause (btrfs holds writers while it commits) stays short.
+        if let Ok(home) = self.path(&id)
+            && let Ok(dir) = std::fs::File::open(&home)
+        {
+            let _ = rustix::fs::syncfs(&dir);
+        }
         let captured_at = SystemTime::now();
         let snapshot = self.volumes.snapshot(&id, &name)?;
         failpoint(&self.failpoint, "runner:save_before_upload");
