@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::plane::{Api, Plane, eventually};
+use crate::plane::{Api, Plane, block_downloads, eventually, metric};
 use crate::runner_e2e::{RunnerProcess, force_delete_containers, sh, unmount_homes, wait_sandbox};
 
 /// A server with a store (short leases, saves every second allowed) and
@@ -110,24 +110,12 @@ impl Fleet {
 
     /// Object GETs the block service answered (runners' downloads).
     async fn downloads(&self) -> u64 {
-        let metrics = self.api().get("/metrics").await;
-        String::from_utf8_lossy(&metrics.bytes)
-            .lines()
-            .filter(|l| {
-                l.starts_with("roost_http_requests_total{method=\"GET\",route=\"/v1/blocks/{org}/{kind}/{hex}\",status=\"200\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
+        block_downloads(self.api()).await
     }
 
     /// Stored bytes uploaded through the block service so far.
     async fn uploaded_bytes(&self) -> u64 {
-        let metrics = self.api().get("/metrics").await;
-        String::from_utf8_lossy(&metrics.bytes)
-            .lines()
-            .find(|l| l.starts_with("roost_block_bytes_total{direction=\"in\"}"))
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .unwrap_or(0)
+        metric(self.api(), "roost_block_bytes_total{direction=\"in\"}").await
     }
 
     fn store_path(&self) -> &Path {

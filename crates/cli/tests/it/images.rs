@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use crate::harness::BIN;
-use crate::plane::{Api, new_org};
+use crate::plane::{Api, block_downloads, new_org};
 use crate::runner_e2e::{Stack, sh, wait_sandbox};
 
 /// A root filesystem of a static busybox (no libc) and `files` small
@@ -58,18 +58,6 @@ fn import(api: &Api, name: &str, path: &Path) -> Value {
     serde_json::from_slice(&output.stdout).expect("import prints one JSON document")
 }
 
-/// GETs of objects the server has answered, from its metrics.
-async fn object_downloads(api: &Api) -> u64 {
-    let metrics = api.get("/metrics").await;
-    String::from_utf8_lossy(&metrics.bytes)
-        .lines()
-        .filter(|l| {
-            l.starts_with("roost_http_requests_total{method=\"GET\",route=\"/v1/blocks/{org}/{kind}/{hex}\",status=\"200\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_imported_image_runs_and_a_new_version_brings_only_its_changes() {
     let store = tempfile::tempdir().expect("store dir");
@@ -90,10 +78,10 @@ async fn an_imported_image_runs_and_a_new_version_brings_only_its_changes() {
     let listed = api.get("/v1/images").await;
     assert_eq!(listed.body["images"][0]["root"], v1["image"]["root"]);
 
-    let before = object_downloads(api).await;
+    let before = block_downloads(api).await;
     let sandbox = stack.running_sandbox(json!({"image": "busy"})).await;
     let sid = sandbox["id"].as_str().expect("id");
-    let first_pull = object_downloads(api).await - before;
+    let first_pull = block_downloads(api).await - before;
     assert!(
         first_pull >= 62,
         "the first materialisation fetched {first_pull} objects"
@@ -111,10 +99,10 @@ async fn an_imported_image_runs_and_a_new_version_brings_only_its_changes() {
     assert_eq!(v2["source"], "tar", "{v2}");
     assert_eq!(v2["blocks_uploaded"], 1, "{v2}");
     assert_ne!(v2["image"]["root"], v1["image"]["root"]);
-    let before = object_downloads(api).await;
+    let before = block_downloads(api).await;
     let second = stack.running_sandbox(json!({"image": "busy"})).await;
     let second_id = second["id"].as_str().expect("id");
-    let second_pull = object_downloads(api).await - before;
+    let second_pull = block_downloads(api).await - before;
     assert!(
         (1..=3).contains(&second_pull),
         "v2 fetched {second_pull} objects; expected its one new block and the changed trees"

@@ -486,3 +486,23 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A counter from the server's `/metrics`: the sum of the samples whose
+/// line starts with `prefix` (a metric name and the start of its labels).
+pub async fn metric(api: &Api, prefix: &str) -> u64 {
+    let metrics = api.get("/metrics").await;
+    String::from_utf8_lossy(&metrics.bytes)
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Objects the block service has handed out (runners' downloads).
+pub async fn block_downloads(api: &Api) -> u64 {
+    metric(
+        api,
+        "roost_http_requests_total{method=\"GET\",route=\"/v1/blocks/{org}/{kind}/{hex}\",status=\"200\"",
+    )
+    .await
+}

@@ -42,6 +42,13 @@ pub fn home_names(id: &str) -> Result<(HomeName, HomeName), ApiError> {
     ))
 }
 
+/// A tree root named in a request: 64 hex digits, else 400 naming `root`.
+pub fn parse_root(root: Option<&str>) -> Result<Digest, ApiError> {
+    root.unwrap_or("")
+        .parse()
+        .map_err(|_| limits::invalid("root", "a 64-digit hex digest"))
+}
+
 pub fn store_org(org: &str) -> Result<OrgId, ApiError> {
     org.parse()
         .map_err(|_| ApiError::new(ErrorCode::Internal, "internal error"))
@@ -104,12 +111,7 @@ pub async fn report_save(
     match report.outcome.as_str() {
         "progress" | "failed" => {}
         "completed" => {
-            let root: Digest = report
-                .root
-                .as_deref()
-                .unwrap_or("")
-                .parse()
-                .map_err(|_| limits::invalid("root", "a 64-digit hex digest"))?;
+            let root = parse_root(report.root.as_deref())?;
             // 2. Complete in the store, and pinned.
             pin_tree(&state, &row.org_id, next_home, root).await?;
             committed_root = Some(root);

@@ -11,6 +11,7 @@
 use axum::extract::{Path, State};
 
 use super::blocks::{blocking, store_error, store_of};
+use super::homes::{parse_root, pin_tree, store_org};
 use super::{ApiError, AppState, Caller, Json};
 use crate::db::{WriteTx, now_ms};
 use crate::limits;
@@ -18,7 +19,7 @@ use crate::records::rfc3339;
 use api::ErrorCode;
 use api::images::{CommitImageRequest, Image, ImageList};
 use sqlx::Row;
-use store::{Digest, HomeName, OrgId};
+use store::HomeName;
 
 /// The store home that holds an image's tree. Image names allow more
 /// characters than home names, so the home is named by a hash of it.
@@ -38,11 +39,6 @@ fn validate_name(name: &str) -> Result<(), ApiError> {
         ));
     }
     Ok(())
-}
-
-fn org_id(org: &str) -> Result<OrgId, ApiError> {
-    org.parse()
-        .map_err(|_| ApiError::new(ErrorCode::Internal, "internal error"))
 }
 
 fn not_found(name: &str) -> ApiError {
@@ -98,35 +94,8 @@ pub async fn commit(
 ) -> Result<axum::Json<Image>, ApiError> {
     let org = caller.org()?;
     validate_name(&name)?;
-    let root: Digest = request
-        .root
-        .parse()
-        .map_err(|_| limits::invalid("root", "a 64-digit hex digest"))?;
-    let store = store_of(&state)?;
-    let home = image_home(&name)?;
-    let store_org = org_id(&org)?;
-    let summary =
-        match blocking(move || store::push::commit_uploaded(&store, &store_org, &home, &root))
-            .await?
-        {
-            Ok(summary) => summary,
-            Err(store::Error::IncompleteTree { missing, .. }) => {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidState,
-                    format!(
-                        "{missing} objects of tree {root} are not in the store; upload them first"
-                    ),
-                )
-                .with_details(serde_json::json!({ "missing_objects": missing })));
-            }
-            Err(store::Error::Corrupt { .. } | store::Error::MalformedTree { .. }) => {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    format!("tree {root} has a malformed or corrupt object"),
-                ));
-            }
-            Err(err) => return Err(store_error(err)),
-        };
+    let root = parse_root(Some(&request.root))?;
+    let summary = pin_tree(&state, &org, image_home(&name)?, root).await?;
     let now = now_ms();
     let mut tx = state.db.write().await?;
     let updated = sqlx::query(
@@ -206,7 +175,7 @@ pub async fn delete(
         .ok_or_else(|| not_found(&name))?;
     let store = store_of(&state)?;
     let home = image_home(&name)?;
-    let store_org = org_id(&org)?;
+    let store_org = store_org(&org)?;
     let mut tx = state.db.write().await?;
     sqlx::query("DELETE FROM images WHERE org_id = $1 AND name = $2")
         .bind(&org)

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use sqlx::Row;
 
 use super::blocks::{blocking, store_error, store_of};
-use super::homes::{pin_tree, store_org};
+use super::homes::{parse_root, pin_tree, store_org};
 use super::runner::{check_placement, live_runner};
 use super::sandboxes::{visible_sandbox, wait_timeout};
 use super::{ApiError, AppState, Caller, Json};
@@ -387,12 +387,7 @@ pub async fn report(
     match report.durability.as_str() {
         "local" | "failed" => {}
         "replicated" => {
-            let root: Digest = report
-                .root
-                .as_deref()
-                .unwrap_or("")
-                .parse()
-                .map_err(|_| limits::invalid("root", "a 64-digit hex digest"))?;
+            let root = parse_root(report.root.as_deref())?;
             summary = Some((
                 root,
                 pin_tree(&state, &snapshot.org_id, snapshot_home(&id)?, root).await?,
