@@ -169,7 +169,7 @@ fn parse_keyed(text: &str, key: &str) -> Option<u64> {
 }
 
 /// Mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape_mountinfo(field: &str) -> String {
+pub(crate) fn unescape_mountinfo(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

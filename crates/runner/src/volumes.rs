@@ -138,7 +138,7 @@ impl HomeVolumes {
         let root = std::fs::canonicalize(root).map_err(|e| Error::io("resolve", root, e))?;
         let image = image.map(absolute_image_path).transpose()?;
         let search_path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
-        let btrfs = find_on_path(&search_path, "btrfs");
+        let btrfs = crate::runtime::find_binary(&search_path, "btrfs");
 
         let mounted = mounts_at(&root)?.pop();
         let backing = if is_btrfs(&root)? {
@@ -535,7 +535,7 @@ fn btrfs_unavailable(search_path: &OsStr, has_btrfs: bool, image: &Path) -> Opti
     if !has_btrfs {
         return Some("btrfs-progs is not installed (no `btrfs` on PATH)".to_owned());
     }
-    if !image.exists() && find_on_path(search_path, "mkfs.btrfs").is_none() {
+    if !image.exists() && crate::runtime::find_binary(search_path, "mkfs.btrfs").is_none() {
         return Some(format!(
             "btrfs-progs is not installed (no `mkfs.btrfs` on PATH to make {})",
             image.display()
@@ -562,7 +562,7 @@ fn kernel_has_btrfs(search_path: &OsStr) -> bool {
     if listed() {
         return true;
     }
-    if let Some(modprobe) = find_on_path(search_path, "modprobe") {
+    if let Some(modprobe) = crate::runtime::find_binary(search_path, "modprobe") {
         // Failure just means no module: the second look answers.
         let _ = Command::new(modprobe)
             .args(["-q", "btrfs"])
@@ -637,7 +637,8 @@ fn make_image(image: &Path, image_bytes: u64) -> Result<()> {
         .map_err(|e| Error::io("size", &partial, e))?;
     drop(file);
     let search_path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
-    let mkfs = find_on_path(&search_path, "mkfs.btrfs").unwrap_or_else(|| "mkfs.btrfs".into());
+    let mkfs = crate::runtime::find_binary(&search_path, "mkfs.btrfs")
+        .unwrap_or_else(|| "mkfs.btrfs".into());
     // mkfs.btrfs fsyncs what it writes.
     run_tool(
         "format the home image",
@@ -698,42 +699,17 @@ fn parse_mounts_at(mountinfo: &str, path: &Path) -> Vec<Mount> {
         .lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
-            let mount_point = unescape_mountinfo(left.split(' ').nth(4)?);
+            let mount_point = crate::cgroup::unescape_mountinfo(left.split(' ').nth(4)?);
             if Path::new(&mount_point) != path {
                 return None;
             }
             let mut right = right.split(' ');
             Some(Mount {
-                fstype: unescape_mountinfo(right.next()?),
-                source: unescape_mountinfo(right.next()?),
+                fstype: crate::cgroup::unescape_mountinfo(right.next()?),
+                source: crate::cgroup::unescape_mountinfo(right.next()?),
             })
         })
         .collect()
-}
-
-/// Mountinfo escapes space, tab, newline and backslash as `\OOO`.
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && let Some(digits) = bytes.get(i + 1..i + 4)
-            && digits.iter().all(|d| (b'0'..=b'7').contains(d))
-            && let Ok(value) = u8::try_from(
-                digits
-                    .iter()
-                    .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0')),
-            )
-        {
-            out.push(value);
-            i += 4;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The file behind loop device `source` (`/dev/loopN`), as the kernel
@@ -748,16 +724,6 @@ fn loop_backing_file(source: &str) -> PathBuf {
     std::fs::read_to_string(sys)
         .map(|text| PathBuf::from(text.trim_end_matches('\n')))
         .unwrap_or_default()
-}
-
-fn find_on_path(search_path: &OsStr, name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    std::env::split_paths(search_path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| {
-            std::fs::metadata(candidate)
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
 }
 
 /// Names in directory `dir`; none if it does not exist.
