@@ -13,8 +13,8 @@ use crate::commands::{Command, CommandList, CreateCommandRequest, SignalRequest}
 use crate::images::{CommitImageRequest, Image, ImageList};
 use crate::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse, Whoami};
 use crate::runners::{
-    Assignments, CommandReport, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
-    RegisterResponse, SandboxReport, SaveReport, SnapshotReport,
+    Assignments, CommandReport, HeartbeatRequest, HeartbeatResponse, PreemptRequest,
+    RegisterRequest, RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SnapshotReport,
 };
 use crate::sandboxes::{CreateSandboxRequest, EventList, QuarantineRequest, Sandbox, SandboxList};
 use crate::snapshots::{CreateSnapshotRequest, Snapshot, SnapshotList};
@@ -522,6 +522,34 @@ impl Client {
     ) -> Result<HeartbeatResponse, ClientError> {
         self.post(&["v1", "runner", "heartbeat"], request, &[])
             .await
+    }
+
+    /// `POST /v1/runner/preempt`: this runner's host is being preempted.
+    pub async fn runner_preempt(
+        &self,
+        request: &PreemptRequest,
+    ) -> Result<RunnerRecord, ClientError> {
+        self.post(&["v1", "runner", "preempt"], request, &[]).await
+    }
+
+    /// `GET /v1/admin/runners` (admin token).
+    pub async fn admin_runners(&self) -> Result<Vec<RunnerRecord>, ClientError> {
+        self.get(&["v1", "admin", "runners"], &[]).await
+    }
+
+    /// `POST /v1/admin/runners/{id}/{action}` (admin token), where action
+    /// is `drain`, `preempt` or `undrain`.
+    pub async fn admin_runner_action(
+        &self,
+        id: &str,
+        action: &str,
+    ) -> Result<RunnerRecord, ClientError> {
+        self.post(
+            &["v1", "admin", "runners", id, action],
+            &serde_json::json!({}),
+            &[],
+        )
+        .await
     }
 
     /// `GET /v1/runner/assignments`: everything placed on the runner.

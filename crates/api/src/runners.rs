@@ -43,6 +43,12 @@ pub struct RegisterResponse {
     /// The lease lasts this long after each heartbeat.
     pub lease_ttl_ms: u64,
     pub heartbeat_interval_ms: u64,
+    /// Self-fencing: once this long has passed since the runner sent its
+    /// last heartbeat that was answered, it freezes its sandboxes (they
+    /// may be about to run elsewhere). Shorter than the lease by at least
+    /// a heartbeat interval, so the freeze lands before the server could
+    /// count the lease expired.
+    pub freeze_after_ms: u64,
 }
 
 /// `POST /v1/runner/heartbeat`
@@ -55,6 +61,37 @@ pub struct HeartbeatRequest {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct HeartbeatResponse {
     pub lease_expires_in_ms: u64,
+}
+
+/// `POST /v1/runner/preempt`: the runner passes on its host's preemption
+/// notice (a cloud hook signalled it). Same effect as
+/// `POST /v1/admin/runners/{id}/preempt`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreemptRequest {
+    pub runner_id: String,
+}
+
+/// A runner as the control plane sees it (`GET /v1/admin/runners`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunnerRecord {
+    pub id: String,
+    pub name: String,
+    /// `spot` or `on_demand`.
+    pub placement_class: String,
+    /// `live` (holding a lease) or `lost` (its lease expired).
+    pub state: String,
+    /// RFC 3339.
+    pub lease_expires_at: String,
+    pub registered_at: String,
+    /// Set while the runner is being emptied: `drain` (maintenance) or
+    /// `preempt` (its host is going away). Nothing new is placed on it,
+    /// and its durable sandboxes are secured and placed elsewhere.
+    pub drain: Option<String>,
+    /// Sandboxes placed on it (any state that holds it).
+    pub sandboxes: u64,
+    pub capabilities: Vec<String>,
+    pub labels: BTreeMap<String, String>,
 }
 
 /// `GET /v1/runner/assignments?runner_id=…&etag=…&timeout=…`: everything

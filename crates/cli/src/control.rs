@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use crate::output::{print_json, print_record};
+use crate::output::{or_dash, print_json, print_record, print_table};
 
 #[derive(Args)]
 pub struct ServerArgs {
@@ -32,9 +32,23 @@ pub struct ServerArgs {
     /// How long ended sandboxes stay readable (e.g. `7d`, `12h`).
     #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
     retention: std::time::Duration,
-    /// How long a runner's lease lasts after each heartbeat.
-    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    /// How long a runner's lease lasts after each heartbeat. Runners beat
+    /// every third of it and freeze their sandboxes at two thirds without
+    /// an answered beat.
+    #[arg(long, default_value = "9s", value_parser = humantime::parse_duration)]
     lease_ttl: std::time::Duration,
+    /// How long past a lease's expiry the server still waits before it
+    /// declares the runner lost and recovers its sandboxes elsewhere
+    /// (clock drift between servers, the runner's freeze taking time).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    fence_margin: std::time::Duration,
+    /// When this share of the live runners (and at least two) lose their
+    /// lease at once, the control plane is the likelier culprit: recovery
+    /// holds off for --mass-loss-grace so runners can report in.
+    #[arg(long, default_value = "0.5", value_parser = parse_share)]
+    mass_loss_threshold: f64,
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    mass_loss_grace: std::time::Duration,
     /// How often the reconcilers (leases, TTL, retention, scheduling) run.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     reconcile_interval: std::time::Duration,
@@ -46,6 +60,34 @@ pub struct ServerArgs {
     save_interval_min: std::time::Duration,
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     save_interval_max: std::time::Duration,
+}
+
+/// `roost admin runner drain|preempt|undrain ID`.
+async fn runner_action(id: &str, target: &Target, json: bool, action: &str) -> Result<()> {
+    let runner = target
+        .client()?
+        .admin_runner_action(id, action)
+        .await
+        .with_context(|| format!("runner {action} failed"))?;
+    if json {
+        return print_record(&runner);
+    }
+    match &runner.drain {
+        Some(drain) => println!(
+            "runner {} is being emptied ({drain}): its durable sandboxes move to other runners; {} sandbox(es) still on it",
+            runner.id, runner.sandboxes
+        ),
+        None => println!("runner {} takes sandboxes again", runner.id),
+    }
+    Ok(())
+}
+
+/// A share of the fleet: a number from 0 to 1 (above 1 turns the hold off).
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if share.is_finite() && share > 0.0 => Ok(share),
+        _ => Err(format!("{text:?} is not a share above 0, e.g. 0.5")),
+    }
 }
 
 /// `ROOST_HOME_STORE=false` runs without a store whatever `--store` says:
@@ -74,6 +116,48 @@ pub enum AdminCommand {
     /// Quarantine sandboxes for forensics, and release them.
     #[command(subcommand)]
     Sandbox(AdminSandboxCommand),
+    /// Runners: list them, drain one for maintenance, pass on a spot
+    /// host's preemption notice.
+    #[command(subcommand)]
+    Runner(AdminRunnerCommand),
+}
+
+#[derive(Subcommand)]
+pub enum AdminRunnerCommand {
+    /// Every runner with its lease, drain and sandbox count.
+    List {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Empty a runner for maintenance: nothing new lands on it, and its
+    /// durable sandboxes are secured and placed elsewhere without loss.
+    /// Standard sandboxes stay (their home is on it).
+    Drain {
+        id: String,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A spot runner's host is being taken back: as drain, at once. (The
+    /// runner itself passes on the notice when it gets SIGUSR1.)
+    Preempt {
+        id: String,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take sandboxes again after a drain.
+    Undrain {
+        id: String,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -161,6 +245,9 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     config.save_interval_max = args.save_interval_max;
     config.retention = args.retention;
     config.lease_ttl = args.lease_ttl;
+    config.fence_margin = args.fence_margin;
+    config.mass_loss_threshold = args.mass_loss_threshold;
+    config.mass_loss_grace = args.mass_loss_grace;
     config.reconcile_interval = args.reconcile_interval;
     config.failpoint = std::env::var("ROOST_FAILPOINT").ok();
     runtime()?.block_on(async move {
@@ -243,6 +330,52 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                         sandbox.id, request.reason, sandbox.state
                     );
                 }
+            }
+            AdminCommand::Runner(AdminRunnerCommand::List { target, json }) => {
+                let runners = target
+                    .client()?
+                    .admin_runners()
+                    .await
+                    .context("runner list failed")?;
+                if json {
+                    print_record(&runners)?;
+                } else {
+                    let rows: Vec<Vec<String>> = runners
+                        .iter()
+                        .map(|r| {
+                            vec![
+                                r.id.clone(),
+                                r.name.clone(),
+                                r.placement_class.clone(),
+                                r.state.clone(),
+                                or_dash(r.drain.as_deref()),
+                                r.sandboxes.to_string(),
+                                r.lease_expires_at.clone(),
+                            ]
+                        })
+                        .collect();
+                    print_table(
+                        &[
+                            "ID",
+                            "NAME",
+                            "CLASS",
+                            "STATE",
+                            "DRAIN",
+                            "SANDBOXES",
+                            "LEASE UNTIL",
+                        ],
+                        &rows,
+                    );
+                }
+            }
+            AdminCommand::Runner(AdminRunnerCommand::Drain { id, target, json }) => {
+                runner_action(&id, &target, json, "drain").await?;
+            }
+            AdminCommand::Runner(AdminRunnerCommand::Preempt { id, target, json }) => {
+                runner_action(&id, &target, json, "preempt").await?;
+            }
+            AdminCommand::Runner(AdminRunnerCommand::Undrain { id, target, json }) => {
+                runner_action(&id, &target, json, "undrain").await?;
             }
             AdminCommand::Sandbox(AdminSandboxCommand::Release { id, target, json }) => {
                 let sandbox = target

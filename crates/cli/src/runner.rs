@@ -8,11 +8,13 @@ use anyhow::{Context, Result};
 use clap::Args;
 use runner::agent::{AgentConfig, host};
 use runner::{InitProgram, RuntimeChoice};
+use tokio::signal::unix::{SignalKind, signal};
 
 use crate::control::runtime;
 use crate::sandbox::parse_pair;
 
 #[derive(Args)]
+#[command(after_long_help = RUNNER_SIGNALS)]
 pub struct RunnerArgs {
     /// The control plane's URL.
     #[arg(long, env = "ROOST_URL", value_name = "URL")]
@@ -46,7 +48,27 @@ pub struct RunnerArgs {
     /// running homes can be snapshotted for saves. E.g. `256GiB`.
     #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = crate::sandbox::parse_mib)]
     homes_image_size: u64,
+    /// The cgroup every sandbox's cgroup goes under. One runner per host
+    /// needs no other; several runners on one machine (tests, demos) each
+    /// need their own, since a sandbox's cgroup is named after it.
+    #[arg(long, value_name = "NAME", default_value = "roost")]
+    cgroup_parent: String,
 }
+
+/// How `roost runner` answers signals (after `--help`'s options).
+const RUNNER_SIGNALS: &str = "\
+Signals:
+  SIGTERM, SIGINT  stop the runner; its sandboxes keep running and the next
+                   start re-adopts them.
+  SIGUSR1          preemption notice: the host is going away (send it from a
+                   cloud's spot-interruption hook). The runner tells the
+                   server, which has the durable sandboxes here secured and
+                   placed elsewhere; the runner keeps running meanwhile.
+
+If the runner cannot renew its lease with the server, it freezes (pauses)
+its sandboxes before the lease can expire, thaws them once a heartbeat gets
+through in time, and kills them if the server declared it lost; the state
+is recorded in DATA_DIR/fence.json.";
 
 /// The `roost` binary itself, as every sandbox's init.
 pub fn init_program() -> Result<InitProgram> {
@@ -64,7 +86,7 @@ pub fn absolute(path: PathBuf) -> Result<PathBuf> {
 /// Resolves when the process is asked to stop (Ctrl-C or SIGTERM).
 pub async fn stop_requested() {
     let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        match signal(SignalKind::terminate()) {
             Ok(mut signal) => {
                 signal.recv().await;
             }
@@ -100,9 +122,21 @@ pub fn run(args: RunnerArgs) -> Result<ExitCode> {
             host::parse_capacity(&capacity, config.capacity).map_err(anyhow::Error::msg)?;
     }
     config.homes_image_bytes = args.homes_image_size.saturating_mul(1 << 20);
+    config.cgroup_parent = args.cgroup_parent;
     config.failpoint = std::env::var("ROOST_FAILPOINT").ok();
     runtime()?.block_on(async move {
-        runner::agent::run(config, stop_requested())
+        // Listening replaces SIGUSR1's default action (the end of the
+        // process) before the agent starts.
+        let mut preemption = signal(SignalKind::user_defined1())
+            .context("listening for SIGUSR1 (preemption notices)")?;
+        // Notices that arrive while one is being passed on are one notice.
+        let (notify, notices) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            while preemption.recv().await.is_some() {
+                let _ = notify.try_send(());
+            }
+        });
+        runner::agent::run_with_preemption(config, stop_requested(), notices)
             .await
             .context("runner failed")
     })?;

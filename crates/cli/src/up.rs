@@ -119,9 +119,6 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
     let mut server_config = server::Config::new(args.listen, data_dir.join("server"));
     server_config.store_url =
         crate::control::home_store_enabled()?.then(|| data_dir.join("store").display().to_string());
-    // The runner stops with the server: give it a lease's time to come
-    // back before its sandboxes would count as lost.
-    server_config.lease_grace_after_start = server_config.lease_ttl;
     let runtime_choice = RuntimeChoice::parse(&args.runtime)?;
     let init = init_program()?;
     runtime()?.block_on(async move {

@@ -22,6 +22,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../migrations/0003_counting_indexes.sql")),
     (4, include_str!("../migrations/0004_images.sql")),
     (5, include_str!("../migrations/0005_homes.sql")),
+    (6, include_str!("../migrations/0006_failover.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

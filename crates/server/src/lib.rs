@@ -44,13 +44,22 @@ pub struct Config {
     pub fleet_max_running: Option<u64>,
     /// How long ended records stay readable.
     pub retention: Duration,
-    /// How long a runner's lease lasts after a heartbeat.
+    /// How long a runner's lease lasts after a heartbeat. Runners beat
+    /// every third of it and freeze their sandboxes at two thirds of it
+    /// without an answered beat ([`freeze_after`]).
     pub lease_ttl: Duration,
-    /// After this server starts, how long the lease watcher waits before
-    /// it declares any runner lost: runners that were fine when the control
-    /// plane went down get time to reach it again (DESIGN.md §7). Zero by
-    /// default; `roost up`, whose runner stops with its server, sets it.
-    pub lease_grace_after_start: Duration,
+    /// Past a lease's expiry, how long the lease watcher still waits
+    /// before it declares the runner lost and starts replacements: covers
+    /// clock drift between the servers and the runner's freeze taking
+    /// time. Recovery starts `lease_ttl + fence_margin` after the last
+    /// answered heartbeat at the earliest.
+    pub fence_margin: Duration,
+    /// When at least this share of the live runners (and at least two)
+    /// have an expired lease at once, the control plane is more likely
+    /// cut off than they are all dead: the lease watcher holds off for
+    /// `mass_loss_grace` (DESIGN.md §7) before recovering anything.
+    pub mass_loss_threshold: f64,
+    pub mass_loss_grace: Duration,
     /// How often the reconcilers run.
     pub reconcile_interval: Duration,
     /// How often a running durable sandbox's home is saved, unless its
@@ -71,8 +80,10 @@ impl Config {
             store_url: None,
             fleet_max_running: None,
             retention: Duration::from_secs(7 * 24 * 3600),
-            lease_ttl: Duration::from_secs(15),
-            lease_grace_after_start: Duration::ZERO,
+            lease_ttl: Duration::from_secs(9),
+            fence_margin: Duration::from_secs(1),
+            mass_loss_threshold: 0.5,
+            mass_loss_grace: Duration::from_secs(120),
             reconcile_interval: Duration::from_secs(1),
             save_interval: Duration::from_secs(300),
             save_interval_min: Duration::from_secs(10),
@@ -80,6 +91,16 @@ impl Config {
             failpoint: None,
         }
     }
+}
+
+/// How long after its last answered heartbeat was sent a runner freezes
+/// its sandboxes: two thirds of the lease. The server's lease runs from
+/// when it received that heartbeat, so the freeze lands at least a third
+/// of the lease (one heartbeat interval) before the server could count
+/// the lease expired, and `fence_margin` later still before anything is
+/// started elsewhere.
+pub fn freeze_after(lease_ttl: Duration) -> Duration {
+    lease_ttl * 2 / 3
 }
 
 /// What the server prints once at start-up.

@@ -27,6 +27,7 @@ pub struct Metrics {
     routes: Mutex<BTreeMap<(String, String), Route>>,
     quota_rejections: Mutex<BTreeMap<String, u64>>,
     lease_expiries: AtomicU64,
+    lease_holds: AtomicU64,
     block_bytes_in: AtomicU64,
     block_bytes_out: AtomicU64,
 }
@@ -75,6 +76,12 @@ impl Metrics {
 
     pub fn lease_expired(&self) {
         self.lease_expiries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A lease watcher pass held off recovery: too much of the fleet lost
+    /// its lease at once.
+    pub fn lease_held(&self) {
+        self.lease_holds.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The exposition text; `sandboxes` are (state, count) from the records.
@@ -160,6 +167,16 @@ impl Metrics {
             out,
             "roost_lease_expiries_total {}",
             self.lease_expiries.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP roost_lease_holds_total Lease watcher passes that held off recovery because a large share of the fleet lost its lease at once."
+        );
+        let _ = writeln!(out, "# TYPE roost_lease_holds_total counter");
+        let _ = writeln!(
+            out,
+            "roost_lease_holds_total {}",
+            self.lease_holds.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             out,

@@ -14,7 +14,11 @@ const BATCH: i64 = 100;
 pub async fn run(state: AppState) {
     let mut tick = tokio::time::interval(state.config.reconcile_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let leases_watched_from = tokio::time::Instant::now() + state.config.lease_grace_after_start;
+    // A server that just started (after an outage, perhaps) gives every
+    // runner a full lease to reach it before it counts any as lost: the
+    // control plane being down is not the fleet failing (DESIGN.md §7).
+    let leases_watched_from =
+        tokio::time::Instant::now() + state.config.lease_ttl + state.config.fence_margin;
     loop {
         tick.tick().await;
         let watch_leases = tokio::time::Instant::now() >= leases_watched_from;
@@ -70,24 +74,85 @@ pub async fn release_deleted_homes(state: &AppState) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Lease watcher: a runner whose lease has expired is `lost`. Its durable
-/// sandboxes go `recovering` with the epoch bumped (fencing the old host),
-/// its standard ones `failed`/`node_lost` (their home was on it); their
-/// commands end as `records::set_sandbox_state` decides.
+/// Whether `expired` of `live` runners losing their lease at once looks
+/// like the control plane being cut off rather than hosts dying: at least
+/// two, and at least `threshold` of the fleet.
+pub fn mass_loss(live: usize, expired: usize, threshold: f64) -> bool {
+    expired >= 2 && expired as f64 >= threshold * live as f64
+}
+
+/// Holds recovery while a mass lease loss is younger than the grace
+/// period. The hold's start is a row, so every server honours one hold.
+/// Returns whether this pass must leave the expired runners alone.
+async fn hold_for_mass_loss(
+    state: &AppState,
+    live: usize,
+    expired: usize,
+    now: i64,
+) -> Result<bool, ApiError> {
+    let mut tx = state.db.write().await?;
+    if !mass_loss(live, expired, state.config.mass_loss_threshold) {
+        sqlx::query("DELETE FROM lease_hold WHERE id = 'fleet'")
+            .execute(&mut *tx.tx)
+            .await?;
+        tx.commit().await?;
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO lease_hold (id, since_ms) VALUES ('fleet', $1) ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(now)
+    .execute(&mut *tx.tx)
+    .await?;
+    let (since,): (i64,) = sqlx::query_as("SELECT since_ms FROM lease_hold WHERE id = 'fleet'")
+        .fetch_one(&mut *tx.tx)
+        .await?;
+    tx.commit().await?;
+    let held = now - since < state.config.mass_loss_grace.as_millis() as i64;
+    if held {
+        state.metrics.lease_held();
+        if since == now {
+            tracing::warn!(
+                expired,
+                live,
+                grace_s = state.config.mass_loss_grace.as_secs(),
+                "a large share of the fleet lost its lease at once; holding recovery so runners can report in"
+            );
+        }
+    }
+    Ok(held)
+}
+
+/// Lease watcher: a runner whose lease expired more than the fence margin
+/// ago is `lost` (by then it has frozen its sandboxes: runners freeze at
+/// [`crate::freeze_after`]). Its durable sandboxes go `recovering` with
+/// the epoch bumped (fencing the old host) and are placed elsewhere, its
+/// standard ones `failed`/`node_lost` (their home was on it); their
+/// commands end as `records::set_sandbox_state` decides. When a large
+/// share of the fleet expires at once, recovery waits (see
+/// [`hold_for_mass_loss`]).
 pub async fn expire_leases(state: &AppState) -> Result<(), ApiError> {
     let now = now_ms();
-    let expired: Vec<(String,)> =
-        sqlx::query_as("SELECT id FROM runners WHERE state = 'live' AND lease_expires_at_ms < $1")
-            .bind(now)
+    let cutoff = now - state.config.fence_margin.as_millis() as i64;
+    let live: Vec<(String, i64)> =
+        sqlx::query_as("SELECT id, lease_expires_at_ms FROM runners WHERE state = 'live'")
             .fetch_all(&state.db.pool)
             .await?;
-    for (runner_id,) in expired {
+    let expired: Vec<(String, i64)> = live
+        .iter()
+        .filter(|(_, expires)| *expires < cutoff)
+        .cloned()
+        .collect();
+    if hold_for_mass_loss(state, live.len(), expired.len(), now).await? {
+        return Ok(());
+    }
+    for (runner_id, expired_at) in expired {
         let mut tx = state.db.write().await?;
         let lost = sqlx::query(
             "UPDATE runners SET state = 'lost' WHERE id = $1 AND state = 'live' AND lease_expires_at_ms < $2",
         )
         .bind(&runner_id)
-        .bind(now)
+        .bind(cutoff)
         .execute(&mut *tx.tx)
         .await?;
         if lost.rows_affected() == 0 {
@@ -111,7 +176,17 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ApiError> {
                 _ => ("failed", sandbox.epoch),
             };
             let reason = Some("node_lost");
-            let message = format!("lease of runner {runner_id} expired");
+            let message = if epoch > sandbox.epoch {
+                format!(
+                    "lease of runner {runner_id} expired at {}; epoch {epoch} fences it",
+                    crate::records::rfc3339(expired_at)
+                )
+            } else {
+                format!(
+                    "lease of runner {runner_id} expired at {}",
+                    crate::records::rfc3339(expired_at)
+                )
+            };
             if to == sandbox.state {
                 // Only the placement goes away.
                 sqlx::query("UPDATE sandboxes SET runner_id = NULL WHERE id = $1")
@@ -253,4 +328,26 @@ async fn apply_retention(state: &AppState) -> Result<(), ApiError> {
         tracing::debug!(keys = purged.rows_affected(), "expired idempotency keys");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mass_loss;
+
+    #[test]
+    fn one_lost_runner_is_recovered_but_a_large_share_at_once_is_held() {
+        // One runner of any fleet: a host failure, recovered at once.
+        assert!(!mass_loss(1, 1, 0.5));
+        assert!(!mass_loss(2, 1, 0.5));
+        assert!(!mass_loss(10, 4, 0.5));
+        // Half the fleet or more at once: the control plane is suspect.
+        assert!(mass_loss(2, 2, 0.5));
+        assert!(mass_loss(10, 5, 0.5));
+        assert!(mass_loss(3, 3, 1.0));
+        // The threshold is the operator's: 0.9 tolerates 8 of 10.
+        assert!(!mass_loss(10, 8, 0.9));
+        assert!(mass_loss(10, 9, 0.9));
+        // Above 1 never holds.
+        assert!(!mass_loss(3, 3, 1.01));
+    }
 }

@@ -20,9 +20,11 @@ pub struct RunnerRow {
     pub capacity_pids: i64,
     pub state: String,
     pub lease_expires_at_ms: i64,
+    /// `drain` or `preempt` while the runner is being emptied.
+    pub drain: Option<String>,
 }
 
-pub const RUNNER_COLUMNS: &str = "id, placement_class, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms";
+pub const RUNNER_COLUMNS: &str = "id, placement_class, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms, drain";
 
 impl RunnerRow {
     pub fn from_row(row: &AnyRow) -> Result<RunnerRow, sqlx::Error> {
@@ -37,6 +39,7 @@ impl RunnerRow {
             capacity_pids: row.try_get("capacity_pids")?,
             state: row.try_get("state")?,
             lease_expires_at_ms: row.try_get("lease_expires_at_ms")?,
+            drain: row.try_get("drain")?,
         })
     }
 
@@ -143,7 +146,7 @@ pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sql
     }
     let mut candidates: Vec<&RunnerRow> = runners
         .iter()
-        .filter(|r| r.is_live(now) && needs.missing_on(r).is_empty())
+        .filter(|r| r.is_live(now) && r.drain.is_none() && needs.missing_on(r).is_empty())
         .filter(|r| home_runner.is_none_or(|home| r.id == home))
         .collect();
     let last = sandbox.last_runner_id.as_deref();
@@ -156,7 +159,7 @@ pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sql
     });
     for runner in candidates {
         let locked = sqlx::query(
-            "UPDATE runners SET placements = placements + 1 WHERE id = $1 AND state = 'live' AND lease_expires_at_ms > $2",
+            "UPDATE runners SET placements = placements + 1 WHERE id = $1 AND state = 'live' AND drain IS NULL AND lease_expires_at_ms > $2",
         )
         .bind(&runner.id)
         .bind(now)
@@ -184,13 +187,25 @@ pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sql
         if !fits {
             continue;
         }
+        // The events tell what a recovered (or moved) home comes back from.
+        let message = match (&sandbox.home.root, sandbox.home.saved_at_ms) {
+            (Some(root), Some(saved_at)) if sandbox.storage_class == "durable" => Some(format!(
+                "restoring the home's last completed save, taken at {} (root {})",
+                crate::records::rfc3339(saved_at),
+                root.get(..16).unwrap_or(root)
+            )),
+            (None, _) if sandbox.state == "recovering" => {
+                Some("no save completed yet: the home starts empty".to_owned())
+            }
+            _ => None,
+        };
         let placed = set_sandbox_state(
             tx,
             sandbox,
             Transition {
                 state: "starting",
                 reason: Some("placed"),
-                message: None,
+                message: message.as_deref(),
             },
             Some(&runner.id),
             sandbox.epoch + 1,

@@ -132,7 +132,7 @@ impl Drop for Fleet {
 
 /// Every file under the home with its mode and content hash, for comparing
 /// homes byte for byte.
-const LISTING: &str = "cd /workspace && find . -path ./.cache -prune -o -print | sort | while read -r p; do if [ -L \"$p\" ]; then echo \"$p -> $(readlink \"$p\")\"; elif [ -f \"$p\" ]; then echo \"$p $(stat -c %a \"$p\") $(sha256sum < \"$p\" | cut -c1-16)\"; else echo \"$p/ $(stat -c %a \"$p\")\"; fi; done";
+pub(crate) const LISTING: &str = "cd /workspace && find . -path ./.cache -prune -o -print | sort | while read -r p; do if [ -L \"$p\" ]; then echo \"$p -> $(readlink \"$p\")\"; elif [ -f \"$p\" ]; then echo \"$p $(stat -c %a \"$p\") $(sha256sum < \"$p\" | cut -c1-16)\"; else echo \"$p/ $(stat -c %a \"$p\")\"; fi; done";
 
 const WRITE_HOME: &str = "cd /workspace && mkdir -p src/deep/er notes && printf 'hello\\n' > notes/a.txt \
     && head -c 3000000 /dev/urandom > big.bin && printf '#!/bin/sh\\necho hi\\n' > src/run.sh \

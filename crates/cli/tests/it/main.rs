@@ -5,6 +5,7 @@
 mod commands;
 mod control;
 mod durable;
+mod failover;
 mod harness;
 mod home;
 mod hostile;

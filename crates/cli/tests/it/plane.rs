@@ -274,6 +274,7 @@ impl Api {
 pub struct Plane {
     pub server: Server,
     pub admin: Api,
+    pub admin_token: String,
     pub org: Api,
     pub org_id: String,
     pub runner_token: String,
@@ -286,12 +287,18 @@ impl Plane {
     }
 
     pub async fn start_with(args: &[&str], env: &[(&str, &str)], database: Option<&str>) -> Plane {
-        let tmp = tempfile::tempdir().expect("tempdir");
         let mut all: Vec<&str> = args.to_vec();
         if let Some(database) = database {
             all.extend(["--database", database]);
         }
-        let server = start_server_with(&tmp.path().join("data"), &all, env);
+        Plane::start_listening("127.0.0.1:0", &all, env).await
+    }
+
+    /// A plane whose server listens on `listen` (e.g. `0.0.0.0:0`, for
+    /// runners in other network namespaces).
+    pub async fn start_listening(listen: &str, args: &[&str], env: &[(&str, &str)]) -> Plane {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let server = start_server_listening(&tmp.path().join("data"), listen, args, env);
         let admin_token = server.admin_token.clone().expect("admin token");
         let admin = Api::new(&server.url, &admin_token);
         let (org, org_id) = new_org(&admin, "acme", json!({})).await;
@@ -303,10 +310,36 @@ impl Plane {
             org,
             org_id,
             admin,
+            admin_token,
             runner_token,
             server,
             _tmp: tmp,
         }
+    }
+
+    /// Kills the server (as a crash would) and, after `down`, starts it
+    /// again on the same address and data dir with `args`.
+    pub async fn restart_server(&mut self, down: Duration, args: &[&str]) {
+        let _ = self.server.child.kill();
+        let _ = self.server.child.wait();
+        tokio::time::sleep(down).await;
+        let listen = self
+            .server
+            .url
+            .strip_prefix("http://")
+            .expect("http url")
+            .to_owned();
+        self.server = start_server_listening(&self._tmp.path().join("data"), &listen, args, &[]);
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.server
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port in the server url")
     }
 
     pub async fn runner(&self, name: &str, class: &str, capabilities: &[&str]) -> TestRunner {

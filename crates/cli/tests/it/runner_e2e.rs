@@ -22,6 +22,9 @@ pub(crate) struct RunnerProcess {
     pub(crate) data_dir: PathBuf,
     url: String,
     token: String,
+    /// A network namespace it runs in (its own "host network"), if any.
+    netns: Option<String>,
+    args: Vec<String>,
     logs: Arc<Mutex<Vec<String>>>,
     pub(crate) runner_id: String,
 }
@@ -33,16 +36,50 @@ impl RunnerProcess {
         data_dir: &Path,
         env: &[(&str, &str)],
     ) -> RunnerProcess {
+        RunnerProcess::start_in(url, token, data_dir, env, None, &[])
+    }
+
+    /// Starts the runner inside network namespace `netns` (entered with
+    /// `nsenter --net`, so it shares the host's mounts), with extra
+    /// `roost runner` arguments.
+    pub(crate) fn start_in(
+        url: &str,
+        token: &str,
+        data_dir: &Path,
+        env: &[(&str, &str)],
+        netns: Option<&str>,
+        args: &[&str],
+    ) -> RunnerProcess {
         let logs = Arc::new(Mutex::new(Vec::new()));
-        let (child, runner_id) = spawn(url, token, data_dir, env, &logs);
+        let netns = netns.map(str::to_owned);
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let (child, runner_id) = spawn(url, token, data_dir, env, netns.as_deref(), &args, &logs);
         RunnerProcess {
             child,
             data_dir: data_dir.to_path_buf(),
             url: url.to_owned(),
             token: token.to_owned(),
+            netns,
+            args,
             logs,
             runner_id,
         }
+    }
+
+    /// The runtime's status of a container (`running`, `paused`, …), or
+    /// `None` when it has none by that id.
+    pub(crate) fn container_status(&self, sandbox_id: &str) -> Option<String> {
+        let output = Command::new("runc")
+            .arg(format!("--root={}", self.runtime_root().display()))
+            .args(["state", sandbox_id])
+            .stderr(Stdio::null())
+            .output()
+            .expect("runc state");
+        if !output.status.success() {
+            return None;
+        }
+        let state: Value = serde_json::from_slice(&output.stdout).expect("state json");
+        state["status"].as_str().map(str::to_owned)
     }
 
     /// SIGKILL, as a crash would: no clean-up of any kind.
@@ -54,7 +91,15 @@ impl RunnerProcess {
     /// Kill -9 and start again on the same data dir.
     pub(crate) fn restart(&mut self, env: &[(&str, &str)]) {
         self.kill9();
-        let (child, runner_id) = spawn(&self.url, &self.token, &self.data_dir, env, &self.logs);
+        let (child, runner_id) = spawn(
+            &self.url,
+            &self.token,
+            &self.data_dir,
+            env,
+            self.netns.as_deref(),
+            &self.args,
+            &self.logs,
+        );
         self.child = child;
         self.runner_id = runner_id;
     }
@@ -114,17 +159,27 @@ fn spawn(
     token: &str,
     data_dir: &Path,
     env: &[(&str, &str)],
+    netns: Option<&str>,
+    args: &[String],
     logs: &Arc<Mutex<Vec<String>>>,
 ) -> (Child, String) {
     assert!(
         rustix::process::geteuid().is_root(),
         "the runner's end-to-end tests need root (scripts/test.sh runs them as root)"
     );
-    let mut command = Command::new(BIN);
+    let mut command = match netns {
+        Some(netns) => {
+            let mut command = Command::new("nsenter");
+            command.arg(format!("--net=/run/netns/{netns}")).arg(BIN);
+            command
+        }
+        None => Command::new(BIN),
+    };
     command
         .args(["runner", "--server", url, "--data-dir"])
         .arg(data_dir)
         .args(["--runtime", "runc", "--capacity", "cpus=64,sandboxes=16"])
+        .args(args)
         .env("ROOST_RUNNER_TOKEN", token)
         .env("ROOST_LOG", "info")
         .env("ROOST_LOG_FORMAT", "json")
@@ -288,7 +343,7 @@ pub(crate) async fn sh(api: &Api, sandbox_id: &str, script: &str) -> String {
     stdout
 }
 
-async fn wait_command(api: &Api, sandbox_id: &str, id: &str, state: &str) -> Value {
+pub(crate) async fn wait_command(api: &Api, sandbox_id: &str, id: &str, state: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
         let answer = api

@@ -35,15 +35,34 @@
 //! for that placement, and removes the sandbox's files once it is no longer
 //! assigned. Nothing fenced is retried.
 //!
-//! A runner that cannot renew its lease keeps its sandboxes running:
-//! DESIGN.md §7's freeze before the lease could expire guards against two
-//! writers of one durable home, and this runner runs only `standard`
-//! sandboxes, which the server never places anywhere else.
+//! A runner that cannot renew its lease fences itself (`fence`; DESIGN.md
+//! §7, "never two writers"): once `freeze_after` (from registration: two
+//! thirds of the lease) has passed since it sent the last heartbeat the
+//! server answered, it pauses every running container (the cgroup freezer)
+//! and its workers stop acting. The server's lease runs from when it got
+//! that heartbeat, so the freeze lands at least a heartbeat interval (a
+//! third of the lease) before the lease can expire, and the server places
+//! nothing elsewhere before the lease and its fence margin have passed. A
+//! heartbeat answered in time thaws exactly what was frozen. A heartbeat or
+//! assignments answered `fenced` (the runner was declared lost: everything
+//! it held was failed or moved) kills every container instead (resumed
+//! after the SIGKILL so it lands), and the runner registers again; what is
+//! no longer assigned is then removed as usual. Heartbeats time out after
+//! an interval and the assignments long-poll after 30 s (it waits 25 s),
+//! so a dead link holds neither up.
+//!
+//! # Preemption
+//!
+//! [`run_with_preemption`] passes each notice it is given (`roost runner`:
+//! SIGUSR1, from a cloud's spot-interruption hook) on to the server, which
+//! has the runner stop its durable sandboxes, through the usual
+//! assignments, so that they can be placed elsewhere. The runner carries on.
 
 pub mod dirs;
 pub mod host;
 
 mod command;
+mod fence;
 mod homes;
 mod images;
 mod sandbox;
@@ -55,8 +74,9 @@ use std::time::Duration;
 
 use api::ErrorCode;
 use api::client::{Client, ClientError};
-use api::runners::{Assignments, Capacity, CommandAssignment, RegisterRequest};
-use tokio::sync::watch;
+use api::runners::{Assignments, Capacity, CommandAssignment, PreemptRequest, RegisterRequest};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 use crate::config::{InitProgram, SandboxId};
 use crate::runtime::{Runtime, RuntimeChoice, RuntimeConfig};
@@ -111,6 +131,14 @@ fn overlayfs_available() -> bool {
 const HEARTBEAT_RETRY_MS: u64 = 1_000;
 /// Seconds one assignments long-poll may wait (the server's maximum).
 const ASSIGNMENTS_WAIT_SECONDS: u64 = 25;
+/// Past the long-poll's wait, how long before an unanswered assignments
+/// request counts as lost (a dead link after a partition).
+const ASSIGNMENTS_TIMEOUT_SECONDS: u64 = ASSIGNMENTS_WAIT_SECONDS + 5;
+/// How long one registration attempt may take.
+const REGISTER_TIMEOUT_SECONDS: u64 = 10;
+/// Attempts at passing on a preemption notice, and how long each may take.
+const PREEMPT_ATTEMPTS_MAX: u32 = 5;
+const PREEMPT_TIMEOUT_SECONDS: u64 = 10;
 /// First and longest pause between attempts at a call that failed
 /// transiently (server restarting, connection dropped).
 const RETRY_PAUSE_MIN_MS: u64 = 100;
@@ -232,6 +260,8 @@ pub(crate) struct Shared {
     pub(crate) images: images::Images,
     pub(crate) homes: homes::Homes,
     pub(crate) config: AgentConfig,
+    /// Freezes the sandboxes when the lease cannot be renewed.
+    pub(crate) fence: fence::Fence,
 }
 
 impl Shared {
@@ -287,27 +317,35 @@ impl Shared {
 }
 
 /// Registers (as the runner saved in the data dir, if any) until the server
-/// answers; a permanent refusal (a bad token) is an error.
+/// answers; a permanent refusal (a bad token) is an error. The answer
+/// renews the lease for the fence and sets its `freeze_after`. Returns the
+/// heartbeat interval in ms.
 async fn register(shared: &Shared, request: &RegisterRequest) -> Result<u64, AgentError> {
     let mut backoff = Backoff::new();
     let mut attempts = 0_u32;
-    let registered = loop {
-        match shared.client.runner_register(request).await {
-            Ok(registered) => break registered,
-            Err(err) if err.is_transient() => {
-                attempts += 1;
-                if attempts.is_power_of_two() {
-                    tracing::warn!(%err, "cannot register yet; retrying");
-                }
-                tokio::time::sleep(backoff.next()).await;
-            }
-            Err(source) => {
+    let (registered, sent_at) = loop {
+        let sent_at = Instant::now();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(REGISTER_TIMEOUT_SECONDS),
+            shared.client.runner_register(request),
+        )
+        .await;
+        let err = match answer {
+            Ok(Ok(registered)) => break (registered, sent_at),
+            Ok(Err(err)) if err.is_transient() => err.to_string(),
+            Ok(Err(source)) => {
                 return Err(AgentError::Register {
                     url: shared.config.server_url.clone(),
                     source,
                 });
             }
+            Err(_elapsed) => format!("no answer within {REGISTER_TIMEOUT_SECONDS} s"),
+        };
+        attempts += 1;
+        if attempts.is_power_of_two() {
+            tracing::warn!(%err, "cannot register yet; retrying");
         }
+        tokio::time::sleep(backoff.next()).await;
     };
     if request.runner_id.as_deref() != Some(registered.runner_id.as_str()) {
         if let Some(saved) = &request.runner_id
@@ -321,7 +359,15 @@ async fn register(shared: &Shared, request: &RegisterRequest) -> Result<u64, Age
         shared.data.save_runner_id(&registered.runner_id)?;
     }
     shared.set_runner_id(&registered.runner_id);
-    tracing::info!(runner_id = %registered.runner_id, lease_ttl_ms = registered.lease_ttl_ms, "registered");
+    let freeze_after_ms = match registered.freeze_after_ms {
+        // Not given: the server's own rule.
+        0 => registered.lease_ttl_ms * 2 / 3,
+        ms => ms,
+    };
+    shared
+        .fence
+        .registered(sent_at, Duration::from_millis(freeze_after_ms));
+    tracing::info!(runner_id = %registered.runner_id, lease_ttl_ms = registered.lease_ttl_ms, freeze_after_ms, "registered");
     Ok(registered.heartbeat_interval_ms.max(100))
 }
 
@@ -345,7 +391,18 @@ pub async fn run(
     config: AgentConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), AgentError> {
-    run_with(config, shutdown, |_| {}).await
+    run_agent(config, shutdown, |_| {}, None).await
+}
+
+/// [`run`] for a host that may be preempted: each message on `notices` is
+/// a preemption notice (`roost runner` turns SIGUSR1 into one), passed on
+/// to the server; the runner carries on.
+pub async fn run_with_preemption(
+    config: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+    notices: mpsc::Receiver<()>,
+) -> Result<(), AgentError> {
+    run_agent(config, shutdown, |_| {}, Some(notices)).await
 }
 
 /// [`run`], calling `on_registered` with the runner id once the first
@@ -355,6 +412,15 @@ pub async fn run_with(
     config: AgentConfig,
     shutdown: impl std::future::Future<Output = ()>,
     on_registered: impl FnOnce(&str),
+) -> Result<(), AgentError> {
+    run_agent(config, shutdown, on_registered, None).await
+}
+
+async fn run_agent(
+    config: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+    on_registered: impl FnOnce(&str),
+    preemption_notices: Option<mpsc::Receiver<()>>,
 ) -> Result<(), AgentError> {
     if !rustix::process::geteuid().is_root() {
         // The OCI config is not rootless: every create would fail later,
@@ -385,6 +451,7 @@ pub async fn run_with(
     let shared = Arc::new(Shared {
         client: Client::new(&config.server_url, &config.token),
         runner_id: Mutex::new(saved),
+        fence: fence::Fence::new(data.root().join("fence.json")),
         runtime,
         data,
         images,
@@ -418,26 +485,44 @@ pub async fn run_with(
                 let request = api::runners::HeartbeatRequest {
                     runner_id: shared.runner_id(),
                 };
-                match shared.client.runner_heartbeat(&request).await {
-                    Ok(_) => {}
-                    Err(err) if err.code() == Some(ErrorCode::Fenced) => {
-                        tracing::warn!(%err, "lease lost; registering again");
+                // The lease runs from when the server got it: measuring
+                // from the send errs on the early side.
+                let sent_at = Instant::now();
+                // A hung connection (after a partition) must not hold the
+                // beats up: a lease lasts three intervals.
+                let answer = tokio::time::timeout(
+                    Duration::from_millis(heartbeat_ms),
+                    shared.client.runner_heartbeat(&request),
+                )
+                .await;
+                let err = match answer {
+                    Ok(Ok(_)) => {
+                        shared.fence.renewed(sent_at);
+                        continue;
+                    }
+                    Ok(Err(err)) if err.code() == Some(ErrorCode::Fenced) => {
                         let _guard = registration.lock().await;
-                        let request = register_request(&shared);
-                        heartbeat_ms = register(&shared, &request).await?;
-                        pause_ms = heartbeat_ms;
+                        if fence::fenced(&shared, sent_at).await {
+                            tracing::warn!(%err, "lease lost; registering again");
+                            let request = register_request(&shared);
+                            heartbeat_ms = register(&shared, &request).await?;
+                            pause_ms = heartbeat_ms;
+                        }
+                        continue;
                     }
-                    Err(err) => {
-                        // Try again soon: a lease lasts three intervals.
-                        pause_ms = HEARTBEAT_RETRY_MS.min(heartbeat_ms);
-                        tracing::warn!(%err, "heartbeat failed; the lease runs out unless one gets through");
-                    }
-                }
+                    Ok(Err(err)) => err.to_string(),
+                    Err(_elapsed) => format!("no answer within {heartbeat_ms} ms"),
+                };
+                // Try again soon: the fence freezes unless one gets through.
+                pause_ms = HEARTBEAT_RETRY_MS.min(heartbeat_ms);
+                tracing::warn!(%err, "heartbeat failed; the sandboxes freeze unless one gets through");
             }
         };
         tokio::select! {
             result = assignments => result,
             result = heartbeats => result,
+            () = fence::watch(&shared) => Ok(()),
+            () = preemption(&shared, preemption_notices) => Ok(()),
             () = &mut shutdown => Ok(()),
         }
     };
@@ -448,6 +533,51 @@ pub async fn run_with(
     }
     tracing::info!("runner stopped; sandboxes keep running and are re-adopted at the next start");
     result
+}
+
+/// Passes each preemption notice on to the server; never ends.
+async fn preemption(shared: &Shared, notices: Option<mpsc::Receiver<()>>) {
+    if let Some(mut notices) = notices {
+        while notices.recv().await.is_some() {
+            notify_preemption(shared).await;
+        }
+    }
+    std::future::pending::<()>().await
+}
+
+/// Tells the server this host is being preempted, retrying transient
+/// failures a few times. The server then has the durable sandboxes stopped
+/// here (through the assignments) and placed elsewhere.
+async fn notify_preemption(shared: &Shared) {
+    let request = PreemptRequest {
+        runner_id: shared.runner_id(),
+    };
+    tracing::warn!(runner_id = %request.runner_id, "preemption notice: telling the server this host is going away");
+    let mut backoff = Backoff::new();
+    for attempt in 1..=PREEMPT_ATTEMPTS_MAX {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(PREEMPT_TIMEOUT_SECONDS),
+            shared.client.runner_preempt(&request),
+        )
+        .await;
+        let err = match answer {
+            Ok(Ok(runner)) => {
+                tracing::info!(runner_id = %runner.id, drain = ?runner.drain, sandboxes = runner.sandboxes, "the server has the preemption notice; it moves this runner's durable sandboxes elsewhere");
+                return;
+            }
+            Ok(Err(err)) if !err.is_transient() => {
+                tracing::warn!(%err, "the server refused the preemption notice");
+                return;
+            }
+            Ok(Err(err)) => err.to_string(),
+            Err(_elapsed) => format!("no answer within {PREEMPT_TIMEOUT_SECONDS} s"),
+        };
+        tracing::warn!(%err, attempt, "passing on the preemption notice failed");
+        if attempt < PREEMPT_ATTEMPTS_MAX {
+            tokio::time::sleep(backoff.next()).await;
+        }
+    }
+    tracing::warn!("gave up passing on the preemption notice; the runner carries on");
 }
 
 /// One sandbox's worker, as the assignments loop holds it.
@@ -466,30 +596,38 @@ async fn assignments_loop(
     let mut backoff = Backoff::new();
     loop {
         let runner_id = shared.runner_id();
-        let answer = shared
-            .client
-            .runner_assignments(&runner_id, &etag, ASSIGNMENTS_WAIT_SECONDS)
-            .await;
-        match answer {
-            Ok(assignments) => {
+        let sent_at = Instant::now();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(ASSIGNMENTS_TIMEOUT_SECONDS),
+            shared
+                .client
+                .runner_assignments(&runner_id, &etag, ASSIGNMENTS_WAIT_SECONDS),
+        )
+        .await;
+        let err = match answer {
+            Ok(Ok(assignments)) => {
                 backoff = Backoff::new();
                 etag = assignments.etag.clone();
                 dispatch(shared, assignments, workers, first)?;
                 first = false;
+                continue;
             }
-            Err(err) if err.code() == Some(ErrorCode::Fenced) => {
-                tracing::warn!(%err, "the server no longer counts this runner live; registering again");
+            Ok(Err(err)) if err.code() == Some(ErrorCode::Fenced) => {
                 let _guard = registration.lock().await;
-                let request = register_request(shared);
-                register(shared, &request).await?;
+                if fence::fenced(shared, sent_at).await {
+                    tracing::warn!(%err, "the server no longer counts this runner live; registering again");
+                    let request = register_request(shared);
+                    register(shared, &request).await?;
+                }
                 etag.clear();
+                continue;
             }
-            Err(err) => {
-                let pause = backoff.next();
-                tracing::warn!(%err, pause_ms = pause.as_millis() as u64, "cannot read assignments; retrying");
-                tokio::time::sleep(pause).await;
-            }
-        }
+            Ok(Err(err)) => err.to_string(),
+            Err(_elapsed) => format!("no answer within {ASSIGNMENTS_TIMEOUT_SECONDS} s"),
+        };
+        let pause = backoff.next();
+        tracing::warn!(%err, pause_ms = pause.as_millis() as u64, "cannot read assignments; retrying");
+        tokio::time::sleep(pause).await;
     }
 }
 

@@ -3,7 +3,9 @@
 //! states ([`decide`]), acts, and reports what it then observes, with the
 //! placement's epoch. Passes run when the assignment changes, when the
 //! container's init dies (a watcher on its pidfd), after a failed step (with
-//! a backoff) and every [`RESYNC_SECONDS`] regardless.
+//! a backoff) and every [`RESYNC_SECONDS`] regardless. While the runner is
+//! frozen (it cannot renew its lease, see `fence`) no pass runs: a pass
+//! would resume what the freeze paused. A thaw runs a fresh pass at once.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -272,11 +274,30 @@ pub(crate) async fn run(
         saver: None,
         snapshots: HashMap::new(),
     };
+    let mut frozen = worker.shared.fence.subscribe();
     let mut backoff = Backoff::new();
     // Whether the next pass must ask the runtime (not the first, after a
     // timer or a death, or when the sandbox's own assignment changed).
     let mut fresh = true;
     loop {
+        if *frozen.borrow_and_update() {
+            // Nothing is done while frozen, not even a removal; the
+            // assignment is read again after the thaw.
+            tokio::select! {
+                changed = frozen.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                changed = assigned.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+            fresh = true;
+            continue;
+        }
         let current = assigned.borrow_and_update().clone();
         let Some(current) = current else {
             worker.leave().await;
@@ -310,6 +331,11 @@ pub(crate) async fn run(
                 }
                 let next = assigned.borrow();
                 fresh = next.as_ref().is_none_or(|next| next.sandbox != current.sandbox);
+            }
+            changed = frozen.changed() => {
+                if changed.is_err() {
+                    return;
+                }
             }
             () = watcher => {
                 worker.watcher = None;
@@ -494,6 +520,11 @@ impl Worker {
             Step::Transient(err) => {
                 tracing::debug!(sandbox_id = %self.id, %err, "report failed; retrying");
                 Next::Retry
+            }
+            Step::Frozen => {
+                // The loop waits for the thaw, then runs a fresh pass.
+                tracing::debug!(sandbox_id = %self.id, "the runner froze; step skipped");
+                Next::Idle
             }
             Step::Refused(Refusal::Fenced(message)) => {
                 self.fenced(sandbox.epoch, &message).await;
@@ -680,7 +711,13 @@ impl Worker {
             }
             Err(err) => return Err(Step::Local(err)),
         }
-        match self.shared.runtime.launch(&config).await {
+        let launched = {
+            let Some(_thawed) = self.shared.fence.thawed().await else {
+                return Err(Step::Frozen);
+            };
+            self.shared.runtime.launch(&config).await
+        };
+        match launched {
             Ok(handle) => {
                 self.handle = handle;
                 self.launched_epoch = Some(sandbox.epoch);
@@ -712,12 +749,18 @@ impl Worker {
     }
 
     async fn start(&mut self, sandbox: &SandboxAssignment) -> Result<(), Step> {
+        let Some(_thawed) = self.shared.fence.thawed().await else {
+            return Err(Step::Frozen);
+        };
         self.handle.start().await.map_err(Step::Local)?;
         self.launched_epoch = Some(sandbox.epoch);
         Ok(())
     }
 
     async fn resume(&mut self, _sandbox: &SandboxAssignment) -> Result<(), Step> {
+        let Some(_thawed) = self.shared.fence.thawed().await else {
+            return Err(Step::Frozen);
+        };
         self.handle.resume().await.map_err(Step::Local)
     }
 
@@ -987,6 +1030,8 @@ enum Step {
     /// The server could not be reached.
     Transient(api::client::ClientError),
     Refused(Refusal),
+    /// The runner froze (it cannot renew its lease): nothing may start.
+    Frozen,
 }
 
 /// A sandbox this runner cannot run as asked: reported `failed`.

@@ -11,7 +11,7 @@ use api::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse};
 
 const ORG_NAME_BYTES_MAX: usize = 64;
 
-fn require_admin(caller: &Caller) -> Result<(), ApiError> {
+pub(crate) fn require_admin(caller: &Caller) -> Result<(), ApiError> {
     match caller.0 {
         Principal::Admin => Ok(()),
         // Admin resources do not exist for anyone else.

@@ -4,6 +4,7 @@
 pub(crate) mod admin;
 pub(crate) mod blocks;
 pub mod commands;
+pub(crate) mod drain;
 pub(crate) mod homes;
 pub(crate) mod images;
 pub(crate) mod meta;
@@ -50,6 +51,9 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/admin/orgs", post(admin::create_org))
         .route("/v1/admin/runner-tokens", post(admin::create_runner_token))
+        .route("/v1/admin/runners", get(drain::list))
+        .route("/v1/admin/runners/{id}/{action}", post(drain::admin_action))
+        .route("/v1/runner/preempt", post(drain::runner_preempt))
         .route(
             "/v1/admin/sandboxes/{id}/quarantine",
             post(admin::quarantine).delete(admin::release_quarantine),

@@ -125,6 +125,7 @@ pub async fn register(
             runner_id,
             lease_ttl_ms: lease_ms as u64,
             heartbeat_interval_ms: (lease_ms / 3) as u64,
+            freeze_after_ms: crate::freeze_after(state.config.lease_ttl).as_millis() as u64,
         }),
     ))
 }
@@ -210,7 +211,7 @@ pub async fn assignments(
 /// nothing.
 async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignments, ApiError> {
     let mut tx = state.db.write().await?;
-    live_runner(&mut tx, runner_id).await?;
+    let runner = live_runner(&mut tx, runner_id).await?;
     let handed = sqlx::query(
         "UPDATE commands SET state = 'starting', epoch = (SELECT epoch FROM sandboxes s WHERE s.id = commands.sandbox_id)
          WHERE state = 'queued' AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1 AND state = 'running' AND desired = 'running') RETURNING id",
@@ -253,7 +254,7 @@ async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignmen
                 sandbox_id: s.id.clone(),
                 org_id: s.org_id.clone(),
                 epoch: s.epoch as u64,
-                desired: s.desired.clone(),
+                desired: super::drain::desired_on(&s, runner.drain.as_deref()),
                 state: s.state.clone(),
                 image: s.image.clone(),
                 image_root: s.image_root.clone(),
@@ -350,11 +351,12 @@ pub async fn report_sandbox(
         m
     });
     let mut tx = state.db.write().await?;
-    live_runner(&mut tx, &report.runner_id).await?;
+    let runner = live_runner(&mut tx, &report.runner_id).await?;
     let row = load_sandbox(&mut tx, &id)
         .await?
         .ok_or_else(|| not_found("sandbox"))?;
     check_placement(&row, &report.runner_id, report.epoch)?;
+    let drain_reason = super::drain::drain_reason(&row, &report.state, runner.drain.as_deref());
     if row.state != report.state {
         if !report_allowed(&row, &report.state) {
             return Err(ApiError::new(
@@ -366,10 +368,11 @@ pub async fn report_sandbox(
             ));
         }
         // A deleted sandbox no longer holds anything on its runner.
+        let runner_drain = runner.drain.clone();
         let runner = (report.state != "deleted").then_some(report.runner_id.as_str());
         let to = Transition {
             state: &report.state,
-            reason: report.reason.as_deref(),
+            reason: drain_reason.or(report.reason.as_deref()),
             message: message.as_deref(),
         };
         if !set_sandbox_state(&mut tx, &row, to, runner, row.epoch).await? {
@@ -380,6 +383,12 @@ pub async fn report_sandbox(
         }
         if report.state == "deleted" {
             tx.changed(&format!("runner:{}", report.runner_id)).await?;
+        }
+        if report.state == "stopped"
+            && drain_reason.is_some()
+            && let Some(drain) = &runner_drain
+        {
+            super::drain::move_off(&mut tx, &id, drain).await?;
         }
     }
     let record = load_sandbox(&mut tx, &id)
