@@ -139,17 +139,6 @@ const WRITE_HOME: &str = "cd /workspace && mkdir -p src/deep/er notes && printf 
     && chmod 0750 src/run.sh && chmod 0700 notes && ln -s notes/a.txt link \
     && echo deep > src/deep/er/f && mkdir -p __pycache__ && echo junk > __pycache__/x.pyc";
 
-async fn wait_runner_lost(api: &Api, sandbox_id: &str) {
-    assert!(
-        eventually(Duration::from_secs(20), || async {
-            let sandbox = api.get(&format!("/v1/sandboxes/{sandbox_id}")).await.body;
-            sandbox["runner_id"].is_null()
-        })
-        .await,
-        "the lost runner's placement was not released"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_durable_home_is_secured_on_stop_and_wakes_on_another_runner() {
     let mut fleet = Fleet::start(&[]).await;
@@ -188,11 +177,18 @@ async fn a_durable_home_is_secured_on_stop_and_wakes_on_another_runner() {
     assert_eq!(states[securing - 1], "stopping", "{states:?}");
     assert_eq!(states[securing + 1], "stopped", "{states:?}");
 
-    // The host goes away for good; another wakes the home from the store.
-    fleet.destroy(first);
+    // The first runner is drained (maintenance): the start lands on
+    // another, which wakes the home from the store.
     let second = fleet.runner("b");
     let api = fleet.api();
-    wait_runner_lost(api, &id).await;
+    let first_id = fleet.runners[first].runner_id.clone();
+    let drained = fleet
+        .plane
+        .admin
+        .post(&format!("/v1/admin/runners/{first_id}/drain"), json!({}))
+        .await;
+    assert_eq!(drained.status, 200, "{drained:?}");
+    assert_eq!(drained.body["drain"], "drain", "{drained:?}");
     assert_eq!(
         api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
             .await

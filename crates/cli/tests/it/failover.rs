@@ -496,7 +496,9 @@ async fn a_cut_off_runner_freezes_before_its_lease_could_expire_and_thaws_with_n
     // A long lease leaves room to heal after the freeze and before expiry.
     let mut cluster = Cluster::start(&["--lease-ttl", "15s"]).await;
     let host = cluster.host("a", "on_demand");
-    let id = cluster.create(json!({})).await;
+    let id = cluster
+        .create(json!({"storage_class": "durable", "save_interval_s": 1}))
+        .await;
     let api = cluster.api();
     let ticker = start_command(api, &id, TICKER).await;
     let ticks = cluster.hosts[host]
@@ -531,6 +533,15 @@ async fn a_cut_off_runner_freezes_before_its_lease_could_expire_and_thaws_with_n
     let size = std::fs::metadata(&ticks).expect("ticks").len();
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(std::fs::metadata(&ticks).expect("ticks").len(), size);
+    // No save gets through: the record says saving is behind.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            cluster.get(&id).await["save"]["state"] == "delayed"
+        })
+        .await,
+        "{}",
+        cluster.get(&id).await
+    );
 
     cluster.hosts[host].link.heal();
     let api = cluster.api();
@@ -551,6 +562,8 @@ async fn a_cut_off_runner_freezes_before_its_lease_could_expire_and_thaws_with_n
     assert_eq!(sandbox["epoch"], epoch, "{sandbox}");
     assert_eq!(command(api, &id, &ticker).await["state"], "running");
     assert_eq!(cluster.runner_record(host).await["state"], "live");
+    let saved = cluster.wait_saved(&id).await;
+    assert_eq!(saved["save"]["state"], "ok", "{saved}");
     let events = cluster.events(&id).await;
     assert!(
         events
