@@ -626,8 +626,24 @@ async fn a_partitioned_runner_is_replaced_and_fenced_and_nothing_it_wrote_after_
     )
     .expect("json");
     assert_eq!(fence["state"], "fenced", "{fence}");
-    // Its late save, had one got through, is refused: the home the new
-    // copy runs on, and every later save of it, end before the fence.
+    // A late save of the old placement, as the old runner would send it
+    // (of a root the store holds: only the placement can refuse it), is
+    // refused with `fenced` (the placement below is unchanged).
+    let before_late = cluster.get(&id).await;
+    let late = Api::new(&cluster.plane.server.url, &cluster.plane.runner_token)
+        .post(
+            &format!("/v1/runner/sandboxes/{id}/saves"),
+            json!({
+                "runner_id": cluster.runner_id(old),
+                "epoch": recovered["epoch"].as_u64().expect("epoch") - 1,
+                "outcome": "completed",
+                "root": before_late["save"]["root"],
+            }),
+        )
+        .await;
+    late.assert_error(409, "fenced");
+    // The home the new copy runs on, and every later save of it, end
+    // before the fence.
     let api = cluster.api();
     cluster.wait_saved(&id).await;
     let ticks = sh(api, &id, "cat /workspace/ticks").await;
