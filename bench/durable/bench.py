@@ -72,16 +72,17 @@ class Bench:
     def json(self, *args):
         return json.loads(self.roost(*args, "--json"))
 
-    def start_server(self):
+    def start_server(self, lease=("--lease-ttl", "3s")):
         data = self.work / "server"
         proc = subprocess.Popen(
             [str(BIN), "server", "--listen", "127.0.0.1:0", "--data-dir", str(data),
-             "--store", str(self.work / "store"), "--lease-ttl", "3s", "--save-interval-min", "1s"],
+             "--store", str(self.work / "store"), *lease, "--save-interval-min", "1s"],
             stdout=subprocess.PIPE, stderr=open(self.work / "server.log", "w"), text=True)
         self.procs.append(proc)
         url = proc.stdout.readline().split()[-1]
         admin = proc.stdout.readline().split()[-1]
         self.env.update(ROOST_URL=url, ROOST_TOKEN=admin)
+        self.admin_token = admin
         org = self.json("admin", "org", "create", "bench")
         runner_token = self.json("admin", "runner-token")["token"]
         self.env["ROOST_TOKEN"] = org["token"]

@@ -48,21 +48,7 @@ LEASE_S, MARGIN_S = 9, 1
 
 class Bench(durable.Bench):
     def start_server(self):
-        data = self.work / "server"
-        proc = subprocess.Popen(
-            [str(BIN), "server", "--listen", "127.0.0.1:0", "--data-dir", str(data),
-             "--store", str(self.work / "store"), "--lease-ttl", f"{LEASE_S}s",
-             "--fence-margin", f"{MARGIN_S}s", "--save-interval-min", "1s"],
-            stdout=subprocess.PIPE, stderr=open(self.work / "server.log", "w"), text=True)
-        self.procs.append(proc)
-        url = proc.stdout.readline().split()[-1]
-        admin = proc.stdout.readline().split()[-1]
-        self.env.update(ROOST_URL=url, ROOST_TOKEN=admin)
-        org = self.json("admin", "org", "create", "bench")
-        self.runner_token = self.json("admin", "runner-token")["token"]
-        self.admin_token = admin
-        self.env["ROOST_TOKEN"] = org["token"]
-        self.url = url
+        super().start_server(lease=("--lease-ttl", f"{LEASE_S}s", "--fence-margin", f"{MARGIN_S}s"))
 
     def start_host(self, name):
         data = self.work / name

@@ -255,6 +255,17 @@ impl Cluster {
         events.body["events"].as_array().expect("events").clone()
     }
 
+    /// The sandbox's history has a `state` event with `reason`.
+    async fn assert_event(&self, id: &str, state: &str, reason: &str) {
+        let events = self.events(id).await;
+        assert!(
+            events
+                .iter()
+                .any(|e| e["state"] == state && e["reason"] == reason),
+            "no {state} ({reason}) event: {events:#?}"
+        );
+    }
+
     /// The runner's record as the control plane sees it.
     async fn runner_record(&self, host: usize) -> Value {
         let id = self.runner_id(host);
@@ -803,13 +814,7 @@ async fn preemption_and_drain_move_durable_sandboxes_without_losing_finished_wor
         .await;
     let api = cluster.api();
     assert_eq!(sh(api, &id, LISTING).await, before);
-    let events = cluster.events(&id).await;
-    assert!(
-        events
-            .iter()
-            .any(|e| e["state"] == "securing" && e["reason"] == "preempted"),
-        "{events:#?}"
-    );
+    cluster.assert_event(&id, "securing", "preempted").await;
     let listed = cluster.admin_cli(&["runner", "list", "--json"]);
     assert!(listed.status.success(), "{listed:?}");
     let runners: Value = serde_json::from_slice(&listed.stdout).expect("json");
@@ -844,13 +849,9 @@ async fn preemption_and_drain_move_durable_sandboxes_without_losing_finished_wor
         .await;
     let api = cluster.api();
     assert_eq!(sh(api, &id, LISTING).await, before);
-    let events = cluster.events(&id).await;
-    assert!(
-        events
-            .iter()
-            .any(|e| e["state"] == "pending" && e["reason"] == "runner_draining"),
-        "{events:#?}"
-    );
+    cluster
+        .assert_event(&id, "pending", "runner_draining")
+        .await;
     // With the only on-demand runner drained, non_preemptible work waits:
     // it never lands on the spot runner.
     let pinned = api
