@@ -90,14 +90,22 @@ async fn hold_for_mass_loss(
     expired: usize,
     now: i64,
 ) -> Result<bool, ApiError> {
-    let mut tx = state.db.write().await?;
     if !mass_loss(live, expired, state.config.mass_loss_threshold) {
-        sqlx::query("DELETE FROM lease_hold WHERE id = 'fleet'")
-            .execute(&mut *tx.tx)
-            .await?;
-        tx.commit().await?;
+        // Most passes: no hold to end, and no write to take.
+        let hold: Option<(i64,)> =
+            sqlx::query_as("SELECT since_ms FROM lease_hold WHERE id = 'fleet'")
+                .fetch_optional(&state.db.pool)
+                .await?;
+        if hold.is_some() {
+            let mut tx = state.db.write().await?;
+            sqlx::query("DELETE FROM lease_hold WHERE id = 'fleet'")
+                .execute(&mut *tx.tx)
+                .await?;
+            tx.commit().await?;
+        }
         return Ok(false);
     }
+    let mut tx = state.db.write().await?;
     sqlx::query(
         "INSERT INTO lease_hold (id, since_ms) VALUES ('fleet', $1) ON CONFLICT (id) DO NOTHING",
     )
