@@ -6,13 +6,37 @@
 //! [`RemoteBackend`] is a `store::backend::Backend` over this service, so
 //! the store engine's upload and materialise run unchanged against it.
 //! It offers objects only (put, get, exists); home pointers are committed
-//! by the server, which alone can take the store's commit lock.
+//! by the server, which alone can take the store's commit lock. Its
+//! `put_batch` sends many objects per request (`POST …/batch`, the body
+//! format below).
+//!
+//! # Batch body
+//!
+//! `POST /v1/blocks/{org}/batch` carries a sequence of frames, with
+//! nothing before, between or after them:
+//!
+//! ```text
+//! frame  = header data
+//! header = kind "/" hex " " length "\n"     (ASCII, at most 96 bytes)
+//! kind   = "blocks" | "trees"
+//! hex    = 64 lowercase hex digits: the digest of the plain content
+//! length = 1 to 10 decimal digits: the byte count of data
+//! data   = the object's stored (framed, compressed) bytes, exactly what
+//!          PUT /v1/blocks/{org}/{kind}/{hex} would carry
+//! ```
+//!
+//! At most [`BATCH_OBJECTS_MAX`] frames and [`BATCH_BODY_BYTES_MAX`] bytes.
+//! The server stores the objects in the order given, so a tree may follow
+//! the children it names in the same batch.
+
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use store::Digest;
 use store::backend::{Backend, ObjectMeta};
-use store::store::{KeyKind, ObjectKind, parse_key};
+use store::store::{KeyKind, ObjectId, ObjectKind, parse_key};
 
 use crate::client::{Client, ClientError};
 
@@ -38,6 +62,123 @@ pub fn object_name(kind: ObjectKind, hex: &str) -> String {
     }
 }
 
+/// Largest batch body: the single-object body limit, so any object whose
+/// PUT fits fits a batch alone but for its header.
+pub const BATCH_BODY_BYTES_MAX: usize = 9 * 1024 * 1024;
+/// Most objects in one batch.
+pub const BATCH_OBJECTS_MAX: usize = 1024;
+/// Longest frame header: `trees/` + 64 hex + ` ` + 10 digits + `\n` is 82.
+const BATCH_HEADER_BYTES_MAX: usize = 96;
+const BATCH_LENGTH_DIGITS_MAX: usize = 10;
+
+/// A frame's header for an object of `stored_len` stored bytes.
+pub fn batch_header(object: &ObjectId, stored_len: usize) -> String {
+    format!(
+        "{} {stored_len}\n",
+        object_name(object.kind, &object.digest.to_hex())
+    )
+}
+
+/// One object of a batch body: what it claims to be, and where its stored
+/// bytes are in the body. Nothing here is verified against the digest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchObject {
+    pub object: ObjectId,
+    pub data: Range<usize>,
+}
+
+/// Why a batch body is not a sequence of frames (objects counted from 0).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BatchFormatError {
+    #[error("object {index}: the body ends inside its header")]
+    TruncatedHeader { index: usize },
+    #[error(
+        "object {index}: malformed header {header:?}: expected \"{{blocks|trees}}/HEX LENGTH\\n\""
+    )]
+    MalformedHeader { index: usize, header: String },
+    #[error("object {index}: unknown object kind {kind:?} (blocks or trees)")]
+    UnknownKind { index: usize, kind: String },
+    #[error("object {index}: {hex:?} is not a 64-digit lowercase hex digest")]
+    InvalidDigest { index: usize, hex: String },
+    #[error("object {index}: the body ends {missing} bytes short of its length {length}")]
+    TruncatedData {
+        index: usize,
+        length: usize,
+        missing: usize,
+    },
+    #[error("more than {BATCH_OBJECTS_MAX} objects")]
+    TooManyObjects,
+}
+
+/// Splits a batch body into its frames (see the module documentation),
+/// refusing anything else: a body that ends inside a frame, a header that
+/// is not exactly `kind/hex length\n`, more than [`BATCH_OBJECTS_MAX`].
+pub fn parse_batch(body: &[u8]) -> Result<Vec<BatchObject>, BatchFormatError> {
+    let mut objects = Vec::new();
+    let mut at = 0;
+    while at < body.len() {
+        let index = objects.len();
+        if index == BATCH_OBJECTS_MAX {
+            return Err(BatchFormatError::TooManyObjects);
+        }
+        let rest = &body[at..];
+        let window = &rest[..rest.len().min(BATCH_HEADER_BYTES_MAX)];
+        let Some(end) = window.iter().position(|&b| b == b'\n') else {
+            if rest.len() < BATCH_HEADER_BYTES_MAX {
+                return Err(BatchFormatError::TruncatedHeader { index });
+            }
+            return Err(BatchFormatError::MalformedHeader {
+                index,
+                header: String::from_utf8_lossy(window).into_owned(),
+            });
+        };
+        let header = &window[..end];
+        let malformed = || BatchFormatError::MalformedHeader {
+            index,
+            header: String::from_utf8_lossy(header).into_owned(),
+        };
+        let text = std::str::from_utf8(header).map_err(|_| malformed())?;
+        let (name, length) = text.split_once(' ').ok_or_else(malformed)?;
+        let (kind, hex) = name.split_once('/').ok_or_else(malformed)?;
+        if length.is_empty()
+            || length.len() > BATCH_LENGTH_DIGITS_MAX
+            || !length.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(malformed());
+        }
+        let length: usize = length.parse().map_err(|_| malformed())?;
+        let digest: Digest = hex.parse().map_err(|_| BatchFormatError::InvalidDigest {
+            index,
+            hex: hex.chars().take(80).collect(),
+        })?;
+        let object = match kind {
+            "blocks" => ObjectId::block(digest),
+            "trees" => ObjectId::tree(digest),
+            _ => {
+                return Err(BatchFormatError::UnknownKind {
+                    index,
+                    kind: kind.chars().take(80).collect(),
+                });
+            }
+        };
+        let start = at + end + 1;
+        let available = body.len() - start;
+        if length > available {
+            return Err(BatchFormatError::TruncatedData {
+                index,
+                length,
+                missing: length - available,
+            });
+        }
+        objects.push(BatchObject {
+            object,
+            data: start..start + length,
+        });
+        at = start + length;
+    }
+    Ok(objects)
+}
+
 /// A `Backend` that reaches one org's objects through the block service.
 /// Its methods block: call them from plain threads (rayon's, or
 /// `spawn_blocking`), never from async code.
@@ -53,14 +194,38 @@ impl RemoteBackend {
     }
 
     fn object(&self, op: &'static str, key: &str) -> store::Result<(String, String)> {
+        let (org, object) = self.object_id(op, key)?;
+        Ok((org, object_name(object.kind, &object.digest.to_hex())))
+    }
+
+    fn object_id(&self, op: &'static str, key: &str) -> store::Result<(String, ObjectId)> {
         match parse_key(key) {
-            Some(KeyKind::Object { org, object }) => Ok((
-                org.to_string(),
-                object_name(object.kind, &object.digest.to_hex()),
-            )),
+            Some(KeyKind::Object { org, object }) => Ok((org.to_string(), object)),
             _ => Err(unsupported(op, key)),
         }
     }
+
+    /// Sends the batch being built, if it holds anything, and empties it.
+    fn send_batch(&self, batch: &mut PendingBatch) -> store::Result<()> {
+        if batch.objects == 0 {
+            return Ok(());
+        }
+        let body = std::mem::take(&mut batch.body);
+        batch.objects = 0;
+        self.runtime
+            .block_on(self.client.put_objects(&batch.org, body))
+            .map_err(|e| backend_error("put", &batch.first_key, e))
+    }
+}
+
+/// A batch body being built by [`RemoteBackend::put_batch`].
+#[derive(Default)]
+struct PendingBatch {
+    org: String,
+    body: Vec<u8>,
+    objects: usize,
+    /// Named in errors.
+    first_key: String,
 }
 
 fn unsupported(op: &'static str, key: &str) -> store::Error {
@@ -85,6 +250,39 @@ impl Backend for RemoteBackend {
         self.runtime
             .block_on(self.client.put_object(&org, &name, data.to_vec()))
             .map_err(|e| backend_error("put", key, e))
+    }
+
+    /// One request per run of objects that fits [`BATCH_BODY_BYTES_MAX`]
+    /// and [`BATCH_OBJECTS_MAX`], sent one after the other so the order
+    /// holds across requests too; an object too large for any batch goes
+    /// alone through the single PUT, in its place.
+    fn put_batch(&self, objects: &[(String, &[u8])]) -> store::Result<()> {
+        let mut batch = PendingBatch::default();
+        for (key, data) in objects {
+            let (org, object) = self.object_id("put", key)?;
+            let header = batch_header(&object, data.len());
+            let frame_bytes = header.len() + data.len();
+            if frame_bytes > BATCH_BODY_BYTES_MAX {
+                self.send_batch(&mut batch)?;
+                self.put(key, data)?;
+                continue;
+            }
+            if batch.org != org
+                || batch.objects == BATCH_OBJECTS_MAX
+                || batch.body.len() + frame_bytes > BATCH_BODY_BYTES_MAX
+            {
+                self.send_batch(&mut batch)?;
+            }
+            if batch.objects == 0 {
+                batch.org = org;
+                batch.first_key.clone_from(key);
+            }
+            batch.body.reserve(frame_bytes);
+            batch.body.extend_from_slice(header.as_bytes());
+            batch.body.extend_from_slice(data);
+            batch.objects += 1;
+        }
+        self.send_batch(&mut batch)
     }
 
     fn put_durable(&self, key: &str, _data: &[u8]) -> store::Result<()> {
@@ -136,5 +334,108 @@ impl Backend for RemoteBackend {
 
     fn delete(&self, key: &str) -> store::Result<()> {
         Err(unsupported("delete", key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: &str, hex: &str, length: &str, data: &[u8]) -> Vec<u8> {
+        let mut out = format!("{kind}/{hex} {length}\n").into_bytes();
+        out.extend_from_slice(data);
+        out
+    }
+
+    #[test]
+    fn batch_bodies_parse_into_their_frames() {
+        let (a, b) = (Digest::of(b"a"), Digest::of(b"b"));
+        let frames = [
+            (ObjectId::block(a), &b"xyz"[..]),
+            (ObjectId::tree(b), &b""[..]),
+            (ObjectId::block(b), &b"\n\n"[..]),
+        ];
+        let mut body = Vec::new();
+        let mut expected = Vec::new();
+        for (object, data) in frames {
+            let header = batch_header(&object, data.len());
+            assert!(header.len() <= BATCH_HEADER_BYTES_MAX);
+            body.extend_from_slice(header.as_bytes());
+            expected.push(BatchObject {
+                object,
+                data: body.len()..body.len() + data.len(),
+            });
+            body.extend_from_slice(data);
+        }
+        assert_eq!(
+            &body[..74],
+            frame("blocks", &a.to_hex(), "3", b"").as_slice()
+        );
+        assert_eq!(parse_batch(&body), Ok(expected));
+        assert_eq!(parse_batch(b""), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn hostile_batch_bodies_are_refused() {
+        let hex = Digest::of(b"a").to_hex();
+        let check = |body: Vec<u8>, expected: BatchFormatError| {
+            assert_eq!(
+                parse_batch(&body),
+                Err(expected),
+                "{:?}",
+                String::from_utf8_lossy(&body)
+            );
+        };
+        let good = frame("blocks", &hex, "1", b"x");
+        let header = |h: &str| BatchFormatError::MalformedHeader {
+            index: 1,
+            header: h.to_owned(),
+        };
+        let after_good = |rest: &[u8]| [&good[..], rest].concat();
+        check(
+            after_good(b"blocks/abc"),
+            BatchFormatError::TruncatedHeader { index: 1 },
+        );
+        check(
+            after_good(&frame("blocks", &hex, "5", b"abc")),
+            BatchFormatError::TruncatedData {
+                index: 1,
+                length: 5,
+                missing: 2,
+            },
+        );
+        check(
+            after_good(&frame("snapshots", &hex, "1", b"x")),
+            BatchFormatError::UnknownKind {
+                index: 1,
+                kind: "snapshots".to_owned(),
+            },
+        );
+        check(
+            after_good(&frame("blocks", &hex.to_uppercase(), "1", b"x")),
+            BatchFormatError::InvalidDigest {
+                index: 1,
+                hex: hex.to_uppercase(),
+            },
+        );
+        for length in ["", "-1", "+1", "1 ", "12345678901", "0x1"] {
+            let h = format!("blocks/{hex} {length}");
+            check(after_good(format!("{h}\n").as_bytes()), header(&h));
+        }
+        check(after_good(b"blocks 1\nx"), header("blocks 1"));
+        check(after_good(b"\n"), header(""));
+        // No newline within the longest header: malformed, not "truncated".
+        let long = vec![b'a'; 200];
+        check(
+            after_good(&long),
+            BatchFormatError::MalformedHeader {
+                index: 1,
+                header: String::from_utf8_lossy(&long[..96]).into_owned(),
+            },
+        );
+        let many: Vec<u8> = (0..=BATCH_OBJECTS_MAX).flat_map(|_| good.clone()).collect();
+        check(many, BatchFormatError::TooManyObjects);
+        let most: Vec<u8> = (0..BATCH_OBJECTS_MAX).flat_map(|_| good.clone()).collect();
+        assert_eq!(parse_batch(&most).map(|o| o.len()), Ok(BATCH_OBJECTS_MAX));
     }
 }

@@ -782,6 +782,19 @@ impl Client {
         Ok(())
     }
 
+    /// `POST /v1/blocks/{org}/batch`: several objects' stored bytes in one
+    /// body of frames ([`crate::blocks`] documents the format); the server
+    /// checks every one against its digest and stores them in order.
+    pub async fn put_objects(&self, org: &str, batch: Vec<u8>) -> Result<(), ClientError> {
+        let url = self.url(&["v1", "blocks", org, "batch"], &[])?;
+        let body = Body {
+            bytes: batch,
+            content_type: "application/octet-stream",
+        };
+        self.send(Method::POST, url, Some(body), &[]).await?;
+        Ok(())
+    }
+
     /// `GET /v1/blocks/{org}/{kind}/{hex}`: the stored bytes, `None` when
     /// the org's store lacks the object.
     pub async fn get_object(

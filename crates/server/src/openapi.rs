@@ -43,6 +43,7 @@ use utoipa::OpenApi;
         crate::http::images::delete,
         crate::http::blocks::missing,
         crate::http::blocks::put,
+        crate::http::blocks::batch,
         crate::http::blocks::get,
         crate::http::meta::whoami,
         crate::http::meta::metrics,

@@ -129,6 +129,17 @@ impl Store {
         Ok(stored.len() as u64)
     }
 
+    /// Stores objects already encoded ([`block::encode`]) in the order
+    /// given ([`Backend::put_batch`]), without decoding them again: for
+    /// bytes this process encoded itself or has just verified.
+    pub fn put_batch<B: AsRef<[u8]>>(&self, org: &OrgId, objects: &[(ObjectId, B)]) -> Result<()> {
+        let batch: Vec<(String, &[u8])> = objects
+            .iter()
+            .map(|(object, stored)| (Self::object_key(org, object), stored.as_ref()))
+            .collect();
+        self.backend.put_batch(&batch)
+    }
+
     /// Stores an object already encoded by a client, after checking that
     /// it decodes to its digest ([`Error::Corrupt`] otherwise: nothing is
     /// stored).

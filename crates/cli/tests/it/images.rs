@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use crate::harness::BIN;
-use crate::plane::{Api, block_downloads, new_org};
+use crate::plane::{Api, block_downloads, metric, new_org};
 use crate::runner_e2e::{Stack, sh, wait_sandbox};
 
 /// A root filesystem of a static busybox (no libc) and `files` small
@@ -295,4 +295,337 @@ async fn the_block_service_verifies_uploads_and_keeps_orgs_apart() {
         .get(&format!("/v1/blocks/{}/blocks/{digest}", bare.org_id))
         .await
         .assert_error(422, "unsupported_capability");
+}
+
+/// One frame of a batch body, written out by hand so that a change of the
+/// wire format shows here: `KIND/HEX LENGTH\n` and the stored bytes.
+fn frame(kind: &str, digest: &store::Digest, stored: &[u8]) -> Vec<u8> {
+    let mut out = format!("{kind}/{} {}\n", digest.to_hex(), stored.len()).into_bytes();
+    out.extend_from_slice(stored);
+    out
+}
+
+fn block_frame(content: &[u8]) -> Vec<u8> {
+    frame(
+        "blocks",
+        &store::Digest::of(content),
+        &store::block::encode(content),
+    )
+}
+
+/// A tree of one file per block in `contents`, named f0, f1, …: its
+/// digest and stored bytes.
+fn tree_of(contents: &[&[u8]]) -> (store::Digest, Vec<u8>) {
+    let mut tree = store::tree::Tree::default();
+    for (i, content) in contents.iter().enumerate() {
+        tree.entries.push(store::tree::Entry {
+            name: format!("f{i}").into_bytes(),
+            mode: 0o644,
+            size: content.len() as u64,
+            mtime_ns: 0,
+            kind: store::tree::EntryKind::File {
+                blocks: vec![store::Digest::of(content)],
+            },
+        });
+    }
+    let (digest, bytes) = tree.encode().expect("tree");
+    (digest, store::block::encode(&bytes))
+}
+
+/// Which of `names` (`blocks/HEX`, `trees/HEX`) the org's store lacks.
+async fn missing(api: &Api, org_id: &str, names: &[String]) -> Value {
+    let answer = api
+        .post(
+            &format!("/v1/blocks/{org_id}/missing"),
+            json!({ "objects": names }),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    answer.body["missing"].clone()
+}
+
+fn name(kind: &str, content: &[u8]) -> String {
+    format!("{kind}/{}", store::Digest::of(content).to_hex())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_block_service_stores_batches_in_order_and_refuses_bad_ones() {
+    let store = tempfile::tempdir().expect("store dir");
+    let store_arg = store.path().to_str().expect("utf-8").to_owned();
+    let plane = crate::plane::Plane::start(&["--store", &store_arg]).await;
+    let (org, org_id) = (&plane.org, &plane.org_id);
+    let path = format!("/v1/blocks/{org_id}/batch");
+    let post = |api: &Api, path: &str, body: Vec<u8>| {
+        let (api, path) = (Api::new(&api.url, &api.token), path.to_owned());
+        async move {
+            api.send(reqwest::Method::POST, &path, Some(body), &[])
+                .await
+                .expect("request")
+        }
+    };
+    let bytes_in = || metric(org, "roost_block_bytes_total{direction=\"in\"}");
+
+    // Two blocks and, after them, the tree naming them: one request.
+    let (a, b): (&[u8], &[u8]) = (b"batch block a", b"batch block b");
+    let (tree, tree_stored) = tree_of(&[a, b]);
+    let body = [
+        block_frame(a),
+        block_frame(b),
+        frame("trees", &tree, &tree_stored),
+    ]
+    .concat();
+    let before = bytes_in().await;
+    let stored = post(org, &path, body).await;
+    assert_eq!(stored.status, 204, "{stored:?}");
+    let names = vec![
+        name("blocks", a),
+        name("blocks", b),
+        format!("trees/{}", tree.to_hex()),
+    ];
+    assert_eq!(missing(org, org_id, &names).await, json!([]));
+    for (name, content) in names[..2].iter().zip([a, b]) {
+        let read = org.get(&format!("/v1/blocks/{org_id}/{name}")).await;
+        assert_eq!(read.status, 200, "{read:?}");
+        assert_eq!(
+            store::block::decode(&store::Digest::of(content), &read.bytes).expect("decodes"),
+            content
+        );
+    }
+    // Counted as stored bytes, as the single PUT counts them.
+    let stored_bytes = store::block::encode(a).len() + store::block::encode(b).len();
+    assert_eq!(
+        bytes_in().await - before,
+        (stored_bytes + tree_stored.len()) as u64
+    );
+
+    // A bad hash anywhere refuses the whole batch: nothing of it stored.
+    let (c, d): (&[u8], &[u8]) = (b"batch block c", b"batch block d");
+    let forged = frame(
+        "blocks",
+        &store::Digest::of(d),
+        &store::block::encode(b"not d"),
+    );
+    let refused = post(org, &path, [block_frame(c), forged].concat()).await;
+    refused.assert_error(400, "invalid_request");
+    assert_eq!(
+        refused.body["error"]["details"]["digest_mismatch"],
+        name("blocks", d)
+    );
+    let (c_name, d_name) = (name("blocks", c), name("blocks", d));
+    assert_eq!(
+        missing(org, org_id, &[c_name.clone(), d_name.clone()]).await,
+        json!([c_name, d_name])
+    );
+
+    // A tree is taken only with its children stored or earlier in the same
+    // batch: after them it is, before them it is not (and neither are they).
+    let (e, f): (&[u8], &[u8]) = (b"batch block e", b"batch block f");
+    let (early, early_stored) = tree_of(&[e, f]);
+    let refused = post(
+        org,
+        &path,
+        [
+            block_frame(e),
+            frame("trees", &early, &early_stored),
+            block_frame(f),
+        ]
+        .concat(),
+    )
+    .await;
+    refused.assert_error(409, "invalid_state");
+    assert_eq!(refused.body["error"]["details"]["missing_objects"], 1);
+    assert_eq!(
+        refused.body["error"]["details"]["object"],
+        format!("trees/{}", early.to_hex())
+    );
+    let early_names = vec![
+        name("blocks", e),
+        name("blocks", f),
+        format!("trees/{}", early.to_hex()),
+    ];
+    assert_eq!(missing(org, org_id, &early_names).await, json!(early_names));
+    // A tree whose children are already stored needs only itself.
+    let (again, again_stored) = tree_of(&[b, a]);
+    let stored = post(org, &path, frame("trees", &again, &again_stored)).await;
+    assert_eq!(stored.status, 204, "{stored:?}");
+
+    // Hostile framing: 400 (413 for an oversized body), nothing stored.
+    let g: &[u8] = b"batch block g";
+    let g_frame = block_frame(g);
+    let g_stored = store::block::encode(g);
+    let g_hex = store::Digest::of(g).to_hex();
+    let long = [
+        format!("blocks/{g_hex} {}\n", g_stored.len() + 5).into_bytes(),
+        g_stored.clone(),
+    ]
+    .concat();
+    let short = [
+        format!("blocks/{g_hex} {}\n", g_stored.len() - 1).into_bytes(),
+        g_stored.clone(),
+    ]
+    .concat();
+    let unknown = frame("snapshots", &store::Digest::of(g), &g_stored);
+    let empty_block = block_frame(b"");
+    let too_many: Vec<u8> = std::iter::repeat_n(empty_block, 1025).flatten().collect();
+    for (what, body) in [
+        (
+            "truncated header",
+            [g_frame.clone(), b"blocks/ab".to_vec()].concat(),
+        ),
+        ("truncated data", g_frame[..g_frame.len() - 3].to_vec()),
+        ("length past the end", long),
+        ("length short of the data", short),
+        ("unknown kind", unknown),
+        ("no length", format!("blocks/{g_hex}\n").into_bytes()),
+        ("too many objects", too_many),
+    ] {
+        let refused = post(org, &path, body).await;
+        assert_eq!(refused.status, 400, "{what}: {refused:?}");
+        refused.assert_error(400, "invalid_request");
+        assert_eq!(refused.body["error"]["details"]["field"], "body", "{what}");
+    }
+    let oversized = frame(
+        "blocks",
+        &store::Digest::of(g),
+        &vec![0; api::blocks::BATCH_BODY_BYTES_MAX],
+    );
+    post(org, &path, oversized)
+        .await
+        .assert_error(413, "payload_too_large");
+    assert_eq!(
+        missing(org, org_id, &[name("blocks", g)]).await,
+        json!([name("blocks", g)])
+    );
+
+    // Another org's token cannot write into this org, nor read what its
+    // own batch stored elsewhere; the runner token can write (runners
+    // serve every org).
+    let (other, other_id) = new_org(&plane.admin, "other", json!({})).await;
+    post(&other, &path, g_frame.clone())
+        .await
+        .assert_error(404, "not_found");
+    assert_eq!(
+        missing(org, org_id, &[name("blocks", g)]).await,
+        json!([name("blocks", g)])
+    );
+    let other_path = format!("/v1/blocks/{other_id}/batch");
+    assert_eq!(post(&other, &other_path, g_frame.clone()).await.status, 204);
+    assert_eq!(
+        missing(org, org_id, &[name("blocks", g)]).await,
+        json!([name("blocks", g)]),
+        "an object stored for one org is not in another"
+    );
+    let runner = Api::new(&plane.server.url, &plane.runner_token);
+    assert_eq!(post(&runner, &path, g_frame.clone()).await.status, 204);
+    assert_eq!(missing(org, org_id, &[name("blocks", g)]).await, json!([]));
+
+    // The batch is in the API description.
+    let openapi = org.get("/v1/openapi.json").await;
+    assert!(
+        openapi.body["paths"]["/v1/blocks/{org}/batch"]["post"].is_object(),
+        "{}",
+        openapi.body["paths"]
+    );
+
+    // Without a store the service says so.
+    let bare = crate::plane::Plane::start(&[]).await;
+    post(
+        &bare.org,
+        &format!("/v1/blocks/{}/batch", bare.org_id),
+        g_frame,
+    )
+    .await
+    .assert_error(422, "unsupported_capability");
+}
+
+/// Block-service upload requests the server has answered (single PUTs and
+/// batches, whatever their status).
+async fn upload_requests(api: &Api) -> u64 {
+    metric(
+        api,
+        "roost_http_requests_total{method=\"PUT\",route=\"/v1/blocks/{org}/{kind}/{hex}\"",
+    )
+    .await
+        + batch_requests(api).await
+}
+
+async fn batch_requests(api: &Api) -> u64 {
+    metric(
+        api,
+        "roost_http_requests_total{method=\"POST\",route=\"/v1/blocks/{org}/batch\"",
+    )
+    .await
+}
+
+/// Stops the sandbox (its home is secured: saved through the block
+/// service and committed) and returns the upload requests that took.
+async fn secure(api: &Api, id: &str) -> u64 {
+    let before = upload_requests(api).await;
+    let stop = api
+        .post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
+    assert_eq!(stop.status, 202, "{stop:?}");
+    let stopped = wait_sandbox(api, id, "stopped").await;
+    assert_eq!(stopped["state"], "stopped", "{stopped}");
+    assert_eq!(stopped["save"]["state"], "ok", "{stopped}");
+    upload_requests(api).await - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_of_many_changed_files_takes_few_block_service_requests() {
+    const DIRS: usize = 20;
+    const FILES: usize = 30;
+    let store = tempfile::tempdir().expect("store dir");
+    let store_arg = store.path().to_str().expect("utf-8").to_owned();
+    let stack = Stack::start_full(&["--store", &store_arg], &[]).await;
+    let api = stack.api();
+    let sandbox = stack
+        .running_sandbox(json!({"storage_class": "durable"}))
+        .await;
+    let id = sandbox["id"].as_str().expect("id");
+
+    // 600 small distinct files in 20 directories: at least 600 blocks and
+    // 22 trees to upload.
+    let write = |version: &str, every: usize| {
+        format!(
+            "cd /workspace && d=0; while [ $d -lt {DIRS} ]; do mkdir -p src/d$d; f=0; \
+             while [ $f -lt {FILES} ]; do if [ $((f % {every})) -eq 0 ]; then \
+             echo \"$d/$f {version}\" > src/d$d/f$f; fi; f=$((f + 1)); done; d=$((d + 1)); done"
+        )
+    };
+    sh(api, id, &write("v1", 1)).await;
+    let batches = batch_requests(api).await;
+    let requests = secure(api, id).await;
+    assert!(
+        batch_requests(api).await > batches,
+        "the save did not use the batch upload"
+    );
+    assert!(
+        (1..=12).contains(&requests),
+        "{requests} upload requests for over {} objects",
+        DIRS * FILES + DIRS + 2
+    );
+
+    // A third of the files change: 200 blocks and 22 trees, a few requests.
+    let start = api
+        .post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
+    assert_eq!(start.status, 202, "{start:?}");
+    assert_eq!(wait_sandbox(api, id, "running").await["state"], "running");
+    sh(api, id, &write("v2", 3)).await;
+    let requests = secure(api, id).await;
+    assert!(
+        (1..=8).contains(&requests),
+        "{requests} upload requests for over {} objects",
+        DIRS * FILES / 3 + DIRS + 2
+    );
+
+    // The saved home is the one written: it comes back on start.
+    api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
+    assert_eq!(wait_sandbox(api, id, "running").await["state"], "running");
+    assert_eq!(
+        sh(api, id, "cat /workspace/src/d7/f9 /workspace/src/d7/f10").await,
+        "7/9 v2\n7/10 v1\n"
+    );
 }

@@ -8,6 +8,11 @@
 //!   hash before storing, so a mismatching upload stores nothing (400); a
 //!   tree is stored only once every object it names is there (409
 //!   otherwise), so a present tree always has its whole subtree;
+//! - `POST /v1/blocks/{org}/batch`: many objects in one body of frames
+//!   (`api::blocks` documents the format), checked as the PUT checks one
+//!   and stored in the order given, so a tree may follow its children in
+//!   the same batch. This is how clients upload: one request per object
+//!   cost more than the work itself on a small change;
 //! - `GET` the same path: the stored bytes (the client verifies them too).
 //!
 //! Who may use an org's objects: that org's token, and runner tokens
@@ -18,8 +23,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, AppState, Caller, Json};
+use super::{ApiError, AppState, Caller, Json, RawBody};
 use crate::auth::Principal;
+use crate::limits;
 use api::ErrorCode;
 use api::blocks::{MissingRequest, MissingResponse, object_name};
 use store::store::{MISSING_CHECK_BATCH_MAX, ObjectId, ObjectKind};
@@ -132,7 +138,7 @@ pub async fn put(
     State(state): State<AppState>,
     caller: Caller,
     Path((org, kind, hex)): Path<(String, String, String)>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<StatusCode, ApiError> {
     let org = org_for(&caller, &org)?;
     let object = parse_object(&kind, &hex)?;
@@ -148,23 +154,88 @@ pub async fn put(
             state.metrics.block_bytes("in", size);
             Ok(StatusCode::NO_CONTENT)
         }
-        Err(store::Error::IncompleteTree { missing, .. }) => Err(ApiError::new(
-            ErrorCode::InvalidState,
-            format!("tree {hex} names {missing} objects this org's store lacks: upload them first"),
-        )
-        .with_details(serde_json::json!({ "missing_objects": missing }))),
-        Err(store::Error::MalformedTree { reason, .. }) => Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("trees/{hex} is not a valid tree: {reason}"),
+        Err(err) => Err(upload_refused(err, &[object], "nothing stored")),
+    }
+}
+
+/// Stores several objects in one request.
+///
+/// The body is a sequence of frames, nothing before, between or after
+/// them: a header line `KIND/HEX LENGTH\n` (ASCII; KIND `blocks` or
+/// `trees`, HEX the 64 lowercase hex digits of the digest, LENGTH 1 to 10
+/// decimal digits), then exactly LENGTH bytes: the object's stored bytes,
+/// as the single PUT carries them. At most 1024 objects and 9 MiB. Every
+/// object is checked as the PUT checks it (its digest; a tree's children
+/// present in the org's store or earlier in this batch) before any is
+/// stored; then they are stored in the order given. A refusal (4xx)
+/// stores nothing of the batch.
+#[utoipa::path(post, path = "/v1/blocks/{org}/batch", tag = "blocks", params(("org" = String, Path)), request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "frames: `KIND/HEX LENGTH\\n` then LENGTH stored bytes, repeated"), responses((status = 204, description = "every object stored"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn batch(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(org): Path<String>,
+    RawBody(body): RawBody,
+) -> Result<StatusCode, ApiError> {
+    let org = org_for(&caller, &org)?;
+    let store = store_of(&state)?;
+    let frames =
+        api::blocks::parse_batch(&body).map_err(|err| limits::invalid("body", err.to_string()))?;
+    let objects: Vec<(ObjectId, Bytes)> = frames
+        .into_iter()
+        .map(|frame| (frame.object, body.slice(frame.data)))
+        .collect();
+    let ids: Vec<ObjectId> = objects.iter().map(|(object, _)| *object).collect();
+    let size: u64 = objects.iter().map(|(_, data)| data.len() as u64).sum();
+    // Checks every object before storing any. Only a store failure
+    // part-way (503) leaves some of the batch stored: verified,
+    // content-addressed objects that name nothing absent, which a retry
+    // finds present and gc collects if nothing ever refers to them.
+    let stored = blocking(move || store::push::put_batch_checked(&store, &org, &objects)).await?;
+    match stored {
+        Ok(()) => {
+            state.metrics.block_bytes("in", size);
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Err(err) => Err(upload_refused(
+            err,
+            &ids,
+            "nothing of this batch was stored",
         )),
-        Err(store::Error::Corrupt { .. }) => Err(ApiError::new(
-            ErrorCode::InvalidRequest,
+    }
+}
+
+/// An upload the store refused, as an answer naming the object (the first
+/// of `objects` with the digest the error names).
+fn upload_refused(err: store::Error, objects: &[ObjectId], stored: &str) -> ApiError {
+    let name = |digest: &Digest| {
+        let kind = objects
+            .iter()
+            .find(|o| o.digest == *digest)
+            .map_or(ObjectKind::Block, |o| o.kind);
+        object_name(kind, &digest.to_hex())
+    };
+    match err {
+        store::Error::IncompleteTree { root, missing } => ApiError::new(
+            ErrorCode::InvalidState,
             format!(
-                "the uploaded bytes do not decode to {kind}/{hex}: hash mismatch, nothing stored"
+                "tree {} names {missing} objects this org's store lacks: upload them first; {stored}",
+                root.to_hex()
             ),
         )
-        .with_details(serde_json::json!({ "digest_mismatch": format!("{kind}/{hex}") }))),
-        Err(err) => Err(store_error(err)),
+        .with_details(serde_json::json!({ "missing_objects": missing, "object": name(&root) })),
+        store::Error::MalformedTree { digest, reason } => ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("{} is not a valid tree: {reason}; {stored}", name(&digest)),
+        ),
+        store::Error::Corrupt { digest, .. } => {
+            let name = name(&digest);
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("the uploaded bytes do not decode to {name}: hash mismatch, {stored}"),
+            )
+            .with_details(serde_json::json!({ "digest_mismatch": name }))
+        }
+        err => store_error(err),
     }
 }
 

@@ -100,6 +100,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/blocks/{org}/missing", post(blocks::missing))
         .route(
+            "/v1/blocks/{org}/batch",
+            post(blocks::batch).layer(DefaultBodyLimit::max(api::blocks::BATCH_BODY_BYTES_MAX)),
+        )
+        .route(
             "/v1/blocks/{org}/{kind}/{hex}",
             get(blocks::get)
                 .put(blocks::put)
@@ -263,6 +267,28 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
         match axum::Json::<T>::from_request(request, state).await {
             Ok(axum::Json(value)) => Ok(Json(value)),
+            Err(rejection) => {
+                let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    api::ErrorCode::PayloadTooLarge
+                } else {
+                    api::ErrorCode::InvalidRequest
+                };
+                Err(ApiError::new(code, rejection.body_text()))
+            }
+        }
+    }
+}
+
+/// A raw body whose rejections are our envelope: over the route's body
+/// limit 413 `payload_too_large`, any other failure to read it 400.
+pub struct RawBody(pub axum::body::Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        match axum::body::Bytes::from_request(request, state).await {
+            Ok(bytes) => Ok(RawBody(bytes)),
             Err(rejection) => {
                 let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                     api::ErrorCode::PayloadTooLarge

@@ -31,6 +31,19 @@ pub trait Backend: Send + Sync {
     /// identical bytes. Not durable until [`Backend::sync`] returns.
     fn put(&self, key: &str, data: &[u8]) -> Result<()>;
 
+    /// Stores several objects, as [`Backend::put`] would, in the order
+    /// given: an object is stored only after every one before it, so a
+    /// caller may place a tree after the children it names. A failure
+    /// leaves some prefix of `objects` stored. The default is one `put`
+    /// each; a backend with a costly round trip sends several per request
+    /// (the block service's `RemoteBackend`).
+    fn put_batch(&self, objects: &[(String, &[u8])]) -> Result<()> {
+        for (key, data) in objects {
+            self.put(key, data)?;
+        }
+        Ok(())
+    }
+
     /// Replaces the small mutable object at `key` durably and atomically.
     fn put_durable(&self, key: &str, data: &[u8]) -> Result<()>;
 
@@ -79,4 +92,77 @@ pub fn open(url: &str) -> Result<Arc<dyn Backend>> {
         });
     }
     Ok(Arc::new(LocalBackend::open(path)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Records each `put` and fails the one at `fail_at` (0-based).
+    struct Recording {
+        inner: MemoryBackend,
+        puts: Mutex<Vec<String>>,
+        fail_at: usize,
+    }
+
+    impl Backend for Recording {
+        fn put(&self, key: &str, data: &[u8]) -> Result<()> {
+            let mut puts = self.puts.lock().unwrap_or_else(|p| p.into_inner());
+            if puts.len() == self.fail_at {
+                return Err(Error::Backend {
+                    op: "put",
+                    key: key.to_owned(),
+                    message: "injected".to_owned(),
+                });
+            }
+            puts.push(key.to_owned());
+            self.inner.put(key, data)
+        }
+        fn put_durable(&self, key: &str, data: &[u8]) -> Result<()> {
+            self.inner.put_durable(key, data)
+        }
+        fn sync(&self) -> Result<()> {
+            self.inner.sync()
+        }
+        fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+            self.inner.get(key)
+        }
+        fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
+            self.inner.exists(keys)
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+            self.inner.list(prefix)
+        }
+        fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
+            self.inner.head(key)
+        }
+        fn delete(&self, key: &str) -> Result<()> {
+            self.inner.delete(key)
+        }
+    }
+
+    #[test]
+    fn the_default_batch_is_one_put_each_in_order_and_stops_at_a_failure() {
+        let keys: Vec<String> = (0..5).map(|i| format!("k/{i}")).collect();
+        let batch: Vec<(String, &[u8])> = keys.iter().map(|k| (k.clone(), &b"x"[..])).collect();
+        for fail_at in [usize::MAX, 0, 3] {
+            let backend = Recording {
+                inner: MemoryBackend::default(),
+                puts: Mutex::new(Vec::new()),
+                fail_at,
+            };
+            let stored = backend.put_batch(&batch);
+            let expected = &keys[..fail_at.min(keys.len())];
+            assert_eq!(stored.is_ok(), fail_at == usize::MAX);
+            assert_eq!(
+                *backend.puts.lock().unwrap_or_else(|p| p.into_inner()),
+                expected
+            );
+            let present = backend.exists(&keys).expect("exists");
+            let prefix: Vec<bool> = (0..keys.len()).map(|i| i < expected.len()).collect();
+            assert_eq!(present, prefix, "a failed batch leaves a prefix stored");
+        }
+    }
 }

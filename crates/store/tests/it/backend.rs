@@ -28,6 +28,7 @@ pub fn conformance(backend: &dyn Backend) {
     delete_removes_and_tolerates_absent(backend);
     put_durable_replaces(backend);
     second_put_of_a_key_is_fine(backend);
+    put_batch_stores_every_object(backend);
     backend.sync().expect("sync");
 }
 
@@ -210,6 +211,30 @@ fn second_put_of_a_key_is_fine(backend: &dyn Backend) {
     backend.put("twice/ab/ab99", &data).expect("second put");
     assert_eq!(backend.get("twice/ab/ab99").expect("get"), Some(data));
     assert_eq!(backend.list("twice/").expect("list").len(), 1);
+}
+
+fn put_batch_stores_every_object(backend: &dyn Backend) {
+    backend.put_batch(&[]).expect("empty batch");
+    let objects: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| {
+            (
+                format!("batch/{:02}/o{i}", i % 3),
+                pseudo_random(i * 97, i as u64),
+            )
+        })
+        .collect();
+    // A key twice in one batch: the same content, as content addressing
+    // gives.
+    let mut batch: Vec<(String, &[u8])> = objects
+        .iter()
+        .map(|(key, data)| (key.clone(), data.as_slice()))
+        .collect();
+    batch.push(batch[4].clone());
+    backend.put_batch(&batch).expect("put_batch");
+    for (key, data) in &objects {
+        assert_eq!(backend.get(key).expect("get").as_ref(), Some(data), "{key}");
+    }
+    assert_eq!(backend.list("batch/").expect("list").len(), objects.len());
 }
 
 #[test]

@@ -500,6 +500,76 @@ fn oversized_missing_checks_are_split() {
     assert_verify_ok(&store);
 }
 
+/// Uploads go in a few bounded batches, not one call per object, and
+/// every batch keeps children before the trees that name them (the block
+/// service's rule, enforced by the `Double` here): a first push of many
+/// small files in wide and deep directories, then an incremental push of
+/// 1% of them changed.
+#[test]
+fn push_uploads_in_few_batches_children_first() {
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    for a in 0..8 {
+        for b in 0..10 {
+            for f in 0..15 {
+                let path = format!("a{a}/b{b}/f{f}.txt");
+                files.push((path.clone(), format!("{path} v1\n").into_bytes()));
+            }
+        }
+    }
+    files.push(("deep/1/2/3/4/5/6/leaf.txt".to_owned(), b"leaf\n".to_vec()));
+    let src = home_dir(
+        &files
+            .iter()
+            .map(|(name, content)| (name.as_str(), content.as_slice()))
+            .collect::<Vec<_>>(),
+    );
+    let double = Double::new(Arc::new(MemoryBackend::default()));
+    let store = Store::new(double.clone());
+    let index_dir = tempdir();
+    let mut options = push_options();
+    options.index_path = Some(index_dir.path().join("index"));
+    let (acme, alice) = (org("acme"), home("alice"));
+
+    let push_counting = || {
+        std::thread::sleep(PAST_RACY_WINDOW);
+        double.arm(Faults {
+            refuse_incomplete_trees: true,
+            ..Faults::default()
+        });
+        let report = store::push::push(&store, &acme, &alice, src.path(), &options, &NoProgress)
+            .expect("push");
+        (report, double.put_batches())
+    };
+    let (first, batches) = push_counting();
+    let objects = first.blocks_uploaded + first.trees_uploaded;
+    assert_eq!(first.blocks_uploaded, files.len() as u64);
+    assert_eq!(batches.iter().sum::<usize>() as u64, objects, "{batches:?}");
+    assert!(
+        batches.len() <= 10,
+        "{} batches for {objects} objects: {batches:?}",
+        batches.len()
+    );
+
+    // 1% of the files change (one per leaf directory, every eighth).
+    for (path, content) in files.iter_mut().step_by(15 * 8) {
+        *content = format!("{path} v2\n").into_bytes();
+        write_files(src.path(), &[(path.as_str(), content.as_slice())]);
+    }
+    let (second, batches) = push_counting();
+    assert_eq!(second.blocks_uploaded, 11);
+    assert_eq!(
+        batches.iter().sum::<usize>() as u64,
+        second.blocks_uploaded + second.trees_uploaded,
+        "{batches:?}"
+    );
+    assert!(batches.len() <= 3, "{batches:?}");
+    assert_present_trees_are_complete(&store);
+    assert_verify_ok(&store);
+    let dest = tempdir();
+    pull(&store, &acme, &alice, dest.path()).expect("pull");
+    assert_eq!(contents(dest.path()), contents(src.path()));
+}
+
 // ---------------------------------------------------------------------------
 // GC racing a push
 

@@ -292,6 +292,9 @@ pub struct Faults {
     pub fail_get: Option<(String, u64)>,
     /// Let this many deletes succeed, then fail every later one.
     pub fail_delete_after: Option<u64>,
+    /// Refuse a put of a tree whose children are neither stored nor
+    /// earlier in the same batch, as the block service does.
+    pub refuse_incomplete_trees: bool,
 }
 
 #[derive(Default)]
@@ -300,6 +303,7 @@ struct Counters {
     gets: HashMap<String, u64>,
     deletes: u64,
     exists_batches: Vec<usize>,
+    put_batches: Vec<usize>,
 }
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -346,11 +350,52 @@ impl Double {
     pub fn exists_batches(&self) -> Vec<usize> {
         lock(&self.counters).exists_batches.clone()
     }
+
+    /// Sizes of the `put_batch` calls since the last `arm` (a lone `put`
+    /// counts as a batch of one).
+    pub fn put_batches(&self) -> Vec<usize> {
+        lock(&self.counters).put_batches.clone()
+    }
+
+    /// The block service's rule: every tree in `batch` names only objects
+    /// already stored or earlier in the batch.
+    fn check_trees(&self, batch: &[(String, &[u8])]) -> Result<()> {
+        let mut earlier: HashSet<&str> = HashSet::new();
+        for (key, data) in batch {
+            if let Some(KeyKind::Object { org, object }) = parse_key(key)
+                && object.kind == ObjectKind::Tree
+            {
+                let plain = store::block::decode(&object.digest, data)?;
+                let tree = store::tree::Tree::decode(&object.digest, &plain)?;
+                for child in store::push::children(&tree) {
+                    let child = Store::object_key(&org, &child);
+                    if !earlier.contains(child.as_str())
+                        && self.inner.exists(std::slice::from_ref(&child))? != [true]
+                    {
+                        return Err(Error::IncompleteTree {
+                            root: object.digest,
+                            missing: 1,
+                        });
+                    }
+                }
+            }
+            earlier.insert(key);
+        }
+        Ok(())
+    }
 }
 
 impl Backend for Double {
     fn put(&self, key: &str, data: &[u8]) -> Result<()> {
-        self.inner.put(key, data)
+        self.put_batch(&[(key.to_owned(), data)])
+    }
+
+    fn put_batch(&self, objects: &[(String, &[u8])]) -> Result<()> {
+        lock(&self.counters).put_batches.push(objects.len());
+        if lock(&self.faults).refuse_incomplete_trees {
+            self.check_trees(objects)?;
+        }
+        self.inner.put_batch(objects)
     }
 
     fn put_durable(&self, key: &str, data: &[u8]) -> Result<()> {
