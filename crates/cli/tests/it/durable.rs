@@ -636,3 +636,81 @@ async fn a_save_commit_from_a_stale_placement_is_fenced_and_changes_nothing() {
     assert_eq!(failed.body["save"]["last_error"], "disk full");
     assert_eq!(failed.body["save"]["root"], root.to_hex());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_on_an_s3_store_secures_homes_there_and_wakes_them_elsewhere() {
+    // The S3-compatible server scripts/test.sh starts; the server process
+    // inherits its AWS_* settings. Runners never see them.
+    let bucket = crate::harness::Env::new(crate::harness::Backend::S3);
+    let plane = Plane::start(&["--store", &bucket.store, "--lease-ttl", "3s"]).await;
+    let dir = tempfile::Builder::new()
+        .prefix("roost-durable-s3-")
+        .tempdir()
+        .expect("tempdir");
+    // Runners get no store credentials: everything goes through the
+    // server's block service.
+    let start_runner = |name: &str| {
+        RunnerProcess::start(
+            &plane.server.url,
+            &plane.runner_token,
+            &dir.path().join(name),
+            &[
+                ("AWS_ACCESS_KEY_ID", "none"),
+                ("AWS_SECRET_ACCESS_KEY", "none"),
+            ],
+        )
+    };
+    let first = start_runner("a");
+    let api = &plane.org;
+    let created = api
+        .post("/v1/sandboxes", json!({"storage_class": "durable"}))
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let id = created.str("id");
+    assert_eq!(wait_sandbox(api, &id, "running").await["state"], "running");
+    sh(api, &id, WRITE_HOME).await;
+    let before = sh(api, &id, LISTING).await;
+    api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
+    assert_eq!(wait_sandbox(api, &id, "stopped").await["state"], "stopped");
+
+    // The home is in the bucket.
+    let url = bucket.store.clone();
+    // The store crate is synchronous (it runs its own runtime for S3).
+    let objects = tokio::task::spawn_blocking(move || {
+        store::backend::open(&url)
+            .expect("the S3 store")
+            .list("")
+            .expect("list the bucket")
+    })
+    .await
+    .expect("list");
+    assert!(
+        objects.iter().any(|o| o.key.contains("/blocks/"))
+            && objects.iter().any(|o| o.key.contains("/trees/")),
+        "no blocks and trees in {}: {objects:?}",
+        bucket.store
+    );
+
+    // Woken on another runner (the first drained), from the bucket.
+    let second = start_runner("b");
+    let drained = plane
+        .admin
+        .post(
+            &format!("/v1/admin/runners/{}/drain", first.runner_id),
+            json!({}),
+        )
+        .await;
+    assert_eq!(drained.status, 200, "{drained:?}");
+    api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
+    let running = wait_sandbox(api, &id, "running").await;
+    assert_eq!(running["runner_id"], second.runner_id.as_str(), "{running}");
+    let after = sh(api, &id, LISTING).await;
+    let expected: String = before
+        .lines()
+        .filter(|l| !l.contains("__pycache__"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(after, expected, "the home came back different");
+}
