@@ -714,3 +714,42 @@ async fn a_server_on_an_s3_store_secures_homes_there_and_wakes_them_elsewhere() 
         .collect();
     assert_eq!(after, expected, "the home came back different");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn securing_shows_the_bytes_still_to_go() {
+    let mut fleet = Fleet::start(&[]).await;
+    fleet.runner("a");
+    let id = fleet.create(json!({"storage_class": "durable"})).await;
+    let api = fleet.api();
+    // Incompressible, so the upload takes a few seconds here.
+    sh(
+        api,
+        &id,
+        "head -c 400000000 /dev/urandom > /workspace/big.bin",
+    )
+    .await;
+    api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
+    let mut seen: Vec<u64> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let sandbox = fleet.get(&id).await;
+        if sandbox["state"] == "securing"
+            && let Some(pending) = sandbox["save"]["bytes_pending"].as_u64()
+            && pending > 0
+        {
+            seen.push(pending);
+        }
+        if sandbox["state"] == "stopped" {
+            assert_eq!(sandbox["save"]["state"], "ok", "{sandbox}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not secured: {sandbox}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!seen.is_empty(), "securing never showed bytes to go");
+    assert!(
+        seen.iter().all(|p| *p <= 400_000_000),
+        "more to go than the home holds: {seen:?}"
+    );
+}
