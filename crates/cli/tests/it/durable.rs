@@ -716,7 +716,7 @@ async fn a_server_on_an_s3_store_secures_homes_there_and_wakes_them_elsewhere() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn securing_shows_the_bytes_still_to_go() {
+async fn securing_shows_the_bytes_still_to_go_and_a_start_meanwhile_runs_it_again() {
     let mut fleet = Fleet::start(&[]).await;
     fleet.runner("a");
     let id = fleet.create(json!({"storage_class": "durable"})).await;
@@ -730,26 +730,59 @@ async fn securing_shows_the_bytes_still_to_go() {
     .await;
     api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
         .await;
-    let mut seen: Vec<u64> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
+    let pending = loop {
         let sandbox = fleet.get(&id).await;
         if sandbox["state"] == "securing"
             && let Some(pending) = sandbox["save"]["bytes_pending"].as_u64()
             && pending > 0
         {
-            seen.push(pending);
+            break pending;
         }
-        if sandbox["state"] == "stopped" {
-            assert_eq!(sandbox["save"]["state"], "ok", "{sandbox}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "not secured: {sandbox}");
+        assert!(
+            sandbox["state"] != "stopped",
+            "secured without ever showing bytes to go: {sandbox}"
+        );
+        assert!(Instant::now() < deadline, "not securing: {sandbox}");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!seen.is_empty(), "securing never showed bytes to go");
+    };
     assert!(
-        seen.iter().all(|p| *p <= 400_000_000),
-        "more to go than the home holds: {seen:?}"
+        pending <= 400_000_000,
+        "more to go than the home holds: {pending}"
+    );
+
+    // Started again while still securing: once the home is secured, it
+    // runs again by itself, with everything in it.
+    let started = api
+        .post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
+    assert_eq!(started.status, 202, "{started:?}");
+    let running = wait_sandbox(api, &id, "running").await;
+    assert_eq!(running["state"], "running", "{running}");
+    assert_eq!(running["save"]["state"], "ok", "{running}");
+    assert_eq!(
+        sh(api, &id, "stat -c %s /workspace/big.bin").await,
+        "400000000\n"
+    );
+    let events = api.get(&format!("/v1/sandboxes/{id}/events")).await.body;
+    let states: Vec<(String, String)> = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| {
+            (
+                e["state"].as_str().unwrap_or("").to_owned(),
+                e["reason"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    let secured = states
+        .iter()
+        .position(|(s, _)| s == "stopped")
+        .unwrap_or_else(|| panic!("never stopped: {states:?}"));
+    assert_eq!(
+        states[secured + 1],
+        ("pending".to_owned(), "start_requested".to_owned()),
+        "{states:?}"
     );
 }

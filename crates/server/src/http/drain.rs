@@ -54,9 +54,16 @@ pub fn drain_reason(row: &SandboxRow, reported: &str, drain: Option<&str>) -> Op
     moving.then(|| reason_of(drain))
 }
 
-/// Moves a durable sandbox, secured and `stopped` on a runner being
-/// emptied, back to `pending` with no runner, and tries to place it.
-pub async fn move_off(tx: &mut WriteTx, id: &str, drain: &str) -> Result<(), ApiError> {
+/// Moves a durable sandbox that is wanted running but was just secured and
+/// reported `stopped` (moved off a runner being emptied, or started again
+/// while it was securing) back to `pending` with no runner, and tries to
+/// place it: the scheduler prefers its last runner unless that one drains.
+pub async fn place_secured(
+    tx: &mut WriteTx,
+    id: &str,
+    reason: &str,
+    message: &str,
+) -> Result<(), ApiError> {
     let Some(row) = load_sandbox(tx, id).await? else {
         return Ok(());
     };
@@ -65,8 +72,8 @@ pub async fn move_off(tx: &mut WriteTx, id: &str, drain: &str) -> Result<(), Api
     }
     let to = Transition {
         state: "pending",
-        reason: Some(reason_of(drain)),
-        message: Some("home secured; placing it on another runner"),
+        reason: Some(reason),
+        message: Some(message),
     };
     set_sandbox_state(tx, &row, to, None, row.epoch).await?;
     if let Some(row) = load_sandbox(tx, id).await? {

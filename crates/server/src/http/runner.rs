@@ -384,11 +384,22 @@ pub async fn report_sandbox(
         if report.state == "deleted" {
             tx.changed(&format!("runner:{}", report.runner_id)).await?;
         }
-        if report.state == "stopped"
-            && drain_reason.is_some()
-            && let Some(drain) = &runner_drain
-        {
-            super::drain::move_off(&mut tx, &id, drain).await?;
+        // Wanted running once its home is secured: moved off a runner
+        // being emptied, or started again while it was securing.
+        if report.state == "stopped" && row.storage_class == "durable" && row.desired == "running" {
+            let again = match (&runner_drain, report.reason.as_deref()) {
+                (Some(drain), _) => Some((
+                    super::drain::reason_of(drain),
+                    "home secured; placing it on another runner",
+                )),
+                (None, Some("stop_requested")) => {
+                    Some(("start_requested", "home secured; started again"))
+                }
+                _ => None,
+            };
+            if let Some((reason, message)) = again {
+                super::drain::place_secured(&mut tx, &id, reason, message).await?;
+            }
         }
     }
     let record = load_sandbox(&mut tx, &id)
