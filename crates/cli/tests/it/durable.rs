@@ -786,3 +786,90 @@ async fn securing_shows_the_bytes_still_to_go_and_a_start_meanwhile_runs_it_agai
         "{states:?}"
     );
 }
+
+/// Makes a directory tree immutable (even root cannot write in it) until
+/// dropped: a store that stops taking writes.
+struct Immutable(PathBuf);
+
+impl Immutable {
+    fn new(path: &Path) -> Immutable {
+        let status = std::process::Command::new("chattr")
+            .args(["-R", "+i"])
+            .arg(path)
+            .status()
+            .expect("chattr");
+        assert!(status.success(), "chattr +i {}", path.display());
+        Immutable(path.to_path_buf())
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .args(["-R", "-i"])
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_securing_that_fails_says_so_keeps_the_home_and_ends_once_the_store_takes_writes() {
+    let mut fleet = Fleet::start(&[]).await;
+    let first = fleet.runner("a");
+    let id = fleet.create(json!({"storage_class": "durable"})).await;
+    let api = fleet.api();
+    sh(api, &id, "echo precious > /workspace/work.txt").await;
+    let home_file = fleet.runners[first]
+        .data_dir
+        .join("volumes/homes")
+        .join(&id)
+        .join("work.txt");
+
+    let frozen_store = Immutable::new(fleet.store_path());
+    api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let sandbox = api.get(&format!("/v1/sandboxes/{id}")).await.body;
+            sandbox["state"] == "securing" && sandbox["save"]["state"] == "failing"
+        })
+        .await,
+        "the failed securing does not say so: {}",
+        fleet.get(&id).await
+    );
+    let failing = fleet.get(&id).await;
+    assert!(
+        failing["save"]["last_error"]
+            .as_str()
+            .is_some_and(|e| !e.is_empty()),
+        "{failing}"
+    );
+    // Nothing is deleted before it is in the store.
+    assert_eq!(
+        std::fs::read_to_string(&home_file).expect("the home is kept"),
+        "precious\n"
+    );
+
+    drop(frozen_store);
+    let stopped = wait_sandbox(api, &id, "stopped").await;
+    assert_eq!(stopped["state"], "stopped", "{stopped}");
+    assert_eq!(stopped["save"]["state"], "ok", "{stopped}");
+    // What was secured is what comes back elsewhere.
+    let second = fleet.runner("b");
+    let first_id = fleet.runners[first].runner_id.clone();
+    let api = fleet.api();
+    fleet
+        .plane
+        .admin
+        .post(&format!("/v1/admin/runners/{first_id}/drain"), json!({}))
+        .await;
+    api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
+    let running = wait_sandbox(api, &id, "running").await;
+    assert_eq!(
+        running["runner_id"],
+        fleet.runners[second].runner_id.as_str(),
+        "{running}"
+    );
+    assert_eq!(sh(api, &id, "cat /workspace/work.txt").await, "precious\n");
+}
