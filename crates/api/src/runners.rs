@@ -162,6 +162,13 @@ pub struct SaveReport {
     pub bytes_pending: Option<u64>,
     #[serde(default)]
     pub error: Option<String>,
+    /// A completed save of a running home: how long its snapshot took, ms
+    /// (the most the workload could have been held up).
+    #[serde(default)]
+    pub snapshot_ms: Option<f64>,
+    /// A completed save: the stored bytes it uploaded.
+    #[serde(default)]
+    pub uploaded_bytes: Option<u64>,
 }
 
 /// `POST /v1/runner/snapshots/{id}/report`.
@@ -209,6 +216,20 @@ pub struct SandboxReport {
     pub reason: Option<String>,
     #[serde(default)]
     pub message: Option<String>,
+    /// With the first `running` after a durable home was materialised:
+    /// what came down for it.
+    #[serde(default)]
+    pub wake: Option<WakeReport>,
+}
+
+/// What waking a durable home cost: the stored bytes downloaded, and
+/// whether this runner woke it from its own earlier copy (only the
+/// difference comes down) or from nothing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WakeReport {
+    pub downloaded_bytes: u64,
+    pub from_own_copy: bool,
 }
 
 /// `POST /v1/runner/commands/{id}/report`: an observed command state.

@@ -14,6 +14,94 @@ const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Save durations, in seconds (a cold save of a large home takes minutes).
+const SAVE_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+/// Bytes, for uploads per save and downloads per wake.
+const BYTE_BUCKETS: &[f64] = &[1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10];
+
+/// A Prometheus histogram with fixed bounds.
+struct Histogram {
+    bounds: &'static [f64],
+    buckets: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            buckets: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    fn observe(&mut self, value: f64) {
+        for (bound, count) in self.bounds.iter().zip(self.buckets.iter_mut()) {
+            if value <= *bound {
+                *count += 1;
+            }
+        }
+        self.sum += value;
+        self.count += 1;
+    }
+
+    /// The `_bucket`, `_sum` and `_count` lines of `name{labels}`.
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (bound, count) in self.bounds.iter().zip(&self.buckets) {
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {count}");
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
+            self.count
+        );
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{braces} {}", self.count);
+    }
+}
+
+/// Durable homes: what saves and wakes cost, as runners report them.
+struct Homes {
+    save_seconds: Histogram,
+    snapshot_seconds: Histogram,
+    save_uploaded_bytes: Histogram,
+    /// Wakes on the runner that held the home before, and elsewhere.
+    wake_bytes_same: Histogram,
+    wake_bytes_other: Histogram,
+}
+
+impl Default for Homes {
+    fn default() -> Homes {
+        Homes {
+            save_seconds: Histogram::new(SAVE_BUCKETS),
+            snapshot_seconds: Histogram::new(BUCKETS),
+            save_uploaded_bytes: Histogram::new(BYTE_BUCKETS),
+            wake_bytes_same: Histogram::new(BYTE_BUCKETS),
+            wake_bytes_other: Histogram::new(BYTE_BUCKETS),
+        }
+    }
+}
+
+/// How far behind the running durable homes' saves are, read from the
+/// records at scrape time (so every server reports the same).
+pub struct SaveLag {
+    /// The longest time since a running durable sandbox's last completed
+    /// save (since its creation before the first), in seconds.
+    pub max_seconds: f64,
+    /// Running durable sandboxes with no save within twice their interval.
+    pub delayed: i64,
+}
+
 #[derive(Default)]
 struct Route {
     by_status: BTreeMap<u16, u64>,
@@ -30,6 +118,7 @@ pub struct Metrics {
     lease_holds: AtomicU64,
     block_bytes_in: AtomicU64,
     block_bytes_out: AtomicU64,
+    homes: Mutex<Homes>,
 }
 
 impl Metrics {
@@ -78,6 +167,42 @@ impl Metrics {
         self.lease_expiries.fetch_add(1, Ordering::Relaxed);
     }
 
+    fn homes(&self) -> std::sync::MutexGuard<'_, Homes> {
+        self.homes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A completed save: capture to commit, the snapshot's duration (a
+    /// running home's), and the stored bytes it uploaded.
+    pub fn save_completed(
+        &self,
+        took: Duration,
+        snapshot_ms: Option<f64>,
+        uploaded_bytes: Option<u64>,
+    ) {
+        let mut homes = self.homes();
+        homes.save_seconds.observe(took.as_secs_f64());
+        if let Some(ms) = snapshot_ms {
+            homes.snapshot_seconds.observe(ms / 1000.0);
+        }
+        if let Some(bytes) = uploaded_bytes {
+            homes.save_uploaded_bytes.observe(bytes as f64);
+        }
+    }
+
+    /// A durable home woken: the stored bytes that came down, on the
+    /// runner that held it before (`same`) or on another.
+    pub fn woke(&self, downloaded_bytes: u64, same: bool) {
+        let mut homes = self.homes();
+        let histogram = if same {
+            &mut homes.wake_bytes_same
+        } else {
+            &mut homes.wake_bytes_other
+        };
+        histogram.observe(downloaded_bytes as f64);
+    }
+
     /// A lease watcher pass held off recovery: too much of the fleet lost
     /// its lease at once.
     pub fn lease_held(&self) {
@@ -85,7 +210,7 @@ impl Metrics {
     }
 
     /// The exposition text; `sandboxes` are (state, count) from the records.
-    pub fn render(&self, sandboxes: &[(String, i64)], waiters: usize) -> String {
+    pub fn render(&self, sandboxes: &[(String, i64)], waiters: usize, lag: &SaveLag) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -190,6 +315,52 @@ impl Metrics {
                 counter.load(Ordering::Relaxed)
             );
         }
+        let homes = self.homes();
+        for (name, help, histogram) in [
+            (
+                "roost_save_duration_seconds",
+                "Completed saves of durable homes, from capture to commit.",
+                &homes.save_seconds,
+            ),
+            (
+                "roost_save_snapshot_seconds",
+                "The snapshot of a running home at each save: the most its workload could be held up.",
+                &homes.snapshot_seconds,
+            ),
+            (
+                "roost_save_uploaded_bytes",
+                "Stored bytes each completed save uploaded.",
+                &homes.save_uploaded_bytes,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} histogram");
+            histogram.render(&mut out, name, "");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP roost_wake_downloaded_bytes Stored bytes downloaded to wake a durable home, on the runner that held it before (same) or another."
+        );
+        let _ = writeln!(out, "# TYPE roost_wake_downloaded_bytes histogram");
+        homes
+            .wake_bytes_same
+            .render(&mut out, "roost_wake_downloaded_bytes", "runner=\"same\"");
+        homes
+            .wake_bytes_other
+            .render(&mut out, "roost_wake_downloaded_bytes", "runner=\"other\"");
+        drop(homes);
+        let _ = writeln!(
+            out,
+            "# HELP roost_save_lag_seconds_max The longest time since a running durable home's last completed save."
+        );
+        let _ = writeln!(out, "# TYPE roost_save_lag_seconds_max gauge");
+        let _ = writeln!(out, "roost_save_lag_seconds_max {}", lag.max_seconds);
+        let _ = writeln!(
+            out,
+            "# HELP roost_saves_delayed Running durable homes with no completed save within twice their interval."
+        );
+        let _ = writeln!(out, "# TYPE roost_saves_delayed gauge");
+        let _ = writeln!(out, "roost_saves_delayed {}", lag.delayed);
         let _ = writeln!(
             out,
             "# HELP roost_long_poll_waiters Requests waiting in a long-poll."

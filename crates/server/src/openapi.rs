@@ -76,6 +76,7 @@ use utoipa::OpenApi;
         api::runners::HeartbeatRequest,
         api::runners::HeartbeatResponse,
         api::runners::PreemptRequest,
+        api::runners::WakeReport,
         api::runners::RunnerRecord,
         api::runners::Assignments,
         api::runners::SandboxReport,

@@ -226,6 +226,30 @@ async fn a_durable_home_is_secured_on_stop_and_wakes_on_another_runner() {
     );
     assert_eq!(sh(api, &id, "cat /workspace/more.txt").await, "more\n");
     fleet.runners[second].assert_no_errors();
+
+    // What the saves and wakes cost is on /metrics: two securings, a wake
+    // elsewhere that downloaded the home, one here that downloaded nothing.
+    let count = |name: &'static str| metric(api, name);
+    assert!(count("roost_save_duration_seconds_count").await >= 2);
+    assert!(count("roost_save_uploaded_bytes_count").await >= 2);
+    assert_eq!(
+        count("roost_wake_downloaded_bytes_count{runner=\"other\"}").await,
+        1
+    );
+    assert_eq!(
+        count("roost_wake_downloaded_bytes_count{runner=\"same\"}").await,
+        1
+    );
+    assert_eq!(
+        count("roost_wake_downloaded_bytes_bucket{runner=\"same\",le=\"1000\"}").await,
+        1,
+        "a wake on the same runner downloaded something"
+    );
+    assert_eq!(
+        count("roost_wake_downloaded_bytes_bucket{runner=\"other\",le=\"1000\"}").await,
+        0,
+        "the wake elsewhere downloaded under 1 kB"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,6 +287,16 @@ async fn a_running_save_brings_the_home_back_after_its_host_dies() {
     let recovered = fleet.get(&id).await;
     assert!(recovered["epoch"].as_u64() > Some(1), "{recovered}");
     assert_eq!(sh(api, &id, "cat /workspace/work.txt").await, "precious\n");
+    // Running saves were timed, their snapshots too; the lag is short.
+    assert!(metric(api, "roost_save_snapshot_seconds_count").await >= 1);
+    let metrics = api.get("/metrics").await;
+    let text = String::from_utf8_lossy(&metrics.bytes);
+    let lag: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("roost_save_lag_seconds_max "))
+        .and_then(|v| v.parse().ok())
+        .expect("roost_save_lag_seconds_max");
+    assert!(lag < 60.0, "save lag {lag} s with a 1 s interval");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

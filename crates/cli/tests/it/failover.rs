@@ -553,6 +553,7 @@ async fn a_cut_off_runner_freezes_before_its_lease_could_expire_and_thaws_with_n
         "{}",
         cluster.get(&id).await
     );
+    assert!(metric(&cluster.plane.admin, "roost_saves_delayed").await >= 1);
 
     cluster.hosts[host].link.heal();
     let api = cluster.api();

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use api::blocks::RemoteBackend;
 use api::client::Client;
-use api::runners::{SandboxAssignment, SaveReport, SnapshotReport};
+use api::runners::{SandboxAssignment, SaveReport, SnapshotReport, WakeReport};
 use store::excludes::Excludes;
 use store::index::KeyRule;
 use store::pull::{PullOptions, materialize};
@@ -194,11 +194,12 @@ impl Homes {
     /// tree `root` (the last completed save, or a snapshot) unless it is
     /// that tree already (secured here by the last stop). Only what differs
     /// is written, and only blocks missing from the cache come down.
+    /// For a durable home, also what the wake downloaded.
     pub(crate) async fn prepare(
         &self,
         client: &Client,
         sandbox: &SandboxAssignment,
-    ) -> Result<PathBuf> {
+    ) -> Result<(PathBuf, Option<WakeReport>)> {
         let id = sandbox.sandbox_id.clone();
         let (home, existed) = match self.path(&id) {
             Ok(home) if home.is_dir() => (home, true),
@@ -207,18 +208,24 @@ impl Homes {
         // A standard home starts as `root` (a snapshot) once; after that it
         // is its own, kept on this runner.
         if sandbox.storage_class != "durable" && existed {
-            return Ok(home);
+            return Ok((home, None));
         }
         let secured = self.secured_path(&id);
         let Some(root) = sandbox.home_root.clone() else {
             let _ = std::fs::remove_file(&secured);
-            return Ok(home);
+            return Ok((home, None));
         };
         let secured_root = std::fs::read_to_string(&secured).unwrap_or_default();
+        let woke = |downloaded_bytes: u64| {
+            (sandbox.storage_class == "durable").then_some(WakeReport {
+                downloaded_bytes,
+                from_own_copy: existed,
+            })
+        };
         if secured_root.trim() == root {
             // About to run again: from here on the home may differ.
             let _ = std::fs::remove_file(&secured);
-            return Ok(home);
+            return Ok((home, woke(0)));
         }
         let digest: Digest = root
             .parse()
@@ -264,7 +271,7 @@ impl Homes {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "home materialised"
         );
-        Ok(home)
+        Ok((home, woke(report.bytes_downloaded)))
     }
 
     /// Uploads `dir` (a snapshot of the home, or the home of a stopped
@@ -296,6 +303,8 @@ impl Homes {
                     captured_at_ms: None,
                     bytes_pending: None,
                     error: None,
+                    snapshot_ms: None,
+                    uploaded_bytes: None,
                 },
             );
             let id = id.to_owned();
@@ -340,12 +349,16 @@ impl Homes {
     }
 
     /// Asks the server to commit `root` as the home's last completed save.
+    /// `snapshot`: how long a running home's snapshot took (none when
+    /// securing a stopped one); `uploaded_bytes`: what the upload stored.
     async fn commit(
         client: &Client,
         sandbox: &SandboxAssignment,
         runner_id: &str,
         root: Digest,
         captured_at: SystemTime,
+        snapshot: Option<Duration>,
+        uploaded_bytes: u64,
     ) -> Result<(), SaveFailure> {
         let report = SaveReport {
             runner_id: runner_id.to_owned(),
@@ -355,6 +368,8 @@ impl Homes {
             captured_at_ms: Some(ms_since_epoch(captured_at)),
             bytes_pending: None,
             error: None,
+            snapshot_ms: snapshot.map(|took| took.as_secs_f64() * 1000.0),
+            uploaded_bytes: Some(uploaded_bytes),
         };
         match client
             .runner_report_save(&sandbox.sandbox_id, &report)
@@ -386,6 +401,8 @@ impl Homes {
             captured_at_ms: None,
             bytes_pending: None,
             error: Some(error.to_owned()),
+            snapshot_ms: None,
+            uploaded_bytes: None,
         };
         match client
             .runner_report_save(&sandbox.sandbox_id, &report)
@@ -438,7 +455,16 @@ impl Homes {
                 .root
                 .ok_or_else(|| Error::Invalid("the upload gave no root".to_owned()))?;
             failpoint(&self.failpoint, "runner:save_before_commit");
-            Self::commit(client, sandbox, runner_id, root, captured_at).await?;
+            Self::commit(
+                client,
+                sandbox,
+                runner_id,
+                root,
+                captured_at,
+                Some(snapshot.took),
+                report.bytes_uploaded,
+            )
+            .await?;
             failpoint(&self.failpoint, "runner:save_after_commit");
             tracing::info!(
                 sandbox_id = %id,
@@ -483,7 +509,16 @@ impl Homes {
         let root = report
             .root
             .ok_or_else(|| SaveFailure::Failed("the upload gave no root".to_owned()))?;
-        Self::commit(client, sandbox, runner_id, root, captured_at).await?;
+        Self::commit(
+            client,
+            sandbox,
+            runner_id,
+            root,
+            captured_at,
+            None,
+            report.bytes_uploaded,
+        )
+        .await?;
         let secured = self.secured_path(&id);
         std::fs::write(&secured, root.to_hex()).map_err(|e| Error::io("write", &secured, e))?;
         tracing::info!(sandbox_id = %id, %root, files_hashed = report.files_hashed, blocks_uploaded = report.blocks_uploaded, "home secured");

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use api::runners::{CommandAssignment, SandboxAssignment, SandboxReport};
+use api::runners::{CommandAssignment, SandboxAssignment, SandboxReport, WakeReport};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -237,6 +237,8 @@ struct Worker {
     saver: Option<(u64, JoinHandle<()>)>,
     /// Snapshots being captured and uploaded, by id.
     snapshots: HashMap<String, JoinHandle<()>>,
+    /// What the last wake of a durable home downloaded, until reported.
+    wake: Option<WakeReport>,
 }
 
 /// Runs one sandbox's worker until its sender is dropped (the runner
@@ -273,6 +275,7 @@ pub(crate) async fn run(
         last_seen: None,
         saver: None,
         snapshots: HashMap::new(),
+        wake: None,
     };
     let mut frozen = worker.shared.fence.subscribe();
     let mut backoff = Backoff::new();
@@ -581,6 +584,12 @@ impl Worker {
             state: state.to_owned(),
             reason: reason.map(str::to_owned),
             message: message.clone(),
+            // What the wake before this run cost, told once.
+            wake: if state == "running" {
+                self.wake.clone()
+            } else {
+                None
+            },
         };
         match self
             .shared
@@ -589,6 +598,9 @@ impl Worker {
             .await
         {
             Ok(_) => {
+                if state == "running" {
+                    self.wake = None;
+                }
                 let now = Some((sandbox.epoch, state.to_owned()));
                 if self.reported != now {
                     tracing::info!(sandbox_id = %self.id, epoch = sandbox.epoch, state, reason, message, "reported");
@@ -695,8 +707,9 @@ impl Worker {
             .prepare(&self.shared.client, sandbox)
             .await
         {
-            Ok(home) => {
+            Ok((home, wake)) => {
                 self.home = home;
+                self.wake = wake;
                 config.workspace = self.home.clone();
             }
             Err(err) if err.is_permanent() => {

@@ -195,6 +195,12 @@ pub async fn report_save(
         blocking(move || store.write_home(&org, &committed_home, &root))
             .await?
             .map_err(store_error)?;
+        let captured_at = report.captured_at_ms.unwrap_or(now).min(now);
+        state.metrics.save_completed(
+            std::time::Duration::from_millis((now_ms() - captured_at).max(0) as u64),
+            report.snapshot_ms,
+            report.uploaded_bytes,
+        );
         tracing::info!(sandbox_id = %id, epoch = report.epoch, %root, "home save committed");
     }
     Ok(axum::Json(record.to_api()))

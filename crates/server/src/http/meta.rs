@@ -18,7 +18,26 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
         sqlx::query_as("SELECT state, COUNT(*) FROM sandboxes GROUP BY state ORDER BY state")
             .fetch_all(&state.db.pool)
             .await?;
-    let text = state.metrics.render(&sandboxes, state.db.hub.waiters());
+    let now = crate::db::now_ms();
+    let lags: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT COALESCE(home_saved_at_ms, created_at_ms), save_interval_s FROM sandboxes
+         WHERE state = 'running' AND save_interval_s IS NOT NULL",
+    )
+    .fetch_all(&state.db.pool)
+    .await?;
+    let lag = crate::metrics::SaveLag {
+        max_seconds: lags
+            .iter()
+            .map(|(saved, _)| (now - saved).max(0) as f64 / 1000.0)
+            .fold(0.0, f64::max),
+        delayed: lags
+            .iter()
+            .filter(|(saved, interval)| now - saved > 2 * interval * 1000)
+            .count() as i64,
+    };
+    let text = state
+        .metrics
+        .render(&sandboxes, state.db.hub.waiters(), &lag);
     let mut response = text.into_response();
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,

@@ -357,6 +357,8 @@ pub async fn report_sandbox(
         .ok_or_else(|| not_found("sandbox"))?;
     check_placement(&row, &report.runner_id, report.epoch)?;
     let drain_reason = super::drain::drain_reason(&row, &report.state, runner.drain.as_deref());
+    // What a wake cost, counted once the move to `running` is committed.
+    let mut woke = None;
     if row.state != report.state {
         if !report_allowed(&row, &report.state) {
             return Err(ApiError::new(
@@ -384,6 +386,9 @@ pub async fn report_sandbox(
         if report.state == "deleted" {
             tx.changed(&format!("runner:{}", report.runner_id)).await?;
         }
+        if report.state == "running" {
+            woke = report.wake.clone();
+        }
         // Wanted running once its home is secured: moved off a runner
         // being emptied, or started again while it was securing.
         if report.state == "stopped" && row.storage_class == "durable" && row.desired == "running" {
@@ -406,6 +411,11 @@ pub async fn report_sandbox(
         .await?
         .ok_or_else(|| not_found("sandbox"))?;
     tx.commit().await?;
+    if let Some(wake) = woke {
+        state
+            .metrics
+            .woke(wake.downloaded_bytes, wake.from_own_copy);
+    }
     Ok(axum::Json(record.to_api()))
 }
 
