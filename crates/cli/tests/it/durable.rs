@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::plane::{Api, Plane, block_downloads, eventually, metric};
-use crate::runner_e2e::{RunnerProcess, force_delete_containers, sh, unmount_homes, wait_sandbox};
+use crate::runner_e2e::{
+    RunnerProcess, create_running, force_delete_containers, sh, unmount_homes, wait_sandbox,
+};
 
 /// A server with a store (short leases, saves every second allowed) and
 /// runners started on demand, each in its own data dir.
@@ -78,12 +80,7 @@ impl Fleet {
     }
 
     async fn create(&self, body: Value) -> String {
-        let created = self.api().post("/v1/sandboxes", body).await;
-        assert_eq!(created.status, 201, "{created:?}");
-        let id = created.str("id");
-        let sandbox = wait_sandbox(self.api(), &id, "running").await;
-        assert_eq!(sandbox["state"], "running", "{sandbox}");
-        id
+        create_running(self.api(), body).await
     }
 
     async fn get(&self, id: &str) -> Value {

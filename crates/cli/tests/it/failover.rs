@@ -17,7 +17,7 @@ use crate::durable::LISTING;
 use crate::harness::BIN;
 use crate::plane::{Api, Plane, eventually, metric};
 use crate::runner_e2e::{
-    RunnerProcess, force_delete_containers, sh, unmount_homes, wait_command, wait_sandbox,
+    RunnerProcess, create_running, force_delete_containers, sh, unmount_homes, wait_command,
 };
 
 fn run(program: &str, args: &[&str]) {
@@ -237,12 +237,7 @@ impl Cluster {
     }
 
     async fn create(&self, body: Value) -> String {
-        let created = self.api().post("/v1/sandboxes", body).await;
-        assert_eq!(created.status, 201, "{created:?}");
-        let id = created.str("id");
-        let sandbox = wait_sandbox(self.api(), &id, "running").await;
-        assert_eq!(sandbox["state"], "running", "{sandbox}");
-        id
+        create_running(self.api(), body).await
     }
 
     async fn get(&self, id: &str) -> Value {

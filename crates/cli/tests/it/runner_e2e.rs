@@ -302,6 +302,16 @@ impl Stack {
     }
 }
 
+/// Creates a sandbox and waits until it runs; returns its id.
+pub(crate) async fn create_running(api: &Api, body: Value) -> String {
+    let created = api.post("/v1/sandboxes", body).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let id = created.str("id");
+    let sandbox = wait_sandbox(api, &id, "running").await;
+    assert_eq!(sandbox["state"], "running", "{sandbox}");
+    id
+}
+
 /// Long-polls the sandbox until `state` (or an end state), at most 30 s.
 pub(crate) async fn wait_sandbox(api: &Api, id: &str, state: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
