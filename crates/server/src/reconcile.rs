@@ -74,35 +74,55 @@ pub async fn release_deleted_homes(state: &AppState) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Whether `expired` of `live` runners losing their lease at once looks
+/// Whether `silent` of `live` runners going quiet at once looks
 /// like the control plane being cut off rather than hosts dying: at least
 /// two, and at least `threshold` of the fleet.
-pub fn mass_loss(live: usize, expired: usize, threshold: f64) -> bool {
-    expired >= 2 && expired as f64 >= threshold * live as f64
+pub fn mass_loss(live: usize, silent: usize, threshold: f64) -> bool {
+    silent >= 2 && silent as f64 >= threshold * live as f64
 }
 
-/// Holds recovery while a mass lease loss is younger than the grace
-/// period. The hold's start is a row, so every server honours one hold.
-/// Returns whether this pass must leave the expired runners alone.
+/// Ends a mass-loss hold, if there is one (most passes: no write).
+async fn end_mass_loss_hold(state: &AppState) -> Result<(), ApiError> {
+    let hold: Option<(i64,)> = sqlx::query_as("SELECT since_ms FROM lease_hold WHERE id = 'fleet'")
+        .fetch_optional(&state.db.pool)
+        .await?;
+    if hold.is_some() {
+        let mut tx = state.db.write().await?;
+        sqlx::query("DELETE FROM lease_hold WHERE id = 'fleet'")
+            .execute(&mut *tx.tx)
+            .await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// Holds recovery while a mass lease loss (`silent` of `live` runners
+/// past their freeze point) is younger than the grace period, until no
+/// lease is expired any more. The hold's
+/// start is a row, so every server honours one hold. Returns whether this
+/// pass must leave the expired runners alone.
 async fn hold_for_mass_loss(
     state: &AppState,
     live: usize,
-    expired: usize,
+    silent: usize,
     now: i64,
 ) -> Result<bool, ApiError> {
-    if !mass_loss(live, expired, state.config.mass_loss_threshold) {
-        // Most passes: no hold to end, and no write to take.
+    let grace_ms = state.config.mass_loss_grace.as_millis() as i64;
+    if !mass_loss(live, silent, state.config.mass_loss_threshold) {
+        // A hold under way lasts its grace while any lease is expired:
+        // runners cut off together report back one by one, and the last
+        // must not be recovered because the first came back.
         let hold: Option<(i64,)> =
             sqlx::query_as("SELECT since_ms FROM lease_hold WHERE id = 'fleet'")
                 .fetch_optional(&state.db.pool)
                 .await?;
-        if hold.is_some() {
-            let mut tx = state.db.write().await?;
-            sqlx::query("DELETE FROM lease_hold WHERE id = 'fleet'")
-                .execute(&mut *tx.tx)
-                .await?;
-            tx.commit().await?;
+        if let Some((since,)) = hold
+            && now - since < grace_ms
+        {
+            state.metrics.lease_held();
+            return Ok(true);
         }
+        end_mass_loss_hold(state).await?;
         return Ok(false);
     }
     let mut tx = state.db.write().await?;
@@ -116,12 +136,12 @@ async fn hold_for_mass_loss(
         .fetch_one(&mut *tx.tx)
         .await?;
     tx.commit().await?;
-    let held = now - since < state.config.mass_loss_grace.as_millis() as i64;
+    let held = now - since < grace_ms;
     if held {
         state.metrics.lease_held();
         if since == now {
             tracing::warn!(
-                expired,
+                silent,
                 live,
                 grace_s = state.config.mass_loss_grace.as_secs(),
                 "a large share of the fleet lost its lease at once; holding recovery so runners can report in"
@@ -151,7 +171,21 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ApiError> {
         .filter(|(_, expires)| *expires < cutoff)
         .cloned()
         .collect();
-    if hold_for_mass_loss(state, live.len(), expired.len(), now).await? {
+    if expired.is_empty() {
+        return end_mass_loss_hold(state).await;
+    }
+    // The share counts every runner already past its freeze point (no
+    // answered heartbeat for two thirds of a lease), not only those past
+    // lease and margin: runners cut off together expire up to a heartbeat
+    // interval apart, and the first must not be recovered alone.
+    let lease_ms = state.config.lease_ttl.as_millis() as i64;
+    let silent_before =
+        now + lease_ms - crate::freeze_after(state.config.lease_ttl).as_millis() as i64;
+    let silent = live
+        .iter()
+        .filter(|(_, expires)| *expires < silent_before)
+        .count();
+    if hold_for_mass_loss(state, live.len(), silent, now).await? {
         return Ok(());
     }
     for (runner_id, expired_at) in expired {
