@@ -351,12 +351,15 @@ async fn apply_retention(state: &AppState) -> Result<(), ApiError> {
         }
         tx.commit().await?;
     }
+    // Reads hide ended records past the retention window; the rows of deleted
+    // ones stay until their idempotency keys may go, so a key is kept a day
+    // after its sandbox ended even when the retention window is shorter.
+    let keys_cutoff = now_ms() - IDEMPOTENCY_KEEP_MS.max(state.config.retention.as_millis() as i64);
     let mut tx = state.db.write().await?;
     sqlx::query("DELETE FROM sandboxes WHERE state = 'deleted' AND ended_at_ms < $1")
-        .bind(cutoff)
+        .bind(keys_cutoff)
         .execute(&mut *tx.tx)
         .await?;
-    let keys_cutoff = now_ms() - IDEMPOTENCY_KEEP_MS.max(state.config.retention.as_millis() as i64);
     let purged = sqlx::query(
         "DELETE FROM idempotency_keys WHERE created_at_ms < $1
          AND resource_id NOT IN (SELECT id FROM sandboxes WHERE ended_at_ms IS NULL OR ended_at_ms >= $1)

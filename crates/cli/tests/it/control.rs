@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 use crate::harness::BIN;
-use crate::plane::{Server, postgres_database, start_server};
+use crate::plane::{Server, postgres_database, start_server, start_server_logging};
 
 fn admin(server_url: &str, token: &str, args: &[&str]) -> Output {
     Command::new(BIN)
@@ -200,4 +200,62 @@ fn two_servers_on_one_postgres_act_as_one_control_plane() {
     // The org created through a is known to b.
     let again = admin(&b.url, &admin_token, &["org", "create", "acme"]);
     assert!(String::from_utf8_lossy(&again.stderr).contains("invalid_state"));
+}
+
+#[test]
+fn every_answer_and_its_log_lines_carry_one_request_id() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let log_path = tmp.path().join("server.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let server = start_server_logging(
+        &tmp.path().join("data"),
+        &[],
+        &[("ROOST_LOG", "server=debug"), ("ROOST_LOG_FORMAT", "json")],
+        log,
+    );
+    let admin_token = server.admin_token.clone().expect("admin token");
+    let orgs = format!("{}/v1/admin/orgs", server.url);
+    let answers = [
+        post(&orgs, &admin_token, r#"{"name": "acme"}"#),
+        post(&orgs, &admin_token, r#"{"nmae": "acme"}"#),
+        post(&orgs, "roost_admin_wrong", r#"{"name": "acme"}"#),
+    ];
+    let ids: Vec<String> = answers
+        .iter()
+        .map(|(_, id, _)| id.clone().expect("x-request-id on every answer"))
+        .collect();
+    let distinct: std::collections::BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(distinct.len(), 3, "one id per request: {ids:?}");
+    drop(server);
+
+    // One JSON object per line; each request's lines name its id, and its
+    // closing line says how it was answered.
+    let text = std::fs::read_to_string(&log_path).expect("log");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    // The request span of a line (`spans` lists the line's spans, outermost first).
+    let request_of = |line: &Value| -> Option<String> {
+        line["spans"]
+            .as_array()?
+            .iter()
+            .find(|s| s["name"] == "request")
+            .map(|s| s["request_id"].as_str().unwrap_or("").to_owned())
+    };
+    for ((status, _, _), id) in answers.iter().zip(&ids) {
+        let answered: Vec<&Value> = lines
+            .iter()
+            .filter(|l| request_of(l).as_deref() == Some(id.as_str()))
+            .filter(|l| l["fields"]["message"] == "answered")
+            .collect();
+        assert_eq!(answered.len(), 1, "{id} in\n{text}");
+        assert_eq!(answered[0]["fields"]["status"], *status, "{text}");
+    }
+    // Every line logged while a request was handled names it.
+    for line in &lines {
+        if let Some(id) = request_of(line) {
+            assert!(ids.contains(&id), "{line}");
+        }
+    }
 }

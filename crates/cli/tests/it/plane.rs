@@ -39,6 +39,26 @@ pub fn start_server_listening(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Server {
+    spawn_server(data_dir, listen, args, env, Stdio::inherit())
+}
+
+/// `start_server_with`, its log lines (stderr) written to `log`.
+pub fn start_server_logging(
+    data_dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    log: std::fs::File,
+) -> Server {
+    spawn_server(data_dir, "127.0.0.1:0", args, env, Stdio::from(log))
+}
+
+fn spawn_server(
+    data_dir: &Path,
+    listen: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    stderr: Stdio,
+) -> Server {
     let mut command = Command::new(BIN);
     command.args([
         "server",
@@ -55,7 +75,7 @@ pub fn start_server_listening(
     }
     let mut child = command
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("start server");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();

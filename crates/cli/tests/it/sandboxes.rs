@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::plane::{
-    ALL, Api, Plane, STANDARD, TestRunner, new_org, postgres_database, start_server_with,
+    ALL, Api, Plane, STANDARD, TestRunner, eventually, new_org, postgres_database,
+    start_server_with,
 };
 
 fn states(events: &Value) -> Vec<String> {
@@ -643,4 +644,40 @@ async fn bounded_input_is_refused_with_codes_naming_the_field() {
         )
         .await
         .assert_error(400, "invalid_request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_keys_belong_to_one_org_and_outlive_the_records_retention() {
+    let plane = Plane::start(&["--retention", "1s", "--reconcile-interval", "100ms"]).await;
+    let runner = plane.runner("r1", "spot", STANDARD).await;
+    let key = [("idempotency-key", "nightly-1")];
+    let body = json!({"labels": {"job": "nightly"}});
+    let first = plane
+        .org
+        .post_with("/v1/sandboxes", body.clone(), &key)
+        .await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let id = first.str("id");
+
+    // The same key in another org is another org's: a sandbox of its own.
+    let (other, _) = new_org(&plane.admin, "other", json!({})).await;
+    let theirs = other.post_with("/v1/sandboxes", body.clone(), &key).await;
+    assert_eq!(theirs.status, 201, "{theirs:?}");
+    assert!(!theirs.replayed);
+    assert_ne!(theirs.str("id"), id);
+
+    // The sandbox ends and its record passes the retention window...
+    runner.report(&id, "failed", Some("workload_exited")).await;
+    let hidden = eventually(Duration::from_secs(8), || async {
+        plane.org.get(&format!("/v1/sandboxes/{id}")).await.status == 404
+    })
+    .await;
+    assert!(hidden, "the ended record is hidden after retention");
+    // ...but a retry of its create still replays, creating nothing.
+    let retried = plane.org.post_with("/v1/sandboxes", body, &key).await;
+    assert_eq!(retried.status, 201, "{retried:?}");
+    assert!(retried.replayed, "answered from the kept key");
+    assert_eq!(retried.body, first.body);
+    let listed = plane.org.get("/v1/sandboxes").await.body;
+    assert_eq!(listed["sandboxes"], json!([]), "nothing new: {listed}");
 }
