@@ -8,7 +8,7 @@
 //! It offers objects only (put, get, exists); home pointers are committed
 //! by the server, which alone can take the store's commit lock. Its
 //! `put_batch` sends many objects per request (`POST …/batch`, the body
-//! format below).
+//! format below), and its `get_batch` fetches many (`POST …/fetch`).
 //!
 //! # Batch body
 //!
@@ -28,6 +28,15 @@
 //! At most [`BATCH_OBJECTS_MAX`] frames and [`BATCH_BODY_BYTES_MAX`] bytes.
 //! The server stores the objects in the order given, so a tree may follow
 //! the children it names in the same batch.
+//!
+//! # Fetch answer
+//!
+//! `POST /v1/blocks/{org}/fetch` `{"objects": ["blocks/HEX", …]}` (at most
+//! [`FETCH_OBJECTS_MAX`]) answers with frames in the same format, one per
+//! requested object in request order, where an object the org's store
+//! lacks is a header alone with `-` for its length (`blocks/HEX -\n`). The
+//! answer may stop early, after at least one frame, once it holds about
+//! [`FETCH_ANSWER_BYTES`]: the client asks again for the rest.
 
 use std::ops::Range;
 
@@ -53,6 +62,19 @@ pub struct MissingResponse {
     /// The requested objects the org's store lacks, in request order.
     pub missing: Vec<String>,
 }
+
+/// `POST /v1/blocks/{org}/fetch`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FetchRequest {
+    /// `blocks/HEX` or `trees/HEX`; at most 1024.
+    pub objects: Vec<String>,
+}
+
+/// Most objects one fetch may ask for.
+pub const FETCH_OBJECTS_MAX: usize = 1024;
+/// A fetch answer stops after the frame that brings it to this size.
+pub const FETCH_ANSWER_BYTES: usize = 8 * 1024 * 1024;
 
 /// How the service names an object: `blocks/HEX` or `trees/HEX`.
 pub fn object_name(kind: ObjectKind, hex: &str) -> String {
@@ -114,6 +136,39 @@ pub enum BatchFormatError {
 /// refusing anything else: a body that ends inside a frame, a header that
 /// is not exactly `kind/hex length\n`, more than [`BATCH_OBJECTS_MAX`].
 pub fn parse_batch(body: &[u8]) -> Result<Vec<BatchObject>, BatchFormatError> {
+    Ok(parse_frames(body, false)?
+        .into_iter()
+        .filter_map(|frame| {
+            Some(BatchObject {
+                object: frame.object,
+                data: frame.data?,
+            })
+        })
+        .collect())
+}
+
+/// One object of a fetch answer; `data` is `None` for an object the
+/// org's store lacks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchedObject {
+    pub object: ObjectId,
+    pub data: Option<Range<usize>>,
+}
+
+/// Splits a fetch answer into its frames: the batch format, where a length
+/// of `-` says the object is absent.
+pub fn parse_fetched(body: &[u8]) -> Result<Vec<FetchedObject>, BatchFormatError> {
+    parse_frames(body, true)
+}
+
+/// An absent object's frame in a fetch answer.
+pub fn absent_header(object: &ObjectId) -> String {
+    format!("{} -\n", object_name(object.kind, &object.digest.to_hex()))
+}
+
+/// The frames of a body; `-` lengths (absent objects) only where
+/// `allow_absent`.
+fn parse_frames(body: &[u8], allow_absent: bool) -> Result<Vec<FetchedObject>, BatchFormatError> {
     let mut objects = Vec::new();
     let mut at = 0;
     while at < body.len() {
@@ -140,13 +195,14 @@ pub fn parse_batch(body: &[u8]) -> Result<Vec<BatchObject>, BatchFormatError> {
         let text = std::str::from_utf8(header).map_err(|_| malformed())?;
         let (name, length) = text.split_once(' ').ok_or_else(malformed)?;
         let (kind, hex) = name.split_once('/').ok_or_else(malformed)?;
-        if length.is_empty()
-            || length.len() > BATCH_LENGTH_DIGITS_MAX
-            || !length.bytes().all(|b| b.is_ascii_digit())
+        let absent = allow_absent && length == "-";
+        if !absent
+            && (length.is_empty()
+                || length.len() > BATCH_LENGTH_DIGITS_MAX
+                || !length.bytes().all(|b| b.is_ascii_digit()))
         {
             return Err(malformed());
         }
-        let length: usize = length.parse().map_err(|_| malformed())?;
         let digest: Digest = hex.parse().map_err(|_| BatchFormatError::InvalidDigest {
             index,
             hex: hex.chars().take(80).collect(),
@@ -162,6 +218,12 @@ pub fn parse_batch(body: &[u8]) -> Result<Vec<BatchObject>, BatchFormatError> {
             }
         };
         let start = at + end + 1;
+        if absent {
+            objects.push(FetchedObject { object, data: None });
+            at = start;
+            continue;
+        }
+        let length: usize = length.parse().map_err(|_| malformed())?;
         let available = body.len() - start;
         if length > available {
             return Err(BatchFormatError::TruncatedData {
@@ -170,9 +232,9 @@ pub fn parse_batch(body: &[u8]) -> Result<Vec<BatchObject>, BatchFormatError> {
                 missing: length - available,
             });
         }
-        objects.push(BatchObject {
+        objects.push(FetchedObject {
             object,
-            data: start..start + length,
+            data: Some(start..start + length),
         });
         at = start + length;
     }
@@ -302,6 +364,60 @@ impl Backend for RemoteBackend {
             .map_err(|e| backend_error("get", key, e))
     }
 
+    /// One request per [`FETCH_OBJECTS_MAX`] keys, repeated for whatever
+    /// an answer left out. Every frame must be the next object asked for.
+    fn get_batch(&self, keys: &[String]) -> store::Result<Vec<Option<Vec<u8>>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        while out.len() < keys.len() {
+            let first = &keys[out.len()];
+            let (org, _) = self.object("get", first)?;
+            let mut asked = Vec::new();
+            for key in keys[out.len()..].iter().take(FETCH_OBJECTS_MAX) {
+                let (key_org, object) = self.object_id("get", key)?;
+                if key_org != org {
+                    break;
+                }
+                asked.push(object);
+            }
+            let names: Vec<String> = asked
+                .iter()
+                .map(|o| object_name(o.kind, &o.digest.to_hex()))
+                .collect();
+            let body = self
+                .runtime
+                .block_on(self.client.fetch_objects(&org, &names))
+                .map_err(|e| backend_error("get", first, e))?;
+            let bad = |message: String| store::Error::Backend {
+                op: "get",
+                key: first.clone(),
+                message: format!("malformed fetch answer: {message}"),
+            };
+            let frames = parse_fetched(&body).map_err(|e| bad(e.to_string()))?;
+            if frames.is_empty() || frames.len() > asked.len() {
+                return Err(bad(format!(
+                    "{} objects for {} asked",
+                    frames.len(),
+                    asked.len()
+                )));
+            }
+            for (frame, wanted) in frames.into_iter().zip(&asked) {
+                if frame.object != *wanted {
+                    return Err(bad(format!(
+                        "{} where {} was next",
+                        object_name(frame.object.kind, &frame.object.digest.to_hex()),
+                        object_name(wanted.kind, &wanted.digest.to_hex())
+                    )));
+                }
+                out.push(frame.data.map(|range| body[range].to_vec()));
+            }
+        }
+        Ok(out)
+    }
+
+    fn reads_in_batches(&self) -> bool {
+        true
+    }
+
     fn exists(&self, keys: &[String]) -> store::Result<Vec<bool>> {
         let Some(first) = keys.first() else {
             return Ok(Vec::new());
@@ -373,6 +489,36 @@ mod tests {
         );
         assert_eq!(parse_batch(&body), Ok(expected));
         assert_eq!(parse_batch(b""), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn fetch_answers_name_absent_objects_which_batches_may_not() {
+        let (a, b) = (Digest::of(b"a"), Digest::of(b"b"));
+        let mut body = batch_header(&ObjectId::block(a), 2).into_bytes();
+        let header_len = body.len();
+        body.extend_from_slice(b"xy");
+        body.extend_from_slice(absent_header(&ObjectId::tree(b)).as_bytes());
+        assert_eq!(
+            parse_fetched(&body),
+            Ok(vec![
+                FetchedObject {
+                    object: ObjectId::block(a),
+                    data: Some(header_len..header_len + 2),
+                },
+                FetchedObject {
+                    object: ObjectId::tree(b),
+                    data: None,
+                },
+            ])
+        );
+        let absent = format!("trees/{} -", b.to_hex());
+        assert_eq!(
+            parse_batch(&body),
+            Err(BatchFormatError::MalformedHeader {
+                index: 1,
+                header: absent,
+            })
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use reqwest::{Method, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::blocks::{MissingRequest, MissingResponse};
+use crate::blocks::{FetchRequest, MissingRequest, MissingResponse};
 use crate::commands::{Command, CommandList, CreateCommandRequest, SignalRequest};
 use crate::images::{CommitImageRequest, Image, ImageList};
 use crate::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse, Whoami};
@@ -819,6 +819,37 @@ impl Client {
                 message: error_chain(e),
             })?;
         Ok(Some(bytes.to_vec()))
+    }
+
+    /// `POST /v1/blocks/{org}/fetch`: several objects' stored bytes in one
+    /// answer of frames (`api::blocks` documents the format), a prefix of
+    /// `objects` in their order.
+    pub async fn fetch_objects(
+        &self,
+        org: &str,
+        objects: &[String],
+    ) -> Result<Vec<u8>, ClientError> {
+        let request = FetchRequest {
+            objects: objects.to_vec(),
+        };
+        let bytes = serde_json::to_vec(&request).map_err(|e| ClientError::Encode {
+            message: e.to_string(),
+        })?;
+        let url = self.url(&["v1", "blocks", org, "fetch"], &[])?;
+        let shown = url.to_string();
+        let body = Body {
+            bytes,
+            content_type: "application/json",
+        };
+        let response = self.send(Method::POST, url, Some(body), &[]).await?;
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Unreachable {
+                url: shown,
+                message: error_chain(e),
+            })?;
+        Ok(bytes.to_vec())
     }
 
     /// `PUT /v1/images/{name}`: commits an uploaded tree as the image.

@@ -118,6 +118,8 @@ pub struct Metrics {
     lease_holds: AtomicU64,
     block_bytes_in: AtomicU64,
     block_bytes_out: AtomicU64,
+    block_objects_in: AtomicU64,
+    block_objects_out: AtomicU64,
     homes: Mutex<Homes>,
 }
 
@@ -153,14 +155,16 @@ impl Metrics {
             .or_default() += 1;
     }
 
-    /// Stored bytes through the block service: "in" (uploads) or "out".
-    pub fn block_bytes(&self, direction: &str, bytes: u64) {
-        let counter = if direction == "in" {
-            &self.block_bytes_in
+    /// Objects and their stored bytes through the block service: "in"
+    /// (uploads) or "out".
+    pub fn block_transfer(&self, direction: &str, objects: u64, bytes: u64) {
+        let (object_counter, byte_counter) = if direction == "in" {
+            (&self.block_objects_in, &self.block_bytes_in)
         } else {
-            &self.block_bytes_out
+            (&self.block_objects_out, &self.block_bytes_out)
         };
-        counter.fetch_add(bytes, Ordering::Relaxed);
+        object_counter.fetch_add(objects, Ordering::Relaxed);
+        byte_counter.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub fn lease_expired(&self) {
@@ -312,6 +316,21 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "roost_block_bytes_total{{direction=\"{direction}\"}} {}",
+                counter.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP roost_block_objects_total Objects through the block service (a batch counts each)."
+        );
+        let _ = writeln!(out, "# TYPE roost_block_objects_total counter");
+        for (direction, counter) in [
+            ("in", &self.block_objects_in),
+            ("out", &self.block_objects_out),
+        ] {
+            let _ = writeln!(
+                out,
+                "roost_block_objects_total{{direction=\"{direction}\"}} {}",
                 counter.load(Ordering::Relaxed)
             );
         }

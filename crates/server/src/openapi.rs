@@ -45,6 +45,7 @@ use utoipa::OpenApi;
         crate::http::blocks::put,
         crate::http::blocks::batch,
         crate::http::blocks::get,
+        crate::http::blocks::fetch,
         crate::http::meta::whoami,
         crate::http::meta::metrics,
         crate::http::meta::openapi,
@@ -94,6 +95,7 @@ use utoipa::OpenApi;
         api::images::ImageList,
         api::blocks::MissingRequest,
         api::blocks::MissingResponse,
+        api::blocks::FetchRequest,
     ))
 )]
 struct Doc;

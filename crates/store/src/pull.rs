@@ -12,9 +12,12 @@
 //! Speed: directories are processed in parallel; files whose current stat
 //! matches the local index with the same blocks are left alone; blocks come
 //! from the optional local block cache before the store; all-zero 4 MiB
-//! blocks of large files become holes.
+//! blocks of large files become holes. Where a request per object would
+//! cost a round trip (the block service, [`crate::backend::Backend::reads_in_batches`]), a
+//! directory's subtrees and the blocks of its small files are fetched
+//! together, a window of files at a time, before they are written.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
@@ -36,6 +39,18 @@ use crate::tree::{Entry, EntryKind, Tree};
 use crate::{Digest, Error, HomeName, OrgId, Result, Store, block};
 
 const TEMP_PREFIX: &str = ".roost-tmp-";
+
+/// Files up to this size have their blocks fetched with their directory's
+/// window when the store reads in batches; larger ones block by block.
+const PREFETCH_FILE_BYTES_MAX: u64 = 1024 * 1024;
+/// A window of a directory's files holds at most this many objects...
+const PREFETCH_WINDOW_OBJECTS: usize = 1024;
+/// ...and this many bytes of content: what one directory holds in memory.
+const PREFETCH_WINDOW_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Objects fetched ahead of their use: stored bytes, already counted and
+/// written to the block cache.
+type Prefetched = HashMap<ObjectId, Vec<u8>>;
 
 pub struct PullOptions {
     /// A local block cache directory, read before the store and filled
@@ -157,7 +172,7 @@ pub fn materialize(
         new_index: Mutex::new(Index::default()),
         trees_seen: Mutex::new(Vec::new()),
     };
-    let tree = materializer.fetch_tree(root, Path::new(""))?;
+    let tree = materializer.fetch_tree(root, Path::new(""), &Prefetched::new())?;
     let logical_bytes = crate::tree::logical_bytes(&tree.entries);
     progress.phase("downloading", Some(logical_bytes));
     materializer.materialize_dir(&dest_fd, &tree, Path::new(""), false)?;
@@ -202,6 +217,25 @@ fn io_at(path: &Path) -> impl FnOnce(rustix::io::Errno) -> Error + '_ {
     }
 }
 
+/// What `entry`'s name in `dir` holds now: nothing in a directory this
+/// pull created.
+fn existing_entry(
+    dir: &OwnedFd,
+    entry: &Entry,
+    parent_rel: &Path,
+    created: bool,
+) -> Result<Option<rustix::fs::Stat>> {
+    if created {
+        return Ok(None);
+    }
+    let name = OsStr::from_bytes(&entry.name);
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => Ok(Some(stat)),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(errno) => Err(io_at(&parent_rel.join(name))(errno)),
+    }
+}
+
 fn timestamps(mtime_ns: i64) -> Timestamps {
     let time = Timespec {
         tv_sec: mtime_ns.div_euclid(1_000_000_000),
@@ -214,7 +248,10 @@ fn timestamps(mtime_ns: i64) -> Timestamps {
 }
 
 impl Materializer<'_> {
-    fn fetch(&self, object: &ObjectId, rel: &Path) -> Result<Vec<u8>> {
+    fn fetch(&self, object: &ObjectId, rel: &Path, prefetched: &Prefetched) -> Result<Vec<u8>> {
+        if let Some(stored) = prefetched.get(object) {
+            return block::decode(&object.digest, stored).map_err(|e| e.at(rel));
+        }
         if let Some(cache) = &self.cache
             && let Ok(stored) = cache.get_encoded(self.org, object)
             && let Ok(plain) = block::decode(&object.digest, &stored)
@@ -247,8 +284,62 @@ impl Materializer<'_> {
         Ok(plain)
     }
 
-    fn fetch_tree(&self, digest: &Digest, rel: &Path) -> Result<Tree> {
-        let bytes = self.fetch(&ObjectId::tree(*digest), rel)?;
+    /// Fetches `objects` (those the block cache lacks) in one batch.
+    fn prefetch(&self, mut objects: Vec<ObjectId>, rel: &Path) -> Result<Prefetched> {
+        objects.sort_unstable();
+        objects.dedup();
+        if let Some(cache) = &self.cache
+            && !objects.is_empty()
+        {
+            let keys: Vec<String> = objects
+                .iter()
+                .map(|o| Store::object_key(self.org, o))
+                .collect();
+            // An unreadable cache only costs downloads.
+            if let Ok(present) = cache.backend().exists(&keys) {
+                objects = objects
+                    .into_iter()
+                    .zip(present)
+                    .filter_map(|(object, present)| (!present).then_some(object))
+                    .collect();
+            }
+        }
+        if objects.is_empty() {
+            return Ok(Prefetched::new());
+        }
+        let fetched = self
+            .store
+            .get_encoded_batch(self.org, &objects)
+            .map_err(|e| e.at(rel))?;
+        let mut prefetched = Prefetched::with_capacity(objects.len());
+        for (object, stored) in objects.into_iter().zip(fetched) {
+            let stored = stored.ok_or_else(|| {
+                Error::MissingObject {
+                    digest: object.digest,
+                    path: None,
+                }
+                .at(rel)
+            })?;
+            self.counters
+                .blocks_downloaded
+                .fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .bytes_downloaded
+                .fetch_add(stored.len() as u64, Ordering::Relaxed);
+            if let Some(cache) = &self.cache
+                && let Err(err) = cache
+                    .backend()
+                    .put(&Store::object_key(self.org, &object), &stored)
+            {
+                tracing::warn!(%err, "block cache write failed");
+            }
+            prefetched.insert(object, stored);
+        }
+        Ok(prefetched)
+    }
+
+    fn fetch_tree(&self, digest: &Digest, rel: &Path, prefetched: &Prefetched) -> Result<Tree> {
+        let bytes = self.fetch(&ObjectId::tree(*digest), rel, prefetched)?;
         lock(&self.trees_seen).push(*digest);
         Tree::decode(digest, &bytes)
     }
@@ -266,32 +357,101 @@ impl Materializer<'_> {
                 }
             }
         }
-        tree.entries
+        if !self.store.backend().reads_in_batches() {
+            return tree.entries.par_iter().try_for_each(|entry| {
+                let existing = existing_entry(dir, entry, rel, created)?;
+                self.materialize_entry(dir, entry, existing.as_ref(), rel, &Prefetched::new())
+            });
+        }
+        let entries: Vec<(&Entry, Option<rustix::fs::Stat>)> = tree
+            .entries
             .par_iter()
-            .try_for_each(|entry| self.materialize_entry(dir, entry, rel, created))
+            .map(|entry| Ok((entry, existing_entry(dir, entry, rel, created)?)))
+            .collect::<Result<_>>()?;
+        let (dirs, others): (Vec<_>, Vec<_>) = entries
+            .into_iter()
+            .partition(|(entry, _)| matches!(entry.kind, EntryKind::Dir { .. }));
+        // Files first, a window at a time, so that one directory holds at
+        // most a window's blocks while its subdirectories are worked on.
+        for (window, objects) in self.file_windows(&others) {
+            let prefetched = self.prefetch(objects, rel)?;
+            others[window]
+                .par_iter()
+                .try_for_each(|(entry, existing)| {
+                    self.materialize_entry(dir, entry, existing.as_ref(), rel, &prefetched)
+                })?;
+        }
+        let subtrees = dirs
+            .iter()
+            .filter_map(|(entry, _)| match &entry.kind {
+                EntryKind::Dir { tree } => Some(ObjectId::tree(*tree)),
+                _ => None,
+            })
+            .collect();
+        let prefetched = self.prefetch(subtrees, rel)?;
+        dirs.par_iter().try_for_each(|(entry, existing)| {
+            self.materialize_entry(dir, entry, existing.as_ref(), rel, &prefetched)
+        })
     }
 
+    /// Splits a directory's non-directory entries into windows, each with
+    /// the objects its small files that need writing will read.
+    fn file_windows(
+        &self,
+        entries: &[(&Entry, Option<rustix::fs::Stat>)],
+    ) -> Vec<(std::ops::Range<usize>, Vec<ObjectId>)> {
+        let mut windows = Vec::new();
+        let (mut start, mut objects, mut bytes) = (0, Vec::new(), 0);
+        for (i, (entry, existing)) in entries.iter().enumerate() {
+            if let EntryKind::File { blocks } = &entry.kind
+                && entry.size <= PREFETCH_FILE_BYTES_MAX
+                && self.unchanged(existing.as_ref(), blocks).is_none()
+            {
+                objects.extend(blocks.iter().map(|digest| ObjectId::block(*digest)));
+                bytes += entry.size;
+            }
+            if objects.len() >= PREFETCH_WINDOW_OBJECTS || bytes >= PREFETCH_WINDOW_BYTES {
+                windows.push((start..i + 1, std::mem::take(&mut objects)));
+                (start, bytes) = (i + 1, 0);
+            }
+        }
+        if start < entries.len() {
+            windows.push((start..entries.len(), objects));
+        }
+        windows
+    }
+
+    /// The stat of a file already holding exactly `blocks` (by the old
+    /// index), which then needs at most its mode and mtime touched up.
+    fn unchanged<'s>(
+        &self,
+        existing: Option<&'s rustix::fs::Stat>,
+        blocks: &[Digest],
+    ) -> Option<&'s rustix::fs::Stat> {
+        existing.filter(|stat| {
+            FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile
+                && stat.st_nlink == 1
+                && self
+                    .old_index
+                    .files
+                    .get(&self.index_key(stat))
+                    .map(Vec::as_slice)
+                    == Some(blocks)
+        })
+    }
+
+    /// `existing` is what the entry's name holds now, if anything.
     fn materialize_entry(
         &self,
         dir: &OwnedFd,
         entry: &Entry,
+        existing: Option<&rustix::fs::Stat>,
         parent_rel: &Path,
-        parent_created: bool,
+        prefetched: &Prefetched,
     ) -> Result<()> {
         let name = OsStr::from_bytes(&entry.name);
         let rel = parent_rel.join(name);
-        let existing = if parent_created {
-            None
-        } else {
-            match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(stat) => Some(stat),
-                Err(rustix::io::Errno::NOENT) => None,
-                Err(errno) => return Err(io_at(&rel)(errno)),
-            }
-        };
-        let existing_type = existing
-            .as_ref()
-            .map(|s| FileType::from_raw_mode(s.st_mode));
+        let existing_type = existing.map(|s| FileType::from_raw_mode(s.st_mode));
         match &entry.kind {
             EntryKind::Dir { tree } => {
                 let created = existing_type != Some(FileType::Directory);
@@ -312,19 +472,14 @@ impl Materializer<'_> {
                 if !created {
                     ensure_writable_dir(&child).map_err(io_at(&rel))?;
                 }
-                let subtree = self.fetch_tree(tree, &rel)?;
+                let subtree = self.fetch_tree(tree, &rel, prefetched)?;
                 self.materialize_dir(&child, &subtree, &rel, created)?;
                 rustix::fs::fchmod(&child, Mode::from_raw_mode(entry.mode)).map_err(io_at(&rel))?;
                 rustix::fs::futimens(&child, &timestamps(entry.mtime_ns)).map_err(io_at(&rel))?;
             }
             EntryKind::File { blocks } => {
                 self.counters.files.fetch_add(1, Ordering::Relaxed);
-                let reusable = existing.as_ref().filter(|s| {
-                    FileType::from_raw_mode(s.st_mode) == FileType::RegularFile && s.st_nlink == 1
-                });
-                if let Some(stat) = reusable
-                    && self.old_index.files.get(&self.index_key(stat)) == Some(blocks)
-                {
+                if let Some(stat) = self.unchanged(existing, blocks) {
                     self.touch_up(dir, name, entry, stat, &rel)?;
                     self.counters
                         .files_unchanged
@@ -335,7 +490,7 @@ impl Materializer<'_> {
                 if existing_type == Some(FileType::Directory) {
                     remove_entry(dir, &entry.name).map_err(io_at(&rel))?;
                 }
-                self.write_file(dir, name, entry, blocks, &rel)?;
+                self.write_file(dir, name, entry, blocks, &rel, prefetched)?;
                 self.counters.files_written.fetch_add(1, Ordering::Relaxed);
             }
             EntryKind::Symlink { target } => {
@@ -396,6 +551,7 @@ impl Materializer<'_> {
         entry: &Entry,
         blocks: &[Digest],
         rel: &Path,
+        prefetched: &Prefetched,
     ) -> Result<()> {
         let temp = temp_name(&entry.name);
         let fd = rustix::fs::openat(
@@ -416,7 +572,7 @@ impl Materializer<'_> {
                     file.seek(SeekFrom::Start(offset + len))
                         .map_err(Error::io(rel))?;
                 } else {
-                    let data = self.fetch(&ObjectId::block(*digest), rel)?;
+                    let data = self.fetch(&ObjectId::block(*digest), rel, prefetched)?;
                     if data.len() as u64 != len {
                         return Err(Error::Corrupt {
                             digest: *digest,

@@ -158,6 +158,25 @@ impl Store {
             })
     }
 
+    /// Several objects' stored bytes, in the order of `objects`, through
+    /// [`Backend::get_batch`]; `None` for one the store lacks.
+    pub fn get_encoded_batch(
+        &self,
+        org: &OrgId,
+        objects: &[ObjectId],
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        let keys: Vec<String> = objects.iter().map(|o| Self::object_key(org, o)).collect();
+        let fetched = self.backend.get_batch(&keys)?;
+        if fetched.len() != objects.len() {
+            return Err(Error::Backend {
+                op: "get",
+                key: keys.first().cloned().unwrap_or_default(),
+                message: format!("{} objects for {} asked", fetched.len(), objects.len()),
+            });
+        }
+        Ok(fetched)
+    }
+
     /// An object's plain content, verified against its digest.
     pub fn get_object(&self, org: &OrgId, object: &ObjectId) -> Result<Vec<u8>> {
         block::decode(&object.digest, &self.get_encoded(org, object)?)

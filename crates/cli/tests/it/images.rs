@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use crate::harness::BIN;
-use crate::plane::{Api, block_downloads, metric, new_org};
+use crate::plane::{Api, block_download_requests, block_downloads, metric, new_org};
 use crate::runner_e2e::{Stack, sh, wait_sandbox};
 
 /// A root filesystem of a static busybox (no libc) and `files` small
@@ -79,12 +79,20 @@ async fn an_imported_image_runs_and_a_new_version_brings_only_its_changes() {
     assert_eq!(listed.body["images"][0]["root"], v1["image"]["root"]);
 
     let before = block_downloads(api).await;
+    let requests_before = block_download_requests(api).await;
     let sandbox = stack.running_sandbox(json!({"image": "busy"})).await;
     let sid = sandbox["id"].as_str().expect("id");
     let first_pull = block_downloads(api).await - before;
+    let first_requests = block_download_requests(api).await - requests_before;
     assert!(
         first_pull >= 62,
         "the first materialisation fetched {first_pull} objects"
+    );
+    // A directory's small files come down together: /data's 60 files in
+    // one fetch, not one request each.
+    assert!(
+        first_requests <= 10,
+        "{first_requests} download requests for {first_pull} objects"
     );
     assert_eq!(
         sh(api, sid, "cat /etc/os-release").await,
@@ -628,4 +636,141 @@ async fn a_save_of_many_changed_files_takes_few_block_service_requests() {
         sh(api, id, "cat /workspace/src/d7/f9 /workspace/src/d7/f10").await,
         "7/9 v2\n7/10 v1\n"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_block_service_hands_out_objects_in_batches_naming_absent_ones() {
+    let store = tempfile::tempdir().expect("store dir");
+    let store_arg = store.path().to_str().expect("utf-8").to_owned();
+    let plane = crate::plane::Plane::start(&["--store", &store_arg]).await;
+    let (org, org_id) = (&plane.org, &plane.org_id);
+    let fetch = format!("/v1/blocks/{org_id}/fetch");
+    let (a, b): (&[u8], &[u8]) = (b"fetched block a", b"fetched block b");
+    let (tree, tree_stored) = tree_of(&[a, b]);
+    let upload = [
+        block_frame(a),
+        block_frame(b),
+        frame("trees", &tree, &tree_stored),
+    ]
+    .concat();
+    let stored = org
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/blocks/{org_id}/batch"),
+            Some(upload),
+            &[],
+        )
+        .await
+        .expect("request");
+    assert_eq!(stored.status, 204, "{stored:?}");
+
+    // In the order asked, an absent object as its header with `-`.
+    let absent = name("blocks", b"never stored");
+    let tree_name = format!("trees/{}", tree.to_hex());
+    let objects_out = || metric(org, "roost_block_objects_total{direction=\"out\"}");
+    let before = objects_out().await;
+    let answer = org
+        .post(
+            &fetch,
+            json!({"objects": [name("blocks", b), absent, tree_name, name("blocks", a)]}),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let expected = [
+        block_frame(b),
+        format!("{absent} -\n").into_bytes(),
+        frame("trees", &tree, &tree_stored),
+        block_frame(a),
+    ]
+    .concat();
+    assert_eq!(
+        String::from_utf8_lossy(&answer.bytes),
+        String::from_utf8_lossy(&expected)
+    );
+    assert_eq!(objects_out().await - before, 3, "three objects handed out");
+
+    // Another org's token finds nothing of this org; bad requests are named.
+    let (other, _) = new_org(&plane.admin, "other", json!({})).await;
+    other
+        .post(&fetch, json!({"objects": [name("blocks", a)]}))
+        .await
+        .assert_error(404, "not_found");
+    org.post(&fetch, json!({"objects": []}))
+        .await
+        .assert_error(400, "invalid_request");
+    let too_many: Vec<String> = (0..1025)
+        .map(|i| name("blocks", format!("{i}").as_bytes()))
+        .collect();
+    org.post(&fetch, json!({"objects": too_many}))
+        .await
+        .assert_error(400, "invalid_request");
+    let bad = org
+        .post(&fetch, json!({"objects": ["blocks/nothex"]}))
+        .await;
+    bad.assert_error(400, "invalid_request");
+    assert_eq!(bad.body["error"]["details"]["field"], "objects");
+
+    // Three incompressible 4 MiB blocks: an answer stops once it holds
+    // 8 MiB, and the runners' client asks again for the rest.
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let big: Vec<Vec<u8>> = (0..3)
+        .map(|_| {
+            (0..4 << 20)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect()
+        })
+        .collect();
+    let big_names: Vec<String> = big.iter().map(|content| name("blocks", content)).collect();
+    for (content, name) in big.iter().zip(&big_names) {
+        let put = org
+            .send(
+                reqwest::Method::PUT,
+                &format!("/v1/blocks/{org_id}/{name}"),
+                Some(store::block::encode(content)),
+                &[],
+            )
+            .await
+            .expect("request");
+        assert_eq!(put.status, 204, "{put:?}");
+    }
+    let answer = org.post(&fetch, json!({ "objects": big_names })).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let frames = api::blocks::parse_fetched(&answer.bytes).expect("frames");
+    assert_eq!(frames.len(), 2, "the answer stops after 8 MiB");
+    let mut keys: Vec<String> = big
+        .iter()
+        .map(|content| {
+            let object = store::store::ObjectId::block(store::Digest::of(content));
+            store::Store::object_key(&org_id.parse().expect("org id"), &object)
+        })
+        .collect();
+    keys.push(store::Store::object_key(
+        &org_id.parse().expect("org id"),
+        &store::store::ObjectId::block(store::Digest::of(b"never stored")),
+    ));
+    let backend = api::blocks::RemoteBackend::new(
+        api::client::Client::new(&org.url, &org.token),
+        tokio::runtime::Handle::current(),
+    );
+    let got = tokio::task::spawn_blocking(move || {
+        use store::backend::Backend;
+        backend.get_batch(&keys)
+    })
+    .await
+    .expect("task")
+    .expect("get_batch");
+    assert_eq!(got.len(), 4);
+    for (content, stored) in big.iter().zip(&got) {
+        let stored = stored.as_ref().expect("present");
+        assert_eq!(
+            &store::block::decode(&store::Digest::of(content), stored).expect("decodes"),
+            content
+        );
+    }
+    assert_eq!(got[3], None, "absent");
 }

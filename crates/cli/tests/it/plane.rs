@@ -551,11 +551,22 @@ pub async fn metric(api: &Api, prefix: &str) -> u64 {
         .sum()
 }
 
-/// Objects the block service has handed out (runners' downloads).
+/// Objects the block service has handed out (runners' downloads), one by
+/// one or in fetch batches.
 pub async fn block_downloads(api: &Api) -> u64 {
+    metric(api, "roost_block_objects_total{direction=\"out\"}").await
+}
+
+/// Requests that downloaded objects from the block service.
+pub async fn block_download_requests(api: &Api) -> u64 {
     metric(
         api,
         "roost_http_requests_total{method=\"GET\",route=\"/v1/blocks/{org}/{kind}/{hex}\",status=\"200\"",
     )
     .await
+        + metric(
+            api,
+            "roost_http_requests_total{method=\"POST\",route=\"/v1/blocks/{org}/fetch\",status=\"200\"",
+        )
+        .await
 }

@@ -13,7 +13,10 @@
 //!   and stored in the order given, so a tree may follow its children in
 //!   the same batch. This is how clients upload: one request per object
 //!   cost more than the work itself on a small change;
-//! - `GET` the same path: the stored bytes (the client verifies them too).
+//! - `GET` the same path: the stored bytes (the client verifies them too);
+//! - `POST /v1/blocks/{org}/fetch` `{"objects": […]}`: many objects' stored
+//!   bytes in one answer of frames (`api::blocks` documents it). This is
+//!   how runners download: one request per object was most of a wake.
 //!
 //! Who may use an org's objects: that org's token, and runner tokens
 //! (a runner serves every org's sandboxes). Anyone else: 404.
@@ -27,7 +30,10 @@ use super::{ApiError, AppState, Caller, Json, RawBody};
 use crate::auth::Principal;
 use crate::limits;
 use api::ErrorCode;
-use api::blocks::{MissingRequest, MissingResponse, object_name};
+use api::blocks::{
+    FETCH_ANSWER_BYTES, FETCH_OBJECTS_MAX, FetchRequest, MissingRequest, MissingResponse,
+    absent_header, batch_header, object_name,
+};
 use store::store::{MISSING_CHECK_BATCH_MAX, ObjectId, ObjectKind};
 use store::{Digest, OrgId, Store};
 
@@ -151,7 +157,7 @@ pub async fn put(
     .await?;
     match stored {
         Ok(()) => {
-            state.metrics.block_bytes("in", size);
+            state.metrics.block_transfer("in", 1, size);
             Ok(StatusCode::NO_CONTENT)
         }
         Err(err) => Err(upload_refused(err, &[object], "nothing stored")),
@@ -193,7 +199,7 @@ pub async fn batch(
     let stored = blocking(move || store::push::put_batch_checked(&store, &org, &objects)).await?;
     match stored {
         Ok(()) => {
-            state.metrics.block_bytes("in", size);
+            state.metrics.block_transfer("in", ids.len() as u64, size);
             Ok(StatusCode::NO_CONTENT)
         }
         Err(err) => Err(upload_refused(
@@ -250,7 +256,7 @@ pub async fn get(
     let store = store_of(&state)?;
     match blocking(move || store.get_encoded(&org, &object)).await? {
         Ok(bytes) => {
-            state.metrics.block_bytes("out", bytes.len() as u64);
+            state.metrics.block_transfer("out", 1, bytes.len() as u64);
             Ok((
                 [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
                 bytes,
@@ -263,4 +269,71 @@ pub async fn get(
         )),
         Err(err) => Err(store_error(err)),
     }
+}
+
+/// Objects read from the store per call while a fetch answer is built:
+/// a store a round trip away (S3) reads them concurrently.
+const FETCH_READ_GROUP: usize = 64;
+
+/// Hands out several objects in one answer: frames in request order (the
+/// batch format; an absent object is its header with `-` for a length),
+/// stopping after the frame that brings the answer to about 8 MiB. The
+/// client asks again for the rest.
+#[utoipa::path(post, path = "/v1/blocks/{org}/fetch", tag = "blocks", params(("org" = String, Path)), request_body = api::blocks::FetchRequest, responses((status = 200, description = "frames: `KIND/HEX LENGTH\\n` then LENGTH stored bytes, or `KIND/HEX -\\n` for an absent object; a prefix of the objects asked for", content_type = "application/octet-stream"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn fetch(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(org): Path<String>,
+    Json(request): Json<FetchRequest>,
+) -> Result<Response, ApiError> {
+    let org = org_for(&caller, &org)?;
+    let store = store_of(&state)?;
+    if request.objects.is_empty() || request.objects.len() > FETCH_OBJECTS_MAX {
+        return Err(limits::invalid(
+            "objects",
+            format!("1 to {FETCH_OBJECTS_MAX} objects per request"),
+        ));
+    }
+    let objects = request
+        .objects
+        .iter()
+        .map(|name| {
+            let (kind, hex) = name.split_once('/').unwrap_or(("", name));
+            parse_object(kind, hex).map_err(|_| {
+                limits::invalid(
+                    "objects",
+                    format!("{name:?} is not blocks/HEX or trees/HEX"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let answer = blocking(move || {
+        let mut body = Vec::new();
+        let (mut served, mut bytes) = (0u64, 0u64);
+        for group in objects.chunks(FETCH_READ_GROUP) {
+            for (object, stored) in group.iter().zip(store.get_encoded_batch(&org, group)?) {
+                match stored {
+                    Some(data) => {
+                        body.extend_from_slice(batch_header(object, data.len()).as_bytes());
+                        body.extend_from_slice(&data);
+                        served += 1;
+                        bytes += data.len() as u64;
+                    }
+                    None => body.extend_from_slice(absent_header(object).as_bytes()),
+                }
+                if body.len() >= FETCH_ANSWER_BYTES {
+                    return Ok((body, served, bytes));
+                }
+            }
+        }
+        Ok((body, served, bytes))
+    })
+    .await?;
+    let (body, served, bytes) = answer.map_err(store_error)?;
+    state.metrics.block_transfer("out", served, bytes);
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        body,
+    )
+        .into_response())
 }

@@ -99,6 +99,7 @@ pub fn router(state: AppState) -> Router {
             get(images::get).put(images::commit).delete(images::delete),
         )
         .route("/v1/blocks/{org}/missing", post(blocks::missing))
+        .route("/v1/blocks/{org}/fetch", post(blocks::fetch))
         .route(
             "/v1/blocks/{org}/batch",
             post(blocks::batch).layer(DefaultBodyLimit::max(api::blocks::BATCH_BODY_BYTES_MAX)),

@@ -54,6 +54,21 @@ pub trait Backend: Send + Sync {
     /// an error, never "absent".
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>>;
 
+    /// Several objects, each as [`Backend::get`] returns it, in the order
+    /// of `keys`. The default is one `get` each; a backend with a costly
+    /// round trip fetches several per request and says so through
+    /// [`Backend::reads_in_batches`].
+    fn get_batch(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+        keys.iter().map(|key| self.get(key)).collect()
+    }
+
+    /// Whether [`Backend::get_batch`] saves round trips over one `get` per
+    /// object. Pull then fetches a directory's small objects together;
+    /// otherwise it fetches each where it is needed, in parallel.
+    fn reads_in_batches(&self) -> bool {
+        false
+    }
+
     /// For each key, whether it exists. Errors are errors, never `false`.
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>>;
 

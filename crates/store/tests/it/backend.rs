@@ -59,6 +59,18 @@ fn round_trip(backend: &dyn Backend) {
         let got = backend.get(key).expect("get");
         assert_eq!(got.as_ref(), Some(data), "round trip of {key}");
     }
+    // A batch read answers in the order asked, absent keys as `None`.
+    let mut keys: Vec<String> = cases.iter().rev().map(|(key, _)| key.to_string()).collect();
+    keys.insert(2, "rt/never-stored".to_owned());
+    let got = backend.get_batch(&keys).expect("get_batch");
+    let mut expected: Vec<Option<Vec<u8>>> =
+        cases.iter().rev().map(|(_, d)| Some(d.clone())).collect();
+    expected.insert(2, None);
+    assert_eq!(got, expected, "get_batch");
+    assert_eq!(
+        backend.get_batch(&[]).expect("empty batch"),
+        Vec::<Option<Vec<u8>>>::new()
+    );
 }
 
 fn absent_is_none_not_error(backend: &dyn Backend) {

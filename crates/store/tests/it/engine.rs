@@ -194,7 +194,18 @@ fn arb_home() -> impl Strategy<Value = BTreeMap<Vec<u8>, Node>> {
 }
 
 fn round_trip(first: &BTreeMap<Vec<u8>, Node>, second: &BTreeMap<Vec<u8>, Node>) {
-    let store = memory_store();
+    // Both ways of fetching: object by object, and in batches (as from the
+    // block service).
+    round_trip_through(memory_store(), first, second);
+    let batching = Store::new(Double::batching(Arc::new(MemoryBackend::default())));
+    round_trip_through(batching, first, second);
+}
+
+fn round_trip_through(
+    store: Store,
+    first: &BTreeMap<Vec<u8>, Node>,
+    second: &BTreeMap<Vec<u8>, Node>,
+) {
     let (acme, alice) = (org("acme"), home("alice"));
     let first_dir = tempdir();
     write_nodes(first_dir.path(), first);
@@ -1357,4 +1368,67 @@ fn upload_tree_index_keys_follow_the_key_rule() {
     assert_eq!(again.root, first.root);
     // The index was keyed with device 0: the real device number misses it.
     assert_eq!(upload(None).files_hashed, 3);
+}
+
+/// From a store a round trip away (the block service), a directory's
+/// subtrees and its small files' blocks come in a few batches; large
+/// files' blocks one by one; blocks the cache holds not at all.
+#[test]
+fn a_store_that_reads_in_batches_fetches_a_directory_in_few_requests() {
+    const KIB: usize = 1024;
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    // 1,500 small files in one directory: more than one window (1,024 objects).
+    for i in 0..1500 {
+        files.push((format!("many/f{i}"), format!("small file {i}").into_bytes()));
+    }
+    // Ten subdirectories of three files each.
+    for d in 0..10 {
+        for f in 0..3 {
+            files.push((format!("sub/d{d}/f{f}"), format!("{d}/{f}").into_bytes()));
+        }
+    }
+    // A file over the prefetch bound: its one block comes alone.
+    files.push(("big".to_owned(), vec![7u8; 2 * 1024 * KIB]));
+    let refs: Vec<(&str, &[u8])> = files
+        .iter()
+        .map(|(path, content)| (path.as_str(), content.as_slice()))
+        .collect();
+    let src = home_dir(&refs);
+    let double = Double::batching(Arc::new(MemoryBackend::default()));
+    let store = Store::new(double.clone());
+    let (acme, alice) = (org("acme"), home("alice"));
+    push(&store, &acme, &alice, src.path()).expect("push");
+
+    let cache = tempdir();
+    let mut options = crate::support::pull_options();
+    options.cache = Some(cache.path().to_owned());
+    double.arm(Faults::default());
+    let dest = tempdir();
+    let report =
+        store::pull::pull(&store, &acme, &alice, dest.path(), &options, &NoProgress).expect("pull");
+    assert_eq!(contents(dest.path()), contents(src.path()));
+    let batches = double.get_batches();
+    let fetched: usize = batches.iter().sum();
+    // root: its file window (big's block is not in it) and its subtrees
+    // (many, sub); many: two windows of files; sub: its ten subtrees; each
+    // d: one window.
+    assert!(
+        batches.len() <= 16,
+        "{} batches: {batches:?}",
+        batches.len()
+    );
+    assert!(fetched >= 1500 + 30 + 12, "{fetched} objects in batches");
+    // Single reads: the home pointer, the root tree, and big's block.
+    assert_eq!(double.single_gets(), 3);
+    assert_eq!(report.blocks_downloaded, fetched as u64 + 2);
+
+    // Again into an empty directory: the cache holds every block.
+    double.arm(Faults::default());
+    let again = tempdir();
+    let report = store::pull::pull(&store, &acme, &alice, again.path(), &options, &NoProgress)
+        .expect("pull from the cache");
+    assert_eq!(contents(again.path()), contents(src.path()));
+    assert_eq!(double.get_batches(), Vec::<usize>::new());
+    assert_eq!(double.single_gets(), 1, "the home pointer only");
+    assert_eq!(report.blocks_downloaded, 0);
 }

@@ -301,9 +301,11 @@ pub struct Faults {
 struct Counters {
     lists: u64,
     gets: HashMap<String, u64>,
+    single_gets: u64,
     deletes: u64,
     exists_batches: Vec<usize>,
     put_batches: Vec<usize>,
+    get_batches: Vec<usize>,
 }
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -316,6 +318,8 @@ pub struct Double {
     counters: Mutex<Counters>,
     /// Runs once, before the first delete; every delete waits for it.
     before_first_delete: Mutex<Option<Hook>>,
+    /// Says it reads in batches, as the block service does.
+    reads_in_batches: bool,
 }
 
 pub fn injected(op: &'static str, key: &str) -> Error {
@@ -333,7 +337,30 @@ impl Double {
             faults: Mutex::new(Faults::default()),
             counters: Mutex::new(Counters::default()),
             before_first_delete: Mutex::new(None),
+            reads_in_batches: false,
         })
+    }
+
+    /// A `Double` that reads in batches (`Backend::reads_in_batches`), so
+    /// pull takes its batched path.
+    pub fn batching(inner: Arc<dyn Backend>) -> Arc<Double> {
+        Arc::new(Double {
+            inner,
+            faults: Mutex::new(Faults::default()),
+            counters: Mutex::new(Counters::default()),
+            before_first_delete: Mutex::new(None),
+            reads_in_batches: true,
+        })
+    }
+
+    /// Sizes of the `get_batch` calls since the last `arm`.
+    pub fn get_batches(&self) -> Vec<usize> {
+        lock(&self.counters).get_batches.clone()
+    }
+
+    /// Single `get` calls since the last `arm` (a batch's are not counted).
+    pub fn single_gets(&self) -> u64 {
+        lock(&self.counters).single_gets
     }
 
     /// Installs `faults` and restarts every count from zero.
@@ -355,6 +382,23 @@ impl Double {
     /// counts as a batch of one).
     pub fn put_batches(&self) -> Vec<usize> {
         lock(&self.counters).put_batches.clone()
+    }
+
+    /// A read of `key`, counted per key, failing where `fail_get` says.
+    fn get_counted(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let nth = {
+            let mut counters = lock(&self.counters);
+            let count = counters.gets.entry(key.to_owned()).or_default();
+            *count += 1;
+            *count
+        };
+        if let Some((fail_key, fail_nth)) = &lock(&self.faults).fail_get
+            && fail_key == key
+            && *fail_nth == nth
+        {
+            return Err(injected("get", key));
+        }
+        self.inner.get(key)
     }
 
     /// The block service's rule: every tree in `batch` names only objects
@@ -407,19 +451,17 @@ impl Backend for Double {
     }
 
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let nth = {
-            let mut counters = lock(&self.counters);
-            let count = counters.gets.entry(key.to_owned()).or_default();
-            *count += 1;
-            *count
-        };
-        if let Some((fail_key, fail_nth)) = &lock(&self.faults).fail_get
-            && fail_key == key
-            && *fail_nth == nth
-        {
-            return Err(injected("get", key));
-        }
-        self.inner.get(key)
+        lock(&self.counters).single_gets += 1;
+        self.get_counted(key)
+    }
+
+    fn get_batch(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+        lock(&self.counters).get_batches.push(keys.len());
+        keys.iter().map(|key| self.get_counted(key)).collect()
+    }
+
+    fn reads_in_batches(&self) -> bool {
+        self.reads_in_batches
     }
 
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
