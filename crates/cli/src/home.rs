@@ -180,6 +180,7 @@ fn run_pull(dest: &Path, target: &Target, cache: Option<PathBuf>) -> Result<Exit
     let opened = target.open()?;
     let options = PullOptions {
         cache,
+        fill_cache: true,
         index_path: Some(target.index_path(dest)?),
         store_id: target.store.clone(),
         index_dev: None,

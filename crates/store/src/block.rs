@@ -45,7 +45,7 @@ pub fn encode(plain: &[u8]) -> Vec<u8> {
         let room = plain.len() - plain.len() / 16 - 1;
         out.push(FRAME_ZSTD);
         out.resize(1 + room, 0);
-        if let Ok(written) = zstd::bulk::compress_to_buffer(plain, &mut out[1..], ZSTD_LEVEL) {
+        if let Some(written) = compress_into(plain, &mut out[1..]) {
             out.truncate(1 + written);
             return out;
         }
@@ -54,6 +54,44 @@ pub fn encode(plain: &[u8]) -> Vec<u8> {
     out.push(FRAME_PLAIN);
     out.extend_from_slice(plain);
     out
+}
+
+thread_local! {
+    /// One zstd context of each kind per thread: making one per block cost
+    /// more than compressing or decompressing a small block.
+    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Compresses `plain` into `out`; `None` when it does not fit.
+fn compress_into(plain: &[u8], out: &mut [u8]) -> Option<usize> {
+    COMPRESSOR.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
+        }
+        slot.as_mut()?.compress_to_buffer(plain, out).ok()
+    })
+}
+
+/// A zstd frame's content, sized by what its header says (our encoder
+/// always writes the size), never more than a block: a hostile frame
+/// cannot claim gigabytes, and a small block does not cost an 8 MiB buffer.
+fn decompress(payload: &[u8]) -> Option<Vec<u8>> {
+    let capacity = match zstd::zstd_safe::get_frame_content_size(payload) {
+        Ok(Some(size)) if size <= SINGLE_BLOCK_BYTES_MAX => size as usize,
+        Ok(Some(_)) | Err(_) => return None,
+        Ok(None) => SINGLE_BLOCK_BYTES_MAX as usize,
+    };
+    DECOMPRESSOR.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = zstd::bulk::Decompressor::new().ok();
+        }
+        slot.as_mut()?.decompress(payload, capacity).ok()
+    })
 }
 
 /// Decode a stored object and check that it hashes to `digest`.
@@ -65,12 +103,7 @@ pub fn decode(digest: &Digest, stored: &[u8]) -> Result<Vec<u8>> {
     let (&frame, payload) = stored.split_first().ok_or_else(corrupt)?;
     let plain = match frame {
         FRAME_PLAIN => payload.to_vec(),
-        FRAME_ZSTD => {
-            // Blocks are at most SINGLE_BLOCK_BYTES_MAX; the bound stops a
-            // hostile frame from claiming gigabytes.
-            zstd::bulk::decompress(payload, SINGLE_BLOCK_BYTES_MAX as usize)
-                .map_err(|_| corrupt())?
-        }
+        FRAME_ZSTD => decompress(payload).ok_or_else(corrupt)?,
         _ => return Err(corrupt()),
     };
     if Digest::of(&plain) != *digest {
@@ -139,5 +172,38 @@ mod tests {
             encode(&[7u8; 100_000]).len() < 1000,
             "compressible is compressed"
         );
+    }
+
+    #[test]
+    fn zstd_frames_are_sized_by_their_header_and_bounded_by_a_block() {
+        let zstd_frame = |payload: Vec<u8>| [vec![FRAME_ZSTD], payload].concat();
+        // A frame that claims more than a block is refused unread.
+        let over = vec![0u8; SINGLE_BLOCK_BYTES_MAX as usize + 1];
+        let claimed = zstd::bulk::compress(&over, 1).expect("compress");
+        assert!(matches!(
+            decode(&Digest::of(&over), &zstd_frame(claimed)),
+            Err(Error::Corrupt { .. })
+        ));
+        // A frame without a size in its header (a streaming encoder's)
+        // still decodes, within the block bound.
+        let plain = vec![3u8; 200_000];
+        let sizeless = zstd::stream::encode_all(plain.as_slice(), 1).expect("encode");
+        assert_eq!(
+            zstd::zstd_safe::get_frame_content_size(&sizeless).ok(),
+            Some(None),
+            "no size in the header"
+        );
+        assert_eq!(
+            decode(&Digest::of(&plain), &zstd_frame(sizeless)).ok(),
+            Some(plain)
+        );
+        // Many blocks in a row on one thread reuse one context and decode.
+        for i in 0..100u32 {
+            let plain = format!("block number {i} {}", "x".repeat(100)).into_bytes();
+            assert_eq!(
+                decode(&Digest::of(&plain), &encode(&plain)).ok(),
+                Some(plain)
+            );
+        }
     }
 }

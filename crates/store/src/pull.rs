@@ -53,9 +53,13 @@ const PREFETCH_WINDOW_BYTES: u64 = 16 * 1024 * 1024;
 type Prefetched = HashMap<ObjectId, Vec<u8>>;
 
 pub struct PullOptions {
-    /// A local block cache directory, read before the store and filled
-    /// with what is downloaded.
+    /// A local block cache directory, read before the store.
     pub cache: Option<PathBuf>,
+    /// Whether what is downloaded is also written into `cache`. Worth it
+    /// for objects many destinations share (images); a home is its own
+    /// copy on the runner, and writing its every block a second time cost
+    /// a third of a wake on a fresh runner.
+    pub fill_cache: bool,
     /// The destination's file index (read to skip unchanged files, then
     /// rewritten so the next push of the destination hashes nothing).
     pub index_path: Option<PathBuf>,
@@ -98,6 +102,7 @@ struct Materializer<'a> {
     store: &'a Store,
     org: &'a OrgId,
     cache: Option<Store>,
+    fill_cache: bool,
     old_index: Index,
     index_dev: Option<u64>,
     progress: &'a dyn Progress,
@@ -165,6 +170,7 @@ pub fn materialize(
         store,
         org,
         cache,
+        fill_cache: options.fill_cache,
         old_index,
         index_dev: options.index_dev,
         progress,
@@ -272,7 +278,9 @@ impl Materializer<'_> {
         self.counters
             .bytes_downloaded
             .fetch_add(stored.len() as u64, Ordering::Relaxed);
-        if let Some(cache) = &self.cache {
+        if let Some(cache) = &self.cache
+            && self.fill_cache
+        {
             // A failed cache write only costs a later download.
             if let Err(err) = cache
                 .backend()
@@ -327,6 +335,7 @@ impl Materializer<'_> {
                 .bytes_downloaded
                 .fetch_add(stored.len() as u64, Ordering::Relaxed);
             if let Some(cache) = &self.cache
+                && self.fill_cache
                 && let Err(err) = cache
                     .backend()
                     .put(&Store::object_key(self.org, &object), &stored)

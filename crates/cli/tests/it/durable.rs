@@ -342,6 +342,7 @@ async fn every_save_is_one_instant_of_the_home() {
             dest.path(),
             &store::pull::PullOptions {
                 cache: None,
+                fill_cache: false,
                 index_path: None,
                 store_id: "test".to_owned(),
                 index_dev: None,

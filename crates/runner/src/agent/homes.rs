@@ -233,7 +233,9 @@ impl Homes {
         let org = Self::org(&sandbox.org_id)?;
         let store = Self::remote(client);
         let options = PullOptions {
+            // Read, not filled: the home itself is this runner's copy.
             cache: Some(self.cache.clone()),
+            fill_cache: false,
             index_path: Some(self.index_path(&id)),
             store_id: "control-plane".to_owned(),
             index_dev: Some(INDEX_DEV),

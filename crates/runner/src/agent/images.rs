@@ -69,6 +69,7 @@ impl Images {
         let backend = RemoteBackend::new(client.clone(), tokio::runtime::Handle::current());
         let options = PullOptions {
             cache: Some(self.cache.clone()),
+            fill_cache: true,
             index_path: None,
             store_id: "control-plane".to_owned(),
             index_dev: None,

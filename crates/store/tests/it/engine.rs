@@ -1431,4 +1431,18 @@ fn a_store_that_reads_in_batches_fetches_a_directory_in_few_requests() {
     assert_eq!(double.get_batches(), Vec::<usize>::new());
     assert_eq!(double.single_gets(), 1, "the home pointer only");
     assert_eq!(report.blocks_downloaded, 0);
+
+    // A cache only read (a home is its own copy) is left as it was.
+    let empty_cache = tempdir();
+    options.cache = Some(empty_cache.path().to_owned());
+    options.fill_cache = false;
+    let third = tempdir();
+    store::pull::pull(&store, &acme, &alice, third.path(), &options, &NoProgress)
+        .expect("pull without filling the cache");
+    assert_eq!(contents(third.path()), contents(src.path()));
+    assert_eq!(
+        fs::read_dir(empty_cache.path()).expect("cache dir").count(),
+        0,
+        "nothing written to the cache"
+    );
 }

@@ -43,6 +43,7 @@ pub fn push_options() -> PushOptions {
 pub fn pull_options() -> PullOptions {
     PullOptions {
         cache: None,
+        fill_cache: true,
         index_path: None,
         store_id: STORE_ID.to_owned(),
         index_dev: None,
