@@ -13,9 +13,12 @@
 //! matches the local index with the same blocks are left alone; blocks come
 //! from the optional local block cache before the store; all-zero 4 MiB
 //! blocks of large files become holes. Where a request per object would
-//! cost a round trip (the block service, [`crate::backend::Backend::reads_in_batches`]), a
-//! directory's subtrees and the blocks of its small files are fetched
-//! together, a window of files at a time, before they are written.
+//! cost a round trip (the block service,
+//! [`crate::backend::Backend::reads_in_batches`]), every tree is fetched
+//! first, a level at a time, and then the blocks of small files come in
+//! windows: a directory's own files, or whole subtrees this pull creates,
+//! several per window, so a home of many small directories takes few
+//! requests.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -43,10 +46,13 @@ const TEMP_PREFIX: &str = ".roost-tmp-";
 /// Files up to this size have their blocks fetched with their directory's
 /// window when the store reads in batches; larger ones block by block.
 const PREFETCH_FILE_BYTES_MAX: u64 = 1024 * 1024;
-/// A window of a directory's files holds at most this many objects...
+/// A window of files holds at most this many objects...
 const PREFETCH_WINDOW_OBJECTS: usize = 1024;
-/// ...and this many bytes of content: what one directory holds in memory.
+/// ...and this many bytes of content: what one window holds in memory.
 const PREFETCH_WINDOW_BYTES: u64 = 16 * 1024 * 1024;
+/// Entries looked at to size a subtree before it counts as too large for
+/// a window (trees may share subtrees; this bounds the walk).
+const PREFETCH_SUBTREE_ENTRIES_MAX: usize = 4 * PREFETCH_WINDOW_OBJECTS;
 
 /// Objects fetched ahead of their use: stored bytes, already counted and
 /// written to the block cache.
@@ -103,6 +109,9 @@ struct Materializer<'a> {
     org: &'a OrgId,
     cache: Option<Store>,
     fill_cache: bool,
+    /// Every tree of the home, fetched ahead (from a store that reads in
+    /// batches); empty otherwise.
+    known_trees: HashMap<Digest, Tree>,
     old_index: Index,
     index_dev: Option<u64>,
     progress: &'a dyn Progress,
@@ -166,11 +175,12 @@ pub fn materialize(
         .as_deref()
         .map(Index::load)
         .unwrap_or_default();
-    let materializer = Materializer {
+    let mut materializer = Materializer {
         store,
         org,
         cache,
         fill_cache: options.fill_cache,
+        known_trees: HashMap::new(),
         old_index,
         index_dev: options.index_dev,
         progress,
@@ -179,9 +189,12 @@ pub fn materialize(
         trees_seen: Mutex::new(Vec::new()),
     };
     let tree = materializer.fetch_tree(root, Path::new(""), &Prefetched::new())?;
+    if store.backend().reads_in_batches() {
+        materializer.load_trees(&tree)?;
+    }
     let logical_bytes = crate::tree::logical_bytes(&tree.entries);
     progress.phase("downloading", Some(logical_bytes));
-    materializer.materialize_dir(&dest_fd, &tree, Path::new(""), false)?;
+    materializer.materialize_dir(&dest_fd, &tree, Path::new(""), false, None)?;
 
     if let Some(path) = &options.index_path {
         let mut index = std::mem::take(&mut *lock(&materializer.new_index));
@@ -347,7 +360,44 @@ impl Materializer<'_> {
         Ok(prefetched)
     }
 
+    /// Fetches every tree under `root` into `known_trees`, a level at a
+    /// time, each level in as few requests as the batch size allows.
+    fn load_trees(&mut self, root: &Tree) -> Result<()> {
+        let subdirs = |tree: &Tree, rel: &Path| -> Vec<(Digest, PathBuf)> {
+            tree.entries
+                .iter()
+                .filter_map(|entry| match &entry.kind {
+                    EntryKind::Dir { tree } => {
+                        Some((*tree, rel.join(OsStr::from_bytes(&entry.name))))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut level = subdirs(root, Path::new(""));
+        while !level.is_empty() {
+            level.sort_unstable_by_key(|(digest, _)| *digest);
+            level.dedup_by_key(|(digest, _)| *digest);
+            level.retain(|(digest, _)| !self.known_trees.contains_key(digest));
+            let objects = level.iter().map(|(d, _)| ObjectId::tree(*d)).collect();
+            let prefetched = self.prefetch(objects, Path::new(""))?;
+            let mut next = Vec::new();
+            for (digest, rel) in level {
+                let bytes = self.fetch(&ObjectId::tree(digest), &rel, &prefetched)?;
+                let tree = Tree::decode(&digest, &bytes).map_err(|e| e.at(&rel))?;
+                next.extend(subdirs(&tree, &rel));
+                self.known_trees.insert(digest, tree);
+            }
+            level = next;
+        }
+        Ok(())
+    }
+
     fn fetch_tree(&self, digest: &Digest, rel: &Path, prefetched: &Prefetched) -> Result<Tree> {
+        if let Some(tree) = self.known_trees.get(digest) {
+            lock(&self.trees_seen).push(*digest);
+            return Ok(tree.clone());
+        }
         let bytes = self.fetch(&ObjectId::tree(*digest), rel, prefetched)?;
         lock(&self.trees_seen).push(*digest);
         Tree::decode(digest, &bytes)
@@ -355,7 +405,16 @@ impl Materializer<'_> {
 
     /// `created` says we made `dir` in this pull, so it holds nothing of
     /// its own yet (an existing directory is listed and compared instead).
-    fn materialize_dir(&self, dir: &OwnedFd, tree: &Tree, rel: &Path, created: bool) -> Result<()> {
+    /// `inherited` holds the small files' blocks of this whole subtree,
+    /// fetched by an ancestor (only for a directory this pull created).
+    fn materialize_dir(
+        &self,
+        dir: &OwnedFd,
+        tree: &Tree,
+        rel: &Path,
+        created: bool,
+        inherited: Option<&Prefetched>,
+    ) -> Result<()> {
         self.counters.dirs.fetch_add(1, Ordering::Relaxed);
         if !created {
             let wanted: HashSet<&[u8]> = tree.entries.iter().map(|e| e.name.as_slice()).collect();
@@ -369,7 +428,7 @@ impl Materializer<'_> {
         if !self.store.backend().reads_in_batches() {
             return tree.entries.par_iter().try_for_each(|entry| {
                 let existing = existing_entry(dir, entry, rel, created)?;
-                self.materialize_entry(dir, entry, existing.as_ref(), rel, &Prefetched::new())
+                self.materialize_entry(dir, entry, existing.as_ref(), rel, &Prefetched::new(), None)
             });
         }
         let entries: Vec<(&Entry, Option<rustix::fs::Stat>)> = tree
@@ -380,6 +439,22 @@ impl Materializer<'_> {
         let (dirs, others): (Vec<_>, Vec<_>) = entries
             .into_iter()
             .partition(|(entry, _)| matches!(entry.kind, EntryKind::Dir { .. }));
+        if let Some(prefetched) = inherited {
+            return others
+                .iter()
+                .chain(&dirs)
+                .par_bridge()
+                .try_for_each(|(entry, existing)| {
+                    self.materialize_entry(
+                        dir,
+                        entry,
+                        existing.as_ref(),
+                        rel,
+                        prefetched,
+                        inherited,
+                    )
+                });
+        }
         // Files first, a window at a time, so that one directory holds at
         // most a window's blocks while its subdirectories are worked on.
         for (window, objects) in self.file_windows(&others) {
@@ -387,20 +462,89 @@ impl Materializer<'_> {
             others[window]
                 .par_iter()
                 .try_for_each(|(entry, existing)| {
-                    self.materialize_entry(dir, entry, existing.as_ref(), rel, &prefetched)
+                    self.materialize_entry(dir, entry, existing.as_ref(), rel, &prefetched, None)
                 })?;
         }
-        let subtrees = dirs
-            .iter()
-            .filter_map(|(entry, _)| match &entry.kind {
-                EntryKind::Dir { tree } => Some(ObjectId::tree(*tree)),
+        // Then subdirectories: whole subtrees this pull creates, several to
+        // a window; one too large for a window, or one already here (its
+        // files are compared first), works through its own.
+        for (group, objects, whole) in self.subtree_groups(&dirs) {
+            let prefetched = self.prefetch(objects, rel)?;
+            let inherited = whole.then_some(&prefetched);
+            dirs[group].par_iter().try_for_each(|(entry, existing)| {
+                self.materialize_entry(dir, entry, existing.as_ref(), rel, &prefetched, inherited)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Splits a directory's subdirectories into runs: those this pull
+    /// creates whose subtrees' small-file blocks fit a window together
+    /// (`true`, with those blocks), and one at a time the rest (`false`).
+    fn subtree_groups(
+        &self,
+        dirs: &[(&Entry, Option<rustix::fs::Stat>)],
+    ) -> Vec<(std::ops::Range<usize>, Vec<ObjectId>, bool)> {
+        let mut groups = Vec::new();
+        let (mut start, mut objects, mut bytes) = (0, Vec::new(), 0);
+        for (i, (entry, existing)) in dirs.iter().enumerate() {
+            let created =
+                existing.map(|s| FileType::from_raw_mode(s.st_mode)) != Some(FileType::Directory);
+            let sized = match &entry.kind {
+                EntryKind::Dir { tree } if created => self.subtree_blocks(tree),
                 _ => None,
-            })
-            .collect();
-        let prefetched = self.prefetch(subtrees, rel)?;
-        dirs.par_iter().try_for_each(|(entry, existing)| {
-            self.materialize_entry(dir, entry, existing.as_ref(), rel, &prefetched)
-        })
+            };
+            let Some((more, more_bytes)) = sized else {
+                if start < i {
+                    groups.push((start..i, std::mem::take(&mut objects), true));
+                }
+                groups.push((i..i + 1, Vec::new(), false));
+                (start, bytes) = (i + 1, 0);
+                continue;
+            };
+            if objects.len() + more.len() > PREFETCH_WINDOW_OBJECTS
+                || bytes + more_bytes > PREFETCH_WINDOW_BYTES
+            {
+                if start < i {
+                    groups.push((start..i, std::mem::take(&mut objects), true));
+                }
+                (start, bytes) = (i, 0);
+            }
+            objects.extend(more);
+            bytes += more_bytes;
+        }
+        if start < dirs.len() {
+            groups.push((start..dirs.len(), objects, true));
+        }
+        groups
+    }
+
+    /// The blocks of every small file under the tree `root` and their
+    /// bytes, if they fit one window (`None` if not, or if a tree is not
+    /// known).
+    fn subtree_blocks(&self, root: &Digest) -> Option<(Vec<ObjectId>, u64)> {
+        let (mut objects, mut bytes, mut seen) = (Vec::new(), 0, 0);
+        let mut stack = vec![root];
+        while let Some(digest) = stack.pop() {
+            for entry in &self.known_trees.get(digest)?.entries {
+                seen += 1;
+                match &entry.kind {
+                    EntryKind::Dir { tree } => stack.push(tree),
+                    EntryKind::File { blocks } if entry.size <= PREFETCH_FILE_BYTES_MAX => {
+                        objects.extend(blocks.iter().map(|d| ObjectId::block(*d)));
+                        bytes += entry.size;
+                    }
+                    _ => {}
+                }
+            }
+            if objects.len() > PREFETCH_WINDOW_OBJECTS
+                || bytes > PREFETCH_WINDOW_BYTES
+                || seen > PREFETCH_SUBTREE_ENTRIES_MAX
+            {
+                return None;
+            }
+        }
+        Some((objects, bytes))
     }
 
     /// Splits a directory's non-directory entries into windows, each with
@@ -457,6 +601,7 @@ impl Materializer<'_> {
         existing: Option<&rustix::fs::Stat>,
         parent_rel: &Path,
         prefetched: &Prefetched,
+        inherited: Option<&Prefetched>,
     ) -> Result<()> {
         let name = OsStr::from_bytes(&entry.name);
         let rel = parent_rel.join(name);
@@ -482,7 +627,8 @@ impl Materializer<'_> {
                     ensure_writable_dir(&child).map_err(io_at(&rel))?;
                 }
                 let subtree = self.fetch_tree(tree, &rel, prefetched)?;
-                self.materialize_dir(&child, &subtree, &rel, created)?;
+                let inherited = inherited.filter(|_| created);
+                self.materialize_dir(&child, &subtree, &rel, created, inherited)?;
                 rustix::fs::fchmod(&child, Mode::from_raw_mode(entry.mode)).map_err(io_at(&rel))?;
                 rustix::fs::futimens(&child, &timestamps(entry.mtime_ns)).map_err(io_at(&rel))?;
             }
