@@ -16,7 +16,9 @@ and measures from the server's own event times:
                   read-only btrfs snapshot's duration, p50 / p99, from the
                   runner's "home saved" log lines
   peer            restic 0.14 backing up the same home to a local repository,
-                  cold and after the same 1% change, in the same run
+                  cold and after the same 1% change, in the same run; and
+                  restoring its last snapshot into an empty directory (the
+                  peer of a wake on a fresh runner)
 
 Usage: bench/durable/bench.py [--quick] [--keep] [--no-build]
   --quick     2,000 files / 40 MB, 5 saves (a smoke test, not a result)
@@ -194,6 +196,13 @@ def main():
             time.sleep(0.5)
         log("wake on a fresh runner")
         wake_fresh = bench.start(sid)
+        log("restic restore")
+        restored = work / "restic-restore"
+        started = time.monotonic()
+        subprocess.run(["restic", "-r", str(repo), "restore", "latest", "-q", "--target", str(restored)],
+                       env=renv, check=True, stdout=subprocess.DEVNULL)
+        restic_restore = (time.monotonic() - started) * 1000
+        shutil.rmtree(restored, ignore_errors=True)
 
         # Saves while running: a child of a snapshot, saved every few seconds.
         snap = bench.json("snapshot", "create", sid, "--wait")
@@ -226,7 +235,7 @@ Home: {files:,} files, {size / 2**30:.2f} GiB (bench/gen_home.py); store: local 
 | securing cold (first save; stopping -> stopped {stop_cold:.0f} ms) | {secure_cold:.0f} ms | backup cold {restic_cold:.0f} ms | {secure_cold / restic_cold:.2f} |
 | securing warm (1% changed; stopping -> stopped {stop_warm:.0f} ms) | {secure_warm:.0f} ms | backup warm {restic_warm:.0f} ms | {secure_warm / restic_warm:.2f} |
 | wake on the last runner (starting -> running) | {wake_last:.0f} ms | | |
-| wake on a fresh runner (starting -> running, whole home from the store) | {wake_fresh:.0f} ms | | |
+| wake on a fresh runner (starting -> running, whole home from the store) | {wake_fresh:.0f} ms | restore into an empty dir {restic_restore:.0f} ms | {wake_fresh / restic_restore:.2f} |
 | snapshot pause during running saves ({len(pauses)} saves) | p50 {pct(pauses, 50):.1f} ms, p99 {pct(pauses, 99):.1f} ms | | |
 """
         print(report)

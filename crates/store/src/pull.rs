@@ -54,8 +54,8 @@ const PREFETCH_WINDOW_BYTES: u64 = 16 * 1024 * 1024;
 /// a window (trees may share subtrees; this bounds the walk).
 const PREFETCH_SUBTREE_ENTRIES_MAX: usize = 4 * PREFETCH_WINDOW_OBJECTS;
 
-/// Objects fetched ahead of their use: stored bytes, already counted and
-/// written to the block cache.
+/// Objects fetched ahead of their use: stored bytes, already counted (and
+/// written to the block cache when the pull fills it).
 type Prefetched = HashMap<ObjectId, Vec<u8>>;
 
 pub struct PullOptions {
