@@ -285,6 +285,13 @@ impl Materializer<'_> {
             .get_encoded(self.org, object)
             .map_err(|e| e.at(rel))?;
         let plain = block::decode(&object.digest, &stored).map_err(|e| e.at(rel))?;
+        self.downloaded(object, &stored);
+        Ok(plain)
+    }
+
+    /// Counts an object that came from the store, and keeps it in the block
+    /// cache when this pull fills it.
+    fn downloaded(&self, object: &ObjectId, stored: &[u8]) {
         self.counters
             .blocks_downloaded
             .fetch_add(1, Ordering::Relaxed);
@@ -293,16 +300,13 @@ impl Materializer<'_> {
             .fetch_add(stored.len() as u64, Ordering::Relaxed);
         if let Some(cache) = &self.cache
             && self.fill_cache
-        {
             // A failed cache write only costs a later download.
-            if let Err(err) = cache
+            && let Err(err) = cache
                 .backend()
-                .put(&Store::object_key(self.org, object), &stored)
-            {
-                tracing::warn!(%err, "block cache write failed");
-            }
+                .put(&Store::object_key(self.org, object), stored)
+        {
+            tracing::warn!(%err, "block cache write failed");
         }
-        Ok(plain)
     }
 
     /// Fetches `objects` (those the block cache lacks) in one batch.
@@ -341,20 +345,7 @@ impl Materializer<'_> {
                 }
                 .at(rel)
             })?;
-            self.counters
-                .blocks_downloaded
-                .fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .bytes_downloaded
-                .fetch_add(stored.len() as u64, Ordering::Relaxed);
-            if let Some(cache) = &self.cache
-                && self.fill_cache
-                && let Err(err) = cache
-                    .backend()
-                    .put(&Store::object_key(self.org, &object), &stored)
-            {
-                tracing::warn!(%err, "block cache write failed");
-            }
+            self.downloaded(&object, &stored);
             prefetched.insert(object, stored);
         }
         Ok(prefetched)

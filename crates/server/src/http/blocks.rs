@@ -271,9 +271,13 @@ pub async fn get(
     }
 }
 
-/// Objects read from the store per call while a fetch answer is built:
-/// a store a round trip away (S3) reads them concurrently.
+/// Most objects read from the store per call while a fetch answer is
+/// built (a store a round trip away, S3, reads them concurrently). Fewer
+/// once the objects' sizes are known, so that an answer near its size
+/// reads little more than it sends.
 const FETCH_READ_GROUP: usize = 64;
+/// Objects read by the first call, before any size is known.
+const FETCH_FIRST_GROUP: usize = 8;
 
 /// Hands out several objects in one answer: frames in request order (the
 /// batch format; an absent object is its header with `-` for a length),
@@ -309,8 +313,10 @@ pub async fn fetch(
         .collect::<Result<Vec<_>, _>>()?;
     let answer = blocking(move || {
         let mut body = Vec::new();
-        let (mut served, mut bytes) = (0u64, 0u64);
-        for group in objects.chunks(FETCH_READ_GROUP) {
+        let (mut served, mut bytes, mut at, mut group_len) = (0u64, 0u64, 0, FETCH_FIRST_GROUP);
+        while at < objects.len() {
+            let group = &objects[at..objects.len().min(at + group_len)];
+            at += group.len();
             for (object, stored) in group.iter().zip(store.get_encoded_batch(&org, group)?) {
                 match stored {
                     Some(data) => {
@@ -325,6 +331,9 @@ pub async fn fetch(
                     return Ok((body, served, bytes));
                 }
             }
+            let average = (bytes / served.max(1)).max(1);
+            let room = (FETCH_ANSWER_BYTES - body.len()) as u64;
+            group_len = (room / average).clamp(1, FETCH_READ_GROUP as u64) as usize;
         }
         Ok((body, served, bytes))
     })

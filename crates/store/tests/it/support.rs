@@ -333,25 +333,23 @@ pub fn injected(op: &'static str, key: &str) -> Error {
 
 impl Double {
     pub fn new(inner: Arc<dyn Backend>) -> Arc<Double> {
-        Arc::new(Double {
-            inner,
-            faults: Mutex::new(Faults::default()),
-            counters: Mutex::new(Counters::default()),
-            before_first_delete: Mutex::new(None),
-            reads_in_batches: false,
-        })
+        Arc::new(Double::wrapping(inner, false))
     }
 
     /// A `Double` that reads in batches (`Backend::reads_in_batches`), so
     /// pull takes its batched path.
     pub fn batching(inner: Arc<dyn Backend>) -> Arc<Double> {
-        Arc::new(Double {
+        Arc::new(Double::wrapping(inner, true))
+    }
+
+    fn wrapping(inner: Arc<dyn Backend>, reads_in_batches: bool) -> Double {
+        Double {
             inner,
             faults: Mutex::new(Faults::default()),
             counters: Mutex::new(Counters::default()),
             before_first_delete: Mutex::new(None),
-            reads_in_batches: true,
-        })
+            reads_in_batches,
+        }
     }
 
     /// Sizes of the `get_batch` calls since the last `arm`.
