@@ -216,7 +216,25 @@ impl Drop for RunnerProcess {
     fn drop(&mut self) {
         self.kill9();
         force_delete_containers(&self.runtime_root());
+        delete_sandbox_netns(&self.data_dir);
         unmount_homes(&self.data_dir);
+    }
+}
+
+/// A killed runner leaves its bridge sandboxes' named network namespaces
+/// (`roost-ID`, bind mounts under /run/netns) behind: remove them.
+fn delete_sandbox_netns(data_dir: &Path) {
+    let Ok(listing) = std::fs::read_dir(data_dir.join("sandboxes")) else {
+        return;
+    };
+    for entry in listing.flatten() {
+        let name = format!("roost-{}", entry.file_name().to_string_lossy());
+        if Path::new("/run/netns").join(&name).exists() {
+            let _ = Command::new("ip")
+                .args(["netns", "delete", &name])
+                .stderr(Stdio::null())
+                .status();
+        }
     }
 }
 
