@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
-use sqlx::{Any, AnyPool, Executor, Transaction};
+use sqlx::{Any, AnyPool, Connection, Executor, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::ServerError;
@@ -125,6 +125,12 @@ impl Db {
                     Ok(())
                 })
             })
+            // A request dropped mid-`begin` (its client went away) can leave
+            // the BEGIN run but no `Transaction` to end it: on SQLite that
+            // connection would hold the write lock until reused, and every
+            // other writer would wait out the busy timeout. Such a
+            // connection is closed (which ends its transaction), not reused.
+            .after_release(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
             .connect(url)
             .await?;
         if engine == Engine::Sqlite {
@@ -209,4 +215,53 @@ pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    /// Writers whose requests are dropped at every point of `write()`
+    /// never leave the database locked for the next one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_dropped_while_it_begins_leaves_no_lock_behind() {
+        let path = std::env::temp_dir().join(format!(
+            "roost-db-cancel-{}-{}.db",
+            std::process::id(),
+            crate::auth::random_hex(4).expect("random")
+        ));
+        let db = Db::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+            .await
+            .expect("open");
+        db.migrate().await.expect("migrate");
+        for attempt in 0..300u32 {
+            // Poll a write a few times, letting the worker run between
+            // polls, then drop it wherever it got to.
+            let mut pending = Box::pin(db.write());
+            let mut cx = Context::from_waker(Waker::noop());
+            for _ in 0..(attempt % 12) {
+                if let Poll::Ready(tx) = pending.as_mut().poll(&mut cx) {
+                    drop(tx);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_micros(u64::from(attempt % 5) * 100)).await;
+            }
+            drop(pending);
+            let next = tokio::time::timeout(Duration::from_secs(2), async {
+                let mut tx = db.write().await?;
+                sqlx::query("UPDATE schema_migrations SET version = version WHERE version = 0")
+                    .execute(&mut *tx.tx)
+                    .await?;
+                tx.commit().await
+            })
+            .await;
+            assert!(
+                matches!(next, Ok(Ok(()))),
+                "attempt {attempt}: the next writer found the database locked: {next:?}"
+            );
+        }
+        let _ = std::fs::remove_file(&path);
+    }
 }
