@@ -712,18 +712,8 @@ async fn the_block_service_hands_out_objects_in_batches_naming_absent_ones() {
 
     // Three incompressible 4 MiB blocks: an answer stops once it holds
     // 8 MiB, and the runners' client asks again for the rest.
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let big: Vec<Vec<u8>> = (0..3)
-        .map(|_| {
-            (0..4 << 20)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed as u8
-                })
-                .collect()
-        })
+    let big: Vec<Vec<u8>> = (1..=3)
+        .map(|seed| crate::harness::bytes(seed, 4 << 20))
         .collect();
     let big_names: Vec<String> = big.iter().map(|content| name("blocks", content)).collect();
     for (content, name) in big.iter().zip(&big_names) {
