@@ -83,6 +83,23 @@ fn parse_object(kind: &str, hex: &str) -> Result<ObjectId, ApiError> {
     }
 }
 
+/// A request body's `objects` (`blocks/HEX`, `trees/HEX`); anything else
+/// is 400 naming the field.
+fn parse_names(names: &[String]) -> Result<Vec<ObjectId>, ApiError> {
+    names
+        .iter()
+        .map(|name| {
+            let (kind, hex) = name.split_once('/').unwrap_or(("", name));
+            parse_object(kind, hex).map_err(|_| {
+                limits::invalid(
+                    "objects",
+                    format!("{name:?} is not blocks/HEX or trees/HEX"),
+                )
+            })
+        })
+        .collect()
+}
+
 /// Runs blocking store work off the async threads.
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> store::Result<T> + Send + 'static,
@@ -121,14 +138,7 @@ pub async fn missing(
             format!("at most {MISSING_CHECK_BATCH_MAX} objects per request"),
         ));
     }
-    let objects = request
-        .objects
-        .iter()
-        .map(|name| {
-            let (kind, hex) = name.split_once('/').unwrap_or(("", name));
-            parse_object(kind, hex)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let objects = parse_names(&request.objects)?;
     let missing = blocking(move || store.missing(&org, &objects))
         .await?
         .map_err(store_error)?;
@@ -298,19 +308,7 @@ pub async fn fetch(
             format!("1 to {FETCH_OBJECTS_MAX} objects per request"),
         ));
     }
-    let objects = request
-        .objects
-        .iter()
-        .map(|name| {
-            let (kind, hex) = name.split_once('/').unwrap_or(("", name));
-            parse_object(kind, hex).map_err(|_| {
-                limits::invalid(
-                    "objects",
-                    format!("{name:?} is not blocks/HEX or trees/HEX"),
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let objects = parse_names(&request.objects)?;
     let answer = blocking(move || {
         let mut body = Vec::new();
         let (mut served, mut bytes, mut at, mut group_len) = (0u64, 0u64, 0, FETCH_FIRST_GROUP);
