@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::lifecycle::CommandState;
+
 /// `POST /v1/sandboxes/{id}/commands`
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -32,7 +34,7 @@ pub struct Command {
     pub env: BTreeMap<String, String>,
     pub cwd: Option<String>,
     pub timeout: Option<u64>,
-    pub state: String,
+    pub state: CommandState,
     pub state_reason: Option<String>,
     /// The program's own exit code (`exited`).
     pub exit_code: Option<i32>,
@@ -64,15 +66,3 @@ pub struct SignalRequest {
 
 /// Signals a command may be sent.
 pub const SIGNALS: &[&str] = &["TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2"];
-
-/// States a command ends in (DESIGN.md §4).
-pub const COMMAND_END_STATES: &[&str] = &[
-    "exited",
-    "timed_out",
-    "resource_exhausted",
-    "interrupted",
-    "launch_failed",
-    "not_launched",
-    "infrastructure_lost",
-    "unknown",
-];

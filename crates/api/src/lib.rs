@@ -8,9 +8,13 @@ pub mod client;
 pub mod commands;
 mod error;
 pub mod images;
+pub mod lifecycle;
 pub mod orgs;
 pub mod runners;
 pub mod sandboxes;
 pub mod snapshots;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use lifecycle::{
+    CommandState, DesiredState, Network, Placement, SandboxState, StorageClass, UnknownValue,
+};

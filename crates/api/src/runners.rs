@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::lifecycle::{CommandState, DesiredState, Network, SandboxState, StorageClass};
 use crate::sandboxes::Resources;
 
 /// `POST /v1/runner/register`
@@ -109,18 +110,17 @@ pub struct SandboxAssignment {
     pub sandbox_id: String,
     pub org_id: String,
     pub epoch: u64,
-    /// `running`, `stopped`, `terminated` or `deleted`.
-    pub desired: String,
+    pub desired: DesiredState,
     /// The last state this runner (or the control plane) recorded.
-    pub state: String,
+    pub state: SandboxState,
     pub image: String,
     /// For an imported image, the root tree to materialise from the
     /// org's store (pinned when the sandbox was created).
     #[serde(default)]
     pub image_root: Option<String>,
-    pub storage_class: String,
+    pub storage_class: StorageClass,
     pub resources: Resources,
-    pub network: String,
+    pub network: Network,
     pub env: BTreeMap<String, String>,
     /// The tree the home starts as on a runner that has no copy of it: the
     /// last completed save of a durable home, or the snapshot a child was
@@ -202,7 +202,7 @@ pub struct CommandAssignment {
     /// A signal the caller asked to deliver, not yet reported delivered.
     pub signal: Option<String>,
     /// `starting` until the runner reports the command running.
-    pub state: String,
+    pub state: CommandState,
 }
 
 /// `POST /v1/runner/sandboxes/{id}/report`: an observed sandbox state.
@@ -211,7 +211,7 @@ pub struct CommandAssignment {
 pub struct SandboxReport {
     pub runner_id: String,
     pub epoch: u64,
-    pub state: String,
+    pub state: SandboxState,
     #[serde(default)]
     pub reason: Option<String>,
     #[serde(default)]
@@ -238,7 +238,7 @@ pub struct WakeReport {
 pub struct CommandReport {
     pub runner_id: String,
     pub epoch: u64,
-    pub state: String,
+    pub state: CommandState,
     #[serde(default)]
     pub exit_code: Option<i32>,
     #[serde(default)]

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::lifecycle::{DesiredState, Network, Placement, SandboxState, StorageClass};
+
 /// `POST /v1/sandboxes`. Unknown fields are refused (400), so a typo never
 /// turns into a silently ignored setting.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -96,18 +98,18 @@ pub struct Secret {
 pub struct Sandbox {
     pub id: String,
     pub org_id: String,
-    pub state: String,
+    pub state: SandboxState,
     /// Why the record is in its state: a stable snake_case code.
     pub state_reason: Option<String>,
-    pub desired: String,
+    pub desired: DesiredState,
     pub runner_id: Option<String>,
     /// Placement epoch, bumped on every placement; fences stale runners.
     pub epoch: u64,
     pub image: String,
-    pub storage_class: String,
+    pub storage_class: StorageClass,
     pub resources: Resources,
-    pub network: String,
-    pub placement: String,
+    pub network: Network,
+    pub placement: Placement,
     pub env: BTreeMap<String, String>,
     pub labels: BTreeMap<String, String>,
     pub quarantined: bool,
@@ -154,7 +156,7 @@ pub struct SandboxList {
 pub struct Event {
     pub seq: u64,
     pub at: String,
-    pub state: String,
+    pub state: SandboxState,
     pub reason: Option<String>,
     pub message: Option<String>,
     pub epoch: u64,

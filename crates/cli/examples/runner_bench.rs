@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use api::client::Client;
 use api::commands::CreateCommandRequest;
+use api::lifecycle::{CommandState, SandboxState};
 use api::sandboxes::{CreateSandboxRequest, Resources};
 use clap::Parser;
 use serde_json::{Value, json};
@@ -92,9 +93,9 @@ async fn create_running(client: &Client) -> Result<(String, Duration)> {
     let started = Instant::now();
     let created = client.create_sandbox(&request(), None).await?;
     let mut sandbox = created;
-    while sandbox.state != "running" {
+    while sandbox.state != SandboxState::Running {
         ensure!(
-            !["failed", "terminated", "deleted", "stopped"].contains(&sandbox.state.as_str()),
+            !(sandbox.state.is_terminal() || sandbox.state == SandboxState::Stopped),
             "sandbox {} ended {} ({:?})",
             sandbox.id,
             sandbox.state,
@@ -115,7 +116,7 @@ async fn delete(client: &Client, id: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let sandbox = client.wait_sandbox(id, "deleted", 25).await?;
-        if sandbox.state == "deleted" {
+        if sandbox.state == SandboxState::Deleted {
             return Ok(());
         }
         ensure!(Instant::now() < deadline, "sandbox {id} not deleted");
@@ -140,7 +141,7 @@ async fn exec_true(client: &Client, sandbox_id: &str) -> Result<Duration> {
             .await?;
     }
     ensure!(
-        command.state == "exited" && command.exit_code == Some(0),
+        command.state == CommandState::Exited && command.exit_code == Some(0),
         "`true` ended {} ({:?})",
         command.state,
         command.exit_code

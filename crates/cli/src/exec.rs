@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use api::client::{Client, ClientError, OutputStream};
-use api::commands::{COMMAND_END_STATES, Command, CommandList, CreateCommandRequest};
+use api::commands::{Command, CommandList, CreateCommandRequest};
+use api::lifecycle::CommandState;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use tokio::time::Instant;
@@ -190,10 +191,10 @@ pub async fn exec(args: ExecArgs) -> Result<ExitCode> {
         .with_context(|| format!("exec failed: waiting for {command_id} to end"))?;
     if args.target.json {
         print_record(&ended)?;
-    } else if ended.state != "exited" {
+    } else if ended.state != CommandState::Exited {
         eprintln!(
             "roost: command ended {}",
-            state_with_reason(&ended.state, ended.state_reason.as_deref())
+            state_with_reason(ended.state.as_str(), ended.state_reason.as_deref())
         );
     }
     Ok(ExitCode::from(exit_status(&ended)))
@@ -201,12 +202,12 @@ pub async fn exec(args: ExecArgs) -> Result<ExitCode> {
 
 /// `roost exec`'s exit status for an ended command (documented in its help).
 fn exit_status(command: &Command) -> u8 {
-    match command.state.as_str() {
-        "exited" => command
+    match command.state {
+        CommandState::Exited => command
             .exit_code
             .and_then(|code| u8::try_from(code).ok())
             .unwrap_or(EXIT_ENDED_OTHERWISE),
-        "timed_out" => EXIT_TIMED_OUT,
+        CommandState::TimedOut => EXIT_TIMED_OUT,
         _ => EXIT_ENDED_OTHERWISE,
     }
 }
@@ -291,7 +292,7 @@ async fn wait_until_ended(
 }
 
 fn ended(command: &Command) -> bool {
-    COMMAND_END_STATES.contains(&command.state.as_str())
+    command.state.is_end()
 }
 
 pub fn run_command(command: CommandCommand) -> Result<ExitCode> {
@@ -347,7 +348,7 @@ pub fn run_command(command: CommandCommand) -> Result<ExitCode> {
                         "command {}: {} requested; state {}",
                         command.id,
                         request.signal,
-                        state_with_reason(&command.state, command.state_reason.as_deref())
+                        state_with_reason(command.state.as_str(), command.state_reason.as_deref())
                     );
                 }
                 Ok(ExitCode::SUCCESS)
@@ -379,12 +380,12 @@ async fn get(
         let command = retrying(|| client.wait_command(sandbox_id, command_id, state, timeout_s))
             .await
             .context("command get failed")?;
-        if command.state == state || ended(&command) || Instant::now() >= deadline {
+        if command.state.as_str() == state || ended(&command) || Instant::now() >= deadline {
             break command;
         }
     };
     print_command(&command, target)?;
-    let reached = command.state == state || (state == "ended" && ended(&command));
+    let reached = command.state.as_str() == state || (state == "ended" && ended(&command));
     if reached {
         return Ok(ExitCode::SUCCESS);
     }
@@ -392,7 +393,7 @@ async fn get(
         eprintln!(
             "roost: command {} is {}, not {state}",
             command.id,
-            state_with_reason(&command.state, command.state_reason.as_deref())
+            state_with_reason(command.state.as_str(), command.state_reason.as_deref())
         );
     }
     Ok(ExitCode::FAILURE)
@@ -434,7 +435,7 @@ async fn list(
             .map(|c| {
                 vec![
                     c.id.clone(),
-                    c.state.clone(),
+                    c.state.to_string(),
                     or_dash(c.state_reason.as_deref()),
                     c.exit_code
                         .map_or_else(|| "-".to_owned(), |e| e.to_string()),
@@ -527,7 +528,7 @@ fn print_command(command: &Command, target: &OrgTarget) -> Result<()> {
         ("argv", display_argv(&command.argv)),
         (
             "state",
-            state_with_reason(&command.state, command.state_reason.as_deref()),
+            state_with_reason(command.state.as_str(), command.state_reason.as_deref()),
         ),
         (
             "exit code",
@@ -576,7 +577,7 @@ fn display_argv(argv: &[String]) -> String {
 mod tests {
     use super::*;
 
-    fn command(state: &str, exit_code: Option<i32>) -> Command {
+    fn command(state: CommandState, exit_code: Option<i32>) -> Command {
         Command {
             id: "cmd_1".to_owned(),
             sandbox_id: "sbx_1".to_owned(),
@@ -584,7 +585,7 @@ mod tests {
             env: BTreeMap::new(),
             cwd: None,
             timeout: None,
-            state: state.to_owned(),
+            state,
             state_reason: None,
             exit_code,
             signal: None,
@@ -600,7 +601,8 @@ mod tests {
     #[test]
     fn exit_status_is_the_programs_or_names_how_it_ended() {
         let check = |state: &str, code: Option<i32>, expected: u8| {
-            assert_eq!(exit_status(&command(state, code)), expected, "{state}");
+            let parsed = state.parse().expect("a command state");
+            assert_eq!(exit_status(&command(parsed, code)), expected, "{state}");
         };
         check("exited", Some(0), 0);
         check("exited", Some(3), 3);

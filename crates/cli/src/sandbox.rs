@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use api::client::{Client, ClientError, SandboxListQuery};
+use api::lifecycle::SandboxState;
 use api::sandboxes::{CreateSandboxRequest, Resources, Sandbox, SandboxList};
 use clap::{Args, Subcommand};
 use tokio::time::Instant;
@@ -17,8 +18,6 @@ use crate::output::{age, or_dash, print_fields, print_record, print_table, time_
 
 /// The longest one long-poll may ask the server to wait (its maximum).
 pub const LONG_POLL_SECONDS_MAX: u64 = 25;
-/// End states of a sandbox: nothing moves it on from there (DESIGN.md §2).
-const SANDBOX_END_STATES: &[&str] = &["failed", "terminated", "deleted"];
 
 /// Where the server is and who is asking (an org), and how to print.
 #[derive(Args)]
@@ -389,14 +388,14 @@ async fn get(
 /// Success when the record is in `state`; otherwise one line on stderr
 /// (not with `--json`, whose record says it) and exit status 1.
 fn reached(record: &Sandbox, state: &str, target: &OrgTarget) -> ExitCode {
-    if record.state == state {
+    if record.state.as_str() == state {
         return ExitCode::SUCCESS;
     }
     if !target.json {
         eprintln!(
             "roost: sandbox {} is {}, not {state}",
             record.id,
-            state_with_reason(&record.state, record.state_reason.as_deref())
+            state_with_reason(record.state.as_str(), record.state_reason.as_deref())
         );
     }
     ExitCode::FAILURE
@@ -414,17 +413,20 @@ async fn wait_for_state(
         let remaining = deadline.saturating_duration_since(Instant::now());
         let timeout_s = seconds_rounded_up(remaining).min(LONG_POLL_SECONDS_MAX);
         let record = retrying(|| client.wait_sandbox(id, state, timeout_s)).await?;
-        if record.state == state || settled(&record, state) || Instant::now() >= deadline {
+        if settled(&record, state) || Instant::now() >= deadline {
             return Ok(record);
         }
     }
 }
 
-/// The sandbox will not reach `state` by itself: it ended, or it rests
-/// stopped with nobody asking it to run (the server's own wait rule).
+/// The sandbox is in `state` or will not reach it by itself: the server's
+/// own wait rule. (A state the server does not know never gets here: the
+/// long-poll refuses it.)
 fn settled(record: &Sandbox, state: &str) -> bool {
-    let resting = record.state == "stopped" && record.desired != "running";
-    SANDBOX_END_STATES.contains(&record.state.as_str()) || (resting && state != "stopped")
+    match state.parse::<SandboxState>() {
+        Ok(target) => record.state.settles_wait_for(target, record.desired),
+        Err(_) => record.state.is_terminal(),
+    }
 }
 
 async fn list(mut query: SandboxListQuery, all: bool, target: &OrgTarget) -> Result<ExitCode> {
@@ -459,9 +461,9 @@ async fn list(mut query: SandboxListQuery, all: bool, target: &OrgTarget) -> Res
             .map(|s| {
                 vec![
                     s.id.clone(),
-                    s.state.clone(),
+                    s.state.to_string(),
                     or_dash(s.state_reason.as_deref()),
-                    s.desired.clone(),
+                    s.desired.to_string(),
                     or_dash(s.runner_id.as_deref()),
                     s.epoch.to_string(),
                     age(&s.created_at),
@@ -496,7 +498,7 @@ async fn events(id: &str, target: &OrgTarget) -> Result<ExitCode> {
             vec![
                 e.seq.to_string(),
                 e.at.clone(),
-                e.state.clone(),
+                e.state.to_string(),
                 or_dash(e.reason.as_deref()),
                 e.epoch.to_string(),
                 or_dash(e.runner_id.as_deref()),
@@ -520,7 +522,7 @@ fn print_change(sandbox: &Sandbox, what: &str, target: &OrgTarget) -> Result<Exi
             "sandbox {}: {what}; desired {}, state {}",
             sandbox.id,
             sandbox.desired,
-            state_with_reason(&sandbox.state, sandbox.state_reason.as_deref())
+            state_with_reason(sandbox.state.as_str(), sandbox.state_reason.as_deref())
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -578,13 +580,13 @@ fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
         ("id", sandbox.id.clone()),
         (
             "state",
-            state_with_reason(&sandbox.state, sandbox.state_reason.as_deref()),
+            state_with_reason(sandbox.state.as_str(), sandbox.state_reason.as_deref()),
         ),
-        ("desired", sandbox.desired.clone()),
+        ("desired", sandbox.desired.to_string()),
         ("runner", or_dash(sandbox.runner_id.as_deref())),
         ("epoch", sandbox.epoch.to_string()),
         ("image", sandbox.image.clone()),
-        ("storage class", sandbox.storage_class.clone()),
+        ("storage class", sandbox.storage_class.to_string()),
         ("save", save),
         ("from snapshot", or_dash(sandbox.from_snapshot.as_deref())),
         (
@@ -596,8 +598,8 @@ fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
                 limit(resources.pids.map(|p| p.to_string()), ""),
             ),
         ),
-        ("network", sandbox.network.clone()),
-        ("placement", sandbox.placement.clone()),
+        ("network", sandbox.network.to_string()),
+        ("placement", sandbox.placement.to_string()),
         ("labels", pairs(&sandbox.labels)),
         ("env", env_names),
         (

@@ -5,7 +5,10 @@
 
 use crate::db::now_ms;
 use crate::http::{ApiError, AppState};
-use crate::records::{SANDBOX_COLUMNS, SandboxRow, Transition, load_sandbox, set_sandbox_state};
+use crate::records::{
+    SANDBOX_COLUMNS, SandboxRow, Transition, load_sandbox, set_sandbox_state, terminal_states_sql,
+};
+use api::lifecycle::{DesiredState, SandboxState, StorageClass};
 
 /// Idempotency keys outlive what they created by at least this long.
 const IDEMPOTENCY_KEEP_MS: i64 = 24 * 3600 * 1000;
@@ -201,21 +204,26 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ApiError> {
             continue;
         }
         let rows = sqlx::query(&format!(
-            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE runner_id = $1 AND state NOT IN ('failed', 'terminated', 'deleted')"
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE runner_id = $1 AND state NOT IN {}",
+            terminal_states_sql()
         ))
         .bind(&runner_id)
         .fetch_all(&mut *tx.tx)
         .await?;
         for row in rows {
             let sandbox = SandboxRow::from_row(&row)?;
-            let (to, epoch) = match (sandbox.storage_class.as_str(), sandbox.state.as_str()) {
+            let (to, epoch) = match (sandbox.storage_class, sandbox.state) {
                 // Nothing left to release: the node took it with it.
-                (_, "deleting") => ("deleted", sandbox.epoch),
+                (_, SandboxState::Deleting) => (SandboxState::Deleted, sandbox.epoch),
                 // The home is in the store; nothing ran there.
-                ("durable", "stopped") => ("stopped", sandbox.epoch),
-                ("durable", _) if sandbox.desired == "running" => ("recovering", sandbox.epoch + 1),
-                ("durable", _) => ("stopped", sandbox.epoch + 1),
-                _ => ("failed", sandbox.epoch),
+                (StorageClass::Durable, SandboxState::Stopped) => {
+                    (SandboxState::Stopped, sandbox.epoch)
+                }
+                (StorageClass::Durable, _) if sandbox.desired == DesiredState::Running => {
+                    (SandboxState::Recovering, sandbox.epoch + 1)
+                }
+                (StorageClass::Durable, _) => (SandboxState::Stopped, sandbox.epoch + 1),
+                (StorageClass::Standard, _) => (SandboxState::Failed, sandbox.epoch),
             };
             let reason = Some("node_lost");
             let message = if epoch > sandbox.epoch {
@@ -254,9 +262,10 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ApiError> {
 
 /// Places sandboxes waiting for a runner.
 pub async fn schedule_pending(state: &AppState) -> Result<(), ApiError> {
-    let waiting: Vec<(String,)> = sqlx::query_as(
-        "SELECT id FROM sandboxes WHERE state IN ('pending', 'recovering') AND desired = 'running' ORDER BY id LIMIT $1",
-    )
+    let waiting: Vec<(String,)> = sqlx::query_as(&format!(
+        "SELECT id FROM sandboxes WHERE state IN {} AND desired = 'running' ORDER BY id LIMIT $1",
+        SandboxState::sql_in(SandboxState::awaits_placement)
+    ))
     .bind(BATCH)
     .fetch_all(&state.db.pool)
     .await?;
@@ -265,7 +274,7 @@ pub async fn schedule_pending(state: &AppState) -> Result<(), ApiError> {
         let Some(row) = load_sandbox(&mut tx, &id).await? else {
             continue;
         };
-        if !["pending", "recovering"].contains(&row.state.as_str()) || row.desired != "running" {
+        if !row.state.awaits_placement() || row.desired != DesiredState::Running {
             continue;
         }
         crate::http::sandboxes::place_or_wait(&mut tx, &row).await?;
@@ -278,9 +287,10 @@ pub async fn schedule_pending(state: &AppState) -> Result<(), ApiError> {
 /// terminated at once; a running one when its runner reports it ended.
 async fn expire_ttls(state: &AppState) -> Result<(), ApiError> {
     let now = now_ms();
-    let expired: Vec<(String,)> = sqlx::query_as(
-        "SELECT id FROM sandboxes WHERE expires_at_ms <= $1 AND desired NOT IN ('terminated', 'deleted') AND state NOT IN ('failed', 'terminated', 'deleted') LIMIT $2",
-    )
+    let expired: Vec<(String,)> = sqlx::query_as(&format!(
+        "SELECT id FROM sandboxes WHERE expires_at_ms <= $1 AND desired NOT IN ('terminated', 'deleted') AND state NOT IN {} LIMIT $2",
+        terminal_states_sql()
+    ))
     .bind(now)
     .bind(BATCH)
     .fetch_all(&state.db.pool)
@@ -290,7 +300,10 @@ async fn expire_ttls(state: &AppState) -> Result<(), ApiError> {
         let Some(row) = load_sandbox(&mut tx, &id).await? else {
             continue;
         };
-        if ["terminated", "deleted"].contains(&row.desired.as_str()) {
+        if matches!(
+            row.desired,
+            DesiredState::Terminated | DesiredState::Deleted
+        ) {
             continue;
         }
         sqlx::query("UPDATE sandboxes SET desired = 'terminated' WHERE id = $1")
@@ -298,15 +311,14 @@ async fn expire_ttls(state: &AppState) -> Result<(), ApiError> {
             .execute(&mut *tx.tx)
             .await?;
         tx.changed(&id).await?;
-        let computing = row.runner_id.is_some()
-            && ["starting", "running", "stopping", "securing"].contains(&row.state.as_str());
+        let computing = row.runner_id.is_some() && row.state.runner_at_work();
         if let Some(runner) = &row.runner_id {
             tx.changed(&format!("runner:{runner}")).await?;
         }
         if !computing {
             let row = load_sandbox(&mut tx, &id).await?.unwrap_or(row);
             let to = Transition {
-                state: "terminated",
+                state: SandboxState::Terminated,
                 reason: Some("ttl_expired"),
                 message: None,
             };
@@ -323,9 +335,11 @@ async fn expire_ttls(state: &AppState) -> Result<(), ApiError> {
 /// their history are purged, and idempotency keys a day after that.
 async fn apply_retention(state: &AppState) -> Result<(), ApiError> {
     let cutoff = now_ms() - state.config.retention.as_millis() as i64;
-    let ended: Vec<(String,)> = sqlx::query_as(
-        "SELECT id FROM sandboxes WHERE ended_at_ms < $1 AND state IN ('failed', 'terminated') AND desired <> 'deleted' LIMIT $2",
-    )
+    // Ended but not released: everything terminal except `deleted`.
+    let ended: Vec<(String,)> = sqlx::query_as(&format!(
+        "SELECT id FROM sandboxes WHERE ended_at_ms < $1 AND state IN {} AND desired <> 'deleted' LIMIT $2",
+        SandboxState::sql_in(|s| s.is_terminal() && s != SandboxState::Deleted)
+    ))
     .bind(cutoff)
     .bind(BATCH)
     .fetch_all(&state.db.pool)
@@ -341,7 +355,7 @@ async fn apply_retention(state: &AppState) -> Result<(), ApiError> {
             .await?;
         if row.runner_id.is_none() {
             let to = Transition {
-                state: "deleted",
+                state: SandboxState::Deleted,
                 reason: Some("retention_expired"),
                 message: None,
             };

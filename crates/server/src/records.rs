@@ -8,43 +8,27 @@ use sqlx::any::AnyRow;
 use crate::db::{WriteTx, now_ms};
 use crate::http::ApiError;
 use api::ErrorCode;
+use api::lifecycle::{CommandState, DesiredState, Network, Placement, SandboxState, StorageClass};
 
-/// States that hold compute on a runner (count against `sandboxes.running`
-/// and runner capacity). `pending` and `recovering` are waiting for it.
-pub const COMPUTE_STATES: &[&str] = &["starting", "running", "stopping"];
+/// The state vocabulary lives in `api::lifecycle`; these are the SQL
+/// lists built from its predicates, spliced into statements.
+pub fn compute_states_sql() -> String {
+    SandboxState::sql_in(SandboxState::holds_compute)
+}
+
 /// States that count as running for the `sandboxes.running` quota.
-pub const RUNNING_QUOTA_STATES: &str =
-    "('pending', 'starting', 'running', 'stopping', 'recovering')";
-/// End states: the runtime is gone for good.
-pub const TERMINAL_STATES: &[&str] = &["failed", "terminated", "deleted"];
-/// Every sandbox state (DESIGN.md §2).
-pub const SANDBOX_STATES: &[&str] = &[
-    "pending",
-    "starting",
-    "running",
-    "stopping",
-    "securing",
-    "stopped",
-    "recovering",
-    "failed",
-    "terminated",
-    "deleting",
-    "deleted",
-];
-/// States a runner may report.
-pub const REPORTABLE_STATES: &[&str] = &[
-    "starting",
-    "running",
-    "stopping",
-    "securing",
-    "stopped",
-    "failed",
-    "terminated",
-    "deleted",
-];
+pub fn running_quota_states_sql() -> String {
+    SandboxState::sql_in(SandboxState::counts_as_running)
+}
 
-pub fn is_terminal(state: &str) -> bool {
-    TERMINAL_STATES.contains(&state)
+/// States a sandbox still counts against `sandboxes.total` in.
+pub fn held_states_sql() -> String {
+    SandboxState::sql_in(SandboxState::is_held)
+}
+
+/// End states, in SQL.
+pub fn terminal_states_sql() -> String {
+    SandboxState::sql_in(SandboxState::is_terminal)
 }
 
 /// Time-ordered ids: `PREFIX_` + 12 hex digits of milliseconds + 16 random
@@ -74,17 +58,17 @@ pub struct SandboxRow {
     pub image: String,
     /// The imported image's root tree, pinned at create (`None`: default).
     pub image_root: Option<String>,
-    pub storage_class: String,
+    pub storage_class: StorageClass,
     pub memory_mib: Option<i64>,
     pub millicpus: Option<i64>,
     pub pids: Option<i64>,
-    pub network: String,
-    pub placement: String,
+    pub network: Network,
+    pub placement: Placement,
     pub env: String,
     pub labels: String,
-    pub state: String,
+    pub state: SandboxState,
     pub state_reason: Option<String>,
-    pub desired: String,
+    pub desired: DesiredState,
     pub runner_id: Option<String>,
     pub last_runner_id: Option<String>,
     pub epoch: i64,
@@ -122,17 +106,17 @@ impl SandboxRow {
             org_id: row.try_get("org_id")?,
             image: row.try_get("image")?,
             image_root: row.try_get("image_root")?,
-            storage_class: row.try_get("storage_class")?,
+            storage_class: parse_column(row, "storage_class")?,
             memory_mib: row.try_get("memory_mib")?,
             millicpus: row.try_get("millicpus")?,
             pids: row.try_get("pids")?,
-            network: row.try_get("network")?,
-            placement: row.try_get("placement")?,
+            network: parse_column(row, "network")?,
+            placement: parse_column(row, "placement")?,
             env: row.try_get("env")?,
             labels: row.try_get("labels")?,
-            state: row.try_get("state")?,
+            state: parse_column(row, "state")?,
             state_reason: row.try_get("state_reason")?,
-            desired: row.try_get("desired")?,
+            desired: parse_column(row, "desired")?,
             runner_id: row.try_get("runner_id")?,
             last_runner_id: row.try_get("last_runner_id")?,
             epoch: row.try_get("epoch")?,
@@ -165,16 +149,16 @@ impl SandboxRow {
         api::sandboxes::Sandbox {
             id: self.id.clone(),
             org_id: self.org_id.clone(),
-            state: self.state.clone(),
+            state: self.state,
             state_reason: self.state_reason.clone(),
-            desired: self.desired.clone(),
+            desired: self.desired,
             runner_id: self.runner_id.clone(),
             epoch: self.epoch as u64,
             image: self.image.clone(),
-            storage_class: self.storage_class.clone(),
+            storage_class: self.storage_class,
             resources: self.resources(),
-            network: self.network.clone(),
-            placement: self.placement.clone(),
+            network: self.network,
+            placement: self.placement,
             env: json_map(&self.env),
             labels: json_map(&self.labels),
             quarantined: self.quarantined,
@@ -195,7 +179,7 @@ impl SandboxRow {
         let since = self.home.saved_at_ms.unwrap_or(self.created_at_ms);
         let state = if self.home.save_error.is_some() {
             "failing"
-        } else if self.state == "running" && now - since > 2 * interval_s * 1000 {
+        } else if self.state == SandboxState::Running && now - since > 2 * interval_s * 1000 {
             "delayed"
         } else {
             "ok"
@@ -212,6 +196,21 @@ impl SandboxRow {
     }
 }
 
+/// A text column holding one of a lifecycle enum's spellings; anything
+/// else is a decode error naming the column (the database was written by
+/// something else).
+pub fn parse_column<T>(row: &AnyRow, column: &str) -> Result<T, sqlx::Error>
+where
+    T: std::str::FromStr<Err = api::UnknownValue>,
+{
+    let text: String = row.try_get(column)?;
+    text.parse()
+        .map_err(|err: api::UnknownValue| sqlx::Error::ColumnDecode {
+            index: column.to_owned(),
+            source: Box::new(err),
+        })
+}
+
 pub async fn load_sandbox(tx: &mut WriteTx, id: &str) -> Result<Option<SandboxRow>, sqlx::Error> {
     let row = sqlx::query(&format!(
         "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1"
@@ -224,7 +223,7 @@ pub async fn load_sandbox(tx: &mut WriteTx, id: &str) -> Result<Option<SandboxRo
 
 /// What a state change writes besides `state`.
 pub struct Transition<'a> {
-    pub state: &'a str,
+    pub state: SandboxState,
     pub reason: Option<&'a str>,
     pub message: Option<&'a str>,
 }
@@ -241,7 +240,7 @@ pub async fn set_sandbox_state(
     epoch: i64,
 ) -> Result<bool, sqlx::Error> {
     let now = now_ms();
-    let ended = if is_terminal(to.state) {
+    let ended = if to.state.is_terminal() {
         Some(current.ended_at_ms.unwrap_or(now))
     } else {
         None
@@ -250,14 +249,14 @@ pub async fn set_sandbox_state(
         "UPDATE sandboxes SET state = $1, state_reason = $2, runner_id = $3, epoch = $4, updated_at_ms = $5, ended_at_ms = $6
          WHERE id = $7 AND state = $8 AND epoch = $9 AND COALESCE(runner_id, '') = $10",
     )
-    .bind(to.state)
+    .bind(to.state.as_str())
     .bind(to.reason)
     .bind(runner_id)
     .bind(epoch)
     .bind(now)
     .bind(ended)
     .bind(&current.id)
-    .bind(&current.state)
+    .bind(current.state.as_str())
     .bind(current.epoch)
     .bind(current.runner_id.as_deref().unwrap_or(""))
     .execute(&mut *tx.tx)
@@ -278,7 +277,7 @@ pub async fn set_sandbox_state(
     )
     .bind(&current.id)
     .bind(now)
-    .bind(to.state)
+    .bind(to.state.as_str())
     .bind(to.reason)
     .bind(to.message)
     .bind(epoch)
@@ -306,31 +305,32 @@ pub async fn set_sandbox_state(
 async fn end_commands_for(
     tx: &mut WriteTx,
     sandbox_id: &str,
-    state: &str,
+    state: SandboxState,
     reason: Option<&str>,
 ) -> Result<(), sqlx::Error> {
+    use SandboxState::*;
     let running = match (state, reason) {
-        ("recovering", _) | ("failed", Some("node_lost")) => "infrastructure_lost",
-        ("stopped" | "securing" | "terminated" | "deleting" | "deleted", _) => "interrupted",
-        ("failed", _) => "unknown",
-        _ => return Ok(()),
+        (Recovering, _) | (Failed, Some("node_lost")) => CommandState::InfrastructureLost,
+        (Stopped | Securing | Terminated | Deleting | Deleted, _) => CommandState::Interrupted,
+        (Failed, _) => CommandState::Unknown,
+        (Pending | Starting | Running | Stopping, _) => return Ok(()),
     };
     let now = now_ms();
     let reason = format!("sandbox_{state}");
     let mut ids: Vec<String> = Vec::new();
     for (from, to) in [
-        ("queued", "not_launched"),
-        ("starting", "unknown"),
-        ("running", running),
+        (CommandState::Queued, CommandState::NotLaunched),
+        (CommandState::Starting, CommandState::Unknown),
+        (CommandState::Running, running),
     ] {
         let rows = sqlx::query(
             "UPDATE commands SET state = $1, state_reason = $2, ended_at_ms = $3 WHERE sandbox_id = $4 AND state = $5 RETURNING id",
         )
-        .bind(to)
+        .bind(to.as_str())
         .bind(&reason)
         .bind(now)
         .bind(sandbox_id)
-        .bind(from)
+        .bind(from.as_str())
         .fetch_all(&mut *tx.tx)
         .await?;
         for row in rows {

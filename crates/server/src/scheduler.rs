@@ -3,11 +3,12 @@
 //! runner the sandbox last ran on (its home and blocks are there), then
 //! spot before on-demand for `spot_first`, then the emptiest runner.
 
+use api::lifecycle::{Placement, SandboxState, StorageClass};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::db::{WriteTx, now_ms};
-use crate::records::{COMPUTE_STATES, SandboxRow, Transition, set_sandbox_state};
+use crate::records::{SandboxRow, Transition, compute_states_sql, set_sandbox_state};
 
 #[derive(Clone, Debug)]
 pub struct RunnerRow {
@@ -73,7 +74,7 @@ impl Needs {
                 format!("network:{}", sandbox.network),
                 format!("storage:{}", sandbox.storage_class),
             ],
-            on_demand_only: sandbox.placement == "non_preemptible",
+            on_demand_only: sandbox.placement == Placement::NonPreemptible,
             memory_mib: sandbox.memory_mib.unwrap_or(0),
             millicpus: sandbox.millicpus.unwrap_or(0),
             pids: sandbox.pids.unwrap_or(0),
@@ -135,7 +136,7 @@ pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sql
     let needs = Needs::of(sandbox);
     let runners = all_runners(tx).await?;
     // A standard home lives on its runner: it can start only there.
-    let home_runner = (sandbox.storage_class == "standard")
+    let home_runner = (sandbox.storage_class == StorageClass::Standard)
         .then_some(sandbox.last_runner_id.as_deref())
         .flatten();
     if let Some(home) = home_runner {
@@ -168,14 +169,10 @@ pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sql
         if locked.rows_affected() == 0 {
             continue;
         }
-        let states = COMPUTE_STATES
-            .iter()
-            .map(|s| format!("'{s}'"))
-            .collect::<Vec<_>>()
-            .join(", ");
         let usage = sqlx::query(&format!(
             "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(memory_mib), 0) AS BIGINT) AS memory, CAST(COALESCE(SUM(millicpus), 0) AS BIGINT) AS cpus, CAST(COALESCE(SUM(pids), 0) AS BIGINT) AS pids
-             FROM sandboxes WHERE runner_id = $1 AND state IN ({states})"
+             FROM sandboxes WHERE runner_id = $1 AND state IN {}",
+            compute_states_sql()
         ))
         .bind(&runner.id)
         .fetch_one(&mut *tx.tx)
@@ -189,12 +186,14 @@ pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sql
         }
         // The events tell what a recovered (or moved) home comes back from.
         let message = match (&sandbox.home.root, sandbox.home.saved_at_ms) {
-            (Some(root), Some(saved_at)) if sandbox.storage_class == "durable" => Some(format!(
-                "restoring the home's last completed save, taken at {} (root {})",
-                crate::records::rfc3339(saved_at),
-                root.get(..16).unwrap_or(root)
-            )),
-            (None, _) if sandbox.state == "recovering" => {
+            (Some(root), Some(saved_at)) if sandbox.storage_class == StorageClass::Durable => {
+                Some(format!(
+                    "restoring the home's last completed save, taken at {} (root {})",
+                    crate::records::rfc3339(saved_at),
+                    root.get(..16).unwrap_or(root)
+                ))
+            }
+            (None, _) if sandbox.state == SandboxState::Recovering => {
                 Some("no save completed yet: the home starts empty".to_owned())
             }
             _ => None,
@@ -203,7 +202,7 @@ pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sql
             tx,
             sandbox,
             Transition {
-                state: "starting",
+                state: SandboxState::Starting,
                 reason: Some("placed"),
                 message: message.as_deref(),
             },

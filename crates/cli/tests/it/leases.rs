@@ -409,12 +409,22 @@ async fn the_runner_protocol_checks_transitions_and_registration() {
     let sandbox = plane.running_sandbox(&runner, json!({})).await;
     let id = sandbox["id"].as_str().expect("id");
     // The control plane's own verdicts are not the runner's to report.
-    for state in ["recovering", "pending", "deleted", "sleeping"] {
+    for state in ["recovering", "pending", "starting", "deleting", "deleted"] {
         runner
             .report_at(id, 1, state, None)
             .await
             .assert_error(409, "invalid_state");
     }
+    // A state no one knows is a malformed report (the lifecycle is typed),
+    // named in the answer.
+    let unknown = runner.report_at(id, 1, "sleeping", None).await;
+    unknown.assert_error(400, "invalid_request");
+    assert!(
+        unknown.body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("sleeping")),
+        "{unknown:?}"
+    );
     // Re-reporting the current state is a no-op, not a new event.
     runner.report(id, "running", None).await;
     let events = plane

@@ -13,6 +13,7 @@
 //! it to the server by offset. The server refuses output once the end is
 //! reported, so every byte is uploaded first.
 
+use api::lifecycle::CommandState;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -67,7 +68,7 @@ pub(crate) async fn run(job: CommandJob) {
             unknown()
         }
         // Reported running by an earlier run whose records are gone.
-        CommandRecord::New if job.assignment.state != "starting" => unknown(),
+        CommandRecord::New if job.assignment.state != CommandState::Starting => unknown(),
         CommandRecord::New => match job.launch().await {
             Ok(end) => end,
             Err(Stopped) => return,
@@ -83,7 +84,7 @@ pub(crate) async fn run(job: CommandJob) {
 fn unknown() -> RecordedEnd {
     RecordedEnd {
         reason: Some("runner_restarted".to_owned()),
-        ..RecordedEnd::new("unknown")
+        ..RecordedEnd::new(CommandState::Unknown)
     }
 }
 
@@ -98,7 +99,7 @@ impl CommandJob {
         let report = CommandReport {
             runner_id: self.shared.runner_id(),
             epoch: self.assignment.epoch,
-            state: end.state.clone(),
+            state: end.state,
             exit_code: end.exit_code,
             signal: end.signal.clone(),
             reason: end.reason.clone(),
@@ -145,7 +146,7 @@ impl CommandJob {
             tracing::error!(command_id = %id, %err, "cannot record the launch; not launching");
             return Ok(RecordedEnd {
                 reason: Some("runner_error".to_owned()),
-                ..RecordedEnd::new("launch_failed")
+                ..RecordedEnd::new(CommandState::LaunchFailed)
             });
         }
         let spool = match Spool::create(&self.files, id) {
@@ -154,7 +155,7 @@ impl CommandJob {
                 tracing::error!(command_id = %id, %err, "cannot spool output; not launching");
                 return Ok(RecordedEnd {
                     reason: Some("runner_error".to_owned()),
-                    ..RecordedEnd::new("launch_failed")
+                    ..RecordedEnd::new(CommandState::LaunchFailed)
                 });
             }
         };
@@ -166,14 +167,14 @@ impl CommandJob {
             Err(Error::NotRunning { .. } | Error::NotFound { .. }) => {
                 return Ok(RecordedEnd {
                     reason: Some("sandbox_not_running".to_owned()),
-                    ..RecordedEnd::new("not_launched")
+                    ..RecordedEnd::new(CommandState::NotLaunched)
                 });
             }
             Err(err) => {
                 tracing::warn!(command_id = %id, %err, "the runtime could not exec the command");
                 return Ok(RecordedEnd {
                     reason: Some("runtime_error".to_owned()),
-                    ..RecordedEnd::new("launch_failed")
+                    ..RecordedEnd::new(CommandState::LaunchFailed)
                 });
             }
         };
@@ -187,7 +188,7 @@ impl CommandJob {
             let callback_spool = spool.clone();
             let waited = execution.wait(move |stream, bytes| callback_spool.append(stream, bytes));
             let running = async {
-                let report = RecordedEnd::new("running");
+                let report = RecordedEnd::new(CommandState::Running);
                 if self.report(&report).await.is_err() {
                     fenced.notify_one();
                 }
@@ -221,7 +222,7 @@ impl CommandJob {
                 tracing::warn!(command_id = %id, %err, "lost track of the command");
                 RecordedEnd {
                     reason: Some("runtime_exec_lost".to_owned()),
-                    ..RecordedEnd::new("unknown")
+                    ..RecordedEnd::new(CommandState::Unknown)
                 }
             }
         })
@@ -265,16 +266,16 @@ fn end_of(outcome: &Outcome, delivered: &[Signal]) -> RecordedEnd {
     match outcome {
         Outcome::Exited { code } => RecordedEnd {
             exit_code: Some(*code),
-            ..RecordedEnd::new("exited")
+            ..RecordedEnd::new(CommandState::Exited)
         },
         Outcome::TimedOut => RecordedEnd {
             reason: Some("timeout".to_owned()),
-            ..RecordedEnd::new("timed_out")
+            ..RecordedEnd::new(CommandState::TimedOut)
         },
         Outcome::ResourceExhausted => RecordedEnd {
             signal: Some(Signal::Kill.name().to_owned()),
             reason: Some("oom_killed".to_owned()),
-            ..RecordedEnd::new("resource_exhausted")
+            ..RecordedEnd::new(CommandState::ResourceExhausted)
         },
         Outcome::Interrupted { signal } => RecordedEnd {
             signal: Some(signal.name().to_owned()),
@@ -286,17 +287,17 @@ fn end_of(outcome: &Outcome, delivered: &[Signal]) -> RecordedEnd {
                 }
                 .to_owned(),
             ),
-            ..RecordedEnd::new("interrupted")
+            ..RecordedEnd::new(CommandState::Interrupted)
         },
         // The runtime refused because the sandbox was no longer running:
         // the command never started, for want of a sandbox.
         Outcome::LaunchFailed { message } if sandbox_gone(message) => RecordedEnd {
             reason: Some("sandbox_not_running".to_owned()),
-            ..RecordedEnd::new("not_launched")
+            ..RecordedEnd::new(CommandState::NotLaunched)
         },
         Outcome::LaunchFailed { message } => RecordedEnd {
             reason: Some(launch_failure_reason(message).to_owned()),
-            ..RecordedEnd::new("launch_failed")
+            ..RecordedEnd::new(CommandState::LaunchFailed)
         },
     }
 }
@@ -482,11 +483,14 @@ mod tests {
     #[test]
     fn outcomes_map_to_command_states() {
         let end = end_of(&Outcome::Exited { code: 3 }, &[]);
-        assert_eq!((end.state.as_str(), end.exit_code), ("exited", Some(3)));
-        assert_eq!(end_of(&Outcome::TimedOut, &[]).state, "timed_out");
+        assert_eq!((end.state, end.exit_code), (CommandState::Exited, Some(3)));
+        assert_eq!(
+            end_of(&Outcome::TimedOut, &[]).state,
+            CommandState::TimedOut
+        );
         assert_eq!(
             end_of(&Outcome::ResourceExhausted, &[]).state,
-            "resource_exhausted"
+            CommandState::ResourceExhausted
         );
         let asked = end_of(
             &Outcome::Interrupted {
@@ -509,7 +513,7 @@ mod tests {
             },
             &[],
         );
-        assert_eq!(missing.state, "launch_failed");
+        assert_eq!(missing.state, CommandState::LaunchFailed);
         assert_eq!(missing.reason.as_deref(), Some("executable_not_found"));
         assert_eq!(
             launch_failure_reason(

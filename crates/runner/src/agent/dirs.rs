@@ -20,6 +20,7 @@
 //! server has recorded its end); those of a sandbox until it is deleted or
 //! no longer this runner's.
 
+use api::lifecycle::CommandState;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -152,16 +153,16 @@ pub enum CommandRecord {
 /// A command's end as it is reported: the state and its details.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordedEnd {
-    pub state: String,
+    pub state: CommandState,
     pub exit_code: Option<i32>,
     pub signal: Option<String>,
     pub reason: Option<String>,
 }
 
 impl RecordedEnd {
-    pub fn new(state: &str) -> RecordedEnd {
+    pub fn new(state: CommandState) -> RecordedEnd {
         RecordedEnd {
-            state: state.to_owned(),
+            state,
             exit_code: None,
             signal: None,
             reason: None,
@@ -183,7 +184,7 @@ impl RecordedEnd {
 
     fn parse(text: &str) -> Option<RecordedEnd> {
         let mut fields = text.split_whitespace();
-        let state = fields.next()?.to_owned();
+        let state = fields.next()?.parse().ok()?;
         let mut next = || fields.next().filter(|f| *f != "-").map(str::to_owned);
         let exit_code = match next() {
             Some(code) => Some(code.parse().ok()?),
@@ -368,18 +369,18 @@ mod tests {
     fn ends_round_trip() {
         let ends = [
             RecordedEnd {
-                state: "exited".into(),
+                state: CommandState::Exited,
                 exit_code: Some(-3),
                 signal: None,
                 reason: None,
             },
             RecordedEnd {
-                state: "interrupted".into(),
+                state: CommandState::Interrupted,
                 exit_code: None,
                 signal: Some("TERM".into()),
                 reason: Some("signal_requested".into()),
             },
-            RecordedEnd::new("unknown"),
+            RecordedEnd::new(CommandState::Unknown),
         ];
         for end in ends {
             assert_eq!(RecordedEnd::parse(&end.to_line()), Some(end));
@@ -404,7 +405,7 @@ mod tests {
         assert!(files.record_launch("cmd_1", 3).is_err());
         let end = RecordedEnd {
             exit_code: Some(0),
-            ..RecordedEnd::new("exited")
+            ..RecordedEnd::new(CommandState::Exited)
         };
         files.record_end("cmd_1", &end).expect("end");
         assert_eq!(

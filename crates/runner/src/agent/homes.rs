@@ -23,6 +23,7 @@
 //! runs in it any more. Index keys ignore the device number, which differs
 //! for every snapshot (see `store::index::KeyRule`).
 
+use api::lifecycle::StorageClass;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -207,7 +208,7 @@ impl Homes {
         };
         // A standard home starts as `root` (a snapshot) once; after that it
         // is its own, kept on this runner.
-        if sandbox.storage_class != "durable" && existed {
+        if sandbox.storage_class != StorageClass::Durable && existed {
             return Ok((home, None));
         }
         let secured = self.secured_path(&id);
@@ -217,7 +218,7 @@ impl Homes {
         };
         let secured_root = std::fs::read_to_string(&secured).unwrap_or_default();
         let woke = |downloaded_bytes: u64| {
-            (sandbox.storage_class == "durable").then_some(WakeReport {
+            (sandbox.storage_class == StorageClass::Durable).then_some(WakeReport {
                 downloaded_bytes,
                 from_own_copy: existed,
             })
@@ -294,7 +295,7 @@ impl Homes {
         };
         // Tells the server the bytes to go while the upload runs (durable
         // homes only: what `save.bytes_pending` shows).
-        let reporter = (sandbox.storage_class == "durable").then(|| {
+        let reporter = (sandbox.storage_class == StorageClass::Durable).then(|| {
             let (client, mut report) = (
                 client.clone(),
                 SaveReport {

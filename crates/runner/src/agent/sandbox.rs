@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use api::lifecycle::{DesiredState, SandboxState, StorageClass};
 use api::runners::{CommandAssignment, SandboxAssignment, SandboxReport, WakeReport};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -111,10 +112,10 @@ pub(crate) enum End {
 }
 
 impl End {
-    fn state(self) -> &'static str {
+    fn state(self) -> SandboxState {
         match self {
-            End::Stopped => "stopped",
-            End::Terminated => "terminated",
+            End::Stopped => SandboxState::Stopped,
+            End::Terminated => SandboxState::Terminated,
         }
     }
 
@@ -129,9 +130,14 @@ impl End {
 /// The decision table: what to do given the desired state, the state the
 /// server last recorded, what the runtime shows, and whether this process
 /// launched the container for this placement. Pure, so it is tested alone.
-pub(crate) fn decide(desired: &str, recorded: &str, seen: Seen, launched_here: bool) -> Action {
+pub(crate) fn decide(
+    desired: DesiredState,
+    recorded: SandboxState,
+    seen: Seen,
+    launched_here: bool,
+) -> Action {
     use Action::*;
-    if desired == "deleted" {
+    if desired == DesiredState::Deleted {
         return Delete;
     }
     let settled = |seen: Seen| match seen {
@@ -139,12 +145,12 @@ pub(crate) fn decide(desired: &str, recorded: &str, seen: Seen, launched_here: b
         Seen::Stopped => ClearCorpse,
         _ => Kill,
     };
-    if matches!(recorded, "failed" | "terminated" | "deleted") {
+    if recorded.is_terminal() {
         return settled(seen);
     }
     match desired {
-        "running" => match recorded {
-            "starting" => match seen {
+        DesiredState::Running => match recorded {
+            SandboxState::Starting => match seen {
                 Seen::Missing => Launch,
                 Seen::Created => Start,
                 Seen::Paused => Resume,
@@ -154,7 +160,7 @@ pub(crate) fn decide(desired: &str, recorded: &str, seen: Seen, launched_here: b
                 // A dead container of an earlier placement.
                 Seen::Stopped => Launch,
             },
-            "running" => match seen {
+            SandboxState::Running => match seen {
                 Seen::Running => Idle,
                 Seen::Paused => Resume,
                 Seen::Created => Start,
@@ -164,7 +170,7 @@ pub(crate) fn decide(desired: &str, recorded: &str, seen: Seen, launched_here: b
             // Started again while stopping (the server keeps the placement
             // until the stop is reported): if it still runs, it runs; if it
             // is already down, it runs again, on the same home.
-            "stopping" => match seen {
+            SandboxState::Stopping => match seen {
                 Seen::Running => ReportRunning,
                 Seen::Paused => Resume,
                 Seen::Created => Start,
@@ -173,22 +179,22 @@ pub(crate) fn decide(desired: &str, recorded: &str, seen: Seen, launched_here: b
             // Waiting to be placed (again): no compute meanwhile.
             _ => settled(seen),
         },
-        "stopped" | "terminated" => {
-            let end = if desired == "stopped" {
+        DesiredState::Stopped | DesiredState::Terminated => {
+            let end = if desired == DesiredState::Stopped {
                 End::Stopped
             } else {
                 End::Terminated
             };
             match recorded {
-                "stopped" if end == End::Stopped => settled(seen),
+                SandboxState::Stopped if end == End::Stopped => settled(seen),
                 _ if seen.has_compute() => Stop {
-                    report_stopping: recorded != "stopping",
+                    report_stopping: recorded != SandboxState::Stopping,
                     end,
                 },
                 _ => Finish { end },
             }
         }
-        _ => settled(seen),
+        DesiredState::Deleted => Delete,
     }
 }
 
@@ -230,7 +236,7 @@ struct Worker {
     /// The sandbox was deleted and reported so: nothing is left here.
     deleted: bool,
     /// The last state reported and accepted, to log changes once.
-    reported: Option<(u64, String)>,
+    reported: Option<(u64, SandboxState)>,
     /// What the last pass saw.
     last_seen: Option<Seen>,
     /// Saves a running durable home on its schedule (for one epoch).
@@ -377,7 +383,7 @@ impl Worker {
         let seen = Seen::of(&observation);
         self.last_seen = Some(seen);
         let launched_here = self.launched_epoch == Some(sandbox.epoch);
-        let action = decide(&sandbox.desired, &sandbox.state, seen, launched_here);
+        let action = decide(sandbox.desired, sandbox.state, seen, launched_here);
         if action != Action::Idle {
             tracing::debug!(sandbox_id = %self.id, desired = %sandbox.desired, recorded = %sandbox.state, ?seen, ?action, "acting");
         }
@@ -391,7 +397,7 @@ impl Worker {
             Action::ReportVanished => {
                 self.report(
                     sandbox,
-                    "failed",
+                    SandboxState::Failed,
                     Some("workload_exited"),
                     Some("the container is gone from the runtime (was the host restarted?); its exit code is unknown".to_owned()),
                 )
@@ -411,7 +417,7 @@ impl Worker {
         }
         let running = seen == Seen::Running
             && matches!(action, Action::Idle | Action::ReportRunning)
-            && sandbox.desired == "running";
+            && sandbox.desired == DesiredState::Running;
         if running {
             self.watch();
             self.run_commands(assigned);
@@ -430,7 +436,7 @@ impl Worker {
     fn keep_saving(&mut self, sandbox: &SandboxAssignment) {
         let Some(interval) = sandbox
             .save_interval_s
-            .filter(|_| sandbox.storage_class == "durable")
+            .filter(|_| sandbox.storage_class == StorageClass::Durable)
         else {
             return;
         };
@@ -550,8 +556,7 @@ impl Worker {
         }
         self.fenced_epoch = Some(epoch);
         let ended_here = self.reported.as_ref().is_some_and(|(reported, state)| {
-            *reported == epoch
-                && ["stopped", "terminated", "failed", "deleted"].contains(&state.as_str())
+            *reported == epoch && (state.is_terminal() || *state == SandboxState::Stopped)
         });
         if ended_here {
             // A late pass over an old assignment re-reported the end of a
@@ -574,18 +579,18 @@ impl Worker {
     async fn report(
         &mut self,
         sandbox: &SandboxAssignment,
-        state: &str,
+        state: SandboxState,
         reason: Option<&str>,
         message: Option<String>,
     ) -> Result<(), Step> {
         let report = SandboxReport {
             runner_id: self.shared.runner_id(),
             epoch: sandbox.epoch,
-            state: state.to_owned(),
+            state,
             reason: reason.map(str::to_owned),
             message: message.clone(),
             // What the wake before this run cost, told once.
-            wake: if state == "running" {
+            wake: if state == SandboxState::Running {
                 self.wake.clone()
             } else {
                 None
@@ -598,12 +603,12 @@ impl Worker {
             .await
         {
             Ok(_) => {
-                if state == "running" {
+                if state == SandboxState::Running {
                     self.wake = None;
                 }
-                let now = Some((sandbox.epoch, state.to_owned()));
+                let now = Some((sandbox.epoch, state));
                 if self.reported != now {
-                    tracing::info!(sandbox_id = %self.id, epoch = sandbox.epoch, state, reason, message, "reported");
+                    tracing::info!(sandbox_id = %self.id, epoch = sandbox.epoch, state = %state, reason, message, "reported");
                     self.reported = now;
                 }
                 Ok(())
@@ -629,8 +634,9 @@ impl Worker {
                 ),
             ));
         }
-        let durable_here = sandbox.storage_class == "durable" && self.shared.homes.can_snapshot();
-        if sandbox.storage_class != "standard" && !durable_here {
+        let durable_here =
+            sandbox.storage_class == StorageClass::Durable && self.shared.homes.can_snapshot();
+        if sandbox.storage_class != StorageClass::Standard && !durable_here {
             return Err(Unrunnable::new(
                 "storage_unavailable",
                 format!(
@@ -639,8 +645,10 @@ impl Worker {
                 ),
             ));
         }
-        let network = Network::parse(&sandbox.network)
-            .map_err(|err| Unrunnable::new("network_unavailable", err.to_string()))?;
+        let network = match sandbox.network {
+            api::Network::None => Network::None,
+            api::Network::Bridge => Network::Bridge,
+        };
         let mut config = SandboxConfig::new(
             self.id.clone(),
             self.handle.paths().clone(),
@@ -676,7 +684,7 @@ impl Worker {
                     return self
                         .report(
                             sandbox,
-                            "failed",
+                            SandboxState::Failed,
                             Some("image_unavailable"),
                             Some(err.to_string()),
                         )
@@ -691,7 +699,7 @@ impl Worker {
                 return self
                     .report(
                         sandbox,
-                        "failed",
+                        SandboxState::Failed,
                         Some(unrunnable.reason),
                         Some(unrunnable.message),
                     )
@@ -716,7 +724,7 @@ impl Worker {
                 return self
                     .report(
                         sandbox,
-                        "failed",
+                        SandboxState::Failed,
                         Some("home_unavailable"),
                         Some(err.to_string()),
                     )
@@ -744,7 +752,7 @@ impl Worker {
                 return self
                     .report(
                         sandbox,
-                        "failed",
+                        SandboxState::Failed,
                         Some("runtime_error"),
                         Some(err.to_string()),
                     )
@@ -778,7 +786,8 @@ impl Worker {
     }
 
     async fn report_running(&mut self, sandbox: &SandboxAssignment) -> Result<(), Step> {
-        self.report(sandbox, "running", None, None).await?;
+        self.report(sandbox, SandboxState::Running, None, None)
+            .await?;
         self.watch();
         Ok(())
     }
@@ -843,8 +852,13 @@ impl Worker {
                     .to_owned()
             }
         };
-        self.report(sandbox, "failed", Some(cause.reason()), Some(message))
-            .await
+        self.report(
+            sandbox,
+            SandboxState::Failed,
+            Some(cause.reason()),
+            Some(message),
+        )
+        .await
     }
 
     async fn stop(
@@ -854,7 +868,7 @@ impl Worker {
         end: End,
     ) -> Result<(), Step> {
         if report_stopping {
-            self.report(sandbox, "stopping", Some(end.reason()), None)
+            self.report(sandbox, SandboxState::Stopping, Some(end.reason()), None)
                 .await?;
         }
         self.unwatch();
@@ -871,7 +885,7 @@ impl Worker {
         self.settle_commands().await;
         // The container goes; its root directory and the home stay.
         self.handle.delete().await.map_err(Step::Local)?;
-        if sandbox.storage_class == "durable" {
+        if sandbox.storage_class == StorageClass::Durable {
             self.secure(sandbox).await?;
         }
         self.report(sandbox, end.state(), Some(end.reason()), None)
@@ -882,9 +896,14 @@ impl Worker {
     /// the stop is reported. A failure leaves it `securing` with the error
     /// on its save status, the home kept, and the next pass tries again.
     async fn secure(&mut self, sandbox: &SandboxAssignment) -> Result<(), Step> {
-        if sandbox.state != "securing" {
-            self.report(sandbox, "securing", Some("stop_requested"), None)
-                .await?;
+        if sandbox.state != SandboxState::Securing {
+            self.report(
+                sandbox,
+                SandboxState::Securing,
+                Some("stop_requested"),
+                None,
+            )
+            .await?;
         }
         let runner_id = self.shared.runner_id();
         match self
@@ -948,8 +967,13 @@ impl Worker {
             self.remove_everything().await.map_err(Step::Local)?;
         }
         self.deleted = true;
-        self.report(sandbox, "deleted", Some("delete_requested"), None)
-            .await
+        self.report(
+            sandbox,
+            SandboxState::Deleted,
+            Some("delete_requested"),
+            None,
+        )
+        .await
     }
 
     /// No longer assigned here (deleted, or taken away with the lease):
@@ -1162,6 +1186,10 @@ mod tests {
             ("deleted", "failed", Seen::Missing, false, Delete),
         ];
         for (desired, recorded, seen, launched_here, expected) in rows {
+            let (desired, recorded) = (
+                desired.parse().expect("a desired state"),
+                recorded.parse().expect("a sandbox state"),
+            );
             assert_eq!(
                 decide(desired, recorded, *seen, *launched_here),
                 *expected,

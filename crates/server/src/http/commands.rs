@@ -1,6 +1,7 @@
 //! `/v1/sandboxes/{id}/commands`: a record per exec, handed to the runner
 //! through its assignments; output kept and readable while it runs.
 
+use api::lifecycle::{CommandState, DesiredState};
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -14,11 +15,9 @@ use super::{ApiError, AppState, Caller, Json};
 use crate::db::now_ms;
 use crate::idempotency;
 use crate::limits;
-use crate::records::{self, is_terminal, json_map, not_found, rfc3339};
+use crate::records::{self, json_map, not_found, rfc3339};
 use api::ErrorCode;
-use api::commands::{
-    COMMAND_END_STATES, Command, CommandList, CreateCommandRequest, SignalRequest,
-};
+use api::commands::{Command, CommandList, CreateCommandRequest, SignalRequest};
 
 /// Most output bytes one read returns.
 const OUTPUT_READ_BYTES_MAX: usize = 1024 * 1024;
@@ -32,7 +31,7 @@ pub struct CommandRow {
     pub env: String,
     pub cwd: Option<String>,
     pub timeout_s: Option<i64>,
-    pub state: String,
+    pub state: CommandState,
     pub state_reason: Option<String>,
     pub exit_code: Option<i64>,
     pub signal: Option<String>,
@@ -57,7 +56,7 @@ impl CommandRow {
             env: row.try_get("env")?,
             cwd: row.try_get("cwd")?,
             timeout_s: row.try_get("timeout_s")?,
-            state: row.try_get("state")?,
+            state: records::parse_column(row, "state")?,
             state_reason: row.try_get("state_reason")?,
             exit_code: row.try_get("exit_code")?,
             signal: row.try_get("signal")?,
@@ -76,7 +75,7 @@ impl CommandRow {
     }
 
     pub fn ended(&self) -> bool {
-        COMMAND_END_STATES.contains(&self.state.as_str())
+        self.state.is_end()
     }
 
     pub fn to_api(&self) -> Command {
@@ -87,7 +86,7 @@ impl CommandRow {
             env: json_map(&self.env),
             cwd: self.cwd.clone(),
             timeout: self.timeout_s.map(|t| t as u64),
-            state: self.state.clone(),
+            state: self.state,
             state_reason: self.state_reason.clone(),
             exit_code: self.exit_code.map(|c| c as i32),
             signal: self.signal.clone(),
@@ -171,7 +170,7 @@ pub async fn create(
             "the sandbox is quarantined by an administrator",
         ));
     }
-    if sandbox.desired != "running" || is_terminal(&sandbox.state) {
+    if sandbox.desired != DesiredState::Running || sandbox.state.is_terminal() {
         return Err(ApiError::new(
             ErrorCode::InvalidState,
             format!(
@@ -239,21 +238,24 @@ pub async fn get(
         let row = Box::pin(visible_command(&state, &org_id, &sandbox_id, &id)).await?;
         return Ok(axum::Json(row.to_api()));
     };
-    let known = ["queued", "starting", "running", "ended"].contains(&target.as_str())
-        || COMMAND_END_STATES.contains(&target.as_str());
-    if !known {
-        return Err(limits::invalid(
-            "wait_for",
-            format!("unknown state {target:?}"),
-        ));
-    }
+    // `ended`: any end state.
+    let target: Option<CommandState> = match target.as_str() {
+        "ended" => None,
+        text => Some(
+            text.parse()
+                .map_err(|_| limits::invalid("wait_for", format!("unknown state {target:?}")))?,
+        ),
+    };
     let timeout = wait_timeout(query.timeout)?;
     let watch = state.db.hub.watch(&id);
     let row = crate::hub::wait_until(
         &watch,
         timeout,
         || visible_command(&state, &org_id, &sandbox_id, &id),
-        |row| row.state == target || row.ended(),
+        |row| match target {
+            Some(target) => row.state.settles_wait_for(target),
+            None => row.ended(),
+        },
     )
     .await?;
     Ok(axum::Json(row.to_api()))
@@ -375,9 +377,10 @@ pub async fn output(
         HeaderValue::from_static("application/octet-stream"),
     );
     headers.insert("x-roost-next-offset", HeaderValue::from(next));
-    if let Ok(value) = HeaderValue::from_str(&command.state) {
-        headers.insert("x-roost-command-state", value);
-    }
+    headers.insert(
+        "x-roost-command-state",
+        HeaderValue::from_static(command.state.as_str()),
+    );
     headers.insert(
         "x-roost-complete",
         HeaderValue::from_static(if complete { "true" } else { "false" }),
@@ -417,7 +420,7 @@ pub async fn signal(
         ));
     }
     let mut tx = state.db.write().await?;
-    let updated = if command.state == "queued" {
+    let updated = if command.state == CommandState::Queued {
         sqlx::query(
             "UPDATE commands SET state = 'not_launched', state_reason = 'cancelled', ended_at_ms = $1 WHERE id = $2 AND state = 'queued'",
         )
@@ -426,11 +429,14 @@ pub async fn signal(
         .execute(&mut *tx.tx)
         .await?
     } else {
-        sqlx::query("UPDATE commands SET signal_requested = $1 WHERE id = $2 AND state IN ('starting', 'running')")
-            .bind(&request.signal)
-            .bind(&id)
-            .execute(&mut *tx.tx)
-            .await?
+        sqlx::query(&format!(
+            "UPDATE commands SET signal_requested = $1 WHERE id = $2 AND state IN {}",
+            CommandState::sql_in(CommandState::on_runner)
+        ))
+        .bind(&request.signal)
+        .bind(&id)
+        .execute(&mut *tx.tx)
+        .await?
     };
     if updated.rows_affected() == 0 {
         return Err(ApiError::new(

@@ -13,6 +13,7 @@
 //! `…/preempt`, `…/undrain`. Runner token: `POST /v1/runner/preempt` (a
 //! runner passing on its host's notice, e.g. on SIGUSR1).
 
+use api::lifecycle::{DesiredState, SandboxState, StorageClass};
 use axum::extract::{Path, State};
 use sqlx::Row;
 
@@ -25,11 +26,14 @@ use api::runners::{PreemptRequest, RunnerRecord};
 /// The desired state a runner is handed for `sandbox`: a durable sandbox
 /// that should run on a runner being emptied is to be stopped (secured)
 /// there, so it can run elsewhere.
-pub fn desired_on(sandbox: &SandboxRow, drain: Option<&str>) -> String {
-    if drain.is_some() && sandbox.storage_class == "durable" && sandbox.desired == "running" {
-        "stopped".to_owned()
+pub fn desired_on(sandbox: &SandboxRow, drain: Option<&str>) -> DesiredState {
+    if drain.is_some()
+        && sandbox.storage_class == StorageClass::Durable
+        && sandbox.desired == DesiredState::Running
+    {
+        DesiredState::Stopped
     } else {
-        sandbox.desired.clone()
+        sandbox.desired
     }
 }
 
@@ -46,11 +50,18 @@ pub fn reason_of(drain: &str) -> &'static str {
 /// of: the reason is the drain's, not a stop request's; once `stopped`
 /// (home secured), the sandbox leaves the runner and waits to be placed
 /// elsewhere. Returns the reason to record instead of the runner's.
-pub fn drain_reason(row: &SandboxRow, reported: &str, drain: Option<&str>) -> Option<&'static str> {
+pub fn drain_reason(
+    row: &SandboxRow,
+    reported: SandboxState,
+    drain: Option<&str>,
+) -> Option<&'static str> {
     let drain = drain?;
-    let moving = row.storage_class == "durable"
-        && row.desired == "running"
-        && ["stopping", "securing", "stopped"].contains(&reported);
+    let moving = row.storage_class == StorageClass::Durable
+        && row.desired == DesiredState::Running
+        && matches!(
+            reported,
+            SandboxState::Stopping | SandboxState::Securing | SandboxState::Stopped
+        );
     moving.then(|| reason_of(drain))
 }
 
@@ -67,11 +78,14 @@ pub async fn place_secured(
     let Some(row) = load_sandbox(tx, id).await? else {
         return Ok(());
     };
-    if row.state != "stopped" || row.desired != "running" || row.storage_class != "durable" {
+    if row.state != SandboxState::Stopped
+        || row.desired != DesiredState::Running
+        || row.storage_class != StorageClass::Durable
+    {
         return Ok(());
     }
     let to = Transition {
-        state: "pending",
+        state: SandboxState::Pending,
         reason: Some(reason),
         message: Some(message),
     };

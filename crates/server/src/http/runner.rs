@@ -4,6 +4,7 @@
 //! runner or epoch is not the sandbox's current placement is 409 `fenced`
 //! and changes nothing.
 
+use api::lifecycle::{CommandState, DesiredState, SandboxState, StorageClass};
 use std::collections::BTreeMap;
 
 use axum::body::Bytes;
@@ -18,12 +19,10 @@ use super::{ApiError, AppState, Caller, Json};
 use crate::db::{WriteTx, now_ms};
 use crate::limits;
 use crate::records::{
-    self, REPORTABLE_STATES, SANDBOX_COLUMNS, SandboxRow, Transition, is_terminal, load_sandbox,
-    not_found, set_sandbox_state,
+    self, SANDBOX_COLUMNS, SandboxRow, Transition, load_sandbox, not_found, set_sandbox_state,
 };
 use crate::scheduler::{RUNNER_COLUMNS, RunnerRow};
 use api::ErrorCode;
-use api::commands::COMMAND_END_STATES;
 use api::runners::{
     Assignments, CommandAssignment, CommandReport, HeartbeatRequest, HeartbeatResponse,
     RegisterRequest, RegisterResponse, SandboxAssignment, SandboxReport, SnapshotAssignment,
@@ -255,12 +254,12 @@ async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignmen
                 org_id: s.org_id.clone(),
                 epoch: s.epoch as u64,
                 desired: super::drain::desired_on(&s, runner.drain.as_deref()),
-                state: s.state.clone(),
+                state: s.state,
                 image: s.image.clone(),
                 image_root: s.image_root.clone(),
-                storage_class: s.storage_class.clone(),
+                storage_class: s.storage_class,
                 resources: s.resources(),
-                network: s.network.clone(),
+                network: s.network,
                 env: records::json_map(&s.env),
                 home_root: s.home.root.clone(),
                 save_interval_s: s.home.save_interval_s.map(|i| i as u64),
@@ -269,8 +268,9 @@ async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignmen
         })
         .collect::<Result<_, sqlx::Error>>()?;
     let commands = sqlx::query(&format!(
-        "SELECT {COMMAND_COLUMNS} FROM commands WHERE state IN ('starting', 'running')
-         AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1) ORDER BY id"
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE state IN {}
+         AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1) ORDER BY id",
+        CommandState::sql_in(CommandState::on_runner)
     ))
     .bind(runner_id)
     .fetch_all(&mut *tx.tx)
@@ -288,7 +288,7 @@ async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignmen
                 cwd: c.cwd.clone(),
                 timeout: c.timeout_s.map(|t| t as u64),
                 signal: c.signal_requested.clone(),
-                state: c.state.clone(),
+                state: c.state,
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;
@@ -299,22 +299,6 @@ async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignmen
         sandboxes,
         commands,
     })
-}
-
-/// Which reported transitions are accepted, from the recorded state.
-fn report_allowed(from: &SandboxRow, to: &str) -> bool {
-    if from.state == "deleted" {
-        return false;
-    }
-    if is_terminal(&from.state) {
-        // A failed or terminated sandbox only goes on to release its
-        // resources once deleted.
-        return to == "deleted" && from.desired == "deleted";
-    }
-    if to == "deleted" {
-        return from.desired == "deleted";
-    }
-    REPORTABLE_STATES.contains(&to)
 }
 
 /// Checks the report is from the sandbox's current placement.
@@ -356,11 +340,11 @@ pub async fn report_sandbox(
         .await?
         .ok_or_else(|| not_found("sandbox"))?;
     check_placement(&row, &report.runner_id, report.epoch)?;
-    let drain_reason = super::drain::drain_reason(&row, &report.state, runner.drain.as_deref());
+    let drain_reason = super::drain::drain_reason(&row, report.state, runner.drain.as_deref());
     // What a wake cost, counted once the move to `running` is committed.
     let mut woke = None;
     if row.state != report.state {
-        if !report_allowed(&row, &report.state) {
+        if !row.state.runner_may_report(report.state, row.desired) {
             return Err(ApiError::new(
                 ErrorCode::InvalidState,
                 format!(
@@ -371,9 +355,9 @@ pub async fn report_sandbox(
         }
         // A deleted sandbox no longer holds anything on its runner.
         let runner_drain = runner.drain.clone();
-        let runner = (report.state != "deleted").then_some(report.runner_id.as_str());
+        let runner = (report.state != SandboxState::Deleted).then_some(report.runner_id.as_str());
         let to = Transition {
-            state: &report.state,
+            state: report.state,
             reason: drain_reason.or(report.reason.as_deref()),
             message: message.as_deref(),
         };
@@ -383,15 +367,18 @@ pub async fn report_sandbox(
                 "the sandbox changed meanwhile; read the assignments and report again",
             ));
         }
-        if report.state == "deleted" {
+        if report.state == SandboxState::Deleted {
             tx.changed(&format!("runner:{}", report.runner_id)).await?;
         }
-        if report.state == "running" {
+        if report.state == SandboxState::Running {
             woke = report.wake.clone();
         }
         // Wanted running once its home is secured: moved off a runner
         // being emptied, or started again while it was securing.
-        if report.state == "stopped" && row.storage_class == "durable" && row.desired == "running" {
+        if report.state == SandboxState::Stopped
+            && row.storage_class == StorageClass::Durable
+            && row.desired == DesiredState::Running
+        {
             let again = match (&runner_drain, report.reason.as_deref()) {
                 (Some(drain), _) => Some((
                     super::drain::reason_of(drain),
@@ -466,35 +453,30 @@ pub async fn report_command(
     }
     let mut tx = state.db.write().await?;
     let command = runner_command(&mut tx, &id, &report.runner_id, report.epoch).await?;
-    let to = report.state.as_str();
+    let to = report.state;
     if command.state != to {
-        let allowed = match command.state.as_str() {
-            "starting" => to == "running" || COMMAND_END_STATES.contains(&to),
-            "running" => COMMAND_END_STATES.contains(&to),
-            _ => false,
-        };
-        if !allowed {
+        if !command.state.runner_may_report(to) {
             return Err(ApiError::new(
                 ErrorCode::InvalidState,
                 format!("a command cannot go from {} to {to}", command.state),
             ));
         }
-        if to == "exited" && report.exit_code.is_none() {
+        if to == CommandState::Exited && report.exit_code.is_none() {
             return Err(limits::invalid("exit_code", "an exited command has one"));
         }
         let now = now_ms();
-        let ended = COMMAND_END_STATES.contains(&to).then_some(now);
+        let ended = to.is_end().then_some(now);
         let updated = sqlx::query(
             "UPDATE commands SET state = $1, state_reason = $2, exit_code = $3, signal = $4, started_at_ms = COALESCE(started_at_ms, $5), ended_at_ms = $6 WHERE id = $7 AND state = $8",
         )
-        .bind(to)
+        .bind(to.as_str())
         .bind(&report.reason)
         .bind(report.exit_code.map(i64::from))
         .bind(&report.signal)
-        .bind((to == "running").then_some(now))
+        .bind((to == CommandState::Running).then_some(now))
         .bind(ended)
         .bind(&id)
-        .bind(&command.state)
+        .bind(command.state.as_str())
         .execute(&mut *tx.tx)
         .await?;
         if updated.rows_affected() == 0 {

@@ -14,11 +14,12 @@ use crate::db::{WriteTx, now_ms};
 use crate::idempotency;
 use crate::limits;
 use crate::records::{
-    self, RUNNING_QUOTA_STATES, SANDBOX_COLUMNS, SANDBOX_STATES, SandboxRow, Transition,
-    is_terminal, load_sandbox, not_found, set_sandbox_state,
+    self, SANDBOX_COLUMNS, SandboxRow, Transition, held_states_sql, load_sandbox, not_found,
+    running_quota_states_sql, set_sandbox_state,
 };
 use crate::scheduler::{self, Needs, Placed};
 use api::ErrorCode;
+use api::lifecycle::{DesiredState, Network, Placement, SandboxState, StorageClass};
 use api::sandboxes::{CreateSandboxRequest, Event, EventList, Sandbox, SandboxList};
 
 /// Defaults written into the record, so it shows the limits enforced.
@@ -74,7 +75,7 @@ fn save_interval(
     request: &CreateSandboxRequest,
 ) -> Result<Option<i64>, ApiError> {
     let config = &state.config;
-    if request.storage_class != "durable" {
+    if request.storage_class != StorageClass::Durable.as_str() {
         if request.save_interval_s.is_some() {
             return Err(limits::invalid(
                 "save_interval_s",
@@ -97,6 +98,31 @@ fn save_interval(
         ));
     }
     Ok(Some(interval as i64))
+}
+
+/// The request's storage class, network and placement, or what no runner
+/// of any deployment offers (refused as unsupported, naming it).
+fn classes(request: &CreateSandboxRequest) -> Result<(StorageClass, Network, Placement), ApiError> {
+    let storage_class = request.storage_class.parse().map_err(|_| {
+        unsupported(
+            vec![format!("storage_class:{}", request.storage_class)],
+            format!("unknown storage class {:?}", request.storage_class),
+        )
+    })?;
+    let network = request.network.parse().map_err(|_| {
+        let missing = format!("network:{}", request.network);
+        unsupported(
+            vec![missing.clone()],
+            format!("no registered runner offers {missing}"),
+        )
+    })?;
+    let placement = request.placement.parse().map_err(|_| {
+        unsupported(
+            vec![format!("placement:{}", request.placement)],
+            format!("unknown placement {:?}", request.placement),
+        )
+    })?;
+    Ok((storage_class, network, placement))
 }
 
 /// Fail-closed admission: everything the deployment or its runners cannot
@@ -122,22 +148,10 @@ async fn admit(
             }
         }
     }
-    if !["standard", "durable"].contains(&sandbox.storage_class.as_str()) {
-        return Err(unsupported(
-            vec![format!("storage_class:{}", sandbox.storage_class)],
-            format!("unknown storage class {:?}", sandbox.storage_class),
-        ));
-    }
-    if sandbox.storage_class == "durable" && state.config.store_url.is_none() {
+    if sandbox.storage_class == StorageClass::Durable && state.config.store_url.is_none() {
         return Err(unsupported(
             vec!["storage_class:durable".to_owned()],
             "durable storage needs a home store, and this deployment has none (--store)",
-        ));
-    }
-    if !["spot_first", "non_preemptible"].contains(&sandbox.placement.as_str()) {
-        return Err(unsupported(
-            vec![format!("placement:{}", sandbox.placement)],
-            format!("unknown placement {:?}", sandbox.placement),
         ));
     }
     // No mount transport or secret store is configured in this deployment.
@@ -207,11 +221,12 @@ async fn check_quotas(
     sqlx::query("UPDATE admission SET creates = creates + 1 WHERE id = 1")
         .execute(&mut *tx.tx)
         .await?;
+    let (running_states, held_states) = (running_quota_states_sql(), held_states_sql());
     let counts = sqlx::query(&format!(
         "SELECT
-            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired = 'running' AND state IN {RUNNING_QUOTA_STATES}) AS running,
-            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired <> 'deleted' AND state NOT IN ('deleting', 'deleted')) AS total,
-            (SELECT COUNT(*) FROM sandboxes WHERE desired = 'running' AND state IN {RUNNING_QUOTA_STATES}) AS fleet"
+            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired = 'running' AND state IN {running_states}) AS running,
+            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired <> 'deleted' AND state IN {held_states}) AS total,
+            (SELECT COUNT(*) FROM sandboxes WHERE desired = 'running' AND state IN {running_states}) AS fleet"
     ))
     .bind(org_id)
     .fetch_one(&mut *tx.tx)
@@ -252,6 +267,7 @@ pub async fn create(
         return Ok(replayed);
     }
     validate(&mut request)?;
+    let (storage_class, network, placement) = classes(&request)?;
     let now = now_ms();
     let id = records::new_id("sbx")?;
     let env = serde_json::to_string(&request.env).unwrap_or_default();
@@ -262,17 +278,17 @@ pub async fn create(
         org_id: org_id.clone(),
         image: request.image.clone(),
         image_root: None,
-        storage_class: request.storage_class.clone(),
+        storage_class,
         memory_mib: resources.memory_mib.map(|v| v as i64),
         millicpus: resources.cpus.map(|v| (v * 1000.0).round() as i64),
         pids: resources.pids.map(|v| v as i64),
-        network: request.network.clone(),
-        placement: request.placement.clone(),
+        network,
+        placement,
         env,
         labels,
-        state: "pending".to_owned(),
+        state: SandboxState::Pending,
         state_reason: Some("admitted".to_owned()),
-        desired: "running".to_owned(),
+        desired: DesiredState::Running,
         runner_id: None,
         last_runner_id: None,
         epoch: 0,
@@ -343,17 +359,17 @@ async fn insert_sandbox(
     .bind(&row.org_id)
     .bind(&row.image)
     .bind(&row.image_root)
-    .bind(&row.storage_class)
+    .bind(row.storage_class.as_str())
     .bind(row.memory_mib)
     .bind(row.millicpus)
     .bind(row.pids)
-    .bind(&row.network)
-    .bind(&row.placement)
+    .bind(row.network.as_str())
+    .bind(row.placement.as_str())
     .bind(&row.env)
     .bind(&row.labels)
-    .bind(&row.state)
+    .bind(row.state.as_str())
     .bind(&row.state_reason)
-    .bind(&row.desired)
+    .bind(row.desired.as_str())
     .bind(&row.runner_id)
     .bind(&row.last_runner_id)
     .bind(row.epoch)
@@ -428,16 +444,6 @@ pub fn wait_timeout(timeout: Option<u64>) -> Result<Duration, ApiError> {
     }
 }
 
-/// `wait_for` is satisfied by the state itself, or made unreachable by an
-/// end state, or by a resting state that nothing will move on from.
-fn wait_done(row: &SandboxRow, target: &str) -> bool {
-    if row.state == target || is_terminal(&row.state) {
-        return true;
-    }
-    let resting = row.state == "stopped" && row.desired != "running";
-    resting && target != "stopped"
-}
-
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id"), ("wait_for" = Option<String>, Query, description = "long-poll until this state (or an end state)"), ("timeout" = Option<u64>, Query, description = "seconds, at most 25")), responses((status = 200, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
@@ -451,19 +457,16 @@ pub async fn get(
         let row = Box::pin(visible_sandbox(&state, &org_id, &id)).await?;
         return Ok(axum::Json(row.to_api()));
     };
-    if !SANDBOX_STATES.contains(&target.as_str()) {
-        return Err(limits::invalid(
-            "wait_for",
-            format!("unknown state {target:?}"),
-        ));
-    }
+    let target: SandboxState = target
+        .parse()
+        .map_err(|_| limits::invalid("wait_for", format!("unknown state {target:?}")))?;
     let timeout = wait_timeout(query.timeout)?;
     let watch = state.db.hub.watch(&id);
     let row = crate::hub::wait_until(
         &watch,
         timeout,
         || visible_sandbox(&state, &org_id, &id),
-        |row| wait_done(row, &target),
+        |row| row.state.settles_wait_for(target, row.desired),
     )
     .await?;
     Ok(axum::Json(row.to_api()))
@@ -483,7 +486,7 @@ pub async fn list(
     for (name, value) in query {
         match name.as_str() {
             "state" => {
-                if !SANDBOX_STATES.contains(&value.as_str()) {
+                if value.parse::<SandboxState>().is_err() {
                     return Err(limits::invalid("state", format!("unknown state {value:?}")));
                 }
                 states.push(value);
@@ -567,7 +570,7 @@ pub async fn events(
             Ok(Event {
                 seq: row.try_get::<i64, _>("seq")? as u64,
                 at: records::rfc3339(row.try_get("at_ms")?),
-                state: row.try_get("state")?,
+                state: records::parse_column(row, "state")?,
                 reason: row.try_get("reason")?,
                 message: row.try_get("message")?,
                 epoch: row.try_get::<i64, _>("epoch")? as u64,
@@ -610,9 +613,13 @@ async fn load_mutable(
     Ok(row)
 }
 
-async fn set_desired(tx: &mut WriteTx, row: &SandboxRow, desired: &str) -> Result<(), sqlx::Error> {
+async fn set_desired(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    desired: DesiredState,
+) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE sandboxes SET desired = $1, updated_at_ms = $2 WHERE id = $3")
-        .bind(desired)
+        .bind(desired.as_str())
         .bind(now_ms())
         .bind(&row.id)
         .execute(&mut *tx.tx)
@@ -643,14 +650,14 @@ pub async fn stop(
     let org_id = caller.org()?;
     let mut tx = state.db.write().await?;
     let row = load_mutable(&state, &mut tx, &org_id, &id).await?;
-    if is_terminal(&row.state) || row.desired == "deleted" {
+    if row.state.is_terminal() || row.desired == DesiredState::Deleted {
         return Err(invalid_state(&row, "stop"));
     }
-    if row.desired != "stopped" {
-        set_desired(&mut tx, &row, "stopped").await?;
-        if row.runner_id.is_none() && ["pending", "recovering"].contains(&row.state.as_str()) {
+    if row.desired != DesiredState::Stopped {
+        set_desired(&mut tx, &row, DesiredState::Stopped).await?;
+        if row.runner_id.is_none() && row.state.awaits_placement() {
             let to = Transition {
-                state: "stopped",
+                state: SandboxState::Stopped,
                 reason: Some("stop_requested"),
                 message: None,
             };
@@ -673,26 +680,29 @@ pub async fn start(
     let org_id = caller.org()?;
     let mut tx = state.db.write().await?;
     let row = load_mutable(&state, &mut tx, &org_id, &id).await?;
-    if is_terminal(&row.state) || row.desired == "deleted" || row.desired == "terminated" {
+    if row.state.is_terminal()
+        || row.desired == DesiredState::Deleted
+        || row.desired == DesiredState::Terminated
+    {
         return Err(invalid_state(&row, "start"));
     }
     // Stopped while wanted running (the workload ended itself) also needs
     // compute again.
-    let needs_compute = row.state == "stopped";
-    if row.desired != "running" || needs_compute {
+    let needs_compute = row.state == SandboxState::Stopped;
+    if row.desired != DesiredState::Running || needs_compute {
         check_quotas(&state, &mut tx, &org_id, false).await?;
-        if row.desired != "running" {
-            set_desired(&mut tx, &row, "running").await?;
+        if row.desired != DesiredState::Running {
+            set_desired(&mut tx, &row, DesiredState::Running).await?;
         }
         if needs_compute {
             let row = reload(&mut tx, &id).await?;
             // A standard home stays on its runner, which keeps it assigned
             // while the sandbox waits to be placed there again.
-            let keep = (row.storage_class == "standard")
+            let keep = (row.storage_class == StorageClass::Standard)
                 .then_some(row.runner_id.as_deref())
                 .flatten();
             let to = Transition {
-                state: "pending",
+                state: SandboxState::Pending,
                 reason: Some("start_requested"),
                 message: None,
             };
@@ -711,13 +721,13 @@ pub async fn place_or_wait(tx: &mut WriteTx, row: &SandboxRow) -> Result<(), Api
     match scheduler::place(tx, row).await? {
         Placed::On(_) | Placed::Raced => {}
         // A recovering sandbox keeps saying why it is recovering.
-        Placed::Waiting(_) if row.state != "pending" => {}
+        Placed::Waiting(_) if row.state != SandboxState::Pending => {}
         Placed::Waiting(reason) => {
             if row.state_reason.as_deref() != Some(reason) {
                 sqlx::query("UPDATE sandboxes SET state_reason = $1 WHERE id = $2 AND state = $3")
                     .bind(reason)
                     .bind(&row.id)
-                    .bind(&row.state)
+                    .bind(row.state.as_str())
                     .execute(&mut *tx.tx)
                     .await?;
                 tx.changed(&row.id).await?;
@@ -725,7 +735,7 @@ pub async fn place_or_wait(tx: &mut WriteTx, row: &SandboxRow) -> Result<(), Api
         }
         Placed::HomeLost => {
             let to = Transition {
-                state: "failed",
+                state: SandboxState::Failed,
                 reason: Some("node_lost"),
                 message: Some("the runner holding this standard home is gone"),
             };
@@ -746,10 +756,10 @@ pub async fn delete(
     let org_id = caller.org()?;
     let mut tx = state.db.write().await?;
     let row = load_mutable(&state, &mut tx, &org_id, &id).await?;
-    if row.desired == "deleted" || row.state == "deleted" {
+    if row.desired == DesiredState::Deleted || row.state == SandboxState::Deleted {
         return Err(not_found("sandbox"));
     }
-    set_desired(&mut tx, &row, "deleted").await?;
+    set_desired(&mut tx, &row, DesiredState::Deleted).await?;
     let runner_alive = match &row.runner_id {
         Some(runner) => {
             let live: Option<(String,)> =
@@ -764,13 +774,13 @@ pub async fn delete(
     // With no runner holding anything, nothing is left to release.
     let to = if runner_alive {
         Transition {
-            state: "deleting",
+            state: SandboxState::Deleting,
             reason: Some("delete_requested"),
             message: None,
         }
     } else {
         Transition {
-            state: "deleted",
+            state: SandboxState::Deleted,
             reason: Some("delete_requested"),
             message: None,
         }

@@ -23,7 +23,7 @@ use super::{ApiError, AppState, Caller, Json};
 use crate::db::{WriteTx, now_ms};
 use crate::idempotency;
 use crate::limits;
-use crate::records::{self, is_terminal, load_sandbox, not_found, rfc3339};
+use crate::records::{self, load_sandbox, not_found, rfc3339};
 use api::ErrorCode;
 use api::runners::SnapshotReport;
 use api::snapshots::{CreateSnapshotRequest, Snapshot, SnapshotList};
@@ -179,7 +179,7 @@ pub async fn create(
         .ok_or_else(|| not_found("sandbox"))?;
     // Where the home is: on its runner (which captures it), or only in
     // the store (its last completed save, a snapshot at once).
-    let on_runner = sandbox.runner_id.is_some() && !is_terminal(&sandbox.state);
+    let on_runner = sandbox.runner_id.is_some() && !sandbox.state.is_terminal();
     let (durability, root, captured_at) = if on_runner {
         ("pending", None, None)
     } else if let Some(root) = &sandbox.home.root {
@@ -462,7 +462,7 @@ pub async fn report(
 pub async fn expire(state: &AppState) -> Result<u64, sqlx::Error> {
     let now = now_ms();
     let mut tx = state.db.write().await?;
-    let rows = sqlx::query(
+    let rows = sqlx::query(&format!(
         "SELECT s.id AS id, CASE WHEN s.deadline_at_ms IS NOT NULL AND s.deadline_at_ms < $1
                 AND NOT (s.requested = 'local' AND s.durability = 'local')
                 THEN 'durability_deadline_exceeded' ELSE 'sandbox_ended' END AS reason
@@ -470,8 +470,9 @@ pub async fn expire(state: &AppState) -> Result<u64, sqlx::Error> {
          WHERE s.durability IN ('pending', 'local')
          AND ((s.deadline_at_ms IS NOT NULL AND s.deadline_at_ms < $1
                AND NOT (s.requested = 'local' AND s.durability = 'local'))
-              OR b.state IN ('failed', 'terminated', 'deleted'))",
-    )
+              OR b.state IN {})",
+        records::terminal_states_sql()
+    ))
     .bind(now)
     .fetch_all(&mut *tx.tx)
     .await?;
