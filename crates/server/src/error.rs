@@ -1,4 +1,7 @@
-//! Errors of the server outside request handling (start-up, database).
+//! The server's errors: [`ControlError`], what the control layer answers
+//! (a stable `api::ErrorCode`, a one-line message, optional details; the
+//! HTTP layer renders it as the envelope), and [`ServerError`], start-up
+//! and database failures outside any request.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,4 +26,51 @@ pub enum ServerError {
     Store(String),
     #[error("no randomness available: {0}")]
     Random(String),
+}
+
+/// A refusal or failure of the control layer: a stable code (which fixes
+/// the HTTP status), a one-line message, optional details.
+#[derive(Debug)]
+pub struct ControlError {
+    pub code: api::ErrorCode,
+    pub message: String,
+    pub details: serde_json::Value,
+    /// For refusals that clear with time (quotas, in-flight keys).
+    pub retry_after_s: Option<u64>,
+}
+
+impl ControlError {
+    pub fn new(code: api::ErrorCode, message: impl Into<String>) -> ControlError {
+        ControlError {
+            code,
+            message: message.into(),
+            details: serde_json::Value::Null,
+            retry_after_s: None,
+        }
+    }
+
+    pub fn with_retry_after(mut self, seconds: u64) -> ControlError {
+        self.retry_after_s = Some(seconds);
+        self
+    }
+
+    pub fn with_details(mut self, details: serde_json::Value) -> ControlError {
+        self.details = details;
+        self
+    }
+}
+
+impl From<sqlx::Error> for ControlError {
+    fn from(err: sqlx::Error) -> ControlError {
+        // Logged once here, where it is handled; the body hides internals.
+        tracing::error!(%err, "database error");
+        ControlError::new(api::ErrorCode::Internal, "internal error")
+    }
+}
+
+impl From<crate::ServerError> for ControlError {
+    fn from(err: crate::ServerError) -> ControlError {
+        tracing::error!(%err, "server error");
+        ControlError::new(api::ErrorCode::Internal, "internal error")
+    }
 }

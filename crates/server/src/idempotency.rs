@@ -12,7 +12,7 @@ use serde::Serialize;
 use sqlx::Row;
 
 use crate::db::{Db, WriteTx, now_ms};
-use crate::http::ApiError;
+use crate::error::ControlError;
 use crate::limits;
 use api::ErrorCode;
 
@@ -31,7 +31,7 @@ impl Key {
         scope: &'static str,
         target: &str,
         request: &impl Serialize,
-    ) -> Result<Option<Key>, ApiError> {
+    ) -> Result<Option<Key>, ControlError> {
         let Some(value) = headers.get("idempotency-key") else {
             return Ok(None);
         };
@@ -64,7 +64,7 @@ impl Key {
 }
 
 /// The stored answer for `key`, if a request with it has committed.
-pub async fn replay(db: &Db, key: &Key) -> Result<Option<Response>, ApiError> {
+pub async fn replay(db: &Db, key: &Key) -> Result<Option<Response>, ControlError> {
     let row = sqlx::query(
         "SELECT request_hash, status, response FROM idempotency_keys WHERE org_id = $1 AND scope = $2 AND key = $3",
     )
@@ -78,7 +78,7 @@ pub async fn replay(db: &Db, key: &Key) -> Result<Option<Response>, ApiError> {
     };
     let hash: String = row.try_get("request_hash")?;
     if hash != key.request_hash {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::IdempotencyConflict,
             "this Idempotency-Key was used with a different request",
         ));
@@ -109,9 +109,9 @@ pub async fn record(
     status: StatusCode,
     body: &impl Serialize,
     resource_id: &str,
-) -> Result<bool, ApiError> {
+) -> Result<bool, ControlError> {
     let body = serde_json::to_string(body)
-        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        .map_err(|e| ControlError::new(ErrorCode::Internal, e.to_string()))?;
     let inserted = sqlx::query(
         "INSERT INTO idempotency_keys (org_id, scope, key, request_hash, status, response, resource_id, created_at_ms)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::http::ApiError;
+use crate::error::ControlError;
 use api::ErrorCode;
 
 pub const ENV_ENTRIES_MAX: usize = 128;
@@ -22,23 +22,23 @@ pub const COMMAND_TIMEOUT_SECONDS_MAX: u64 = 30 * 24 * 3600;
 pub const LIST_LIMIT_MAX: usize = 200;
 pub const LIST_LIMIT_DEFAULT: usize = 50;
 
-pub fn invalid(field: &str, message: impl Into<String>) -> ApiError {
-    ApiError::new(
+pub fn invalid(field: &str, message: impl Into<String>) -> ControlError {
+    ControlError::new(
         ErrorCode::InvalidRequest,
         format!("{field}: {}", message.into()),
     )
     .with_details(serde_json::json!({ "field": field }))
 }
 
-pub fn too_large(field: &str, limit: usize) -> ApiError {
-    ApiError::new(
+pub fn too_large(field: &str, limit: usize) -> ControlError {
+    ControlError::new(
         ErrorCode::PayloadTooLarge,
         format!("{field}: larger than {limit} bytes"),
     )
     .with_details(serde_json::json!({ "field": field, "limit_bytes": limit }))
 }
 
-pub fn env(field: &str, env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+pub fn env(field: &str, env: &BTreeMap<String, String>) -> Result<(), ControlError> {
     if env.len() > ENV_ENTRIES_MAX {
         return Err(invalid(
             field,
@@ -68,7 +68,7 @@ pub fn env(field: &str, env: &BTreeMap<String, String>) -> Result<(), ApiError> 
     Ok(())
 }
 
-pub fn labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
+pub fn labels(labels: &BTreeMap<String, String>) -> Result<(), ControlError> {
     if labels.len() > LABELS_MAX {
         return Err(invalid("labels", format!("more than {LABELS_MAX} labels")));
     }
@@ -86,7 +86,7 @@ pub fn labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
     Ok(())
 }
 
-pub fn label_key(key: &str) -> Result<(), ApiError> {
+pub fn label_key(key: &str) -> Result<(), ControlError> {
     let ok = !key.is_empty()
         && key.len() <= LABEL_KEY_BYTES_MAX
         && key
@@ -102,7 +102,7 @@ pub fn label_key(key: &str) -> Result<(), ApiError> {
     }
 }
 
-pub fn name(field: &str, value: &str) -> Result<(), ApiError> {
+pub fn name(field: &str, value: &str) -> Result<(), ControlError> {
     let ok = !value.is_empty()
         && value.len() <= NAME_BYTES_MAX
         && value
@@ -118,7 +118,7 @@ pub fn name(field: &str, value: &str) -> Result<(), ApiError> {
     }
 }
 
-pub fn argv(argv: &[String]) -> Result<(), ApiError> {
+pub fn argv(argv: &[String]) -> Result<(), ControlError> {
     if argv.is_empty() {
         return Err(invalid("argv", "must name a program"));
     }
@@ -140,7 +140,7 @@ pub fn argv(argv: &[String]) -> Result<(), ApiError> {
     Ok(())
 }
 
-pub fn absolute_path(field: &str, path: &str) -> Result<(), ApiError> {
+pub fn absolute_path(field: &str, path: &str) -> Result<(), ControlError> {
     if !path.starts_with('/') || path.contains('\0') || path.len() > PATH_BYTES_MAX {
         return Err(invalid(
             field,
@@ -151,7 +151,7 @@ pub fn absolute_path(field: &str, path: &str) -> Result<(), ApiError> {
 }
 
 /// A list's `limit` query parameter.
-pub fn list_limit(value: &str) -> Result<usize, ApiError> {
+pub fn list_limit(value: &str) -> Result<usize, ControlError> {
     value
         .parse::<usize>()
         .ok()

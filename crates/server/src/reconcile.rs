@@ -4,7 +4,8 @@
 //! step at once do it once (the loser's update matches no row).
 
 use crate::db::now_ms;
-use crate::http::{ApiError, AppState};
+use crate::error::ControlError;
+use crate::http::AppState;
 use crate::records::{
     SANDBOX_COLUMNS, SandboxRow, Transition, load_sandbox, set_sandbox_state, terminal_states_sql,
 };
@@ -31,7 +32,7 @@ pub async fn run(state: AppState) {
     }
 }
 
-pub async fn pass(state: &AppState, watch_leases: bool) -> Result<(), ApiError> {
+pub async fn pass(state: &AppState, watch_leases: bool) -> Result<(), ControlError> {
     if watch_leases {
         expire_leases(state).await?;
     }
@@ -47,7 +48,7 @@ pub async fn pass(state: &AppState, watch_leases: bool) -> Result<(), ApiError> 
 /// collectable by gc), then forgets the root. Done here, after the fact,
 /// so every path to `deleted` is covered and a failed store call is
 /// simply tried again on the next pass.
-pub async fn release_deleted_homes(state: &AppState) -> Result<(), ApiError> {
+pub async fn release_deleted_homes(state: &AppState) -> Result<(), ControlError> {
     let Some(store) = state.store.clone() else {
         return Ok(());
     };
@@ -85,7 +86,7 @@ pub fn mass_loss(live: usize, silent: usize, threshold: f64) -> bool {
 }
 
 /// Ends a mass-loss hold, if there is one (most passes: no write).
-async fn end_mass_loss_hold(state: &AppState) -> Result<(), ApiError> {
+async fn end_mass_loss_hold(state: &AppState) -> Result<(), ControlError> {
     let hold: Option<(i64,)> = sqlx::query_as("SELECT since_ms FROM lease_hold WHERE id = 'fleet'")
         .fetch_optional(&state.db.pool)
         .await?;
@@ -109,7 +110,7 @@ async fn hold_for_mass_loss(
     live: usize,
     silent: usize,
     now: i64,
-) -> Result<bool, ApiError> {
+) -> Result<bool, ControlError> {
     let grace_ms = state.config.mass_loss_grace.as_millis() as i64;
     if !mass_loss(live, silent, state.config.mass_loss_threshold) {
         // A hold under way lasts its grace while any lease is expired:
@@ -162,7 +163,7 @@ async fn hold_for_mass_loss(
 /// commands end as `records::set_sandbox_state` decides. When a large
 /// share of the fleet expires at once, recovery waits (see
 /// [`hold_for_mass_loss`]).
-pub async fn expire_leases(state: &AppState) -> Result<(), ApiError> {
+pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
     let now = now_ms();
     let cutoff = now - state.config.fence_margin.as_millis() as i64;
     let live: Vec<(String, i64)> =
@@ -261,7 +262,7 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ApiError> {
 }
 
 /// Places sandboxes waiting for a runner.
-pub async fn schedule_pending(state: &AppState) -> Result<(), ApiError> {
+pub async fn schedule_pending(state: &AppState) -> Result<(), ControlError> {
     let waiting: Vec<(String,)> = sqlx::query_as(&format!(
         "SELECT id FROM sandboxes WHERE state IN {} AND desired = 'running' ORDER BY id LIMIT $1",
         SandboxState::sql_in(SandboxState::awaits_placement)
@@ -285,7 +286,7 @@ pub async fn schedule_pending(state: &AppState) -> Result<(), ApiError> {
 
 /// TTL: an expired sandbox is to be terminated. One without compute is
 /// terminated at once; a running one when its runner reports it ended.
-async fn expire_ttls(state: &AppState) -> Result<(), ApiError> {
+async fn expire_ttls(state: &AppState) -> Result<(), ControlError> {
     let now = now_ms();
     let expired: Vec<(String,)> = sqlx::query_as(&format!(
         "SELECT id FROM sandboxes WHERE expires_at_ms <= $1 AND desired NOT IN ('terminated', 'deleted') AND state NOT IN {} LIMIT $2",
@@ -333,7 +334,7 @@ async fn expire_ttls(state: &AppState) -> Result<(), ApiError> {
 /// Retention: an ended sandbox past the window answers 404. One that still
 /// holds storage is deleted then, so nothing strands; deleted records and
 /// their history are purged, and idempotency keys a day after that.
-async fn apply_retention(state: &AppState) -> Result<(), ApiError> {
+async fn apply_retention(state: &AppState) -> Result<(), ControlError> {
     let cutoff = now_ms() - state.config.retention.as_millis() as i64;
     // Ended but not released: everything terminal except `deleted`.
     let ended: Vec<(String,)> = sqlx::query_as(&format!(

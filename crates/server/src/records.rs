@@ -6,7 +6,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::db::{WriteTx, now_ms};
-use crate::http::ApiError;
+use crate::error::ControlError;
 use api::ErrorCode;
 use api::lifecycle::{CommandState, DesiredState, Network, Placement, SandboxState, StorageClass};
 
@@ -33,7 +33,7 @@ pub fn terminal_states_sql() -> String {
 
 /// Time-ordered ids: `PREFIX_` + 12 hex digits of milliseconds + 16 random
 /// hex digits, so ordering by id is ordering by creation (pagination).
-pub fn new_id(prefix: &str) -> Result<String, ApiError> {
+pub fn new_id(prefix: &str) -> Result<String, ControlError> {
     Ok(format!(
         "{prefix}_{:012x}{}",
         now_ms(),
@@ -359,6 +359,6 @@ pub fn page<T>(
 }
 
 /// Errors every sandbox endpoint shares.
-pub fn not_found(what: &str) -> ApiError {
-    ApiError::new(ErrorCode::NotFound, format!("no such {what}"))
+pub fn not_found(what: &str) -> ControlError {
+    ControlError::new(ErrorCode::NotFound, format!("no such {what}"))
 }

@@ -3,23 +3,24 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 
-use super::{ApiError, AppState, Caller, Json};
+use super::{AppState, Caller, Json};
 use crate::auth::{self, Principal};
 use crate::db::now_ms;
+use crate::error::ControlError;
 use api::ErrorCode;
 use api::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse};
 
 const ORG_NAME_BYTES_MAX: usize = 64;
 
-pub(crate) fn require_admin(caller: &Caller) -> Result<(), ApiError> {
+pub(crate) fn require_admin(caller: &Caller) -> Result<(), ControlError> {
     match caller.0 {
         Principal::Admin => Ok(()),
         // Admin resources do not exist for anyone else.
-        _ => Err(ApiError::new(ErrorCode::NotFound, "no such endpoint")),
+        _ => Err(ControlError::new(ErrorCode::NotFound, "no such endpoint")),
     }
 }
 
-fn validate_org_name(name: &str) -> Result<(), ApiError> {
+fn validate_org_name(name: &str) -> Result<(), ControlError> {
     let ok = !name.is_empty()
         && name.len() <= ORG_NAME_BYTES_MAX
         && name
@@ -29,7 +30,7 @@ fn validate_org_name(name: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::new(
+        Err(ControlError::new(
             ErrorCode::InvalidRequest,
             "name: use 1-64 of a-z 0-9 - _, starting with a letter or digit",
         )
@@ -42,7 +43,7 @@ pub async fn create_org(
     State(state): State<AppState>,
     caller: Caller,
     Json(request): Json<CreateOrgRequest>,
-) -> Result<(StatusCode, axum::Json<CreateOrgResponse>), ApiError> {
+) -> Result<(StatusCode, axum::Json<CreateOrgResponse>), ControlError> {
     require_admin(&caller)?;
     validate_org_name(&request.name)?;
     let org_id = format!("org_{}", auth::random_hex(8)?);
@@ -62,7 +63,7 @@ pub async fn create_org(
             .fetch_optional(&state.db.pool)
             .await?;
         if exists.is_some() {
-            return Err(ApiError::new(
+            return Err(ControlError::new(
                 ErrorCode::InvalidState,
                 format!("an org named {:?} exists", request.name),
             ));
@@ -93,7 +94,7 @@ pub async fn create_org(
 pub async fn create_runner_token(
     State(state): State<AppState>,
     caller: Caller,
-) -> Result<(StatusCode, axum::Json<RunnerTokenResponse>), ApiError> {
+) -> Result<(StatusCode, axum::Json<RunnerTokenResponse>), ControlError> {
     require_admin(&caller)?;
     let token = auth::new_token("runner")?;
     auth::store_token(&state.db, &token, "runner", None).await?;
@@ -112,7 +113,7 @@ pub async fn quarantine(
     caller: Caller,
     axum::extract::Path(id): axum::extract::Path<String>,
     Json(request): Json<api::sandboxes::QuarantineRequest>,
-) -> Result<axum::Json<api::sandboxes::Sandbox>, ApiError> {
+) -> Result<axum::Json<api::sandboxes::Sandbox>, ControlError> {
     set_quarantine(&state, &caller, &id, Some(&request.reason)).await
 }
 
@@ -121,7 +122,7 @@ pub async fn release_quarantine(
     State(state): State<AppState>,
     caller: Caller,
     axum::extract::Path(id): axum::extract::Path<String>,
-) -> Result<axum::Json<api::sandboxes::Sandbox>, ApiError> {
+) -> Result<axum::Json<api::sandboxes::Sandbox>, ControlError> {
     set_quarantine(&state, &caller, &id, None).await
 }
 
@@ -130,7 +131,7 @@ async fn set_quarantine(
     caller: &Caller,
     id: &str,
     reason: Option<&str>,
-) -> Result<axum::Json<api::sandboxes::Sandbox>, ApiError> {
+) -> Result<axum::Json<api::sandboxes::Sandbox>, ControlError> {
     require_admin(caller)?;
     if reason.is_some_and(|r| r.is_empty() || r.len() > 1024) {
         return Err(crate::limits::invalid("reason", "1 to 1024 bytes"));

@@ -26,8 +26,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, AppState, Caller, Json, RawBody};
+use super::{AppState, Caller, Json, RawBody};
 use crate::auth::Principal;
+use crate::error::ControlError;
 use crate::limits;
 use api::ErrorCode;
 use api::blocks::{
@@ -42,9 +43,9 @@ use store::{Digest, OrgId, Store};
 pub const OBJECT_BODY_BYTES_MAX: usize = 9 * 1024 * 1024;
 
 /// The store, or 422 when this deployment has none.
-pub fn store_of(state: &AppState) -> Result<std::sync::Arc<Store>, ApiError> {
+pub fn store_of(state: &AppState) -> Result<std::sync::Arc<Store>, ControlError> {
     state.store.clone().ok_or_else(|| {
-        ApiError::new(
+        ControlError::new(
             ErrorCode::UnsupportedCapability,
             "this deployment has no content store (roost server --store)",
         )
@@ -53,22 +54,22 @@ pub fn store_of(state: &AppState) -> Result<std::sync::Arc<Store>, ApiError> {
 }
 
 /// The org whose objects `caller` may use, or 404.
-fn org_for(caller: &Caller, org: &str) -> Result<OrgId, ApiError> {
+fn org_for(caller: &Caller, org: &str) -> Result<OrgId, ControlError> {
     let allowed = match &caller.0 {
         Principal::Org { org_id } => org_id == org,
         Principal::Runner => true,
         Principal::Admin => false,
     };
-    let not_found = || ApiError::new(ErrorCode::NotFound, "no such org");
+    let not_found = || ControlError::new(ErrorCode::NotFound, "no such org");
     if !allowed {
         return Err(not_found());
     }
     org.parse().map_err(|_| not_found())
 }
 
-fn parse_object(kind: &str, hex: &str) -> Result<ObjectId, ApiError> {
+fn parse_object(kind: &str, hex: &str) -> Result<ObjectId, ControlError> {
     let digest: Digest = hex.parse().map_err(|_| {
-        ApiError::new(
+        ControlError::new(
             ErrorCode::InvalidRequest,
             format!("{hex:?} is not a 64-digit hex digest"),
         )
@@ -76,7 +77,7 @@ fn parse_object(kind: &str, hex: &str) -> Result<ObjectId, ApiError> {
     match kind {
         "blocks" => Ok(ObjectId::block(digest)),
         "trees" => Ok(ObjectId::tree(digest)),
-        _ => Err(ApiError::new(
+        _ => Err(ControlError::new(
             ErrorCode::NotFound,
             format!("no object kind {kind:?} (blocks or trees)"),
         )),
@@ -85,7 +86,7 @@ fn parse_object(kind: &str, hex: &str) -> Result<ObjectId, ApiError> {
 
 /// A request body's `objects` (`blocks/HEX`, `trees/HEX`); anything else
 /// is 400 naming the field.
-fn parse_names(names: &[String]) -> Result<Vec<ObjectId>, ApiError> {
+fn parse_names(names: &[String]) -> Result<Vec<ObjectId>, ControlError> {
     names
         .iter()
         .map(|name| {
@@ -103,23 +104,23 @@ fn parse_names(names: &[String]) -> Result<Vec<ObjectId>, ApiError> {
 /// Runs blocking store work off the async threads.
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> store::Result<T> + Send + 'static,
-) -> Result<store::Result<T>, ApiError> {
+) -> Result<store::Result<T>, ControlError> {
     tokio::task::spawn_blocking(work).await.map_err(|err| {
         tracing::error!(%err, "store task failed");
-        ApiError::new(ErrorCode::Internal, "internal error")
+        ControlError::new(ErrorCode::Internal, "internal error")
     })
 }
 
 /// A store failure as an answer: the backend out of reach is 503 (retry),
 /// anything else 500; both logged here.
-pub fn store_error(err: store::Error) -> ApiError {
+pub fn store_error(err: store::Error) -> ControlError {
     tracing::error!(%err, "store error");
     match err {
         store::Error::Backend { .. } | store::Error::StoreBusy { .. } => {
-            ApiError::new(ErrorCode::Unavailable, "the content store is unavailable")
+            ControlError::new(ErrorCode::Unavailable, "the content store is unavailable")
                 .with_retry_after(1)
         }
-        _ => ApiError::new(ErrorCode::Internal, "internal error"),
+        _ => ControlError::new(ErrorCode::Internal, "internal error"),
     }
 }
 
@@ -129,11 +130,11 @@ pub async fn missing(
     caller: Caller,
     Path(org): Path<String>,
     Json(request): Json<MissingRequest>,
-) -> Result<axum::Json<MissingResponse>, ApiError> {
+) -> Result<axum::Json<MissingResponse>, ControlError> {
     let org = org_for(&caller, &org)?;
     let store = store_of(&state)?;
     if request.objects.len() > MISSING_CHECK_BATCH_MAX {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::InvalidRequest,
             format!("at most {MISSING_CHECK_BATCH_MAX} objects per request"),
         ));
@@ -155,7 +156,7 @@ pub async fn put(
     caller: Caller,
     Path((org, kind, hex)): Path<(String, String, String)>,
     RawBody(body): RawBody,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, ControlError> {
     let org = org_for(&caller, &org)?;
     let object = parse_object(&kind, &hex)?;
     let store = store_of(&state)?;
@@ -191,7 +192,7 @@ pub async fn batch(
     caller: Caller,
     Path(org): Path<String>,
     RawBody(body): RawBody,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, ControlError> {
     let org = org_for(&caller, &org)?;
     let store = store_of(&state)?;
     let frames =
@@ -222,7 +223,7 @@ pub async fn batch(
 
 /// An upload the store refused, as an answer naming the object (the first
 /// of `objects` with the digest the error names).
-fn upload_refused(err: store::Error, objects: &[ObjectId], stored: &str) -> ApiError {
+fn upload_refused(err: store::Error, objects: &[ObjectId], stored: &str) -> ControlError {
     let name = |digest: &Digest| {
         let kind = objects
             .iter()
@@ -231,7 +232,7 @@ fn upload_refused(err: store::Error, objects: &[ObjectId], stored: &str) -> ApiE
         object_name(kind, &digest.to_hex())
     };
     match err {
-        store::Error::IncompleteTree { root, missing } => ApiError::new(
+        store::Error::IncompleteTree { root, missing } => ControlError::new(
             ErrorCode::InvalidState,
             format!(
                 "tree {} names {missing} objects this org's store lacks: upload them first; {stored}",
@@ -239,13 +240,13 @@ fn upload_refused(err: store::Error, objects: &[ObjectId], stored: &str) -> ApiE
             ),
         )
         .with_details(serde_json::json!({ "missing_objects": missing, "object": name(&root) })),
-        store::Error::MalformedTree { digest, reason } => ApiError::new(
+        store::Error::MalformedTree { digest, reason } => ControlError::new(
             ErrorCode::InvalidRequest,
             format!("{} is not a valid tree: {reason}; {stored}", name(&digest)),
         ),
         store::Error::Corrupt { digest, .. } => {
             let name = name(&digest);
-            ApiError::new(
+            ControlError::new(
                 ErrorCode::InvalidRequest,
                 format!("the uploaded bytes do not decode to {name}: hash mismatch, {stored}"),
             )
@@ -260,7 +261,7 @@ pub async fn get(
     State(state): State<AppState>,
     caller: Caller,
     Path((org, kind, hex)): Path<(String, String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let org = org_for(&caller, &org)?;
     let object = parse_object(&kind, &hex)?;
     let store = store_of(&state)?;
@@ -273,7 +274,7 @@ pub async fn get(
             )
                 .into_response())
         }
-        Err(store::Error::MissingObject { .. }) => Err(ApiError::new(
+        Err(store::Error::MissingObject { .. }) => Err(ControlError::new(
             ErrorCode::NotFound,
             format!("no object {kind}/{hex} in this org's store"),
         )),
@@ -299,7 +300,7 @@ pub async fn fetch(
     caller: Caller,
     Path(org): Path<String>,
     Json(request): Json<FetchRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let org = org_for(&caller, &org)?;
     let store = store_of(&state)?;
     if request.objects.is_empty() || request.objects.len() > FETCH_OBJECTS_MAX {

@@ -11,8 +11,9 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::sandboxes::{visible_sandbox, wait_timeout};
-use super::{ApiError, AppState, Caller, Json};
+use super::{AppState, Caller, Json};
 use crate::db::now_ms;
+use crate::error::ControlError;
 use crate::idempotency;
 use crate::limits;
 use crate::records::{self, json_map, not_found, rfc3339};
@@ -105,7 +106,7 @@ async fn visible_command(
     org_id: &str,
     sandbox_id: &str,
     id: &str,
-) -> Result<CommandRow, ApiError> {
+) -> Result<CommandRow, ControlError> {
     // A sandbox past its retention window takes its commands with it.
     visible_sandbox(state, org_id, sandbox_id).await?;
     let row = sqlx::query(&format!(
@@ -122,7 +123,7 @@ async fn visible_command(
     }
 }
 
-fn validate(request: &CreateCommandRequest) -> Result<(), ApiError> {
+fn validate(request: &CreateCommandRequest) -> Result<(), ControlError> {
     limits::argv(&request.argv)?;
     limits::env("env", &request.env)?;
     if let Some(cwd) = &request.cwd {
@@ -149,7 +150,7 @@ pub async fn create(
     headers: HeaderMap,
     Path(sandbox_id): Path<String>,
     Json(request): Json<CreateCommandRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let org_id = caller.org()?;
     let key = idempotency::Key::from_request(&headers, &org_id, "commands", &sandbox_id, &request)?;
     if let Some(key) = &key
@@ -165,13 +166,13 @@ pub async fn create(
         .ok_or_else(|| not_found("sandbox"))?;
     visible_sandbox(&state, &org_id, &sandbox_id).await?;
     if sandbox.quarantined {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::Quarantined,
             "the sandbox is quarantined by an administrator",
         ));
     }
     if sandbox.desired != DesiredState::Running || sandbox.state.is_terminal() {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::InvalidState,
             format!(
                 "the sandbox is {} (desired {}): start it before running commands",
@@ -210,7 +211,7 @@ pub async fn create(
         drop(tx);
         return idempotency::replay(&state.db, key)
             .await?
-            .ok_or_else(|| ApiError::new(ErrorCode::Internal, "idempotency key vanished"));
+            .ok_or_else(|| ControlError::new(ErrorCode::Internal, "idempotency key vanished"));
     }
     tx.commit().await?;
     tracing::info!(command_id = %id, %sandbox_id, "command queued");
@@ -231,7 +232,7 @@ pub async fn get(
     caller: Caller,
     Path((sandbox_id, id)): Path<(String, String)>,
     Query(query): Query<CommandWait>,
-) -> Result<axum::Json<Command>, ApiError> {
+) -> Result<axum::Json<Command>, ControlError> {
     let org_id = caller.org()?;
     let Some(target) = query.wait_for else {
         // Boxed, like every read here: see `hub::wait_until`.
@@ -267,7 +268,7 @@ pub async fn list(
     caller: Caller,
     Path(sandbox_id): Path<String>,
     Query(query): Query<Vec<(String, String)>>,
-) -> Result<axum::Json<CommandList>, ApiError> {
+) -> Result<axum::Json<CommandList>, ControlError> {
     let org_id = caller.org()?;
     visible_sandbox(&state, &org_id, &sandbox_id).await?;
     let mut limit = limits::LIST_LIMIT_DEFAULT;
@@ -318,7 +319,7 @@ pub async fn output(
     caller: Caller,
     Path((sandbox_id, id)): Path<(String, String)>,
     Query(query): Query<OutputQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let org_id = caller.org()?;
     let stream = query.stream.unwrap_or_else(|| "stdout".to_owned());
     if stream != "stdout" && stream != "stderr" {
@@ -404,7 +405,7 @@ pub async fn signal(
     caller: Caller,
     Path((sandbox_id, id)): Path<(String, String)>,
     Json(request): Json<SignalRequest>,
-) -> Result<(StatusCode, axum::Json<Command>), ApiError> {
+) -> Result<(StatusCode, axum::Json<Command>), ControlError> {
     let org_id = caller.org()?;
     if !api::commands::SIGNALS.contains(&request.signal.as_str()) {
         return Err(limits::invalid(
@@ -414,7 +415,7 @@ pub async fn signal(
     }
     let command = visible_command(&state, &org_id, &sandbox_id, &id).await?;
     if command.ended() {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::InvalidState,
             format!("the command has already ended ({})", command.state),
         ));
@@ -439,7 +440,7 @@ pub async fn signal(
         .await?
     };
     if updated.rows_affected() == 0 {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::InvalidState,
             "the command changed state meanwhile; read it and retry",
         ));

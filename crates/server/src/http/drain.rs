@@ -17,8 +17,9 @@ use api::lifecycle::{DesiredState, SandboxState, StorageClass};
 use axum::extract::{Path, State};
 use sqlx::Row;
 
-use super::{ApiError, AppState, Caller, Json};
+use super::{AppState, Caller, Json};
 use crate::db::WriteTx;
+use crate::error::ControlError;
 use crate::records::{self, SandboxRow, Transition, load_sandbox, not_found, set_sandbox_state};
 use api::ErrorCode;
 use api::runners::{PreemptRequest, RunnerRecord};
@@ -74,7 +75,7 @@ pub async fn place_secured(
     id: &str,
     reason: &str,
     message: &str,
-) -> Result<(), ApiError> {
+) -> Result<(), ControlError> {
     let Some(row) = load_sandbox(tx, id).await? else {
         return Ok(());
     };
@@ -117,7 +118,7 @@ fn record(row: &sqlx::any::AnyRow) -> Result<RunnerRecord, sqlx::Error> {
     })
 }
 
-async fn load_record(tx: &mut WriteTx, id: &str) -> Result<RunnerRecord, ApiError> {
+async fn load_record(tx: &mut WriteTx, id: &str) -> Result<RunnerRecord, ControlError> {
     let row = sqlx::query(&format!("{RECORD_QUERY} WHERE r.id = $1"))
         .bind(id)
         .fetch_optional(&mut *tx.tx)
@@ -130,7 +131,7 @@ async fn load_record(tx: &mut WriteTx, id: &str) -> Result<RunnerRecord, ApiErro
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
-) -> Result<axum::Json<Vec<RunnerRecord>>, ApiError> {
+) -> Result<axum::Json<Vec<RunnerRecord>>, ControlError> {
     super::admin::require_admin(&caller)?;
     let rows = sqlx::query(&format!(
         "{RECORD_QUERY} WHERE r.state <> 'retired' ORDER BY r.id"
@@ -148,11 +149,11 @@ async fn set_drain(
     state: &AppState,
     id: &str,
     drain: Option<&str>,
-) -> Result<RunnerRecord, ApiError> {
+) -> Result<RunnerRecord, ControlError> {
     let mut tx = state.db.write().await?;
     let current = load_record(&mut tx, id).await?;
     if drain == Some("preempt") && current.placement_class != "spot" {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::InvalidState,
             format!(
                 "runner {id} is {}: only spot runners are preempted; drain it for maintenance",
@@ -183,7 +184,7 @@ pub async fn admin_action(
     State(state): State<AppState>,
     caller: Caller,
     Path((id, action)): Path<(String, String)>,
-) -> Result<axum::Json<RunnerRecord>, ApiError> {
+) -> Result<axum::Json<RunnerRecord>, ControlError> {
     super::admin::require_admin(&caller)?;
     let drain = match action.as_str() {
         "drain" => Some("drain"),
@@ -199,7 +200,7 @@ pub async fn runner_preempt(
     State(state): State<AppState>,
     caller: Caller,
     Json(request): Json<PreemptRequest>,
-) -> Result<axum::Json<RunnerRecord>, ApiError> {
+) -> Result<axum::Json<RunnerRecord>, ControlError> {
     caller.runner()?;
     Ok(axum::Json(
         set_drain(&state, &request.runner_id, Some("preempt")).await?,

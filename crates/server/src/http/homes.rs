@@ -21,8 +21,9 @@ use axum::extract::{Path, State};
 
 use super::blocks::{blocking, store_error, store_of};
 use super::runner::{check_placement, fenced, live_runner};
-use super::{ApiError, AppState, Caller, Json};
+use super::{AppState, Caller, Json};
 use crate::db::now_ms;
+use crate::error::ControlError;
 use crate::limits;
 use crate::records::{load_sandbox, not_found};
 use api::ErrorCode;
@@ -34,8 +35,8 @@ const SAVE_ERROR_CHARS_MAX: usize = 1024;
 
 /// The store homes of sandbox `id`: its committed save and the one being
 /// committed.
-pub fn home_names(id: &str) -> Result<(HomeName, HomeName), ApiError> {
-    let internal = |_| ApiError::new(ErrorCode::Internal, "internal error");
+pub fn home_names(id: &str) -> Result<(HomeName, HomeName), ControlError> {
+    let internal = |_| ControlError::new(ErrorCode::Internal, "internal error");
     Ok((
         id.parse().map_err(internal)?,
         format!("{id}-next").parse().map_err(internal)?,
@@ -43,15 +44,15 @@ pub fn home_names(id: &str) -> Result<(HomeName, HomeName), ApiError> {
 }
 
 /// A tree root named in a request: 64 hex digits, else 400 naming `root`.
-pub fn parse_root(root: Option<&str>) -> Result<Digest, ApiError> {
+pub fn parse_root(root: Option<&str>) -> Result<Digest, ControlError> {
     root.unwrap_or("")
         .parse()
         .map_err(|_| limits::invalid("root", "a 64-digit hex digest"))
 }
 
-pub fn store_org(org: &str) -> Result<OrgId, ApiError> {
+pub fn store_org(org: &str) -> Result<OrgId, ControlError> {
     org.parse()
-        .map_err(|_| ApiError::new(ErrorCode::Internal, "internal error"))
+        .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))
 }
 
 /// Checks that the tree `root` is complete in `org`'s store and points
@@ -61,18 +62,18 @@ pub async fn pin_tree(
     org: &str,
     home: HomeName,
     root: Digest,
-) -> Result<store::push::TreeSummary, ApiError> {
+) -> Result<store::push::TreeSummary, ControlError> {
     let store = store_of(state)?;
     let org = store_org(org)?;
     match blocking(move || store::push::commit_uploaded(&store, &org, &home, &root)).await? {
         Ok(summary) => Ok(summary),
-        Err(store::Error::IncompleteTree { missing, .. }) => Err(ApiError::new(
+        Err(store::Error::IncompleteTree { missing, .. }) => Err(ControlError::new(
             ErrorCode::InvalidState,
             format!("{missing} objects of tree {root} are not in the store; upload them first"),
         )
         .with_details(serde_json::json!({ "missing_objects": missing }))),
         Err(store::Error::Corrupt { .. } | store::Error::MalformedTree { .. }) => {
-            Err(ApiError::new(
+            Err(ControlError::new(
                 ErrorCode::InvalidRequest,
                 format!("tree {root} has a malformed or corrupt object"),
             ))
@@ -87,7 +88,7 @@ pub async fn report_save(
     caller: Caller,
     Path(id): Path<String>,
     Json(report): Json<SaveReport>,
-) -> Result<axum::Json<api::sandboxes::Sandbox>, ApiError> {
+) -> Result<axum::Json<api::sandboxes::Sandbox>, ControlError> {
     caller.runner()?;
     let now = now_ms();
     // 1. The placement, before anything is written.
@@ -101,7 +102,7 @@ pub async fn report_save(
         row
     };
     if row.home.save_interval_s.is_none() {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::InvalidState,
             "only durable sandboxes are saved",
         ));

@@ -12,8 +12,9 @@ use axum::extract::{Path, State};
 
 use super::blocks::{blocking, store_error, store_of};
 use super::homes::{parse_root, pin_tree, store_org};
-use super::{ApiError, AppState, Caller, Json};
+use super::{AppState, Caller, Json};
 use crate::db::{WriteTx, now_ms};
+use crate::error::ControlError;
 use crate::limits;
 use crate::records::rfc3339;
 use api::ErrorCode;
@@ -23,14 +24,14 @@ use store::HomeName;
 
 /// The store home that holds an image's tree. Image names allow more
 /// characters than home names, so the home is named by a hash of it.
-fn image_home(name: &str) -> Result<HomeName, ApiError> {
+fn image_home(name: &str) -> Result<HomeName, ControlError> {
     let hash = blake3::hash(name.as_bytes()).to_hex();
     format!("image-{}", &hash[..32])
         .parse()
-        .map_err(|_| ApiError::new(ErrorCode::Internal, "internal error"))
+        .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))
 }
 
-fn validate_name(name: &str) -> Result<(), ApiError> {
+fn validate_name(name: &str) -> Result<(), ControlError> {
     limits::name("name", name)?;
     if name == "default" {
         return Err(limits::invalid(
@@ -41,8 +42,8 @@ fn validate_name(name: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn not_found(name: &str) -> ApiError {
-    ApiError::new(ErrorCode::NotFound, format!("no image {name:?}"))
+fn not_found(name: &str) -> ControlError {
+    ControlError::new(ErrorCode::NotFound, format!("no image {name:?}"))
 }
 
 const IMAGE_COLUMNS: &str = "name, root, files, logical_bytes, created_at_ms, updated_at_ms";
@@ -74,7 +75,7 @@ pub async fn root_of(
     Ok(row.map(|(root,)| root))
 }
 
-async fn read(state: &AppState, org: &str, name: &str) -> Result<Option<Image>, ApiError> {
+async fn read(state: &AppState, org: &str, name: &str) -> Result<Option<Image>, ControlError> {
     let row = sqlx::query(&format!(
         "SELECT {IMAGE_COLUMNS} FROM images WHERE org_id = $1 AND name = $2"
     ))
@@ -91,7 +92,7 @@ pub async fn commit(
     caller: Caller,
     Path(name): Path<String>,
     Json(request): Json<CommitImageRequest>,
-) -> Result<axum::Json<Image>, ApiError> {
+) -> Result<axum::Json<Image>, ControlError> {
     let org = caller.org()?;
     validate_name(&name)?;
     let root = parse_root(Some(&request.root))?;
@@ -137,7 +138,7 @@ pub async fn get(
     State(state): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
-) -> Result<axum::Json<Image>, ApiError> {
+) -> Result<axum::Json<Image>, ControlError> {
     let org = caller.org()?;
     read(&state, &org, &name)
         .await?
@@ -149,7 +150,7 @@ pub async fn get(
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
-) -> Result<axum::Json<ImageList>, ApiError> {
+) -> Result<axum::Json<ImageList>, ControlError> {
     let org = caller.org()?;
     let rows = sqlx::query(&format!(
         "SELECT {IMAGE_COLUMNS} FROM images WHERE org_id = $1 ORDER BY name"
@@ -168,7 +169,7 @@ pub async fn delete(
     State(state): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
-) -> Result<axum::Json<Image>, ApiError> {
+) -> Result<axum::Json<Image>, ControlError> {
     let org = caller.org()?;
     let image = read(&state, &org, &name)
         .await?

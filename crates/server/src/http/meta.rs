@@ -4,8 +4,9 @@ use axum::extract::State;
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, AppState, Caller};
+use super::{AppState, Caller};
 use crate::auth::Principal;
+use crate::error::ControlError;
 
 #[utoipa::path(get, path = "/v1/openapi.json", tag = "meta", responses((status = 200, description = "this document")))]
 pub async fn openapi() -> Response {
@@ -13,7 +14,7 @@ pub async fn openapi() -> Response {
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "meta", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
-pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub async fn metrics(State(state): State<AppState>) -> Result<Response, ControlError> {
     let sandboxes: Vec<(String, i64)> =
         sqlx::query_as("SELECT state, COUNT(*) FROM sandboxes GROUP BY state ORDER BY state")
             .fetch_all(&state.db.pool)
@@ -48,7 +49,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
 
 /// Liveness that includes the records: 200 only if the database answers.
 #[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, description = "the server and its database answer")))]
-pub async fn health(State(state): State<AppState>) -> Result<&'static str, ApiError> {
+pub async fn health(State(state): State<AppState>) -> Result<&'static str, ControlError> {
     sqlx::query("SELECT 1").execute(&state.db.pool).await?;
     Ok("ok\n")
 }

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use crate::auth::{self, Principal};
 use crate::db::Db;
+pub use crate::error::ControlError;
 use crate::metrics::Metrics;
 
 #[derive(Clone)]
@@ -186,56 +187,11 @@ async fn request_id(request: Request, next: Next) -> Response {
     response
 }
 
-async fn not_found() -> ApiError {
-    ApiError::new(api::ErrorCode::NotFound, "no such endpoint")
+async fn not_found() -> ControlError {
+    ControlError::new(api::ErrorCode::NotFound, "no such endpoint")
 }
 
-/// An error answer: a stable code, a one-line message, optional details.
-#[derive(Debug)]
-pub struct ApiError {
-    code: api::ErrorCode,
-    message: String,
-    details: serde_json::Value,
-    retry_after_s: Option<u64>,
-}
-
-impl ApiError {
-    pub fn new(code: api::ErrorCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            code,
-            message: message.into(),
-            details: serde_json::Value::Null,
-            retry_after_s: None,
-        }
-    }
-
-    pub fn with_retry_after(mut self, seconds: u64) -> ApiError {
-        self.retry_after_s = Some(seconds);
-        self
-    }
-
-    pub fn with_details(mut self, details: serde_json::Value) -> ApiError {
-        self.details = details;
-        self
-    }
-}
-
-impl From<sqlx::Error> for ApiError {
-    fn from(err: sqlx::Error) -> ApiError {
-        // Logged once here, where it is handled; the body hides internals.
-        tracing::error!(%err, "database error");
-        ApiError::new(api::ErrorCode::Internal, "internal error")
-    }
-}
-
-impl From<crate::ServerError> for ApiError {
-    fn from(err: crate::ServerError) -> ApiError {
-        tracing::error!(%err, "server error");
-        ApiError::new(api::ErrorCode::Internal, "internal error")
-    }
-}
-
-impl IntoResponse for ApiError {
+impl IntoResponse for ControlError {
     fn into_response(self) -> Response {
         let request_id = REQUEST_ID.try_with(Clone::clone).unwrap_or_default();
         let status =
@@ -263,9 +219,9 @@ impl IntoResponse for ApiError {
 pub struct Json<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
-    type Rejection = ApiError;
+    type Rejection = ControlError;
 
-    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(request: Request, state: &S) -> Result<Self, ControlError> {
         match axum::Json::<T>::from_request(request, state).await {
             Ok(axum::Json(value)) => Ok(Json(value)),
             Err(rejection) => {
@@ -274,7 +230,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
                 } else {
                     api::ErrorCode::InvalidRequest
                 };
-                Err(ApiError::new(code, rejection.body_text()))
+                Err(ControlError::new(code, rejection.body_text()))
             }
         }
     }
@@ -285,9 +241,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
 pub struct RawBody(pub axum::body::Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for RawBody {
-    type Rejection = ApiError;
+    type Rejection = ControlError;
 
-    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(request: Request, state: &S) -> Result<Self, ControlError> {
         match axum::body::Bytes::from_request(request, state).await {
             Ok(bytes) => Ok(RawBody(bytes)),
             Err(rejection) => {
@@ -296,7 +252,7 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
                 } else {
                     api::ErrorCode::InvalidRequest
                 };
-                Err(ApiError::new(code, rejection.body_text()))
+                Err(ControlError::new(code, rejection.body_text()))
             }
         }
     }
@@ -307,20 +263,20 @@ pub struct Caller(pub Principal);
 
 impl Caller {
     /// The caller's org; org resources do not exist for anyone else.
-    pub fn org(&self) -> Result<String, ApiError> {
+    pub fn org(&self) -> Result<String, ControlError> {
         match &self.0 {
             Principal::Org { org_id } => Ok(org_id.clone()),
-            _ => Err(ApiError::new(
+            _ => Err(ControlError::new(
                 api::ErrorCode::NotFound,
                 "no such endpoint for this token (org endpoints need an org token)",
             )),
         }
     }
 
-    pub fn runner(&self) -> Result<(), ApiError> {
+    pub fn runner(&self) -> Result<(), ControlError> {
         match &self.0 {
             Principal::Runner => Ok(()),
-            _ => Err(ApiError::new(
+            _ => Err(ControlError::new(
                 api::ErrorCode::NotFound,
                 "no such endpoint for this token (runner endpoints need a runner token)",
             )),
@@ -329,11 +285,11 @@ impl Caller {
 }
 
 impl FromRequestParts<AppState> for Caller {
-    type Rejection = ApiError;
+    type Rejection = ControlError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ControlError> {
         let unauthenticated = || {
-            ApiError::new(
+            ControlError::new(
                 api::ErrorCode::Unauthenticated,
                 "missing or unknown bearer token",
             )

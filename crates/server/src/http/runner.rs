@@ -15,8 +15,9 @@ use sqlx::Row;
 
 use super::commands::{COMMAND_COLUMNS, CommandRow};
 use super::sandboxes::wait_timeout;
-use super::{ApiError, AppState, Caller, Json};
+use super::{AppState, Caller, Json};
 use crate::db::{WriteTx, now_ms};
+use crate::error::ControlError;
 use crate::limits;
 use crate::records::{
     self, SANDBOX_COLUMNS, SandboxRow, Transition, load_sandbox, not_found, set_sandbox_state,
@@ -30,8 +31,8 @@ use api::runners::{
 
 const CAPABILITIES_MAX: usize = 64;
 
-pub(crate) fn fenced(message: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorCode::Fenced, message)
+pub(crate) fn fenced(message: impl Into<String>) -> ControlError {
+    ControlError::new(ErrorCode::Fenced, message)
 }
 
 #[utoipa::path(post, path = "/v1/runner/register", tag = "runner", request_body = RegisterRequest, responses((status = 200, body = RegisterResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
@@ -39,7 +40,7 @@ pub async fn register(
     State(state): State<AppState>,
     caller: Caller,
     Json(request): Json<RegisterRequest>,
-) -> Result<(StatusCode, axum::Json<RegisterResponse>), ApiError> {
+) -> Result<(StatusCode, axum::Json<RegisterResponse>), ControlError> {
     caller.runner()?;
     limits::name("name", &request.name)?;
     if !["spot", "on_demand"].contains(&request.placement_class.as_str()) {
@@ -129,7 +130,10 @@ pub async fn register(
     ))
 }
 
-pub(crate) async fn live_runner(tx: &mut WriteTx, runner_id: &str) -> Result<RunnerRow, ApiError> {
+pub(crate) async fn live_runner(
+    tx: &mut WriteTx,
+    runner_id: &str,
+) -> Result<RunnerRow, ControlError> {
     let row = sqlx::query(&format!(
         "SELECT {RUNNER_COLUMNS} FROM runners WHERE id = $1"
     ))
@@ -151,7 +155,7 @@ pub async fn heartbeat(
     State(state): State<AppState>,
     caller: Caller,
     Json(request): Json<HeartbeatRequest>,
-) -> Result<axum::Json<HeartbeatResponse>, ApiError> {
+) -> Result<axum::Json<HeartbeatResponse>, ControlError> {
     caller.runner()?;
     let lease_ms = state.config.lease_ttl.as_millis() as i64;
     let mut tx = state.db.write().await?;
@@ -187,7 +191,7 @@ pub async fn assignments(
     State(state): State<AppState>,
     caller: Caller,
     Query(query): Query<AssignmentsQuery>,
-) -> Result<axum::Json<Assignments>, ApiError> {
+) -> Result<axum::Json<Assignments>, ControlError> {
     caller.runner()?;
     let timeout = match query.timeout {
         None | Some(0) => std::time::Duration::ZERO,
@@ -208,7 +212,7 @@ pub async fn assignments(
 /// are handed over here (`starting`, with the sandbox's epoch); they stay
 /// in every answer until the runner reports them, so a lost answer loses
 /// nothing.
-async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignments, ApiError> {
+async fn read_assignments(state: &AppState, runner_id: &str) -> Result<Assignments, ControlError> {
     let mut tx = state.db.write().await?;
     let runner = live_runner(&mut tx, runner_id).await?;
     let handed = sqlx::query(
@@ -306,7 +310,7 @@ pub(crate) fn check_placement(
     row: &SandboxRow,
     runner_id: &str,
     epoch: u64,
-) -> Result<(), ApiError> {
+) -> Result<(), ControlError> {
     if row.runner_id.as_deref() != Some(runner_id) || row.epoch as u64 != epoch {
         return Err(fenced(format!(
             "stale placement: the sandbox is at epoch {} on {}; this report is for epoch {epoch} on {runner_id}",
@@ -324,7 +328,7 @@ pub async fn report_sandbox(
     caller: Caller,
     Path(id): Path<String>,
     Json(report): Json<SandboxReport>,
-) -> Result<axum::Json<api::sandboxes::Sandbox>, ApiError> {
+) -> Result<axum::Json<api::sandboxes::Sandbox>, ControlError> {
     caller.runner()?;
     if let Some(reason) = &report.reason {
         limits::name("reason", reason)?;
@@ -345,7 +349,7 @@ pub async fn report_sandbox(
     let mut woke = None;
     if row.state != report.state {
         if !row.state.runner_may_report(report.state, row.desired) {
-            return Err(ApiError::new(
+            return Err(ControlError::new(
                 ErrorCode::InvalidState,
                 format!(
                     "a runner cannot move a sandbox from {} to {}",
@@ -362,7 +366,7 @@ pub async fn report_sandbox(
             message: message.as_deref(),
         };
         if !set_sandbox_state(&mut tx, &row, to, runner, row.epoch).await? {
-            return Err(ApiError::new(
+            return Err(ControlError::new(
                 ErrorCode::InvalidState,
                 "the sandbox changed meanwhile; read the assignments and report again",
             ));
@@ -412,7 +416,7 @@ async fn runner_command(
     id: &str,
     runner_id: &str,
     epoch: u64,
-) -> Result<CommandRow, ApiError> {
+) -> Result<CommandRow, ControlError> {
     live_runner(tx, runner_id).await?;
     let row = sqlx::query(&format!(
         "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"
@@ -438,7 +442,7 @@ pub async fn report_command(
     caller: Caller,
     Path(id): Path<String>,
     Json(report): Json<CommandReport>,
-) -> Result<axum::Json<api::commands::Command>, ApiError> {
+) -> Result<axum::Json<api::commands::Command>, ControlError> {
     caller.runner()?;
     if let Some(reason) = &report.reason {
         limits::name("reason", reason)?;
@@ -456,7 +460,7 @@ pub async fn report_command(
     let to = report.state;
     if command.state != to {
         if !command.state.runner_may_report(to) {
-            return Err(ApiError::new(
+            return Err(ControlError::new(
                 ErrorCode::InvalidState,
                 format!("a command cannot go from {} to {to}", command.state),
             ));
@@ -480,7 +484,7 @@ pub async fn report_command(
         .execute(&mut *tx.tx)
         .await?;
         if updated.rows_affected() == 0 {
-            return Err(ApiError::new(
+            return Err(ControlError::new(
                 ErrorCode::InvalidState,
                 "the command changed meanwhile",
             ));
@@ -518,7 +522,7 @@ pub async fn append_output(
     Path((id, stream)): Path<(String, String)>,
     Query(query): Query<OutputAppend>,
     body: Bytes,
-) -> Result<axum::Json<BTreeMap<String, u64>>, ApiError> {
+) -> Result<axum::Json<BTreeMap<String, u64>>, ControlError> {
     caller.runner()?;
     let column = match stream.as_str() {
         "stdout" => "stdout_bytes",
@@ -533,7 +537,7 @@ pub async fn append_output(
         command.stderr_bytes
     } as u64;
     if query.offset > length {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::InvalidState,
             format!(
                 "offset {} leaves a gap: the stream has {length} bytes",
@@ -544,7 +548,7 @@ pub async fn append_output(
     }
     let skip = (length - query.offset) as usize;
     if skip < body.len() && command.ended() {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::InvalidState,
             format!(
                 "the command has ended ({}); its output is complete",

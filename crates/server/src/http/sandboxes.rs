@@ -9,8 +9,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use sqlx::Row;
 
-use super::{ApiError, AppState, Caller, Json};
+use super::{AppState, Caller, Json};
 use crate::db::{WriteTx, now_ms};
+use crate::error::ControlError;
 use crate::idempotency;
 use crate::limits;
 use crate::records::{
@@ -28,13 +29,13 @@ const DEFAULT_CPUS: f64 = 1.0;
 const DEFAULT_PIDS: u64 = 1024;
 pub const LONG_POLL_SECONDS_MAX: u64 = 25;
 
-fn unsupported(missing: Vec<String>, message: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorCode::UnsupportedCapability, message)
+fn unsupported(missing: Vec<String>, message: impl Into<String>) -> ControlError {
+    ControlError::new(ErrorCode::UnsupportedCapability, message)
         .with_details(serde_json::json!({ "missing": missing }))
 }
 
 /// The create request with defaults applied and every bound checked.
-fn validate(request: &mut CreateSandboxRequest) -> Result<(), ApiError> {
+fn validate(request: &mut CreateSandboxRequest) -> Result<(), ControlError> {
     limits::name("image", &request.image)?;
     limits::env("env", &request.env)?;
     limits::labels(&request.labels)?;
@@ -73,7 +74,7 @@ fn validate(request: &mut CreateSandboxRequest) -> Result<(), ApiError> {
 fn save_interval(
     state: &AppState,
     request: &CreateSandboxRequest,
-) -> Result<Option<i64>, ApiError> {
+) -> Result<Option<i64>, ControlError> {
     let config = &state.config;
     if request.storage_class != StorageClass::Durable.as_str() {
         if request.save_interval_s.is_some() {
@@ -102,7 +103,9 @@ fn save_interval(
 
 /// The request's storage class, network and placement, or what no runner
 /// of any deployment offers (refused as unsupported, naming it).
-fn classes(request: &CreateSandboxRequest) -> Result<(StorageClass, Network, Placement), ApiError> {
+fn classes(
+    request: &CreateSandboxRequest,
+) -> Result<(StorageClass, Network, Placement), ControlError> {
     let storage_class = request.storage_class.parse().map_err(|_| {
         unsupported(
             vec![format!("storage_class:{}", request.storage_class)],
@@ -132,7 +135,7 @@ async fn admit(
     tx: &mut WriteTx,
     sandbox: &mut SandboxRow,
     request: &CreateSandboxRequest,
-) -> Result<(), ApiError> {
+) -> Result<(), ControlError> {
     if sandbox.image != "default" {
         let root = crate::http::images::root_of(tx, &sandbox.org_id, &sandbox.image).await?;
         match root {
@@ -186,8 +189,8 @@ async fn admit(
     }
 }
 
-fn quota_exceeded(metric: &str, limit: i64, current: i64, retry_after_s: u64) -> ApiError {
-    ApiError::new(
+fn quota_exceeded(metric: &str, limit: i64, current: i64, retry_after_s: u64) -> ControlError {
+    ControlError::new(
         ErrorCode::QuotaExceeded,
         format!("quota {metric} reached ({current} of {limit})"),
     )
@@ -207,7 +210,7 @@ async fn check_quotas(
     tx: &mut WriteTx,
     org_id: &str,
     new: bool,
-) -> Result<(), ApiError> {
+) -> Result<(), ControlError> {
     let org = sqlx::query("SELECT max_running, max_total FROM orgs WHERE id = $1")
         .bind(org_id)
         .fetch_one(&mut *tx.tx)
@@ -258,7 +261,7 @@ pub async fn create(
     caller: Caller,
     headers: HeaderMap,
     Json(mut request): Json<CreateSandboxRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let org_id = caller.org()?;
     let key = idempotency::Key::from_request(&headers, &org_id, "sandboxes", "", &request)?;
     if let Some(key) = &key
@@ -324,7 +327,7 @@ pub async fn create(
         // snapshot's own pin was checked complete when it was replicated.)
         let digest: store::Digest = root
             .parse()
-            .map_err(|_| ApiError::new(ErrorCode::Internal, "internal error"))?;
+            .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))?;
         let (home, _) = crate::http::homes::home_names(&id)?;
         let org = crate::http::homes::store_org(&org_id)?;
         let store = crate::http::blocks::store_of(&state)?;
@@ -339,7 +342,7 @@ pub async fn create(
         drop(tx);
         return idempotency::replay(&state.db, key)
             .await?
-            .ok_or_else(|| ApiError::new(ErrorCode::Internal, "idempotency key vanished"));
+            .ok_or_else(|| ControlError::new(ErrorCode::Internal, "idempotency key vanished"));
     }
     tx.commit().await?;
     state.failpoint("after_commit:create_sandbox");
@@ -411,7 +414,7 @@ pub async fn visible_sandbox(
     state: &AppState,
     org_id: &str,
     id: &str,
-) -> Result<SandboxRow, ApiError> {
+) -> Result<SandboxRow, ControlError> {
     let row = sqlx::query(&format!(
         "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1 AND org_id = $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)"
     ))
@@ -433,7 +436,7 @@ pub struct WaitQuery {
     timeout: Option<u64>,
 }
 
-pub fn wait_timeout(timeout: Option<u64>) -> Result<Duration, ApiError> {
+pub fn wait_timeout(timeout: Option<u64>) -> Result<Duration, ControlError> {
     match timeout {
         None => Ok(Duration::from_secs(LONG_POLL_SECONDS_MAX)),
         Some(t) if t <= LONG_POLL_SECONDS_MAX => Ok(Duration::from_secs(t)),
@@ -450,7 +453,7 @@ pub async fn get(
     caller: Caller,
     Path(id): Path<String>,
     Query(query): Query<WaitQuery>,
-) -> Result<axum::Json<Sandbox>, ApiError> {
+) -> Result<axum::Json<Sandbox>, ControlError> {
     let org_id = caller.org()?;
     let Some(target) = query.wait_for else {
         // Boxed, like every read here: see `hub::wait_until`.
@@ -477,7 +480,7 @@ pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
     Query(query): Query<Vec<(String, String)>>,
-) -> Result<axum::Json<SandboxList>, ApiError> {
+) -> Result<axum::Json<SandboxList>, ControlError> {
     let org_id = caller.org()?;
     let mut states: Vec<String> = Vec::new();
     let mut labels: Vec<(String, String)> = Vec::new();
@@ -555,7 +558,7 @@ pub async fn events(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<axum::Json<EventList>, ApiError> {
+) -> Result<axum::Json<EventList>, ControlError> {
     let org_id = caller.org()?;
     visible_sandbox(&state, &org_id, &id).await?;
     let rows = sqlx::query(
@@ -582,7 +585,7 @@ pub async fn events(
 }
 
 /// The sandbox as this transaction now sees it (after its own writes).
-async fn reload(tx: &mut WriteTx, id: &str) -> Result<SandboxRow, ApiError> {
+async fn reload(tx: &mut WriteTx, id: &str) -> Result<SandboxRow, ControlError> {
     load_sandbox(tx, id)
         .await?
         .ok_or_else(|| not_found("sandbox"))
@@ -595,7 +598,7 @@ async fn load_mutable(
     tx: &mut WriteTx,
     org_id: &str,
     id: &str,
-) -> Result<SandboxRow, ApiError> {
+) -> Result<SandboxRow, ControlError> {
     let row = load_sandbox(tx, id)
         .await?
         .filter(|row| row.org_id == org_id)
@@ -605,7 +608,7 @@ async fn load_mutable(
         })
         .ok_or_else(|| not_found("sandbox"))?;
     if row.quarantined {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::Quarantined,
             "the sandbox is quarantined by an administrator",
         ));
@@ -631,8 +634,8 @@ async fn set_desired(
     Ok(())
 }
 
-fn invalid_state(row: &SandboxRow, action: &str) -> ApiError {
-    ApiError::new(
+fn invalid_state(row: &SandboxRow, action: &str) -> ControlError {
+    ControlError::new(
         ErrorCode::InvalidState,
         format!("cannot {action} a sandbox that is {}", row.state),
     )
@@ -646,7 +649,7 @@ pub async fn stop(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<(StatusCode, axum::Json<Sandbox>), ApiError> {
+) -> Result<(StatusCode, axum::Json<Sandbox>), ControlError> {
     let org_id = caller.org()?;
     let mut tx = state.db.write().await?;
     let row = load_mutable(&state, &mut tx, &org_id, &id).await?;
@@ -676,7 +679,7 @@ pub async fn start(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<(StatusCode, axum::Json<Sandbox>), ApiError> {
+) -> Result<(StatusCode, axum::Json<Sandbox>), ControlError> {
     let org_id = caller.org()?;
     let mut tx = state.db.write().await?;
     let row = load_mutable(&state, &mut tx, &org_id, &id).await?;
@@ -717,7 +720,7 @@ pub async fn start(
 }
 
 /// Places the sandbox, or records why it waits or cannot run.
-pub async fn place_or_wait(tx: &mut WriteTx, row: &SandboxRow) -> Result<(), ApiError> {
+pub async fn place_or_wait(tx: &mut WriteTx, row: &SandboxRow) -> Result<(), ControlError> {
     match scheduler::place(tx, row).await? {
         Placed::On(_) | Placed::Raced => {}
         // A recovering sandbox keeps saying why it is recovering.
@@ -752,7 +755,7 @@ pub async fn delete(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<(StatusCode, axum::Json<Sandbox>), ApiError> {
+) -> Result<(StatusCode, axum::Json<Sandbox>), ControlError> {
     let org_id = caller.org()?;
     let mut tx = state.db.write().await?;
     let row = load_mutable(&state, &mut tx, &org_id, &id).await?;

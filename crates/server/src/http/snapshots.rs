@@ -19,8 +19,9 @@ use super::blocks::{blocking, store_error, store_of};
 use super::homes::{parse_root, pin_tree, store_org};
 use super::runner::{check_placement, live_runner};
 use super::sandboxes::{visible_sandbox, wait_timeout};
-use super::{ApiError, AppState, Caller, Json};
+use super::{AppState, Caller, Json};
 use crate::db::{WriteTx, now_ms};
+use crate::error::ControlError;
 use crate::idempotency;
 use crate::limits;
 use crate::records::{self, load_sandbox, not_found, rfc3339};
@@ -90,9 +91,9 @@ impl SnapshotRow {
 }
 
 /// The store home that pins a snapshot's tree.
-fn snapshot_home(id: &str) -> Result<HomeName, ApiError> {
+fn snapshot_home(id: &str) -> Result<HomeName, ControlError> {
     id.parse()
-        .map_err(|_| ApiError::new(ErrorCode::Internal, "internal error"))
+        .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))
 }
 
 async fn load(tx: &mut WriteTx, id: &str) -> Result<Option<SnapshotRow>, sqlx::Error> {
@@ -105,7 +106,7 @@ async fn load(tx: &mut WriteTx, id: &str) -> Result<Option<SnapshotRow>, sqlx::E
     row.as_ref().map(SnapshotRow::from_row).transpose()
 }
 
-async fn visible(state: &AppState, org_id: &str, id: &str) -> Result<SnapshotRow, ApiError> {
+async fn visible(state: &AppState, org_id: &str, id: &str) -> Result<SnapshotRow, ControlError> {
     let row = sqlx::query(&format!(
         "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE id = $1 AND org_id = $2"
     ))
@@ -120,14 +121,18 @@ async fn visible(state: &AppState, org_id: &str, id: &str) -> Result<SnapshotRow
 }
 
 /// The root of an org's replicated snapshot, for a child created from it.
-pub async fn replicated_root(tx: &mut WriteTx, org_id: &str, id: &str) -> Result<String, ApiError> {
+pub async fn replicated_root(
+    tx: &mut WriteTx,
+    org_id: &str,
+    id: &str,
+) -> Result<String, ControlError> {
     let snapshot = load(tx, id)
         .await?
         .filter(|s| s.org_id == org_id)
         .ok_or_else(|| limits::invalid("from_snapshot", format!("no snapshot {id:?}")))?;
     match (&snapshot.root, snapshot.durability.as_str()) {
         (Some(root), "replicated") => Ok(root.clone()),
-        _ => Err(ApiError::new(
+        _ => Err(ControlError::new(
             ErrorCode::InvalidState,
             format!(
                 "snapshot {id} is {}: a sandbox can start only from a replicated one",
@@ -144,7 +149,7 @@ pub async fn create(
     headers: HeaderMap,
     Path(sandbox_id): Path<String>,
     Json(request): Json<CreateSnapshotRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     let org_id = caller.org()?;
     let key =
         idempotency::Key::from_request(&headers, &org_id, "snapshots", &sandbox_id, &request)?;
@@ -185,7 +190,7 @@ pub async fn create(
     } else if let Some(root) = &sandbox.home.root {
         ("replicated", Some(root.clone()), sandbox.home.saved_at_ms)
     } else {
-        return Err(ApiError::new(
+        return Err(ControlError::new(
             ErrorCode::InvalidState,
             format!(
                 "sandbox {sandbox_id} is {} and no runner holds its home: there is nothing to snapshot",
@@ -198,7 +203,7 @@ pub async fn create(
         // committed; this one keeps the tree when the sandbox moves on.
         let digest: Digest = root
             .parse()
-            .map_err(|_| ApiError::new(ErrorCode::Internal, "internal error"))?;
+            .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))?;
         let (store, org, home) = (store_of(&state)?, store_org(&org_id)?, snapshot_home(&id)?);
         blocking(move || store.write_home(&org, &home, &digest))
             .await?
@@ -231,7 +236,7 @@ pub async fn create(
         drop(tx);
         return idempotency::replay(&state.db, key)
             .await?
-            .ok_or_else(|| ApiError::new(ErrorCode::Internal, "idempotency key vanished"));
+            .ok_or_else(|| ControlError::new(ErrorCode::Internal, "idempotency key vanished"));
     }
     tx.commit().await?;
     tracing::info!(snapshot_id = %id, %sandbox_id, durability, "snapshot requested");
@@ -264,7 +269,7 @@ pub async fn get(
     caller: Caller,
     Path(id): Path<String>,
     Query(query): Query<SnapshotWait>,
-) -> Result<axum::Json<Snapshot>, ApiError> {
+) -> Result<axum::Json<Snapshot>, ControlError> {
     let org_id = caller.org()?;
     let Some(target) = query.wait_for else {
         return Ok(axum::Json(visible(&state, &org_id, &id).await?.to_api()));
@@ -292,7 +297,7 @@ pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
     Query(query): Query<Vec<(String, String)>>,
-) -> Result<axum::Json<SnapshotList>, ApiError> {
+) -> Result<axum::Json<SnapshotList>, ControlError> {
     let org_id = caller.org()?;
     let mut limit = limits::LIST_LIMIT_DEFAULT;
     let mut cursor = String::new();
@@ -333,7 +338,7 @@ pub async fn delete(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<axum::Json<Snapshot>, ApiError> {
+) -> Result<axum::Json<Snapshot>, ControlError> {
     let org_id = caller.org()?;
     let snapshot = visible(&state, &org_id, &id).await?;
     let store = store_of(&state)?;
@@ -356,7 +361,7 @@ async fn at_placement(
     tx: &mut WriteTx,
     id: &str,
     report: &SnapshotReport,
-) -> Result<SnapshotRow, ApiError> {
+) -> Result<SnapshotRow, ControlError> {
     live_runner(tx, &report.runner_id).await?;
     let snapshot = load(tx, id).await?.ok_or_else(|| not_found("snapshot"))?;
     let sandbox = load_sandbox(tx, &snapshot.sandbox_id)
@@ -372,7 +377,7 @@ pub async fn report(
     caller: Caller,
     Path(id): Path<String>,
     Json(report): Json<SnapshotReport>,
-) -> Result<axum::Json<Snapshot>, ApiError> {
+) -> Result<axum::Json<Snapshot>, ControlError> {
     caller.runner()?;
     let snapshot = {
         let mut tx = state.db.write().await?;
