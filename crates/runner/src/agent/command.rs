@@ -26,10 +26,10 @@ use tokio::sync::{Notify, watch};
 
 use super::dirs::{CommandFiles, CommandRecord, RecordedEnd};
 use super::{Refusal, Shared};
-use crate::error::Error;
-use crate::exec::{CommandSpec, Outcome, Stream};
-use crate::runtime::Sandbox;
-use crate::signal::Signal;
+use oci::Error;
+use oci::exec::{CommandSpec, Outcome, Stream};
+use oci::runtime::Sandbox;
+use oci::signal::Signal;
 
 /// Largest output chunk one upload carries (the server takes bodies up to
 /// 1 MiB).
@@ -228,11 +228,7 @@ impl CommandJob {
     }
 
     /// Delivers each signal the assignments ask for, once; never returns.
-    async fn forward_signals(
-        &self,
-        signaller: &crate::exec::Signaller,
-        delivered: &Mutex<Vec<Signal>>,
-    ) {
+    async fn forward_signals(&self, signaller: &oci::Signaller, delivered: &Mutex<Vec<Signal>>) {
         let mut signals = self.signals.clone();
         let mut last: Option<String> = None;
         loop {

@@ -24,8 +24,8 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::config::{SandboxId, SandboxPaths};
-use crate::error::{Error, Result};
+use oci::config::{SandboxId, SandboxPaths};
+use oci::{Error, Result};
 
 /// The data directory, locked for this runner.
 #[derive(Debug)]

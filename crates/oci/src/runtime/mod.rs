@@ -47,8 +47,9 @@ use crate::config::{Network, SandboxConfig, SandboxId, SandboxPaths};
 use crate::error::{Error, Result};
 use crate::init::InitEnd;
 use crate::network::{BridgeConfig, BridgeNetwork, Lease};
-use crate::oci::{self, HostSystem};
+use crate::probe::HostSystem;
 use crate::signal::Signal;
+use crate::{rootfs, spec};
 
 /// Which runtime to use, as configured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -372,7 +373,7 @@ impl Runtime {
     /// waits for [`Sandbox::start`].
     pub async fn create(&self, config: &SandboxConfig) -> Result<Sandbox> {
         let cgroups_path = self.cgroups_path(&config.id);
-        let spec = oci::spec(config, &self.inner.host, &cgroups_path)?;
+        let oci_config = spec::spec(config, &self.inner.host, &cgroups_path)?;
         // Refused before anything is written (fail closed, never `none`).
         let bridge = match config.network {
             Network::Bridge => Some(self.usable_bridge()?),
@@ -410,9 +411,9 @@ impl Runtime {
             Err(e) => return Err(Error::io("clear", &bundle, e)),
         }
         std::fs::create_dir_all(&bundle).map_err(|e| Error::io("create directory", &bundle, e))?;
-        oci::prepare_rootfs(config, &self.inner.host)?;
+        rootfs::prepare_rootfs(config, &self.inner.host)?;
         let config_json = paths.config_json();
-        let json = serde_json::to_vec_pretty(&spec).map_err(|e| Error::Spec {
+        let json = serde_json::to_vec_pretty(&oci_config).map_err(|e| Error::Spec {
             id: config.id.to_string(),
             message: e.to_string(),
         })?;
@@ -1028,7 +1029,7 @@ impl Sandbox {
         self.delete_container().await?;
         // ── network step: veth, namespace, then the lease ──
         self.release_network().await?;
-        oci::unmount_rootfs(&self.paths)?;
+        rootfs::unmount_rootfs(&self.paths)?;
         let bundle = self.paths.bundle();
         match std::fs::remove_dir_all(&bundle) {
             Ok(()) => Ok(()),

@@ -111,11 +111,7 @@ fn status_suffix(status: &Option<i32>) -> String {
 }
 
 impl Error {
-    pub(crate) fn io(
-        action: &'static str,
-        path: impl Into<PathBuf>,
-        source: std::io::Error,
-    ) -> Self {
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             action,
             path: path.into(),

@@ -29,7 +29,7 @@
 //!   neighbour through the gateway. Both hold only because a sandbox cannot
 //!   change its own interface, routes or addresses, nor forge frames: its
 //!   capability set has neither `CAP_NET_ADMIN` nor `CAP_NET_RAW` (see
-//!   [`crate::oci::CAPABILITIES`]). The rules therefore key on interfaces,
+//!   [`crate::security::CAPABILITIES`]). The rules therefore key on interfaces,
 //!   never on source addresses.
 //! - **In from outside**: nothing beyond the host starts a connection to a
 //!   sandbox: `ROOST-FWD-*` forwards into the bridge only packets of

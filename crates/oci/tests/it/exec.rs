@@ -4,13 +4,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use runner::{CommandEnd, CommandSpec, Error, Execution, Limits, Outcome, Signal, Stream};
+use oci::{CommandEnd, CommandSpec, Error, Execution, Limits, Outcome, Signal, Stream};
 
 use crate::support::TestSandbox;
 
 /// Drives `execution` in a task; returns once it printed `ready` on
 /// stdout, so a signal finds the program running.
-async fn when_ready(execution: Execution) -> tokio::task::JoinHandle<runner::Result<CommandEnd>> {
+async fn when_ready(execution: Execution) -> tokio::task::JoinHandle<oci::Result<CommandEnd>> {
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let mut ready_tx = Some(ready_tx);
     let waiter = tokio::spawn(execution.wait(move |stream, bytes| {
@@ -215,7 +215,7 @@ async fn exec_needs_a_running_sandbox() {
         matches!(
             refused,
             Error::NotRunning {
-                status: runner::Status::Stopped,
+                status: oci::Status::Stopped,
                 ..
             }
         ),

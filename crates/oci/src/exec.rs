@@ -54,9 +54,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::oci;
 use crate::runtime::{Sandbox, Status, read_lossy, runtime_errors, write_file};
 use crate::signal::Signal;
+use crate::spec;
 
 /// How long output is still read after the command's process ended, for
 /// background processes that keep its pipes open.
@@ -273,7 +273,8 @@ impl Sandbox {
             id: self.id.to_string(),
             message: format!("{} has no process", config_json.display()),
         })?;
-        let process = oci::exec_process(base, &command.argv, &command.env, command.cwd.as_deref())?;
+        let process =
+            spec::exec_process(base, &command.argv, &command.env, command.cwd.as_deref())?;
 
         let dir = self.paths.exec_dir();
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
