@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::runtime::Status;
+use crate::state::Status;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

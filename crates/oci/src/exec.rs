@@ -54,9 +54,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::runtime::{Sandbox, Status, read_lossy, runtime_errors, write_file};
+use crate::host::{read_lossy, write_file};
+use crate::runtime::Sandbox;
+use crate::runtime::log::runtime_errors;
 use crate::signal::Signal;
 use crate::spec;
+use crate::state::Status;
 
 /// How long output is still read after the command's process ended, for
 /// background processes that keep its pipes open.

@@ -20,6 +20,10 @@
 //! - [`volumes`]: where sandbox homes live (btrfs subvolumes, snapshots).
 //! - [`init`]: the PID 1 every sandbox runs (the `roost init` entry point).
 //! - [`cgroup`]: the host's cgroup layout and the counters read from it.
+//! - [`state`]: what the runtime reports and what a death is put down to.
+//! - [`host`]: the host helpers every module shares (binary lookup, the
+//!   one runner of host tools, atomic and durable writes, the blocking
+//!   bridge); it imports nothing of the crate but [`Error`].
 //!
 //! Only this crate spawns the runtime binary. It knows nothing of the
 //! control plane or its protocol (it depends on neither `api` nor `store`):
@@ -53,6 +57,7 @@ pub mod cgroup;
 pub mod config;
 mod error;
 pub mod exec;
+pub mod host;
 pub mod init;
 pub mod network;
 pub mod probe;
@@ -61,6 +66,7 @@ pub mod runtime;
 pub mod security;
 pub mod signal;
 pub mod spec;
+pub mod state;
 pub mod volumes;
 
 pub use config::{InitProgram, Limits, Network, RootImage, SandboxConfig, SandboxId, SandboxPaths};
@@ -68,8 +74,6 @@ pub use error::{Error, Result};
 pub use exec::{CommandEnd, CommandSpec, Execution, Outcome, Signaller, Stream};
 pub use init::InitEnd;
 pub use network::{BridgeConfig, BridgeNetwork, Ipv4Subnet, Lease};
-pub use runtime::{
-    CgroupCounters, DeathCause, Observation, Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind,
-    RuntimeState, Sandbox, Status,
-};
+pub use runtime::{Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind, Sandbox};
 pub use signal::Signal;
+pub use state::{CgroupCounters, DeathCause, Observation, RuntimeState, Status};

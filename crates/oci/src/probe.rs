@@ -4,10 +4,12 @@
 //! inside an imported image ([`init_linkage`]: its ELF interpreter, found
 //! by reading the ELF headers, and the libraries that loader resolves).
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use crate::config::RootImage;
 use crate::error::{Error, Result};
+use crate::host::{ToolFailureKind, run_tool};
 
 /// One top-level entry of the host's system that the default image shows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,20 +127,17 @@ pub fn init_linkage(init: &Path) -> Result<Option<InitLinkage>> {
     let linkage = match elf_interpreter(init)? {
         None => None,
         Some(loader) => {
-            let output = std::process::Command::new(&loader)
-                .arg("--list")
-                .arg(init)
-                .output()
-                .map_err(|e| Error::io("run", &loader, e))?;
-            if !output.status.success() {
-                return Err(Error::Unsupported(format!(
-                    "{} --list {} failed: {}",
-                    loader.display(),
-                    init.display(),
-                    String::from_utf8_lossy(&output.stderr).trim()
-                )));
-            }
-            let libs = String::from_utf8_lossy(&output.stdout)
+            let listed = run_tool(&loader, &[OsStr::new("--list"), init.as_os_str()], None)
+                .map_err(|failure| match failure.kind {
+                    ToolFailureKind::Run { source, .. } => Error::io("run", &loader, source),
+                    ToolFailureKind::Exited { stderr, .. } => Error::Unsupported(format!(
+                        "{} --list {} failed: {}",
+                        loader.display(),
+                        init.display(),
+                        stderr.trim()
+                    )),
+                })?;
+            let libs = listed
                 .lines()
                 .filter_map(|line| line.split_once(" => ").map(|(_, rest)| rest))
                 .filter_map(|rest| rest.split(" (").next())

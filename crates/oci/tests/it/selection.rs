@@ -10,7 +10,7 @@ async fn auto_picks_the_runtime_that_works_here() {
     let (dir, _) = prepare("auto", Limits::default());
     let runtime = runtime_in(dir.path(), RuntimeChoice::Auto).expect("auto finds a runtime");
     let crun_installed =
-        oci::runtime::find_binary(&std::env::var_os("PATH").unwrap_or_default(), "crun").is_some();
+        oci::host::find_binary(&std::env::var_os("PATH").unwrap_or_default(), "crun").is_some();
     if runtime.cgroups().is_pure_v2() && crun_installed {
         assert_eq!(runtime.kind(), RuntimeKind::Crun);
     } else {

@@ -26,7 +26,7 @@ pub fn require_root_and_runc() {
         "the runner's container tests need root (scripts/test.sh runs them as root)"
     );
     assert!(
-        oci::runtime::find_binary(&std::env::var_os("PATH").unwrap_or_default(), "runc").is_some(),
+        oci::host::find_binary(&std::env::var_os("PATH").unwrap_or_default(), "runc").is_some(),
         "runc is not installed: scripts/test.sh installs it with apt-get"
     );
 }

@@ -45,10 +45,10 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::Shared;
-use super::dirs::write_durably;
 use oci::config::SandboxId;
-use oci::runtime::{Sandbox, Status};
+use oci::host::write_durably;
 use oci::signal::Signal;
+use oci::{Sandbox, Status};
 
 /// How often the fence looks at the time since the last renewal.
 const TICK_MS: u64 = 100;

@@ -22,7 +22,7 @@ use super::homes::{Homes, SaveFailure};
 use super::{Backoff, Refusal, Shared, refusal};
 use oci::Error;
 use oci::config::{Limits, Network, RootImage, SandboxConfig, SandboxId};
-use oci::runtime::{DeathCause, Observation, Sandbox};
+use oci::{DeathCause, Observation, Sandbox};
 
 /// A pass runs at least this often, to catch what no event announced.
 const RESYNC_SECONDS: u64 = 10;
