@@ -74,6 +74,7 @@ pub use error::{Error, Result};
 pub use exec::{CommandEnd, CommandSpec, Execution, Outcome, Signaller, Stream};
 pub use init::InitEnd;
 pub use network::{BridgeConfig, BridgeNetwork, Ipv4Subnet, Lease};
+pub use runtime::log::LaunchFailure;
 pub use runtime::{Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind, Sandbox};
 pub use signal::Signal;
 pub use state::{CgroupCounters, DeathCause, Observation, RuntimeState, Status};

@@ -1,6 +1,9 @@
 //! What a runtime says about itself: the error messages in its JSON log
 //! (`--log`, `--log-format=json`), which the driver puts in its errors and
-//! the outcome of a command that never started.
+//! the outcome of a command that never started, and what such a message
+//! means ([`LaunchFailure`]). runc and crun say why an exec failed only in
+//! words; this is the one place that reads them, so callers match on a
+//! type.
 
 use serde::Deserialize;
 
@@ -35,6 +38,44 @@ pub fn runtime_errors(log: &str) -> String {
     tail(&chosen.join("; "), 2000)
 }
 
+/// Why a command never started, as the runtime's words tell. The words
+/// themselves stay in the outcome's message, for people.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaunchFailure {
+    /// The sandbox had stopped or was gone when the runtime came to exec:
+    /// the command never started for want of a sandbox.
+    SandboxNotRunning,
+    /// The command's cwd could not be entered.
+    BadCwd,
+    /// The program was not found (not on `PATH`, or no such file).
+    MissingExecutable,
+    /// The program, or a directory on its way, was not accessible.
+    PermissionDenied,
+    /// Anything else the runtime refused or failed at.
+    RuntimeRefused,
+}
+
+impl LaunchFailure {
+    /// Reads a runtime's exec error message (runc's and crun's words, in
+    /// that order of precedence: a stopped sandbox explains any later
+    /// complaint).
+    pub fn of_runtime_message(message: &str) -> LaunchFailure {
+        let message = message.to_ascii_lowercase();
+        let says = |words: &[&str]| words.iter().any(|w| message.contains(w));
+        if says(&["stopped", "container does not exist", "not running"]) {
+            LaunchFailure::SandboxNotRunning
+        } else if says(&["chdir", "cwd"]) {
+            LaunchFailure::BadCwd
+        } else if says(&["not found", "no such file or directory"]) {
+            LaunchFailure::MissingExecutable
+        } else if says(&["permission denied"]) {
+            LaunchFailure::PermissionDenied
+        } else {
+            LaunchFailure::RuntimeRefused
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,5 +92,43 @@ exec failed: unable to start container process: exec: "nope": executable file no
         );
         assert_eq!(runtime_errors("plain failure\n"), "plain failure");
         assert_eq!(runtime_errors(""), "");
+    }
+
+    #[test]
+    fn launch_failures_from_the_runtimes_words() {
+        let check = |message: &str, expected: LaunchFailure| {
+            assert_eq!(
+                LaunchFailure::of_runtime_message(message),
+                expected,
+                "{message}"
+            );
+        };
+        check(
+            "exec failed: unable to start container process: exec: \"nope\": executable file not found in $PATH",
+            LaunchFailure::MissingExecutable,
+        );
+        check(
+            "exec failed: unable to start container process: exec: \"/x\": stat /x: no such file or directory",
+            LaunchFailure::MissingExecutable,
+        );
+        check(
+            "chdir to cwd (\"/x\") set in config.json failed: no such file or directory",
+            LaunchFailure::BadCwd,
+        );
+        check(
+            "exec failed: unable to start container process: exec: \"/x\": permission denied",
+            LaunchFailure::PermissionDenied,
+        );
+        check(
+            "exec failed: cannot exec in a stopped container",
+            LaunchFailure::SandboxNotRunning,
+        );
+        check("container does not exist", LaunchFailure::SandboxNotRunning);
+        check("Container Not Running", LaunchFailure::SandboxNotRunning);
+        check("something else", LaunchFailure::RuntimeRefused);
+        check(
+            "runc exec ended with status 255 before starting the process",
+            LaunchFailure::RuntimeRefused,
+        );
     }
 }
