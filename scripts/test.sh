@@ -14,7 +14,7 @@ install_python_packages() {
     fi
 }
 
-# The OCI runtimes the runner's container tests drive (crates/runner): runc
+# The OCI runtimes the OCI layer's container tests drive (crates/oci): runc
 # runs them on any cgroup layout; crun is tested where it works and for its
 # refusal where it does not (hybrid cgroup hosts).
 install_runtimes() {
@@ -31,7 +31,7 @@ install_runtimes() {
     fi
 }
 
-# The runner's bridge networking (crates/runner/src/network.rs) drives `ip`
+# The runner's bridge networking (crates/oci/src/network.rs) drives `ip`
 # and `iptables` as a runner host does; its tests need both.
 install_network_tools() {
     local missing=()

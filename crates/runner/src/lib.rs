@@ -1,70 +1,15 @@
-//! The runner's OCI layer: turns "a sandbox with these settings" into a real
-//! container under runc or crun, watches it, and runs commands in it with
-//! honest outcomes.
+//! The runner agent (`roost runner`): registers with the control plane,
+//! keeps its lease, and reconciles its assignments into containers through
+//! the OCI layer (the `oci` crate), reporting what it observes.
 //!
-//! - [`oci`]: the `config.json` (namespaces, capabilities, seccomp, cgroup
-//!   limits, the default image built from the host's own system) and the
-//!   host-side root directory.
-//! - [`runtime`]: [`Runtime`] (which binary, `--root`, the cgroup layout) and
-//!   [`Sandbox`] (create, start, state, kill, pause, resume, stop, delete,
-//!   observing a death and its cause).
-//! - [`exec`]: commands: output streamed while they run, timeout, signals,
-//!   one [`Outcome`] each.
-//! - [`network`]: `bridge` networking (a runner bridge, a veth per sandbox,
-//!   isolation between sandboxes, outbound NAT, address leases).
-//! - [`init`]: the PID 1 every sandbox runs (the `roost init` entry point).
-//! - [`cgroup`]: the host's cgroup layout and the counters read from it.
-//! - [`agent`]: the runner agent (`roost runner`): registers with the
-//!   control plane, keeps its lease, and reconciles its assignments into
-//!   containers through the modules above, reporting what it observes.
+//! - [`agent`]: the agent itself, the only code that speaks the runner
+//!   protocol (`api`) and stores homes and images (`store`).
 //!
-//! Only this crate spawns the runtime binary. Only [`agent`] knows the
-//! control plane and its protocol; the OCI layer below it knows nothing of
-//! either. Everything is async (tokio) except [`init::run`], which builds
-//! its own small runtime.
-//!
-//! ```no_run
-//! # async fn example() -> runner::Result<()> {
-//! use runner::*;
-//! let runtime = Runtime::open(RuntimeConfig::new(RuntimeChoice::Auto, "/run/roost/oci"))?;
-//! let config = SandboxConfig::new(
-//!     SandboxId::new("sbx_0123")?,
-//!     SandboxPaths::new("/var/lib/roost/sandboxes/sbx_0123")?,
-//!     "/var/lib/roost/homes/sbx_0123",
-//!     InitProgram { host_path: "/usr/bin/roost".into(), args: vec!["init".into()] },
-//! );
-//! let sandbox = runtime.launch(&config).await?;
-//! let end = sandbox
-//!     .run(&CommandSpec::new(["make", "test"]), |stream, bytes| {
-//!         let _ = (stream, bytes); // forward the chunk
-//!     })
-//!     .await?;
-//! println!("{}", end.outcome.state());
-//! sandbox.stop(std::time::Duration::from_secs(10)).await?;
-//! sandbox.delete().await?;
-//! # Ok(())
-//! # }
-//! ```
+//! The OCI layer below knows neither the control plane nor its protocol;
+//! Cargo enforces it (`oci` depends on neither `api` nor `store`). The
+//! agent's configuration takes two of its types, re-exported here with
+//! [`init`], the PID 1 the `roost` binary runs as `roost init`.
 
 pub mod agent;
-pub mod cgroup;
-pub mod config;
-mod error;
-pub mod exec;
-pub mod init;
-pub mod network;
-pub mod oci;
-pub mod runtime;
-pub mod signal;
-pub mod volumes;
 
-pub use config::{InitProgram, Limits, Network, RootImage, SandboxConfig, SandboxId, SandboxPaths};
-pub use error::{Error, Result};
-pub use exec::{CommandEnd, CommandSpec, Execution, Outcome, Signaller, Stream};
-pub use init::InitEnd;
-pub use network::{BridgeConfig, BridgeNetwork, Ipv4Subnet, Lease};
-pub use runtime::{
-    CgroupCounters, DeathCause, Observation, Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind,
-    RuntimeState, Sandbox, Status,
-};
-pub use signal::Signal;
+pub use oci::{InitProgram, RuntimeChoice, init};

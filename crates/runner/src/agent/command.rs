@@ -27,10 +27,11 @@ use tokio::sync::{Notify, watch};
 
 use super::dirs::{CommandFiles, CommandRecord, RecordedEnd};
 use super::{Refusal, Shared};
-use crate::error::Error;
-use crate::exec::{CommandSpec, Outcome, Stream};
-use crate::runtime::Sandbox;
-use crate::signal::Signal;
+use oci::Error;
+use oci::LaunchFailure;
+use oci::exec::{CommandSpec, Outcome, Stream};
+use oci::runtime::Sandbox;
+use oci::signal::Signal;
 
 /// Largest output chunk one upload carries (the server takes bodies up to
 /// 1 MiB).
@@ -229,11 +230,7 @@ impl CommandJob {
     }
 
     /// Delivers each signal the assignments ask for, once; never returns.
-    async fn forward_signals(
-        &self,
-        signaller: &crate::exec::Signaller,
-        delivered: &Mutex<Vec<Signal>>,
-    ) {
+    async fn forward_signals(&self, signaller: &oci::Signaller, delivered: &Mutex<Vec<Signal>>) {
         let mut signals = self.signals.clone();
         let mut last: Option<String> = None;
         loop {
@@ -291,38 +288,29 @@ fn end_of(outcome: &Outcome, delivered: &[Signal]) -> RecordedEnd {
         },
         // The runtime refused because the sandbox was no longer running:
         // the command never started, for want of a sandbox.
-        Outcome::LaunchFailed { message } if sandbox_gone(message) => RecordedEnd {
+        Outcome::LaunchFailed {
+            failure: LaunchFailure::SandboxNotRunning,
+            ..
+        } => RecordedEnd {
             reason: Some("sandbox_not_running".to_owned()),
             ..RecordedEnd::new(CommandState::NotLaunched)
         },
-        Outcome::LaunchFailed { message } => RecordedEnd {
-            reason: Some(launch_failure_reason(message).to_owned()),
+        Outcome::LaunchFailed { failure, .. } => RecordedEnd {
+            reason: Some(launch_failure_reason(*failure).to_owned()),
             ..RecordedEnd::new(CommandState::LaunchFailed)
         },
     }
 }
 
-/// runc's and crun's words for an exec into a container that has stopped
-/// or is gone.
-fn sandbox_gone(message: &str) -> bool {
-    let message = message.to_ascii_lowercase();
-    ["stopped", "container does not exist", "not running"]
-        .iter()
-        .any(|words| message.contains(words))
-}
-
-/// A stable reason code for the runtime's exec error (the message itself
-/// is the runtime's and is logged).
-fn launch_failure_reason(message: &str) -> &'static str {
-    let message = message.to_ascii_lowercase();
-    if message.contains("chdir") || message.contains("cwd") {
-        "bad_cwd"
-    } else if message.contains("not found") || message.contains("no such file or directory") {
-        "executable_not_found"
-    } else if message.contains("permission denied") {
-        "permission_denied"
-    } else {
-        "exec_failed"
+/// The stable reason code of a command that never started (the runtime's
+/// message itself is logged).
+fn launch_failure_reason(failure: LaunchFailure) -> &'static str {
+    match failure {
+        LaunchFailure::SandboxNotRunning => "sandbox_not_running",
+        LaunchFailure::BadCwd => "bad_cwd",
+        LaunchFailure::MissingExecutable => "executable_not_found",
+        LaunchFailure::PermissionDenied => "permission_denied",
+        LaunchFailure::RuntimeRefused => "exec_failed",
     }
 }
 
@@ -507,30 +495,39 @@ mod tests {
             &[],
         );
         assert_eq!(by_stop.reason.as_deref(), Some("sandbox_stopped"));
-        let missing = end_of(
-            &Outcome::LaunchFailed {
-                message: "exec failed: unable to start container process: exec: \"nope\": executable file not found in $PATH".to_owned(),
-            },
-            &[],
-        );
-        assert_eq!(missing.state, CommandState::LaunchFailed);
-        assert_eq!(missing.reason.as_deref(), Some("executable_not_found"));
+        let launch_failed = |failure: LaunchFailure| {
+            let end = end_of(
+                &Outcome::LaunchFailed {
+                    failure,
+                    message: "the runtime's words".to_owned(),
+                },
+                &[],
+            );
+            (end.state, end.reason)
+        };
+        let expect = |state: &str, reason: &str| {
+            let state: CommandState = state.parse().expect("a command state");
+            (state, Some(reason.to_owned()))
+        };
         assert_eq!(
-            launch_failure_reason(
-                "chdir to cwd (\"/x\") set in config.json failed: no such file or directory"
-            ),
-            "bad_cwd"
-        );
-        assert_eq!(launch_failure_reason("something else"), "exec_failed");
-        let gone = end_of(
-            &Outcome::LaunchFailed {
-                message: "exec failed: cannot exec in a stopped container".to_owned(),
-            },
-            &[],
+            launch_failed(LaunchFailure::MissingExecutable),
+            expect("launch_failed", "executable_not_found")
         );
         assert_eq!(
-            (gone.state.as_str(), gone.reason.as_deref()),
-            ("not_launched", Some("sandbox_not_running"))
+            launch_failed(LaunchFailure::BadCwd),
+            expect("launch_failed", "bad_cwd")
+        );
+        assert_eq!(
+            launch_failed(LaunchFailure::PermissionDenied),
+            expect("launch_failed", "permission_denied")
+        );
+        assert_eq!(
+            launch_failed(LaunchFailure::RuntimeRefused),
+            expect("launch_failed", "exec_failed")
+        );
+        assert_eq!(
+            launch_failed(LaunchFailure::SandboxNotRunning),
+            expect("not_launched", "sandbox_not_running")
         );
     }
 }

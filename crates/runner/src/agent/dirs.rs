@@ -25,8 +25,9 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::config::{SandboxId, SandboxPaths};
-use crate::error::{Error, Result};
+use oci::config::{SandboxId, SandboxPaths};
+use oci::host::{sync_dir, write_durably};
+use oci::{Error, Result};
 
 /// The data directory, locked for this runner.
 #[derive(Debug)]
@@ -323,26 +324,6 @@ fn list(dir: &Path) -> Result<Vec<String>> {
         }
     }
     Ok(names)
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io("sync", dir, e))
-}
-
-/// temp file → fsync → rename → fsync the directory.
-pub(crate) fn write_durably(path: &Path, contents: &[u8]) -> Result<()> {
-    let temporary = path.with_extension("tmp");
-    let mut file = File::create(&temporary).map_err(|e| Error::io("create", &temporary, e))?;
-    file.write_all(contents)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| Error::io("write", &temporary, e))?;
-    std::fs::rename(&temporary, path).map_err(|e| Error::io("rename into", path, e))?;
-    match path.parent() {
-        Some(parent) => sync_dir(parent),
-        None => Ok(()),
-    }
 }
 
 pub(crate) fn remove_file(path: &Path) -> Result<()> {

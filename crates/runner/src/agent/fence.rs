@@ -45,10 +45,10 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::Shared;
-use super::dirs::write_durably;
-use crate::config::SandboxId;
-use crate::runtime::{Sandbox, Status};
-use crate::signal::Signal;
+use oci::config::SandboxId;
+use oci::host::write_durably;
+use oci::signal::Signal;
+use oci::{Sandbox, Status};
 
 /// How often the fence looks at the time since the last renewal.
 const TICK_MS: u64 = 100;
@@ -382,7 +382,7 @@ fn handles(shared: &Shared, wanted: impl Fn(&str) -> bool) -> Vec<Sandbox> {
 async fn each<F, Fut>(handles: Vec<Sandbox>, what: &'static str, act: F) -> Vec<String>
 where
     F: Fn(Sandbox) -> Fut,
-    Fut: std::future::Future<Output = crate::Result<bool>> + Send + 'static,
+    Fut: std::future::Future<Output = oci::Result<bool>> + Send + 'static,
 {
     let mut tasks = JoinSet::new();
     for handle in handles {

@@ -5,7 +5,7 @@
 //! DIR/volumes/homes/ID          the home: a btrfs subvolume where btrfs is
 //!                               available (the data dir's own filesystem,
 //!                               or DIR/homes.btrfs loop-mounted), else a
-//!                               plain directory (see crate::volumes)
+//!                               plain directory (see oci::volumes)
 //! DIR/volumes/snapshots/ID/N    read-only snapshots being uploaded
 //! DIR/home-state/ID.index       the home's file index: a save hashes only
 //!                               what changed since the last one
@@ -39,8 +39,8 @@ use store::push::{PushReport, UploadOptions, upload_tree};
 use store::{Digest, OrgId, Store};
 
 use super::{Refusal, refusal};
-use crate::error::{Error, Result};
-use crate::volumes::HomeVolumes;
+use oci::volumes::HomeVolumes;
+use oci::{Error, Result};
 
 /// The device number every index key of a home is taken with.
 const INDEX_DEV: u64 = 0;

@@ -19,7 +19,7 @@ use api::client::Client;
 use store::pull::{PullOptions, materialize};
 use store::{Digest, OrgId, Store};
 
-use crate::error::{Error, Result};
+use oci::{Error, Result};
 
 pub(crate) struct Images {
     dir: PathBuf,

@@ -78,9 +78,9 @@ use api::runners::{Assignments, Capacity, CommandAssignment, PreemptRequest, Reg
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::config::{InitProgram, SandboxId};
-use crate::runtime::{Runtime, RuntimeChoice, RuntimeConfig};
 use dirs::DataDir;
+use oci::config::{InitProgram, SandboxId};
+use oci::runtime::{Runtime, RuntimeChoice, RuntimeConfig};
 use sandbox::Assigned;
 
 /// What this runner enforces, exactly; the server places only sandboxes
@@ -203,7 +203,7 @@ impl AgentConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error(transparent)]
-    Local(#[from] crate::Error),
+    Local(#[from] oci::Error),
     #[error("register with {url} failed: {source}")]
     Register { url: String, source: ClientError },
     #[error(
@@ -425,7 +425,7 @@ async fn run_agent(
     if !rustix::process::geteuid().is_root() {
         // The OCI config is not rootless: every create would fail later,
         // one sandbox at a time.
-        return Err(crate::Error::Unsupported(
+        return Err(oci::Error::Unsupported(
             "the runner needs root: it creates containers, cgroups and mounts through runc or crun"
                 .to_owned(),
         )
@@ -434,9 +434,7 @@ async fn run_agent(
     let data = DataDir::open(&config.data_dir)?;
     let mut runtime_config = RuntimeConfig::new(config.runtime, data.runtime_root());
     runtime_config.cgroup_parent = config.cgroup_parent.clone();
-    runtime_config.bridge = Some(crate::network::BridgeConfig::new(
-        data.root().join("network"),
-    ));
+    runtime_config.bridge = Some(oci::BridgeConfig::new(data.root().join("network")));
     let runtime = Runtime::open(runtime_config)?;
     if let Some(reason) = runtime.bridge_unavailable_reason() {
         tracing::warn!(%reason, "bridge networking unavailable; not offering network:bridge");

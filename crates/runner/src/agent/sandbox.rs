@@ -21,9 +21,9 @@ use super::command::{self, CommandJob};
 use super::dirs::CommandFiles;
 use super::homes::{Homes, SaveFailure};
 use super::{Backoff, Refusal, Shared, refusal};
-use crate::config::{Limits, Network, RootImage, SandboxConfig, SandboxId};
-use crate::error::Error;
-use crate::runtime::{DeathCause, Observation, Sandbox};
+use oci::Error;
+use oci::config::{Limits, Network, RootImage, SandboxConfig, SandboxId};
+use oci::{DeathCause, Observation, Sandbox};
 
 /// A pass runs at least this often, to catch what no event announced.
 const RESYNC_SECONDS: u64 = 10;

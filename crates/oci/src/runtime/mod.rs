@@ -5,12 +5,14 @@
 //!
 //! # Which runtime
 //!
-//! `auto` takes crun on a pure cgroup v2 host (`/sys/fs/cgroup` is the
-//! unified hierarchy and no v1 controller is mounted) and runc otherwise:
-//! crun refuses hybrid hosts outright ("cgroups in hybrid mode not
-//! supported"), while runc handles v1, hybrid and v2. An explicit choice is
-//! used as given: a missing binary is [`Error::RuntimeNotFound`] naming it,
-//! and crun on a hybrid host fails at create with crun's own message.
+//! [`select`]: `auto` takes crun on a pure cgroup v2 host (`/sys/fs/cgroup`
+//! is the unified hierarchy and no v1 controller is mounted) and runc
+//! otherwise: crun refuses hybrid hosts outright ("cgroups in hybrid mode
+//! not supported"), while runc handles v1, hybrid and v2. An explicit
+//! choice is used as given: a missing binary is [`Error::RuntimeNotFound`]
+//! naming it, and crun on a hybrid host fails at create with crun's own
+//! message. The runner bridge a runtime owns is [`bridge`]'s; what the
+//! runtime's log says, [`log`]'s.
 //!
 //! # Cgroups
 //!
@@ -32,8 +34,7 @@
 //! [`crate::init`]) and the memory cgroup's OOM-kill counter give
 //! [`DeathCause::OomKilled`] or [`DeathCause::WorkloadExited`].
 
-use std::ffi::{OsStr, OsString};
-use std::fmt;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -45,57 +46,21 @@ use serde::Deserialize;
 use crate::cgroup::CgroupHost;
 use crate::config::{Network, SandboxConfig, SandboxId, SandboxPaths};
 use crate::error::{Error, Result};
+use crate::host::{blocking, find_binary, read_lossy, write_file};
 use crate::init::InitEnd;
 use crate::network::{BridgeConfig, BridgeNetwork, Lease};
-use crate::oci::{self, HostSystem};
+use crate::probe::HostSystem;
 use crate::signal::Signal;
+use crate::state::{CgroupCounters, DeathCause, Observation, RuntimeState, Status};
+use crate::{rootfs, spec};
 
-/// Which runtime to use, as configured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RuntimeChoice {
-    Auto,
-    Runc,
-    Crun,
-}
+mod bridge;
+pub mod log;
+pub mod select;
 
-impl RuntimeChoice {
-    pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "auto" => Ok(RuntimeChoice::Auto),
-            "runc" => Ok(RuntimeChoice::Runc),
-            "crun" => Ok(RuntimeChoice::Crun),
-            other => Err(Error::Invalid(format!(
-                "runtime {other:?}: use auto, runc or crun"
-            ))),
-        }
-    }
-}
-
-/// The runtime in use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RuntimeKind {
-    Runc,
-    Crun,
-}
-
-impl RuntimeKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            RuntimeKind::Runc => "runc",
-            RuntimeKind::Crun => "crun",
-        }
-    }
-
-    /// The global option that sends the runtime's log to `path`.
-    fn log_option(self, path: &Path) -> OsString {
-        let mut option = OsString::from(match self {
-            RuntimeKind::Runc => "--log=",
-            RuntimeKind::Crun => "--log=file:",
-        });
-        option.push(path);
-        option
-    }
-}
+use bridge::OwnedBridge;
+use log::{runtime_errors, tail};
+pub use select::{RuntimeChoice, RuntimeKind, select};
 
 /// How to set up a [`Runtime`].
 #[derive(Clone, Debug)]
@@ -127,53 +92,6 @@ impl RuntimeConfig {
     }
 }
 
-/// Picks the runtime for `choice` on a host with `cgroups`, finding
-/// binaries with `find`.
-pub fn select(
-    choice: RuntimeChoice,
-    cgroups: &CgroupHost,
-    search_path: &OsStr,
-    find: impl Fn(&str) -> Option<PathBuf>,
-) -> Result<(RuntimeKind, PathBuf)> {
-    let path_text = || search_path.to_string_lossy().into_owned();
-    let explicit = |kind: RuntimeKind| {
-        find(kind.name())
-            .map(|binary| (kind, binary))
-            .ok_or(Error::RuntimeNotFound {
-                name: kind.name(),
-                path: path_text(),
-            })
-    };
-    match choice {
-        RuntimeChoice::Runc => explicit(RuntimeKind::Runc),
-        RuntimeChoice::Crun => explicit(RuntimeKind::Crun),
-        RuntimeChoice::Auto => {
-            let order: &[RuntimeKind] = if cgroups.is_pure_v2() {
-                &[RuntimeKind::Crun, RuntimeKind::Runc]
-            } else {
-                // crun cannot run here; never fall back to it.
-                &[RuntimeKind::Runc]
-            };
-            order
-                .iter()
-                .copied()
-                .find_map(|kind| find(kind.name()).map(|binary| (kind, binary)))
-                .ok_or(Error::NoRuntime { path: path_text() })
-        }
-    }
-}
-
-/// An executable named `name` in one of `search_path`'s directories.
-pub fn find_binary(search_path: &OsStr, name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    std::env::split_paths(search_path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| {
-            std::fs::metadata(candidate)
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-}
-
 /// An OCI runtime ready to run sandboxes. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Runtime {
@@ -188,16 +106,7 @@ struct RuntimeInner {
     cgroup_parent: String,
     cgroups: CgroupHost,
     host: HostSystem,
-    bridge: Option<BridgeState>,
-}
-
-/// The configured bridge and, when its setup failed, why: `bridge`
-/// sandboxes are then refused with that reason. Kept either way so that
-/// deleting a sandbox still frees what an earlier run gave it.
-#[derive(Debug)]
-struct BridgeState {
-    network: Arc<BridgeNetwork>,
-    unavailable: Option<String>,
+    bridge: OwnedBridge,
 }
 
 impl Runtime {
@@ -233,24 +142,8 @@ impl Runtime {
         })?;
         let host = HostSystem::probe(cgroups.swap_accounting())?;
         // A malformed bridge config is an error; a host that cannot do
-        // bridging is not: the runtime still runs `none` sandboxes and says
-        // why `bridge` is unavailable (`bridge_unavailable_reason`).
-        let bridge = match config.bridge {
-            Some(bridge) => {
-                let network = BridgeNetwork::new(bridge)?;
-                let unavailable = network.setup().err().map(|e| match e {
-                    // Refused again at create as Unsupported: no need to
-                    // say "unsupported" twice.
-                    Error::Unsupported(reason) => reason,
-                    other => other.to_string(),
-                });
-                Some(BridgeState {
-                    network: Arc::new(network),
-                    unavailable,
-                })
-            }
-            None => None,
-        };
+        // bridging is not (see `bridge_unavailable_reason`).
+        let bridge = OwnedBridge::open(config.bridge)?;
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
                 kind,
@@ -269,38 +162,18 @@ impl Runtime {
     /// (isolation, NAT). Only then may the runner advertise
     /// `network:bridge`.
     pub fn bridge_available(&self) -> bool {
-        self.inner
-            .bridge
-            .as_ref()
-            .is_some_and(|bridge| bridge.unavailable.is_none())
+        self.inner.bridge.unavailable_reason().is_none()
     }
 
     /// Why `bridge` sandboxes are refused, or `None` when they are not.
     pub fn bridge_unavailable_reason(&self) -> Option<String> {
-        match &self.inner.bridge {
-            None => Some("no bridge is configured for this runner".to_owned()),
-            Some(bridge) => bridge.unavailable.clone(),
-        }
+        self.inner.bridge.unavailable_reason()
     }
 
     /// The configured bridge (whether or not its setup worked): its
     /// leases, e.g. a sandbox's address.
     pub fn bridge(&self) -> Option<&BridgeNetwork> {
-        self.inner
-            .bridge
-            .as_ref()
-            .map(|bridge| bridge.network.as_ref())
-    }
-
-    /// The bridge, for a sandbox that asks for one; fails closed.
-    fn usable_bridge(&self) -> Result<Arc<BridgeNetwork>> {
-        match (&self.inner.bridge, self.bridge_unavailable_reason()) {
-            (Some(bridge), None) => Ok(bridge.network.clone()),
-            (_, reason) => Err(Error::Unsupported(format!(
-                "network bridge is not available on this runner: {}",
-                reason.unwrap_or_default()
-            ))),
-        }
+        self.inner.bridge.network()
     }
 
     pub fn kind(&self) -> RuntimeKind {
@@ -372,10 +245,10 @@ impl Runtime {
     /// waits for [`Sandbox::start`].
     pub async fn create(&self, config: &SandboxConfig) -> Result<Sandbox> {
         let cgroups_path = self.cgroups_path(&config.id);
-        let spec = oci::spec(config, &self.inner.host, &cgroups_path)?;
+        let oci_config = spec::spec(config, &self.inner.host, &cgroups_path)?;
         // Refused before anything is written (fail closed, never `none`).
         let bridge = match config.network {
-            Network::Bridge => Some(self.usable_bridge()?),
+            Network::Bridge => Some(self.inner.bridge.usable()?),
             Network::None => None,
         };
         let paths = &config.paths;
@@ -410,9 +283,9 @@ impl Runtime {
             Err(e) => return Err(Error::io("clear", &bundle, e)),
         }
         std::fs::create_dir_all(&bundle).map_err(|e| Error::io("create directory", &bundle, e))?;
-        oci::prepare_rootfs(config, &self.inner.host)?;
+        rootfs::prepare_rootfs(config, &self.inner.host)?;
         let config_json = paths.config_json();
-        let json = serde_json::to_vec_pretty(&spec).map_err(|e| Error::Spec {
+        let json = serde_json::to_vec_pretty(&oci_config).map_err(|e| Error::Spec {
             id: config.id.to_string(),
             message: e.to_string(),
         })?;
@@ -421,13 +294,8 @@ impl Runtime {
         // ── network step (`bridge`) ──────────────────────────────────────
         // The named namespace config.json points at, plumbed before the
         // runtime joins it (why before `create`: see crate::network).
-        if let Some(bridge) = &bridge {
-            let (id, owned_paths) = (config.id.clone(), paths.clone());
-            let network = bridge.clone();
-            blocking("set up the network of", paths.dir(), move || {
-                network.attach(&id, &owned_paths).map(drop)
-            })
-            .await?;
+        if let Some(network) = bridge {
+            OwnedBridge::attach(network, &config.id, paths).await?;
         }
 
         let status = open_append(&paths.init_status())?;
@@ -513,170 +381,6 @@ fn open_append(path: &Path) -> Result<std::fs::File> {
         .append(true)
         .open(path)
         .map_err(|e| Error::io("open", path, e))
-}
-
-/// Runs blocking host work (the `ip` and `iptables` commands of
-/// [`crate::network`]) off the async workers.
-async fn blocking(
-    action: &'static str,
-    path: &Path,
-    work: impl FnOnce() -> Result<()> + Send + 'static,
-) -> Result<()> {
-    match tokio::task::spawn_blocking(work).await {
-        Ok(result) => result,
-        Err(join) => Err(Error::io(
-            action,
-            path,
-            std::io::Error::other(join.to_string()),
-        )),
-    }
-}
-
-pub(crate) fn write_file(path: &Path, contents: &[u8]) -> Result<()> {
-    let temporary = path.with_extension("tmp");
-    std::fs::write(&temporary, contents).map_err(|e| Error::io("write", &temporary, e))?;
-    std::fs::rename(&temporary, path).map_err(|e| Error::io("rename into", path, e))
-}
-
-pub(crate) fn read_lossy(path: &Path) -> String {
-    std::fs::read(path)
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-        .unwrap_or_default()
-}
-
-fn tail(text: &str, max_chars: usize) -> String {
-    let text = text.trim();
-    let count = text.chars().count();
-    text.chars().skip(count.saturating_sub(max_chars)).collect()
-}
-
-/// The error messages in a runtime's JSON log (`{"level":"error","msg":…}`
-/// lines), joined; or, when there are none, the text lines that are not
-/// JSON (a runtime also prints its fatal error plainly).
-pub(crate) fn runtime_errors(log: &str) -> String {
-    #[derive(Deserialize)]
-    struct Line {
-        level: Option<String>,
-        msg: Option<String>,
-    }
-    let mut errors = Vec::new();
-    let mut plain = Vec::new();
-    for line in log.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        match serde_json::from_str::<Line>(line) {
-            Ok(Line {
-                level: Some(level),
-                msg: Some(msg),
-            }) if matches!(level.as_str(), "error" | "fatal" | "panic") => errors.push(msg),
-            Ok(_) => {}
-            Err(_) => plain.push(line.to_owned()),
-        }
-    }
-    let chosen = if errors.is_empty() { plain } else { errors };
-    tail(&chosen.join("; "), 2000)
-}
-
-/// A container's status as the runtime reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    Creating,
-    Created,
-    Running,
-    Paused,
-    Stopped,
-}
-
-impl Status {
-    fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "creating" => Status::Creating,
-            "created" => Status::Created,
-            "running" => Status::Running,
-            "paused" => Status::Paused,
-            "stopped" => Status::Stopped,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Status::Creating => "creating",
-            Status::Created => "created",
-            Status::Running => "running",
-            Status::Paused => "paused",
-            Status::Stopped => "stopped",
-        }
-    }
-}
-
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The runtime's `state` of a container.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RuntimeState {
-    pub status: Status,
-    /// The init's pid on the host, while it has one.
-    pub init_pid: Option<i32>,
-}
-
-/// Why a sandbox's init is gone: the `state_reason` it is reported with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeathCause {
-    /// The memory cgroup recorded an OOM kill since the sandbox was last
-    /// seen alive, and the init's end looks like that kill (SIGKILL, or no
-    /// word at all because the init itself was the victim).
-    OomKilled,
-    /// Anything else: the workload ended, the init was stopped, or the init
-    /// was killed from outside (then `end` is `None`: it could say nothing,
-    /// and no exit code is knowable).
-    WorkloadExited { end: Option<InitEnd> },
-}
-
-impl DeathCause {
-    /// The stable `state_reason` code (DESIGN.md §2).
-    pub fn reason(self) -> &'static str {
-        match self {
-            DeathCause::OomKilled => "oom_killed",
-            DeathCause::WorkloadExited { .. } => "workload_exited",
-        }
-    }
-
-    /// The workload's (or the init's) exit code, where knowable.
-    pub fn exit_code(self) -> Option<i32> {
-        match self {
-            DeathCause::OomKilled => Some(137),
-            DeathCause::WorkloadExited { end } => end.map(InitEnd::exit_code),
-        }
-    }
-}
-
-/// What [`Sandbox::observe`] saw.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Observation {
-    /// The runtime has no such container (never created, or deleted).
-    Missing,
-    /// Created (or being created), not started.
-    Created {
-        init_pid: Option<i32>,
-    },
-    Running {
-        init_pid: i32,
-    },
-    Paused {
-        init_pid: i32,
-    },
-    /// The init is gone; the container (and its cgroup) remain until delete.
-    Stopped(DeathCause),
-}
-
-/// Cgroup counters of a sandbox; `None` where the cgroup or file is gone.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CgroupCounters {
-    pub oom_kills: Option<u64>,
-    pub pids_current: Option<u64>,
 }
 
 /// One sandbox's container. Cheap to clone; clones share what they have
@@ -996,20 +700,14 @@ impl Sandbox {
         }
     }
 
-    /// Takes the sandbox off the runtime's bridge (its veth, namespace and
-    /// address lease), if it is on it. Runs for every sandbox of a runtime
-    /// with a bridge, since a handle made after a restart does not know
-    /// the sandbox's network mode; for a `none` sandbox it finds nothing.
+    /// Takes the sandbox off the runtime's bridge, if it is on it (see
+    /// `OwnedBridge::release`).
     async fn release_network(&self) -> Result<()> {
-        let Some(bridge) = &self.runtime.inner.bridge else {
-            return Ok(());
-        };
-        let network = bridge.network.clone();
-        let id = self.id.clone();
-        blocking("release the network of", self.paths.dir(), move || {
-            network.detach(&id)
-        })
-        .await
+        self.runtime
+            .inner
+            .bridge
+            .release(&self.id, &self.paths)
+            .await
     }
 
     /// The sandbox's address on the runtime's bridge, if it has one.
@@ -1028,7 +726,7 @@ impl Sandbox {
         self.delete_container().await?;
         // ── network step: veth, namespace, then the lease ──
         self.release_network().await?;
-        oci::unmount_rootfs(&self.paths)?;
+        rootfs::unmount_rootfs(&self.paths)?;
         let bundle = self.paths.bundle();
         match std::fs::remove_dir_all(&bundle) {
             Ok(()) => Ok(()),
@@ -1042,87 +740,15 @@ impl Sandbox {
     pub async fn remove_files(&self) -> Result<()> {
         self.delete().await?;
         let dir = self.paths.dir().to_path_buf();
-        let result = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io("remove", &dir, e)),
-        })
-        .await;
-        match result {
-            Ok(result) => result,
-            Err(join) => Err(Error::io(
-                "remove",
-                self.paths.dir(),
-                std::io::Error::other(join.to_string()),
-            )),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn host(pure_v2: bool) -> CgroupHost {
-        if pure_v2 {
-            CgroupHost {
-                v1: Vec::new(),
-                v2: Some("/sys/fs/cgroup".into()),
-            }
-        } else {
-            CgroupHost {
-                v1: vec![("memory".into(), "/sys/fs/cgroup/memory".into())],
-                v2: Some("/sys/fs/cgroup/unified".into()),
-            }
-        }
-    }
-
-    fn pick(choice: RuntimeChoice, pure_v2: bool, installed: &[&str]) -> Result<RuntimeKind> {
-        select(choice, &host(pure_v2), OsStr::new("/usr/bin"), |name| {
-            installed
-                .contains(&name)
-                .then(|| PathBuf::from("/usr/bin").join(name))
-        })
-        .map(|(kind, _)| kind)
-    }
-
-    #[test]
-    fn selection() {
-        use RuntimeChoice::*;
-        let both = ["runc", "crun"];
-        assert_eq!(pick(Auto, true, &both).ok(), Some(RuntimeKind::Crun));
-        assert_eq!(pick(Auto, false, &both).ok(), Some(RuntimeKind::Runc));
-        assert_eq!(pick(Auto, true, &["runc"]).ok(), Some(RuntimeKind::Runc));
-        assert!(matches!(
-            pick(Auto, false, &["crun"]),
-            Err(Error::NoRuntime { .. })
-        ));
-        assert_eq!(pick(Crun, false, &both).ok(), Some(RuntimeKind::Crun));
-        let missing = pick(Runc, true, &["crun"]).expect_err("runc missing");
-        assert!(missing.to_string().contains("runc"), "{missing}");
-        assert!(matches!(
-            missing,
-            Error::RuntimeNotFound { name: "runc", .. }
-        ));
-    }
-
-    #[test]
-    fn runtime_error_messages() {
-        let log = r#"{"level":"warning","msg":"ignoring","time":"x"}
-{"level":"error","msg":"exec failed: unable to start container process: exec: \"nope\": executable file not found in $PATH","time":"x"}
-exec failed: unable to start container process: exec: "nope": executable file not found in $PATH
-"#;
-        assert_eq!(
-            runtime_errors(log),
-            "exec failed: unable to start container process: exec: \"nope\": executable file not found in $PATH"
-        );
-        assert_eq!(runtime_errors("plain failure\n"), "plain failure");
-        assert_eq!(runtime_errors(""), "");
-    }
-
-    #[test]
-    fn choices_parse() {
-        assert_eq!(RuntimeChoice::parse("auto").ok(), Some(RuntimeChoice::Auto));
-        assert!(RuntimeChoice::parse("youki").is_err());
+        blocking(
+            "remove",
+            self.paths.dir(),
+            move || match std::fs::remove_dir_all(&dir) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(Error::io("remove", &dir, e)),
+            },
+        )
+        .await
     }
 }

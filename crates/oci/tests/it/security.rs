@@ -1,7 +1,7 @@
 //! What a sandbox's processes may do: capabilities, no new privileges, the
 //! seccomp filter. Checked from inside, on the init and on commands.
 
-use runner::{Limits, Outcome};
+use oci::{Limits, Outcome};
 
 use crate::support::TestSandbox;
 
@@ -89,7 +89,7 @@ async fn the_seccomp_filter_refuses_what_capabilities_would_not() {
         r = libc.syscall(435, 0, 0); print('clone3', r, ctypes.get_errno())\n\
         r = libc.syscall(39); print('getpid', r > 0)\n";
     let ran = t
-        .run(&runner::CommandSpec::new(["python3", "-c", script]))
+        .run(&oci::CommandSpec::new(["python3", "-c", script]))
         .await;
     assert_eq!(
         ran.end.outcome,

@@ -4,13 +4,15 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use runner::{CommandEnd, CommandSpec, Error, Execution, Limits, Outcome, Signal, Stream};
+use oci::{
+    CommandEnd, CommandSpec, Error, Execution, LaunchFailure, Limits, Outcome, Signal, Stream,
+};
 
 use crate::support::TestSandbox;
 
 /// Drives `execution` in a task; returns once it printed `ready` on
 /// stdout, so a signal finds the program running.
-async fn when_ready(execution: Execution) -> tokio::task::JoinHandle<runner::Result<CommandEnd>> {
+async fn when_ready(execution: Execution) -> tokio::task::JoinHandle<oci::Result<CommandEnd>> {
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let mut ready_tx = Some(ready_tx);
     let waiter = tokio::spawn(execution.wait(move |stream, bytes| {
@@ -70,15 +72,20 @@ async fn exit_127_is_the_programs_own_but_a_missing_executable_is_launch_failed(
     let ran = t
         .run(&CommandSpec::new(["no-such-program-here", "x"]))
         .await;
-    let Outcome::LaunchFailed { message } = &ran.end.outcome else {
+    let Outcome::LaunchFailed { failure, message } = &ran.end.outcome else {
         panic!("missing executable gave {:?}", ran.end.outcome);
     };
+    assert_eq!(*failure, LaunchFailure::MissingExecutable, "{message}");
     assert!(message.contains("no-such-program-here"), "{message}");
     assert!(message.contains("not found"), "{message}");
 
     let ran = t.run(&CommandSpec::new(["/workspace/absent"])).await;
     assert!(
-        matches!(&ran.end.outcome, Outcome::LaunchFailed { message } if message.contains("/workspace/absent")),
+        matches!(
+            &ran.end.outcome,
+            Outcome::LaunchFailed { failure: LaunchFailure::MissingExecutable, message }
+                if message.contains("/workspace/absent")
+        ),
         "{:?}",
         ran.end.outcome
     );
@@ -90,9 +97,10 @@ async fn a_bad_cwd_is_launch_failed() {
     let mut command = CommandSpec::new(["true"]);
     command.cwd = Some("/no/such/dir".to_owned());
     let ran = t.run(&command).await;
-    let Outcome::LaunchFailed { message } = &ran.end.outcome else {
+    let Outcome::LaunchFailed { failure, message } = &ran.end.outcome else {
         panic!("bad cwd gave {:?}", ran.end.outcome);
     };
+    assert_eq!(*failure, LaunchFailure::BadCwd, "{message}");
     assert!(message.contains("/no/such/dir"), "{message}");
 
     // Relative cwds and empty argvs never reach the runtime.
@@ -215,11 +223,32 @@ async fn exec_needs_a_running_sandbox() {
         matches!(
             refused,
             Error::NotRunning {
-                status: runner::Status::Stopped,
+                status: oci::Status::Stopped,
                 ..
             }
         ),
         "{refused}"
+    );
+    // Without asking the runtime first (the agent's path), the runtime's
+    // own refusal says the same, as a type.
+    let ran = t
+        .sandbox
+        .exec_seen_running(&CommandSpec::new(["true"]))
+        .await
+        .expect("exec started")
+        .wait(|_, _| {})
+        .await
+        .expect("an end");
+    assert!(
+        matches!(
+            ran.outcome,
+            Outcome::LaunchFailed {
+                failure: LaunchFailure::SandboxNotRunning,
+                ..
+            }
+        ),
+        "{:?}",
+        ran.outcome
     );
     t.sandbox.delete().await.expect("delete");
     let refused = t

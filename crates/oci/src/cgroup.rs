@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::host::unescape_mountinfo;
 
 /// How cgroups are mounted on this host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,31 +169,6 @@ fn parse_keyed(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// Mountinfo escapes space, tab, newline and backslash as octal.
-pub(crate) fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            let digits = &bytes[i + 1..i + 4];
-            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
-                let value = digits
-                    .iter()
-                    .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
-                if let Ok(value) = u8::try_from(value) {
-                    out.push(value);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,12 +223,5 @@ mod tests {
         let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n";
         assert_eq!(parse_keyed(v2, "oom_kill"), Some(2));
         assert_eq!(parse_keyed("oom 1\n", "oom_kill"), None);
-    }
-
-    #[test]
-    fn escaped_mount_points() {
-        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
-        assert_eq!(unescape_mountinfo("/end\\04"), "/end\\04");
     }
 }

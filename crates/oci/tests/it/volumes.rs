@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use runner::Error;
-use runner::volumes::{Backing, HomeVolumes};
+use oci::Error;
+use oci::volumes::{Backing, HomeVolumes};
 
 /// Sparse: only what btrfs writes takes space. btrfs needs at least
 /// 114 MiB.
@@ -39,7 +39,7 @@ impl Scratch {
         let magic = rustix::fs::statfs(dir.path()).expect("statfs").f_type;
         assert_ne!(
             i128::from(magic) & 0xFFFF_FFFF,
-            i128::from(runner::volumes::BTRFS_SUPER_MAGIC),
+            i128::from(oci::volumes::BTRFS_SUPER_MAGIC),
             "the temp dir is on btrfs already: these tests need it elsewhere to exercise the image"
         );
         Scratch { dir }
@@ -338,7 +338,7 @@ fn unsafe_ids_and_names_are_refused() {
     let scratch = Scratch::new();
     let volumes = scratch.open_plain();
     volumes.create("ok").expect("create");
-    let invalid = |what: &str, result: runner::Result<()>| {
+    let invalid = |what: &str, result: oci::Result<()>| {
         assert!(
             matches!(result, Err(Error::Invalid(_))),
             "{what}: {result:?}"

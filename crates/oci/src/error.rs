@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::runtime::Status;
+use crate::state::Status;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -111,11 +111,7 @@ fn status_suffix(status: &Option<i32>) -> String {
 }
 
 impl Error {
-    pub(crate) fn io(
-        action: &'static str,
-        path: impl Into<PathBuf>,
-        source: std::io::Error,
-    ) -> Self {
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             action,
             path: path.into(),

@@ -1,7 +1,7 @@
 //! Which runtime runs the sandboxes on this host, and how a wrong choice
 //! fails.
 
-use runner::{Error, Limits, Network, Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind};
+use oci::{Error, Limits, Network, Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind};
 
 use crate::support::{TestSandbox, prepare, runtime_in};
 
@@ -10,8 +10,7 @@ async fn auto_picks_the_runtime_that_works_here() {
     let (dir, _) = prepare("auto", Limits::default());
     let runtime = runtime_in(dir.path(), RuntimeChoice::Auto).expect("auto finds a runtime");
     let crun_installed =
-        runner::runtime::find_binary(&std::env::var_os("PATH").unwrap_or_default(), "crun")
-            .is_some();
+        oci::host::find_binary(&std::env::var_os("PATH").unwrap_or_default(), "crun").is_some();
     if runtime.cgroups().is_pure_v2() && crun_installed {
         assert_eq!(runtime.kind(), RuntimeKind::Crun);
     } else {

@@ -133,7 +133,7 @@ impl Network {
 
 /// The init binary on the host and the arguments that select its init
 /// mode, e.g. `/usr/bin/roost` with `["init"]`. It is bind-mounted
-/// read-only at [`crate::oci::INIT_PATH`] and started as
+/// read-only at [`crate::spec::INIT_PATH`] and started as
 /// `INIT_PATH ARGS… [-- WORKLOAD…]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InitProgram {
@@ -145,7 +145,7 @@ pub struct InitProgram {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RootImage {
     /// The default image: the host's own system, read-only, under a plain
-    /// writable directory (see [`crate::oci`]).
+    /// writable directory (see [`crate::spec`]).
     Host,
     /// An imported image materialised on this host: a directory used as
     /// the read-only lower layer of an overlay whose upper layer is the
@@ -242,7 +242,7 @@ pub struct SandboxConfig {
     pub limits: Limits,
     pub network: Network,
     /// Host paths hidden inside the sandbox besides the built-in list
-    /// ([`crate::oci::MASKED_PATHS`]), e.g. the runner's own config
+    /// ([`crate::security::MASKED_PATHS`]), e.g. the runner's own config
     /// directory under `/etc`.
     pub masked_paths: Vec<String>,
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use runner::{DeathCause, Error, InitEnd, Limits, Observation, Signal, Status};
+use oci::{DeathCause, Error, InitEnd, Limits, Observation, Signal, Status};
 
 use crate::support::{TestSandbox, eventually, prepare};
 
@@ -64,7 +64,7 @@ async fn the_host_system_is_read_only_and_the_top_layer_is_the_sandboxs() {
         let ran = t.sh(&format!("echo x > {path}")).await;
         assert_ne!(
             ran.end.outcome,
-            runner::Outcome::Exited { code: 0 },
+            oci::Outcome::Exited { code: 0 },
             "{path} is writable"
         );
         assert!(
@@ -112,7 +112,7 @@ async fn pause_and_resume() {
     ));
     let refused = t
         .sandbox
-        .exec(&runner::CommandSpec::new(["true"]))
+        .exec(&oci::CommandSpec::new(["true"]))
         .await
         .expect_err("exec into a paused sandbox");
     assert!(

@@ -1,4 +1,4 @@
-//! Integration tests of the runner's OCI layer, one binary for the crate.
+//! Integration tests of the OCI layer, one binary for the crate.
 //! They run real containers with runc on this machine, as root, with the
 //! crate's `roost-test-init` as PID 1:
 //!

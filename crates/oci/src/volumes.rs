@@ -38,8 +38,9 @@
 //! Subvolumes and snapshots are made with `btrfs` (the ioctls would need
 //! `unsafe`), images with `mkfs.btrfs`, mounts with `mount -o loop` (which
 //! also sets up the loop device and frees it at unmount). Btrfs is detected
-//! with `statfs(2)`, never by reading a tool's output. Everything here
-//! blocks: async code calls it from `spawn_blocking`. One runner uses a
+//! with `statfs(2)`, never by reading a tool's output. Every tool runs
+//! through [`crate::host::run_tool`]. Everything here blocks: async code
+//! calls it from `spawn_blocking`. One runner uses a
 //! `ROOT` at a time (the data dir's lock sees to that).
 
 use std::ffi::{OsStr, OsString};
@@ -47,10 +48,10 @@ use std::fmt;
 use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::host::{self, ToolFailureKind, find_binary, sync_dir, unescape_mountinfo};
 
 /// `statfs(2)`'s `f_type` of a btrfs filesystem (`BTRFS_SUPER_MAGIC`).
 pub const BTRFS_SUPER_MAGIC: u32 = 0x9123_683E;
@@ -138,7 +139,7 @@ impl HomeVolumes {
         let root = std::fs::canonicalize(root).map_err(|e| Error::io("resolve", root, e))?;
         let image = image.map(absolute_image_path).transpose()?;
         let search_path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
-        let btrfs = crate::runtime::find_binary(&search_path, "btrfs");
+        let btrfs = find_binary(&search_path, "btrfs");
 
         let mounted = mounts_at(&root)?.pop();
         let backing = if is_btrfs(&root)? {
@@ -535,7 +536,7 @@ fn btrfs_unavailable(search_path: &OsStr, has_btrfs: bool, image: &Path) -> Opti
     if !has_btrfs {
         return Some("btrfs-progs is not installed (no `btrfs` on PATH)".to_owned());
     }
-    if !image.exists() && crate::runtime::find_binary(search_path, "mkfs.btrfs").is_none() {
+    if !image.exists() && find_binary(search_path, "mkfs.btrfs").is_none() {
         return Some(format!(
             "btrfs-progs is not installed (no `mkfs.btrfs` on PATH to make {})",
             image.display()
@@ -562,14 +563,9 @@ fn kernel_has_btrfs(search_path: &OsStr) -> bool {
     if listed() {
         return true;
     }
-    if let Some(modprobe) = crate::runtime::find_binary(search_path, "modprobe") {
+    if let Some(modprobe) = find_binary(search_path, "modprobe") {
         // Failure just means no module: the second look answers.
-        let _ = Command::new(modprobe)
-            .args(["-q", "btrfs"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let _ = host::run_tool(modprobe, &["-q", "btrfs"], None);
     }
     listed()
 }
@@ -637,8 +633,7 @@ fn make_image(image: &Path, image_bytes: u64) -> Result<()> {
         .map_err(|e| Error::io("size", &partial, e))?;
     drop(file);
     let search_path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
-    let mkfs = crate::runtime::find_binary(&search_path, "mkfs.btrfs")
-        .unwrap_or_else(|| "mkfs.btrfs".into());
+    let mkfs = find_binary(&search_path, "mkfs.btrfs").unwrap_or_else(|| "mkfs.btrfs".into());
     // mkfs.btrfs fsyncs what it writes.
     run_tool(
         "format the home image",
@@ -648,9 +643,7 @@ fn make_image(image: &Path, image_bytes: u64) -> Result<()> {
     )?;
     std::fs::rename(&partial, image).map_err(|e| Error::io("rename into place", image, e))?;
     if let Some(parent) = image.parent() {
-        std::fs::File::open(parent)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|e| Error::io("sync", parent, e))?;
+        sync_dir(parent)?;
     }
     Ok(())
 }
@@ -699,14 +692,14 @@ fn parse_mounts_at(mountinfo: &str, path: &Path) -> Vec<Mount> {
         .lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
-            let mount_point = crate::cgroup::unescape_mountinfo(left.split(' ').nth(4)?);
+            let mount_point = unescape_mountinfo(left.split(' ').nth(4)?);
             if Path::new(&mount_point) != path {
                 return None;
             }
             let mut right = right.split(' ');
             Some(Mount {
-                fstype: crate::cgroup::unescape_mountinfo(right.next()?),
-                source: crate::cgroup::unescape_mountinfo(right.next()?),
+                fstype: unescape_mountinfo(right.next()?),
+                source: unescape_mountinfo(right.next()?),
             })
         })
         .collect()
@@ -742,44 +735,31 @@ fn list_dir(dir: &Path) -> Result<Vec<OsString>> {
         .collect()
 }
 
-/// Runs `program args…` and returns its stdout. A failure is
-/// [`Error::Io`] on `path` whose message has the command line, the exit
-/// status and what the tool said on stderr, on one line.
+/// Runs `program args…` through the host's tool runner and returns its
+/// stdout. A failure is [`Error::Io`] on `path` whose message has the
+/// command line, the exit status and what the tool said on stderr, on one
+/// line.
 fn run_tool(action: &'static str, path: &Path, program: &Path, args: &[&OsStr]) -> Result<String> {
-    let command_line = std::iter::once(program.as_os_str())
-        .chain(args.iter().copied())
-        .map(|part| part.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ");
-    let output = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .map_err(|e| {
-            let message = format!("could not start `{}`: {e}", program.display());
-            Error::io(action, path, std::io::Error::new(e.kind(), message))
-        })?;
-    if output.status.success() {
-        return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
-    }
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let said = stderr
-        .lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ");
-    let status = match output.status.code() {
-        Some(code) => format!("exit status {code}"),
-        None => "killed by a signal".to_owned(),
-    };
-    Err(Error::io(
-        action,
-        path,
-        std::io::Error::other(format!("`{command_line}` failed ({status}): {said}")),
-    ))
+    host::run_tool(program, args, None).map_err(|failure| {
+        let source = match &failure.kind {
+            ToolFailureKind::Run { source, .. } => std::io::Error::new(
+                source.kind(),
+                format!("could not start `{}`: {source}", program.display()),
+            ),
+            ToolFailureKind::Exited { status, .. } => {
+                let status = match status {
+                    Some(code) => format!("exit status {code}"),
+                    None => "killed by a signal".to_owned(),
+                };
+                std::io::Error::other(format!(
+                    "`{}` failed ({status}): {}",
+                    failure.command,
+                    failure.said("; ")
+                ))
+            }
+        };
+        Error::io(action, path, source)
+    })
 }
 
 #[cfg(test)]

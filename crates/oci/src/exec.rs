@@ -14,8 +14,9 @@
 //! 1. the runtime logged an error → [`Outcome::LaunchFailed`] with its
 //!    message (runc: `exec failed: unable to start container process: exec:
 //!    "x": executable file not found in $PATH`, status 255; a bad cwd:
-//!    `chdir to cwd ("/x") set in config.json failed`). A program that
-//!    exits 127 or 255 itself logs nothing and is [`Outcome::Exited`];
+//!    `chdir to cwd ("/x") set in config.json failed`) and the
+//!    [`LaunchFailure`] those words mean. A program that exits 127 or 255
+//!    itself logs nothing and is [`Outcome::Exited`];
 //! 2. the timeout fired (SIGTERM, then SIGKILL after the grace) →
 //!    [`Outcome::TimedOut`], however the process then ended;
 //! 3. a signal sent through [`Signaller`] killed it (status 128 + that
@@ -54,9 +55,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::oci;
-use crate::runtime::{Sandbox, Status, read_lossy, runtime_errors, write_file};
+use crate::host::{read_lossy, write_file};
+use crate::runtime::Sandbox;
+use crate::runtime::log::{LaunchFailure, runtime_errors};
 use crate::signal::Signal;
+use crate::spec;
+use crate::state::Status;
 
 /// How long output is still read after the command's process ended, for
 /// background processes that keep its pipes open.
@@ -113,8 +117,12 @@ pub enum Outcome {
     ResourceExhausted,
     /// A signal sent through the API ended it, or the sandbox stopping did.
     Interrupted { signal: Signal },
-    /// It never started; the runtime's message says why.
-    LaunchFailed { message: String },
+    /// It never started: `failure` says why (read once, here, from the
+    /// runtime's words), `message` is what the runtime said.
+    LaunchFailed {
+        failure: LaunchFailure,
+        message: String,
+    },
 }
 
 impl Outcome {
@@ -273,7 +281,8 @@ impl Sandbox {
             id: self.id.to_string(),
             message: format!("{} has no process", config_json.display()),
         })?;
-        let process = oci::exec_process(base, &command.argv, &command.env, command.cwd.as_deref())?;
+        let process =
+            spec::exec_process(base, &command.argv, &command.env, command.cwd.as_deref())?;
 
         let dir = self.paths.exec_dir();
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
@@ -497,6 +506,7 @@ impl Execution {
         let runtime = self.sandbox.runtime.kind().name();
         if !runtime_message.is_empty() {
             return Ok(Outcome::LaunchFailed {
+                failure: LaunchFailure::of_runtime_message(runtime_message),
                 message: runtime_message.to_owned(),
             });
         }
@@ -517,6 +527,7 @@ impl Execution {
         };
         if !launched {
             return Ok(Outcome::LaunchFailed {
+                failure: LaunchFailure::RuntimeRefused,
                 message: format!(
                     "{runtime} exec ended with status {code} before starting the process"
                 ),
@@ -590,6 +601,7 @@ mod tests {
         );
         assert_eq!(
             Outcome::LaunchFailed {
+                failure: LaunchFailure::RuntimeRefused,
                 message: String::new()
             }
             .state(),

@@ -29,7 +29,7 @@
 //!   neighbour through the gateway. Both hold only because a sandbox cannot
 //!   change its own interface, routes or addresses, nor forge frames: its
 //!   capability set has neither `CAP_NET_ADMIN` nor `CAP_NET_RAW` (see
-//!   [`crate::oci::CAPABILITIES`]). The rules therefore key on interfaces,
+//!   [`crate::security::CAPABILITIES`]). The rules therefore key on interfaces,
 //!   never on source addresses.
 //! - **In from outside**: nothing beyond the host starts a connection to a
 //!   sandbox: `ROOST-FWD-*` forwards into the bridge only packets of
@@ -92,21 +92,21 @@
 //! another, so on hosts whose `FORWARD` policy is `DROP` (Docker, ufw) only
 //! a rule in the `FORWARD` chain itself lets sandbox traffic through.
 //! The commands are the same for iptables-nft and iptables-legacy (the
-//! tests run iptables-nft). The functions here block:
-//! async code calls them from `spawn_blocking` (as [`crate::Runtime`]
-//! does).
+//! tests run iptables-nft), all through [`crate::host::run_tool`]. The
+//! functions here block: async code calls them through
+//! [`crate::host::blocking`] (as [`crate::Runtime`] does).
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::str::FromStr;
 use std::sync::{Mutex, PoisonError};
 
 use crate::config::{SandboxId, SandboxPaths};
 use crate::error::{Error, Result};
+use crate::host::{ToolFailureKind, find_binary, run_tool, sync_dir, write_file};
 
 /// The bridge every runner uses unless configured otherwise.
 pub const DEFAULT_BRIDGE: &str = "roost0";
@@ -373,7 +373,7 @@ impl BridgeNetwork {
             ("iptables", "iptables"),
             ("iptables-restore", "iptables"),
         ] {
-            if crate::runtime::find_binary(&path, tool).is_none() {
+            if find_binary(&path, tool).is_none() {
                 return Err(Error::Unsupported(format!(
                     "network bridge needs `{tool}` on PATH: install {package}"
                 )));
@@ -617,7 +617,7 @@ impl BridgeNetwork {
             std::fs::create_dir_all(parent)
                 .map_err(|e| Error::io("create directory", parent, e))?;
         }
-        crate::runtime::write_file(target, text.as_bytes())
+        write_file(target, text.as_bytes())
     }
 
     /// Takes sandbox `id` off the bridge: removes its veth, its namespace
@@ -875,12 +875,6 @@ fn delete_netns(id: &SandboxId) -> Result<()> {
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|file| file.sync_all())
-        .map_err(|e| Error::io("sync", dir, e))
-}
-
 /// `ip [-n NETNS] -batch -` with `lines`; a failure names the line that
 /// failed (`ip` stops there).
 fn ip_batch(action: &str, netns: Option<&str>, lines: &[String]) -> Result<()> {
@@ -925,55 +919,22 @@ fn ip_batch(action: &str, netns: Option<&str>, lines: &[String]) -> Result<()> {
     }
 }
 
-/// Runs `program args…` (with `stdin`, if any) and returns its stdout. A
-/// failure is [`Error::Network`] naming `action`, the command line and what
-/// the program said on stderr.
+/// Runs `program args…` (with `stdin`, if any) through the host's tool
+/// runner and returns its stdout. A failure is [`Error::Network`] naming
+/// `action`, the command line and what the program said on stderr.
 fn run(action: &str, program: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
-    let command_line = std::iter::once(program)
-        .chain(args.iter().copied())
-        .collect::<Vec<_>>()
-        .join(" ");
-    let failure = |status: Option<i32>, message: String| Error::Network {
-        action: action.to_owned(),
-        command: command_line.clone(),
-        status,
-        message,
-    };
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = command
-        .spawn()
-        .map_err(|e| failure(None, format!("could not start it: {e}")))?;
-    if let Some(input) = stdin
-        && let Some(mut pipe) = child.stdin.take()
-    {
-        // The inputs are a few hundred bytes, far below a pipe's buffer, so
-        // writing all before reading cannot deadlock.
-        pipe.write_all(input.as_bytes())
-            .map_err(|e| failure(None, format!("could not write its input: {e}")))?;
-    }
-    let output = child
-        .wait_with_output()
-        .map_err(|e| failure(None, format!("could not wait for it: {e}")))?;
-    if output.status.success() {
-        return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
-    }
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let message = stderr
-        .lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join("\n");
-    Err(failure(output.status.code(), message))
+    run_tool(program, args, stdin).map_err(|failure| {
+        let (status, message) = match &failure.kind {
+            ToolFailureKind::Run { step, source } => (None, format!("could not {step}: {source}")),
+            ToolFailureKind::Exited { status, .. } => (*status, failure.said("\n")),
+        };
+        Error::Network {
+            action: action.to_owned(),
+            command: failure.command,
+            status,
+            message,
+        }
+    })
 }
 
 #[cfg(test)]

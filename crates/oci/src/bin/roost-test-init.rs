@@ -1,7 +1,7 @@
 //! A test-only init: `roost-test-init [-- WORKLOAD…]` runs
-//! `runner::init`, the same code `roost init` runs, so the crate's tests can
+//! `oci::init`, the same code `roost init` runs, so the crate's tests can
 //! put the real init in real containers without the CLI crate.
 
 fn main() -> std::process::ExitCode {
-    runner::init::run_from_args(std::env::args_os().skip(1))
+    oci::init::run_from_args(std::env::args_os().skip(1))
 }

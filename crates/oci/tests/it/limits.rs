@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use runner::{CommandSpec, DeathCause, InitEnd, Limits, Observation, Outcome, Stream};
+use oci::{CommandSpec, DeathCause, InitEnd, Limits, Observation, Outcome, Stream};
 
 use crate::support::{TestSandbox, eventually, prepare};
 

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use runner::{Limits, RootImage};
+use oci::{Limits, RootImage};
 
 use crate::support::{TestSandbox, prepare};
 
@@ -50,7 +50,7 @@ async fn an_imported_image_is_the_root_under_the_sandboxs_own_layer() {
     let host_libc = t.sh("ls /usr/lib/x86_64-linux-gnu/libc.so.6 /lib64").await;
     assert_ne!(
         host_libc.end.outcome,
-        runner::Outcome::Exited { code: 0 },
+        oci::Outcome::Exited { code: 0 },
         "the host's system is visible: {}",
         host_libc.stdout
     );
@@ -95,7 +95,7 @@ async fn an_imported_image_is_the_root_under_the_sandboxs_own_layer() {
         let mut out = Vec::new();
         again
             .run(
-                &runner::CommandSpec::new(["cat", "/opt/tool/v", "/etc/os-release"]),
+                &oci::CommandSpec::new(["cat", "/opt/tool/v", "/etc/os-release"]),
                 |_, bytes| out.extend_from_slice(bytes),
             )
             .await

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use runner::{
+use oci::{
     BridgeConfig, BridgeNetwork, CommandSpec, Error, Lease, Limits, Network, Outcome, Runtime,
     RuntimeChoice, RuntimeConfig,
 };
@@ -469,7 +469,7 @@ async fn bridge_sandboxes_cannot_reach_each_other() {
     // no CAP_NET_ADMIN): the host does not route from the bridge back
     // into it.
     for (from, to) in [(&b, &lease_a), (&a, &lease_b)] {
-        let netns = runner::network::netns_name(&from.config.id);
+        let netns = oci::network::netns_name(&from.config.id);
         host(
             "ip",
             &[
@@ -502,7 +502,7 @@ async fn a_none_sandbox_has_only_loopback_and_cannot_reach_the_host() {
     assert!(lo.contains(",UP"), "loopback is down: {lo}");
     assert_eq!(t.sh_ok("ip route show").await, "");
     assert_eq!(t.sandbox.lease().expect("leases readable"), None);
-    let netns = runner::network::netns_path(&t.config.id);
+    let netns = oci::network::netns_path(&t.config.id);
     assert!(!netns.exists(), "{} exists", netns.display());
 
     let (host_address, accepted) = host_listener().await;
@@ -527,7 +527,7 @@ async fn two_sandboxes_get_distinct_addresses_and_delete_frees_them() {
         "{seen_b}"
     );
     assert!(interface_exists(&lease_a.host_interface));
-    let netns_a = runner::network::netns_path(&a.config.id);
+    let netns_a = oci::network::netns_path(&a.config.id);
     assert!(netns_a.exists());
 
     a.sandbox.delete().await.expect("delete");

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use runner::{
+use oci::{
     CommandEnd, CommandSpec, InitProgram, Limits, Runtime, RuntimeChoice, RuntimeConfig, Sandbox,
     SandboxConfig, SandboxId, SandboxPaths, Stream,
 };
@@ -26,8 +26,7 @@ pub fn require_root_and_runc() {
         "the runner's container tests need root (scripts/test.sh runs them as root)"
     );
     assert!(
-        runner::runtime::find_binary(&std::env::var_os("PATH").unwrap_or_default(), "runc")
-            .is_some(),
+        oci::host::find_binary(&std::env::var_os("PATH").unwrap_or_default(), "runc").is_some(),
         "runc is not installed: scripts/test.sh installs it with apt-get"
     );
 }
@@ -70,7 +69,7 @@ pub fn prepare(name: &str, limits: Limits) -> (tempfile::TempDir, SandboxConfig)
     (dir, config)
 }
 
-pub fn runtime_in(dir: &Path, choice: RuntimeChoice) -> runner::Result<Runtime> {
+pub fn runtime_in(dir: &Path, choice: RuntimeChoice) -> oci::Result<Runtime> {
     let mut config = RuntimeConfig::new(choice, dir.join("state"));
     config.cgroup_parent = CGROUP_PARENT.to_owned();
     Runtime::open(config)
@@ -137,7 +136,7 @@ impl TestSandbox {
         let ran = self.sh(script).await;
         assert_eq!(
             ran.end.outcome,
-            runner::Outcome::Exited { code: 0 },
+            oci::Outcome::Exited { code: 0 },
             "`{script}` failed: stdout {:?}, stderr {:?}",
             ran.stdout,
             ran.stderr
