@@ -3,12 +3,14 @@
 //! credentials. Objects are addressed `{kind}/{hex}` with kind `blocks` or
 //! `trees`, the layout of the store's own keys.
 //!
-//! [`RemoteBackend`] is a `store::backend::Backend` over this service, so
-//! the store engine's upload and materialise run unchanged against it.
-//! It offers objects only (put, get, exists); home pointers are committed
-//! by the server, which alone can take the store's commit lock. Its
-//! `put_batch` sends many objects per request (`POST …/batch`, the body
-//! format below), and its `get_batch` fetches many (`POST …/fetch`).
+//! [`RemoteBackend`] is this service's client, a [`store::Objects`], so
+//! the store engine's upload and materialise run unchanged against it
+//! (and it passes the same conformance suite as the store engine, in the
+//! server's tests). Objects only: home pointers are committed by the
+//! server, which alone can take the store's commit lock. Its `missing`
+//! asks in requests of at most 4096 (`POST …/missing`), its `put_batch`
+//! sends many objects per request (`POST …/batch`, the body format below),
+//! and its `get_batch` fetches many (`POST …/fetch`).
 //!
 //! # Batch body
 //!
@@ -38,14 +40,14 @@
 //! answer may stop early, after at least one frame, once it holds about
 //! [`FETCH_ANSWER_BYTES`]: the client asks again for the rest.
 
+use std::collections::HashSet;
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use store::Digest;
-use store::backend::{Backend, ObjectMeta};
-use store::store::{KeyKind, ObjectId, ObjectKind, parse_key};
+use store::store::{MISSING_CHECK_BATCH_MAX, ObjectId, ObjectKind};
+use store::{Digest, Objects, OrgId, Store};
 
 use crate::client::{Client, ClientError};
 
@@ -241,7 +243,8 @@ fn parse_frames(body: &[u8], allow_absent: bool) -> Result<Vec<FetchedObject>, B
     Ok(objects)
 }
 
-/// A `Backend` that reaches one org's objects through the block service.
+/// The block service's client: an org's objects ([`Objects`]) through
+/// the control plane, for runners and CLIs that hold no store credentials.
 /// Its methods block: call them from plain threads (rayon's, or
 /// `spawn_blocking`), never from async code.
 pub struct RemoteBackend {
@@ -255,141 +258,130 @@ impl RemoteBackend {
         RemoteBackend { client, runtime }
     }
 
-    fn object(&self, op: &'static str, key: &str) -> store::Result<(String, String)> {
-        let (org, object) = self.object_id(op, key)?;
-        Ok((org, object_name(object.kind, &object.digest.to_hex())))
-    }
-
-    fn object_id(&self, op: &'static str, key: &str) -> store::Result<(String, ObjectId)> {
-        match parse_key(key) {
-            Some(KeyKind::Object { org, object }) => Ok((org.to_string(), object)),
-            _ => Err(unsupported(op, key)),
-        }
-    }
-
     /// Sends the batch being built, if it holds anything, and empties it.
-    fn send_batch(&self, batch: &mut PendingBatch) -> store::Result<()> {
-        if batch.objects == 0 {
+    fn send_batch(&self, org: &OrgId, batch: &mut PendingBatch) -> store::Result<()> {
+        let Some(first) = batch.first.take() else {
             return Ok(());
-        }
+        };
         let body = std::mem::take(&mut batch.body);
         batch.objects = 0;
         self.runtime
-            .block_on(self.client.put_objects(&batch.org, body))
-            .map_err(|e| backend_error("put", &batch.first_key, e))
+            .block_on(self.client.put_objects(org.as_str(), body))
+            .map_err(|e| backend_error("put", org, &first, e))
+    }
+
+    /// One object through the single `PUT`.
+    fn put(&self, org: &OrgId, object: &ObjectId, stored: &[u8]) -> store::Result<()> {
+        self.runtime
+            .block_on(
+                self.client
+                    .put_object(org.as_str(), &name_of(object), stored.to_vec()),
+            )
+            .map_err(|e| backend_error("put", org, object, e))
     }
 }
 
-/// A batch body being built by [`RemoteBackend::put_batch`].
+/// A batch body being built by [`RemoteBackend`]'s `put_batch`.
 #[derive(Default)]
 struct PendingBatch {
-    org: String,
     body: Vec<u8>,
     objects: usize,
-    /// Named in errors.
-    first_key: String,
+    /// The first object, named in errors; `None` while the batch is empty.
+    first: Option<ObjectId>,
 }
 
-fn unsupported(op: &'static str, key: &str) -> store::Error {
-    store::Error::Backend {
-        op,
-        key: key.to_owned(),
-        message: "the block service offers objects only; the server commits pointers".to_owned(),
-    }
+fn name_of(object: &ObjectId) -> String {
+    object_name(object.kind, &object.digest.to_hex())
 }
 
-fn backend_error(op: &'static str, key: &str, err: ClientError) -> store::Error {
+/// A failed call, named as the store names the object (its key), so the
+/// message reads as a store error does.
+fn backend_error(
+    op: &'static str,
+    org: &OrgId,
+    object: &ObjectId,
+    err: ClientError,
+) -> store::Error {
     store::Error::Backend {
         op,
-        key: key.to_owned(),
+        key: Store::object_key(org, object),
         message: err.to_string(),
     }
 }
 
-impl Backend for RemoteBackend {
-    fn put(&self, key: &str, data: &[u8]) -> store::Result<()> {
-        let (org, name) = self.object("put", key)?;
-        self.runtime
-            .block_on(self.client.put_object(&org, &name, data.to_vec()))
-            .map_err(|e| backend_error("put", key, e))
+impl Objects for RemoteBackend {
+    /// One request per [`MISSING_CHECK_BATCH_MAX`] objects.
+    fn missing(&self, org: &OrgId, objects: &[ObjectId]) -> store::Result<Vec<ObjectId>> {
+        let mut missing = Vec::new();
+        for batch in objects.chunks(MISSING_CHECK_BATCH_MAX) {
+            let names: Vec<String> = batch.iter().map(name_of).collect();
+            let absent: HashSet<String> = self
+                .runtime
+                .block_on(self.client.missing_objects(org.as_str(), &names))
+                .map_err(|e| backend_error("exists", org, &batch[0], e))?
+                .into_iter()
+                .collect();
+            missing.extend(
+                batch
+                    .iter()
+                    .zip(&names)
+                    .filter(|(_, name)| absent.contains(*name))
+                    .map(|(object, _)| *object),
+            );
+        }
+        Ok(missing)
     }
 
     /// One request per run of objects that fits [`BATCH_BODY_BYTES_MAX`]
     /// and [`BATCH_OBJECTS_MAX`], sent one after the other so the order
     /// holds across requests too; an object too large for any batch goes
     /// alone through the single PUT, in its place.
-    fn put_batch(&self, objects: &[(String, &[u8])]) -> store::Result<()> {
+    fn put_batch(&self, org: &OrgId, objects: &[(ObjectId, &[u8])]) -> store::Result<()> {
         let mut batch = PendingBatch::default();
-        for (key, data) in objects {
-            let (org, object) = self.object_id("put", key)?;
-            let header = batch_header(&object, data.len());
+        for (object, data) in objects {
+            let header = batch_header(object, data.len());
             let frame_bytes = header.len() + data.len();
             if frame_bytes > BATCH_BODY_BYTES_MAX {
-                self.send_batch(&mut batch)?;
-                self.put(key, data)?;
+                self.send_batch(org, &mut batch)?;
+                self.put(org, object, data)?;
                 continue;
             }
-            if batch.org != org
-                || batch.objects == BATCH_OBJECTS_MAX
+            if batch.objects == BATCH_OBJECTS_MAX
                 || batch.body.len() + frame_bytes > BATCH_BODY_BYTES_MAX
             {
-                self.send_batch(&mut batch)?;
+                self.send_batch(org, &mut batch)?;
             }
-            if batch.objects == 0 {
-                batch.org = org;
-                batch.first_key.clone_from(key);
-            }
+            batch.first.get_or_insert(*object);
             batch.body.reserve(frame_bytes);
             batch.body.extend_from_slice(header.as_bytes());
             batch.body.extend_from_slice(data);
             batch.objects += 1;
         }
-        self.send_batch(&mut batch)
+        self.send_batch(org, &mut batch)
     }
 
-    fn put_durable(&self, key: &str, _data: &[u8]) -> store::Result<()> {
-        Err(unsupported("put", key))
-    }
-
-    /// Every put is stored by the server before it answers; the server
-    /// syncs before it commits a pointer to them.
-    fn sync(&self) -> store::Result<()> {
-        Ok(())
-    }
-
-    fn get(&self, key: &str) -> store::Result<Option<Vec<u8>>> {
-        let (org, name) = self.object("get", key)?;
+    fn get(&self, org: &OrgId, object: &ObjectId) -> store::Result<Option<Vec<u8>>> {
         self.runtime
-            .block_on(self.client.get_object(&org, &name))
-            .map_err(|e| backend_error("get", key, e))
+            .block_on(self.client.get_object(org.as_str(), &name_of(object)))
+            .map_err(|e| backend_error("get", org, object, e))
     }
 
-    /// One request per [`FETCH_OBJECTS_MAX`] keys, repeated for whatever
-    /// an answer left out. Every frame must be the next object asked for.
-    fn get_batch(&self, keys: &[String]) -> store::Result<Vec<Option<Vec<u8>>>> {
-        let mut out = Vec::with_capacity(keys.len());
-        while out.len() < keys.len() {
-            let first = &keys[out.len()];
-            let (org, _) = self.object("get", first)?;
-            let mut asked = Vec::new();
-            for key in keys[out.len()..].iter().take(FETCH_OBJECTS_MAX) {
-                let (key_org, object) = self.object_id("get", key)?;
-                if key_org != org {
-                    break;
-                }
-                asked.push(object);
-            }
-            let names: Vec<String> = asked
-                .iter()
-                .map(|o| object_name(o.kind, &o.digest.to_hex()))
-                .collect();
+    /// One request per [`FETCH_OBJECTS_MAX`] objects, repeated for
+    /// whatever an answer left out. Every frame must be the next object
+    /// asked for.
+    fn get_batch(&self, org: &OrgId, objects: &[ObjectId]) -> store::Result<Vec<Option<Vec<u8>>>> {
+        let mut out = Vec::with_capacity(objects.len());
+        while out.len() < objects.len() {
+            let asked = &objects[out.len()..objects.len().min(out.len() + FETCH_OBJECTS_MAX)];
+            let first = &asked[0];
+            let names: Vec<String> = asked.iter().map(name_of).collect();
             let body = self
                 .runtime
-                .block_on(self.client.fetch_objects(&org, &names))
-                .map_err(|e| backend_error("get", first, e))?;
+                .block_on(self.client.fetch_objects(org.as_str(), &names))
+                .map_err(|e| backend_error("get", org, first, e))?;
             let bad = |message: String| store::Error::Backend {
                 op: "get",
-                key: first.clone(),
+                key: Store::object_key(org, first),
                 message: format!("malformed fetch answer: {message}"),
             };
             let frames = parse_fetched(&body).map_err(|e| bad(e.to_string()))?;
@@ -400,12 +392,12 @@ impl Backend for RemoteBackend {
                     asked.len()
                 )));
             }
-            for (frame, wanted) in frames.into_iter().zip(&asked) {
+            for (frame, wanted) in frames.into_iter().zip(asked) {
                 if frame.object != *wanted {
                     return Err(bad(format!(
                         "{} where {} was next",
-                        object_name(frame.object.kind, &frame.object.digest.to_hex()),
-                        object_name(wanted.kind, &wanted.digest.to_hex())
+                        name_of(&frame.object),
+                        name_of(wanted)
                     )));
                 }
                 out.push(frame.data.map(|range| body[range].to_vec()));
@@ -416,40 +408,6 @@ impl Backend for RemoteBackend {
 
     fn reads_in_batches(&self) -> bool {
         true
-    }
-
-    fn exists(&self, keys: &[String]) -> store::Result<Vec<bool>> {
-        let Some(first) = keys.first() else {
-            return Ok(Vec::new());
-        };
-        let (org, _) = self.object("exists", first)?;
-        let mut names = Vec::with_capacity(keys.len());
-        for key in keys {
-            let (key_org, name) = self.object("exists", key)?;
-            if key_org != org {
-                return Err(unsupported("exists", key));
-            }
-            names.push(name);
-        }
-        let missing: std::collections::HashSet<String> = self
-            .runtime
-            .block_on(self.client.missing_objects(&org, &names))
-            .map_err(|e| backend_error("exists", first, e))?
-            .into_iter()
-            .collect();
-        Ok(names.iter().map(|name| !missing.contains(name)).collect())
-    }
-
-    fn list(&self, prefix: &str) -> store::Result<Vec<ObjectMeta>> {
-        Err(unsupported("list", prefix))
-    }
-
-    fn head(&self, key: &str) -> store::Result<Option<ObjectMeta>> {
-        Err(unsupported("head", key))
-    }
-
-    fn delete(&self, key: &str) -> store::Result<()> {
-        Err(unsupported("delete", key))
     }
 }
 

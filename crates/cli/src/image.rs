@@ -8,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -17,7 +16,7 @@ use api::blocks::RemoteBackend;
 use api::images::Image;
 use clap::Subcommand;
 use serde_json::json;
-use store::{OrgId, Store};
+use store::OrgId;
 
 use crate::control::runtime;
 use crate::output::{Bar, age, human_bytes, print_fields, print_record, print_table};
@@ -152,10 +151,7 @@ fn import(name: &str, path: &Path, target: &OrgTarget) -> Result<ExitCode> {
         .context("creating a scratch directory (set TMPDIR to place it elsewhere)")?;
     let (rootfs, unpacked) = image::unpack(path, scratch.path())
         .with_context(|| format!("cannot read {} as an image", path.display()))?;
-    let store = Store::new(Arc::new(RemoteBackend::new(
-        client.clone(),
-        rt.handle().clone(),
-    )));
+    let store = RemoteBackend::new(client.clone(), rt.handle().clone());
     let bar = Bar::new(target.json);
     let mut attempt = 1;
     let (report, image) = loop {
@@ -165,7 +161,8 @@ fn import(name: &str, path: &Path, target: &OrgTarget) -> Result<ExitCode> {
             &rootfs,
             &store::push::UploadOptions::everything(),
             &bar,
-        );
+        )
+        .and_then(store::push::Upload::finish);
         bar.finish();
         let report = report.context("uploading the image")?;
         let root = report.root.map(|r| r.to_hex()).unwrap_or_default();

@@ -3,7 +3,9 @@
 //!
 //! This crate knows nothing about HTTP or the command line. Everything that
 //! touches the outside world goes through [`backend::Backend`] (object
-//! storage) or the local filesystem under a directory the caller names.
+//! storage, under [`Store`]), [`Objects`] (an org's objects by name: a
+//! [`Store`], or the block service's client that `api` provides) or the
+//! local filesystem under a directory the caller names.
 
 pub mod backend;
 pub mod block;
@@ -13,14 +15,18 @@ pub mod excludes;
 pub mod gc;
 pub mod ids;
 pub mod index;
+pub mod objects;
 pub mod progress;
 pub mod pull;
 pub mod push;
 mod scan;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tree;
 
 pub use digest::Digest;
 pub use error::{Error, Result};
 pub use ids::{HomeName, OrgId};
+pub use objects::Objects;
 pub use store::Store;

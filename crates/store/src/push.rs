@@ -1,5 +1,9 @@
-//! Push: scan → ask which objects are missing → upload only those →
-//! sync → re-verify what we relied on → write the home pointer last.
+//! Push, in two steps: [`upload_tree`] (scan → ask which objects are
+//! missing → upload only those), then [`commit`] (sync → re-verify what
+//! the upload relied on → write the home pointer last). [`push`] is the
+//! two together, for a process that holds the store. A client of the
+//! control plane's block service runs the first step only
+//! ([`Upload::finish`]); the server commits ([`commit_uploaded`]).
 //!
 //! The pointer only ever names a complete tree: it is written after every
 //! object it reaches is durable in the store. A push killed at any point
@@ -15,11 +19,9 @@
 //!   deleting parents before children and trees before blocks), so an
 //!   unchanged subtree costs one id.
 //!
-//! Uploads go in bounded batches ([`Backend::put_batch`], one request
+//! Uploads go in bounded batches ([`Objects::put_batch`], one request
 //! each through the block service): blocks first, then trees level by
 //! level, so children are stored before the trees that name them.
-//!
-//! [`Backend::put_batch`]: crate::backend::Backend::put_batch
 //!
 //! Objects found present but not referenced by this home's current root
 //! may be collected by a concurrent gc before we commit. They are checked
@@ -35,9 +37,10 @@ use rayon::prelude::*;
 
 use crate::excludes::Excludes;
 use crate::index::{Index, KeyRule, LastSync};
+use crate::objects::{Objects, children};
 use crate::progress::Progress;
 use crate::scan::{self, Scan, TreeNode, with_block};
-use crate::store::{MISSING_CHECK_BATCH_MAX, ObjectId};
+use crate::store::{MISSING_CHECK_BATCH_MAX, ObjectId, ObjectKind};
 use crate::{Digest, Error, HomeName, OrgId, Result, Store};
 
 pub struct PushOptions {
@@ -84,6 +87,8 @@ pub struct PushReport {
     pub unchanged: bool,
 }
 
+/// Uploads `dir` as `home`'s tree and points the home at it: [`upload_tree`]
+/// then [`commit`].
 pub fn push(
     store: &Store,
     org: &OrgId,
@@ -92,74 +97,38 @@ pub fn push(
     options: &PushOptions,
     progress: &dyn Progress,
 ) -> Result<PushReport> {
-    let index = options
-        .index_path
-        .as_deref()
-        .map(Index::load)
-        .unwrap_or_default();
-    let scan = scan::scan(dir, &options.excludes, &index, KeyRule::default(), progress)?;
-    let mut report = report_of(&scan);
-    let checks_before = store.missing_check_requests();
-    let current = store.read_home(org, home)?;
-
-    let last_is_current = index.last.as_ref().is_some_and(|last| {
-        last.store == options.store_id
-            && last.org == org.as_str()
-            && last.home == home.as_str()
-            && Some(last.root) == current
-    });
-    if current != Some(scan.root) {
-        let (missing, relied_on) = if last_is_current {
-            find_missing_incremental(store, org, &scan, &index)?
-        } else {
-            find_missing_pruned(store, org, &scan)?
-        };
-        upload(store, org, &scan, &missing, &mut report, progress)?;
-        store.sync()?;
-        if let Some(hook) = &options.before_commit {
-            hook();
-        }
-        commit(store, org, home, &scan, relied_on, &mut report, progress)?;
-    } else {
-        report.unchanged = true;
+    let since = Since {
+        store_id: options.store_id.clone(),
+        home: home.clone(),
+        root: store.read_home(org, home)?,
+    };
+    let upload_options = UploadOptions {
+        excludes: options.excludes.clone(),
+        index_path: options.index_path.clone(),
+        key_rule: KeyRule::default(),
+        since: Some(since),
+    };
+    let upload = upload_tree(store, org, dir, &upload_options, progress)?;
+    if !upload.report.unchanged
+        && let Some(hook) = &options.before_commit
+    {
+        hook();
     }
-    report.missing_checks = store.missing_check_requests() - checks_before;
-
-    // An unchanged home whose every file came from the index leaves the
-    // index as it was: skip rewriting it (the fast path stays fast).
-    let index_unchanged = report.unchanged
-        && report.files_hashed == 0
-        && scan.collected.index_files.len() == index.files.len()
-        && index.last.as_ref().is_some_and(|last| {
-            last.store == options.store_id
-                && last.org == org.as_str()
-                && last.home == home.as_str()
-                && last.root == scan.root
-        });
-    if let Some(path) = options.index_path.as_ref().filter(|_| !index_unchanged) {
-        let trees = scan.collected.trees.keys().copied().collect();
-        let index = Index {
-            files: scan.collected.index_files,
-            last: Some(LastSync {
-                store: options.store_id.clone(),
-                org: org.to_string(),
-                home: home.to_string(),
-                root: scan.root,
-                trees,
-            }),
-        };
-        index.save(path)?;
-    }
-    Ok(report)
+    commit(store, org, home, upload, progress)
 }
 
 /// How [`upload_tree`] reads the directory.
 pub struct UploadOptions {
     pub excludes: Excludes,
     /// The directory's file index: read to skip hashing unchanged files,
-    /// rewritten after the upload. `None` hashes everything.
+    /// rewritten by [`Upload::finish`] or [`commit`]. `None` hashes
+    /// everything.
     pub index_path: Option<PathBuf>,
     pub key_rule: KeyRule,
+    /// The home the tree is for, as it is now, when this process commits
+    /// it ([`commit`]). `None`: what is missing is found by walking down
+    /// from the root.
+    pub since: Option<Since>,
 }
 
 impl UploadOptions {
@@ -169,23 +138,47 @@ impl UploadOptions {
             excludes: Excludes::none(),
             index_path: None,
             key_rule: KeyRule::default(),
+            since: None,
         }
     }
 }
 
-/// Uploads whatever of `dir`'s tree the org's store lacks and returns the
-/// report (with its root), pointing no home at it. For a store reached
-/// through the control plane's block service: the client cannot take the
-/// store's commit lock, so the server commits ([`commit_uploaded`]).
-/// Deciding what is missing walks down from the root, pruned by trees the
-/// store has (an unchanged subtree costs one id).
+/// A home as an upload for it begins: when the home already points at the
+/// scanned tree nothing is uploaded, and when the index's last sync was
+/// this home at this root only objects new since then are asked about.
+#[derive(Clone, Debug)]
+pub struct Since {
+    /// Identifies the store in the index (its URL).
+    pub store_id: String,
+    pub home: HomeName,
+    /// What the home points at now.
+    pub root: Option<Digest>,
+}
+
+/// The first step of a push done: the tree's objects are in the store (not
+/// yet necessarily durable), no home points at it yet.
+pub struct Upload {
+    pub report: PushReport,
+    scan: Scan,
+    old_index: Index,
+    index_path: Option<PathBuf>,
+    since: Option<Since>,
+    /// Objects found present rather than uploaded: [`commit`] checks them
+    /// again under the store's commit lock.
+    relied_on: Vec<ObjectId>,
+}
+
+/// Uploads whatever of `dir`'s tree the org's store lacks, pointing no
+/// home at it: the first step of a push, through a store this process
+/// holds or through the block service (whose client cannot take the
+/// store's commit lock, so the server commits: [`commit_uploaded`]).
 pub fn upload_tree(
-    store: &Store,
+    objects: &dyn Objects,
     org: &OrgId,
     dir: &Path,
     options: &UploadOptions,
     progress: &dyn Progress,
-) -> Result<PushReport> {
+) -> Result<Upload> {
     let index = options
         .index_path
         .as_deref()
@@ -193,19 +186,57 @@ pub fn upload_tree(
         .unwrap_or_default();
     let scan = scan::scan(dir, &options.excludes, &index, options.key_rule, progress)?;
     let mut report = report_of(&scan);
-    let checks_before = store.missing_check_requests();
-    let (missing, _) = find_missing_pruned(store, org, &scan)?;
-    upload(store, org, &scan, &missing, &mut report, progress)?;
-    store.sync()?;
-    report.missing_checks = store.missing_check_requests() - checks_before;
-    if let Some(path) = &options.index_path {
-        let index = Index {
-            files: scan.collected.index_files,
-            last: None,
+    let since = options.since.as_ref();
+    let mut relied_on = Vec::new();
+    if since.is_some_and(|since| since.root == Some(scan.root)) {
+        report.unchanged = true;
+    } else {
+        let last_is_current = since.is_some_and(|since| {
+            index.last.as_ref().is_some_and(|last| {
+                last.store == since.store_id
+                    && last.org == org.as_str()
+                    && last.home == since.home.as_str()
+                    && Some(last.root) == since.root
+            })
+        });
+        let missing;
+        (missing, relied_on) = if last_is_current {
+            find_missing_incremental(objects, org, &scan, &index, &mut report)?
+        } else {
+            find_missing_pruned(objects, org, &scan, &mut report)?
         };
-        index.save(path)?;
+        upload_missing(objects, org, &scan, &missing, &mut report, progress)?;
     }
-    Ok(report)
+    Ok(Upload {
+        report,
+        scan,
+        old_index: index,
+        index_path: options.index_path.clone(),
+        since: options.since.clone(),
+        relied_on,
+    })
+}
+
+impl Upload {
+    /// The uploaded tree's root.
+    pub fn root(&self) -> Digest {
+        self.scan.root
+    }
+
+    /// Ends an upload that another party commits (the server, for a client
+    /// of the block service): records the directory's files in its index,
+    /// with no last sync (no pointer was written here), and returns the
+    /// report.
+    pub fn finish(self) -> Result<PushReport> {
+        if let Some(path) = &self.index_path {
+            let index = Index {
+                files: self.scan.collected.index_files,
+                last: None,
+            };
+            index.save(path)?;
+        }
+        Ok(self.report)
+    }
 }
 
 /// What [`commit_uploaded`] found at a root.
@@ -215,88 +246,13 @@ pub struct TreeSummary {
     pub logical_bytes: u64,
 }
 
-/// The objects a tree names directly: its subtrees and its files' blocks.
-pub fn children(tree: &crate::tree::Tree) -> Vec<ObjectId> {
-    let mut children = Vec::new();
-    for entry in &tree.entries {
-        match &entry.kind {
-            crate::tree::EntryKind::Dir { tree } => children.push(ObjectId::tree(*tree)),
-            crate::tree::EntryKind::File { blocks } => {
-                children.extend(blocks.iter().map(|b| ObjectId::block(*b)));
-            }
-            crate::tree::EntryKind::Symlink { .. } => {}
-        }
-    }
-    children
-}
-
-/// Stores a tree object a client uploaded, only if every object it names
-/// is already in the org's store ([`Error::IncompleteTree`] otherwise).
-/// With this rule at upload, and gc deleting parents before children, a
-/// present tree always has its whole subtree present, so a commit need
-/// only find the root.
-pub fn put_tree_checked(store: &Store, org: &OrgId, digest: &Digest, stored: &[u8]) -> Result<()> {
-    put_batch_checked(store, org, &[(ObjectId::tree(*digest), stored)])
-}
-
-/// Stores objects a client uploaded (their stored, encoded bytes), in the
-/// order given, after checking all of them: every object must decode to
-/// its digest ([`Error::Corrupt`]), every tree must be well formed
-/// ([`Error::MalformedTree`]) and name only objects that are in the org's
-/// store or earlier in `objects` ([`Error::IncompleteTree`], as
-/// [`put_tree_checked`]). Any of those refuses the whole batch before
-/// anything is stored; only a store failure part-way can leave some of it
-/// stored, and those objects are verified and content-addressed, so they
-/// are harmless leftovers a retry finds present.
-pub fn put_batch_checked<B: AsRef<[u8]>>(
-    store: &Store,
-    org: &OrgId,
-    objects: &[(ObjectId, B)],
-) -> Result<()> {
-    let mut earlier: HashSet<ObjectId> = HashSet::with_capacity(objects.len());
-    // Each tree with the children it names that are not earlier in the batch.
-    let mut outside: Vec<(Digest, Vec<ObjectId>)> = Vec::new();
-    for (object, stored) in objects {
-        let plain = crate::block::decode(&object.digest, stored.as_ref())?;
-        if object.kind == crate::store::ObjectKind::Tree {
-            let tree = crate::tree::Tree::decode(&object.digest, &plain)?;
-            let children: Vec<ObjectId> = children(&tree)
-                .into_iter()
-                .filter(|child| !earlier.contains(child))
-                .collect();
-            if !children.is_empty() {
-                outside.push((object.digest, children));
-            }
-        }
-        earlier.insert(*object);
-    }
-    let mut asked: HashSet<ObjectId> = HashSet::new();
-    let ask: Vec<ObjectId> = outside
-        .iter()
-        .flat_map(|(_, children)| children.iter().copied())
-        .filter(|child| asked.insert(*child))
-        .collect();
-    let missing: HashSet<ObjectId> = store.missing(org, &ask)?.into_iter().collect();
-    if !missing.is_empty() {
-        for (root, children) in &outside {
-            let absent = children.iter().filter(|c| missing.contains(c)).count();
-            if absent > 0 {
-                return Err(Error::IncompleteTree {
-                    root: *root,
-                    missing: absent as u64,
-                });
-            }
-        }
-    }
-    store.put_batch(org, objects)
-}
-
-/// Points `home` at `root` once the tree is in the org's store: the server
-/// half of [`upload_tree`]. Trees are accepted only with their children
-/// present ([`put_tree_checked`]) and gc removes parents first, so the
-/// root's presence proves the whole tree's; the check and the pointer
-/// write run under the store's commit lock, so no gc sweeps between them.
-/// A root that is absent leaves the pointer as it was:
+/// Points `home` at `root` once the tree is in the org's store: the
+/// server's second step for a tree a client uploaded through the block
+/// service ([`upload_tree`]). Trees are accepted only with their children
+/// present ([`crate::objects::put_tree_checked`]) and gc removes parents
+/// first, so the root's presence proves the whole tree's; the check and
+/// the pointer write run under the store's commit lock, so no gc sweeps
+/// between them. A root that is absent leaves the pointer as it was:
 /// [`Error::IncompleteTree`].
 pub fn commit_uploaded(
     store: &Store,
@@ -351,14 +307,32 @@ fn report_of(scan: &Scan) -> PushReport {
     }
 }
 
+/// Which of `ids` the store lacks, asked a bounded batch
+/// ([`MISSING_CHECK_BATCH_MAX`]) per request; each request is counted in
+/// the report.
+fn missing(
+    objects: &dyn Objects,
+    org: &OrgId,
+    ids: &[ObjectId],
+    report: &mut PushReport,
+) -> Result<Vec<ObjectId>> {
+    let mut missing = Vec::new();
+    for batch in ids.chunks(MISSING_CHECK_BATCH_MAX) {
+        report.missing_checks += 1;
+        missing.extend(objects.missing(org, batch)?);
+    }
+    Ok(missing)
+}
+
 /// Returns (missing objects, objects found present that we rely on).
 type MissingAndRelied = (Vec<ObjectId>, Vec<ObjectId>);
 
 fn find_missing_incremental(
-    store: &Store,
+    objects: &dyn Objects,
     org: &OrgId,
     scan: &Scan,
     index: &Index,
+    report: &mut PushReport,
 ) -> Result<MissingAndRelied> {
     let mut known: HashSet<Digest> = HashSet::new();
     if let Some(last) = &index.last {
@@ -378,7 +352,7 @@ fn find_missing_incremental(
             }
         }
     }
-    let missing = store.missing(org, &candidates)?;
+    let missing = missing(objects, org, &candidates, report)?;
     let missing_set: HashSet<ObjectId> = missing.iter().copied().collect();
     let relied_on = candidates
         .into_iter()
@@ -387,15 +361,20 @@ fn find_missing_incremental(
     Ok((missing, relied_on))
 }
 
-fn find_missing_pruned(store: &Store, org: &OrgId, scan: &Scan) -> Result<MissingAndRelied> {
+fn find_missing_pruned(
+    objects: &dyn Objects,
+    org: &OrgId,
+    scan: &Scan,
+    report: &mut PushReport,
+) -> Result<MissingAndRelied> {
     let trees = &scan.collected.trees;
-    let mut missing = Vec::new();
+    let mut absent_all = Vec::new();
     let mut relied_on = Vec::new();
     let mut seen: HashSet<ObjectId> = HashSet::new();
     let mut level = vec![ObjectId::tree(scan.root)];
     seen.insert(level[0]);
     while !level.is_empty() {
-        let absent = store.missing(org, &level)?;
+        let absent = missing(objects, org, &level, report)?;
         let absent_set: HashSet<ObjectId> = absent.iter().copied().collect();
         let mut next = Vec::new();
         for object in level {
@@ -403,11 +382,11 @@ fn find_missing_pruned(store: &Store, org: &OrgId, scan: &Scan) -> Result<Missin
                 relied_on.push(object);
                 continue;
             }
-            missing.push(object);
+            absent_all.push(object);
             // A missing tree's children must be asked about in turn.
             if let Some(node) = trees
                 .get(&object.digest)
-                .filter(|_| object.kind == crate::store::ObjectKind::Tree)
+                .filter(|_| object.kind == ObjectKind::Tree)
             {
                 let children = node
                     .subtrees
@@ -423,33 +402,97 @@ fn find_missing_pruned(store: &Store, org: &OrgId, scan: &Scan) -> Result<Missin
         }
         level = next;
     }
-    Ok((missing, relied_on))
+    Ok((absent_all, relied_on))
 }
 
 /// Commits rounds before giving up on a store whose gc keeps taking what
 /// this push needs.
 const COMMIT_ATTEMPTS_MAX: usize = 3;
 
-/// Re-checks, under the store's commit lock, what this push found present
-/// but did not upload, and writes the pointer only if all of it is still
-/// there. Anything a gc took meanwhile is uploaded again outside the lock
-/// (the scan still holds every tree and knows where every block is read
-/// from), and the check repeats. Objects are never deleted here: another
-/// push may already rely on them.
-fn commit(
+/// The second step of a push for a process that holds the store: makes
+/// the upload durable, re-checks under the store's commit lock what the
+/// upload found present but did not upload, and writes the pointer only
+/// if all of it is still there. Anything a gc took meanwhile is uploaded
+/// again outside the lock (the scan still holds every tree and knows where
+/// every block is read from), and the check repeats. Objects are never
+/// deleted here: another push may already rely on them. Then the
+/// directory's index records this sync, so the next push of it to the
+/// same home asks only about what changed.
+pub fn commit(
+    store: &Store,
+    org: &OrgId,
+    home: &HomeName,
+    upload: Upload,
+    progress: &dyn Progress,
+) -> Result<PushReport> {
+    let Upload {
+        mut report,
+        scan,
+        old_index,
+        index_path,
+        since,
+        mut relied_on,
+    } = upload;
+    if !report.unchanged {
+        commit_pointer(
+            store,
+            org,
+            home,
+            &scan,
+            &mut relied_on,
+            &mut report,
+            progress,
+        )?;
+    }
+    let Some(path) = index_path else {
+        return Ok(report);
+    };
+    let store_id = since.map(|since| since.store_id);
+    // An unchanged home whose every file came from the index leaves the
+    // index as it was: skip rewriting it (the fast path stays fast).
+    let index_unchanged = report.unchanged
+        && report.files_hashed == 0
+        && scan.collected.index_files.len() == old_index.files.len()
+        && old_index.last.as_ref().is_some_and(|last| {
+            Some(&last.store) == store_id.as_ref()
+                && last.org == org.as_str()
+                && last.home == home.as_str()
+                && last.root == scan.root
+        });
+    if !index_unchanged {
+        let trees = scan.collected.trees.keys().copied().collect();
+        let index = Index {
+            files: scan.collected.index_files,
+            last: store_id.map(|store| LastSync {
+                store,
+                org: org.to_string(),
+                home: home.to_string(),
+                root: scan.root,
+                trees,
+            }),
+        };
+        index.save(&path)?;
+    }
+    Ok(report)
+}
+
+/// [`commit`]'s rounds: sync, check under the lock, write the pointer, or
+/// upload again what vanished.
+fn commit_pointer(
     store: &Store,
     org: &OrgId,
     home: &HomeName,
     scan: &Scan,
-    mut relied_on: Vec<ObjectId>,
+    relied_on: &mut Vec<ObjectId>,
     report: &mut PushReport,
     progress: &dyn Progress,
 ) -> Result<()> {
+    store.sync()?;
     for _ in 0..COMMIT_ATTEMPTS_MAX {
         let lock = store.lock_commit()?;
         let mut vanished = false;
         for chunk in relied_on.chunks(MISSING_CHECK_BATCH_MAX * 8) {
-            if !store.missing(org, chunk)?.is_empty() {
+            if !missing(store, org, chunk, report)?.is_empty() {
                 vanished = true;
                 break;
             }
@@ -467,19 +510,19 @@ fn commit(
             .map(|d| ObjectId::tree(*d))
             .chain(scan.collected.all_blocks().into_iter().map(ObjectId::block))
             .collect();
-        let missing = store.missing(org, &everything)?;
-        let missing_set: HashSet<ObjectId> = missing.iter().copied().collect();
-        relied_on = everything
+        let absent = missing(store, org, &everything, report)?;
+        let absent_set: HashSet<ObjectId> = absent.iter().copied().collect();
+        *relied_on = everything
             .into_iter()
-            .filter(|o| !missing_set.contains(o))
+            .filter(|o| !absent_set.contains(o))
             .collect();
-        upload(store, org, scan, &missing, report, progress)?;
+        upload_missing(store, org, scan, &absent, report, progress)?;
         store.sync()?;
     }
     Err(Error::CommitRaced)
 }
 
-/// Bounds on one upload batch (one [`Store::put_batch`], which the block
+/// Bounds on one upload batch (one [`Objects::put_batch`], which the block
 /// service's client sends as one request): the plain bytes a thread reads
 /// and holds at once, and the objects. A change of 1% of a grown home
 /// (about a thousand blocks, three thousand trees) then goes up in a few
@@ -493,8 +536,8 @@ pub const UPLOAD_BATCH_OBJECTS_MAX: usize = 1024;
 const TREE_LEVEL_SHARED_MIN: usize = 64;
 
 /// Uploads the missing objects: blocks, then trees children first.
-fn upload(
-    store: &Store,
+fn upload_missing(
+    objects: &dyn Objects,
     org: &OrgId,
     scan: &Scan,
     missing: &[ObjectId],
@@ -502,9 +545,8 @@ fn upload(
     progress: &dyn Progress,
 ) -> Result<()> {
     let trees = &scan.collected.trees;
-    let (blocks, mut tree_ids): (Vec<ObjectId>, Vec<ObjectId>) = missing
-        .iter()
-        .partition(|o| o.kind == crate::store::ObjectKind::Block);
+    let (blocks, mut tree_ids): (Vec<ObjectId>, Vec<ObjectId>) =
+        missing.iter().partition(|o| o.kind == ObjectKind::Block);
     let wanted: HashSet<Digest> = blocks.iter().map(|b| b.digest).collect();
     let sources = &scan.collected.block_sources(&wanted);
     let source = |object: &ObjectId| {
@@ -521,7 +563,11 @@ fn upload(
     let threads = rayon::current_num_threads();
     let uploaded_bytes = AtomicU64::new(0);
     let put = |batch: &[(ObjectId, Vec<u8>)]| -> Result<()> {
-        store.put_batch(org, batch)?;
+        let refs: Vec<(ObjectId, &[u8])> = batch
+            .iter()
+            .map(|(object, stored)| (*object, stored.as_slice()))
+            .collect();
+        objects.put_batch(org, &refs)?;
         let stored: u64 = batch.iter().map(|(_, bytes)| bytes.len() as u64).sum();
         uploaded_bytes.fetch_add(stored, Ordering::Relaxed);
         Ok(())

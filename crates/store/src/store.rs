@@ -1,6 +1,7 @@
 //! Org-scoped access to objects and home pointers: the only place that
 //! builds backend keys, so nothing one org names can resolve to another
-//! org's object.
+//! org's object. `Store` is the store engine's [`Objects`]; pointers,
+//! locks and listing are its own.
 //!
 //! Key layout:
 //! - `orgs/{org}/blocks/{first two hex}/{digest hex}`: file content blocks
@@ -13,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::backend::{self, Backend, ObjectMeta};
+use crate::objects::Objects;
 use crate::tree::Tree;
 use crate::{Digest, Error, HomeName, OrgId, Result, block};
 
@@ -62,15 +64,11 @@ const COMMIT_LOCKS: &str = "locks/commit/";
 
 pub struct Store {
     backend: Arc<dyn Backend>,
-    missing_check_requests: AtomicU64,
 }
 
 impl Store {
     pub fn new(backend: Arc<dyn Backend>) -> Store {
-        Store {
-            backend,
-            missing_check_requests: AtomicU64::new(0),
-        }
+        Store { backend }
     }
 
     pub fn open(url: &str) -> Result<Store> {
@@ -79,11 +77,6 @@ impl Store {
 
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
-    }
-
-    /// How many batched existence requests this store has sent.
-    pub fn missing_check_requests(&self) -> u64 {
-        self.missing_check_requests.load(Ordering::Relaxed)
     }
 
     pub fn orgs_prefix() -> &'static str {
@@ -103,41 +96,12 @@ impl Store {
         format!("orgs/{org}/homes/{home}")
     }
 
-    /// Which of `digests` the org's store lacks, asked in bounded batches.
-    pub fn missing(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<ObjectId>> {
-        let mut missing = Vec::new();
-        for batch in objects.chunks(MISSING_CHECK_BATCH_MAX) {
-            let keys: Vec<String> = batch.iter().map(|o| Self::object_key(org, o)).collect();
-            self.missing_check_requests.fetch_add(1, Ordering::Relaxed);
-            let present = self.backend.exists(&keys)?;
-            missing.extend(
-                batch
-                    .iter()
-                    .zip(present)
-                    .filter(|(_, present)| !present)
-                    .map(|(d, _)| *d),
-            );
-        }
-        Ok(missing)
-    }
-
     /// Compresses and stores an object; returns the stored size.
     pub fn put_object(&self, org: &OrgId, object: &ObjectId, plain: &[u8]) -> Result<u64> {
         debug_assert_eq!(Digest::of(plain), object.digest);
         let stored = block::encode(plain);
         self.backend.put(&Self::object_key(org, object), &stored)?;
         Ok(stored.len() as u64)
-    }
-
-    /// Stores objects already encoded ([`block::encode`]) in the order
-    /// given ([`Backend::put_batch`]), without decoding them again: for
-    /// bytes this process encoded itself or has just verified.
-    pub fn put_batch<B: AsRef<[u8]>>(&self, org: &OrgId, objects: &[(ObjectId, B)]) -> Result<()> {
-        let batch: Vec<(String, &[u8])> = objects
-            .iter()
-            .map(|(object, stored)| (Self::object_key(org, object), stored.as_ref()))
-            .collect();
-        self.backend.put_batch(&batch)
     }
 
     /// Stores an object already encoded by a client, after checking that
@@ -156,25 +120,6 @@ impl Store {
                 digest: object.digest,
                 path: None,
             })
-    }
-
-    /// Several objects' stored bytes, in the order of `objects`, through
-    /// [`Backend::get_batch`]; `None` for one the store lacks.
-    pub fn get_encoded_batch(
-        &self,
-        org: &OrgId,
-        objects: &[ObjectId],
-    ) -> Result<Vec<Option<Vec<u8>>>> {
-        let keys: Vec<String> = objects.iter().map(|o| Self::object_key(org, o)).collect();
-        let fetched = self.backend.get_batch(&keys)?;
-        if fetched.len() != objects.len() {
-            return Err(Error::Backend {
-                op: "get",
-                key: keys.first().cloned().unwrap_or_default(),
-                message: format!("{} objects for {} asked", fetched.len(), objects.len()),
-            });
-        }
-        Ok(fetched)
     }
 
     /// An object's plain content, verified against its digest.
@@ -271,6 +216,58 @@ impl Store {
     /// Every object and pointer of every org.
     pub fn list_all(&self) -> Result<Vec<ObjectMeta>> {
         self.backend.list(Self::orgs_prefix())
+    }
+}
+
+/// The store engine's objects: keys built here, existence asked in
+/// bounded batches, stored and read through the backend as they are.
+impl Objects for Store {
+    fn missing(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<ObjectId>> {
+        let mut missing = Vec::new();
+        for batch in objects.chunks(MISSING_CHECK_BATCH_MAX) {
+            let keys: Vec<String> = batch.iter().map(|o| Self::object_key(org, o)).collect();
+            let present = self.backend.exists(&keys)?;
+            missing.extend(
+                batch
+                    .iter()
+                    .zip(present)
+                    .filter(|(_, present)| !present)
+                    .map(|(d, _)| *d),
+            );
+        }
+        Ok(missing)
+    }
+
+    /// Stores the bytes as given ([`Backend::put_batch`]), without decoding
+    /// them again: for bytes this process encoded itself or has just
+    /// verified ([`crate::objects::put_batch_checked`]).
+    fn put_batch(&self, org: &OrgId, objects: &[(ObjectId, &[u8])]) -> Result<()> {
+        let batch: Vec<(String, &[u8])> = objects
+            .iter()
+            .map(|(object, stored)| (Self::object_key(org, object), *stored))
+            .collect();
+        self.backend.put_batch(&batch)
+    }
+
+    fn get(&self, org: &OrgId, object: &ObjectId) -> Result<Option<Vec<u8>>> {
+        self.backend.get(&Self::object_key(org, object))
+    }
+
+    fn get_batch(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<Option<Vec<u8>>>> {
+        let keys: Vec<String> = objects.iter().map(|o| Self::object_key(org, o)).collect();
+        let fetched = self.backend.get_batch(&keys)?;
+        if fetched.len() != objects.len() {
+            return Err(Error::Backend {
+                op: "get",
+                key: keys.first().cloned().unwrap_or_default(),
+                message: format!("{} objects for {} asked", fetched.len(), objects.len()),
+            });
+        }
+        Ok(fetched)
+    }
+
+    fn reads_in_batches(&self) -> bool {
+        self.backend.reads_in_batches()
     }
 }
 

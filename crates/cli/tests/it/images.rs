@@ -732,24 +732,21 @@ async fn the_block_service_hands_out_objects_in_batches_naming_absent_ones() {
     assert_eq!(answer.status, 200, "{answer:?}");
     let frames = api::blocks::parse_fetched(&answer.bytes).expect("frames");
     assert_eq!(frames.len(), 2, "the answer stops after 8 MiB");
-    let mut keys: Vec<String> = big
+    let mut objects: Vec<store::store::ObjectId> = big
         .iter()
-        .map(|content| {
-            let object = store::store::ObjectId::block(store::Digest::of(content));
-            store::Store::object_key(&org_id.parse().expect("org id"), &object)
-        })
+        .map(|content| store::store::ObjectId::block(store::Digest::of(content)))
         .collect();
-    keys.push(store::Store::object_key(
-        &org_id.parse().expect("org id"),
-        &store::store::ObjectId::block(store::Digest::of(b"never stored")),
-    ));
+    objects.push(store::store::ObjectId::block(store::Digest::of(
+        b"never stored",
+    )));
     let backend = api::blocks::RemoteBackend::new(
         api::client::Client::new(&org.url, &org.token),
         tokio::runtime::Handle::current(),
     );
+    let org_id: store::OrgId = org_id.parse().expect("org id");
     let got = tokio::task::spawn_blocking(move || {
-        use store::backend::Backend;
-        backend.get_batch(&keys)
+        use store::Objects;
+        backend.get_batch(&org_id, &objects)
     })
     .await
     .expect("task")

@@ -35,8 +35,8 @@ use api::runners::{SandboxAssignment, SaveReport, SnapshotReport, WakeReport};
 use store::excludes::Excludes;
 use store::index::KeyRule;
 use store::pull::{PullOptions, materialize};
-use store::push::{PushReport, UploadOptions, upload_tree};
-use store::{Digest, OrgId, Store};
+use store::push::{PushReport, Upload, UploadOptions, upload_tree};
+use store::{Digest, OrgId};
 
 use super::{Refusal, refusal};
 use oci::volumes::HomeVolumes;
@@ -179,11 +179,8 @@ impl Homes {
         self.state.join(format!("{id}.secured"))
     }
 
-    fn remote(client: &Client) -> Store {
-        Store::new(Arc::new(RemoteBackend::new(
-            client.clone(),
-            tokio::runtime::Handle::current(),
-        )))
+    fn remote(client: &Client) -> RemoteBackend {
+        RemoteBackend::new(client.clone(), tokio::runtime::Handle::current())
     }
 
     fn org(org: &str) -> Result<OrgId> {
@@ -333,9 +330,11 @@ impl Homes {
                 dev: Some(INDEX_DEV),
                 observed_at_ns: Some(ms_since_epoch(observed_at).saturating_mul(1_000_000)),
             },
+            since: None,
         };
         let uploaded = blocking("uploading the home", move || {
-            upload_tree(&store, &org, &dir, &options, &progress).map_err(|e| match e {
+            let uploaded = upload_tree(&store, &org, &dir, &options, &progress);
+            uploaded.and_then(Upload::finish).map_err(|e| match e {
                 store::Error::Backend { .. } => Error::io(
                     "upload the home from",
                     &dir,

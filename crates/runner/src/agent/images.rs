@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use api::blocks::RemoteBackend;
 use api::client::Client;
 use store::pull::{PullOptions, materialize};
-use store::{Digest, OrgId, Store};
+use store::{Digest, OrgId};
 
 use oci::{Error, Result};
 
@@ -76,9 +76,8 @@ impl Images {
         };
         let (work_temp, work_dest) = (temp.clone(), dest.clone());
         let done = tokio::task::spawn_blocking(move || -> Result<()> {
-            let store = Store::new(std::sync::Arc::new(backend));
             let report = materialize(
-                &store,
+                &backend,
                 &org,
                 "image",
                 &digest,

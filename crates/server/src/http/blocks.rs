@@ -36,7 +36,7 @@ use api::blocks::{
     absent_header, batch_header, object_name,
 };
 use store::store::{MISSING_CHECK_BATCH_MAX, ObjectId, ObjectKind};
-use store::{Digest, OrgId, Store};
+use store::{Digest, Objects, OrgId, Store};
 
 /// Largest object body: an 8 MiB block, its frame byte and zstd's worst
 /// case expansion of incompressible data, with room to spare.
@@ -163,7 +163,9 @@ pub async fn put(
     let size = body.len() as u64;
     let stored = blocking(move || match object.kind {
         ObjectKind::Block => store.put_encoded(&org, &object, &body),
-        ObjectKind::Tree => store::push::put_tree_checked(&store, &org, &object.digest, &body),
+        ObjectKind::Tree => {
+            store::objects::put_tree_checked(store.as_ref(), &org, &object.digest, &body)
+        }
     })
     .await?;
     match stored {
@@ -207,7 +209,8 @@ pub async fn batch(
     // part-way (503) leaves some of the batch stored: verified,
     // content-addressed objects that name nothing absent, which a retry
     // finds present and gc collects if nothing ever refers to them.
-    let stored = blocking(move || store::push::put_batch_checked(&store, &org, &objects)).await?;
+    let stored =
+        blocking(move || store::objects::put_batch_checked(store.as_ref(), &org, &objects)).await?;
     match stored {
         Ok(()) => {
             state.metrics.block_transfer("in", ids.len() as u64, size);
@@ -316,7 +319,7 @@ pub async fn fetch(
         while at < objects.len() {
             let group = &objects[at..objects.len().min(at + group_len)];
             at += group.len();
-            for (object, stored) in group.iter().zip(store.get_encoded_batch(&org, group)?) {
+            for (object, stored) in group.iter().zip(store.get_batch(&org, group)?) {
                 match stored {
                     Some(data) => {
                         body.extend_from_slice(batch_header(object, data.len()).as_bytes());

@@ -35,8 +35,8 @@ pub trait Backend: Send + Sync {
     /// given: an object is stored only after every one before it, so a
     /// caller may place a tree after the children it names. A failure
     /// leaves some prefix of `objects` stored. The default is one `put`
-    /// each; a backend with a costly round trip sends several per request
-    /// (the block service's `RemoteBackend`).
+    /// each; a backend with a costly round trip may send several per
+    /// request.
     fn put_batch(&self, objects: &[(String, &[u8])]) -> Result<()> {
         for (key, data) in objects {
             self.put(key, data)?;
@@ -55,16 +55,17 @@ pub trait Backend: Send + Sync {
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>>;
 
     /// Several objects, each as [`Backend::get`] returns it, in the order
-    /// of `keys`. The default is one `get` each; a backend with a costly
-    /// round trip fetches several per request and says so through
-    /// [`Backend::reads_in_batches`].
+    /// of `keys`. The default is one `get` each; S3 sends several at once
+    /// (the block service's fetch hands out batches).
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
         keys.iter().map(|key| self.get(key)).collect()
     }
 
     /// Whether [`Backend::get_batch`] saves round trips over one `get` per
-    /// object. Pull then fetches a directory's small objects together;
-    /// otherwise it fetches each where it is needed, in parallel.
+    /// object: what a [`crate::Store`] over it answers for
+    /// [`crate::Objects::reads_in_batches`], which steers pull. None of
+    /// the three backends does (pull's parallel directories keep S3 busy);
+    /// the tests' wrapper says so to drive pull's batched path.
     fn reads_in_batches(&self) -> bool {
         false
     }

@@ -14,7 +14,7 @@ use store::gc;
 use store::progress::NoProgress;
 use store::store::{MISSING_CHECK_BATCH_MAX, ObjectId};
 use store::tree::EntryKind;
-use store::{Digest, Error, HomeName, OrgId, Store};
+use store::{Digest, Error, HomeName, Objects, OrgId, Store};
 
 use crate::support::{
     Double, Faults, Node, assert_present_trees_are_complete, assert_verify_ok, contents, home,
@@ -1349,6 +1349,7 @@ fn upload_tree_index_keys_follow_the_key_rule() {
             dev,
             observed_at_ns: None,
         },
+        since: None,
     };
     let upload = |dev| {
         store::push::upload_tree(
@@ -1358,6 +1359,7 @@ fn upload_tree_index_keys_follow_the_key_rule() {
             &options(dev),
             &store::progress::NoProgress,
         )
+        .and_then(store::push::Upload::finish)
         .expect("upload")
     };
     let first = upload(Some(0));

@@ -2,6 +2,9 @@
 //!
 //! - `backend`: the conformance suite every `Backend` must pass (local
 //!   directory, memory, S3 against the server `scripts/test.sh` starts).
+//! - `objects`: the `Objects` conformance suite (`store::testing`) for the
+//!   store engine over each backend; the server's tests run it against the
+//!   block service.
 //! - `engine`: push, pull, gc and verify end to end through the library.
 //! - `support`: temp homes, directory snapshots and a backend test double
 //!   that records calls and injects faults.
@@ -10,4 +13,5 @@
 
 mod backend;
 mod engine;
+mod objects;
 mod support;

@@ -410,7 +410,7 @@ impl Double {
             {
                 let plain = store::block::decode(&object.digest, data)?;
                 let tree = store::tree::Tree::decode(&object.digest, &plain)?;
-                for child in store::push::children(&tree) {
+                for child in store::objects::children(&tree) {
                     let child = Store::object_key(&org, &child);
                     if !earlier.contains(child.as_str())
                         && self.inner.exists(std::slice::from_ref(&child))? != [true]

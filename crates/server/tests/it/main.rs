@@ -1,0 +1,10 @@
+//! The server's own tests, one binary for the crate: the server runs in
+//! this process (`server::serve` on a loopback port, SQLite and a local
+//! store in a temp dir), driven through `api`'s client.
+//!
+//! - `support`: starting a server, making an org.
+//! - `blocks`: the block service through its client passes the store's
+//!   `Objects` conformance suite, and refuses what it must.
+
+mod blocks;
+mod support;

@@ -1,0 +1,77 @@
+//! A server in this process for a test: its own temp data dir (SQLite,
+//! the admin token) and local content store, on a loopback port; stopped
+//! when dropped.
+
+use std::net::SocketAddr;
+
+use api::client::Client;
+use api::orgs::CreateOrgRequest;
+use store::OrgId;
+
+pub struct TestServer {
+    pub url: String,
+    pub admin: Client,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Kept for the server's lifetime.
+    _data: tempfile::TempDir,
+}
+
+impl TestServer {
+    /// Starts a server with a content store and waits until it listens.
+    pub async fn start() -> TestServer {
+        let data = tempfile::Builder::new()
+            .prefix("roost-server-it-")
+            .tempdir()
+            .expect("a temp data dir");
+        let listen: SocketAddr = "127.0.0.1:0".parse().expect("a loopback address");
+        let mut config = server::Config::new(listen, data.path().join("server"));
+        config.store_url = Some(data.path().join("store").display().to_string());
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let stopped = async {
+                let _ = stop.await;
+            };
+            let served = server::serve(config, stopped, |started| {
+                let _ = started_tx.send(started);
+            })
+            .await;
+            if let Err(err) = served {
+                panic!("the test server failed: {err}");
+            }
+        });
+        let started = started_rx.await.expect("the server starts");
+        let token = started
+            .admin_token
+            .expect("a fresh data dir makes an admin token");
+        TestServer {
+            admin: Client::new(&started.url, &token),
+            url: started.url,
+            shutdown: Some(shutdown),
+            _data: data,
+        }
+    }
+
+    /// A new org: a client with its token, and its id as the store names it.
+    pub async fn org(&self, name: &str) -> (Client, OrgId) {
+        let created = self
+            .admin
+            .create_org(&CreateOrgRequest {
+                name: name.to_owned(),
+                max_running: None,
+                max_total: None,
+            })
+            .await
+            .expect("create an org");
+        let org = created.org_id.parse().expect("an org id is a store org");
+        (Client::new(&self.url, &created.token), org)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+    }
+}

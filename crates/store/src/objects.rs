@@ -1,0 +1,136 @@
+//! One org's objects by name (kind and digest): the level push's upload
+//! and pull's materialise work at, so they run unchanged against a store
+//! they hold ([`crate::Store`], over any backend) or against the control
+//! plane's block service (`api::blocks::RemoteBackend`).
+//!
+//! Keys, home pointers, listing and deleting stay below, in
+//! [`crate::Store`] and its [`crate::backend::Backend`]: only a process
+//! with the store itself commits a pointer or collects garbage. Every
+//! implementation passes the suite in [`crate::testing`] (behind the
+//! `testing` feature).
+
+use std::collections::HashSet;
+
+use crate::store::{ObjectId, ObjectKind};
+use crate::tree::{EntryKind, Tree};
+use crate::{Digest, Error, OrgId, Result, block};
+
+/// An org's objects in a content store. Bytes are the stored (encoded,
+/// [`block::encode`]) form; whoever reads them verifies them
+/// ([`block::decode`]). Objects are write-once and content-addressed, so
+/// storing one twice is harmless.
+pub trait Objects: Send + Sync {
+    /// Which of `objects` the org's store lacks, in the order asked. Any
+    /// number may be asked; an implementation splits them into requests
+    /// as it must. Errors are errors, never "absent".
+    fn missing(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<ObjectId>>;
+
+    /// Stores objects in the order given: one is stored only after every
+    /// one before it, so a tree may follow the children it names (callers
+    /// always give children first). A failure leaves some prefix stored.
+    /// The block service checks every object before it stores any
+    /// ([`put_batch_checked`]); a store this process holds trusts bytes
+    /// this process encoded.
+    fn put_batch(&self, org: &OrgId, objects: &[(ObjectId, &[u8])]) -> Result<()>;
+
+    /// An object's stored bytes, unverified; `None` only when it is absent.
+    fn get(&self, org: &OrgId, object: &ObjectId) -> Result<Option<Vec<u8>>>;
+
+    /// Several objects, each as [`Objects::get`] answers it, in the order
+    /// of `objects`.
+    fn get_batch(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<Option<Vec<u8>>>>;
+
+    /// Whether [`Objects::get_batch`] saves round trips over one
+    /// [`Objects::get`] per object. Pull then fetches every tree first and
+    /// a directory's small files together; otherwise it fetches each
+    /// object where it is needed, in parallel.
+    fn reads_in_batches(&self) -> bool {
+        false
+    }
+}
+
+/// The objects a tree names directly: its subtrees and its files' blocks.
+pub fn children(tree: &Tree) -> Vec<ObjectId> {
+    let mut children = Vec::new();
+    for entry in &tree.entries {
+        match &entry.kind {
+            EntryKind::Dir { tree } => children.push(ObjectId::tree(*tree)),
+            EntryKind::File { blocks } => {
+                children.extend(blocks.iter().map(|b| ObjectId::block(*b)));
+            }
+            EntryKind::Symlink { .. } => {}
+        }
+    }
+    children
+}
+
+/// Stores a tree object a client uploaded, only if every object it names
+/// is already in the org's store ([`Error::IncompleteTree`] otherwise).
+/// With this rule at upload, and gc deleting parents before children, a
+/// present tree always has its whole subtree present, so a commit need
+/// only find the root.
+pub fn put_tree_checked(
+    objects: &dyn Objects,
+    org: &OrgId,
+    digest: &Digest,
+    stored: &[u8],
+) -> Result<()> {
+    put_batch_checked(objects, org, &[(ObjectId::tree(*digest), stored)])
+}
+
+/// The block service's rule for what it stores: objects a client uploaded
+/// (their stored bytes), in the order given, after checking all of them.
+/// Every object must decode to its digest ([`Error::Corrupt`]), every tree
+/// must be well formed ([`Error::MalformedTree`]) and name only objects
+/// that are in the org's store or earlier in `batch`
+/// ([`Error::IncompleteTree`], as [`put_tree_checked`]). Any of those
+/// refuses the whole batch before anything is stored; only a store failure
+/// part-way can leave some of it stored, and those objects are verified
+/// and content-addressed, so they are harmless leftovers a retry finds
+/// present.
+pub fn put_batch_checked<B: AsRef<[u8]>>(
+    objects: &dyn Objects,
+    org: &OrgId,
+    batch: &[(ObjectId, B)],
+) -> Result<()> {
+    let mut earlier: HashSet<ObjectId> = HashSet::with_capacity(batch.len());
+    // Each tree with the children it names that are not earlier in the batch.
+    let mut outside: Vec<(Digest, Vec<ObjectId>)> = Vec::new();
+    for (object, stored) in batch {
+        let plain = block::decode(&object.digest, stored.as_ref())?;
+        if object.kind == ObjectKind::Tree {
+            let tree = Tree::decode(&object.digest, &plain)?;
+            let children: Vec<ObjectId> = children(&tree)
+                .into_iter()
+                .filter(|child| !earlier.contains(child))
+                .collect();
+            if !children.is_empty() {
+                outside.push((object.digest, children));
+            }
+        }
+        earlier.insert(*object);
+    }
+    let mut asked: HashSet<ObjectId> = HashSet::new();
+    let ask: Vec<ObjectId> = outside
+        .iter()
+        .flat_map(|(_, children)| children.iter().copied())
+        .filter(|child| asked.insert(*child))
+        .collect();
+    let missing: HashSet<ObjectId> = objects.missing(org, &ask)?.into_iter().collect();
+    if !missing.is_empty() {
+        for (root, children) in &outside {
+            let absent = children.iter().filter(|c| missing.contains(c)).count();
+            if absent > 0 {
+                return Err(Error::IncompleteTree {
+                    root: *root,
+                    missing: absent as u64,
+                });
+            }
+        }
+    }
+    let batch: Vec<(ObjectId, &[u8])> = batch
+        .iter()
+        .map(|(object, stored)| (*object, stored.as_ref()))
+        .collect();
+    objects.put_batch(org, &batch)
+}

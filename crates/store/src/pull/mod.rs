@@ -1,0 +1,318 @@
+//! Pull: materialise a home's tree into a directory, from any
+//! [`Objects`] (a store this process holds, or the block service).
+//!
+//! Two rooms: `plan` decides what to fetch when (every tree first, a level
+//! per batch, then windows of small files' blocks), `write` makes the
+//! destination match the tree through directory handles. This module
+//! holds the options, the report, and where bytes come from (the local
+//! block cache, what a window fetched ahead, or the objects one by one).
+//!
+//! Safety: every filesystem call is relative to a directory handle and
+//! names a single validated component; directories are opened with
+//! `O_NOFOLLOW`, files are created `O_EXCL` under a temporary name and
+//! renamed into place (which replaces a symlink or a hard link rather than
+//! writing through it), and metadata is set on our own handles after the
+//! content. So a hostile tree, or a destination already holding symlinks,
+//! cannot make us write outside the target. Every block is verified
+//! against its digest before a byte of it is written.
+//!
+//! Speed: directories are processed in parallel; files whose current stat
+//! matches the local index with the same blocks are left alone; blocks come
+//! from the optional local block cache before the store; all-zero 4 MiB
+//! blocks of large files become holes. Where a request per object would
+//! cost a round trip (the block service, [`Objects::reads_in_batches`]),
+//! every tree is fetched first, a level at a time, and then the blocks of
+//! small files come in windows: a directory's own files, or whole subtrees
+//! this pull creates, several per window, so a home of many small
+//! directories takes few requests.
+
+mod plan;
+mod write;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rustix::fs::{Mode, OFlags};
+
+use crate::backend::LocalBackend;
+use crate::index::{Index, LastSync};
+use crate::objects::Objects;
+use crate::progress::Progress;
+use crate::store::ObjectId;
+use crate::tree::Tree;
+use crate::{Digest, Error, HomeName, OrgId, Result, Store, block};
+
+/// Objects fetched ahead of their use: stored bytes, already counted (and
+/// written to the block cache when the pull fills it).
+type Prefetched = HashMap<ObjectId, Vec<u8>>;
+
+pub struct PullOptions {
+    /// A local block cache directory, read before the store.
+    pub cache: Option<PathBuf>,
+    /// Whether what is downloaded is also written into `cache`. Worth it
+    /// for objects many destinations share (images); a home is its own
+    /// copy on the runner, and writing its every block a second time cost
+    /// a third of a wake on a fresh runner.
+    pub fill_cache: bool,
+    /// The destination's file index (read to skip unchanged files, then
+    /// rewritten so the next push of the destination hashes nothing).
+    pub index_path: Option<PathBuf>,
+    pub store_id: String,
+    /// Replaces the device number in index keys (see
+    /// [`crate::index::KeyRule`]), for homes later read through snapshots.
+    pub index_dev: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PullReport {
+    pub root: Option<Digest>,
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub logical_bytes: u64,
+    pub files_written: u64,
+    pub files_unchanged: u64,
+    pub removed: u64,
+    pub blocks_downloaded: u64,
+    /// Stored (compressed) bytes fetched from the store.
+    pub bytes_downloaded: u64,
+    pub blocks_from_cache: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    files: AtomicU64,
+    dirs: AtomicU64,
+    symlinks: AtomicU64,
+    files_written: AtomicU64,
+    files_unchanged: AtomicU64,
+    removed: AtomicU64,
+    blocks_downloaded: AtomicU64,
+    bytes_downloaded: AtomicU64,
+    blocks_from_cache: AtomicU64,
+}
+
+struct Materializer<'a> {
+    objects: &'a dyn Objects,
+    org: &'a OrgId,
+    cache: Option<Store>,
+    fill_cache: bool,
+    /// Every tree of the home, fetched ahead (from a store that reads in
+    /// batches); empty otherwise.
+    known_trees: HashMap<Digest, Tree>,
+    old_index: Index,
+    index_dev: Option<u64>,
+    progress: &'a dyn Progress,
+    counters: Counters,
+    new_index: Mutex<Index>,
+    trees_seen: Mutex<Vec<Digest>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain collections stay valid if another worker panicked.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub fn pull(
+    store: &Store,
+    org: &OrgId,
+    home: &HomeName,
+    dest: &Path,
+    options: &PullOptions,
+    progress: &dyn Progress,
+) -> Result<PullReport> {
+    let root = store
+        .read_home(org, home)?
+        .ok_or_else(|| Error::NoSuchHome {
+            org: org.to_string(),
+            home: home.to_string(),
+        })?;
+    materialize(store, org, home.as_str(), &root, dest, options, progress)
+}
+
+/// Materialises the tree `root` of `objects` into `dest` (created if
+/// absent; an older copy is updated in place, entries not in the tree
+/// removed). `home` is recorded in the destination's index as where the
+/// tree came from.
+pub fn materialize(
+    objects: &dyn Objects,
+    org: &OrgId,
+    home: &str,
+    root: &Digest,
+    dest: &Path,
+    options: &PullOptions,
+    progress: &dyn Progress,
+) -> Result<PullReport> {
+    std::fs::create_dir_all(dest).map_err(Error::io(dest))?;
+    let dest_fd = rustix::fs::open(
+        dest,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::Io {
+        path: dest.to_owned(),
+        source: e.into(),
+    })?;
+    let cache = match &options.cache {
+        Some(dir) => Some(Store::new(Arc::new(LocalBackend::open(dir)?))),
+        None => None,
+    };
+    let old_index = options
+        .index_path
+        .as_deref()
+        .map(Index::load)
+        .unwrap_or_default();
+    let mut materializer = Materializer {
+        objects,
+        org,
+        cache,
+        fill_cache: options.fill_cache,
+        known_trees: HashMap::new(),
+        old_index,
+        index_dev: options.index_dev,
+        progress,
+        counters: Counters::default(),
+        new_index: Mutex::new(Index::default()),
+        trees_seen: Mutex::new(Vec::new()),
+    };
+    let tree = materializer.fetch_tree(root, Path::new(""), &Prefetched::new())?;
+    if objects.reads_in_batches() {
+        materializer.load_trees(&tree)?;
+    }
+    let logical_bytes = crate::tree::logical_bytes(&tree.entries);
+    progress.phase("downloading", Some(logical_bytes));
+    materializer.materialize_dir(&dest_fd, &tree, Path::new(""), false, None)?;
+
+    if let Some(path) = &options.index_path {
+        let mut index = std::mem::take(&mut *lock(&materializer.new_index));
+        index.last = Some(LastSync {
+            store: options.store_id.clone(),
+            org: org.to_string(),
+            home: home.to_owned(),
+            root: *root,
+            trees: std::mem::take(&mut *lock(&materializer.trees_seen)),
+        });
+        index.save(path)?;
+    }
+    let n = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    let c = &materializer.counters;
+    Ok(PullReport {
+        root: Some(*root),
+        files: n(&c.files),
+        dirs: n(&c.dirs),
+        symlinks: n(&c.symlinks),
+        logical_bytes,
+        files_written: n(&c.files_written),
+        files_unchanged: n(&c.files_unchanged),
+        removed: n(&c.removed),
+        blocks_downloaded: n(&c.blocks_downloaded),
+        bytes_downloaded: n(&c.bytes_downloaded),
+        blocks_from_cache: n(&c.blocks_from_cache),
+    })
+}
+
+impl Materializer<'_> {
+    pub(super) fn fetch(
+        &self,
+        object: &ObjectId,
+        rel: &Path,
+        prefetched: &Prefetched,
+    ) -> Result<Vec<u8>> {
+        if let Some(stored) = prefetched.get(object) {
+            return block::decode(&object.digest, stored).map_err(|e| e.at(rel));
+        }
+        if let Some(cache) = &self.cache
+            && let Ok(stored) = cache.get_encoded(self.org, object)
+            && let Ok(plain) = block::decode(&object.digest, &stored)
+        {
+            self.counters
+                .blocks_from_cache
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(plain);
+        }
+        let stored = self
+            .objects
+            .get(self.org, object)
+            .and_then(|stored| {
+                stored.ok_or(Error::MissingObject {
+                    digest: object.digest,
+                    path: None,
+                })
+            })
+            .map_err(|e| e.at(rel))?;
+        let plain = block::decode(&object.digest, &stored).map_err(|e| e.at(rel))?;
+        self.downloaded(object, &stored);
+        Ok(plain)
+    }
+
+    /// Counts an object that came from the store, and keeps it in the block
+    /// cache when this pull fills it.
+    fn downloaded(&self, object: &ObjectId, stored: &[u8]) {
+        self.counters
+            .blocks_downloaded
+            .fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_downloaded
+            .fetch_add(stored.len() as u64, Ordering::Relaxed);
+        if let Some(cache) = &self.cache
+            && self.fill_cache
+            // A failed cache write only costs a later download.
+            && let Err(err) = cache.put_batch(self.org, &[(*object, stored)])
+        {
+            tracing::warn!(%err, "block cache write failed");
+        }
+    }
+
+    /// Fetches `objects` (those the block cache lacks) in one batch.
+    pub(super) fn prefetch(&self, mut objects: Vec<ObjectId>, rel: &Path) -> Result<Prefetched> {
+        objects.sort_unstable();
+        objects.dedup();
+        if let Some(cache) = &self.cache
+            && !objects.is_empty()
+        {
+            // An unreadable cache only costs downloads.
+            if let Ok(absent) = cache.missing(self.org, &objects) {
+                objects = absent;
+            }
+        }
+        if objects.is_empty() {
+            return Ok(Prefetched::new());
+        }
+        let fetched = self
+            .objects
+            .get_batch(self.org, &objects)
+            .map_err(|e| e.at(rel))?;
+        let mut prefetched = Prefetched::with_capacity(objects.len());
+        for (object, stored) in objects.into_iter().zip(fetched) {
+            let stored = stored.ok_or_else(|| {
+                Error::MissingObject {
+                    digest: object.digest,
+                    path: None,
+                }
+                .at(rel)
+            })?;
+            self.downloaded(&object, &stored);
+            prefetched.insert(object, stored);
+        }
+        Ok(prefetched)
+    }
+
+    pub(super) fn fetch_tree(
+        &self,
+        digest: &Digest,
+        rel: &Path,
+        prefetched: &Prefetched,
+    ) -> Result<Tree> {
+        if let Some(tree) = self.known_trees.get(digest) {
+            lock(&self.trees_seen).push(*digest);
+            return Ok(tree.clone());
+        }
+        let bytes = self.fetch(&ObjectId::tree(*digest), rel, prefetched)?;
+        lock(&self.trees_seen).push(*digest);
+        Tree::decode(digest, &bytes)
+    }
+}
