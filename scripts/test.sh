@@ -109,7 +109,7 @@ log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo test"
 test_log=$(mktemp)
-cargo test --workspace --locked 2>&1 | tee "$test_log"
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$test_log"
 # One closing line over every test binary (cargo prints one per binary).
 awk '/^test result:/ { passed += $4; failed += $6 } END { printf "\nall tests: %d passed, %d failed\n", passed, failed }' "$test_log"
 rm -f "$test_log"
