@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use api::lifecycle::SandboxState;
 use clap::{Parser, Subcommand};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -240,7 +241,9 @@ impl Api {
         let value = self.post("/v1/sandboxes", token, &json!({})).await?;
         Ok(Created {
             id: text(&value, "id")?,
-            state: text(&value, "state")?,
+            state: text(&value, "state")?
+                .parse()
+                .context("sandbox with an unknown state")?,
             epoch: value["epoch"].as_u64().context("sandbox without epoch")?,
         })
     }
@@ -297,7 +300,7 @@ fn text(value: &Value, field: &str) -> Result<String> {
 
 struct Created {
     id: String,
-    state: String,
+    state: SandboxState,
     epoch: u64,
 }
 
@@ -496,7 +499,7 @@ async fn waiters(
     for _ in 0..plan.sandboxes {
         let sandbox = api.create_sandbox(token).await?;
         ensure!(
-            sandbox.state == "starting",
+            sandbox.state == SandboxState::Starting,
             "sandbox {} is {}, not starting (no runner capacity?)",
             sandbox.id,
             sandbox.state
@@ -656,7 +659,7 @@ async fn wake(
     for i in 0..warmup + count {
         let sandbox = waiter.create_sandbox(&tokens.org).await?;
         ensure!(
-            sandbox.state == "starting",
+            sandbox.state == SandboxState::Starting,
             "sandbox {} is {}, not starting",
             sandbox.id,
             sandbox.state
