@@ -9,6 +9,7 @@
 //! `idempotency`, `limits`, `metrics`, `openapi`.
 
 pub mod auth;
+pub mod control;
 pub mod db;
 mod error;
 pub mod http;

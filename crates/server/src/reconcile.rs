@@ -3,9 +3,9 @@
 //! conditional update inside a transaction, so servers running the same
 //! step at once do it once (the loser's update matches no row).
 
+use crate::control::AppState;
 use crate::db::now_ms;
 use crate::error::ControlError;
-use crate::http::AppState;
 use crate::records::{
     SANDBOX_COLUMNS, SandboxRow, Transition, load_sandbox, set_sandbox_state, terminal_states_sql,
 };
@@ -39,7 +39,7 @@ pub async fn pass(state: &AppState, watch_leases: bool) -> Result<(), ControlErr
     expire_ttls(state).await?;
     schedule_pending(state).await?;
     apply_retention(state).await?;
-    crate::http::snapshots::expire(state).await?;
+    crate::control::snapshots::expire(state).await?;
     release_deleted_homes(state).await?;
     Ok(())
 }
@@ -58,10 +58,10 @@ pub async fn release_deleted_homes(state: &AppState) -> Result<(), ControlError>
     .fetch_all(&state.db.pool)
     .await?;
     for (id, org_id) in rows {
-        let (committed, next) = crate::http::homes::home_names(&id)?;
-        let org = crate::http::homes::store_org(&org_id)?;
+        let (committed, next) = crate::control::home_store::home_names(&id)?;
+        let org = crate::control::home_store::store_org(&org_id)?;
         let store = store.clone();
-        let released = crate::http::blocks::blocking(move || {
+        let released = crate::control::home_store::blocking(move || {
             store.delete_home(&org, &next)?;
             store.delete_home(&org, &committed)
         })
@@ -278,7 +278,7 @@ pub async fn schedule_pending(state: &AppState) -> Result<(), ControlError> {
         if !row.state.awaits_placement() || row.desired != DesiredState::Running {
             continue;
         }
-        crate::http::sandboxes::place_or_wait(&mut tx, &row).await?;
+        crate::control::placement::place_or_wait(&mut tx, &row).await?;
         tx.commit().await?;
     }
     Ok(())

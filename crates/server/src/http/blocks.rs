@@ -28,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::{AppState, Caller, Json, RawBody};
 use crate::auth::Principal;
+use crate::control::home_store::{blocking, store_error, store_of};
 use crate::error::ControlError;
 use crate::limits;
 use api::ErrorCode;
@@ -36,22 +37,11 @@ use api::blocks::{
     absent_header, batch_header, object_name,
 };
 use store::store::{MISSING_CHECK_BATCH_MAX, ObjectId, ObjectKind};
-use store::{Digest, Objects, OrgId, Store};
+use store::{Digest, Objects, OrgId};
 
 /// Largest object body: an 8 MiB block, its frame byte and zstd's worst
 /// case expansion of incompressible data, with room to spare.
 pub const OBJECT_BODY_BYTES_MAX: usize = 9 * 1024 * 1024;
-
-/// The store, or 422 when this deployment has none.
-pub fn store_of(state: &AppState) -> Result<std::sync::Arc<Store>, ControlError> {
-    state.store.clone().ok_or_else(|| {
-        ControlError::new(
-            ErrorCode::UnsupportedCapability,
-            "this deployment has no content store (roost server --store)",
-        )
-        .with_details(serde_json::json!({ "missing": ["store"] }))
-    })
-}
 
 /// The org whose objects `caller` may use, or 404.
 fn org_for(caller: &Caller, org: &str) -> Result<OrgId, ControlError> {
@@ -99,29 +89,6 @@ fn parse_names(names: &[String]) -> Result<Vec<ObjectId>, ControlError> {
             })
         })
         .collect()
-}
-
-/// Runs blocking store work off the async threads.
-pub async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> store::Result<T> + Send + 'static,
-) -> Result<store::Result<T>, ControlError> {
-    tokio::task::spawn_blocking(work).await.map_err(|err| {
-        tracing::error!(%err, "store task failed");
-        ControlError::new(ErrorCode::Internal, "internal error")
-    })
-}
-
-/// A store failure as an answer: the backend out of reach is 503 (retry),
-/// anything else 500; both logged here.
-pub fn store_error(err: store::Error) -> ControlError {
-    tracing::error!(%err, "store error");
-    match err {
-        store::Error::Backend { .. } | store::Error::StoreBusy { .. } => {
-            ControlError::new(ErrorCode::Unavailable, "the content store is unavailable")
-                .with_retry_after(1)
-        }
-        _ => ControlError::new(ErrorCode::Internal, "internal error"),
-    }
 }
 
 #[utoipa::path(post, path = "/v1/blocks/{org}/missing", tag = "blocks", params(("org" = String, Path)), request_body = api::blocks::MissingRequest, responses((status = 200, body = api::blocks::MissingResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]

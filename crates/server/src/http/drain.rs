@@ -20,7 +20,7 @@ use sqlx::Row;
 use super::{AppState, Caller, Json};
 use crate::db::WriteTx;
 use crate::error::ControlError;
-use crate::records::{self, SandboxRow, Transition, load_sandbox, not_found, set_sandbox_state};
+use crate::records::{self, SandboxRow, not_found};
 use api::ErrorCode;
 use api::runners::{PreemptRequest, RunnerRecord};
 
@@ -64,37 +64,6 @@ pub fn drain_reason(
             SandboxState::Stopping | SandboxState::Securing | SandboxState::Stopped
         );
     moving.then(|| reason_of(drain))
-}
-
-/// Moves a durable sandbox that is wanted running but was just secured and
-/// reported `stopped` (moved off a runner being emptied, or started again
-/// while it was securing) back to `pending` with no runner, and tries to
-/// place it: the scheduler prefers its last runner unless that one drains.
-pub async fn place_secured(
-    tx: &mut WriteTx,
-    id: &str,
-    reason: &str,
-    message: &str,
-) -> Result<(), ControlError> {
-    let Some(row) = load_sandbox(tx, id).await? else {
-        return Ok(());
-    };
-    if row.state != SandboxState::Stopped
-        || row.desired != DesiredState::Running
-        || row.storage_class != StorageClass::Durable
-    {
-        return Ok(());
-    }
-    let to = Transition {
-        state: SandboxState::Pending,
-        reason: Some(reason),
-        message: Some(message),
-    };
-    set_sandbox_state(tx, &row, to, None, row.epoch).await?;
-    if let Some(row) = load_sandbox(tx, id).await? {
-        super::sandboxes::place_or_wait(tx, &row).await?;
-    }
-    Ok(())
 }
 
 const RECORD_QUERY: &str = "SELECT r.id, r.name, r.placement_class, r.state, r.lease_expires_at_ms, r.registered_at_ms, r.drain, r.capabilities, r.labels,

@@ -17,42 +17,28 @@
 //! Every root the record can name is pinned by `{id}` or `{id}-next`, so
 //! gc never takes what a recovery would restore.
 
+use crate::control::home_store::{home_names, store_org};
 use axum::extract::{Path, State};
 
-use super::blocks::{blocking, store_error, store_of};
 use super::runner::{check_placement, fenced, live_runner};
 use super::{AppState, Caller, Json};
+use crate::control::home_store::{blocking, store_error, store_of};
 use crate::db::now_ms;
 use crate::error::ControlError;
 use crate::limits;
 use crate::records::{load_sandbox, not_found};
 use api::ErrorCode;
 use api::runners::SaveReport;
-use store::{Digest, HomeName, OrgId};
+use store::{Digest, HomeName};
 
 /// Longest error text kept on the record.
 const SAVE_ERROR_CHARS_MAX: usize = 1024;
-
-/// The store homes of sandbox `id`: its committed save and the one being
-/// committed.
-pub fn home_names(id: &str) -> Result<(HomeName, HomeName), ControlError> {
-    let internal = |_| ControlError::new(ErrorCode::Internal, "internal error");
-    Ok((
-        id.parse().map_err(internal)?,
-        format!("{id}-next").parse().map_err(internal)?,
-    ))
-}
 
 /// A tree root named in a request: 64 hex digits, else 400 naming `root`.
 pub fn parse_root(root: Option<&str>) -> Result<Digest, ControlError> {
     root.unwrap_or("")
         .parse()
         .map_err(|_| limits::invalid("root", "a 64-digit hex digest"))
-}
-
-pub fn store_org(org: &str) -> Result<OrgId, ControlError> {
-    org.parse()
-        .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))
 }
 
 /// Checks that the tree `root` is complete in `org`'s store and points

@@ -10,9 +10,10 @@
 
 use axum::extract::{Path, State};
 
-use super::blocks::{blocking, store_error, store_of};
-use super::homes::{parse_root, pin_tree, store_org};
+use super::homes::{parse_root, pin_tree};
 use super::{AppState, Caller, Json};
+use crate::control::home_store::store_org;
+use crate::control::home_store::{blocking, store_error, store_of};
 use crate::db::{WriteTx, now_ms};
 use crate::error::ControlError;
 use crate::limits;

@@ -21,32 +21,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde::de::DeserializeOwned;
 
-use std::sync::Arc;
-
 use crate::auth::{self, Principal};
-use crate::db::Db;
+pub use crate::control::AppState;
 pub use crate::error::ControlError;
-use crate::metrics::Metrics;
-
-#[derive(Clone)]
-pub struct AppState {
-    pub db: Db,
-    /// The content store (`--store`): images, and the block service.
-    pub store: Option<Arc<store::Store>>,
-    pub config: Arc<crate::Config>,
-    pub metrics: Arc<Metrics>,
-}
-
-impl AppState {
-    /// Fault injection for tests of crash safety: `ROOST_FAILPOINT=NAME`
-    /// makes the process abort (as kill -9 would) when it reaches `NAME`.
-    pub fn failpoint(&self, name: &str) {
-        if self.config.failpoint.as_deref() == Some(name) {
-            tracing::error!(failpoint = name, "failpoint reached; aborting");
-            std::process::abort();
-        }
-    }
-}
 
 pub fn router(state: AppState) -> Router {
     Router::new()

@@ -394,7 +394,7 @@ pub async fn report_sandbox(
                 _ => None,
             };
             if let Some((reason, message)) = again {
-                super::drain::place_secured(&mut tx, &id, reason, message).await?;
+                crate::control::placement::place_secured(&mut tx, &id, reason, message).await?;
             }
         }
     }

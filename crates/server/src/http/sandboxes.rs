@@ -1,6 +1,7 @@
 //! `/v1/sandboxes`: create (admission, quotas, idempotency, placement),
 //! read (long-pollable), list, stop, start, delete, events.
 
+use crate::control::placement::place_or_wait;
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
@@ -328,12 +329,12 @@ pub async fn create(
         let digest: store::Digest = root
             .parse()
             .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))?;
-        let (home, _) = crate::http::homes::home_names(&id)?;
-        let org = crate::http::homes::store_org(&org_id)?;
-        let store = crate::http::blocks::store_of(&state)?;
-        crate::http::blocks::blocking(move || store.write_home(&org, &home, &digest))
+        let (home, _) = crate::control::home_store::home_names(&id)?;
+        let org = crate::control::home_store::store_org(&org_id)?;
+        let store = crate::control::home_store::store_of(&state)?;
+        crate::control::home_store::blocking(move || store.write_home(&org, &home, &digest))
             .await?
-            .map_err(crate::http::blocks::store_error)?;
+            .map_err(crate::control::home_store::store_error)?;
     }
     let record = reload(&mut tx, &id).await?.to_api();
     if let Some(key) = &key
@@ -717,35 +718,6 @@ pub async fn start(
     let record = reload(&mut tx, &id).await?;
     tx.commit().await?;
     Ok((StatusCode::ACCEPTED, axum::Json(record.to_api())))
-}
-
-/// Places the sandbox, or records why it waits or cannot run.
-pub async fn place_or_wait(tx: &mut WriteTx, row: &SandboxRow) -> Result<(), ControlError> {
-    match scheduler::place(tx, row).await? {
-        Placed::On(_) | Placed::Raced => {}
-        // A recovering sandbox keeps saying why it is recovering.
-        Placed::Waiting(_) if row.state != SandboxState::Pending => {}
-        Placed::Waiting(reason) => {
-            if row.state_reason.as_deref() != Some(reason) {
-                sqlx::query("UPDATE sandboxes SET state_reason = $1 WHERE id = $2 AND state = $3")
-                    .bind(reason)
-                    .bind(&row.id)
-                    .bind(row.state.as_str())
-                    .execute(&mut *tx.tx)
-                    .await?;
-                tx.changed(&row.id).await?;
-            }
-        }
-        Placed::HomeLost => {
-            let to = Transition {
-                state: SandboxState::Failed,
-                reason: Some("node_lost"),
-                message: Some("the runner holding this standard home is gone"),
-            };
-            set_sandbox_state(tx, row, to, None, row.epoch).await?;
-        }
-    }
-    Ok(())
 }
 
 /// Delete is idempotent by outcome: accepted once while the sandbox holds

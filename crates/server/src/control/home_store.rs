@@ -1,0 +1,58 @@
+//! The home store as the control plane uses it: the deployment's store
+//! (or a refusal), blocking work off the async threads, store failures as
+//! answers, and the names homes and orgs take in it.
+
+use store::{HomeName, OrgId, Store};
+
+use super::AppState;
+use crate::error::ControlError;
+use api::ErrorCode;
+
+/// The store, or 422 when this deployment has none.
+pub fn store_of(state: &AppState) -> Result<std::sync::Arc<Store>, ControlError> {
+    state.store.clone().ok_or_else(|| {
+        ControlError::new(
+            ErrorCode::UnsupportedCapability,
+            "this deployment has no content store (roost server --store)",
+        )
+        .with_details(serde_json::json!({ "missing": ["store"] }))
+    })
+}
+
+/// Runs blocking store work off the async threads.
+pub async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> store::Result<T> + Send + 'static,
+) -> Result<store::Result<T>, ControlError> {
+    tokio::task::spawn_blocking(work).await.map_err(|err| {
+        tracing::error!(%err, "store task failed");
+        ControlError::new(ErrorCode::Internal, "internal error")
+    })
+}
+
+/// A store failure as an answer: the backend out of reach is 503 (retry),
+/// anything else 500; both logged here.
+pub fn store_error(err: store::Error) -> ControlError {
+    tracing::error!(%err, "store error");
+    match err {
+        store::Error::Backend { .. } | store::Error::StoreBusy { .. } => {
+            ControlError::new(ErrorCode::Unavailable, "the content store is unavailable")
+                .with_retry_after(1)
+        }
+        _ => ControlError::new(ErrorCode::Internal, "internal error"),
+    }
+}
+
+/// The store homes of sandbox `id`: its committed save and the one being
+/// committed.
+pub fn home_names(id: &str) -> Result<(HomeName, HomeName), ControlError> {
+    let internal = |_| ControlError::new(ErrorCode::Internal, "internal error");
+    Ok((
+        id.parse().map_err(internal)?,
+        format!("{id}-next").parse().map_err(internal)?,
+    ))
+}
+
+pub fn store_org(org: &str) -> Result<OrgId, ControlError> {
+    org.parse()
+        .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))
+}
