@@ -98,24 +98,6 @@ fn no_lifecycle_state_is_compared_as_a_string() {
     );
 }
 
-/// The control plane's rules, records and reconciler know nothing of HTTP.
-#[test]
-fn records_limits_idempotency_and_the_reconciler_do_not_import_the_http_layer() {
-    let server = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/src");
-    let control = std::fs::read_dir(server.join("control"))
-        .expect("the control layer")
-        .flatten()
-        .map(|entry| format!("control/{}", entry.file_name().to_string_lossy()));
-    let files = ["records.rs", "limits.rs", "idempotency.rs", "reconcile.rs"]
-        .map(str::to_owned)
-        .into_iter()
-        .chain(control);
-    for file in files {
-        let text = read(&server.join(&file));
-        assert!(!text.contains("crate::http"), "{file} imports crate::http");
-    }
-}
-
 /// Only `oci` may spawn the container runtime, and it knows no protocol.
 #[test]
 fn the_oci_crate_speaks_no_protocol() {

@@ -19,7 +19,7 @@ mod limits;
 mod metrics;
 mod openapi;
 mod reconcile;
-mod records;
+pub mod records;
 mod scheduler;
 
 use std::net::SocketAddr;
@@ -118,6 +118,37 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     on_started: impl FnOnce(Started),
 ) -> Result<(), ServerError> {
+    let state = open_state(config).await?;
+    let config = state.config.clone();
+    let admin_token = auth::bootstrap_admin(&state.db, &config.data_dir).await?;
+    let listener = listen(config.listen).map_err(|source| ServerError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let local = listener.local_addr().map_err(|source| ServerError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    on_started(Started {
+        url: format!("http://{local}"),
+        admin_token,
+    });
+    if state.db.engine == db::Engine::Postgres {
+        tokio::spawn(hub::listen_postgres(
+            state.db.url.clone(),
+            state.db.hub.clone(),
+        ));
+    }
+    tokio::spawn(reconcile::run(state.clone()));
+    let app = http::router(state);
+    serve_connections(listener, app, shutdown).await;
+    Ok(())
+}
+
+/// The control plane's state on `config`: its store opened, its database
+/// connected and migrated. Serving (HTTP, the reconciler) is separate, so
+/// the control layer can be driven in process.
+pub async fn open_state(config: Config) -> Result<control::AppState, ServerError> {
     std::fs::create_dir_all(&config.data_dir).map_err(|source| ServerError::Io {
         path: config.data_dir.clone(),
         source,
@@ -136,32 +167,12 @@ pub async fn serve(
     };
     let db = db::Db::connect(&database_url).await?;
     db.migrate().await?;
-    let admin_token = auth::bootstrap_admin(&db, &config.data_dir).await?;
-    let listener = listen(config.listen).map_err(|source| ServerError::Bind {
-        addr: config.listen,
-        source,
-    })?;
-    let local = listener.local_addr().map_err(|source| ServerError::Bind {
-        addr: config.listen,
-        source,
-    })?;
-    on_started(Started {
-        url: format!("http://{local}"),
-        admin_token,
-    });
-    if db.engine == db::Engine::Postgres {
-        tokio::spawn(hub::listen_postgres(db.url.clone(), db.hub.clone()));
-    }
-    let state = http::AppState {
+    Ok(control::AppState {
         db,
         store,
         config: Arc::new(config),
         metrics: Arc::new(metrics::Metrics::default()),
-    };
-    tokio::spawn(reconcile::run(state.clone()));
-    let app = http::router(state);
-    serve_connections(listener, app, shutdown).await;
-    Ok(())
+    })
 }
 
 /// Pending connections the kernel queues before `accept`: a burst of

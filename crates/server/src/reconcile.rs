@@ -70,10 +70,9 @@ pub async fn release_deleted_homes(state: &AppState) -> Result<(), ControlError>
             tracing::warn!(sandbox_id = %id, %err, "could not release a deleted sandbox's home; retrying next pass");
             continue;
         }
-        sqlx::query("UPDATE sandboxes SET home_root = NULL WHERE id = $1 AND state = 'deleted'")
-            .bind(&id)
-            .execute(&state.db.pool)
-            .await?;
+        let mut tx = state.db.write().await?;
+        crate::records::sandboxes::forget_home(&mut tx, &id).await?;
+        tx.commit().await?;
     }
     Ok(())
 }
@@ -240,10 +239,7 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
             };
             if to == sandbox.state {
                 // Only the placement goes away.
-                sqlx::query("UPDATE sandboxes SET runner_id = NULL WHERE id = $1")
-                    .bind(&sandbox.id)
-                    .execute(&mut *tx.tx)
-                    .await?;
+                crate::records::sandboxes::release_runner(&mut tx, &sandbox, &message).await?;
                 continue;
             }
             let transition = Transition {
@@ -307,15 +303,9 @@ async fn expire_ttls(state: &AppState) -> Result<(), ControlError> {
         ) {
             continue;
         }
-        sqlx::query("UPDATE sandboxes SET desired = 'terminated' WHERE id = $1")
-            .bind(&id)
-            .execute(&mut *tx.tx)
-            .await?;
-        tx.changed(&id).await?;
+        let terminated = DesiredState::Terminated;
+        crate::records::sandboxes::set_desired(&mut tx, &row, terminated, "ttl_expired").await?;
         let computing = row.runner_id.is_some() && row.state.runner_at_work();
-        if let Some(runner) = &row.runner_id {
-            tx.changed(&format!("runner:{runner}")).await?;
-        }
         if !computing {
             let row = load_sandbox(&mut tx, &id).await?.unwrap_or(row);
             let to = Transition {
@@ -350,10 +340,8 @@ async fn apply_retention(state: &AppState) -> Result<(), ControlError> {
         let Some(row) = load_sandbox(&mut tx, &id).await? else {
             continue;
         };
-        sqlx::query("UPDATE sandboxes SET desired = 'deleted' WHERE id = $1")
-            .bind(&id)
-            .execute(&mut *tx.tx)
-            .await?;
+        let deleted = DesiredState::Deleted;
+        crate::records::sandboxes::set_desired(&mut tx, &row, deleted, "retention_expired").await?;
         if row.runner_id.is_none() {
             let to = Transition {
                 state: SandboxState::Deleted,
@@ -361,8 +349,6 @@ async fn apply_retention(state: &AppState) -> Result<(), ControlError> {
                 message: None,
             };
             set_sandbox_state(&mut tx, &row, to, None, row.epoch).await?;
-        } else if let Some(runner) = &row.runner_id {
-            tx.changed(&format!("runner:{runner}")).await?;
         }
         tx.commit().await?;
     }
@@ -371,10 +357,7 @@ async fn apply_retention(state: &AppState) -> Result<(), ControlError> {
     // after its sandbox ended even when the retention window is shorter.
     let keys_cutoff = now_ms() - IDEMPOTENCY_KEEP_MS.max(state.config.retention.as_millis() as i64);
     let mut tx = state.db.write().await?;
-    sqlx::query("DELETE FROM sandboxes WHERE state = 'deleted' AND ended_at_ms < $1")
-        .bind(keys_cutoff)
-        .execute(&mut *tx.tx)
-        .await?;
+    crate::records::sandboxes::purge_deleted(&mut tx, keys_cutoff).await?;
     let purged = sqlx::query(
         "DELETE FROM idempotency_keys WHERE created_at_ms < $1
          AND resource_id NOT IN (SELECT id FROM sandboxes WHERE ended_at_ms IS NULL OR ended_at_ms >= $1)

@@ -436,9 +436,10 @@ async fn sandbox_commands_print_records_tables_and_json() {
         .iter()
         .map(|e| e["state"].as_str().unwrap_or(""))
         .collect();
+    // Each request appears too, with the state it found.
     let expected = [
-        "pending", "starting", "running", "stopping", "stopped", "pending", "starting", "running",
-        "deleting", "deleted",
+        "pending", "starting", "running", "running", "stopping", "stopped", "stopped", "pending",
+        "starting", "running", "running", "deleting", "deleted",
     ];
     assert_eq!(states, expected);
     let shown = roost.text(&["sandbox", "events", &a]).await;
@@ -453,8 +454,8 @@ async fn sandbox_commands_print_records_tables_and_json() {
         rows[1][..5],
         ["1", rows[1][1].as_str(), "pending", "admitted", "0"]
     );
-    assert_eq!(rows[5][3], "stop_requested");
-    assert_eq!(rows[7][4], "2", "placed again: epoch 2");
+    assert_eq!(rows[6][3], "stop_requested");
+    assert_eq!(rows[9][4], "2", "placed again: epoch 2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -106,11 +106,15 @@ async fn sandbox_lifecycle_records_observed_state_and_events() {
             "pending/admitted",
             "starting/placed",
             "running/",
+            // What was asked is in the history too, the state repeated.
+            "running/stop_requested",
             "stopping/",
             "stopped/stop_requested",
+            "stopped/start_requested",
             "pending/start_requested",
             "starting/placed",
             "running/",
+            "running/delete_requested",
             "deleting/delete_requested",
             "deleted/",
         ]

@@ -2,10 +2,11 @@
 //! (or a refusal), blocking work off the async threads, store failures as
 //! answers, and the names homes and orgs take in it.
 
-use store::{HomeName, OrgId, Store};
+use store::{Digest, HomeName, OrgId, Store};
 
 use super::AppState;
 use crate::error::ControlError;
+use crate::limits;
 use api::ErrorCode;
 
 /// The store, or 422 when this deployment has none.
@@ -55,4 +56,38 @@ pub fn home_names(id: &str) -> Result<(HomeName, HomeName), ControlError> {
 pub fn store_org(org: &str) -> Result<OrgId, ControlError> {
     org.parse()
         .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))
+}
+
+/// A tree root named in a request: 64 hex digits, else 400 naming `root`.
+pub fn parse_root(root: Option<&str>) -> Result<Digest, ControlError> {
+    root.unwrap_or("")
+        .parse()
+        .map_err(|_| limits::invalid("root", "a 64-digit hex digest"))
+}
+
+/// Checks that the tree `root` is complete in `org`'s store and points
+/// `home` at it (under the store's commit lock). Incomplete → 409.
+pub async fn pin_tree(
+    state: &AppState,
+    org: &str,
+    home: HomeName,
+    root: Digest,
+) -> Result<store::push::TreeSummary, ControlError> {
+    let store = store_of(state)?;
+    let org = store_org(org)?;
+    match blocking(move || store::push::commit_uploaded(&store, &org, &home, &root)).await? {
+        Ok(summary) => Ok(summary),
+        Err(store::Error::IncompleteTree { missing, .. }) => Err(ControlError::new(
+            ErrorCode::InvalidState,
+            format!("{missing} objects of tree {root} are not in the store; upload them first"),
+        )
+        .with_details(serde_json::json!({ "missing_objects": missing }))),
+        Err(store::Error::Corrupt { .. } | store::Error::MalformedTree { .. }) => {
+            Err(ControlError::new(
+                ErrorCode::InvalidRequest,
+                format!("tree {root} has a malformed or corrupt object"),
+            ))
+        }
+        Err(err) => Err(store_error(err)),
+    }
 }

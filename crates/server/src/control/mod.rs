@@ -1,21 +1,33 @@
 //! The control layer: the control plane's rules as functions of a write
 //! transaction (or the shared state) and typed inputs, answering
 //! `ControlError`. The HTTP layer parses, authenticates, calls and
-//! renders; the reconciler calls these and never `http`. Issue 12 point 2
-//! moves the rest of the handlers' rules here (admission, the runner
-//! protocol, saves).
+//! renders; the reconciler calls these and never `http`. Rows and every
+//! write to a sandbox's or command's observed fields are `records`'.
 //!
+//! - [`admission`]: a create request checked, refused or counted, placed.
+//! - [`sandboxes`]: stop, start, delete.
 //! - [`placement`]: placing a sandbox, or recording why it waits.
+//! - [`runner_protocol`]: registration, leases, assignments, reports, output.
+//! - [`saves`]: a durable home's save, committed only when complete.
+//! - [`snapshots`]: receipts, their durability and deadlines.
+//! - [`commands`]: queueing, cancelling and signalling commands.
+//! - [`drain`]: emptying a runner (maintenance, preemption).
 //! - [`home_store`]: the content store as the control plane uses it.
-//! - [`snapshots`]: failing snapshots that can no longer keep their promise.
 
+pub mod admission;
+pub mod commands;
+pub mod drain;
 pub mod home_store;
 pub mod placement;
+pub mod runner_protocol;
+pub mod sandboxes;
+pub mod saves;
 pub mod snapshots;
 
 use std::sync::Arc;
 
 use crate::db::Db;
+pub use crate::error::ControlError;
 use crate::metrics::Metrics;
 
 #[derive(Clone)]

@@ -16,15 +16,7 @@ pub async fn place_or_wait(tx: &mut WriteTx, row: &SandboxRow) -> Result<(), Con
         // A recovering sandbox keeps saying why it is recovering.
         Placed::Waiting(_) if row.state != SandboxState::Pending => {}
         Placed::Waiting(reason) => {
-            if row.state_reason.as_deref() != Some(reason) {
-                sqlx::query("UPDATE sandboxes SET state_reason = $1 WHERE id = $2 AND state = $3")
-                    .bind(reason)
-                    .bind(&row.id)
-                    .bind(row.state.as_str())
-                    .execute(&mut *tx.tx)
-                    .await?;
-                tx.changed(&row.id).await?;
-            }
+            crate::records::sandboxes::set_waiting_reason(tx, row, reason).await?;
         }
         Placed::HomeLost => {
             let to = Transition {

@@ -1,11 +1,24 @@
-//! Snapshot deadlines: a snapshot that can no longer reach its requested
-//! durability fails rather than leave an unusable receipt.
+//! Snapshots: a receipt whose `durability` moves `pending` → `local` (the
+//! runner captured the home) → `replicated` (the runner uploaded it and the
+//! server found the whole tree in the store and pinned it as the store home
+//! named after the snapshot), or ends `failed`: past its deadline (see
+//! [`expire`]), `sandbox_ended`, or what the runner reported. A sandbox no
+//! runner holds is snapshotted from its last completed save at once.
 
 use sqlx::Row;
 
 use super::AppState;
-use crate::db::now_ms;
-use crate::records;
+use super::home_store::{blocking, parse_root, pin_tree, store_error, store_of, store_org};
+use super::runner_protocol::{check_placement, live_runner};
+use crate::db::{WriteTx, now_ms};
+use crate::error::ControlError;
+use crate::limits;
+use crate::records::snapshots::{ENDED, SNAPSHOT_COLUMNS, SnapshotRow, load};
+use crate::records::{self, load_sandbox, not_found};
+use api::ErrorCode;
+use api::runners::SnapshotReport;
+use api::snapshots::CreateSnapshotRequest;
+use store::{Digest, HomeName};
 
 /// Fails snapshots that can no longer keep their promise: past the
 /// deadline without the requested durability, or whose sandbox ended
@@ -44,4 +57,246 @@ pub async fn expire(state: &AppState) -> Result<u64, sqlx::Error> {
     }
     tx.commit().await?;
     Ok(rows.len() as u64)
+}
+
+/// Longest deadline a snapshot may be given, in seconds.
+const DEADLINE_SECONDS_MAX: u64 = 24 * 3600;
+/// The store home that pins a snapshot's tree.
+fn snapshot_home(id: &str) -> Result<HomeName, ControlError> {
+    id.parse()
+        .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))
+}
+
+/// The root of an org's replicated snapshot, for a child created from it.
+pub async fn replicated_root(
+    tx: &mut WriteTx,
+    org_id: &str,
+    id: &str,
+) -> Result<String, ControlError> {
+    let snapshot = load(tx, id)
+        .await?
+        .filter(|s| s.org_id == org_id)
+        .ok_or_else(|| limits::invalid("from_snapshot", format!("no snapshot {id:?}")))?;
+    match (&snapshot.root, snapshot.durability.as_str()) {
+        (Some(root), "replicated") => Ok(root.clone()),
+        _ => Err(ControlError::new(
+            ErrorCode::InvalidState,
+            format!(
+                "snapshot {id} is {}: a sandbox can start only from a replicated one",
+                snapshot.durability
+            ),
+        )),
+    }
+}
+
+/// The durability a snapshot request asks for, once its bounds hold and
+/// the deployment has a store to keep it in.
+pub fn check_request(
+    state: &AppState,
+    request: &CreateSnapshotRequest,
+) -> Result<String, ControlError> {
+    let requested = request
+        .durability
+        .clone()
+        .unwrap_or_else(|| "replicated".to_owned());
+    if !["local", "replicated"].contains(&requested.as_str()) {
+        return Err(limits::invalid("durability", "local or replicated"));
+    }
+    if let Some(deadline) = request.deadline
+        && !(1..=DEADLINE_SECONDS_MAX).contains(&deadline)
+    {
+        return Err(limits::invalid(
+            "deadline",
+            format!("seconds, between 1 and {DEADLINE_SECONDS_MAX}"),
+        ));
+    }
+    store_of(state)?;
+    Ok(requested)
+}
+
+/// Takes a snapshot of the org's sandbox: `pending` while its runner
+/// captures the home, or `replicated` at once from its last completed save
+/// when no runner holds it.
+pub async fn create(
+    state: &AppState,
+    tx: &mut WriteTx,
+    org_id: &str,
+    sandbox_id: &str,
+    request: &CreateSnapshotRequest,
+) -> Result<SnapshotRow, ControlError> {
+    let requested = check_request(state, request)?;
+    let now = now_ms();
+    let id = records::new_id("snp")?;
+    let sandbox = load_sandbox(tx, sandbox_id)
+        .await?
+        .filter(|s| s.org_id == org_id)
+        .ok_or_else(|| not_found("sandbox"))?;
+    // Where the home is: on its runner (which captures it), or only in
+    // the store (its last completed save, a snapshot at once).
+    let on_runner = sandbox.runner_id.is_some() && !sandbox.state.is_terminal();
+    let (durability, root, captured_at) = if on_runner {
+        ("pending", None, None)
+    } else if let Some(root) = &sandbox.home.root {
+        ("replicated", Some(root.clone()), sandbox.home.saved_at_ms)
+    } else {
+        return Err(ControlError::new(
+            ErrorCode::InvalidState,
+            format!(
+                "sandbox {sandbox_id} is {} and no runner holds its home: there is nothing to snapshot",
+                sandbox.state
+            ),
+        ));
+    };
+    if let Some(root) = &root {
+        // The sandbox's own pin was checked complete when the save was
+        // committed; this one keeps the tree when the sandbox moves on.
+        let digest: Digest = root
+            .parse()
+            .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))?;
+        let (store, org, home) = (store_of(state)?, store_org(org_id)?, snapshot_home(&id)?);
+        blocking(move || store.write_home(&org, &home, &digest))
+            .await?
+            .map_err(store_error)?;
+    }
+    sqlx::query(&format!(
+        "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, NULL, $6, $7, NULL, NULL, $8, $9, $9)"
+    ))
+    .bind(&id)
+    .bind(org_id)
+    .bind(sandbox_id)
+    .bind(&requested)
+    .bind(durability)
+    .bind(request.deadline.map(|d| now + d as i64 * 1000))
+    .bind(&root)
+    .bind(captured_at)
+    .bind(now)
+    .execute(&mut *tx.tx)
+    .await?;
+    if let Some(runner) = &sandbox.runner_id {
+        tx.changed(&format!("runner:{runner}")).await?;
+    }
+    load(tx, &id).await?.ok_or_else(|| not_found("snapshot"))
+}
+
+/// Deletes the snapshot and releases its pin on the tree (which stays
+/// while anything else, a child's home say, still names it).
+pub async fn delete(state: &AppState, snapshot: &SnapshotRow) -> Result<(), ControlError> {
+    let store = store_of(state)?;
+    let (org, home) = (store_org(&snapshot.org_id)?, snapshot_home(&snapshot.id)?);
+    let mut tx = state.db.write().await?;
+    sqlx::query("DELETE FROM snapshots WHERE id = $1")
+        .bind(&snapshot.id)
+        .execute(&mut *tx.tx)
+        .await?;
+    blocking(move || store.delete_home(&org, &home))
+        .await?
+        .map_err(store_error)?;
+    tx.changed(&snapshot.id).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The snapshot, checked to be of a sandbox at the report's placement.
+async fn at_placement(
+    tx: &mut WriteTx,
+    id: &str,
+    report: &SnapshotReport,
+) -> Result<SnapshotRow, ControlError> {
+    live_runner(tx, &report.runner_id).await?;
+    let snapshot = load(tx, id).await?.ok_or_else(|| not_found("snapshot"))?;
+    let sandbox = load_sandbox(tx, &snapshot.sandbox_id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?;
+    check_placement(&sandbox, &report.runner_id, report.epoch)?;
+    Ok(snapshot)
+}
+
+/// Records a runner's snapshot report: `local` once captured,
+/// `replicated` once the whole tree is in the store and pinned, or
+/// `failed`; an ended snapshot stays as it is.
+pub async fn report(
+    state: &AppState,
+    id: &str,
+    report: &SnapshotReport,
+) -> Result<SnapshotRow, ControlError> {
+    let snapshot = {
+        let mut tx = state.db.write().await?;
+        at_placement(&mut tx, id, report).await?
+    };
+    if ENDED.contains(&snapshot.durability.as_str()) {
+        // Replicated already, or failed (a deadline passed): final.
+        return Ok(snapshot);
+    }
+    let now = now_ms();
+    let mut summary = None;
+    match report.durability.as_str() {
+        "local" | "failed" => {}
+        "replicated" => {
+            let root = parse_root(report.root.as_deref())?;
+            summary = Some((
+                root,
+                pin_tree(state, &snapshot.org_id, snapshot_home(id)?, root).await?,
+            ));
+        }
+        other => {
+            return Err(limits::invalid(
+                "durability",
+                format!("{other:?}: use local, replicated or failed"),
+            ));
+        }
+    }
+    let mut tx = state.db.write().await?;
+    let current = at_placement(&mut tx, id, report).await?;
+    if ENDED.contains(&current.durability.as_str()) {
+        return Ok(current);
+    }
+    let captured = report.captured_at_ms.map(|at| at.min(now));
+    match (report.durability.as_str(), summary) {
+        ("replicated", Some((root, summary))) => {
+            sqlx::query(
+                "UPDATE snapshots SET durability = 'replicated', root = $1, files = $2, logical_bytes = $3,
+                 captured_at_ms = COALESCE(captured_at_ms, $4), updated_at_ms = $5 WHERE id = $6",
+            )
+            .bind(root.to_hex())
+            .bind(report.files.map(|f| f as i64))
+            .bind(summary.logical_bytes as i64)
+            .bind(captured)
+            .bind(now)
+            .bind(id)
+            .execute(&mut *tx.tx)
+            .await?;
+        }
+        ("failed", _) => {
+            let mut message = report
+                .message
+                .clone()
+                .unwrap_or_else(|| "snapshot failed".to_owned());
+            message.truncate(1024);
+            sqlx::query(
+                "UPDATE snapshots SET durability = 'failed', reason = $1, updated_at_ms = $2 WHERE id = $3",
+            )
+            .bind(format!("runner_error: {message}"))
+            .bind(now)
+            .bind(id)
+            .execute(&mut *tx.tx)
+            .await?;
+        }
+        _ => {
+            sqlx::query(
+                "UPDATE snapshots SET durability = 'local', captured_at_ms = $1, updated_at_ms = $2
+                 WHERE id = $3 AND durability = 'pending'",
+            )
+            .bind(captured.unwrap_or(now))
+            .bind(now)
+            .bind(id)
+            .execute(&mut *tx.tx)
+            .await?;
+        }
+    }
+    tx.changed(id).await?;
+    let record = load(&mut tx, id)
+        .await?
+        .ok_or_else(|| not_found("snapshot"))?;
+    tx.commit().await?;
+    Ok(record)
 }

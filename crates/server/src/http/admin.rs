@@ -137,19 +137,9 @@ async fn set_quarantine(
         return Err(crate::limits::invalid("reason", "1 to 1024 bytes"));
     }
     let mut tx = state.db.write().await?;
-    let updated = sqlx::query(
-        "UPDATE sandboxes SET quarantined = $1, quarantine_reason = $2, updated_at_ms = $3 WHERE id = $4",
-    )
-    .bind(i64::from(reason.is_some()))
-    .bind(reason)
-    .bind(now_ms())
-    .bind(id)
-    .execute(&mut *tx.tx)
-    .await?;
-    if updated.rows_affected() == 0 {
+    if !crate::records::sandboxes::set_quarantine(&mut tx, id, reason).await? {
         return Err(crate::records::not_found("sandbox"));
     }
-    tx.changed(id).await?;
     let row = crate::records::load_sandbox(&mut tx, id)
         .await?
         .ok_or_else(|| crate::records::not_found("sandbox"))?;

@@ -1,105 +1,27 @@
 //! `/v1/sandboxes/{id}/commands`: a record per exec, handed to the runner
 //! through its assignments; output kept and readable while it runs.
 
-use api::lifecycle::{CommandState, DesiredState};
+use api::lifecycle::CommandState;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use sqlx::Row;
-use sqlx::any::AnyRow;
 
 use super::sandboxes::{visible_sandbox, wait_timeout};
 use super::{AppState, Caller, Json};
-use crate::db::now_ms;
+use crate::control;
 use crate::error::ControlError;
 use crate::idempotency;
 use crate::limits;
-use crate::records::{self, json_map, not_found, rfc3339};
+use crate::records::commands::Stream;
+use crate::records::{self, COMMAND_COLUMNS, CommandRow, not_found};
 use api::ErrorCode;
 use api::commands::{Command, CommandList, CreateCommandRequest, SignalRequest};
 
 /// Most output bytes one read returns.
 const OUTPUT_READ_BYTES_MAX: usize = 1024 * 1024;
-
-#[derive(Clone, Debug)]
-pub struct CommandRow {
-    pub id: String,
-    pub sandbox_id: String,
-    pub org_id: String,
-    pub argv: String,
-    pub env: String,
-    pub cwd: Option<String>,
-    pub timeout_s: Option<i64>,
-    pub state: CommandState,
-    pub state_reason: Option<String>,
-    pub exit_code: Option<i64>,
-    pub signal: Option<String>,
-    pub signal_requested: Option<String>,
-    pub epoch: Option<i64>,
-    pub stdout_bytes: i64,
-    pub stderr_bytes: i64,
-    pub created_at_ms: i64,
-    pub started_at_ms: Option<i64>,
-    pub ended_at_ms: Option<i64>,
-}
-
-pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms";
-
-impl CommandRow {
-    pub fn from_row(row: &AnyRow) -> Result<CommandRow, sqlx::Error> {
-        Ok(CommandRow {
-            id: row.try_get("id")?,
-            sandbox_id: row.try_get("sandbox_id")?,
-            org_id: row.try_get("org_id")?,
-            argv: row.try_get("argv")?,
-            env: row.try_get("env")?,
-            cwd: row.try_get("cwd")?,
-            timeout_s: row.try_get("timeout_s")?,
-            state: records::parse_column(row, "state")?,
-            state_reason: row.try_get("state_reason")?,
-            exit_code: row.try_get("exit_code")?,
-            signal: row.try_get("signal")?,
-            signal_requested: row.try_get("signal_requested")?,
-            epoch: row.try_get("epoch")?,
-            stdout_bytes: row.try_get("stdout_bytes")?,
-            stderr_bytes: row.try_get("stderr_bytes")?,
-            created_at_ms: row.try_get("created_at_ms")?,
-            started_at_ms: row.try_get("started_at_ms")?,
-            ended_at_ms: row.try_get("ended_at_ms")?,
-        })
-    }
-
-    pub fn argv(&self) -> Vec<String> {
-        serde_json::from_str(&self.argv).unwrap_or_default()
-    }
-
-    pub fn ended(&self) -> bool {
-        self.state.is_end()
-    }
-
-    pub fn to_api(&self) -> Command {
-        Command {
-            id: self.id.clone(),
-            sandbox_id: self.sandbox_id.clone(),
-            argv: self.argv(),
-            env: json_map(&self.env),
-            cwd: self.cwd.clone(),
-            timeout: self.timeout_s.map(|t| t as u64),
-            state: self.state,
-            state_reason: self.state_reason.clone(),
-            exit_code: self.exit_code.map(|c| c as i32),
-            signal: self.signal.clone(),
-            epoch: self.epoch.map(|e| e as u64),
-            stdout_bytes: self.stdout_bytes as u64,
-            stderr_bytes: self.stderr_bytes as u64,
-            created_at: rfc3339(self.created_at_ms),
-            started_at: self.started_at_ms.map(rfc3339),
-            ended_at: self.ended_at_ms.map(rfc3339),
-        }
-    }
-}
 
 async fn visible_command(
     state: &AppState,
@@ -123,26 +45,6 @@ async fn visible_command(
     }
 }
 
-fn validate(request: &CreateCommandRequest) -> Result<(), ControlError> {
-    limits::argv(&request.argv)?;
-    limits::env("env", &request.env)?;
-    if let Some(cwd) = &request.cwd {
-        limits::absolute_path("cwd", cwd)?;
-    }
-    if let Some(timeout) = request.timeout
-        && (timeout == 0 || timeout > limits::COMMAND_TIMEOUT_SECONDS_MAX)
-    {
-        return Err(limits::invalid(
-            "timeout",
-            format!(
-                "seconds, between 1 and {}",
-                limits::COMMAND_TIMEOUT_SECONDS_MAX
-            ),
-        ));
-    }
-    Ok(())
-}
-
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("Idempotency-Key" = Option<String>, Header, description = "replays the original answer for a retried request")), request_body = CreateCommandRequest, responses((status = 201, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
@@ -158,53 +60,13 @@ pub async fn create(
     {
         return Ok(replayed);
     }
-    validate(&request)?;
+    control::commands::validate(&request)?;
     let mut tx = state.db.write().await?;
-    let sandbox = records::load_sandbox(&mut tx, &sandbox_id)
-        .await?
-        .filter(|s| s.org_id == org_id)
-        .ok_or_else(|| not_found("sandbox"))?;
+    // A sandbox past its retention window takes no commands.
     visible_sandbox(&state, &org_id, &sandbox_id).await?;
-    if sandbox.quarantined {
-        return Err(ControlError::new(
-            ErrorCode::Quarantined,
-            "the sandbox is quarantined by an administrator",
-        ));
-    }
-    if sandbox.desired != DesiredState::Running || sandbox.state.is_terminal() {
-        return Err(ControlError::new(
-            ErrorCode::InvalidState,
-            format!(
-                "the sandbox is {} (desired {}): start it before running commands",
-                sandbox.state, sandbox.desired
-            ),
-        ));
-    }
-    let id = records::new_id("cmd")?;
-    let now = now_ms();
-    sqlx::query(&format!(
-        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL)"
-    ))
-    .bind(&id)
-    .bind(&sandbox_id)
-    .bind(&org_id)
-    .bind(serde_json::to_string(&request.argv).unwrap_or_default())
-    .bind(serde_json::to_string(&request.env).unwrap_or_default())
-    .bind(&request.cwd)
-    .bind(request.timeout.map(|t| t as i64))
-    .bind(now)
-    .execute(&mut *tx.tx)
-    .await?;
-    if let Some(runner) = &sandbox.runner_id {
-        tx.changed(&format!("runner:{runner}")).await?;
-    }
-    let row = sqlx::query(&format!(
-        "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"
-    ))
-    .bind(&id)
-    .fetch_one(&mut *tx.tx)
-    .await?;
-    let record = CommandRow::from_row(&row)?.to_api();
+    let command = control::commands::create(&mut tx, &org_id, &sandbox_id, &request).await?;
+    let id = command.id.clone();
+    let record = command.to_api();
     if let Some(key) = &key
         && !idempotency::record(&mut tx, key, StatusCode::CREATED, &record, &id).await?
     {
@@ -321,10 +183,12 @@ pub async fn output(
     Query(query): Query<OutputQuery>,
 ) -> Result<Response, ControlError> {
     let org_id = caller.org()?;
-    let stream = query.stream.unwrap_or_else(|| "stdout".to_owned());
-    if stream != "stdout" && stream != "stderr" {
-        return Err(limits::invalid("stream", "stdout or stderr"));
-    }
+    let stream = match query.stream.as_deref() {
+        None => Stream::Stdout,
+        Some(name) => {
+            Stream::parse(name).ok_or_else(|| limits::invalid("stream", "stdout or stderr"))?
+        }
+    };
     let timeout = match query.timeout {
         None | Some(0) => std::time::Duration::ZERO,
         Some(t) => wait_timeout(Some(t))?,
@@ -335,21 +199,21 @@ pub async fn output(
         &watch,
         timeout,
         || visible_command(&state, &org_id, &sandbox_id, &id),
-        |c| c.ended() || stream_len(c, &stream) > offset,
+        |c| c.ended() || stream.length_of(c) > offset,
     )
     .await?;
-    let length = stream_len(&command, &stream);
+    let length = stream.length_of(&command);
     if offset > length {
         return Err(limits::invalid(
             "offset",
-            format!("past the end of {stream} ({length} bytes)"),
+            format!("past the end of {} ({length} bytes)", stream.as_str()),
         ));
     }
     let chunks = sqlx::query(
         "SELECT start_offset, data FROM command_output WHERE command_id = $1 AND stream = $2 AND start_offset < $3 ORDER BY start_offset",
     )
     .bind(&id)
-    .bind(&stream)
+    .bind(stream.as_str())
     .bind(offset + OUTPUT_READ_BYTES_MAX as i64)
     .fetch_all(&state.db.pool)
     .await?;
@@ -389,14 +253,6 @@ pub async fn output(
     Ok(response)
 }
 
-fn stream_len(command: &CommandRow, stream: &str) -> i64 {
-    if stream == "stderr" {
-        command.stderr_bytes
-    } else {
-        command.stdout_bytes
-    }
-}
-
 /// Asks a command to end. A queued one never starts (`not_launched`); a
 /// started one gets the signal through its runner, which reports the end.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{command_id}/signal", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id")), request_body = SignalRequest, responses((status = 202, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
@@ -407,62 +263,10 @@ pub async fn signal(
     Json(request): Json<SignalRequest>,
 ) -> Result<(StatusCode, axum::Json<Command>), ControlError> {
     let org_id = caller.org()?;
-    if !api::commands::SIGNALS.contains(&request.signal.as_str()) {
-        return Err(limits::invalid(
-            "signal",
-            format!("one of {}", api::commands::SIGNALS.join(", ")),
-        ));
-    }
+    control::commands::check_signal(&request.signal)?;
     let command = visible_command(&state, &org_id, &sandbox_id, &id).await?;
-    if command.ended() {
-        return Err(ControlError::new(
-            ErrorCode::InvalidState,
-            format!("the command has already ended ({})", command.state),
-        ));
-    }
     let mut tx = state.db.write().await?;
-    let updated = if command.state == CommandState::Queued {
-        sqlx::query(
-            "UPDATE commands SET state = 'not_launched', state_reason = 'cancelled', ended_at_ms = $1 WHERE id = $2 AND state = 'queued'",
-        )
-        .bind(now_ms())
-        .bind(&id)
-        .execute(&mut *tx.tx)
-        .await?
-    } else {
-        sqlx::query(&format!(
-            "UPDATE commands SET signal_requested = $1 WHERE id = $2 AND state IN {}",
-            CommandState::sql_in(CommandState::on_runner)
-        ))
-        .bind(&request.signal)
-        .bind(&id)
-        .execute(&mut *tx.tx)
-        .await?
-    };
-    if updated.rows_affected() == 0 {
-        return Err(ControlError::new(
-            ErrorCode::InvalidState,
-            "the command changed state meanwhile; read it and retry",
-        ));
-    }
-    tx.changed(&id).await?;
-    let runner: Option<(Option<String>,)> =
-        sqlx::query_as("SELECT runner_id FROM sandboxes WHERE id = $1")
-            .bind(&sandbox_id)
-            .fetch_optional(&mut *tx.tx)
-            .await?;
-    if let Some((Some(runner),)) = runner {
-        tx.changed(&format!("runner:{runner}")).await?;
-    }
-    let row = sqlx::query(&format!(
-        "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"
-    ))
-    .bind(&id)
-    .fetch_one(&mut *tx.tx)
-    .await?;
+    let command = control::commands::signal(&mut tx, &command, &request.signal).await?;
     tx.commit().await?;
-    Ok((
-        StatusCode::ACCEPTED,
-        axum::Json(CommandRow::from_row(&row)?.to_api()),
-    ))
+    Ok((StatusCode::ACCEPTED, axum::Json(command.to_api())))
 }

@@ -10,11 +10,11 @@
 
 use axum::extract::{Path, State};
 
-use super::homes::{parse_root, pin_tree};
 use super::{AppState, Caller, Json};
 use crate::control::home_store::store_org;
 use crate::control::home_store::{blocking, store_error, store_of};
-use crate::db::{WriteTx, now_ms};
+use crate::control::home_store::{parse_root, pin_tree};
+use crate::db::now_ms;
 use crate::error::ControlError;
 use crate::limits;
 use crate::records::rfc3339;
@@ -58,22 +58,6 @@ fn image_of(row: &sqlx::any::AnyRow) -> Result<Image, sqlx::Error> {
         created_at: rfc3339(row.try_get("created_at_ms")?),
         updated_at: rfc3339(row.try_get("updated_at_ms")?),
     })
-}
-
-/// The root an org's image points at, read inside the admitting
-/// transaction.
-pub async fn root_of(
-    tx: &mut WriteTx,
-    org_id: &str,
-    name: &str,
-) -> Result<Option<String>, sqlx::Error> {
-    let row: Option<(String,)> =
-        sqlx::query_as("SELECT root FROM images WHERE org_id = $1 AND name = $2")
-            .bind(org_id)
-            .bind(name)
-            .fetch_optional(&mut *tx.tx)
-            .await?;
-    Ok(row.map(|(root,)| root))
 }
 
 async fn read(state: &AppState, org: &str, name: &str) -> Result<Option<Image>, ControlError> {

@@ -5,6 +5,9 @@
 //! - `support`: starting a server, making an org.
 //! - `blocks`: the block service through its client passes the store's
 //!   `Objects` conformance suite, and refuses what it must.
+//! - `control`: the control layer called directly (no HTTP), on SQLite
+//!   and PostgreSQL.
 
 mod blocks;
+mod control;
 mod support;

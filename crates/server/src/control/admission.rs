@@ -1,0 +1,349 @@
+//! Admission: a create request checked against every bound, refused
+//! (`unsupported_capability`, naming what is missing) unless the
+//! deployment and its runners can enforce it exactly, counted against the
+//! org's quotas and the fleet's ceiling under one lock, then written and
+//! placed.
+
+use api::ErrorCode;
+use api::lifecycle::{DesiredState, Network, Placement, SandboxState, StorageClass};
+use api::sandboxes::CreateSandboxRequest;
+use sqlx::Row;
+
+use super::AppState;
+use crate::db::{WriteTx, now_ms};
+use crate::error::ControlError;
+use crate::limits;
+use crate::records::{self, SandboxRow, held_states_sql, running_quota_states_sql};
+use crate::scheduler::{self, Needs, Placed};
+
+/// Defaults written into the record, so it shows the limits enforced.
+const DEFAULT_MEMORY_MIB: u64 = 512;
+const DEFAULT_CPUS: f64 = 1.0;
+const DEFAULT_PIDS: u64 = 1024;
+
+fn unsupported(missing: Vec<String>, message: impl Into<String>) -> ControlError {
+    ControlError::new(ErrorCode::UnsupportedCapability, message)
+        .with_details(serde_json::json!({ "missing": missing }))
+}
+
+/// The create request with defaults applied and every bound checked.
+pub fn validate(request: &mut CreateSandboxRequest) -> Result<(), ControlError> {
+    limits::name("image", &request.image)?;
+    limits::env("env", &request.env)?;
+    limits::labels(&request.labels)?;
+    let resources = &mut request.resources;
+    let memory = *resources.memory_mib.get_or_insert(DEFAULT_MEMORY_MIB);
+    let cpus = *resources.cpus.get_or_insert(DEFAULT_CPUS);
+    let pids = *resources.pids.get_or_insert(DEFAULT_PIDS);
+    if !(1..=1 << 30).contains(&memory) {
+        return Err(limits::invalid("resources.memory_mib", "must be 1 or more"));
+    }
+    if !(cpus.is_finite() && (0.001..=4096.0).contains(&cpus)) {
+        return Err(limits::invalid(
+            "resources.cpus",
+            "must be between 0.001 and 4096",
+        ));
+    }
+    if !(1..=1 << 22).contains(&pids) {
+        return Err(limits::invalid("resources.pids", "must be 1 or more"));
+    }
+    if let Some(ttl) = request.ttl
+        && (ttl == 0 || ttl > limits::TTL_SECONDS_MAX)
+    {
+        return Err(limits::invalid(
+            "ttl",
+            format!("seconds, between 1 and {}", limits::TTL_SECONDS_MAX),
+        ));
+    }
+    for mount in &request.mounts {
+        limits::absolute_path("mounts.target", &mount.target)?;
+    }
+    Ok(())
+}
+
+/// A durable sandbox's save interval: the request's, within the
+/// deployment's bounds, or the deployment's default. Others have none.
+fn save_interval(
+    state: &AppState,
+    request: &CreateSandboxRequest,
+) -> Result<Option<i64>, ControlError> {
+    let config = &state.config;
+    if request.storage_class != StorageClass::Durable.as_str() {
+        if request.save_interval_s.is_some() {
+            return Err(limits::invalid(
+                "save_interval_s",
+                "only durable sandboxes are saved on a schedule",
+            ));
+        }
+        return Ok(None);
+    }
+    let (min, max) = (
+        config.save_interval_min.as_secs(),
+        config.save_interval_max.as_secs(),
+    );
+    let interval = request
+        .save_interval_s
+        .unwrap_or_else(|| config.save_interval.as_secs());
+    if !(min..=max).contains(&interval) {
+        return Err(limits::invalid(
+            "save_interval_s",
+            format!("seconds, between {min} and {max} in this deployment"),
+        ));
+    }
+    Ok(Some(interval as i64))
+}
+
+/// The request's storage class, network and placement, or what no runner
+/// of any deployment offers (refused as unsupported, naming it).
+fn classes(
+    request: &CreateSandboxRequest,
+) -> Result<(StorageClass, Network, Placement), ControlError> {
+    let storage_class = request.storage_class.parse().map_err(|_| {
+        unsupported(
+            vec![format!("storage_class:{}", request.storage_class)],
+            format!("unknown storage class {:?}", request.storage_class),
+        )
+    })?;
+    let network = request.network.parse().map_err(|_| {
+        let missing = format!("network:{}", request.network);
+        unsupported(
+            vec![missing.clone()],
+            format!("no registered runner offers {missing}"),
+        )
+    })?;
+    let placement = request.placement.parse().map_err(|_| {
+        unsupported(
+            vec![format!("placement:{}", request.placement)],
+            format!("unknown placement {:?}", request.placement),
+        )
+    })?;
+    Ok((storage_class, network, placement))
+}
+
+/// Fail-closed admission: everything the deployment or its runners cannot
+/// enforce exactly is refused, naming what is missing.
+async fn check_admissible(
+    state: &AppState,
+    tx: &mut WriteTx,
+    sandbox: &mut SandboxRow,
+    request: &CreateSandboxRequest,
+) -> Result<(), ControlError> {
+    if sandbox.image != "default" {
+        let root = image_root_of(tx, &sandbox.org_id, &sandbox.image).await?;
+        match root {
+            Some(root) if state.store.is_some() => sandbox.image_root = Some(root),
+            _ => {
+                return Err(unsupported(
+                    vec![format!("image:{}", sandbox.image)],
+                    format!(
+                        "no image {:?} in this org (import one with `roost image import`)",
+                        sandbox.image
+                    ),
+                ));
+            }
+        }
+    }
+    if sandbox.storage_class == StorageClass::Durable && state.config.store_url.is_none() {
+        return Err(unsupported(
+            vec!["storage_class:durable".to_owned()],
+            "durable storage needs a home store, and this deployment has none (--store)",
+        ));
+    }
+    // No mount transport or secret store is configured in this deployment.
+    if let Some(mount) = request.mounts.first() {
+        return Err(unsupported(
+            vec![format!("mount:{}", mount.source)],
+            "no shared filesystem is configured for mounts",
+        ));
+    }
+    if let Some(secret) = request.secrets.first() {
+        return Err(unsupported(
+            vec![format!("secret:{}", secret.path)],
+            "no secret store is configured",
+        ));
+    }
+    let needs = Needs::of(sandbox);
+    let runners = scheduler::all_runners(tx).await?;
+    let best = runners
+        .iter()
+        .map(|r| needs.missing_on(r))
+        .min_by_key(Vec::len);
+    match best {
+        None => Err(unsupported(
+            vec!["runner".to_owned()],
+            "no runner is registered, so nothing would run this sandbox",
+        )),
+        Some(missing) if !missing.is_empty() => Err(unsupported(
+            missing.clone(),
+            format!("no registered runner offers {}", missing.join(", ")),
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+fn quota_exceeded(metric: &str, limit: i64, current: i64, retry_after_s: u64) -> ControlError {
+    ControlError::new(
+        ErrorCode::QuotaExceeded,
+        format!("quota {metric} reached ({current} of {limit})"),
+    )
+    .with_details(serde_json::json!({
+        "quota": { "metric": metric, "limit": limit, "current": current }
+    }))
+    .with_retry_after(retry_after_s)
+}
+
+/// Checks the org's quotas and the fleet ceiling for one more running
+/// sandbox (and one more held one if `new`). Where any limit applies, it
+/// first takes the admission lock (one row, updated): creates and starts
+/// on every server then count one at a time, so no limit can be raced
+/// past. With no limit set, nothing is locked or counted.
+pub async fn check_quotas(
+    state: &AppState,
+    tx: &mut WriteTx,
+    org_id: &str,
+    new: bool,
+) -> Result<(), ControlError> {
+    let org = sqlx::query("SELECT max_running, max_total FROM orgs WHERE id = $1")
+        .bind(org_id)
+        .fetch_one(&mut *tx.tx)
+        .await?;
+    let max_running: Option<i64> = org.try_get("max_running")?;
+    let max_total: Option<i64> = org.try_get("max_total")?;
+    if max_running.is_none() && max_total.is_none() && state.config.fleet_max_running.is_none() {
+        // Nothing to count against: no lock, no counting.
+        return Ok(());
+    }
+    sqlx::query("UPDATE admission SET creates = creates + 1 WHERE id = 1")
+        .execute(&mut *tx.tx)
+        .await?;
+    let (running_states, held_states) = (running_quota_states_sql(), held_states_sql());
+    let counts = sqlx::query(&format!(
+        "SELECT
+            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired = 'running' AND state IN {running_states}) AS running,
+            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired <> 'deleted' AND state IN {held_states}) AS total,
+            (SELECT COUNT(*) FROM sandboxes WHERE desired = 'running' AND state IN {running_states}) AS fleet"
+    ))
+    .bind(org_id)
+    .fetch_one(&mut *tx.tx)
+    .await?;
+    let running: i64 = counts.try_get("running")?;
+    let total: i64 = counts.try_get("total")?;
+    let fleet: i64 = counts.try_get("fleet")?;
+    if let Some(limit) = max_total.filter(|&limit| new && total >= limit) {
+        state.metrics.quota_rejected("sandboxes.total");
+        return Err(quota_exceeded("sandboxes.total", limit, total, 60));
+    }
+    if let Some(limit) = max_running.filter(|&limit| running >= limit) {
+        state.metrics.quota_rejected("sandboxes.running");
+        return Err(quota_exceeded("sandboxes.running", limit, running, 30));
+    }
+    if let Some(limit) = state.config.fleet_max_running {
+        let limit = limit as i64;
+        if fleet >= limit {
+            state.metrics.quota_rejected("fleet.sandboxes.running");
+            return Err(quota_exceeded("fleet.sandboxes.running", limit, fleet, 30));
+        }
+    }
+    Ok(())
+}
+
+/// The root an org's image points at, read inside the admitting
+/// transaction.
+async fn image_root_of(
+    tx: &mut WriteTx,
+    org_id: &str,
+    name: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let row: Option<(String,)> =
+        sqlx::query_as("SELECT root FROM images WHERE org_id = $1 AND name = $2")
+            .bind(org_id)
+            .bind(name)
+            .fetch_optional(&mut *tx.tx)
+            .await?;
+    Ok(row.map(|(root,)| root))
+}
+
+/// The record a create request asks for, with defaults applied and every
+/// bound checked; nothing is written yet.
+pub fn prepare(
+    state: &AppState,
+    org_id: &str,
+    request: &mut CreateSandboxRequest,
+) -> Result<SandboxRow, ControlError> {
+    validate(request)?;
+    let (storage_class, network, placement) = classes(request)?;
+    let now = now_ms();
+    let id = records::new_id("sbx")?;
+    let env = serde_json::to_string(&request.env).unwrap_or_default();
+    let labels = serde_json::to_string(&request.labels).unwrap_or_default();
+    let resources = &request.resources;
+    let mut row = SandboxRow {
+        id: id.clone(),
+        org_id: org_id.to_owned(),
+        image: request.image.clone(),
+        image_root: None,
+        storage_class,
+        memory_mib: resources.memory_mib.map(|v| v as i64),
+        millicpus: resources.cpus.map(|v| (v * 1000.0).round() as i64),
+        pids: resources.pids.map(|v| v as i64),
+        network,
+        placement,
+        env,
+        labels,
+        state: SandboxState::Pending,
+        state_reason: Some("admitted".to_owned()),
+        desired: DesiredState::Running,
+        runner_id: None,
+        last_runner_id: None,
+        epoch: 0,
+        quarantined: false,
+        created_at_ms: now,
+        updated_at_ms: now,
+        expires_at_ms: request.ttl.map(|ttl| now + ttl as i64 * 1000),
+        ended_at_ms: None,
+        home: records::HomeColumns::default(),
+    };
+
+    row.home.save_interval_s = save_interval(state, request)?;
+    Ok(row)
+}
+
+/// Admits the prepared sandbox in `tx`: its snapshot and image resolved,
+/// what no runner offers refused, quotas counted; then written, placed (or
+/// recorded as waiting), and a child of a snapshot given its home.
+pub async fn admit(
+    state: &AppState,
+    tx: &mut WriteTx,
+    row: &mut SandboxRow,
+    request: &CreateSandboxRequest,
+) -> Result<(), ControlError> {
+    let id = row.id.clone();
+    let org_id = row.org_id.clone();
+    if let Some(snapshot_id) = &request.from_snapshot {
+        let root = super::snapshots::replicated_root(tx, &org_id, snapshot_id).await?;
+        row.home.root = Some(root);
+        row.home.from_snapshot = Some(snapshot_id.clone());
+    }
+    check_admissible(state, tx, row, request).await?;
+    check_quotas(state, tx, &org_id, true).await?;
+    records::sandboxes::insert(tx, row, &request.labels).await?;
+    let placed = scheduler::place(tx, row).await?;
+    if let Placed::Waiting(reason) = placed {
+        records::sandboxes::set_waiting_reason(tx, row, reason).await?;
+    }
+    if let Some(root) = &row.home.root {
+        // The child's home starts as the snapshot: pinned under the
+        // child's own name, so deleting the snapshot cannot take it. (The
+        // snapshot's own pin was checked complete when it was replicated.)
+        let digest: store::Digest = root
+            .parse()
+            .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))?;
+        let (home, _) = crate::control::home_store::home_names(&id)?;
+        let org = crate::control::home_store::store_org(&org_id)?;
+        let store = crate::control::home_store::store_of(state)?;
+        crate::control::home_store::blocking(move || store.write_home(&org, &home, &digest))
+            .await?
+            .map_err(crate::control::home_store::store_error)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,480 @@
+//! The runner protocol's rules. Runners register, renew a lease by
+//! heartbeat, read their assignments (level-triggered: the whole desired
+//! state each time) and report what they observe. A report whose runner or
+//! epoch is not the sandbox's current placement is `fenced` and changes
+//! nothing.
+
+use api::lifecycle::{CommandState, DesiredState, SandboxState, StorageClass};
+use std::collections::BTreeMap;
+
+use sqlx::Row;
+
+use super::AppState;
+use crate::db::{WriteTx, now_ms};
+use crate::error::ControlError;
+use crate::limits;
+use crate::records::commands::{Observed, Stream};
+use crate::records::{
+    self, SANDBOX_COLUMNS, SandboxRow, Transition, load_sandbox, not_found, set_sandbox_state,
+};
+use crate::records::{COMMAND_COLUMNS, CommandRow};
+use crate::scheduler::{RUNNER_COLUMNS, RunnerRow};
+use api::ErrorCode;
+use api::runners::{
+    Assignments, CommandAssignment, CommandReport, HeartbeatRequest, HeartbeatResponse,
+    RegisterRequest, RegisterResponse, SandboxAssignment, SandboxReport, SnapshotAssignment,
+};
+
+const CAPABILITIES_MAX: usize = 64;
+
+pub fn fenced(message: impl Into<String>) -> ControlError {
+    ControlError::new(ErrorCode::Fenced, message)
+}
+
+/// Registers a runner (again, keeping its id, when it names one it had)
+/// with a fresh lease, and places what waited for capacity.
+pub async fn register(
+    state: &AppState,
+    request: &RegisterRequest,
+) -> Result<RegisterResponse, ControlError> {
+    limits::name("name", &request.name)?;
+    if !["spot", "on_demand"].contains(&request.placement_class.as_str()) {
+        return Err(limits::invalid("placement_class", "spot or on_demand"));
+    }
+    limits::labels(&request.labels)?;
+    if request.capabilities.len() > CAPABILITIES_MAX {
+        return Err(limits::invalid(
+            "capabilities",
+            format!("more than {CAPABILITIES_MAX}"),
+        ));
+    }
+    for capability in &request.capabilities {
+        limits::name("capabilities", capability)?;
+    }
+    let capacity = &request.capacity;
+    if !(capacity.cpus.is_finite() && capacity.cpus >= 0.0) {
+        return Err(limits::invalid("capacity.cpus", "a number of CPUs"));
+    }
+    let now = now_ms();
+    let lease_ms = state.config.lease_ttl.as_millis() as i64;
+    let labels = serde_json::to_string(&request.labels).unwrap_or_default();
+    let capabilities = serde_json::to_string(&request.capabilities).unwrap_or_default();
+    let millicpus = (capacity.cpus * 1000.0).round() as i64;
+    let mut tx = state.db.write().await?;
+    let existing = match &request.runner_id {
+        Some(id) => sqlx::query("SELECT id FROM runners WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *tx.tx)
+            .await?
+            .map(|_| id.clone()),
+        None => None,
+    };
+    let runner_id = match existing {
+        Some(id) => {
+            sqlx::query(
+                "UPDATE runners SET name = $1, placement_class = $2, labels = $3, capabilities = $4, capacity_sandboxes = $5, capacity_memory_mib = $6, capacity_millicpus = $7, capacity_pids = $8, state = 'live', lease_expires_at_ms = $9 WHERE id = $10",
+            )
+            .bind(&request.name)
+            .bind(&request.placement_class)
+            .bind(&labels)
+            .bind(&capabilities)
+            .bind(capacity.sandboxes as i64)
+            .bind(capacity.memory_mib as i64)
+            .bind(millicpus)
+            .bind(capacity.pids as i64)
+            .bind(now + lease_ms)
+            .bind(&id)
+            .execute(&mut *tx.tx)
+            .await?;
+            id
+        }
+        None => {
+            let id = records::new_id("rnr")?;
+            sqlx::query(
+                "INSERT INTO runners (id, name, placement_class, labels, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms, registered_at_ms, placements)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'live', $10, $11, 0)",
+            )
+            .bind(&id)
+            .bind(&request.name)
+            .bind(&request.placement_class)
+            .bind(&labels)
+            .bind(&capabilities)
+            .bind(capacity.sandboxes as i64)
+            .bind(capacity.memory_mib as i64)
+            .bind(millicpus)
+            .bind(capacity.pids as i64)
+            .bind(now + lease_ms)
+            .bind(now)
+            .execute(&mut *tx.tx)
+            .await?;
+            id
+        }
+    };
+    tx.commit().await?;
+    tracing::info!(%runner_id, name = %request.name, "runner registered");
+    // New capacity: place what has been waiting for it.
+    crate::reconcile::schedule_pending(state).await?;
+    Ok(RegisterResponse {
+        runner_id,
+        lease_ttl_ms: lease_ms as u64,
+        heartbeat_interval_ms: (lease_ms / 3) as u64,
+        freeze_after_ms: crate::freeze_after(state.config.lease_ttl).as_millis() as u64,
+    })
+}
+
+/// The runner, refused as fenced unless its lease is live.
+pub async fn live_runner(tx: &mut WriteTx, runner_id: &str) -> Result<RunnerRow, ControlError> {
+    let row = sqlx::query(&format!(
+        "SELECT {RUNNER_COLUMNS} FROM runners WHERE id = $1"
+    ))
+    .bind(runner_id)
+    .fetch_optional(&mut *tx.tx)
+    .await?
+    .ok_or_else(|| not_found("runner"))?;
+    let runner = RunnerRow::from_row(&row)?;
+    if runner.state != "live" {
+        return Err(fenced(
+            "this runner's lease expired and its sandboxes were taken from it; register again",
+        ));
+    }
+    Ok(runner)
+}
+
+/// Renews a live runner's lease.
+pub async fn heartbeat(
+    state: &AppState,
+    request: &HeartbeatRequest,
+) -> Result<HeartbeatResponse, ControlError> {
+    let lease_ms = state.config.lease_ttl.as_millis() as i64;
+    let mut tx = state.db.write().await?;
+    live_runner(&mut tx, &request.runner_id).await?;
+    // Renewed only while still live: a lease the watcher has expired
+    // stays expired (the runner must register again).
+    let renewed =
+        sqlx::query("UPDATE runners SET lease_expires_at_ms = $1 WHERE id = $2 AND state = 'live'")
+            .bind(now_ms() + lease_ms)
+            .bind(&request.runner_id)
+            .execute(&mut *tx.tx)
+            .await?;
+    if renewed.rows_affected() == 0 {
+        return Err(fenced("lease expired; register again"));
+    }
+    tx.commit().await?;
+    Ok(HeartbeatResponse {
+        lease_expires_in_ms: lease_ms as u64,
+    })
+}
+
+/// Everything placed on the runner. Queued commands of running sandboxes
+/// are handed over here (`starting`, with the sandbox's epoch); they stay
+/// in every answer until the runner reports them, so a lost answer loses
+/// nothing.
+pub async fn read_assignments(
+    state: &AppState,
+    runner_id: &str,
+) -> Result<Assignments, ControlError> {
+    let mut tx = state.db.write().await?;
+    let runner = live_runner(&mut tx, runner_id).await?;
+    records::commands::hand_over(&mut tx, runner_id).await?;
+    let sandboxes = sqlx::query(&format!(
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE runner_id = $1 AND state <> 'deleted' ORDER BY id"
+    ))
+    .bind(runner_id)
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    let mut snapshots: BTreeMap<String, Vec<SnapshotAssignment>> = BTreeMap::new();
+    let pending = sqlx::query(
+        "SELECT id, sandbox_id, durability FROM snapshots WHERE durability IN ('pending', 'local')
+         AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1) ORDER BY id",
+    )
+    .bind(runner_id)
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    for row in &pending {
+        snapshots
+            .entry(row.try_get("sandbox_id")?)
+            .or_default()
+            .push(SnapshotAssignment {
+                snapshot_id: row.try_get("id")?,
+                durability: row.try_get("durability")?,
+            });
+    }
+    let sandboxes: Vec<SandboxAssignment> = sandboxes
+        .iter()
+        .map(|row| {
+            let s = SandboxRow::from_row(row)?;
+            Ok(SandboxAssignment {
+                sandbox_id: s.id.clone(),
+                org_id: s.org_id.clone(),
+                epoch: s.epoch as u64,
+                desired: crate::control::drain::desired_on(&s, runner.drain.as_deref()),
+                state: s.state,
+                image: s.image.clone(),
+                image_root: s.image_root.clone(),
+                storage_class: s.storage_class,
+                resources: s.resources(),
+                network: s.network,
+                env: records::json_map(&s.env),
+                home_root: s.home.root.clone(),
+                save_interval_s: s.home.save_interval_s.map(|i| i as u64),
+                snapshots: snapshots.remove(&s.id).unwrap_or_default(),
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()?;
+    let commands = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE state IN {}
+         AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1) ORDER BY id",
+        CommandState::sql_in(CommandState::on_runner)
+    ))
+    .bind(runner_id)
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    let commands: Vec<CommandAssignment> = commands
+        .iter()
+        .map(|row| {
+            let c = CommandRow::from_row(row)?;
+            Ok(CommandAssignment {
+                command_id: c.id.clone(),
+                sandbox_id: c.sandbox_id.clone(),
+                epoch: c.epoch.unwrap_or(0) as u64,
+                argv: c.argv(),
+                env: records::json_map(&c.env),
+                cwd: c.cwd.clone(),
+                timeout: c.timeout_s.map(|t| t as u64),
+                signal: c.signal_requested.clone(),
+                state: c.state,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()?;
+    tx.commit().await?;
+    let body = serde_json::to_vec(&(&sandboxes, &commands)).unwrap_or_default();
+    Ok(Assignments {
+        etag: blake3::hash(&body).to_hex()[..32].to_owned(),
+        sandboxes,
+        commands,
+    })
+}
+
+/// Checks the report is from the sandbox's current placement.
+pub fn check_placement(row: &SandboxRow, runner_id: &str, epoch: u64) -> Result<(), ControlError> {
+    if row.runner_id.as_deref() != Some(runner_id) || row.epoch as u64 != epoch {
+        return Err(fenced(format!(
+            "stale placement: the sandbox is at epoch {} on {}; this report is for epoch {epoch} on {runner_id}",
+            row.epoch,
+            row.runner_id.as_deref().unwrap_or("no runner")
+        ))
+        .with_details(serde_json::json!({ "current_epoch": row.epoch })));
+    }
+    Ok(())
+}
+
+/// Records what a runner observed of a sandbox at its placement: a move
+/// the transition table allows, or nothing (fenced, invalid_state).
+pub async fn report_sandbox(
+    state: &AppState,
+    id: &str,
+    report: &SandboxReport,
+) -> Result<SandboxRow, ControlError> {
+    if let Some(reason) = &report.reason {
+        limits::name("reason", reason)?;
+    }
+    let message = report.message.as_deref().map(|m| {
+        let mut m = m.to_owned();
+        m.truncate(1024);
+        m
+    });
+    let mut tx = state.db.write().await?;
+    let runner = live_runner(&mut tx, &report.runner_id).await?;
+    let row = load_sandbox(&mut tx, id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?;
+    check_placement(&row, &report.runner_id, report.epoch)?;
+    let drain_reason =
+        crate::control::drain::drain_reason(&row, report.state, runner.drain.as_deref());
+    // What a wake cost, counted once the move to `running` is committed.
+    let mut woke = None;
+    if row.state != report.state {
+        if !row.state.runner_may_report(report.state, row.desired) {
+            return Err(ControlError::new(
+                ErrorCode::InvalidState,
+                format!(
+                    "a runner cannot move a sandbox from {} to {}",
+                    row.state, report.state
+                ),
+            ));
+        }
+        // A deleted sandbox no longer holds anything on its runner.
+        let runner_drain = runner.drain.clone();
+        let runner = (report.state != SandboxState::Deleted).then_some(report.runner_id.as_str());
+        let to = Transition {
+            state: report.state,
+            reason: drain_reason.or(report.reason.as_deref()),
+            message: message.as_deref(),
+        };
+        if !set_sandbox_state(&mut tx, &row, to, runner, row.epoch).await? {
+            return Err(ControlError::new(
+                ErrorCode::InvalidState,
+                "the sandbox changed meanwhile; read the assignments and report again",
+            ));
+        }
+        if report.state == SandboxState::Deleted {
+            tx.changed(&format!("runner:{}", report.runner_id)).await?;
+        }
+        if report.state == SandboxState::Running {
+            woke = report.wake.clone();
+        }
+        // Wanted running once its home is secured: moved off a runner
+        // being emptied, or started again while it was securing.
+        if report.state == SandboxState::Stopped
+            && row.storage_class == StorageClass::Durable
+            && row.desired == DesiredState::Running
+        {
+            let again = match (&runner_drain, report.reason.as_deref()) {
+                (Some(drain), _) => Some((
+                    crate::control::drain::reason_of(drain),
+                    "home secured; placing it on another runner",
+                )),
+                (None, Some("stop_requested")) => {
+                    Some(("start_requested", "home secured; started again"))
+                }
+                _ => None,
+            };
+            if let Some((reason, message)) = again {
+                crate::control::placement::place_secured(&mut tx, id, reason, message).await?;
+            }
+        }
+    }
+    let record = load_sandbox(&mut tx, id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?;
+    tx.commit().await?;
+    if let Some(wake) = woke {
+        state
+            .metrics
+            .woke(wake.downloaded_bytes, wake.from_own_copy);
+    }
+    Ok(record)
+}
+
+/// The command and its sandbox, checked to be this runner's at `epoch`.
+async fn runner_command(
+    tx: &mut WriteTx,
+    id: &str,
+    runner_id: &str,
+    epoch: u64,
+) -> Result<CommandRow, ControlError> {
+    live_runner(tx, runner_id).await?;
+    let command = records::commands::load(tx, id)
+        .await?
+        .ok_or_else(|| not_found("command"))?;
+    let sandbox = load_sandbox(tx, &command.sandbox_id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?;
+    check_placement(&sandbox, runner_id, epoch)?;
+    if command.epoch != Some(epoch as i64) {
+        return Err(fenced("the command was handed over under another epoch"));
+    }
+    Ok(command)
+}
+
+/// Records what a runner observed of a command it holds at its epoch.
+pub async fn report_command(
+    state: &AppState,
+    id: &str,
+    report: &CommandReport,
+) -> Result<CommandRow, ControlError> {
+    if let Some(reason) = &report.reason {
+        limits::name("reason", reason)?;
+    }
+    if let Some(signal) = &report.signal
+        && !api::commands::SIGNALS.contains(&signal.as_str())
+    {
+        return Err(limits::invalid(
+            "signal",
+            format!("one of {}", api::commands::SIGNALS.join(", ")),
+        ));
+    }
+    let mut tx = state.db.write().await?;
+    let command = runner_command(&mut tx, id, &report.runner_id, report.epoch).await?;
+    let to = report.state;
+    if command.state != to {
+        if !command.state.runner_may_report(to) {
+            return Err(ControlError::new(
+                ErrorCode::InvalidState,
+                format!("a command cannot go from {} to {to}", command.state),
+            ));
+        }
+        if to == CommandState::Exited && report.exit_code.is_none() {
+            return Err(limits::invalid("exit_code", "an exited command has one"));
+        }
+        let observed = Observed {
+            state: to,
+            reason: report.reason.as_deref(),
+            exit_code: report.exit_code.map(i64::from),
+            signal: report.signal.as_deref(),
+        };
+        let updated =
+            records::commands::set_observed(&mut tx, &command, &report.runner_id, observed).await?;
+        if !updated {
+            return Err(ControlError::new(
+                ErrorCode::InvalidState,
+                "the command changed meanwhile",
+            ));
+        }
+    }
+    let command = records::commands::load(&mut tx, id)
+        .await?
+        .ok_or_else(|| not_found("command"))?;
+    tx.commit().await?;
+    Ok(command)
+}
+
+/// Appends output at `offset` (the stream's length as the runner knows it).
+/// A retry of bytes already stored is accepted and skipped; a gap is 409.
+/// Output is complete once the command has ended (readers are told so),
+/// so a runner appends everything before it reports the end; bytes for an
+/// ended command are refused (409) unless they are a retry. Answers the
+/// stream's new length.
+pub async fn append_output(
+    state: &AppState,
+    id: &str,
+    stream: Stream,
+    at: &OutputAt,
+    body: &[u8],
+) -> Result<u64, ControlError> {
+    let mut tx = state.db.write().await?;
+    let command = runner_command(&mut tx, id, &at.runner_id, at.epoch).await?;
+    let length = stream.length_of(&command) as u64;
+    if at.offset > length {
+        return Err(ControlError::new(
+            ErrorCode::InvalidState,
+            format!(
+                "offset {} leaves a gap: the stream has {length} bytes",
+                at.offset
+            ),
+        )
+        .with_details(serde_json::json!({ "length": length })));
+    }
+    let skip = (length - at.offset) as usize;
+    if skip < body.len() && command.ended() {
+        return Err(ControlError::new(
+            ErrorCode::InvalidState,
+            format!(
+                "the command has ended ({}); its output is complete",
+                command.state
+            ),
+        ));
+    }
+    if skip < body.len() {
+        records::commands::append_output(&mut tx, id, stream, length as i64, &body[skip..]).await?;
+    }
+    tx.commit().await?;
+    Ok(length.max(at.offset + body.len() as u64))
+}
+
+/// Where a runner's output append lands: its placement and the offset.
+pub struct OutputAt {
+    pub runner_id: String,
+    pub epoch: u64,
+    pub offset: u64,
+}

@@ -1,0 +1,170 @@
+//! A sandbox's lifecycle as its org drives it: stop, start and delete
+//! change what is wanted (with an event saying who asked); a sandbox with
+//! no compute to give back moves at once, others when their runner reports.
+
+use api::ErrorCode;
+use api::lifecycle::{DesiredState, SandboxState, StorageClass};
+
+use super::AppState;
+use super::admission::check_quotas;
+use super::placement::place_or_wait;
+use crate::db::{WriteTx, now_ms};
+use crate::error::ControlError;
+use crate::records::{self, SandboxRow, Transition, load_sandbox, not_found, set_sandbox_state};
+
+/// The sandbox as this transaction now sees it (after its own writes).
+pub async fn reload(tx: &mut WriteTx, id: &str) -> Result<SandboxRow, ControlError> {
+    load_sandbox(tx, id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))
+}
+
+/// Loads the caller's sandbox inside a write transaction, refusing a
+/// quarantined one.
+async fn load_mutable(
+    state: &AppState,
+    tx: &mut WriteTx,
+    org_id: &str,
+    id: &str,
+) -> Result<SandboxRow, ControlError> {
+    let row = load_sandbox(tx, id)
+        .await?
+        .filter(|row| row.org_id == org_id)
+        .filter(|row| {
+            row.ended_at_ms
+                .is_none_or(|ended| ended > now_ms() - state.config.retention.as_millis() as i64)
+        })
+        .ok_or_else(|| not_found("sandbox"))?;
+    if row.quarantined {
+        return Err(ControlError::new(
+            ErrorCode::Quarantined,
+            "the sandbox is quarantined by an administrator",
+        ));
+    }
+    Ok(row)
+}
+
+fn invalid_state(row: &SandboxRow, action: &str) -> ControlError {
+    ControlError::new(
+        ErrorCode::InvalidState,
+        format!("cannot {action} a sandbox that is {}", row.state),
+    )
+    .with_details(serde_json::json!({ "state": row.state, "desired": row.desired }))
+}
+
+/// Stop asks for no compute. A sandbox not yet placed has none, so it is
+/// stopped at once; a placed one stops when its runner reports it.
+pub async fn stop(
+    state: &AppState,
+    tx: &mut WriteTx,
+    org_id: &str,
+    id: &str,
+) -> Result<SandboxRow, ControlError> {
+    let row = load_mutable(state, tx, org_id, id).await?;
+    if row.state.is_terminal() || row.desired == DesiredState::Deleted {
+        return Err(invalid_state(&row, "stop"));
+    }
+    if row.desired != DesiredState::Stopped {
+        records::sandboxes::set_desired(tx, &row, DesiredState::Stopped, "stop_requested").await?;
+        if row.runner_id.is_none() && row.state.awaits_placement() {
+            let to = Transition {
+                state: SandboxState::Stopped,
+                reason: Some("stop_requested"),
+                message: None,
+            };
+            set_sandbox_state(tx, &row, to, None, row.epoch).await?;
+        }
+    }
+    reload(tx, id).await
+}
+
+/// Start asks for compute again: a stopped sandbox goes back to `pending`
+/// and is placed (a standard one only on the runner that holds its home).
+pub async fn start(
+    state: &AppState,
+    tx: &mut WriteTx,
+    org_id: &str,
+    id: &str,
+) -> Result<SandboxRow, ControlError> {
+    let row = load_mutable(state, tx, org_id, id).await?;
+    if row.state.is_terminal()
+        || row.desired == DesiredState::Deleted
+        || row.desired == DesiredState::Terminated
+    {
+        return Err(invalid_state(&row, "start"));
+    }
+    // Stopped while wanted running (the workload ended itself) also needs
+    // compute again.
+    let needs_compute = row.state == SandboxState::Stopped;
+    if row.desired != DesiredState::Running || needs_compute {
+        check_quotas(state, tx, org_id, false).await?;
+        if row.desired != DesiredState::Running {
+            records::sandboxes::set_desired(tx, &row, DesiredState::Running, "start_requested")
+                .await?;
+        }
+        if needs_compute {
+            let row = reload(tx, id).await?;
+            // A standard home stays on its runner, which keeps it assigned
+            // while the sandbox waits to be placed there again.
+            let keep = (row.storage_class == StorageClass::Standard)
+                .then_some(row.runner_id.as_deref())
+                .flatten();
+            let to = Transition {
+                state: SandboxState::Pending,
+                reason: Some("start_requested"),
+                message: None,
+            };
+            set_sandbox_state(tx, &row, to, keep, row.epoch).await?;
+            let row = reload(tx, id).await?;
+            place_or_wait(tx, &row).await?;
+        }
+    }
+    reload(tx, id).await
+}
+
+/// Delete is idempotent by outcome: accepted once while the sandbox holds
+/// anything (failed and terminated included), then `not_found`.
+pub async fn delete(
+    state: &AppState,
+    tx: &mut WriteTx,
+    org_id: &str,
+    id: &str,
+) -> Result<SandboxRow, ControlError> {
+    let row = load_mutable(state, tx, org_id, id).await?;
+    if row.desired == DesiredState::Deleted || row.state == SandboxState::Deleted {
+        return Err(not_found("sandbox"));
+    }
+    records::sandboxes::set_desired(tx, &row, DesiredState::Deleted, "delete_requested").await?;
+    let runner_alive = match &row.runner_id {
+        Some(runner) => {
+            let live: Option<(String,)> =
+                sqlx::query_as("SELECT id FROM runners WHERE id = $1 AND state = 'live'")
+                    .bind(runner)
+                    .fetch_optional(&mut *tx.tx)
+                    .await?;
+            live.is_some()
+        }
+        None => false,
+    };
+    // With no runner holding anything, nothing is left to release.
+    let to = if runner_alive {
+        Transition {
+            state: SandboxState::Deleting,
+            reason: Some("delete_requested"),
+            message: None,
+        }
+    } else {
+        Transition {
+            state: SandboxState::Deleted,
+            reason: Some("delete_requested"),
+            message: None,
+        }
+    };
+    let runner = if runner_alive {
+        row.runner_id.as_deref()
+    } else {
+        None
+    };
+    set_sandbox_state(tx, &row, to, runner, row.epoch).await?;
+    reload(tx, id).await
+}

@@ -1,0 +1,128 @@
+//! Saves of durable homes, reported by the runner that holds the sandbox.
+//!
+//! A save counts only once complete in the store and committed, and only
+//! from the sandbox's current placement:
+//!
+//! 1. the placement (runner, epoch) is checked: a stale one is `fenced`
+//!    before anything is written;
+//! 2. under the store's commit lock the tree is checked present (its root:
+//!    the block service takes a tree only with its children) and the store
+//!    home `{id}-next` is pointed at it (so gc keeps it whatever happens
+//!    next);
+//! 3. a compare-and-swap on the record, guarded by the epoch, makes it the
+//!    sandbox's `home_root` (a placement that moved on meanwhile is
+//!    `fenced` and the record keeps the previous save);
+//! 4. the store home `{id}` is pointed at it.
+//!
+//! Every root the record can name is pinned by `{id}` or `{id}-next`, so
+//! gc never takes what a recovery would restore.
+
+use super::AppState;
+use super::home_store::{
+    blocking, home_names, parse_root, pin_tree, store_error, store_of, store_org,
+};
+use super::runner_protocol::{check_placement, fenced, live_runner};
+use crate::db::now_ms;
+use crate::error::ControlError;
+use crate::limits;
+use crate::records::sandboxes::{SaveOutcome, record_save};
+use crate::records::{SandboxRow, load_sandbox, not_found};
+use api::ErrorCode;
+use api::runners::SaveReport;
+
+/// Longest error text kept on the record.
+const SAVE_ERROR_CHARS_MAX: usize = 1024;
+
+/// Records a runner's save report in the four steps above; answers the
+/// sandbox as recorded.
+pub async fn report_save(
+    state: &AppState,
+    id: &str,
+    report: &SaveReport,
+) -> Result<SandboxRow, ControlError> {
+    let now = now_ms();
+    // 1. The placement, before anything is written.
+    let row = {
+        let mut tx = state.db.write().await?;
+        live_runner(&mut tx, &report.runner_id).await?;
+        let row = load_sandbox(&mut tx, id)
+            .await?
+            .ok_or_else(|| not_found("sandbox"))?;
+        check_placement(&row, &report.runner_id, report.epoch)?;
+        row
+    };
+    if row.home.save_interval_s.is_none() {
+        return Err(ControlError::new(
+            ErrorCode::InvalidState,
+            "only durable sandboxes are saved",
+        ));
+    }
+    let (committed_home, next_home) = home_names(id)?;
+    let mut committed_root = None;
+    match report.outcome.as_str() {
+        "progress" | "failed" => {}
+        "completed" => {
+            let root = parse_root(report.root.as_deref())?;
+            // 2. Complete in the store, and pinned.
+            pin_tree(state, &row.org_id, next_home, root).await?;
+            committed_root = Some(root);
+        }
+        other => {
+            return Err(limits::invalid(
+                "outcome",
+                format!("{other:?}: use progress, completed or failed"),
+            ));
+        }
+    }
+    // 3. The compare-and-swap on the record.
+    let mut tx = state.db.write().await?;
+    let current = load_sandbox(&mut tx, id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?;
+    check_placement(&current, &report.runner_id, report.epoch)?;
+    let error = report.error.as_deref().map(|e| {
+        let mut e = e.to_owned();
+        e.truncate(SAVE_ERROR_CHARS_MAX);
+        e
+    });
+    let outcome = match (report.outcome.as_str(), committed_root) {
+        ("completed", Some(root)) => SaveOutcome::Completed {
+            root: root.to_hex(),
+            captured_at_ms: report.captured_at_ms.unwrap_or(now),
+        },
+        ("failed", _) => SaveOutcome::Failed {
+            error: error.unwrap_or_else(|| "save failed".to_owned()),
+            bytes_pending: report.bytes_pending.map(|b| b as i64),
+        },
+        _ => SaveOutcome::Progress {
+            bytes_pending: report.bytes_pending.map(|b| b as i64),
+        },
+    };
+    let epoch = report.epoch as i64;
+    let updated = record_save(&mut tx, id, epoch, &report.runner_id, outcome).await?;
+    if !updated {
+        return Err(fenced(
+            "the placement moved on while the save was committed",
+        ));
+    }
+    let record = load_sandbox(&mut tx, id)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))?;
+    tx.commit().await?;
+    // 4. The committed pointer.
+    if let Some(root) = committed_root {
+        let store = store_of(state)?;
+        let org = store_org(&row.org_id)?;
+        blocking(move || store.write_home(&org, &committed_home, &root))
+            .await?
+            .map_err(store_error)?;
+        let captured_at = report.captured_at_ms.unwrap_or(now).min(now);
+        state.metrics.save_completed(
+            std::time::Duration::from_millis((now_ms() - captured_at).max(0) as u64),
+            report.snapshot_ms,
+            report.uploaded_bytes,
+        );
+        tracing::info!(sandbox_id = %id, epoch = report.epoch, %root, "home save committed");
+    }
+    Ok(record)
+}

@@ -1,0 +1,332 @@
+//! The command row, and every write to a command: queued by its org,
+//! started and ended by its runner's reports, cancelled or signalled, ended
+//! with its sandbox.
+
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::{json_map, parse_column, rfc3339};
+use crate::db::{WriteTx, now_ms};
+use api::commands::{Command, CreateCommandRequest};
+use api::lifecycle::{CommandState, SandboxState};
+
+#[derive(Clone, Debug)]
+pub struct CommandRow {
+    pub id: String,
+    pub sandbox_id: String,
+    pub org_id: String,
+    pub argv: String,
+    pub env: String,
+    pub cwd: Option<String>,
+    pub timeout_s: Option<i64>,
+    pub state: CommandState,
+    pub state_reason: Option<String>,
+    pub exit_code: Option<i64>,
+    pub signal: Option<String>,
+    pub signal_requested: Option<String>,
+    pub epoch: Option<i64>,
+    pub stdout_bytes: i64,
+    pub stderr_bytes: i64,
+    pub created_at_ms: i64,
+    pub started_at_ms: Option<i64>,
+    pub ended_at_ms: Option<i64>,
+}
+
+pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms";
+
+impl CommandRow {
+    pub fn from_row(row: &AnyRow) -> Result<CommandRow, sqlx::Error> {
+        Ok(CommandRow {
+            id: row.try_get("id")?,
+            sandbox_id: row.try_get("sandbox_id")?,
+            org_id: row.try_get("org_id")?,
+            argv: row.try_get("argv")?,
+            env: row.try_get("env")?,
+            cwd: row.try_get("cwd")?,
+            timeout_s: row.try_get("timeout_s")?,
+            state: parse_column(row, "state")?,
+            state_reason: row.try_get("state_reason")?,
+            exit_code: row.try_get("exit_code")?,
+            signal: row.try_get("signal")?,
+            signal_requested: row.try_get("signal_requested")?,
+            epoch: row.try_get("epoch")?,
+            stdout_bytes: row.try_get("stdout_bytes")?,
+            stderr_bytes: row.try_get("stderr_bytes")?,
+            created_at_ms: row.try_get("created_at_ms")?,
+            started_at_ms: row.try_get("started_at_ms")?,
+            ended_at_ms: row.try_get("ended_at_ms")?,
+        })
+    }
+
+    pub fn argv(&self) -> Vec<String> {
+        serde_json::from_str(&self.argv).unwrap_or_default()
+    }
+
+    pub fn ended(&self) -> bool {
+        self.state.is_end()
+    }
+
+    pub fn to_api(&self) -> Command {
+        Command {
+            id: self.id.clone(),
+            sandbox_id: self.sandbox_id.clone(),
+            argv: self.argv(),
+            env: json_map(&self.env),
+            cwd: self.cwd.clone(),
+            timeout: self.timeout_s.map(|t| t as u64),
+            state: self.state,
+            state_reason: self.state_reason.clone(),
+            exit_code: self.exit_code.map(|c| c as i32),
+            signal: self.signal.clone(),
+            epoch: self.epoch.map(|e| e as u64),
+            stdout_bytes: self.stdout_bytes as u64,
+            stderr_bytes: self.stderr_bytes as u64,
+            created_at: rfc3339(self.created_at_ms),
+            started_at: self.started_at_ms.map(rfc3339),
+            ended_at: self.ended_at_ms.map(rfc3339),
+        }
+    }
+}
+
+/// Ends the commands that cannot run any more once a sandbox is in
+/// `state`. Queued ones never started: `not_launched`. For the rest:
+/// - the host is gone (`recovering`, or `failed` with `node_lost`): seen
+///   running → `infrastructure_lost`; handed over but never confirmed →
+///   `unknown`;
+/// - the sandbox was stopped, terminated or deleted: the runner reports its
+///   commands first; any it left open were asked to end by the stop
+///   (`interrupted`), or, never confirmed, `unknown`;
+/// - the workload died on its own (`failed`): the runner would have told
+///   what it knew, so what is left is `unknown`.
+pub(super) async fn end_commands_for(
+    tx: &mut WriteTx,
+    sandbox_id: &str,
+    state: SandboxState,
+    reason: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    use SandboxState::*;
+    let running = match (state, reason) {
+        (Recovering, _) | (Failed, Some("node_lost")) => CommandState::InfrastructureLost,
+        (Stopped | Securing | Terminated | Deleting | Deleted, _) => CommandState::Interrupted,
+        (Failed, _) => CommandState::Unknown,
+        (Pending | Starting | Running | Stopping, _) => return Ok(()),
+    };
+    let now = now_ms();
+    let reason = format!("sandbox_{state}");
+    let mut ids: Vec<String> = Vec::new();
+    for (from, to) in [
+        (CommandState::Queued, CommandState::NotLaunched),
+        (CommandState::Starting, CommandState::Unknown),
+        (CommandState::Running, running),
+    ] {
+        let rows = sqlx::query(
+            "UPDATE commands SET state = $1, state_reason = $2, ended_at_ms = $3 WHERE sandbox_id = $4 AND state = $5 RETURNING id",
+        )
+        .bind(to.as_str())
+        .bind(&reason)
+        .bind(now)
+        .bind(sandbox_id)
+        .bind(from.as_str())
+        .fetch_all(&mut *tx.tx)
+        .await?;
+        for row in rows {
+            ids.push(row.try_get("id")?);
+        }
+    }
+    for id in ids {
+        tx.changed(&id).await?;
+    }
+    Ok(())
+}
+
+/// The command as this transaction sees it.
+pub async fn load(tx: &mut WriteTx, id: &str) -> Result<Option<CommandRow>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *tx.tx)
+    .await?;
+    row.as_ref().map(CommandRow::from_row).transpose()
+}
+
+/// Queues a command for a sandbox; its runner (if any) is woken to pick it up.
+pub async fn insert(
+    tx: &mut WriteTx,
+    id: &str,
+    sandbox: &super::SandboxRow,
+    request: &CreateCommandRequest,
+) -> Result<CommandRow, sqlx::Error> {
+    sqlx::query(&format!(
+        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL)"
+    ))
+    .bind(id)
+    .bind(&sandbox.id)
+    .bind(&sandbox.org_id)
+    .bind(serde_json::to_string(&request.argv).unwrap_or_default())
+    .bind(serde_json::to_string(&request.env).unwrap_or_default())
+    .bind(&request.cwd)
+    .bind(request.timeout.map(|t| t as i64))
+    .bind(now_ms())
+    .execute(&mut *tx.tx)
+    .await?;
+    if let Some(runner) = &sandbox.runner_id {
+        tx.changed(&format!("runner:{runner}")).await?;
+    }
+    load(tx, id).await?.ok_or(sqlx::Error::RowNotFound)
+}
+
+/// Hands the queued commands of the runner's running sandboxes over to it
+/// (`starting`, under the sandbox's epoch).
+pub async fn hand_over(tx: &mut WriteTx, runner_id: &str) -> Result<(), sqlx::Error> {
+    let handed = sqlx::query(
+        "UPDATE commands SET state = 'starting', epoch = (SELECT epoch FROM sandboxes s WHERE s.id = commands.sandbox_id)
+         WHERE state = 'queued' AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1 AND state = 'running' AND desired = 'running') RETURNING id",
+    )
+    .bind(runner_id)
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    for row in &handed {
+        let id: String = row.try_get("id")?;
+        tx.changed(&id).await?;
+    }
+    Ok(())
+}
+
+/// What a runner observed of a command.
+pub struct Observed<'a> {
+    pub state: CommandState,
+    pub reason: Option<&'a str>,
+    pub exit_code: Option<i64>,
+    pub signal: Option<&'a str>,
+}
+
+/// Moves a command to what its runner observed, guarded by the state it
+/// was read in (false: it changed meanwhile, nothing written).
+pub async fn set_observed(
+    tx: &mut WriteTx,
+    current: &CommandRow,
+    runner_id: &str,
+    to: Observed<'_>,
+) -> Result<bool, sqlx::Error> {
+    let now = now_ms();
+    let ended = to.state.is_end().then_some(now);
+    let updated = sqlx::query(
+        "UPDATE commands SET state = $1, state_reason = $2, exit_code = $3, signal = $4, started_at_ms = COALESCE(started_at_ms, $5), ended_at_ms = $6 WHERE id = $7 AND state = $8",
+    )
+    .bind(to.state.as_str())
+    .bind(to.reason)
+    .bind(to.exit_code)
+    .bind(to.signal)
+    .bind((to.state == CommandState::Running).then_some(now))
+    .bind(ended)
+    .bind(&current.id)
+    .bind(current.state.as_str())
+    .execute(&mut *tx.tx)
+    .await?;
+    if updated.rows_affected() == 0 {
+        return Ok(false);
+    }
+    tx.changed(&current.id).await?;
+    tx.changed(&format!("runner:{runner_id}")).await?;
+    Ok(true)
+}
+
+/// A queued command that will never start (`not_launched`, cancelled).
+/// False if it left the queue meanwhile.
+pub async fn cancel_queued(tx: &mut WriteTx, id: &str) -> Result<bool, sqlx::Error> {
+    let updated = sqlx::query(
+        "UPDATE commands SET state = 'not_launched', state_reason = 'cancelled', ended_at_ms = $1 WHERE id = $2 AND state = 'queued'",
+    )
+    .bind(now_ms())
+    .bind(id)
+    .execute(&mut *tx.tx)
+    .await?;
+    if updated.rows_affected() == 0 {
+        return Ok(false);
+    }
+    tx.changed(id).await?;
+    Ok(true)
+}
+
+/// Asks the runner to signal a command it holds. False if the command is
+/// no longer on a runner.
+pub async fn request_signal(tx: &mut WriteTx, id: &str, signal: &str) -> Result<bool, sqlx::Error> {
+    let updated = sqlx::query(&format!(
+        "UPDATE commands SET signal_requested = $1 WHERE id = $2 AND state IN {}",
+        CommandState::sql_in(CommandState::on_runner)
+    ))
+    .bind(signal)
+    .bind(id)
+    .execute(&mut *tx.tx)
+    .await?;
+    if updated.rows_affected() == 0 {
+        return Ok(false);
+    }
+    tx.changed(id).await?;
+    Ok(true)
+}
+
+/// One of a command's output streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub fn parse(name: &str) -> Option<Stream> {
+        match name {
+            "stdout" => Some(Stream::Stdout),
+            "stderr" => Some(Stream::Stderr),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+
+    /// Bytes of this stream the command has stored.
+    pub fn length_of(self, command: &CommandRow) -> i64 {
+        match self {
+            Stream::Stdout => command.stdout_bytes,
+            Stream::Stderr => command.stderr_bytes,
+        }
+    }
+}
+
+/// Appends fresh output at the stream's current end `at`.
+pub async fn append_output(
+    tx: &mut WriteTx,
+    id: &str,
+    stream: Stream,
+    at: i64,
+    fresh: &[u8],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO command_output (command_id, stream, start_offset, data) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(id)
+    .bind(stream.as_str())
+    .bind(at)
+    .bind(fresh.to_vec())
+    .execute(&mut *tx.tx)
+    .await?;
+    let column = match stream {
+        Stream::Stdout => "stdout_bytes",
+        Stream::Stderr => "stderr_bytes",
+    };
+    sqlx::query(&format!(
+        "UPDATE commands SET {column} = {column} + $1 WHERE id = $2"
+    ))
+    .bind(fresh.len() as i64)
+    .bind(id)
+    .execute(&mut *tx.tx)
+    .await?;
+    tx.changed(id).await?;
+    Ok(())
+}

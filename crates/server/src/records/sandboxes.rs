@@ -1,0 +1,520 @@
+//! The sandbox row, and every write to a sandbox's observed fields: each
+//! state change, desired change, waiting reason and runner release appends
+//! its event, so the history tells everything the record ever said.
+
+use std::collections::BTreeMap;
+
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::{json_map, parse_column, rfc3339};
+use crate::db::{WriteTx, now_ms};
+use api::lifecycle::{DesiredState, Network, Placement, SandboxState, StorageClass};
+
+/// A sandbox row as stored.
+#[derive(Clone, Debug)]
+pub struct SandboxRow {
+    pub id: String,
+    pub org_id: String,
+    pub image: String,
+    /// The imported image's root tree, pinned at create (`None`: default).
+    pub image_root: Option<String>,
+    pub storage_class: StorageClass,
+    pub memory_mib: Option<i64>,
+    pub millicpus: Option<i64>,
+    pub pids: Option<i64>,
+    pub network: Network,
+    pub placement: Placement,
+    pub env: String,
+    pub labels: String,
+    pub state: SandboxState,
+    pub state_reason: Option<String>,
+    pub desired: DesiredState,
+    pub runner_id: Option<String>,
+    pub last_runner_id: Option<String>,
+    pub epoch: i64,
+    pub quarantined: bool,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub expires_at_ms: Option<i64>,
+    pub ended_at_ms: Option<i64>,
+    pub home: HomeColumns,
+}
+
+/// A sandbox's home in the store and how saving it goes (durable
+/// sandboxes; a child of a snapshot starts from `root` whatever its class).
+#[derive(Clone, Debug, Default)]
+pub struct HomeColumns {
+    /// The last completed save (or the snapshot a child starts from).
+    pub root: Option<String>,
+    /// When that save captured the home.
+    pub saved_at_ms: Option<i64>,
+    /// Set for durable sandboxes only.
+    pub save_interval_s: Option<i64>,
+    pub save_attempt_at_ms: Option<i64>,
+    /// The last attempt's error; cleared by a completed save.
+    pub save_error: Option<String>,
+    pub save_bytes_pending: Option<i64>,
+    pub from_snapshot: Option<String>,
+}
+
+pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot";
+
+impl SandboxRow {
+    pub fn from_row(row: &AnyRow) -> Result<SandboxRow, sqlx::Error> {
+        Ok(SandboxRow {
+            id: row.try_get("id")?,
+            org_id: row.try_get("org_id")?,
+            image: row.try_get("image")?,
+            image_root: row.try_get("image_root")?,
+            storage_class: parse_column(row, "storage_class")?,
+            memory_mib: row.try_get("memory_mib")?,
+            millicpus: row.try_get("millicpus")?,
+            pids: row.try_get("pids")?,
+            network: parse_column(row, "network")?,
+            placement: parse_column(row, "placement")?,
+            env: row.try_get("env")?,
+            labels: row.try_get("labels")?,
+            state: parse_column(row, "state")?,
+            state_reason: row.try_get("state_reason")?,
+            desired: parse_column(row, "desired")?,
+            runner_id: row.try_get("runner_id")?,
+            last_runner_id: row.try_get("last_runner_id")?,
+            epoch: row.try_get("epoch")?,
+            quarantined: row.try_get::<i64, _>("quarantined")? != 0,
+            created_at_ms: row.try_get("created_at_ms")?,
+            updated_at_ms: row.try_get("updated_at_ms")?,
+            expires_at_ms: row.try_get("expires_at_ms")?,
+            ended_at_ms: row.try_get("ended_at_ms")?,
+            home: HomeColumns {
+                root: row.try_get("home_root")?,
+                saved_at_ms: row.try_get("home_saved_at_ms")?,
+                save_interval_s: row.try_get("save_interval_s")?,
+                save_attempt_at_ms: row.try_get("save_attempt_at_ms")?,
+                save_error: row.try_get("save_error")?,
+                save_bytes_pending: row.try_get("save_bytes_pending")?,
+                from_snapshot: row.try_get("from_snapshot")?,
+            },
+        })
+    }
+
+    pub fn resources(&self) -> api::sandboxes::Resources {
+        api::sandboxes::Resources {
+            memory_mib: self.memory_mib.map(|v| v as u64),
+            cpus: self.millicpus.map(|v| v as f64 / 1000.0),
+            pids: self.pids.map(|v| v as u64),
+        }
+    }
+
+    pub fn to_api(&self) -> api::sandboxes::Sandbox {
+        api::sandboxes::Sandbox {
+            id: self.id.clone(),
+            org_id: self.org_id.clone(),
+            state: self.state,
+            state_reason: self.state_reason.clone(),
+            desired: self.desired,
+            runner_id: self.runner_id.clone(),
+            epoch: self.epoch as u64,
+            image: self.image.clone(),
+            storage_class: self.storage_class,
+            resources: self.resources(),
+            network: self.network,
+            placement: self.placement,
+            env: json_map(&self.env),
+            labels: json_map(&self.labels),
+            quarantined: self.quarantined,
+            created_at: rfc3339(self.created_at_ms),
+            updated_at: rfc3339(self.updated_at_ms),
+            expires_at: self.expires_at_ms.map(rfc3339),
+            ended_at: self.ended_at_ms.map(rfc3339),
+            save: self.save_status(now_ms()),
+            from_snapshot: self.home.from_snapshot.clone(),
+        }
+    }
+
+    /// The `save` object of a durable sandbox: `failing` while the last
+    /// attempt failed, `delayed` when no save completed within twice the
+    /// interval (counted from creation before the first), else `ok`.
+    pub fn save_status(&self, now: i64) -> Option<api::sandboxes::SaveStatus> {
+        let interval_s = self.home.save_interval_s?;
+        let since = self.home.saved_at_ms.unwrap_or(self.created_at_ms);
+        let state = if self.home.save_error.is_some() {
+            "failing"
+        } else if self.state == SandboxState::Running && now - since > 2 * interval_s * 1000 {
+            "delayed"
+        } else {
+            "ok"
+        };
+        Some(api::sandboxes::SaveStatus {
+            interval_s: interval_s as u64,
+            state: state.to_owned(),
+            last_completed_at: self.home.saved_at_ms.map(rfc3339),
+            last_attempt_at: self.home.save_attempt_at_ms.map(rfc3339),
+            last_error: self.home.save_error.clone(),
+            bytes_pending: self.home.save_bytes_pending.map(|b| b.max(0) as u64),
+            root: self.home.root.clone(),
+        })
+    }
+}
+
+pub async fn load_sandbox(tx: &mut WriteTx, id: &str) -> Result<Option<SandboxRow>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *tx.tx)
+    .await?;
+    row.as_ref().map(SandboxRow::from_row).transpose()
+}
+
+/// What a state change writes besides `state`.
+pub struct Transition<'a> {
+    pub state: SandboxState,
+    pub reason: Option<&'a str>,
+    pub message: Option<&'a str>,
+}
+
+/// Moves a sandbox to a new observed state: updates the record (guarded by
+/// the state, epoch and runner it was read with, so a concurrent change
+/// makes this return `false` and write nothing), appends the event, and
+/// ends the sandbox's commands that can no longer run.
+pub async fn set_sandbox_state(
+    tx: &mut WriteTx,
+    current: &SandboxRow,
+    to: Transition<'_>,
+    runner_id: Option<&str>,
+    epoch: i64,
+) -> Result<bool, sqlx::Error> {
+    let now = now_ms();
+    let ended = if to.state.is_terminal() {
+        Some(current.ended_at_ms.unwrap_or(now))
+    } else {
+        None
+    };
+    let updated = sqlx::query(
+        "UPDATE sandboxes SET state = $1, state_reason = $2, runner_id = $3, epoch = $4, updated_at_ms = $5, ended_at_ms = $6
+         WHERE id = $7 AND state = $8 AND epoch = $9 AND COALESCE(runner_id, '') = $10",
+    )
+    .bind(to.state.as_str())
+    .bind(to.reason)
+    .bind(runner_id)
+    .bind(epoch)
+    .bind(now)
+    .bind(ended)
+    .bind(&current.id)
+    .bind(current.state.as_str())
+    .bind(current.epoch)
+    .bind(current.runner_id.as_deref().unwrap_or(""))
+    .execute(&mut *tx.tx)
+    .await?;
+    if updated.rows_affected() == 0 {
+        return Ok(false);
+    }
+    if let Some(runner_id) = runner_id {
+        sqlx::query("UPDATE sandboxes SET last_runner_id = $1 WHERE id = $2")
+            .bind(runner_id)
+            .bind(&current.id)
+            .execute(&mut *tx.tx)
+            .await?;
+    }
+    let event = Event {
+        state: to.state,
+        reason: to.reason,
+        message: to.message,
+        epoch,
+        runner_id,
+    };
+    append_event(tx, &current.id, now, event).await?;
+    super::commands::end_commands_for(tx, &current.id, to.state, to.reason).await?;
+    tx.changed(&current.id).await?;
+    if let Some(runner) = runner_id.or(current.runner_id.as_deref()) {
+        tx.changed(&format!("runner:{runner}")).await?;
+    }
+    Ok(true)
+}
+
+/// One row of a sandbox's history.
+struct Event<'a> {
+    state: SandboxState,
+    reason: Option<&'a str>,
+    message: Option<&'a str>,
+    epoch: i64,
+    runner_id: Option<&'a str>,
+}
+
+/// Appends an event as the sandbox's next one (`seq` counts from 1).
+async fn append_event(
+    tx: &mut WriteTx,
+    sandbox_id: &str,
+    at_ms: i64,
+    event: Event<'_>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO events (sandbox_id, seq, at_ms, state, reason, message, epoch, runner_id)
+         SELECT $1, COALESCE(MAX(seq), 0) + 1, $2, $3, $4, $5, $6, $7 FROM events WHERE sandbox_id = $1",
+    )
+    .bind(sandbox_id)
+    .bind(at_ms)
+    .bind(event.state.as_str())
+    .bind(event.reason)
+    .bind(event.message)
+    .bind(event.epoch)
+    .bind(event.runner_id)
+    .execute(&mut *tx.tx)
+    .await?;
+    Ok(())
+}
+
+/// An event that records a change to something other than the state (the
+/// desired state, the waiting reason, the placement): the state column
+/// repeats the current state, the reason says what changed.
+async fn note(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    reason: &str,
+    message: &str,
+    runner_id: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    let event = Event {
+        state: row.state,
+        reason: Some(reason),
+        message: Some(message),
+        epoch: row.epoch,
+        runner_id,
+    };
+    append_event(tx, &row.id, now_ms(), event).await?;
+    tx.changed(&row.id).await?;
+    if let Some(runner) = runner_id.or(row.runner_id.as_deref()) {
+        tx.changed(&format!("runner:{runner}")).await?;
+    }
+    Ok(())
+}
+
+/// Writes a newly admitted sandbox, its label index and its first event.
+pub async fn insert(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!(
+        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)"
+    ))
+    .bind(&row.id)
+    .bind(&row.org_id)
+    .bind(&row.image)
+    .bind(&row.image_root)
+    .bind(row.storage_class.as_str())
+    .bind(row.memory_mib)
+    .bind(row.millicpus)
+    .bind(row.pids)
+    .bind(row.network.as_str())
+    .bind(row.placement.as_str())
+    .bind(&row.env)
+    .bind(&row.labels)
+    .bind(row.state.as_str())
+    .bind(&row.state_reason)
+    .bind(row.desired.as_str())
+    .bind(&row.runner_id)
+    .bind(&row.last_runner_id)
+    .bind(row.epoch)
+    .bind(0_i64)
+    .bind(row.created_at_ms)
+    .bind(row.updated_at_ms)
+    .bind(row.expires_at_ms)
+    .bind(row.ended_at_ms)
+    .bind(&row.home.root)
+    .bind(row.home.saved_at_ms)
+    .bind(row.home.save_interval_s)
+    .bind(row.home.save_attempt_at_ms)
+    .bind(&row.home.save_error)
+    .bind(row.home.save_bytes_pending)
+    .bind(&row.home.from_snapshot)
+    .execute(&mut *tx.tx)
+    .await?;
+    for (key, value) in labels {
+        sqlx::query("INSERT INTO sandbox_labels (sandbox_id, key, value) VALUES ($1, $2, $3)")
+            .bind(&row.id)
+            .bind(key)
+            .bind(value)
+            .execute(&mut *tx.tx)
+            .await?;
+    }
+    let event = Event {
+        state: row.state,
+        reason: row.state_reason.as_deref(),
+        message: None,
+        epoch: row.epoch,
+        runner_id: None,
+    };
+    append_event(tx, &row.id, row.created_at_ms, event).await?;
+    tx.changed(&row.id).await?;
+    Ok(())
+}
+
+/// What the sandbox's org (or a rule acting for it: a TTL, retention)
+/// wants of it, with the event that says why.
+pub async fn set_desired(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    desired: DesiredState,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE sandboxes SET desired = $1, updated_at_ms = $2 WHERE id = $3")
+        .bind(desired.as_str())
+        .bind(now_ms())
+        .bind(&row.id)
+        .execute(&mut *tx.tx)
+        .await?;
+    note(tx, row, reason, &format!("desired {desired}"), None).await
+}
+
+/// Why a sandbox still waits for a runner (its state unchanged), recorded
+/// with an event when the reason changes. Guarded by the state it was
+/// read in.
+pub async fn set_waiting_reason(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    if row.state_reason.as_deref() == Some(reason) {
+        return Ok(());
+    }
+    let updated =
+        sqlx::query("UPDATE sandboxes SET state_reason = $1 WHERE id = $2 AND state = $3")
+            .bind(reason)
+            .bind(&row.id)
+            .bind(row.state.as_str())
+            .execute(&mut *tx.tx)
+            .await?;
+    if updated.rows_affected() > 0 {
+        note(tx, row, reason, "waiting for a runner", None).await?;
+    }
+    Ok(())
+}
+
+/// The runner holding the sandbox is gone while its state stays what it
+/// was (a stopped standard home's runner was lost): the placement goes,
+/// with an event.
+pub async fn release_runner(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    message: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE sandboxes SET runner_id = NULL WHERE id = $1")
+        .bind(&row.id)
+        .execute(&mut *tx.tx)
+        .await?;
+    note(tx, row, "node_lost", message, row.runner_id.as_deref()).await
+}
+
+/// An administrator's hold on the sandbox (`None` releases it). False if
+/// there is no such sandbox.
+pub async fn set_quarantine(
+    tx: &mut WriteTx,
+    id: &str,
+    reason: Option<&str>,
+) -> Result<bool, sqlx::Error> {
+    let updated = sqlx::query(
+        "UPDATE sandboxes SET quarantined = $1, quarantine_reason = $2, updated_at_ms = $3 WHERE id = $4",
+    )
+    .bind(i64::from(reason.is_some()))
+    .bind(reason)
+    .bind(now_ms())
+    .bind(id)
+    .execute(&mut *tx.tx)
+    .await?;
+    if updated.rows_affected() == 0 {
+        return Ok(false);
+    }
+    tx.changed(id).await?;
+    Ok(true)
+}
+
+/// What a runner's save report changes on the record, guarded by the
+/// placement (epoch and runner) it was made under.
+pub enum SaveOutcome {
+    /// The home is saved as `root`, captured at `captured_at_ms`.
+    Completed {
+        root: String,
+        captured_at_ms: i64,
+    },
+    Failed {
+        error: String,
+        bytes_pending: Option<i64>,
+    },
+    Progress {
+        bytes_pending: Option<i64>,
+    },
+}
+
+/// Records a save attempt's outcome. False when the placement moved on
+/// (another epoch or runner holds the sandbox): nothing is written.
+pub async fn record_save(
+    tx: &mut WriteTx,
+    id: &str,
+    epoch: i64,
+    runner_id: &str,
+    outcome: SaveOutcome,
+) -> Result<bool, sqlx::Error> {
+    let now = now_ms();
+    // Each statement ends with the placement guard: id, epoch, runner.
+    let query = match outcome {
+        SaveOutcome::Completed {
+            root,
+            captured_at_ms,
+        } => sqlx::query(
+            "UPDATE sandboxes SET home_root = $1, home_saved_at_ms = $2, save_attempt_at_ms = $3,
+             save_error = NULL, save_bytes_pending = 0, updated_at_ms = $3
+             WHERE id = $4 AND epoch = $5 AND runner_id = $6",
+        )
+        .bind(root)
+        .bind(captured_at_ms.min(now))
+        .bind(now),
+        SaveOutcome::Failed {
+            error,
+            bytes_pending,
+        } => sqlx::query(
+            "UPDATE sandboxes SET save_attempt_at_ms = $1, save_error = $2, save_bytes_pending = $3, updated_at_ms = $1
+             WHERE id = $4 AND epoch = $5 AND runner_id = $6",
+        )
+        .bind(now)
+        .bind(error)
+        .bind(bytes_pending),
+        SaveOutcome::Progress { bytes_pending } => sqlx::query(
+            "UPDATE sandboxes SET save_attempt_at_ms = $1, save_bytes_pending = $2
+             WHERE id = $3 AND epoch = $4 AND runner_id = $5",
+        )
+        .bind(now)
+        .bind(bytes_pending),
+    };
+    let updated = query
+        .bind(id.to_owned())
+        .bind(epoch)
+        .bind(runner_id.to_owned())
+        .execute(&mut *tx.tx)
+        .await?;
+    if updated.rows_affected() == 0 {
+        return Ok(false);
+    }
+    tx.changed(id).await?;
+    Ok(true)
+}
+
+/// A deleted sandbox's home was released from the store.
+pub async fn forget_home(tx: &mut WriteTx, id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE sandboxes SET home_root = NULL WHERE id = $1 AND state = 'deleted'")
+        .bind(id)
+        .execute(&mut *tx.tx)
+        .await?;
+    Ok(())
+}
+
+/// Removes deleted sandboxes (and, by cascade, their history) that ended
+/// before `cutoff_ms`.
+pub async fn purge_deleted(tx: &mut WriteTx, cutoff_ms: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM sandboxes WHERE state = 'deleted' AND ended_at_ms < $1")
+        .bind(cutoff_ms)
+        .execute(&mut *tx.tx)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! The snapshot row: a receipt whose durability moves `pending` → `local`
+//! → `replicated`, or ends `failed`.
+
+use sqlx::Row;
+
+use super::rfc3339;
+use crate::db::WriteTx;
+use api::snapshots::Snapshot;
+
+pub const SNAPSHOT_COLUMNS: &str = "id, org_id, sandbox_id, requested, durability, reason, deadline_at_ms, root, files, logical_bytes, captured_at_ms, created_at_ms, updated_at_ms";
+/// Durabilities nothing moves on from.
+pub const ENDED: &[&str] = &["replicated", "failed"];
+
+#[derive(Clone, Debug)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub org_id: String,
+    pub sandbox_id: String,
+    pub requested: String,
+    pub durability: String,
+    pub reason: Option<String>,
+    pub deadline_at_ms: Option<i64>,
+    pub root: Option<String>,
+    pub files: Option<i64>,
+    pub logical_bytes: Option<i64>,
+    pub captured_at_ms: Option<i64>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+impl SnapshotRow {
+    pub fn from_row(row: &sqlx::any::AnyRow) -> Result<SnapshotRow, sqlx::Error> {
+        Ok(SnapshotRow {
+            id: row.try_get("id")?,
+            org_id: row.try_get("org_id")?,
+            sandbox_id: row.try_get("sandbox_id")?,
+            requested: row.try_get("requested")?,
+            durability: row.try_get("durability")?,
+            reason: row.try_get("reason")?,
+            deadline_at_ms: row.try_get("deadline_at_ms")?,
+            root: row.try_get("root")?,
+            files: row.try_get("files")?,
+            logical_bytes: row.try_get("logical_bytes")?,
+            captured_at_ms: row.try_get("captured_at_ms")?,
+            created_at_ms: row.try_get("created_at_ms")?,
+            updated_at_ms: row.try_get("updated_at_ms")?,
+        })
+    }
+
+    pub fn to_api(&self) -> Snapshot {
+        Snapshot {
+            id: self.id.clone(),
+            sandbox_id: self.sandbox_id.clone(),
+            requested: self.requested.clone(),
+            durability: self.durability.clone(),
+            reason: self.reason.clone(),
+            deadline: self.deadline_at_ms.map(rfc3339),
+            root: self.root.clone(),
+            files: self.files.map(|f| f.max(0) as u64),
+            logical_bytes: self.logical_bytes.map(|b| b.max(0) as u64),
+            captured_at: self.captured_at_ms.map(rfc3339),
+            created_at: rfc3339(self.created_at_ms),
+            updated_at: rfc3339(self.updated_at_ms),
+        }
+    }
+}
+
+pub async fn load(tx: &mut WriteTx, id: &str) -> Result<Option<SnapshotRow>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *tx.tx)
+    .await?;
+    row.as_ref().map(SnapshotRow::from_row).transpose()
+}

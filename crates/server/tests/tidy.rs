@@ -1,0 +1,101 @@
+//! Tidy checks that keep the server's invariants (ARCHITECTURE.md) true,
+//! read from its sources as text.
+
+use std::path::{Path, PathBuf};
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every `.rs` file under `dir`, with its path relative to `src/`.
+fn files_under(dir: &Path) -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)
+            .expect("a source directory")
+            .flatten()
+        {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let name = path
+                    .strip_prefix(src())
+                    .expect("under src")
+                    .display()
+                    .to_string();
+                let text = std::fs::read_to_string(&path).expect("a readable source file");
+                files.push((name, text));
+            }
+        }
+    }
+    assert!(!files.is_empty(), "no sources under {}", dir.display());
+    files
+}
+
+/// A sandbox's or command's observed fields (state, reason, desired,
+/// runner, home saves, output) and the event history are written only in
+/// `records`, where each write is paired with its event.
+#[test]
+fn only_records_writes_sandboxes_commands_and_events() {
+    const WRITES: &[&str] = &[
+        "UPDATE sandboxes",
+        "INSERT INTO sandboxes",
+        "DELETE FROM sandboxes",
+        "INSERT INTO events",
+        "UPDATE commands",
+        "INSERT INTO commands",
+        "INSERT INTO command_output",
+    ];
+    let mut found = Vec::new();
+    for (name, text) in files_under(&src()) {
+        if name.starts_with("records/") {
+            continue;
+        }
+        for write in WRITES {
+            if text.contains(write) {
+                found.push(format!("{name}: {write}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "write through `records`:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The control plane's rules, records and reconciler know nothing of HTTP:
+/// handlers call them, never the other way round.
+#[test]
+fn the_control_layer_and_records_do_not_import_http() {
+    let mut files = files_under(&src().join("control"));
+    files.extend(files_under(&src().join("records")));
+    for name in ["limits.rs", "reconcile.rs", "scheduler.rs"] {
+        let text = std::fs::read_to_string(src().join(name)).expect("a server module");
+        files.push((name.to_owned(), text));
+    }
+    for (name, text) in files {
+        for http in ["crate::http", "axum::"] {
+            assert!(!text.contains(http), "{name} uses {http}");
+        }
+    }
+    // Idempotency stores and replays HTTP answers, but owns no route.
+    let idempotency = std::fs::read_to_string(src().join("idempotency.rs")).expect("idempotency");
+    assert!(
+        !idempotency.contains("crate::http"),
+        "idempotency.rs uses crate::http"
+    );
+}
+
+/// Domain types are not serialized: only `api` types go on the wire.
+#[test]
+fn no_server_type_derives_serialize() {
+    for (name, text) in files_under(&src()) {
+        assert!(
+            !text.contains("derive(Serialize") && !text.contains(", Serialize"),
+            "{name} derives Serialize; answer with an `api` type"
+        );
+    }
+}
