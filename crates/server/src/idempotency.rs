@@ -128,3 +128,26 @@ pub async fn record(
     .await?;
     Ok(inserted.rows_affected() == 1)
 }
+
+/// Commits a create's transaction with its key's answer (201 and
+/// `record`). When another request with the same key committed first, this
+/// one is rolled back and that one's answer is returned to replay.
+pub async fn commit_created(
+    mut tx: WriteTx,
+    db: &crate::db::Db,
+    key: Option<&Key>,
+    record: &impl Serialize,
+    resource_id: &str,
+) -> Result<Option<axum::response::Response>, ControlError> {
+    if let Some(key) = key
+        && !self::record(&mut tx, key, StatusCode::CREATED, record, resource_id).await?
+    {
+        drop(tx);
+        let replayed = replay(db, key)
+            .await?
+            .ok_or_else(|| ControlError::new(ErrorCode::Internal, "idempotency key vanished"))?;
+        return Ok(Some(replayed));
+    }
+    tx.commit().await?;
+    Ok(None)
+}

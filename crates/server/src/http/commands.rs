@@ -17,7 +17,6 @@ use crate::idempotency;
 use crate::limits;
 use crate::records::commands::Stream;
 use crate::records::{self, COMMAND_COLUMNS, CommandRow, not_found};
-use api::ErrorCode;
 use api::commands::{Command, CommandList, CreateCommandRequest, SignalRequest};
 
 /// Most output bytes one read returns.
@@ -67,15 +66,10 @@ pub async fn create(
     let command = control::commands::create(&mut tx, &org_id, &sandbox_id, &request).await?;
     let id = command.id.clone();
     let record = command.to_api();
-    if let Some(key) = &key
-        && !idempotency::record(&mut tx, key, StatusCode::CREATED, &record, &id).await?
-    {
-        drop(tx);
-        return idempotency::replay(&state.db, key)
-            .await?
-            .ok_or_else(|| ControlError::new(ErrorCode::Internal, "idempotency key vanished"));
+    let replayed = idempotency::commit_created(tx, &state.db, key.as_ref(), &record, &id).await?;
+    if let Some(replayed) = replayed {
+        return Ok(replayed);
     }
-    tx.commit().await?;
     tracing::info!(command_id = %id, %sandbox_id, "command queued");
     Ok((StatusCode::CREATED, axum::Json(record)).into_response())
 }

@@ -16,7 +16,6 @@ use crate::error::ControlError;
 use crate::idempotency;
 use crate::limits;
 use crate::records::{self, SANDBOX_COLUMNS, SandboxRow, not_found};
-use api::ErrorCode;
 use api::lifecycle::SandboxState;
 use api::sandboxes::{CreateSandboxRequest, Event, EventList, Sandbox, SandboxList};
 
@@ -41,15 +40,10 @@ pub async fn create(
     let mut tx = state.db.write().await?;
     admission::admit(&state, &mut tx, &mut row, &request).await?;
     let record = control::sandboxes::reload(&mut tx, &id).await?.to_api();
-    if let Some(key) = &key
-        && !idempotency::record(&mut tx, key, StatusCode::CREATED, &record, &id).await?
-    {
-        drop(tx);
-        return idempotency::replay(&state.db, key)
-            .await?
-            .ok_or_else(|| ControlError::new(ErrorCode::Internal, "idempotency key vanished"));
+    let replayed = idempotency::commit_created(tx, &state.db, key.as_ref(), &record, &id).await?;
+    if let Some(replayed) = replayed {
+        return Ok(replayed);
     }
-    tx.commit().await?;
     state.failpoint("after_commit:create_sandbox");
     tracing::info!(sandbox_id = %id, %org_id, state = %record.state, "sandbox created");
     Ok((StatusCode::CREATED, axum::Json(record)).into_response())

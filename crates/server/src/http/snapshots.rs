@@ -15,7 +15,6 @@ use crate::idempotency;
 use crate::limits;
 use crate::records::snapshots::{SNAPSHOT_COLUMNS, SnapshotRow};
 use crate::records::{self, not_found};
-use api::ErrorCode;
 use api::runners::SnapshotReport;
 use api::snapshots::{CreateSnapshotRequest, Snapshot, SnapshotList};
 
@@ -55,15 +54,10 @@ pub async fn create(
         control::snapshots::create(&state, &mut tx, &org_id, &sandbox_id, &request).await?;
     let id = snapshot.id.clone();
     let record = snapshot.to_api();
-    if let Some(key) = &key
-        && !idempotency::record(&mut tx, key, StatusCode::CREATED, &record, &id).await?
-    {
-        drop(tx);
-        return idempotency::replay(&state.db, key)
-            .await?
-            .ok_or_else(|| ControlError::new(ErrorCode::Internal, "idempotency key vanished"));
+    let replayed = idempotency::commit_created(tx, &state.db, key.as_ref(), &record, &id).await?;
+    if let Some(replayed) = replayed {
+        return Ok(replayed);
     }
-    tx.commit().await?;
     tracing::info!(snapshot_id = %id, %sandbox_id, durability = %record.durability, "snapshot requested");
     Ok((StatusCode::CREATED, axum::Json(record)).into_response())
 }
