@@ -77,6 +77,12 @@ impl WriteTx {
 }
 
 impl Db {
+    /// Whether the database answers.
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     pub async fn write(&self) -> Result<WriteTx, sqlx::Error> {
         let writer = match self.engine {
             Engine::Sqlite => Some(self.sqlite_writer.clone().lock_owned().await),

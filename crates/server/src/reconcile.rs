@@ -325,7 +325,7 @@ async fn expire_ttls(state: &AppState) -> Result<(), ControlError> {
 /// holds storage is deleted then, so nothing strands; deleted records and
 /// their history are purged, and idempotency keys a day after that.
 async fn apply_retention(state: &AppState) -> Result<(), ControlError> {
-    let cutoff = now_ms() - state.config.retention.as_millis() as i64;
+    let cutoff = state.retained_since_ms();
     // Ended but not released: everything terminal except `deleted`.
     let ended: Vec<(String,)> = sqlx::query_as(&format!(
         "SELECT id FROM sandboxes WHERE ended_at_ms < $1 AND state IN {} AND desired <> 'deleted' LIMIT $2",

@@ -89,6 +89,18 @@ fn the_control_layer_and_records_do_not_import_http() {
     );
 }
 
+/// Handlers parse, call and render: the records are read and written
+/// through `records` and `control`, never by SQL in `http/`.
+#[test]
+fn handlers_hold_no_sql() {
+    for (name, text) in files_under(&src().join("http")) {
+        assert!(
+            !text.contains("sqlx"),
+            "{name} runs SQL; move it to records"
+        );
+    }
+}
+
 /// Domain types are not serialized: only `api` types go on the wire.
 #[test]
 fn no_server_type_derives_serialize() {

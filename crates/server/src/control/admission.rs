@@ -129,7 +129,7 @@ async fn check_admissible(
     request: &CreateSandboxRequest,
 ) -> Result<(), ControlError> {
     if sandbox.image != "default" {
-        let root = image_root_of(tx, &sandbox.org_id, &sandbox.image).await?;
+        let root = records::images::root_of(tx, &sandbox.org_id, &sandbox.image).await?;
         match root {
             Some(root) if state.store.is_some() => sandbox.image_root = Some(root),
             _ => {
@@ -245,22 +245,6 @@ pub async fn check_quotas(
         }
     }
     Ok(())
-}
-
-/// The root an org's image points at, read inside the admitting
-/// transaction.
-async fn image_root_of(
-    tx: &mut WriteTx,
-    org_id: &str,
-    name: &str,
-) -> Result<Option<String>, sqlx::Error> {
-    let row: Option<(String,)> =
-        sqlx::query_as("SELECT root FROM images WHERE org_id = $1 AND name = $2")
-            .bind(org_id)
-            .bind(name)
-            .fetch_optional(&mut *tx.tx)
-            .await?;
-    Ok(row.map(|(root,)| root))
 }
 
 /// The record a create request asks for, with defaults applied and every

@@ -12,12 +12,16 @@
 //! - [`snapshots`]: receipts, their durability and deadlines.
 //! - [`commands`]: queueing, cancelling and signalling commands.
 //! - [`drain`]: emptying a runner (maintenance, preemption).
+//! - [`images`]: committing and forgetting an org's images.
+//! - [`orgs`]: tenants and their tokens.
 //! - [`home_store`]: the content store as the control plane uses it.
 
 pub mod admission;
 pub mod commands;
 pub mod drain;
 pub mod home_store;
+pub mod images;
+pub mod orgs;
 pub mod placement;
 pub mod runner_protocol;
 pub mod sandboxes;
@@ -40,6 +44,12 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Records that ended before this instant are past the retention
+    /// window: reads answer 404 for them.
+    pub fn retained_since_ms(&self) -> i64 {
+        crate::db::now_ms() - self.config.retention.as_millis() as i64
+    }
+
     /// Fault injection for tests of crash safety: `ROOST_FAILPOINT=NAME`
     /// makes the process abort (as kill -9 would) when it reaches `NAME`.
     pub fn failpoint(&self, name: &str) {

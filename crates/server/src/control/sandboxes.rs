@@ -8,7 +8,7 @@ use api::lifecycle::{DesiredState, SandboxState, StorageClass};
 use super::AppState;
 use super::admission::check_quotas;
 use super::placement::place_or_wait;
-use crate::db::{WriteTx, now_ms};
+use crate::db::WriteTx;
 use crate::error::ControlError;
 use crate::records::{self, SandboxRow, Transition, load_sandbox, not_found, set_sandbox_state};
 
@@ -32,7 +32,7 @@ async fn load_mutable(
         .filter(|row| row.org_id == org_id)
         .filter(|row| {
             row.ended_at_ms
-                .is_none_or(|ended| ended > now_ms() - state.config.retention.as_millis() as i64)
+                .is_none_or(|ended| ended > state.retained_since_ms())
         })
         .ok_or_else(|| not_found("sandbox"))?;
     if row.quarantined {

@@ -5,36 +5,15 @@ use axum::http::StatusCode;
 
 use super::{AppState, Caller, Json};
 use crate::auth::{self, Principal};
-use crate::db::now_ms;
 use crate::error::ControlError;
 use api::ErrorCode;
 use api::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse};
-
-const ORG_NAME_BYTES_MAX: usize = 64;
 
 pub(crate) fn require_admin(caller: &Caller) -> Result<(), ControlError> {
     match caller.0 {
         Principal::Admin => Ok(()),
         // Admin resources do not exist for anyone else.
         _ => Err(ControlError::new(ErrorCode::NotFound, "no such endpoint")),
-    }
-}
-
-fn validate_org_name(name: &str) -> Result<(), ControlError> {
-    let ok = !name.is_empty()
-        && name.len() <= ORG_NAME_BYTES_MAX
-        && name
-            .bytes()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'_')
-        && name.as_bytes()[0].is_ascii_alphanumeric();
-    if ok {
-        Ok(())
-    } else {
-        Err(ControlError::new(
-            ErrorCode::InvalidRequest,
-            "name: use 1-64 of a-z 0-9 - _, starting with a letter or digit",
-        )
-        .with_details(serde_json::json!({ "field": "name" })))
     }
 }
 
@@ -45,49 +24,8 @@ pub async fn create_org(
     Json(request): Json<CreateOrgRequest>,
 ) -> Result<(StatusCode, axum::Json<CreateOrgResponse>), ControlError> {
     require_admin(&caller)?;
-    validate_org_name(&request.name)?;
-    let org_id = format!("org_{}", auth::random_hex(8)?);
-    let token = auth::new_token("org")?;
-    let mut tx = state.db.write().await?;
-    let inserted = sqlx::query("INSERT INTO orgs (id, name, max_running, max_total, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
-        .bind(&org_id)
-        .bind(&request.name)
-        .bind(request.max_running.map(i64::from))
-        .bind(request.max_total.map(i64::from))
-        .bind(now_ms())
-        .execute(&mut *tx.tx)
-        .await;
-    if inserted.is_err() {
-        let exists: Option<(String,)> = sqlx::query_as("SELECT id FROM orgs WHERE name = $1")
-            .bind(&request.name)
-            .fetch_optional(&state.db.pool)
-            .await?;
-        if exists.is_some() {
-            return Err(ControlError::new(
-                ErrorCode::InvalidState,
-                format!("an org named {:?} exists", request.name),
-            ));
-        }
-        inserted?;
-    }
-    sqlx::query(
-        "INSERT INTO tokens (hash, kind, org_id, created_at_ms) VALUES ($1, 'org', $2, $3)",
-    )
-    .bind(auth::hash_token(&token))
-    .bind(&org_id)
-    .bind(now_ms())
-    .execute(&mut *tx.tx)
-    .await?;
-    tx.commit().await?;
-    tracing::info!(%org_id, name = %request.name, "org created");
-    Ok((
-        StatusCode::CREATED,
-        axum::Json(CreateOrgResponse {
-            org_id,
-            name: request.name,
-            token,
-        }),
-    ))
+    let created = crate::control::orgs::create(&state, &request).await?;
+    Ok((StatusCode::CREATED, axum::Json(created)))
 }
 
 #[utoipa::path(post, path = "/v1/admin/runner-tokens", tag = "admin", responses((status = 201, body = api::orgs::RunnerTokenResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]

@@ -7,7 +7,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use sqlx::Row;
 
 use super::sandboxes::{visible_sandbox, wait_timeout};
 use super::{AppState, Caller, Json};
@@ -16,7 +15,7 @@ use crate::error::ControlError;
 use crate::idempotency;
 use crate::limits;
 use crate::records::commands::Stream;
-use crate::records::{self, COMMAND_COLUMNS, CommandRow, not_found};
+use crate::records::{self, CommandRow, not_found};
 use api::commands::{Command, CommandList, CreateCommandRequest, SignalRequest};
 
 /// Most output bytes one read returns.
@@ -30,18 +29,9 @@ async fn visible_command(
 ) -> Result<CommandRow, ControlError> {
     // A sandbox past its retention window takes its commands with it.
     visible_sandbox(state, org_id, sandbox_id).await?;
-    let row = sqlx::query(&format!(
-        "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1 AND sandbox_id = $2 AND org_id = $3"
-    ))
-    .bind(id)
-    .bind(sandbox_id)
-    .bind(org_id)
-    .fetch_optional(&state.db.pool)
-    .await?;
-    match row {
-        Some(row) => Ok(CommandRow::from_row(&row)?),
-        None => Err(not_found("command")),
-    }
+    records::commands::visible(&state.db.pool, org_id, sandbox_id, id)
+        .await?
+        .ok_or_else(|| not_found("command"))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("Idempotency-Key" = Option<String>, Header, description = "replays the original answer for a retried request")), request_body = CreateCommandRequest, responses((status = 201, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
@@ -136,19 +126,8 @@ pub async fn list(
             other => return Err(limits::invalid(other, "unknown query parameter")),
         }
     }
-    let rows = sqlx::query(&format!(
-        "SELECT {COMMAND_COLUMNS} FROM commands WHERE sandbox_id = $1 AND id > $2 ORDER BY id LIMIT {}",
-        limit + 1
-    ))
-    .bind(&sandbox_id)
-    .bind(&cursor)
-    .fetch_all(&state.db.pool)
-    .await?;
-    let commands = rows
-        .iter()
-        .map(CommandRow::from_row)
-        .collect::<Result<Vec<_>, _>>()?;
-    let (commands, next_cursor) = records::page(commands, limit, |c| &c.id);
+    let (commands, next_cursor) =
+        records::commands::list(&state.db.pool, &sandbox_id, &cursor, limit).await?;
     Ok(axum::Json(CommandList {
         commands: commands.iter().map(CommandRow::to_api).collect(),
         next_cursor,
@@ -203,30 +182,9 @@ pub async fn output(
             format!("past the end of {} ({length} bytes)", stream.as_str()),
         ));
     }
-    let chunks = sqlx::query(
-        "SELECT start_offset, data FROM command_output WHERE command_id = $1 AND stream = $2 AND start_offset < $3 ORDER BY start_offset",
-    )
-    .bind(&id)
-    .bind(stream.as_str())
-    .bind(offset + OUTPUT_READ_BYTES_MAX as i64)
-    .fetch_all(&state.db.pool)
-    .await?;
-    let mut data: Vec<u8> = Vec::new();
-    for chunk in chunks {
-        let start: i64 = chunk.try_get("start_offset")?;
-        let bytes: Vec<u8> = chunk.try_get("data")?;
-        let end = start + bytes.len() as i64;
-        if end <= offset {
-            continue;
-        }
-        let from = (offset.max(start) - start) as usize;
-        let want = OUTPUT_READ_BYTES_MAX - data.len();
-        let slice = &bytes[from..];
-        data.extend_from_slice(&slice[..slice.len().min(want)]);
-        if data.len() >= OUTPUT_READ_BYTES_MAX {
-            break;
-        }
-    }
+    let data =
+        records::commands::read_output(&state.db.pool, &id, stream, offset, OUTPUT_READ_BYTES_MAX)
+            .await?;
     let next = offset + data.len() as i64;
     let complete = command.ended() && next >= length;
     let mut response = (StatusCode::OK, Body::from(data)).into_response();

@@ -15,17 +15,9 @@ pub async fn openapi() -> Response {
 
 #[utoipa::path(get, path = "/metrics", tag = "meta", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ControlError> {
-    let sandboxes: Vec<(String, i64)> =
-        sqlx::query_as("SELECT state, COUNT(*) FROM sandboxes GROUP BY state ORDER BY state")
-            .fetch_all(&state.db.pool)
-            .await?;
+    let sandboxes = crate::records::sandboxes::count_by_state(&state.db.pool).await?;
     let now = crate::db::now_ms();
-    let lags: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT COALESCE(home_saved_at_ms, created_at_ms), save_interval_s FROM sandboxes
-         WHERE state = 'running' AND save_interval_s IS NOT NULL",
-    )
-    .fetch_all(&state.db.pool)
-    .await?;
+    let lags = crate::records::sandboxes::save_lags(&state.db.pool).await?;
     let lag = crate::metrics::SaveLag {
         max_seconds: lags
             .iter()
@@ -50,7 +42,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ControlE
 /// Liveness that includes the records: 200 only if the database answers.
 #[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, description = "the server and its database answer")))]
 pub async fn health(State(state): State<AppState>) -> Result<&'static str, ControlError> {
-    sqlx::query("SELECT 1").execute(&state.db.pool).await?;
+    state.db.ping().await?;
     Ok("ok\n")
 }
 

@@ -8,16 +8,15 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use sqlx::Row;
 
 use super::{AppState, Caller, Json};
-use crate::db::now_ms;
 use crate::error::ControlError;
 use crate::idempotency;
 use crate::limits;
-use crate::records::{self, SANDBOX_COLUMNS, SandboxRow, not_found};
+use crate::records::sandboxes::ListFilter;
+use crate::records::{self, SandboxRow, not_found};
 use api::lifecycle::SandboxState;
-use api::sandboxes::{CreateSandboxRequest, Event, EventList, Sandbox, SandboxList};
+use api::sandboxes::{CreateSandboxRequest, EventList, Sandbox, SandboxList};
 
 pub const LONG_POLL_SECONDS_MAX: u64 = 25;
 
@@ -56,18 +55,10 @@ pub async fn visible_sandbox(
     org_id: &str,
     id: &str,
 ) -> Result<SandboxRow, ControlError> {
-    let row = sqlx::query(&format!(
-        "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1 AND org_id = $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)"
-    ))
-    .bind(id)
-    .bind(org_id)
-    .bind(now_ms() - state.config.retention.as_millis() as i64)
-    .fetch_optional(&state.db.pool)
-    .await?;
-    match row {
-        Some(row) => Ok(SandboxRow::from_row(&row)?),
-        None => Err(not_found("sandbox")),
-    }
+    let since = state.retained_since_ms();
+    records::sandboxes::visible(&state.db.pool, org_id, id, since)
+        .await?
+        .ok_or_else(|| not_found("sandbox"))
 }
 
 #[derive(Deserialize)]
@@ -123,71 +114,35 @@ pub async fn list(
     Query(query): Query<Vec<(String, String)>>,
 ) -> Result<axum::Json<SandboxList>, ControlError> {
     let org_id = caller.org()?;
-    let mut states: Vec<String> = Vec::new();
-    let mut labels: Vec<(String, String)> = Vec::new();
-    let mut limit = limits::LIST_LIMIT_DEFAULT;
-    let mut cursor = String::new();
+    let mut filter = ListFilter {
+        states: Vec::new(),
+        labels: Vec::new(),
+        cursor: String::new(),
+        limit: limits::LIST_LIMIT_DEFAULT,
+        retained_since_ms: state.retained_since_ms(),
+    };
     for (name, value) in query {
         match name.as_str() {
             "state" => {
-                if value.parse::<SandboxState>().is_err() {
-                    return Err(limits::invalid("state", format!("unknown state {value:?}")));
-                }
-                states.push(value);
+                let wanted = value
+                    .parse()
+                    .map_err(|_| limits::invalid("state", format!("unknown state {value:?}")))?;
+                filter.states.push(wanted);
             }
             "label" => {
                 let (k, v) = value
                     .split_once('=')
                     .ok_or_else(|| limits::invalid("label", "use label=KEY=VALUE"))?;
                 limits::label_key(k)?;
-                labels.push((k.to_owned(), v.to_owned()));
+                filter.labels.push((k.to_owned(), v.to_owned()));
             }
-            "limit" => limit = limits::list_limit(&value)?,
-            "cursor" => cursor = value,
+            "limit" => filter.limit = limits::list_limit(&value)?,
+            "cursor" => filter.cursor = value,
             other => return Err(limits::invalid(other, "unknown query parameter")),
         }
     }
-    // Built from fixed fragments; every value is a bound parameter.
-    let mut sql = format!(
-        "SELECT {SANDBOX_COLUMNS} FROM sandboxes s WHERE org_id = $1 AND id > $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)"
-    );
-    let mut params: Vec<String> = Vec::new();
-    let mut next = 4;
-    if !states.is_empty() {
-        let placeholders: Vec<String> = states
-            .iter()
-            .map(|s| {
-                params.push(s.clone());
-                next += 1;
-                format!("${}", next - 1)
-            })
-            .collect();
-        sql.push_str(&format!(" AND state IN ({})", placeholders.join(", ")));
-    }
-    for (k, v) in &labels {
-        sql.push_str(&format!(
-            " AND EXISTS (SELECT 1 FROM sandbox_labels l WHERE l.sandbox_id = s.id AND l.key = ${} AND l.value = ${})",
-            next,
-            next + 1
-        ));
-        params.push(k.clone());
-        params.push(v.clone());
-        next += 2;
-    }
-    sql.push_str(&format!(" ORDER BY id LIMIT {}", limit + 1));
-    let mut query = sqlx::query(&sql)
-        .bind(&org_id)
-        .bind(&cursor)
-        .bind(now_ms() - state.config.retention.as_millis() as i64);
-    for p in &params {
-        query = query.bind(p);
-    }
-    let rows = query.fetch_all(&state.db.pool).await?;
-    let sandboxes = rows
-        .iter()
-        .map(SandboxRow::from_row)
-        .collect::<Result<Vec<_>, _>>()?;
-    let (sandboxes, next_cursor) = records::page(sandboxes, limit, |s| &s.id);
+    let (sandboxes, next_cursor) =
+        records::sandboxes::list(&state.db.pool, &org_id, &filter).await?;
     Ok(axum::Json(SandboxList {
         sandboxes: sandboxes.iter().map(SandboxRow::to_api).collect(),
         next_cursor,
@@ -202,26 +157,7 @@ pub async fn events(
 ) -> Result<axum::Json<EventList>, ControlError> {
     let org_id = caller.org()?;
     visible_sandbox(&state, &org_id, &id).await?;
-    let rows = sqlx::query(
-        "SELECT seq, at_ms, state, reason, message, epoch, runner_id FROM events WHERE sandbox_id = $1 ORDER BY seq",
-    )
-    .bind(&id)
-    .fetch_all(&state.db.pool)
-    .await?;
-    let events = rows
-        .iter()
-        .map(|row| {
-            Ok(Event {
-                seq: row.try_get::<i64, _>("seq")? as u64,
-                at: records::rfc3339(row.try_get("at_ms")?),
-                state: records::parse_column(row, "state")?,
-                reason: row.try_get("reason")?,
-                message: row.try_get("message")?,
-                epoch: row.try_get::<i64, _>("epoch")? as u64,
-                runner_id: row.try_get("runner_id")?,
-            })
-        })
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let events = records::sandboxes::events(&state.db.pool, &id).await?;
     Ok(axum::Json(EventList { events }))
 }
 

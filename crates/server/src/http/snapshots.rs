@@ -13,23 +13,15 @@ use crate::control;
 use crate::error::ControlError;
 use crate::idempotency;
 use crate::limits;
-use crate::records::snapshots::{SNAPSHOT_COLUMNS, SnapshotRow};
+use crate::records::snapshots::SnapshotRow;
 use crate::records::{self, not_found};
 use api::runners::SnapshotReport;
 use api::snapshots::{CreateSnapshotRequest, Snapshot, SnapshotList};
 
 async fn visible(state: &AppState, org_id: &str, id: &str) -> Result<SnapshotRow, ControlError> {
-    let row = sqlx::query(&format!(
-        "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE id = $1 AND org_id = $2"
-    ))
-    .bind(id)
-    .bind(org_id)
-    .fetch_optional(&state.db.pool)
-    .await?;
-    match row {
-        Some(row) => Ok(SnapshotRow::from_row(&row)?),
-        None => Err(not_found("snapshot")),
-    }
+    records::snapshots::visible(&state.db.pool, org_id, id)
+        .await?
+        .ok_or_else(|| not_found("snapshot"))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots", params(("id" = String, Path)), request_body = CreateSnapshotRequest, responses((status = 201, body = Snapshot), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
@@ -129,21 +121,14 @@ pub async fn list(
             other => return Err(limits::invalid(other, "unknown query parameter")),
         }
     }
-    let rows = sqlx::query(&format!(
-        "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE org_id = $1 AND id > $2
-         AND ($3 = '' OR sandbox_id = $3) ORDER BY id LIMIT {}",
-        limit + 1
-    ))
-    .bind(&org_id)
-    .bind(&cursor)
-    .bind(sandbox_id.unwrap_or_default())
-    .fetch_all(&state.db.pool)
+    let (snapshots, next_cursor) = records::snapshots::list(
+        &state.db.pool,
+        &org_id,
+        sandbox_id.as_deref(),
+        &cursor,
+        limit,
+    )
     .await?;
-    let snapshots = rows
-        .iter()
-        .map(SnapshotRow::from_row)
-        .collect::<Result<Vec<_>, _>>()?;
-    let (snapshots, next_cursor) = records::page(snapshots, limit, |s| &s.id);
     Ok(axum::Json(SnapshotList {
         snapshots: snapshots.iter().map(SnapshotRow::to_api).collect(),
         next_cursor,

@@ -2,6 +2,7 @@
 //! started and ended by its runner's reports, cancelled or signalled, ended
 //! with its sandbox.
 
+use sqlx::AnyPool;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -329,4 +330,80 @@ pub async fn append_output(
     .await?;
     tx.changed(id).await?;
     Ok(())
+}
+
+/// The org's command in its sandbox.
+pub async fn visible(
+    pool: &AnyPool,
+    org_id: &str,
+    sandbox_id: &str,
+    id: &str,
+) -> Result<Option<CommandRow>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1 AND sandbox_id = $2 AND org_id = $3"
+    ))
+    .bind(id)
+    .bind(sandbox_id)
+    .bind(org_id)
+    .fetch_optional(pool)
+    .await?;
+    row.as_ref().map(CommandRow::from_row).transpose()
+}
+
+/// One page of a sandbox's commands in id order (after `cursor`), and the
+/// next page's cursor.
+pub async fn list(
+    pool: &AnyPool,
+    sandbox_id: &str,
+    cursor: &str,
+    limit: usize,
+) -> Result<(Vec<CommandRow>, Option<String>), sqlx::Error> {
+    let rows = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE sandbox_id = $1 AND id > $2 ORDER BY id LIMIT {}",
+        limit + 1
+    ))
+    .bind(sandbox_id)
+    .bind(cursor)
+    .fetch_all(pool)
+    .await?;
+    let commands = rows
+        .iter()
+        .map(CommandRow::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(super::page(commands, limit, |c| &c.id))
+}
+
+/// Up to `max` bytes of a command's stream from `offset`.
+pub async fn read_output(
+    pool: &AnyPool,
+    id: &str,
+    stream: Stream,
+    offset: i64,
+    max: usize,
+) -> Result<Vec<u8>, sqlx::Error> {
+    let chunks = sqlx::query(
+        "SELECT start_offset, data FROM command_output WHERE command_id = $1 AND stream = $2 AND start_offset < $3 ORDER BY start_offset",
+    )
+    .bind(id)
+    .bind(stream.as_str())
+    .bind(offset + max as i64)
+    .fetch_all(pool)
+    .await?;
+    let mut data: Vec<u8> = Vec::new();
+    for chunk in chunks {
+        let start: i64 = chunk.try_get("start_offset")?;
+        let bytes: Vec<u8> = chunk.try_get("data")?;
+        let end = start + bytes.len() as i64;
+        if end <= offset {
+            continue;
+        }
+        let from = (offset.max(start) - start) as usize;
+        let want = max - data.len();
+        let slice = &bytes[from..];
+        data.extend_from_slice(&slice[..slice.len().min(want)]);
+        if data.len() >= max {
+            break;
+        }
+    }
+    Ok(data)
 }

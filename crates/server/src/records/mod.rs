@@ -6,8 +6,10 @@
 //! - [`sandboxes`]: the sandbox row, its state changes and their events.
 //! - [`commands`]: the command row and every command write.
 //! - [`snapshots`]: the snapshot row.
+//! - [`images`]: the image row.
 
 pub mod commands;
+pub mod images;
 pub mod sandboxes;
 pub mod snapshots;
 

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use sqlx::AnyPool;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -517,4 +518,125 @@ pub async fn purge_deleted(tx: &mut WriteTx, cutoff_ms: i64) -> Result<(), sqlx:
         .execute(&mut *tx.tx)
         .await?;
     Ok(())
+}
+
+/// The org's sandbox, unless it ended before `retained_since_ms`.
+pub async fn visible(
+    pool: &AnyPool,
+    org_id: &str,
+    id: &str,
+    retained_since_ms: i64,
+) -> Result<Option<SandboxRow>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1 AND org_id = $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)"
+    ))
+    .bind(id)
+    .bind(org_id)
+    .bind(retained_since_ms)
+    .fetch_optional(pool)
+    .await?;
+    row.as_ref().map(SandboxRow::from_row).transpose()
+}
+
+/// Which of an org's sandboxes a list shows.
+pub struct ListFilter {
+    /// Any of these states (all when empty).
+    pub states: Vec<SandboxState>,
+    /// Every one of these labels.
+    pub labels: Vec<(String, String)>,
+    /// Ids after this one.
+    pub cursor: String,
+    pub limit: usize,
+    pub retained_since_ms: i64,
+}
+
+/// One page of the org's sandboxes in id order, and the next page's cursor.
+pub async fn list(
+    pool: &AnyPool,
+    org_id: &str,
+    filter: &ListFilter,
+) -> Result<(Vec<SandboxRow>, Option<String>), sqlx::Error> {
+    // Built from fixed fragments; every value is a bound parameter.
+    let mut sql = format!(
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes s WHERE org_id = $1 AND id > $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)"
+    );
+    let mut params: Vec<String> = Vec::new();
+    let mut next = 4;
+    if !filter.states.is_empty() {
+        let placeholders: Vec<String> = filter
+            .states
+            .iter()
+            .map(|state| {
+                params.push(state.as_str().to_owned());
+                next += 1;
+                format!("${}", next - 1)
+            })
+            .collect();
+        sql.push_str(&format!(" AND state IN ({})", placeholders.join(", ")));
+    }
+    for (key, value) in &filter.labels {
+        sql.push_str(&format!(
+            " AND EXISTS (SELECT 1 FROM sandbox_labels l WHERE l.sandbox_id = s.id AND l.key = ${} AND l.value = ${})",
+            next,
+            next + 1
+        ));
+        params.push(key.clone());
+        params.push(value.clone());
+        next += 2;
+    }
+    sql.push_str(&format!(" ORDER BY id LIMIT {}", filter.limit + 1));
+    let mut query = sqlx::query(&sql)
+        .bind(org_id)
+        .bind(&filter.cursor)
+        .bind(filter.retained_since_ms);
+    for param in &params {
+        query = query.bind(param);
+    }
+    let rows = query.fetch_all(pool).await?;
+    let sandboxes = rows
+        .iter()
+        .map(SandboxRow::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(super::page(sandboxes, filter.limit, |s| &s.id))
+}
+
+/// The sandbox's history, oldest first.
+pub async fn events(pool: &AnyPool, id: &str) -> Result<Vec<api::sandboxes::Event>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT seq, at_ms, state, reason, message, epoch, runner_id FROM events WHERE sandbox_id = $1 ORDER BY seq",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(api::sandboxes::Event {
+                seq: row.try_get::<i64, _>("seq")? as u64,
+                at: rfc3339(row.try_get("at_ms")?),
+                state: parse_column(row, "state")?,
+                reason: row.try_get("reason")?,
+                message: row.try_get("message")?,
+                epoch: row.try_get::<i64, _>("epoch")? as u64,
+                runner_id: row.try_get("runner_id")?,
+            })
+        })
+        .collect()
+}
+
+/// How many sandboxes are in each state (for the metrics gauges).
+pub async fn count_by_state(pool: &AnyPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as("SELECT state, COUNT(*) FROM sandboxes GROUP BY state ORDER BY state")
+        .fetch_all(pool)
+        .await
+}
+
+/// For each running durable sandbox: when its home was last saved (or it
+/// was created), and its save interval in seconds.
+pub async fn save_lags(pool: &AnyPool) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT COALESCE(home_saved_at_ms, created_at_ms), save_interval_s FROM sandboxes
+         WHERE state = 'running' AND save_interval_s IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await
 }

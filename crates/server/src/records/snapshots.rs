@@ -1,6 +1,7 @@
 //! The snapshot row: a receipt whose durability moves `pending` → `local`
 //! → `replicated`, or ends `failed`.
 
+use sqlx::AnyPool;
 use sqlx::Row;
 
 use super::rfc3339;
@@ -73,4 +74,46 @@ pub async fn load(tx: &mut WriteTx, id: &str) -> Result<Option<SnapshotRow>, sql
     .fetch_optional(&mut *tx.tx)
     .await?;
     row.as_ref().map(SnapshotRow::from_row).transpose()
+}
+
+/// The org's snapshot.
+pub async fn visible(
+    pool: &AnyPool,
+    org_id: &str,
+    id: &str,
+) -> Result<Option<SnapshotRow>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE id = $1 AND org_id = $2"
+    ))
+    .bind(id)
+    .bind(org_id)
+    .fetch_optional(pool)
+    .await?;
+    row.as_ref().map(SnapshotRow::from_row).transpose()
+}
+
+/// One page of the org's snapshots (of one sandbox, if named) in id
+/// order after `cursor`, and the next page's cursor.
+pub async fn list(
+    pool: &AnyPool,
+    org_id: &str,
+    sandbox_id: Option<&str>,
+    cursor: &str,
+    limit: usize,
+) -> Result<(Vec<SnapshotRow>, Option<String>), sqlx::Error> {
+    let rows = sqlx::query(&format!(
+        "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE org_id = $1 AND id > $2
+         AND ($3 = '' OR sandbox_id = $3) ORDER BY id LIMIT {}",
+        limit + 1
+    ))
+    .bind(org_id)
+    .bind(cursor)
+    .bind(sandbox_id.unwrap_or_default())
+    .fetch_all(pool)
+    .await?;
+    let snapshots = rows
+        .iter()
+        .map(SnapshotRow::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(super::page(snapshots, limit, |s| &s.id))
 }
