@@ -193,14 +193,7 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
     }
     for (runner_id, expired_at) in expired {
         let mut tx = state.db.write().await?;
-        let lost = sqlx::query(
-            "UPDATE runners SET state = 'lost' WHERE id = $1 AND state = 'live' AND lease_expires_at_ms < $2",
-        )
-        .bind(&runner_id)
-        .bind(cutoff)
-        .execute(&mut *tx.tx)
-        .await?;
-        if lost.rows_affected() == 0 {
+        if !crate::records::runners::mark_lost(&mut tx, &runner_id, cutoff).await? {
             continue;
         }
         let rows = sqlx::query(&format!(

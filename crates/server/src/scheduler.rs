@@ -5,49 +5,10 @@
 
 use api::lifecycle::{Placement, SandboxState, StorageClass};
 use sqlx::Row;
-use sqlx::any::AnyRow;
 
 use crate::db::{WriteTx, now_ms};
+use crate::records::runners::{RunnerRow, all_runners};
 use crate::records::{SandboxRow, Transition, compute_states_sql, set_sandbox_state};
-
-#[derive(Clone, Debug)]
-pub struct RunnerRow {
-    pub id: String,
-    pub placement_class: String,
-    pub capabilities: Vec<String>,
-    pub capacity_sandboxes: i64,
-    pub capacity_memory_mib: i64,
-    pub capacity_millicpus: i64,
-    pub capacity_pids: i64,
-    pub state: String,
-    pub lease_expires_at_ms: i64,
-    /// `drain` or `preempt` while the runner is being emptied.
-    pub drain: Option<String>,
-}
-
-pub const RUNNER_COLUMNS: &str = "id, placement_class, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms, drain";
-
-impl RunnerRow {
-    pub fn from_row(row: &AnyRow) -> Result<RunnerRow, sqlx::Error> {
-        let capabilities: String = row.try_get("capabilities")?;
-        Ok(RunnerRow {
-            id: row.try_get("id")?,
-            placement_class: row.try_get("placement_class")?,
-            capabilities: serde_json::from_str(&capabilities).unwrap_or_default(),
-            capacity_sandboxes: row.try_get("capacity_sandboxes")?,
-            capacity_memory_mib: row.try_get("capacity_memory_mib")?,
-            capacity_millicpus: row.try_get("capacity_millicpus")?,
-            capacity_pids: row.try_get("capacity_pids")?,
-            state: row.try_get("state")?,
-            lease_expires_at_ms: row.try_get("lease_expires_at_ms")?,
-            drain: row.try_get("drain")?,
-        })
-    }
-
-    pub fn is_live(&self, now: i64) -> bool {
-        self.state == "live" && self.lease_expires_at_ms > now
-    }
-}
 
 /// What a sandbox needs from a runner, each named as `details.missing`
 /// names it when no runner offers it.
@@ -104,15 +65,6 @@ impl Needs {
         }
         missing
     }
-}
-
-pub async fn all_runners(tx: &mut WriteTx) -> Result<Vec<RunnerRow>, sqlx::Error> {
-    let rows = sqlx::query(&format!(
-        "SELECT {RUNNER_COLUMNS} FROM runners WHERE state <> 'retired' ORDER BY id"
-    ))
-    .fetch_all(&mut *tx.tx)
-    .await?;
-    rows.iter().map(RunnerRow::from_row).collect()
 }
 
 /// The outcome of trying to place one sandbox.

@@ -163,7 +163,7 @@ async fn check_admissible(
         ));
     }
     let needs = Needs::of(sandbox);
-    let runners = scheduler::all_runners(tx).await?;
+    let runners = records::runners::all_runners(tx).await?;
     let best = runners
         .iter()
         .map(|r| needs.missing_on(r))

@@ -10,12 +10,10 @@
 //! end `failed`/`node_lost` with it.
 
 use api::lifecycle::{DesiredState, SandboxState, StorageClass};
-use sqlx::Row;
 
 use super::AppState;
-use crate::db::WriteTx;
 use crate::error::ControlError;
-use crate::records::{self, SandboxRow, not_found};
+use crate::records::{SandboxRow, not_found, runners};
 use api::ErrorCode;
 use api::runners::RunnerRecord;
 
@@ -61,44 +59,9 @@ pub fn drain_reason(
     moving.then(|| reason_of(drain))
 }
 
-const RECORD_QUERY: &str = "SELECT r.id, r.name, r.placement_class, r.state, r.lease_expires_at_ms, r.registered_at_ms, r.drain, r.capabilities, r.labels,
-     (SELECT COUNT(*) FROM sandboxes s WHERE s.runner_id = r.id AND s.state <> 'deleted') AS sandboxes
-     FROM runners r";
-
-fn record(row: &sqlx::any::AnyRow) -> Result<RunnerRecord, sqlx::Error> {
-    let capabilities: String = row.try_get("capabilities")?;
-    let labels: String = row.try_get("labels")?;
-    Ok(RunnerRecord {
-        id: row.try_get("id")?,
-        name: row.try_get("name")?,
-        placement_class: row.try_get("placement_class")?,
-        state: row.try_get("state")?,
-        lease_expires_at: records::rfc3339(row.try_get("lease_expires_at_ms")?),
-        registered_at: records::rfc3339(row.try_get("registered_at_ms")?),
-        drain: row.try_get("drain")?,
-        sandboxes: row.try_get::<i64, _>("sandboxes")?.max(0) as u64,
-        capabilities: serde_json::from_str(&capabilities).unwrap_or_default(),
-        labels: records::json_map(&labels),
-    })
-}
-
-async fn load_record(tx: &mut WriteTx, id: &str) -> Result<RunnerRecord, ControlError> {
-    let row = sqlx::query(&format!("{RECORD_QUERY} WHERE r.id = $1"))
-        .bind(id)
-        .fetch_optional(&mut *tx.tx)
-        .await?
-        .ok_or_else(|| not_found("runner"))?;
-    Ok(record(&row)?)
-}
-
 /// Every runner not retired, as an administrator sees it.
 pub async fn list(state: &AppState) -> Result<Vec<RunnerRecord>, ControlError> {
-    let rows = sqlx::query(&format!(
-        "{RECORD_QUERY} WHERE r.state <> 'retired' ORDER BY r.id"
-    ))
-    .fetch_all(&state.db.pool)
-    .await?;
-    Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+    Ok(runners::records(&state.db.pool).await?)
 }
 
 /// Sets or clears the runner's drain and wakes it (its assignments
@@ -110,7 +73,9 @@ pub async fn set_drain(
     drain: Option<&str>,
 ) -> Result<RunnerRecord, ControlError> {
     let mut tx = state.db.write().await?;
-    let current = load_record(&mut tx, id).await?;
+    let current = runners::record(&mut tx, id)
+        .await?
+        .ok_or_else(|| not_found("runner"))?;
     if drain == Some("preempt") && current.placement_class != "spot" {
         return Err(ControlError::new(
             ErrorCode::InvalidState,
@@ -123,14 +88,12 @@ pub async fn set_drain(
     // A preemption outranks a drain; a drain does not soften a preemption.
     let keep = current.drain.as_deref() == Some("preempt") && drain == Some("drain");
     if !keep {
-        sqlx::query("UPDATE runners SET drain = $1 WHERE id = $2")
-            .bind(drain)
-            .bind(id)
-            .execute(&mut *tx.tx)
-            .await?;
+        runners::set_drain(&mut tx, id, drain).await?;
     }
     tx.changed(&format!("runner:{id}")).await?;
-    let record = load_record(&mut tx, id).await?;
+    let record = runners::record(&mut tx, id)
+        .await?
+        .ok_or_else(|| not_found("runner"))?;
     tx.commit().await?;
     if current.drain.as_deref() != record.drain.as_deref() {
         tracing::warn!(runner_id = %id, drain = ?record.drain, "runner drain changed");

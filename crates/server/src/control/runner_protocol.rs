@@ -14,11 +14,11 @@ use crate::db::{WriteTx, now_ms};
 use crate::error::ControlError;
 use crate::limits;
 use crate::records::commands::{Observed, Stream};
+use crate::records::runners::{self, RunnerRow};
 use crate::records::{
     self, SANDBOX_COLUMNS, SandboxRow, Transition, load_sandbox, not_found, set_sandbox_state,
 };
 use crate::records::{COMMAND_COLUMNS, CommandRow};
-use crate::scheduler::{RUNNER_COLUMNS, RunnerRow};
 use api::ErrorCode;
 use api::runners::{
     Assignments, CommandAssignment, CommandReport, HeartbeatRequest, HeartbeatResponse,
@@ -57,59 +57,9 @@ pub async fn register(
     }
     let now = now_ms();
     let lease_ms = state.config.lease_ttl.as_millis() as i64;
-    let labels = serde_json::to_string(&request.labels).unwrap_or_default();
-    let capabilities = serde_json::to_string(&request.capabilities).unwrap_or_default();
-    let millicpus = (capacity.cpus * 1000.0).round() as i64;
     let mut tx = state.db.write().await?;
-    let existing = match &request.runner_id {
-        Some(id) => sqlx::query("SELECT id FROM runners WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut *tx.tx)
-            .await?
-            .map(|_| id.clone()),
-        None => None,
-    };
-    let runner_id = match existing {
-        Some(id) => {
-            sqlx::query(
-                "UPDATE runners SET name = $1, placement_class = $2, labels = $3, capabilities = $4, capacity_sandboxes = $5, capacity_memory_mib = $6, capacity_millicpus = $7, capacity_pids = $8, state = 'live', lease_expires_at_ms = $9 WHERE id = $10",
-            )
-            .bind(&request.name)
-            .bind(&request.placement_class)
-            .bind(&labels)
-            .bind(&capabilities)
-            .bind(capacity.sandboxes as i64)
-            .bind(capacity.memory_mib as i64)
-            .bind(millicpus)
-            .bind(capacity.pids as i64)
-            .bind(now + lease_ms)
-            .bind(&id)
-            .execute(&mut *tx.tx)
-            .await?;
-            id
-        }
-        None => {
-            let id = records::new_id("rnr")?;
-            sqlx::query(
-                "INSERT INTO runners (id, name, placement_class, labels, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms, registered_at_ms, placements)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'live', $10, $11, 0)",
-            )
-            .bind(&id)
-            .bind(&request.name)
-            .bind(&request.placement_class)
-            .bind(&labels)
-            .bind(&capabilities)
-            .bind(capacity.sandboxes as i64)
-            .bind(capacity.memory_mib as i64)
-            .bind(millicpus)
-            .bind(capacity.pids as i64)
-            .bind(now + lease_ms)
-            .bind(now)
-            .execute(&mut *tx.tx)
-            .await?;
-            id
-        }
-    };
+    let new_id = records::new_id("rnr")?;
+    let runner_id = runners::register(&mut tx, request, now + lease_ms, new_id).await?;
     tx.commit().await?;
     tracing::info!(%runner_id, name = %request.name, "runner registered");
     // New capacity: place what has been waiting for it.
@@ -124,14 +74,9 @@ pub async fn register(
 
 /// The runner, refused as fenced unless its lease is live.
 pub async fn live_runner(tx: &mut WriteTx, runner_id: &str) -> Result<RunnerRow, ControlError> {
-    let row = sqlx::query(&format!(
-        "SELECT {RUNNER_COLUMNS} FROM runners WHERE id = $1"
-    ))
-    .bind(runner_id)
-    .fetch_optional(&mut *tx.tx)
-    .await?
-    .ok_or_else(|| not_found("runner"))?;
-    let runner = RunnerRow::from_row(&row)?;
+    let runner = runners::load(tx, runner_id)
+        .await?
+        .ok_or_else(|| not_found("runner"))?;
     if runner.state != "live" {
         return Err(fenced(
             "this runner's lease expired and its sandboxes were taken from it; register again",
@@ -150,13 +95,8 @@ pub async fn heartbeat(
     live_runner(&mut tx, &request.runner_id).await?;
     // Renewed only while still live: a lease the watcher has expired
     // stays expired (the runner must register again).
-    let renewed =
-        sqlx::query("UPDATE runners SET lease_expires_at_ms = $1 WHERE id = $2 AND state = 'live'")
-            .bind(now_ms() + lease_ms)
-            .bind(&request.runner_id)
-            .execute(&mut *tx.tx)
-            .await?;
-    if renewed.rows_affected() == 0 {
+    let renewed = runners::renew_lease(&mut tx, &request.runner_id, now_ms() + lease_ms).await?;
+    if !renewed {
         return Err(fenced("lease expired; register again"));
     }
     tx.commit().await?;

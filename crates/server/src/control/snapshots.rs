@@ -13,7 +13,7 @@ use super::runner_protocol::{check_placement, live_runner};
 use crate::db::{WriteTx, now_ms};
 use crate::error::ControlError;
 use crate::limits;
-use crate::records::snapshots::{ENDED, SNAPSHOT_COLUMNS, SnapshotRow, load};
+use crate::records::snapshots::{self, ENDED, Reached, SnapshotRow, load};
 use crate::records::{self, load_sandbox, not_found};
 use api::ErrorCode;
 use api::runners::SnapshotReport;
@@ -43,16 +43,7 @@ pub async fn expire(state: &AppState) -> Result<u64, sqlx::Error> {
     for row in &rows {
         let id: String = row.try_get("id")?;
         let reason: String = row.try_get("reason")?;
-        sqlx::query(
-            "UPDATE snapshots SET durability = 'failed', reason = $1, updated_at_ms = $2
-             WHERE id = $3 AND durability IN ('pending', 'local')",
-        )
-        .bind(&reason)
-        .bind(now)
-        .bind(&id)
-        .execute(&mut *tx.tx)
-        .await?;
-        tx.changed(&id).await?;
+        snapshots::fail_unfinished(&mut tx, &id, &reason).await?;
         tracing::info!(snapshot_id = %id, %reason, "snapshot failed");
     }
     tx.commit().await?;
@@ -158,20 +149,17 @@ pub async fn create(
             .await?
             .map_err(store_error)?;
     }
-    sqlx::query(&format!(
-        "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, NULL, $6, $7, NULL, NULL, $8, $9, $9)"
-    ))
-    .bind(&id)
-    .bind(org_id)
-    .bind(sandbox_id)
-    .bind(&requested)
-    .bind(durability)
-    .bind(request.deadline.map(|d| now + d as i64 * 1000))
-    .bind(&root)
-    .bind(captured_at)
-    .bind(now)
-    .execute(&mut *tx.tx)
-    .await?;
+    let new = snapshots::New {
+        id: &id,
+        org_id,
+        sandbox_id,
+        requested: &requested,
+        durability,
+        deadline_at_ms: request.deadline.map(|d| now + d as i64 * 1000),
+        root: root.as_deref(),
+        captured_at_ms: captured_at,
+    };
+    snapshots::insert(tx, new).await?;
     if let Some(runner) = &sandbox.runner_id {
         tx.changed(&format!("runner:{runner}")).await?;
     }
@@ -184,14 +172,10 @@ pub async fn delete(state: &AppState, snapshot: &SnapshotRow) -> Result<(), Cont
     let store = store_of(state)?;
     let (org, home) = (store_org(&snapshot.org_id)?, snapshot_home(&snapshot.id)?);
     let mut tx = state.db.write().await?;
-    sqlx::query("DELETE FROM snapshots WHERE id = $1")
-        .bind(&snapshot.id)
-        .execute(&mut *tx.tx)
-        .await?;
+    snapshots::delete(&mut tx, &snapshot.id).await?;
     blocking(move || store.delete_home(&org, &home))
         .await?
         .map_err(store_error)?;
-    tx.changed(&snapshot.id).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -251,49 +235,28 @@ pub async fn report(
         return Ok(current);
     }
     let captured = report.captured_at_ms.map(|at| at.min(now));
-    match (report.durability.as_str(), summary) {
-        ("replicated", Some((root, summary))) => {
-            sqlx::query(
-                "UPDATE snapshots SET durability = 'replicated', root = $1, files = $2, logical_bytes = $3,
-                 captured_at_ms = COALESCE(captured_at_ms, $4), updated_at_ms = $5 WHERE id = $6",
-            )
-            .bind(root.to_hex())
-            .bind(report.files.map(|f| f as i64))
-            .bind(summary.logical_bytes as i64)
-            .bind(captured)
-            .bind(now)
-            .bind(id)
-            .execute(&mut *tx.tx)
-            .await?;
-        }
+    let reached = match (report.durability.as_str(), summary) {
+        ("replicated", Some((root, summary))) => Reached::Replicated {
+            root: root.to_hex(),
+            files: report.files.map(|f| f as i64),
+            logical_bytes: summary.logical_bytes as i64,
+            captured_at_ms: captured,
+        },
         ("failed", _) => {
             let mut message = report
                 .message
                 .clone()
                 .unwrap_or_else(|| "snapshot failed".to_owned());
             message.truncate(1024);
-            sqlx::query(
-                "UPDATE snapshots SET durability = 'failed', reason = $1, updated_at_ms = $2 WHERE id = $3",
-            )
-            .bind(format!("runner_error: {message}"))
-            .bind(now)
-            .bind(id)
-            .execute(&mut *tx.tx)
-            .await?;
+            Reached::Failed {
+                reason: format!("runner_error: {message}"),
+            }
         }
-        _ => {
-            sqlx::query(
-                "UPDATE snapshots SET durability = 'local', captured_at_ms = $1, updated_at_ms = $2
-                 WHERE id = $3 AND durability = 'pending'",
-            )
-            .bind(captured.unwrap_or(now))
-            .bind(now)
-            .bind(id)
-            .execute(&mut *tx.tx)
-            .await?;
-        }
-    }
-    tx.changed(id).await?;
+        _ => Reached::Local {
+            captured_at_ms: captured.unwrap_or(now),
+        },
+    };
+    snapshots::set_durability(&mut tx, id, reached).await?;
     let record = load(&mut tx, id)
         .await?
         .ok_or_else(|| not_found("snapshot"))?;

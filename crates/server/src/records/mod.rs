@@ -7,9 +7,11 @@
 //! - [`commands`]: the command row and every command write.
 //! - [`snapshots`]: the snapshot row.
 //! - [`images`]: the image row.
+//! - [`runners`]: the runner row, its lease and drain.
 
 pub mod commands;
 pub mod images;
+pub mod runners;
 pub mod sandboxes;
 pub mod snapshots;
 

@@ -5,7 +5,7 @@ use sqlx::AnyPool;
 use sqlx::Row;
 
 use super::rfc3339;
-use crate::db::WriteTx;
+use crate::db::{WriteTx, now_ms};
 use api::snapshots::Snapshot;
 
 pub const SNAPSHOT_COLUMNS: &str = "id, org_id, sandbox_id, requested, durability, reason, deadline_at_ms, root, files, logical_bytes, captured_at_ms, created_at_ms, updated_at_ms";
@@ -116,4 +116,118 @@ pub async fn list(
         .map(SnapshotRow::from_row)
         .collect::<Result<Vec<_>, _>>()?;
     Ok(super::page(snapshots, limit, |s| &s.id))
+}
+
+/// A snapshot as it is first recorded.
+pub struct New<'a> {
+    pub id: &'a str,
+    pub org_id: &'a str,
+    pub sandbox_id: &'a str,
+    pub requested: &'a str,
+    pub durability: &'a str,
+    pub deadline_at_ms: Option<i64>,
+    pub root: Option<&'a str>,
+    pub captured_at_ms: Option<i64>,
+}
+
+pub async fn insert(tx: &mut WriteTx, new: New<'_>) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!(
+        "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, NULL, $6, $7, NULL, NULL, $8, $9, $9)"
+    ))
+    .bind(new.id)
+    .bind(new.org_id)
+    .bind(new.sandbox_id)
+    .bind(new.requested)
+    .bind(new.durability)
+    .bind(new.deadline_at_ms)
+    .bind(new.root)
+    .bind(new.captured_at_ms)
+    .bind(now_ms())
+    .execute(&mut *tx.tx)
+    .await?;
+    tx.changed(new.id).await?;
+    Ok(())
+}
+
+/// The durability a runner's report brings a snapshot to.
+pub enum Reached {
+    /// Captured on the runner (only from `pending`).
+    Local {
+        captured_at_ms: i64,
+    },
+    /// The whole tree is in the store, pinned.
+    Replicated {
+        root: String,
+        files: Option<i64>,
+        logical_bytes: i64,
+        captured_at_ms: Option<i64>,
+    },
+    Failed {
+        reason: String,
+    },
+}
+
+pub async fn set_durability(
+    tx: &mut WriteTx,
+    id: &str,
+    reached: Reached,
+) -> Result<(), sqlx::Error> {
+    let now = now_ms();
+    let query = match reached {
+        Reached::Local { captured_at_ms } => sqlx::query(
+            "UPDATE snapshots SET durability = 'local', captured_at_ms = $1, updated_at_ms = $2
+             WHERE id = $3 AND durability = 'pending'",
+        )
+        .bind(captured_at_ms)
+        .bind(now)
+        .bind(id.to_owned()),
+        Reached::Replicated {
+            root,
+            files,
+            logical_bytes,
+            captured_at_ms,
+        } => sqlx::query(
+            "UPDATE snapshots SET durability = 'replicated', root = $1, files = $2, logical_bytes = $3,
+             captured_at_ms = COALESCE(captured_at_ms, $4), updated_at_ms = $5 WHERE id = $6",
+        )
+        .bind(root)
+        .bind(files)
+        .bind(logical_bytes)
+        .bind(captured_at_ms)
+        .bind(now)
+        .bind(id.to_owned()),
+        Reached::Failed { reason } => sqlx::query(
+            "UPDATE snapshots SET durability = 'failed', reason = $1, updated_at_ms = $2 WHERE id = $3",
+        )
+        .bind(reason)
+        .bind(now)
+        .bind(id.to_owned()),
+    };
+    query.execute(&mut *tx.tx).await?;
+    tx.changed(id).await?;
+    Ok(())
+}
+
+/// Fails a snapshot that has not reached `replicated` (or failed) yet.
+pub async fn fail_unfinished(tx: &mut WriteTx, id: &str, reason: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE snapshots SET durability = 'failed', reason = $1, updated_at_ms = $2
+         WHERE id = $3 AND durability IN ('pending', 'local')",
+    )
+    .bind(reason)
+    .bind(now_ms())
+    .bind(id)
+    .execute(&mut *tx.tx)
+    .await?;
+    tx.changed(id).await?;
+    Ok(())
+}
+
+pub async fn delete(tx: &mut WriteTx, id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM snapshots WHERE id = $1")
+        .bind(id)
+        .execute(&mut *tx.tx)
+        .await?;
+    tx.changed(id).await?;
+    Ok(())
 }

@@ -1,0 +1,200 @@
+//! The runner row: what a runner registered (capabilities, capacity,
+//! placement class), its lease, and whether it is being emptied; and the
+//! administrator's view of it.
+
+use sqlx::AnyPool;
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::{json_map, rfc3339};
+use crate::db::{WriteTx, now_ms};
+use api::runners::{RegisterRequest, RunnerRecord};
+
+#[derive(Clone, Debug)]
+pub struct RunnerRow {
+    pub id: String,
+    pub placement_class: String,
+    pub capabilities: Vec<String>,
+    pub capacity_sandboxes: i64,
+    pub capacity_memory_mib: i64,
+    pub capacity_millicpus: i64,
+    pub capacity_pids: i64,
+    pub state: String,
+    pub lease_expires_at_ms: i64,
+    /// `drain` or `preempt` while the runner is being emptied.
+    pub drain: Option<String>,
+}
+
+pub const RUNNER_COLUMNS: &str = "id, placement_class, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms, drain";
+
+impl RunnerRow {
+    pub fn from_row(row: &AnyRow) -> Result<RunnerRow, sqlx::Error> {
+        let capabilities: String = row.try_get("capabilities")?;
+        Ok(RunnerRow {
+            id: row.try_get("id")?,
+            placement_class: row.try_get("placement_class")?,
+            capabilities: serde_json::from_str(&capabilities).unwrap_or_default(),
+            capacity_sandboxes: row.try_get("capacity_sandboxes")?,
+            capacity_memory_mib: row.try_get("capacity_memory_mib")?,
+            capacity_millicpus: row.try_get("capacity_millicpus")?,
+            capacity_pids: row.try_get("capacity_pids")?,
+            state: row.try_get("state")?,
+            lease_expires_at_ms: row.try_get("lease_expires_at_ms")?,
+            drain: row.try_get("drain")?,
+        })
+    }
+
+    pub fn is_live(&self, now: i64) -> bool {
+        self.state == "live" && self.lease_expires_at_ms > now
+    }
+}
+
+/// The runner as this transaction sees it.
+pub async fn load(tx: &mut WriteTx, id: &str) -> Result<Option<RunnerRow>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "SELECT {RUNNER_COLUMNS} FROM runners WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *tx.tx)
+    .await?;
+    row.as_ref().map(RunnerRow::from_row).transpose()
+}
+
+pub async fn all_runners(tx: &mut WriteTx) -> Result<Vec<RunnerRow>, sqlx::Error> {
+    let rows = sqlx::query(&format!(
+        "SELECT {RUNNER_COLUMNS} FROM runners WHERE state <> 'retired' ORDER BY id"
+    ))
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    rows.iter().map(RunnerRow::from_row).collect()
+}
+
+/// Registers a runner, live until `lease_until_ms`: the one it names keeps
+/// its id (a restart), else it is recorded as `new_id`. Returns the id.
+pub async fn register(
+    tx: &mut WriteTx,
+    request: &RegisterRequest,
+    lease_until_ms: i64,
+    new_id: String,
+) -> Result<String, sqlx::Error> {
+    let labels = serde_json::to_string(&request.labels).unwrap_or_default();
+    let capabilities = serde_json::to_string(&request.capabilities).unwrap_or_default();
+    let capacity = &request.capacity;
+    let millicpus = (capacity.cpus * 1000.0).round() as i64;
+    let known = match &request.runner_id {
+        Some(id) => load(tx, id).await?.map(|runner| runner.id),
+        None => None,
+    };
+    if let Some(id) = known {
+        sqlx::query(
+            "UPDATE runners SET name = $1, placement_class = $2, labels = $3, capabilities = $4, capacity_sandboxes = $5, capacity_memory_mib = $6, capacity_millicpus = $7, capacity_pids = $8, state = 'live', lease_expires_at_ms = $9 WHERE id = $10",
+        )
+        .bind(&request.name)
+        .bind(&request.placement_class)
+        .bind(&labels)
+        .bind(&capabilities)
+        .bind(capacity.sandboxes as i64)
+        .bind(capacity.memory_mib as i64)
+        .bind(millicpus)
+        .bind(capacity.pids as i64)
+        .bind(lease_until_ms)
+        .bind(&id)
+        .execute(&mut *tx.tx)
+        .await?;
+        return Ok(id);
+    }
+    let id = new_id;
+    sqlx::query(
+        "INSERT INTO runners (id, name, placement_class, labels, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms, registered_at_ms, placements)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'live', $10, $11, 0)",
+    )
+    .bind(&id)
+    .bind(&request.name)
+    .bind(&request.placement_class)
+    .bind(&labels)
+    .bind(&capabilities)
+    .bind(capacity.sandboxes as i64)
+    .bind(capacity.memory_mib as i64)
+    .bind(millicpus)
+    .bind(capacity.pids as i64)
+    .bind(lease_until_ms)
+    .bind(now_ms())
+    .execute(&mut *tx.tx)
+    .await?;
+    Ok(id)
+}
+
+/// Extends a live runner's lease. False once the lease watcher has
+/// declared it lost: an expired lease stays expired.
+pub async fn renew_lease(tx: &mut WriteTx, id: &str, until_ms: i64) -> Result<bool, sqlx::Error> {
+    let renewed =
+        sqlx::query("UPDATE runners SET lease_expires_at_ms = $1 WHERE id = $2 AND state = 'live'")
+            .bind(until_ms)
+            .bind(id)
+            .execute(&mut *tx.tx)
+            .await?;
+    Ok(renewed.rows_affected() > 0)
+}
+
+/// Declares a live runner whose lease ended before `cutoff_ms` lost.
+/// False if it renewed meanwhile (or was already lost).
+pub async fn mark_lost(tx: &mut WriteTx, id: &str, cutoff_ms: i64) -> Result<bool, sqlx::Error> {
+    let lost = sqlx::query(
+        "UPDATE runners SET state = 'lost' WHERE id = $1 AND state = 'live' AND lease_expires_at_ms < $2",
+    )
+    .bind(id)
+    .bind(cutoff_ms)
+    .execute(&mut *tx.tx)
+    .await?;
+    Ok(lost.rows_affected() > 0)
+}
+
+/// Sets (`drain`, `preempt`) or clears the runner's drain, waking it.
+pub async fn set_drain(tx: &mut WriteTx, id: &str, drain: Option<&str>) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE runners SET drain = $1 WHERE id = $2")
+        .bind(drain)
+        .bind(id)
+        .execute(&mut *tx.tx)
+        .await?;
+    Ok(())
+}
+
+const RECORD_QUERY: &str = "SELECT r.id, r.name, r.placement_class, r.state, r.lease_expires_at_ms, r.registered_at_ms, r.drain, r.capabilities, r.labels,
+     (SELECT COUNT(*) FROM sandboxes s WHERE s.runner_id = r.id AND s.state <> 'deleted') AS sandboxes
+     FROM runners r";
+
+fn record_of(row: &AnyRow) -> Result<RunnerRecord, sqlx::Error> {
+    let capabilities: String = row.try_get("capabilities")?;
+    let labels: String = row.try_get("labels")?;
+    Ok(RunnerRecord {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        placement_class: row.try_get("placement_class")?,
+        state: row.try_get("state")?,
+        lease_expires_at: rfc3339(row.try_get("lease_expires_at_ms")?),
+        registered_at: rfc3339(row.try_get("registered_at_ms")?),
+        drain: row.try_get("drain")?,
+        sandboxes: row.try_get::<i64, _>("sandboxes")?.max(0) as u64,
+        capabilities: serde_json::from_str(&capabilities).unwrap_or_default(),
+        labels: json_map(&labels),
+    })
+}
+
+/// The runner as an administrator sees it.
+pub async fn record(tx: &mut WriteTx, id: &str) -> Result<Option<RunnerRecord>, sqlx::Error> {
+    let row = sqlx::query(&format!("{RECORD_QUERY} WHERE r.id = $1"))
+        .bind(id)
+        .fetch_optional(&mut *tx.tx)
+        .await?;
+    row.as_ref().map(record_of).transpose()
+}
+
+/// Every runner not retired, as an administrator sees it.
+pub async fn records(pool: &AnyPool) -> Result<Vec<RunnerRecord>, sqlx::Error> {
+    let rows = sqlx::query(&format!(
+        "{RECORD_QUERY} WHERE r.state <> 'retired' ORDER BY r.id"
+    ))
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(record_of).collect()
+}
