@@ -179,7 +179,10 @@ impl CommandJob {
                 });
             }
         };
-        self.shared.failpoint("runner:after_command_launch");
+        self.shared
+            .config
+            .failpoint
+            .hit("runner:after_command_launch");
         let signaller = execution.signaller();
         let delivered: Mutex<Vec<Signal>> = Mutex::new(Vec::new());
         let mut uploader = Uploader::new(self, spool.clone());

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use api::blocks::RemoteBackend;
 use api::client::Client;
+use api::failpoint::Failpoints;
 use api::runners::{SandboxAssignment, SaveReport, SnapshotReport, WakeReport};
 use store::excludes::Excludes;
 use store::index::KeyRule;
@@ -66,20 +67,11 @@ pub(crate) struct Homes {
     state: PathBuf,
     cache: PathBuf,
     excludes: Excludes,
-    /// Tests only: `runner:save_before_upload`, `runner:save_mid_upload`,
-    /// `runner:save_before_commit`, `runner:save_after_commit` kill the
-    /// runner at that point of a running save (as a crash would).
-    failpoint: Option<String>,
-}
-
-/// Kills this process (as `kill -9` would) when `name` is the armed
-/// failpoint.
-fn failpoint(armed: &Option<String>, name: &str) {
-    if armed.as_deref() == Some(name) {
-        tracing::error!(failpoint = name, "failpoint reached; killing this runner");
-        let _ =
-            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
-    }
+    /// Crash-safety tests only: `runner:save_before_upload`,
+    /// `runner:save_mid_upload`, `runner:save_before_commit`,
+    /// `runner:save_after_commit` kill the runner at that point of a
+    /// running save (as a crash would).
+    failpoint: Failpoints,
 }
 
 /// An upload's bytes still to send (for the record's `save.bytes_pending`)
@@ -87,7 +79,7 @@ fn failpoint(armed: &Option<String>, name: &str) {
 /// upload is done (the first object sent).
 struct UploadProgress {
     pending: Arc<AtomicU64>,
-    failpoint: Option<String>,
+    failpoint: Failpoints,
 }
 
 impl store::progress::Progress for UploadProgress {
@@ -104,7 +96,7 @@ impl store::progress::Progress for UploadProgress {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
                 Some(p.saturating_sub(bytes))
             });
-        failpoint(&self.failpoint, "runner:save_mid_upload");
+        self.failpoint.hit("runner:save_mid_upload");
     }
 }
 
@@ -129,11 +121,7 @@ async fn blocking<T: Send + 'static>(
 impl Homes {
     /// `image_bytes`: the size of the btrfs image made for the homes when
     /// the data dir is not on btrfs (sparse: it costs what homes use).
-    pub(crate) fn open(
-        data_root: &Path,
-        image_bytes: u64,
-        failpoint: Option<String>,
-    ) -> Result<Homes> {
+    pub(crate) fn open(data_root: &Path, image_bytes: u64, failpoint: Failpoints) -> Result<Homes> {
         let volumes = HomeVolumes::open(
             &data_root.join("volumes"),
             Some(&data_root.join("homes.btrfs")),
@@ -442,7 +430,7 @@ impl Homes {
         }
         let captured_at = SystemTime::now();
         let snapshot = self.volumes.snapshot(&id, &name)?;
-        failpoint(&self.failpoint, "runner:save_before_upload");
+        self.failpoint.hit("runner:save_before_upload");
         let result = async {
             let report = self
                 .upload(
@@ -456,7 +444,7 @@ impl Homes {
             let root = report
                 .root
                 .ok_or_else(|| Error::Invalid("the upload gave no root".to_owned()))?;
-            failpoint(&self.failpoint, "runner:save_before_commit");
+            self.failpoint.hit("runner:save_before_commit");
             Self::commit(
                 client,
                 sandbox,
@@ -467,7 +455,7 @@ impl Homes {
                 report.bytes_uploaded,
             )
             .await?;
-            failpoint(&self.failpoint, "runner:save_after_commit");
+            self.failpoint.hit("runner:save_after_commit");
             tracing::info!(
                 sandbox_id = %id,
                 %root,

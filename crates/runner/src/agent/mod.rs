@@ -74,6 +74,7 @@ use std::time::Duration;
 
 use api::ErrorCode;
 use api::client::{Client, ClientError};
+use api::failpoint::Failpoints;
 use api::runners::{Assignments, Capacity, CommandAssignment, PreemptRequest, RegisterRequest};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -172,9 +173,9 @@ pub struct AgentConfig {
     /// Size of the btrfs image that holds homes when the data dir is not
     /// on btrfs (sparse: it costs what the homes use).
     pub homes_image_bytes: u64,
-    /// Tests only: a named point at which the agent kills itself with
-    /// SIGKILL (`ROOST_FAILPOINT`), e.g. `runner:after_command_launch`.
-    pub failpoint: Option<String>,
+    /// Crash-safety tests only: the fault point at which the agent kills
+    /// itself (`ROOST_FAILPOINT`), e.g. `runner:after_command_launch`.
+    pub failpoint: Failpoints,
 }
 
 impl AgentConfig {
@@ -195,7 +196,7 @@ impl AgentConfig {
             stop_grace: Duration::from_secs(10),
             command_kill_grace: Duration::from_secs(10),
             homes_image_bytes: 256 << 30,
-            failpoint: None,
+            failpoint: Failpoints::none(),
         }
     }
 }
@@ -276,17 +277,6 @@ impl Shared {
         match self.runner_id.lock() {
             Ok(mut current) => *current = id.to_owned(),
             Err(poisoned) => *poisoned.into_inner() = id.to_owned(),
-        }
-    }
-
-    /// Tests only: dies here, as `kill -9` would, when told to.
-    pub(crate) fn failpoint(&self, name: &str) {
-        if self.config.failpoint.as_deref() == Some(name) {
-            tracing::error!(failpoint = name, "failpoint reached; killing this runner");
-            let _ = rustix::process::kill_process(
-                rustix::process::getpid(),
-                rustix::process::Signal::KILL,
-            );
         }
     }
 

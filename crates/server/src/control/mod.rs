@@ -26,14 +26,3 @@ pub struct AppState {
     pub config: Arc<crate::Config>,
     pub metrics: Arc<Metrics>,
 }
-
-impl AppState {
-    /// Fault injection for tests of crash safety: `ROOST_FAILPOINT=NAME`
-    /// makes the process abort (as kill -9 would) when it reaches `NAME`.
-    pub fn failpoint(&self, name: &str) {
-        if self.config.failpoint.as_deref() == Some(name) {
-            tracing::error!(failpoint = name, "failpoint reached; aborting");
-            std::process::abort();
-        }
-    }
-}

@@ -346,7 +346,7 @@ pub async fn create(
             .ok_or_else(|| ControlError::new(ErrorCode::Internal, "idempotency key vanished"));
     }
     tx.commit().await?;
-    state.failpoint("after_commit:create_sandbox");
+    state.config.failpoint.hit("after_commit:create_sandbox");
     tracing::info!(sandbox_id = %id, %org_id, state = %record.state, "sandbox created");
     Ok((StatusCode::CREATED, axum::Json(record)).into_response())
 }
