@@ -12,7 +12,8 @@
 //!   directory, or an overlay over an imported image).
 //! - [`runtime`]: [`Runtime`] (which binary, `--root`, the cgroup layout) and
 //!   [`Sandbox`] (create, start, state, kill, pause, resume, stop, delete,
-//!   observing a death and its cause).
+//!   observing a death and its cause), and the traits the agent holds them
+//!   by, [`ContainerRuntime`] and [`Container`] (its tests fake them).
 //! - [`exec`]: commands: output streamed while they run, timeout, signals,
 //!   one [`Outcome`] each.
 //! - [`network`]: `bridge` networking (a runner bridge, a veth per sandbox,
@@ -75,6 +76,8 @@ pub use exec::{CommandEnd, CommandSpec, Execution, Outcome, Signaller, Stream};
 pub use init::InitEnd;
 pub use network::{BridgeConfig, BridgeNetwork, Ipv4Subnet, Lease};
 pub use runtime::log::LaunchFailure;
-pub use runtime::{Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind, Sandbox};
+pub use runtime::{
+    Container, ContainerRuntime, Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind, Sandbox,
+};
 pub use signal::Signal;
 pub use state::{CgroupCounters, DeathCause, Observation, RuntimeState, Status};

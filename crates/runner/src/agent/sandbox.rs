@@ -23,7 +23,8 @@ use super::homes::{Homes, SaveFailure};
 use super::{Backoff, Refusal, Shared, refusal};
 use oci::Error;
 use oci::config::{Limits, Network, RootImage, SandboxConfig, SandboxId};
-use oci::{DeathCause, Observation, Sandbox};
+use oci::runtime::Container;
+use oci::{DeathCause, Observation};
 
 /// A pass runs at least this often, to catch what no event announced.
 const RESYNC_SECONDS: u64 = 10;
@@ -221,7 +222,7 @@ impl Drop for CommandTask {
 struct Worker {
     shared: Arc<Shared>,
     id: SandboxId,
-    handle: Sandbox,
+    handle: Arc<dyn Container>,
     home: PathBuf,
     files: CommandFiles,
     /// Fires when the running container's init dies.
@@ -263,7 +264,7 @@ pub(crate) async fn run(
         }
     };
     let mut worker = Worker {
-        handle: shared.runtime.sandbox(id.clone(), paths),
+        handle: shared.runtime.container(id.clone(), paths),
         home: shared
             .homes
             .path(id.as_str())
@@ -349,7 +350,7 @@ pub(crate) async fn run(
             () = watcher => {
                 worker.watcher = None;
             }
-            () = tokio::time::sleep(pause) => {}
+            () = worker.shared.clock.sleep(pause) => {}
         }
     }
 }
@@ -455,11 +456,11 @@ impl Worker {
         let task = tokio::spawn(async move {
             let interval = Duration::from_secs(interval.max(1));
             loop {
-                tokio::time::sleep(interval).await;
+                shared.clock.sleep(interval).await;
                 let runner_id = shared.runner_id();
                 match shared
                     .homes
-                    .save_running(&shared.client, &sandbox, &runner_id)
+                    .save_running(&shared.control, &sandbox, &runner_id)
                     .await
                 {
                     Ok(_) => {}
@@ -470,7 +471,7 @@ impl Worker {
                     Err(SaveFailure::Failed(error)) => {
                         tracing::warn!(sandbox_id = %id, %error, "save failed; trying again next interval");
                         let reported =
-                            Homes::report_failure(&shared.client, &sandbox, &runner_id, &error)
+                            Homes::report_failure(&shared.control, &sandbox, &runner_id, &error)
                                 .await;
                         if let Err(SaveFailure::Fenced(_)) = reported {
                             return;
@@ -510,7 +511,7 @@ impl Worker {
                 let runner_id = shared.runner_id();
                 if let Err(err) = shared
                     .homes
-                    .snapshot(&shared.client, &sandbox, &runner_id, &snapshot_id, running)
+                    .snapshot(&shared.control, &sandbox, &runner_id, &snapshot_id, running)
                     .await
                 {
                     tracing::warn!(sandbox_id = %id, %snapshot_id, ?err, "snapshot did not complete");
@@ -598,7 +599,7 @@ impl Worker {
         };
         match self
             .shared
-            .client
+            .control
             .runner_report_sandbox(self.id.as_str(), &report)
             .await
         {
@@ -676,7 +677,7 @@ impl Worker {
             Some(root) => match self
                 .shared
                 .images
-                .materialised(&self.shared.client, &sandbox.org_id, root)
+                .materialised(&*self.shared.control, &sandbox.org_id, root)
                 .await
             {
                 Ok(dir) => RootImage::Tree(dir),
@@ -712,7 +713,7 @@ impl Worker {
         match self
             .shared
             .homes
-            .prepare(&self.shared.client, sandbox)
+            .prepare(&self.shared.control, sandbox)
             .await
         {
             Ok((home, wake)) => {
@@ -799,12 +800,13 @@ impl Worker {
         }
         let handle = self.handle.clone();
         let id = self.id.clone();
+        let clock = self.shared.clock.clone();
         self.watcher = Some(tokio::spawn(async move {
             if let Err(err) = handle.wait_for_exit().await {
                 // The pass this wakes looks again; not at once, so a
                 // runtime that keeps failing is not asked in a tight loop.
                 tracing::debug!(sandbox_id = %id, %err, "watching the init failed");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                clock.sleep(Duration::from_secs(1)).await;
             }
         }));
     }
@@ -909,7 +911,7 @@ impl Worker {
         match self
             .shared
             .homes
-            .secure(&self.shared.client, sandbox, &runner_id)
+            .secure(&self.shared.control, sandbox, &runner_id)
             .await
         {
             Ok(()) => Ok(()),
@@ -917,7 +919,7 @@ impl Worker {
             Err(SaveFailure::Failed(error)) => {
                 tracing::warn!(sandbox_id = %self.id, %error, "securing the home failed; the home stays and securing is tried again");
                 if let Err(SaveFailure::Fenced(message)) =
-                    Homes::report_failure(&self.shared.client, sandbox, &runner_id, &error).await
+                    Homes::report_failure(&self.shared.control, sandbox, &runner_id, &error).await
                 {
                     return Err(Step::Refused(Refusal::Fenced(message)));
                 }
