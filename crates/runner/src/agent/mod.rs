@@ -64,10 +64,14 @@ pub mod host;
 mod clock;
 mod command;
 mod control;
+#[cfg(test)]
+mod fake_tests;
 mod fence;
 mod homes;
 mod images;
 mod sandbox;
+#[cfg(test)]
+mod testing;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

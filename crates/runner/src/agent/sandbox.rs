@@ -449,37 +449,12 @@ impl Worker {
             return;
         }
         self.stop_saving();
-        let shared = self.shared.clone();
         let epoch = sandbox.epoch;
-        let sandbox = sandbox.clone();
-        let id = self.id.clone();
-        let task = tokio::spawn(async move {
-            let interval = Duration::from_secs(interval.max(1));
-            loop {
-                shared.clock.sleep(interval).await;
-                let runner_id = shared.runner_id();
-                match shared
-                    .homes
-                    .save_running(&shared.control, &sandbox, &runner_id)
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(SaveFailure::Fenced(message)) => {
-                        tracing::info!(sandbox_id = %id, %message, "saves stop: fenced");
-                        return;
-                    }
-                    Err(SaveFailure::Failed(error)) => {
-                        tracing::warn!(sandbox_id = %id, %error, "save failed; trying again next interval");
-                        let reported =
-                            Homes::report_failure(&shared.control, &sandbox, &runner_id, &error)
-                                .await;
-                        if let Err(SaveFailure::Fenced(_)) = reported {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
+        let task = tokio::spawn(save_on_schedule(
+            self.shared.clone(),
+            sandbox.clone(),
+            Duration::from_secs(interval.max(1)),
+        ));
         self.saver = Some((epoch, task));
     }
 
@@ -1056,6 +1031,41 @@ impl Worker {
             }
             if let Err(err) = self.files.forget(&id) {
                 tracing::warn!(sandbox_id = %self.id, command_id = %id, %err, "cannot remove command records");
+            }
+        }
+    }
+}
+
+/// A running durable home's saves: every `interval` (on the agent's
+/// clock), a snapshot uploaded and committed. A failed save is reported
+/// (the record's save status says `failing`) and tried again next
+/// interval; a fenced answer ends the schedule.
+pub(crate) async fn save_on_schedule(
+    shared: Arc<Shared>,
+    sandbox: SandboxAssignment,
+    interval: Duration,
+) {
+    let id = &sandbox.sandbox_id;
+    loop {
+        shared.clock.sleep(interval).await;
+        let runner_id = shared.runner_id();
+        match shared
+            .homes
+            .save_running(&shared.control, &sandbox, &runner_id)
+            .await
+        {
+            Ok(_) => {}
+            Err(SaveFailure::Fenced(message)) => {
+                tracing::info!(sandbox_id = %id, %message, "saves stop: fenced");
+                return;
+            }
+            Err(SaveFailure::Failed(error)) => {
+                tracing::warn!(sandbox_id = %id, %error, "save failed; trying again next interval");
+                let reported =
+                    Homes::report_failure(&shared.control, &sandbox, &runner_id, &error).await;
+                if let Err(SaveFailure::Fenced(_)) = reported {
+                    return;
+                }
             }
         }
     }
