@@ -13,7 +13,7 @@
 //! naming it, and crun on a hybrid host fails at create with crun's own
 //! message. The runner bridge a runtime owns is [`bridge`]'s; what the
 //! runtime's log says, [`log`]'s. The traits the agent holds the driver by
-//! (so its tests can put a fake in its place) are [`seam`]'s.
+//! (so its tests can put a fake in its place) are [`crate::seam`]'s.
 //!
 //! # Cgroups
 //!
@@ -57,12 +57,10 @@ use crate::{rootfs, spec};
 
 mod bridge;
 pub mod log;
-pub mod seam;
 pub mod select;
 
 use bridge::OwnedBridge;
 use log::{runtime_errors, tail};
-pub use seam::{BoxFuture, Container, ContainerRuntime, RunningCommand};
 pub use select::{RuntimeChoice, RuntimeKind, select};
 
 /// How to set up a [`Runtime`].

@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use oci::runtime::BoxFuture;
+use oci::seam::BoxFuture;
 use tokio::time::Instant;
 
 /// Now, and waiting.

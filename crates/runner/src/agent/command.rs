@@ -30,7 +30,7 @@ use super::{Refusal, Shared};
 use oci::Error;
 use oci::LaunchFailure;
 use oci::exec::{CommandSpec, Outcome, Stream};
-use oci::runtime::Container;
+use oci::seam::Container;
 use oci::signal::Signal;
 
 /// Largest output chunk one upload carries (the server takes bodies up to

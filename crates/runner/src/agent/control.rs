@@ -18,7 +18,7 @@ use api::runners::{
     Assignments, CommandReport, HeartbeatRequest, PreemptRequest, RegisterRequest,
     RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SnapshotReport,
 };
-use oci::runtime::BoxFuture;
+use oci::seam::BoxFuture;
 
 /// A call's answer.
 pub(crate) type Answer<'a, T> = BoxFuture<'a, Result<T, ClientError>>;

@@ -50,7 +50,7 @@ use super::clock::{self, Clock};
 use oci::Status;
 use oci::config::SandboxId;
 use oci::host::write_durably;
-use oci::runtime::Container;
+use oci::seam::Container;
 use oci::signal::Signal;
 
 /// How often the fence looks at the time since the last renewal.

@@ -18,6 +18,12 @@
 //!   server by offset, its end mapped to the server's command states.
 //! - [`dirs`]: the data directory. [`host`]: default capacity.
 //!
+//! The agent holds its outside parties behind seams in `Shared`: the
+//! runtime (`oci::ContainerRuntime`), the server (`control::ControlPlane`)
+//! and time (`clock::Clock`). `run` puts the real ones there (runc or
+//! crun, `api::client::Client`, tokio's time); the unit tests put the
+//! fakes of `testing` (see `fake_tests`).
+//!
 //! # Restarts lose nothing reported
 //!
 //! Containers do not belong to the agent's process: they keep running when
@@ -88,7 +94,8 @@ use clock::{Clock, TokioClock};
 use control::ControlPlane;
 use dirs::DataDir;
 use oci::config::{InitProgram, SandboxId};
-use oci::runtime::{ContainerRuntime, Runtime, RuntimeChoice, RuntimeConfig};
+use oci::runtime::{Runtime, RuntimeChoice, RuntimeConfig};
+use oci::seam::ContainerRuntime;
 use sandbox::Assigned;
 
 /// What this runner enforces, exactly; the server places only sandboxes

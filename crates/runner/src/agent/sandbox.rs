@@ -23,7 +23,7 @@ use super::homes::{Homes, SaveFailure};
 use super::{Backoff, Refusal, Shared, refusal};
 use oci::Error;
 use oci::config::{Limits, Network, RootImage, SandboxConfig, SandboxId};
-use oci::runtime::Container;
+use oci::seam::Container;
 use oci::{DeathCause, Observation};
 
 /// A pass runs at least this often, to catch what no event announced.

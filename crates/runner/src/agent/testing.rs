@@ -28,7 +28,7 @@ use api::runners::{
 };
 use oci::config::{InitProgram, SandboxConfig, SandboxId, SandboxPaths};
 use oci::exec::{CommandEnd, CommandSpec, Outcome, Signaller, Stream};
-use oci::runtime::{BoxFuture, Container, ContainerRuntime, RunningCommand};
+use oci::seam::{BoxFuture, Container, ContainerRuntime, RunningCommand};
 use oci::signal::Signal;
 use oci::{DeathCause, Error, Observation, RuntimeState, Status};
 use tokio::sync::watch;
@@ -555,7 +555,7 @@ impl RunningCommand for FakeExec {
 
     fn wait<'a>(
         self: Box<Self>,
-        mut on_output: oci::runtime::seam::OnOutput<'a>,
+        mut on_output: oci::seam::OnOutput<'a>,
     ) -> BoxFuture<'a, oci::Result<CommandEnd>> {
         Box::pin(async move {
             for (stream, bytes) in &self.script.output {

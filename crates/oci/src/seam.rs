@@ -8,6 +8,7 @@
 //! real implementation; each method here is the driver's method of the
 //! same name, nothing more. The futures are boxed (no `async fn` in a
 //! `dyn` trait) and `Send`, as the agent runs them in spawned tasks.
+//! Nothing in the crate imports this module: it sits above the driver.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,7 +21,7 @@ use crate::exec::{CommandEnd, CommandSpec, Execution, Signaller, Stream};
 use crate::signal::Signal;
 use crate::state::{DeathCause, Observation, RuntimeState};
 
-use super::{Runtime, Sandbox};
+use crate::runtime::{Runtime, Sandbox};
 
 /// A boxed `Send` future, as the traits here return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
