@@ -6,7 +6,10 @@
 //! and its typed reason), the save schedule (a failed save is reported,
 //! every interval, until fenced) and the self-fence (heartbeats failing
 //! past `freeze_after` pause what runs, a renewal thaws exactly that, a
-//! `fenced` answer kills everything and the runner registers again).
+//! `fenced` answer kills everything and the runner registers again, a hung
+//! heartbeat times out on the clock), the assignments loop (what is
+//! assigned is launched, leftovers and what is taken away are removed)
+//! and preemption notices (retried until the server has one).
 
 use std::time::Duration;
 
@@ -26,7 +29,7 @@ use super::testing::{
     Agent, Call, ExecScript, FREEZE_AFTER_MS, HEARTBEAT_MS, Kind, LEASE_TTL_MS, Request, Scripted,
     agent, assignment, command, settle,
 };
-use super::{fence, heartbeats, register, register_request};
+use super::{assignments_loop, fence, heartbeats, notify_preemption, register, register_request};
 
 const ID: &str = "sbx_fake0001";
 
@@ -595,4 +598,109 @@ async fn a_pause_that_hangs_holds_the_fence_but_the_workers_are_already_frozen()
     assert!(agent.shared.fence.thawed().await.is_none());
     assert!(!tick.is_finished(), "the tick waits on the runtime");
     tick.abort();
+}
+
+#[tokio::test]
+async fn heartbeats_that_hang_time_out_on_the_clock_and_the_fence_still_freezes() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add("sbx_a", Status::Running);
+    let _beats = registered(&agent).await;
+    agent.control.answer(Kind::Heartbeat, Scripted::Hangs);
+    fence_until(&agent, ms(7_100)).await;
+    // Registered at 0 and no beat answered since: frozen at freeze_after.
+    assert_eq!(
+        agent.runtime.times_of(|c| matches!(c, Call::Pause(_))),
+        [ms(FREEZE_AFTER_MS)]
+    );
+    // The beat sent at 3 s gave up after an interval; the next went at 7 s.
+    let beats = agent
+        .control
+        .requests()
+        .into_iter()
+        .filter(|r| *r == Request::Heartbeat)
+        .count();
+    assert_eq!(
+        beats, 2,
+        "a hung beat holds the next one up only an interval"
+    );
+}
+
+/// The assignments loop as `run` drives it, with the fake's long-poll.
+fn assignments(agent: &Agent) -> JoinHandle<()> {
+    let shared = agent.shared.clone();
+    tokio::spawn(async move {
+        let registration = tokio::sync::Mutex::new(());
+        let mut workers = std::collections::HashMap::new();
+        let _ = assignments_loop(&shared, &registration, &mut workers).await;
+    })
+}
+
+#[tokio::test]
+async fn the_first_assignments_launch_what_is_assigned_and_remove_leftovers() {
+    let agent = agent(Failpoints::none());
+    // Left by an earlier run, no longer assigned here.
+    agent.runtime.add("sbx_old", Status::Running);
+    agent.control.assign(
+        vec![assignment(
+            ID,
+            1,
+            DesiredState::Running,
+            SandboxState::Starting,
+        )],
+        Vec::new(),
+    );
+    let _loop = assignments(&agent);
+    agent
+        .runtime
+        .wait_until("the launch and the removal", |calls| {
+            calls.contains(&Call::Launch(ID.to_owned()))
+                && calls.contains(&Call::RemoveFiles("sbx_old".to_owned()))
+        })
+        .await;
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    assert!(
+        agent
+            .control
+            .requests()
+            .iter()
+            .all(|r| !matches!(r, Request::Sandbox(id, _) if id == "sbx_old")),
+        "nothing is reported for what is not assigned"
+    );
+    // No longer assigned (taken away): its worker removes it.
+    agent.control.assign(Vec::new(), Vec::new());
+    agent
+        .runtime
+        .wait_until("the removal", |calls| {
+            calls.contains(&Call::RemoveFiles(ID.to_owned()))
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn a_preemption_notice_is_passed_on_retrying_what_fails_transiently() {
+    let agent = agent(Failpoints::none());
+    agent
+        .control
+        .answer_next(Kind::Preempt, Scripted::Unreachable);
+    agent
+        .control
+        .answer_next(Kind::Preempt, Scripted::Unreachable);
+    let shared = agent.shared.clone();
+    let notice = tokio::spawn(async move { notify_preemption(&shared).await });
+    settle().await;
+    let preempts = |agent: &Agent| {
+        agent
+            .control
+            .requests()
+            .into_iter()
+            .filter(|r| *r == Request::Preempt)
+            .count()
+    };
+    assert_eq!(preempts(&agent), 1, "no retry before the pause");
+    agent.clock.run_for(ms(1_000), ms(50)).await;
+    assert_eq!(preempts(&agent), 3, "retried until the server had it");
+    assert!(notice.is_finished());
 }

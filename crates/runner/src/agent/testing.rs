@@ -3,7 +3,7 @@
 //! told that the next launch fails, that a container dies, that pause
 //! fails or hangs, what an exec prints and how it ends), [`FakeControl`]
 //! (records every request, answers from a script: ok, unreachable,
-//! fenced, refused) and [`ManualClock`] (time moves only when a test moves
+//! fenced, refused, never; long-polls assignments a test hands it) and [`ManualClock`] (time moves only when a test moves
 //! it). [`agent`] builds the agent's `Shared` over them and a temporary
 //! data dir: the data dir, homes and command records are the real ones.
 //!
@@ -579,6 +579,7 @@ pub(crate) enum Request {
     Register(RegisterRequest),
     Heartbeat,
     Preempt,
+    Assignments,
     Sandbox(String, SandboxReport),
     Command(String, CommandReport),
     Output(String, OutputStream, u64, Vec<u8>),
@@ -592,6 +593,7 @@ pub(crate) enum Kind {
     Register,
     Heartbeat,
     Preempt,
+    Assignments,
     Sandbox,
     Command,
     Output,
@@ -609,6 +611,8 @@ pub(crate) enum Scripted {
     Fenced,
     /// 409 `invalid_state` (permanent).
     Refused,
+    /// No answer ever (a dead link after a partition).
+    Hangs,
 }
 
 impl Scripted {
@@ -620,7 +624,7 @@ impl Scripted {
             request_id: "req_fake".to_owned(),
         };
         match self {
-            Scripted::Ok => None,
+            Scripted::Ok | Scripted::Hangs => None,
             Scripted::Unreachable => Some(ClientError::Unreachable {
                 url: "http://fake".to_owned(),
                 message: "connection refused (scripted)".to_owned(),
@@ -645,6 +649,9 @@ pub(crate) struct FakeControl {
     inner: Mutex<ControlInner>,
     version: watch::Sender<u64>,
     clock: Arc<ManualClock>,
+    /// What the assignments long-poll answers (etag `""` at first: a poll
+    /// waits until [`FakeControl::assign`]).
+    assignments: watch::Sender<Assignments>,
 }
 
 /// What registration answers: a 9 s lease, beats every 3 s, freeze 6 s
@@ -659,6 +666,12 @@ impl FakeControl {
             inner: Mutex::new(ControlInner::default()),
             version: watch::channel(0).0,
             clock,
+            assignments: watch::channel(Assignments {
+                etag: String::new(),
+                sandboxes: Vec::new(),
+                commands: Vec::new(),
+            })
+            .0,
         })
     }
 
@@ -714,7 +727,7 @@ impl FakeControl {
     }
 
     /// Records `request` and answers as scripted for `kind`.
-    fn call(&self, kind: Kind, request: Request) -> Result<(), ClientError> {
+    async fn call(&self, kind: Kind, request: Request) -> Result<(), ClientError> {
         let answer = {
             let mut inner = lock(&self.inner);
             inner.requests.push((self.clock.elapsed(), request));
@@ -723,17 +736,38 @@ impl FakeControl {
                 .unwrap_or(Scripted::Ok)
         };
         self.version.send_modify(|v| *v += 1);
+        if answer == Scripted::Hangs {
+            std::future::pending::<()>().await;
+        }
         match answer.error() {
             Some(err) => Err(err),
             None => Ok(()),
         }
+    }
+
+    /// Hands the runner `sandboxes` and `commands` as its assignments
+    /// (a new etag: a waiting long-poll answers at once).
+    pub(crate) fn assign(
+        &self,
+        sandboxes: Vec<SandboxAssignment>,
+        commands: Vec<CommandAssignment>,
+    ) {
+        self.assignments.send_modify(|current| {
+            let etag = current.etag.parse::<u64>().unwrap_or(0) + 1;
+            *current = Assignments {
+                etag: etag.to_string(),
+                sandboxes,
+                commands,
+            };
+        });
     }
 }
 
 impl ControlPlane for FakeControl {
     fn runner_register<'a>(&'a self, request: &'a RegisterRequest) -> Answer<'a, RegisterResponse> {
         Box::pin(async move {
-            self.call(Kind::Register, Request::Register(request.clone()))?;
+            self.call(Kind::Register, Request::Register(request.clone()))
+                .await?;
             Ok(RegisterResponse {
                 runner_id: "rnr_fake".to_owned(),
                 lease_ttl_ms: LEASE_TTL_MS,
@@ -744,12 +778,12 @@ impl ControlPlane for FakeControl {
     }
 
     fn runner_heartbeat<'a>(&'a self, _request: &'a HeartbeatRequest) -> Answer<'a, ()> {
-        Box::pin(async move { self.call(Kind::Heartbeat, Request::Heartbeat) })
+        Box::pin(async move { self.call(Kind::Heartbeat, Request::Heartbeat).await })
     }
 
     fn runner_preempt<'a>(&'a self, request: &'a PreemptRequest) -> Answer<'a, RunnerRecord> {
         Box::pin(async move {
-            self.call(Kind::Preempt, Request::Preempt)?;
+            self.call(Kind::Preempt, Request::Preempt).await?;
             Ok(RunnerRecord {
                 id: request.runner_id.clone(),
                 name: "fake".to_owned(),
@@ -765,14 +799,34 @@ impl ControlPlane for FakeControl {
         })
     }
 
-    /// Never answers: the tests hand workers their assignments directly.
+    /// Answers at once when the assignments differ from `etag`, else when
+    /// they change or `wait_s` has passed on the clock.
     fn runner_assignments<'a>(
         &'a self,
         _runner_id: &'a str,
-        _etag: &'a str,
-        _wait_s: u64,
+        etag: &'a str,
+        wait_s: u64,
     ) -> Answer<'a, Assignments> {
-        Box::pin(std::future::pending())
+        Box::pin(async move {
+            self.call(Kind::Assignments, Request::Assignments).await?;
+            let mut current = self.assignments.subscribe();
+            let mut waited = self.clock.sleep(Duration::from_secs(wait_s));
+            loop {
+                if current.borrow_and_update().etag != etag {
+                    break;
+                }
+                tokio::select! {
+                    changed = current.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                    }
+                    () = &mut waited => break,
+                }
+            }
+            let answer = current.borrow().clone();
+            Ok(answer)
+        })
     }
 
     fn runner_report_sandbox<'a>(
@@ -785,6 +839,7 @@ impl ControlPlane for FakeControl {
                 Kind::Sandbox,
                 Request::Sandbox(sandbox_id.to_owned(), report.clone()),
             )
+            .await
         })
     }
 
@@ -798,6 +853,7 @@ impl ControlPlane for FakeControl {
                 Kind::Command,
                 Request::Command(command_id.to_owned(), report.clone()),
             )
+            .await
         })
     }
 
@@ -814,7 +870,8 @@ impl ControlPlane for FakeControl {
             self.call(
                 Kind::Output,
                 Request::Output(command_id.to_owned(), stream, offset, data),
-            )?;
+            )
+            .await?;
             Ok(end)
         })
     }
@@ -829,6 +886,7 @@ impl ControlPlane for FakeControl {
                 Kind::Save,
                 Request::Save(sandbox_id.to_owned(), report.clone()),
             )
+            .await
         })
     }
 
@@ -842,6 +900,7 @@ impl ControlPlane for FakeControl {
                 Kind::Snapshot,
                 Request::Snapshot(snapshot_id.to_owned(), report.clone()),
             )
+            .await
         })
     }
 
