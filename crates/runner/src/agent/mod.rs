@@ -12,7 +12,8 @@
 //!   compares the desired state with what the runtime is observed doing and
 //!   acts (launch, stop keeping the home, start, terminate, delete), then
 //!   reports the observed state with the placement's epoch. It also watches
-//!   a running container for out-of-band death.
+//!   a running container for out-of-band death. `assignment` translates an
+//!   assignment into the container's config (or why it cannot run here).
 //! - `command`: one task per command: launched at most once (a marker is
 //!   fsynced in the data dir first), output spooled and streamed to the
 //!   server by offset, its end mapped to the server's command states.
@@ -67,6 +68,7 @@
 pub mod dirs;
 pub mod host;
 
+mod assignment;
 mod clock;
 mod command;
 mod control;

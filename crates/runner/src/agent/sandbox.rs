@@ -17,12 +17,13 @@ use api::runners::{CommandAssignment, SandboxAssignment, SandboxReport, WakeRepo
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::assignment;
 use super::command::{self, CommandJob};
 use super::dirs::CommandFiles;
 use super::homes::{Homes, SaveFailure};
 use super::{Backoff, Refusal, Shared, refusal};
 use oci::Error;
-use oci::config::{Limits, Network, RootImage, SandboxConfig, SandboxId};
+use oci::config::{RootImage, SandboxId};
 use oci::seam::Container;
 use oci::{DeathCause, Observation};
 
@@ -596,56 +597,6 @@ impl Worker {
         }
     }
 
-    fn config(
-        &self,
-        sandbox: &SandboxAssignment,
-        image: RootImage,
-    ) -> Result<SandboxConfig, Unrunnable> {
-        if sandbox.image_root.is_none() && sandbox.image != "default" {
-            return Err(Unrunnable::new(
-                "image_unavailable",
-                format!(
-                    "image {:?} is not available on this runner (it runs only the default image)",
-                    sandbox.image
-                ),
-            ));
-        }
-        let durable_here =
-            sandbox.storage_class == StorageClass::Durable && self.shared.homes.can_snapshot();
-        if sandbox.storage_class != StorageClass::Standard && !durable_here {
-            return Err(Unrunnable::new(
-                "storage_unavailable",
-                format!(
-                    "storage class {:?} is not available on this runner",
-                    sandbox.storage_class
-                ),
-            ));
-        }
-        let network = match sandbox.network {
-            api::Network::None => Network::None,
-            api::Network::Bridge => Network::Bridge,
-        };
-        let mut config = SandboxConfig::new(
-            self.id.clone(),
-            self.handle.paths().clone(),
-            self.home.clone(),
-            self.shared.config.init.clone(),
-        );
-        config.image = image;
-        config.env = sandbox.env.clone();
-        config.network = network;
-        let resources = &sandbox.resources;
-        config.limits = Limits {
-            memory_bytes: resources.memory_mib.map(|mib| mib.saturating_mul(1 << 20)),
-            cpus: resources.cpus,
-            pids: resources.pids,
-        };
-        // The runner's own files are no business of a sandbox, wherever
-        // the data dir is.
-        config.masked_paths = vec![self.shared.data.root().display().to_string()];
-        Ok(config)
-    }
-
     async fn launch(&mut self, sandbox: &SandboxAssignment, seen: Seen) -> Result<(), Step> {
         let image = match &sandbox.image_root {
             None => RootImage::Host,
@@ -669,7 +620,15 @@ impl Worker {
                 Err(err) => return Err(Step::Local(err)),
             },
         };
-        let mut config = match self.config(sandbox, image) {
+        let host = assignment::Host {
+            init: &self.shared.config.init,
+            data_root: self.shared.data.root(),
+            durable: self.shared.homes.can_snapshot(),
+        };
+        let paths = self.handle.paths().clone();
+        let translated =
+            assignment::sandbox_config(sandbox, &self.id, paths, self.home.clone(), image, &host);
+        let mut config = match translated {
             Ok(config) => config,
             Err(unrunnable) => {
                 return self
@@ -1081,18 +1040,6 @@ enum Step {
     Refused(Refusal),
     /// The runner froze (it cannot renew its lease): nothing may start.
     Frozen,
-}
-
-/// A sandbox this runner cannot run as asked: reported `failed`.
-struct Unrunnable {
-    reason: &'static str,
-    message: String,
-}
-
-impl Unrunnable {
-    fn new(reason: &'static str, message: String) -> Unrunnable {
-        Unrunnable { reason, message }
-    }
 }
 
 #[cfg(test)]
