@@ -7,6 +7,7 @@ pub mod blocks;
 pub mod client;
 pub mod commands;
 mod error;
+pub mod failpoint;
 pub mod images;
 pub mod lifecycle;
 pub mod orgs;

@@ -117,3 +117,54 @@ fn the_oci_crate_speaks_no_protocol() {
         );
     }
 }
+
+/// One fault-point mechanism: only `api::failpoint` reads
+/// `ROOST_FAILPOINT` or kills a process at a named point; the server and
+/// the runner hold a `Failpoints` (tests may set the variable).
+#[test]
+fn only_api_failpoint_arms_fault_points() {
+    for path in rust_files() {
+        let shown = path.display().to_string();
+        if shown.ends_with("api/src/failpoint.rs") || shown.contains("/tests/") {
+            continue;
+        }
+        let text = read(&path);
+        assert!(
+            !text.contains("\"ROOST_FAILPOINT\"") && !text.contains("failpoint reached"),
+            "{shown} arms a fault point of its own: use api::failpoint::Failpoints"
+        );
+    }
+}
+
+/// The agent reaches the server, the runtime and time only through its
+/// seams (`ControlPlane`, `oci::ContainerRuntime`, `Clock`), so that its
+/// unit tests can put fakes there: only `mod.rs` (which builds the real
+/// ones), `control.rs` (which implements `ControlPlane` for the client)
+/// and the tests' fakes name the concrete client or driver types.
+#[test]
+fn the_agent_reaches_the_server_and_the_runtime_only_through_its_seams() {
+    let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runner/src/agent");
+    const CONCRETE: &[&str] = &[
+        "client::Client;",
+        "client::Client,",
+        "Client::new",
+        "runtime::Runtime",
+        "Runtime::open",
+        "oci::Sandbox",
+        "runtime::Sandbox",
+        "Execution",
+    ];
+    for entry in std::fs::read_dir(&agent).expect("the agent").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if ["mod.rs", "control.rs", "testing.rs"].contains(&name.as_str()) {
+            continue;
+        }
+        let text = read(&entry.path());
+        for word in CONCRETE {
+            assert!(
+                !text.contains(word),
+                "agent/{name} names {word}: go through the agent's seams"
+            );
+        }
+    }
+}

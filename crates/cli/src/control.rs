@@ -249,7 +249,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     config.mass_loss_threshold = args.mass_loss_threshold;
     config.mass_loss_grace = args.mass_loss_grace;
     config.reconcile_interval = args.reconcile_interval;
-    config.failpoint = std::env::var("ROOST_FAILPOINT").ok();
+    config.failpoint = api::failpoint::Failpoints::from_env();
     runtime()?.block_on(async move {
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;

@@ -123,7 +123,7 @@ pub fn run(args: RunnerArgs) -> Result<ExitCode> {
     }
     config.homes_image_bytes = args.homes_image_size.saturating_mul(1 << 20);
     config.cgroup_parent = args.cgroup_parent;
-    config.failpoint = std::env::var("ROOST_FAILPOINT").ok();
+    config.failpoint = api::failpoint::Failpoints::from_env();
     runtime()?.block_on(async move {
         // Listening replaces SIGUSR1's default action (the end of the
         // process) before the agent starts.

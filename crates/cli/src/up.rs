@@ -154,7 +154,7 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         // sandbox, it reserves nothing, so offering only the host's count
         // would turn away the third sandbox on a two-core laptop.
         agent.capacity.cpus *= UP_CPU_SHARING;
-        agent.failpoint = std::env::var("ROOST_FAILPOINT").ok();
+        agent.failpoint = api::failpoint::Failpoints::from_env();
         let (stop_runner, runner_stopping) = tokio::sync::oneshot::channel::<()>();
         let (registered_tx, registered) = tokio::sync::oneshot::channel::<()>();
         let mut runner = tokio::spawn(runner::agent::run_with(

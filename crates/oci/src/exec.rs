@@ -160,6 +160,13 @@ pub struct Signaller {
 }
 
 impl Signaller {
+    /// A signaller and the queue it fills, for a command that is not an
+    /// [`Execution`] (a test's fake): the receiver sees what was sent.
+    pub fn channel() -> (Signaller, mpsc::Receiver<Signal>) {
+        let (sender, receiver) = mpsc::channel(SIGNALS_QUEUED_MAX);
+        (Signaller { sender }, receiver)
+    }
+
     /// Queues `signal` for delivery. Returns false when the command has
     /// already ended (or [`SIGNALS_QUEUED_MAX`] signals are still waiting).
     pub fn send(&self, signal: Signal) -> bool {

@@ -13,6 +13,8 @@
 //! - [`runtime`]: [`Runtime`] (which binary, `--root`, the cgroup layout) and
 //!   [`Sandbox`] (create, start, state, kill, pause, resume, stop, delete,
 //!   observing a death and its cause).
+//! - [`seam`]: the traits the agent holds the driver by,
+//!   [`ContainerRuntime`] and [`Container`] (its tests fake them).
 //! - [`exec`]: commands: output streamed while they run, timeout, signals,
 //!   one [`Outcome`] each.
 //! - [`network`]: `bridge` networking (a runner bridge, a veth per sandbox,
@@ -63,6 +65,7 @@ pub mod network;
 pub mod probe;
 pub mod rootfs;
 pub mod runtime;
+pub mod seam;
 pub mod security;
 pub mod signal;
 pub mod spec;
@@ -76,5 +79,6 @@ pub use init::InitEnd;
 pub use network::{BridgeConfig, BridgeNetwork, Ipv4Subnet, Lease};
 pub use runtime::log::LaunchFailure;
 pub use runtime::{Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind, Sandbox};
+pub use seam::{BoxFuture, Container, ContainerRuntime, RunningCommand};
 pub use signal::Signal;
 pub use state::{CgroupCounters, DeathCause, Observation, RuntimeState, Status};

@@ -68,8 +68,9 @@ pub struct Config {
     pub save_interval: Duration,
     pub save_interval_min: Duration,
     pub save_interval_max: Duration,
-    /// See `AppState::failpoint` (tests only).
-    pub failpoint: Option<String>,
+    /// Crash-safety tests only: the fault point armed
+    /// (`ROOST_FAILPOINT`), e.g. `after_commit:create_sandbox`.
+    pub failpoint: api::failpoint::Failpoints,
 }
 
 impl Config {
@@ -89,7 +90,7 @@ impl Config {
             save_interval: Duration::from_secs(300),
             save_interval_min: Duration::from_secs(10),
             save_interval_max: Duration::from_secs(24 * 3600),
-            failpoint: None,
+            failpoint: api::failpoint::Failpoints::none(),
         }
     }
 }

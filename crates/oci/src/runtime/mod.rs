@@ -12,7 +12,8 @@
 //! choice is used as given: a missing binary is [`Error::RuntimeNotFound`]
 //! naming it, and crun on a hybrid host fails at create with crun's own
 //! message. The runner bridge a runtime owns is [`bridge`]'s; what the
-//! runtime's log says, [`log`]'s.
+//! runtime's log says, [`log`]'s. The traits the agent holds the driver by
+//! (so its tests can put a fake in its place) are [`crate::seam`]'s.
 //!
 //! # Cgroups
 //!

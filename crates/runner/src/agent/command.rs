@@ -30,7 +30,7 @@ use super::{Refusal, Shared};
 use oci::Error;
 use oci::LaunchFailure;
 use oci::exec::{CommandSpec, Outcome, Stream};
-use oci::runtime::Sandbox;
+use oci::seam::Container;
 use oci::signal::Signal;
 
 /// Largest output chunk one upload carries (the server takes bodies up to
@@ -42,7 +42,7 @@ const UPLOAD_BATCH_MS: u64 = 20;
 /// Everything a command task needs.
 pub(crate) struct CommandJob {
     pub shared: Arc<Shared>,
-    pub sandbox: Sandbox,
+    pub sandbox: Arc<dyn Container>,
     pub files: CommandFiles,
     pub assignment: CommandAssignment,
     /// The signal the caller asked for, as the assignments show it.
@@ -109,7 +109,7 @@ impl CommandJob {
             .shared
             .retrying("command report", || {
                 self.shared
-                    .client
+                    .control
                     .runner_report_command(self.command_id(), &report)
             })
             .await;
@@ -179,7 +179,10 @@ impl CommandJob {
                 });
             }
         };
-        self.shared.failpoint("runner:after_command_launch");
+        self.shared
+            .config
+            .failpoint
+            .hit("runner:after_command_launch");
         let signaller = execution.signaller();
         let delivered: Mutex<Vec<Signal>> = Mutex::new(Vec::new());
         let mut uploader = Uploader::new(self, spool.clone());
@@ -187,7 +190,9 @@ impl CommandJob {
 
         let drive = async {
             let callback_spool = spool.clone();
-            let waited = execution.wait(move |stream, bytes| callback_spool.append(stream, bytes));
+            let waited = execution.wait(Box::new(move |stream, bytes| {
+                callback_spool.append(stream, bytes)
+            }));
             let running = async {
                 let report = RecordedEnd::new(CommandState::Running);
                 if self.report(&report).await.is_err() {
@@ -438,7 +443,7 @@ impl<'a> Uploader<'a> {
                 let runner_id = shared.runner_id();
                 let result = shared
                     .retrying("output upload", || {
-                        shared.client.runner_append_output(
+                        shared.control.runner_append_output(
                             self.job.command_id(),
                             wire,
                             (&runner_id, self.job.assignment.epoch),

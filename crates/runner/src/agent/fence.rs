@@ -38,17 +38,20 @@
 //! `fenced` until the next freeze.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{RwLock, RwLockReadGuard, watch};
 use tokio::task::JoinSet;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use super::Shared;
+use super::clock::{self, Clock};
+use oci::Status;
 use oci::config::SandboxId;
 use oci::host::write_durably;
+use oci::seam::Container;
 use oci::signal::Signal;
-use oci::{Sandbox, Status};
 
 /// How often the fence looks at the time since the last renewal.
 const TICK_MS: u64 = 100;
@@ -157,24 +160,27 @@ pub(crate) struct Fence {
     frozen: watch::Sender<bool>,
     /// `DIR/fence.json`.
     record: PathBuf,
+    /// Where "now" and the drain's limit come from.
+    clock: Arc<dyn Clock>,
 }
 
 impl Fence {
     /// Thawed: a restarted runner resumes what an earlier run froze (the
     /// workers' decision table resumes a paused sandbox recorded running).
-    pub(crate) fn new(record: PathBuf) -> Fence {
+    pub(crate) fn new(record: PathBuf, clock: Arc<dyn Clock>) -> Fence {
         Fence {
             lease: std::sync::Mutex::new(Lease::default()),
             held: tokio::sync::Mutex::new(Held {
                 phase: Phase::Thawed,
                 containers: Vec::new(),
-                since: Instant::now(),
+                since: clock.now(),
                 fenced_at: None,
                 drained: true,
             }),
             gate: RwLock::new(()),
             frozen: watch::channel(false).0,
             record,
+            clock,
         }
     }
 
@@ -203,7 +209,7 @@ impl Fence {
     /// A registration sent at `sent_at` was answered, with the server's
     /// `freeze_after` (the newest one counts).
     pub(crate) fn registered(&self, sent_at: Instant, freeze_after: Duration) {
-        let now = Instant::now();
+        let now = self.clock.now();
         self.update_lease(|lease| {
             lease.registration_sent_at = lease.registration_sent_at.max(Some(sent_at));
             lease.registered_at = Some(now);
@@ -236,37 +242,44 @@ impl Fence {
     /// that passed it before; says whether they all ended.
     async fn close(&self) -> bool {
         self.publish(true);
-        tokio::time::timeout(Duration::from_millis(DRAIN_MS), self.gate.write())
-            .await
-            .is_ok()
+        clock::timeout(
+            &*self.clock,
+            Duration::from_millis(DRAIN_MS),
+            self.gate.write(),
+        )
+        .await
+        .is_ok()
     }
 }
 
-/// Runs the fence until the agent stops: every [`TICK_MS`], freezes or
-/// thaws as [`decide`] says.
+/// Runs the fence until the agent stops: every [`TICK_MS`] (on the
+/// agent's clock; a late tick delays the next), one [`tick`].
 pub(crate) async fn watch(shared: &Shared) {
-    let mut tick = tokio::time::interval(Duration::from_millis(TICK_MS));
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
-        let mut held = shared.fence.held.lock().await;
-        let lease = shared.fence.lease();
-        match decide(held.phase, &lease, held.fenced_at, Instant::now()) {
-            Move::Freeze => freeze(shared, &mut held, &lease).await,
-            Move::Thaw => thaw(shared, &mut held).await,
-            Move::Stay if held.phase == Phase::Frozen && !held.drained => {
-                // A step was still under way at the freeze: pause what it
-                // may have started.
-                held.drained = shared.fence.close().await;
-                let more = pause_running(shared, &held.containers).await;
-                if !more.is_empty() {
-                    tracing::warn!(containers = ?more, "froze sandboxes started during the freeze");
-                    held.containers.extend(more);
-                    record(&shared.fence, &held).await;
-                }
+        tick(shared).await;
+        shared.clock.sleep(Duration::from_millis(TICK_MS)).await;
+    }
+}
+
+/// Freezes or thaws as [`decide`] says, now.
+pub(crate) async fn tick(shared: &Shared) {
+    let mut held = shared.fence.held.lock().await;
+    let lease = shared.fence.lease();
+    match decide(held.phase, &lease, held.fenced_at, shared.clock.now()) {
+        Move::Freeze => freeze(shared, &mut held, &lease).await,
+        Move::Thaw => thaw(shared, &mut held).await,
+        Move::Stay if held.phase == Phase::Frozen && !held.drained => {
+            // A step was still under way at the freeze: pause what it
+            // may have started.
+            held.drained = shared.fence.close().await;
+            let more = pause_running(shared, &held.containers).await;
+            if !more.is_empty() {
+                tracing::warn!(containers = ?more, "froze sandboxes started during the freeze");
+                held.containers.extend(more);
+                record(&shared.fence, &held).await;
             }
-            Move::Stay => {}
         }
+        Move::Stay => {}
     }
 }
 
@@ -277,7 +290,7 @@ async fn freeze(shared: &Shared, held: &mut Held, lease: &Lease) {
     }
     held.containers = pause_running(shared, &[]).await;
     held.phase = Phase::Frozen;
-    held.since = Instant::now();
+    held.since = shared.clock.now();
     let since_renewal_ms = lease
         .renewed_sent_at()
         .map(|sent_at| held.since.saturating_duration_since(sent_at).as_millis() as u64);
@@ -294,12 +307,16 @@ async fn freeze(shared: &Shared, held: &mut Held, lease: &Lease) {
 
 async fn thaw(shared: &Shared, held: &mut Held) {
     let was = held.phase;
-    let frozen_ms = held.since.elapsed().as_millis() as u64;
+    let frozen_ms = shared
+        .clock
+        .now()
+        .saturating_duration_since(held.since)
+        .as_millis() as u64;
     // After a fence, the list is empty: those containers were killed.
     let thawed = held.containers.len();
     resume_all(shared, &held.containers).await;
     held.phase = Phase::Thawed;
-    held.since = Instant::now();
+    held.since = shared.clock.now();
     held.fenced_at = None;
     held.drained = true;
     // The record keeps saying `fenced` (and what was killed) until the
@@ -342,7 +359,7 @@ pub(crate) async fn fenced(shared: &Shared, sent_at: Instant) -> bool {
     shared.fence.close().await;
     let killed = kill_all(shared).await;
     held.phase = Phase::Fenced;
-    held.since = Instant::now();
+    held.since = shared.clock.now();
     held.fenced_at = Some(held.since);
     held.drained = true;
     held.containers = killed;
@@ -358,7 +375,7 @@ pub(crate) async fn fenced(shared: &Shared, sent_at: Instant) -> bool {
 }
 
 /// Handles to the containers of this runner whose ids pass `wanted`.
-fn handles(shared: &Shared, wanted: impl Fn(&str) -> bool) -> Vec<Sandbox> {
+fn handles(shared: &Shared, wanted: impl Fn(&str) -> bool) -> Vec<Arc<dyn Container>> {
     let ids = match shared.runtime.container_ids() {
         Ok(ids) => ids,
         Err(err) => {
@@ -371,7 +388,7 @@ fn handles(shared: &Shared, wanted: impl Fn(&str) -> bool) -> Vec<Sandbox> {
         .filter_map(|id| {
             let id = SandboxId::new(id).ok()?;
             let paths = shared.data.sandbox_paths(&id).ok()?;
-            Some(shared.runtime.sandbox(id, paths))
+            Some(shared.runtime.container(id, paths))
         })
         .collect()
 }
@@ -379,9 +396,9 @@ fn handles(shared: &Shared, wanted: impl Fn(&str) -> bool) -> Vec<Sandbox> {
 /// Runs `act` on every handle at once; returns the ids of those it acted
 /// on (`Ok(true)`), sorted. One that fails (gone meanwhile, say) is logged
 /// and skipped.
-async fn each<F, Fut>(handles: Vec<Sandbox>, what: &'static str, act: F) -> Vec<String>
+async fn each<F, Fut>(handles: Vec<Arc<dyn Container>>, what: &'static str, act: F) -> Vec<String>
 where
-    F: Fn(Sandbox) -> Fut,
+    F: Fn(Arc<dyn Container>) -> Fut,
     Fut: std::future::Future<Output = oci::Result<bool>> + Send + 'static,
 {
     let mut tasks = JoinSet::new();
@@ -565,7 +582,10 @@ mod tests {
     #[test]
     fn a_partition_freezes_then_thaws() {
         let at = At(Instant::now());
-        let fence = Fence::new(PathBuf::from("/nonexistent/fence.json"));
+        let fence = Fence::new(
+            PathBuf::from("/nonexistent/fence.json"),
+            Arc::new(clock::TokioClock),
+        );
         fence.registered(at.ms(0), Duration::from_millis(FREEZE_AFTER_MS));
         let answered = [3_000, 6_000, 9_000, 17_000];
         let mut phase = Phase::Thawed;
@@ -588,7 +608,10 @@ mod tests {
     #[test]
     fn renewals_keep_the_newest() {
         let at = At(Instant::now());
-        let fence = Fence::new(PathBuf::from("/nonexistent/fence.json"));
+        let fence = Fence::new(
+            PathBuf::from("/nonexistent/fence.json"),
+            Arc::new(clock::TokioClock),
+        );
         fence.renewed(at.ms(5_000));
         fence.renewed(at.ms(4_000));
         fence.registered(at.ms(1_000), Duration::from_millis(6_000));
@@ -603,7 +626,10 @@ mod tests {
     /// refused; the workers see it.
     #[tokio::test]
     async fn the_gate_drains_then_refuses() {
-        let fence = std::sync::Arc::new(Fence::new(PathBuf::from("/nonexistent/fence.json")));
+        let fence = std::sync::Arc::new(Fence::new(
+            PathBuf::from("/nonexistent/fence.json"),
+            Arc::new(clock::TokioClock),
+        ));
         let mut frozen = fence.subscribe();
         let step = fence.thawed().await.expect("thawed at first");
         let closing = tokio::spawn({

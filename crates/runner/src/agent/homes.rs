@@ -29,8 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use api::blocks::RemoteBackend;
-use api::client::Client;
+use api::failpoint::Failpoints;
 use api::runners::{SandboxAssignment, SaveReport, SnapshotReport, WakeReport};
 use store::excludes::Excludes;
 use store::index::KeyRule;
@@ -38,6 +37,7 @@ use store::pull::{PullOptions, materialize};
 use store::push::{PushReport, Upload, UploadOptions, upload_tree};
 use store::{Digest, OrgId};
 
+use super::control::ControlPlane;
 use super::{Refusal, refusal};
 use oci::volumes::HomeVolumes;
 use oci::{Error, Result};
@@ -66,20 +66,11 @@ pub(crate) struct Homes {
     state: PathBuf,
     cache: PathBuf,
     excludes: Excludes,
-    /// Tests only: `runner:save_before_upload`, `runner:save_mid_upload`,
-    /// `runner:save_before_commit`, `runner:save_after_commit` kill the
-    /// runner at that point of a running save (as a crash would).
-    failpoint: Option<String>,
-}
-
-/// Kills this process (as `kill -9` would) when `name` is the armed
-/// failpoint.
-fn failpoint(armed: &Option<String>, name: &str) {
-    if armed.as_deref() == Some(name) {
-        tracing::error!(failpoint = name, "failpoint reached; killing this runner");
-        let _ =
-            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
-    }
+    /// Crash-safety tests only: `runner:save_before_upload`,
+    /// `runner:save_mid_upload`, `runner:save_before_commit`,
+    /// `runner:save_after_commit` kill the runner at that point of a
+    /// running save (as a crash would).
+    failpoint: Failpoints,
 }
 
 /// An upload's bytes still to send (for the record's `save.bytes_pending`)
@@ -87,7 +78,7 @@ fn failpoint(armed: &Option<String>, name: &str) {
 /// upload is done (the first object sent).
 struct UploadProgress {
     pending: Arc<AtomicU64>,
-    failpoint: Option<String>,
+    failpoint: Failpoints,
 }
 
 impl store::progress::Progress for UploadProgress {
@@ -104,7 +95,7 @@ impl store::progress::Progress for UploadProgress {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
                 Some(p.saturating_sub(bytes))
             });
-        failpoint(&self.failpoint, "runner:save_mid_upload");
+        self.failpoint.hit("runner:save_mid_upload");
     }
 }
 
@@ -128,16 +119,18 @@ async fn blocking<T: Send + 'static>(
 
 impl Homes {
     /// `image_bytes`: the size of the btrfs image made for the homes when
-    /// the data dir is not on btrfs (sparse: it costs what homes use).
+    /// the data dir is not on btrfs (sparse: it costs what homes use);
+    /// `None` (unit tests): no image, plain directories off btrfs.
     pub(crate) fn open(
         data_root: &Path,
-        image_bytes: u64,
-        failpoint: Option<String>,
+        image_bytes: Option<u64>,
+        failpoint: Failpoints,
     ) -> Result<Homes> {
+        let image = data_root.join("homes.btrfs");
         let volumes = HomeVolumes::open(
             &data_root.join("volumes"),
-            Some(&data_root.join("homes.btrfs")),
-            image_bytes,
+            image_bytes.map(|_| image.as_path()),
+            image_bytes.unwrap_or(0),
         )?;
         let state = data_root.join("home-state");
         let cache = data_root.join("block-cache");
@@ -179,10 +172,6 @@ impl Homes {
         self.state.join(format!("{id}.secured"))
     }
 
-    fn remote(client: &Client) -> RemoteBackend {
-        RemoteBackend::new(client.clone(), tokio::runtime::Handle::current())
-    }
-
     fn org(org: &str) -> Result<OrgId> {
         org.parse()
             .map_err(|_| Error::Invalid(format!("org {org:?} is not a store org")))
@@ -195,7 +184,7 @@ impl Homes {
     /// For a durable home, also what the wake downloaded.
     pub(crate) async fn prepare(
         &self,
-        client: &Client,
+        control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,
     ) -> Result<(PathBuf, Option<WakeReport>)> {
         let id = sandbox.sandbox_id.clone();
@@ -229,7 +218,7 @@ impl Homes {
             .parse()
             .map_err(|_| Error::Invalid(format!("home root {root:?} is not a digest")))?;
         let org = Self::org(&sandbox.org_id)?;
-        let store = Self::remote(client);
+        let store = control.blocks();
         let options = PullOptions {
             // Read, not filled: the home itself is this runner's copy.
             cache: Some(self.cache.clone()),
@@ -278,7 +267,7 @@ impl Homes {
     /// sandbox) as the home's tree, observed at `observed_at`.
     async fn upload(
         &self,
-        client: &Client,
+        control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,
         runner_id: &str,
         dir: PathBuf,
@@ -293,8 +282,8 @@ impl Homes {
         // Tells the server the bytes to go while the upload runs (durable
         // homes only: what `save.bytes_pending` shows).
         let reporter = (sandbox.storage_class == StorageClass::Durable).then(|| {
-            let (client, mut report) = (
-                client.clone(),
+            let (control, mut report) = (
+                control.clone(),
                 SaveReport {
                     runner_id: runner_id.to_owned(),
                     epoch: sandbox.epoch,
@@ -315,14 +304,14 @@ impl Homes {
                     let now = pending.load(Ordering::Relaxed);
                     if now != last {
                         report.bytes_pending = Some(now);
-                        let _ = client.runner_report_save(&id, &report).await;
+                        let _ = control.runner_report_save(&id, &report).await;
                         last = now;
                     }
                 }
             })
         });
         let org = Self::org(org)?;
-        let store = Self::remote(client);
+        let store = control.blocks();
         let options = UploadOptions {
             excludes: self.excludes.clone(),
             index_path: Some(self.index_path(id)),
@@ -354,7 +343,7 @@ impl Homes {
     /// `snapshot`: how long a running home's snapshot took (none when
     /// securing a stopped one); `uploaded_bytes`: what the upload stored.
     async fn commit(
-        client: &Client,
+        control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,
         runner_id: &str,
         root: Digest,
@@ -373,7 +362,7 @@ impl Homes {
             snapshot_ms: snapshot.map(|took| took.as_secs_f64() * 1000.0),
             uploaded_bytes: Some(uploaded_bytes),
         };
-        match client
+        match control
             .runner_report_save(&sandbox.sandbox_id, &report)
             .await
         {
@@ -390,7 +379,7 @@ impl Homes {
     /// Tells the server a save failed (kept on the record as `save.state`
     /// `failing`); a fenced answer says to stop.
     pub(crate) async fn report_failure(
-        client: &Client,
+        control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,
         runner_id: &str,
         error: &str,
@@ -406,7 +395,7 @@ impl Homes {
             snapshot_ms: None,
             uploaded_bytes: None,
         };
-        match client
+        match control
             .runner_report_save(&sandbox.sandbox_id, &report)
             .await
         {
@@ -422,7 +411,7 @@ impl Homes {
     /// the snapshot took (the pause the workload may have felt).
     pub(crate) async fn save_running(
         &self,
-        client: &Client,
+        control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,
         runner_id: &str,
     ) -> Result<Duration, SaveFailure> {
@@ -442,11 +431,11 @@ impl Homes {
         }
         let captured_at = SystemTime::now();
         let snapshot = self.volumes.snapshot(&id, &name)?;
-        failpoint(&self.failpoint, "runner:save_before_upload");
+        self.failpoint.hit("runner:save_before_upload");
         let result = async {
             let report = self
                 .upload(
-                    client,
+                    control,
                     sandbox,
                     runner_id,
                     snapshot.path.clone(),
@@ -456,9 +445,9 @@ impl Homes {
             let root = report
                 .root
                 .ok_or_else(|| Error::Invalid("the upload gave no root".to_owned()))?;
-            failpoint(&self.failpoint, "runner:save_before_commit");
+            self.failpoint.hit("runner:save_before_commit");
             Self::commit(
-                client,
+                control,
                 sandbox,
                 runner_id,
                 root,
@@ -467,7 +456,7 @@ impl Homes {
                 report.bytes_uploaded,
             )
             .await?;
-            failpoint(&self.failpoint, "runner:save_after_commit");
+            self.failpoint.hit("runner:save_after_commit");
             tracing::info!(
                 sandbox_id = %id,
                 %root,
@@ -491,7 +480,7 @@ impl Homes {
     /// pulls nothing.
     pub(crate) async fn secure(
         &self,
-        client: &Client,
+        control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,
         runner_id: &str,
     ) -> Result<(), SaveFailure> {
@@ -506,13 +495,13 @@ impl Homes {
         }
         let captured_at = SystemTime::now();
         let report = self
-            .upload(client, sandbox, runner_id, home, captured_at)
+            .upload(control, sandbox, runner_id, home, captured_at)
             .await?;
         let root = report
             .root
             .ok_or_else(|| SaveFailure::Failed("the upload gave no root".to_owned()))?;
         Self::commit(
-            client,
+            control,
             sandbox,
             runner_id,
             root,
@@ -532,7 +521,7 @@ impl Homes {
     /// it `local`, uploads it and reports it `replicated` with its root.
     pub(crate) async fn snapshot(
         &self,
-        client: &Client,
+        control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,
         runner_id: &str,
         snapshot_id: &str,
@@ -552,7 +541,7 @@ impl Homes {
             message,
         };
         let send = |report: SnapshotReport| async move {
-            match client.runner_report_snapshot(snapshot_id, &report).await {
+            match control.runner_report_snapshot(snapshot_id, &report).await {
                 Ok(_) => Ok(()),
                 Err(err) => match refusal(err) {
                     Err(Refusal::Fenced(message)) => Err(SaveFailure::Fenced(message)),
@@ -578,7 +567,7 @@ impl Homes {
         let result = async {
             send(report("local", None, Some(captured_at), None)).await?;
             let uploaded = self
-                .upload(client, sandbox, runner_id, dir.clone(), captured_at)
+                .upload(control, sandbox, runner_id, dir.clone(), captured_at)
                 .await?;
             let root = uploaded
                 .root

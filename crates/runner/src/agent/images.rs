@@ -14,8 +14,6 @@
 
 use std::path::{Path, PathBuf};
 
-use api::blocks::RemoteBackend;
-use api::client::Client;
 use store::pull::{PullOptions, materialize};
 use store::{Digest, OrgId};
 
@@ -49,7 +47,7 @@ impl Images {
     /// first if this host does not have it yet.
     pub(crate) async fn materialised(
         &self,
-        client: &Client,
+        control: &dyn super::control::ControlPlane,
         org: &str,
         root: &str,
     ) -> Result<PathBuf> {
@@ -66,7 +64,7 @@ impl Images {
         static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let temp = self.dir.join(format!(".tmp-{}-{n}", digest.to_hex()));
-        let backend = RemoteBackend::new(client.clone(), tokio::runtime::Handle::current());
+        let backend = control.blocks();
         let options = PullOptions {
             cache: Some(self.cache.clone()),
             fill_cache: true,

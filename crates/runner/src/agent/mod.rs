@@ -12,11 +12,18 @@
 //!   compares the desired state with what the runtime is observed doing and
 //!   acts (launch, stop keeping the home, start, terminate, delete), then
 //!   reports the observed state with the placement's epoch. It also watches
-//!   a running container for out-of-band death.
+//!   a running container for out-of-band death. `assignment` translates an
+//!   assignment into the container's config (or why it cannot run here).
 //! - `command`: one task per command: launched at most once (a marker is
 //!   fsynced in the data dir first), output spooled and streamed to the
 //!   server by offset, its end mapped to the server's command states.
 //! - [`dirs`]: the data directory. [`host`]: default capacity.
+//!
+//! The agent holds its outside parties behind seams in `Shared`: the
+//! runtime (`oci::ContainerRuntime`), the server (`control::ControlPlane`)
+//! and time (`clock::Clock`). `run` puts the real ones there (runc or
+//! crun, `api::client::Client`, tokio's time); the unit tests put the
+//! fakes of `testing` (see `fake_tests`).
 //!
 //! # Restarts lose nothing reported
 //!
@@ -61,11 +68,18 @@
 pub mod dirs;
 pub mod host;
 
+mod assignment;
+mod clock;
 mod command;
+mod control;
+#[cfg(test)]
+mod fake_tests;
 mod fence;
 mod homes;
 mod images;
 mod sandbox;
+#[cfg(test)]
+mod testing;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -74,13 +88,16 @@ use std::time::Duration;
 
 use api::ErrorCode;
 use api::client::{Client, ClientError};
+use api::failpoint::Failpoints;
 use api::runners::{Assignments, Capacity, CommandAssignment, PreemptRequest, RegisterRequest};
 use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
 
+use clock::{Clock, TokioClock};
+use control::ControlPlane;
 use dirs::DataDir;
 use oci::config::{InitProgram, SandboxId};
 use oci::runtime::{Runtime, RuntimeChoice, RuntimeConfig};
+use oci::seam::ContainerRuntime;
 use sandbox::Assigned;
 
 /// What this runner enforces, exactly; the server places only sandboxes
@@ -104,7 +121,7 @@ pub const DURABLE_CAPABILITY: &str = "storage:durable";
 /// What this runner enforces, as it registers: the bridge only where its
 /// setup succeeded on this host, durable storage only where running homes
 /// can be snapshotted.
-fn capabilities(runtime: &Runtime, homes: &homes::Homes) -> Vec<String> {
+fn capabilities(runtime: &dyn ContainerRuntime, homes: &homes::Homes) -> Vec<String> {
     let mut capabilities: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
     if homes.can_snapshot() {
         capabilities.push(DURABLE_CAPABILITY.to_owned());
@@ -172,9 +189,9 @@ pub struct AgentConfig {
     /// Size of the btrfs image that holds homes when the data dir is not
     /// on btrfs (sparse: it costs what the homes use).
     pub homes_image_bytes: u64,
-    /// Tests only: a named point at which the agent kills itself with
-    /// SIGKILL (`ROOST_FAILPOINT`), e.g. `runner:after_command_launch`.
-    pub failpoint: Option<String>,
+    /// Crash-safety tests only: the fault point at which the agent kills
+    /// itself (`ROOST_FAILPOINT`), e.g. `runner:after_command_launch`.
+    pub failpoint: Failpoints,
 }
 
 impl AgentConfig {
@@ -195,7 +212,7 @@ impl AgentConfig {
             stop_grace: Duration::from_secs(10),
             command_kill_grace: Duration::from_secs(10),
             homes_image_bytes: 256 << 30,
-            failpoint: None,
+            failpoint: Failpoints::none(),
         }
     }
 }
@@ -253,9 +270,13 @@ impl Backoff {
 
 /// What every task of the agent shares.
 pub(crate) struct Shared {
-    pub(crate) client: Client,
+    /// The server, through the runner protocol (a fake in unit tests).
+    pub(crate) control: Arc<dyn ControlPlane>,
     runner_id: Mutex<String>,
-    pub(crate) runtime: Runtime,
+    /// runc or crun (a fake in unit tests).
+    pub(crate) runtime: Arc<dyn ContainerRuntime>,
+    /// Every timer of the agent and the fence's notion of now.
+    pub(crate) clock: Arc<dyn Clock>,
     pub(crate) data: DataDir,
     pub(crate) images: images::Images,
     pub(crate) homes: homes::Homes,
@@ -279,17 +300,6 @@ impl Shared {
         }
     }
 
-    /// Tests only: dies here, as `kill -9` would, when told to.
-    pub(crate) fn failpoint(&self, name: &str) {
-        if self.config.failpoint.as_deref() == Some(name) {
-            tracing::error!(failpoint = name, "failpoint reached; killing this runner");
-            let _ = rustix::process::kill_process(
-                rustix::process::getpid(),
-                rustix::process::Signal::KILL,
-            );
-        }
-    }
-
     /// Runs `call` until it succeeds or is refused, pausing between
     /// transient failures. Reports and uploads are idempotent, so a retry
     /// of one that did arrive changes nothing.
@@ -309,7 +319,7 @@ impl Shared {
                     if attempts >= 3 && attempts.is_power_of_two() {
                         tracing::warn!(%err, attempts, "{what} failed; retrying");
                     }
-                    tokio::time::sleep(backoff.next()).await;
+                    self.clock.sleep(backoff.next()).await;
                 }
             }
         }
@@ -324,10 +334,11 @@ async fn register(shared: &Shared, request: &RegisterRequest) -> Result<u64, Age
     let mut backoff = Backoff::new();
     let mut attempts = 0_u32;
     let (registered, sent_at) = loop {
-        let sent_at = Instant::now();
-        let answer = tokio::time::timeout(
+        let sent_at = shared.clock.now();
+        let answer = clock::timeout(
+            &*shared.clock,
             Duration::from_secs(REGISTER_TIMEOUT_SECONDS),
-            shared.client.runner_register(request),
+            shared.control.runner_register(request),
         )
         .await;
         let err = match answer {
@@ -345,7 +356,7 @@ async fn register(shared: &Shared, request: &RegisterRequest) -> Result<u64, Age
         if attempts.is_power_of_two() {
             tracing::warn!(%err, "cannot register yet; retrying");
         }
-        tokio::time::sleep(backoff.next()).await;
+        shared.clock.sleep(backoff.next()).await;
     };
     if request.runner_id.as_deref() != Some(registered.runner_id.as_str()) {
         if let Some(saved) = &request.runner_id
@@ -379,7 +390,7 @@ fn register_request(shared: &Shared) -> RegisterRequest {
         name: config.name.clone(),
         placement_class: config.placement_class.clone(),
         labels: config.labels.clone(),
-        capabilities: capabilities(&shared.runtime, &shared.homes),
+        capabilities: capabilities(&*shared.runtime, &shared.homes),
         capacity: config.capacity.clone(),
     }
 }
@@ -443,27 +454,29 @@ async fn run_agent(
     let images = images::Images::open(data.root())?;
     let homes = homes::Homes::open(
         data.root(),
-        config.homes_image_bytes,
+        Some(config.homes_image_bytes),
         config.failpoint.clone(),
     )?;
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock);
     let shared = Arc::new(Shared {
-        client: Client::new(&config.server_url, &config.token),
+        control: Arc::new(Client::new(&config.server_url, &config.token)),
         runner_id: Mutex::new(saved),
-        fence: fence::Fence::new(data.root().join("fence.json")),
-        runtime,
+        fence: fence::Fence::new(data.root().join("fence.json"), clock.clone()),
+        runtime: Arc::new(runtime),
+        clock,
         data,
         images,
         homes,
         config,
     });
     tracing::info!(
-        runtime = shared.runtime.kind().name(),
+        runtime = shared.runtime.name(),
         data_dir = %shared.data.root().display(),
         "runner starting"
     );
     let registration = tokio::sync::Mutex::new(());
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut heartbeat_ms = {
+    let heartbeat_ms = {
         let _guard = registration.lock().await;
         let request = register_request(&shared);
         tokio::select! {
@@ -475,47 +488,7 @@ async fn run_agent(
     let mut workers: HashMap<String, WorkerHandle> = HashMap::new();
     let result = {
         let assignments = assignments_loop(&shared, &registration, &mut workers);
-        let heartbeats = async {
-            let mut pause_ms = heartbeat_ms;
-            loop {
-                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-                pause_ms = heartbeat_ms;
-                let request = api::runners::HeartbeatRequest {
-                    runner_id: shared.runner_id(),
-                };
-                // The lease runs from when the server got it: measuring
-                // from the send errs on the early side.
-                let sent_at = Instant::now();
-                // A hung connection (after a partition) must not hold the
-                // beats up: a lease lasts three intervals.
-                let answer = tokio::time::timeout(
-                    Duration::from_millis(heartbeat_ms),
-                    shared.client.runner_heartbeat(&request),
-                )
-                .await;
-                let err = match answer {
-                    Ok(Ok(_)) => {
-                        shared.fence.renewed(sent_at);
-                        continue;
-                    }
-                    Ok(Err(err)) if err.code() == Some(ErrorCode::Fenced) => {
-                        let _guard = registration.lock().await;
-                        if fence::fenced(&shared, sent_at).await {
-                            tracing::warn!(%err, "lease lost; registering again");
-                            let request = register_request(&shared);
-                            heartbeat_ms = register(&shared, &request).await?;
-                            pause_ms = heartbeat_ms;
-                        }
-                        continue;
-                    }
-                    Ok(Err(err)) => err.to_string(),
-                    Err(_elapsed) => format!("no answer within {heartbeat_ms} ms"),
-                };
-                // Try again soon: the fence freezes unless one gets through.
-                pause_ms = HEARTBEAT_RETRY_MS.min(heartbeat_ms);
-                tracing::warn!(%err, "heartbeat failed; the sandboxes freeze unless one gets through");
-            }
-        };
+        let heartbeats = heartbeats(&shared, &registration, heartbeat_ms);
         tokio::select! {
             result = assignments => result,
             result = heartbeats => result,
@@ -531,6 +504,57 @@ async fn run_agent(
     }
     tracing::info!("runner stopped; sandboxes keep running and are re-adopted at the next start");
     result
+}
+
+/// Heartbeats every interval until the agent stops: each answer renews
+/// the lease for the fence; a failure is tried again soon (the fence
+/// freezes unless one gets through); `fenced` has the fence kill
+/// everything and the runner register again. Returns only an error.
+async fn heartbeats(
+    shared: &Shared,
+    registration: &tokio::sync::Mutex<()>,
+    mut heartbeat_ms: u64,
+) -> Result<(), AgentError> {
+    let mut pause_ms = heartbeat_ms;
+    loop {
+        shared.clock.sleep(Duration::from_millis(pause_ms)).await;
+        pause_ms = heartbeat_ms;
+        let request = api::runners::HeartbeatRequest {
+            runner_id: shared.runner_id(),
+        };
+        // The lease runs from when the server got it: measuring from the
+        // send errs on the early side.
+        let sent_at = shared.clock.now();
+        // A hung connection (after a partition) must not hold the beats
+        // up: a lease lasts three intervals.
+        let answer = clock::timeout(
+            &*shared.clock,
+            Duration::from_millis(heartbeat_ms),
+            shared.control.runner_heartbeat(&request),
+        )
+        .await;
+        let err = match answer {
+            Ok(Ok(())) => {
+                shared.fence.renewed(sent_at);
+                continue;
+            }
+            Ok(Err(err)) if err.code() == Some(ErrorCode::Fenced) => {
+                let _guard = registration.lock().await;
+                if fence::fenced(shared, sent_at).await {
+                    tracing::warn!(%err, "lease lost; registering again");
+                    let request = register_request(shared);
+                    heartbeat_ms = register(shared, &request).await?;
+                    pause_ms = heartbeat_ms;
+                }
+                continue;
+            }
+            Ok(Err(err)) => err.to_string(),
+            Err(_elapsed) => format!("no answer within {heartbeat_ms} ms"),
+        };
+        // Try again soon: the fence freezes unless one gets through.
+        pause_ms = HEARTBEAT_RETRY_MS.min(heartbeat_ms);
+        tracing::warn!(%err, "heartbeat failed; the sandboxes freeze unless one gets through");
+    }
 }
 
 /// Passes each preemption notice on to the server; never ends.
@@ -553,9 +577,10 @@ async fn notify_preemption(shared: &Shared) {
     tracing::warn!(runner_id = %request.runner_id, "preemption notice: telling the server this host is going away");
     let mut backoff = Backoff::new();
     for attempt in 1..=PREEMPT_ATTEMPTS_MAX {
-        let answer = tokio::time::timeout(
+        let answer = clock::timeout(
+            &*shared.clock,
             Duration::from_secs(PREEMPT_TIMEOUT_SECONDS),
-            shared.client.runner_preempt(&request),
+            shared.control.runner_preempt(&request),
         )
         .await;
         let err = match answer {
@@ -572,7 +597,7 @@ async fn notify_preemption(shared: &Shared) {
         };
         tracing::warn!(%err, attempt, "passing on the preemption notice failed");
         if attempt < PREEMPT_ATTEMPTS_MAX {
-            tokio::time::sleep(backoff.next()).await;
+            shared.clock.sleep(backoff.next()).await;
         }
     }
     tracing::warn!("gave up passing on the preemption notice; the runner carries on");
@@ -594,11 +619,12 @@ async fn assignments_loop(
     let mut backoff = Backoff::new();
     loop {
         let runner_id = shared.runner_id();
-        let sent_at = Instant::now();
-        let answer = tokio::time::timeout(
+        let sent_at = shared.clock.now();
+        let answer = clock::timeout(
+            &*shared.clock,
             Duration::from_secs(ASSIGNMENTS_TIMEOUT_SECONDS),
             shared
-                .client
+                .control
                 .runner_assignments(&runner_id, &etag, ASSIGNMENTS_WAIT_SECONDS),
         )
         .await;
@@ -625,7 +651,7 @@ async fn assignments_loop(
         };
         let pause = backoff.next();
         tracing::warn!(%err, pause_ms = pause.as_millis() as u64, "cannot read assignments; retrying");
-        tokio::time::sleep(pause).await;
+        shared.clock.sleep(pause).await;
     }
 }
 

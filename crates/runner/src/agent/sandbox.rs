@@ -17,13 +17,15 @@ use api::runners::{CommandAssignment, SandboxAssignment, SandboxReport, WakeRepo
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::assignment;
 use super::command::{self, CommandJob};
 use super::dirs::CommandFiles;
 use super::homes::{Homes, SaveFailure};
 use super::{Backoff, Refusal, Shared, refusal};
 use oci::Error;
-use oci::config::{Limits, Network, RootImage, SandboxConfig, SandboxId};
-use oci::{DeathCause, Observation, Sandbox};
+use oci::config::{RootImage, SandboxId};
+use oci::seam::Container;
+use oci::{DeathCause, Observation};
 
 /// A pass runs at least this often, to catch what no event announced.
 const RESYNC_SECONDS: u64 = 10;
@@ -221,7 +223,7 @@ impl Drop for CommandTask {
 struct Worker {
     shared: Arc<Shared>,
     id: SandboxId,
-    handle: Sandbox,
+    handle: Arc<dyn Container>,
     home: PathBuf,
     files: CommandFiles,
     /// Fires when the running container's init dies.
@@ -263,7 +265,7 @@ pub(crate) async fn run(
         }
     };
     let mut worker = Worker {
-        handle: shared.runtime.sandbox(id.clone(), paths),
+        handle: shared.runtime.container(id.clone(), paths),
         home: shared
             .homes
             .path(id.as_str())
@@ -349,7 +351,7 @@ pub(crate) async fn run(
             () = watcher => {
                 worker.watcher = None;
             }
-            () = tokio::time::sleep(pause) => {}
+            () = worker.shared.clock.sleep(pause) => {}
         }
     }
 }
@@ -448,37 +450,12 @@ impl Worker {
             return;
         }
         self.stop_saving();
-        let shared = self.shared.clone();
         let epoch = sandbox.epoch;
-        let sandbox = sandbox.clone();
-        let id = self.id.clone();
-        let task = tokio::spawn(async move {
-            let interval = Duration::from_secs(interval.max(1));
-            loop {
-                tokio::time::sleep(interval).await;
-                let runner_id = shared.runner_id();
-                match shared
-                    .homes
-                    .save_running(&shared.client, &sandbox, &runner_id)
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(SaveFailure::Fenced(message)) => {
-                        tracing::info!(sandbox_id = %id, %message, "saves stop: fenced");
-                        return;
-                    }
-                    Err(SaveFailure::Failed(error)) => {
-                        tracing::warn!(sandbox_id = %id, %error, "save failed; trying again next interval");
-                        let reported =
-                            Homes::report_failure(&shared.client, &sandbox, &runner_id, &error)
-                                .await;
-                        if let Err(SaveFailure::Fenced(_)) = reported {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
+        let task = tokio::spawn(save_on_schedule(
+            self.shared.clone(),
+            sandbox.clone(),
+            Duration::from_secs(interval.max(1)),
+        ));
         self.saver = Some((epoch, task));
     }
 
@@ -510,7 +487,7 @@ impl Worker {
                 let runner_id = shared.runner_id();
                 if let Err(err) = shared
                     .homes
-                    .snapshot(&shared.client, &sandbox, &runner_id, &snapshot_id, running)
+                    .snapshot(&shared.control, &sandbox, &runner_id, &snapshot_id, running)
                     .await
                 {
                     tracing::warn!(sandbox_id = %id, %snapshot_id, ?err, "snapshot did not complete");
@@ -598,7 +575,7 @@ impl Worker {
         };
         match self
             .shared
-            .client
+            .control
             .runner_report_sandbox(self.id.as_str(), &report)
             .await
         {
@@ -620,63 +597,13 @@ impl Worker {
         }
     }
 
-    fn config(
-        &self,
-        sandbox: &SandboxAssignment,
-        image: RootImage,
-    ) -> Result<SandboxConfig, Unrunnable> {
-        if sandbox.image_root.is_none() && sandbox.image != "default" {
-            return Err(Unrunnable::new(
-                "image_unavailable",
-                format!(
-                    "image {:?} is not available on this runner (it runs only the default image)",
-                    sandbox.image
-                ),
-            ));
-        }
-        let durable_here =
-            sandbox.storage_class == StorageClass::Durable && self.shared.homes.can_snapshot();
-        if sandbox.storage_class != StorageClass::Standard && !durable_here {
-            return Err(Unrunnable::new(
-                "storage_unavailable",
-                format!(
-                    "storage class {:?} is not available on this runner",
-                    sandbox.storage_class
-                ),
-            ));
-        }
-        let network = match sandbox.network {
-            api::Network::None => Network::None,
-            api::Network::Bridge => Network::Bridge,
-        };
-        let mut config = SandboxConfig::new(
-            self.id.clone(),
-            self.handle.paths().clone(),
-            self.home.clone(),
-            self.shared.config.init.clone(),
-        );
-        config.image = image;
-        config.env = sandbox.env.clone();
-        config.network = network;
-        let resources = &sandbox.resources;
-        config.limits = Limits {
-            memory_bytes: resources.memory_mib.map(|mib| mib.saturating_mul(1 << 20)),
-            cpus: resources.cpus,
-            pids: resources.pids,
-        };
-        // The runner's own files are no business of a sandbox, wherever
-        // the data dir is.
-        config.masked_paths = vec![self.shared.data.root().display().to_string()];
-        Ok(config)
-    }
-
     async fn launch(&mut self, sandbox: &SandboxAssignment, seen: Seen) -> Result<(), Step> {
         let image = match &sandbox.image_root {
             None => RootImage::Host,
             Some(root) => match self
                 .shared
                 .images
-                .materialised(&self.shared.client, &sandbox.org_id, root)
+                .materialised(&*self.shared.control, &sandbox.org_id, root)
                 .await
             {
                 Ok(dir) => RootImage::Tree(dir),
@@ -693,7 +620,15 @@ impl Worker {
                 Err(err) => return Err(Step::Local(err)),
             },
         };
-        let mut config = match self.config(sandbox, image) {
+        let host = assignment::Host {
+            init: &self.shared.config.init,
+            data_root: self.shared.data.root(),
+            durable: self.shared.homes.can_snapshot(),
+        };
+        let paths = self.handle.paths().clone();
+        let translated =
+            assignment::sandbox_config(sandbox, &self.id, paths, self.home.clone(), image, &host);
+        let mut config = match translated {
             Ok(config) => config,
             Err(unrunnable) => {
                 return self
@@ -712,7 +647,7 @@ impl Worker {
         match self
             .shared
             .homes
-            .prepare(&self.shared.client, sandbox)
+            .prepare(&self.shared.control, sandbox)
             .await
         {
             Ok((home, wake)) => {
@@ -799,12 +734,13 @@ impl Worker {
         }
         let handle = self.handle.clone();
         let id = self.id.clone();
+        let clock = self.shared.clock.clone();
         self.watcher = Some(tokio::spawn(async move {
             if let Err(err) = handle.wait_for_exit().await {
                 // The pass this wakes looks again; not at once, so a
                 // runtime that keeps failing is not asked in a tight loop.
                 tracing::debug!(sandbox_id = %id, %err, "watching the init failed");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                clock.sleep(Duration::from_secs(1)).await;
             }
         }));
     }
@@ -909,7 +845,7 @@ impl Worker {
         match self
             .shared
             .homes
-            .secure(&self.shared.client, sandbox, &runner_id)
+            .secure(&self.shared.control, sandbox, &runner_id)
             .await
         {
             Ok(()) => Ok(()),
@@ -917,7 +853,7 @@ impl Worker {
             Err(SaveFailure::Failed(error)) => {
                 tracing::warn!(sandbox_id = %self.id, %error, "securing the home failed; the home stays and securing is tried again");
                 if let Err(SaveFailure::Fenced(message)) =
-                    Homes::report_failure(&self.shared.client, sandbox, &runner_id, &error).await
+                    Homes::report_failure(&self.shared.control, sandbox, &runner_id, &error).await
                 {
                     return Err(Step::Refused(Refusal::Fenced(message)));
                 }
@@ -1059,6 +995,41 @@ impl Worker {
     }
 }
 
+/// A running durable home's saves: every `interval` (on the agent's
+/// clock), a snapshot uploaded and committed. A failed save is reported
+/// (the record's save status says `failing`) and tried again next
+/// interval; a fenced answer ends the schedule.
+pub(crate) async fn save_on_schedule(
+    shared: Arc<Shared>,
+    sandbox: SandboxAssignment,
+    interval: Duration,
+) {
+    let id = &sandbox.sandbox_id;
+    loop {
+        shared.clock.sleep(interval).await;
+        let runner_id = shared.runner_id();
+        match shared
+            .homes
+            .save_running(&shared.control, &sandbox, &runner_id)
+            .await
+        {
+            Ok(_) => {}
+            Err(SaveFailure::Fenced(message)) => {
+                tracing::info!(sandbox_id = %id, %message, "saves stop: fenced");
+                return;
+            }
+            Err(SaveFailure::Failed(error)) => {
+                tracing::warn!(sandbox_id = %id, %error, "save failed; trying again next interval");
+                let reported =
+                    Homes::report_failure(&shared.control, &sandbox, &runner_id, &error).await;
+                if let Err(SaveFailure::Fenced(_)) = reported {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// Why a step of a pass did not complete.
 #[derive(Debug)]
 enum Step {
@@ -1069,18 +1040,6 @@ enum Step {
     Refused(Refusal),
     /// The runner froze (it cannot renew its lease): nothing may start.
     Frozen,
-}
-
-/// A sandbox this runner cannot run as asked: reported `failed`.
-struct Unrunnable {
-    reason: &'static str,
-    message: String,
-}
-
-impl Unrunnable {
-    fn new(reason: &'static str, message: String) -> Unrunnable {
-        Unrunnable { reason, message }
-    }
 }
 
 #[cfg(test)]

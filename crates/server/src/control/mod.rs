@@ -49,13 +49,4 @@ impl AppState {
     pub fn retained_since_ms(&self) -> i64 {
         crate::db::now_ms() - self.config.retention.as_millis() as i64
     }
-
-    /// Fault injection for tests of crash safety: `ROOST_FAILPOINT=NAME`
-    /// makes the process abort (as kill -9 would) when it reaches `NAME`.
-    pub fn failpoint(&self, name: &str) {
-        if self.config.failpoint.as_deref() == Some(name) {
-            tracing::error!(failpoint = name, "failpoint reached; aborting");
-            std::process::abort();
-        }
-    }
 }

@@ -43,7 +43,7 @@ pub async fn create(
     if let Some(replayed) = replayed {
         return Ok(replayed);
     }
-    state.failpoint("after_commit:create_sandbox");
+    state.config.failpoint.hit("after_commit:create_sandbox");
     tracing::info!(sandbox_id = %id, %org_id, state = %record.state, "sandbox created");
     Ok((StatusCode::CREATED, axum::Json(record)).into_response())
 }

@@ -1,0 +1,177 @@
+//! The container runtime as the runner agent asks things of it: one
+//! object-safe trait per handle ([`ContainerRuntime`] for the runtime,
+//! [`Container`] for one sandbox's container, [`RunningCommand`] for one
+//! exec), so that the agent holds `Arc<dyn ContainerRuntime>` and its tests
+//! can put a recording, fault-injecting fake where runc or crun would be.
+//!
+//! The runc/crun driver ([`Runtime`], [`Sandbox`], [`Execution`]) is the
+//! real implementation; each method here is the driver's method of the
+//! same name, nothing more. The futures are boxed (no `async fn` in a
+//! `dyn` trait) and `Send`, as the agent runs them in spawned tasks.
+//! Nothing in the crate imports this module: it sits above the driver.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{SandboxConfig, SandboxId, SandboxPaths};
+use crate::error::Result;
+use crate::exec::{CommandEnd, CommandSpec, Execution, Signaller, Stream};
+use crate::signal::Signal;
+use crate::state::{DeathCause, Observation, RuntimeState};
+
+use crate::runtime::{Runtime, Sandbox};
+
+/// A boxed `Send` future, as the traits here return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the agent asks of the runtime as a whole.
+pub trait ContainerRuntime: Send + Sync {
+    /// The runtime's name (`runc`, `crun`, or a fake's), for the logs.
+    fn name(&self) -> &'static str;
+    /// Whether sandboxes can have `bridge` networking here.
+    fn bridge_available(&self) -> bool;
+    /// The ids of every container under this runtime's root.
+    fn container_ids(&self) -> Result<Vec<String>>;
+    /// A handle to the container `id` (whether or not it exists).
+    fn container(&self, id: SandboxId, paths: SandboxPaths) -> Arc<dyn Container>;
+    /// Creates and starts the container `config` describes.
+    fn launch<'a>(&'a self, config: &'a SandboxConfig)
+    -> BoxFuture<'a, Result<Arc<dyn Container>>>;
+}
+
+/// What the agent asks of one sandbox's container.
+pub trait Container: Send + Sync + std::fmt::Debug {
+    fn id(&self) -> &SandboxId;
+    fn paths(&self) -> &SandboxPaths;
+    fn start(&self) -> BoxFuture<'_, Result<()>>;
+    /// `None`: the runtime has no such container.
+    fn state(&self) -> BoxFuture<'_, Result<Option<RuntimeState>>>;
+    fn observe(&self) -> BoxFuture<'_, Result<Observation>>;
+    fn kill(&self, signal: Signal) -> BoxFuture<'_, Result<()>>;
+    fn pause(&self) -> BoxFuture<'_, Result<()>>;
+    fn resume(&self) -> BoxFuture<'_, Result<()>>;
+    /// SIGTERM, then SIGKILL after `grace`; the container stays.
+    fn stop(&self, grace: Duration) -> BoxFuture<'_, Result<DeathCause>>;
+    /// Resolves when the init dies, with the cause.
+    fn wait_for_exit(&self) -> BoxFuture<'_, Result<DeathCause>>;
+    /// Kills what runs and removes the container (its files stay).
+    fn delete(&self) -> BoxFuture<'_, Result<()>>;
+    /// Removes the container's files (the bundle, its root directory).
+    fn remove_files(&self) -> BoxFuture<'_, Result<()>>;
+    /// Execs `command` in a container just seen running.
+    fn exec_seen_running<'a>(
+        &'a self,
+        command: &'a CommandSpec,
+    ) -> BoxFuture<'a, Result<Box<dyn RunningCommand>>>;
+}
+
+/// Output chunks as a command hands them over.
+pub type OnOutput<'a> = Box<dyn FnMut(Stream, &[u8]) + Send + 'a>;
+
+/// One command running in a container.
+pub trait RunningCommand: Send {
+    /// Signals the command while [`RunningCommand::wait`] runs.
+    fn signaller(&self) -> Signaller;
+    /// Drives the command to its end, handing output to `on_output`.
+    fn wait<'a>(self: Box<Self>, on_output: OnOutput<'a>) -> BoxFuture<'a, Result<CommandEnd>>;
+}
+
+impl ContainerRuntime for Runtime {
+    fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+
+    fn bridge_available(&self) -> bool {
+        Runtime::bridge_available(self)
+    }
+
+    fn container_ids(&self) -> Result<Vec<String>> {
+        Runtime::container_ids(self)
+    }
+
+    fn container(&self, id: SandboxId, paths: SandboxPaths) -> Arc<dyn Container> {
+        Arc::new(self.sandbox(id, paths))
+    }
+
+    fn launch<'a>(
+        &'a self,
+        config: &'a SandboxConfig,
+    ) -> BoxFuture<'a, Result<Arc<dyn Container>>> {
+        Box::pin(async move {
+            let sandbox = Runtime::launch(self, config).await?;
+            Ok(Arc::new(sandbox) as Arc<dyn Container>)
+        })
+    }
+}
+
+impl Container for Sandbox {
+    fn id(&self) -> &SandboxId {
+        Sandbox::id(self)
+    }
+
+    fn paths(&self) -> &SandboxPaths {
+        Sandbox::paths(self)
+    }
+
+    fn start(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(Sandbox::start(self))
+    }
+
+    fn state(&self) -> BoxFuture<'_, Result<Option<RuntimeState>>> {
+        Box::pin(Sandbox::state(self))
+    }
+
+    fn observe(&self) -> BoxFuture<'_, Result<Observation>> {
+        Box::pin(Sandbox::observe(self))
+    }
+
+    fn kill(&self, signal: Signal) -> BoxFuture<'_, Result<()>> {
+        Box::pin(Sandbox::kill(self, signal))
+    }
+
+    fn pause(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(Sandbox::pause(self))
+    }
+
+    fn resume(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(Sandbox::resume(self))
+    }
+
+    fn stop(&self, grace: Duration) -> BoxFuture<'_, Result<DeathCause>> {
+        Box::pin(Sandbox::stop(self, grace))
+    }
+
+    fn wait_for_exit(&self) -> BoxFuture<'_, Result<DeathCause>> {
+        Box::pin(Sandbox::wait_for_exit(self))
+    }
+
+    fn delete(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(Sandbox::delete(self))
+    }
+
+    fn remove_files(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(Sandbox::remove_files(self))
+    }
+
+    fn exec_seen_running<'a>(
+        &'a self,
+        command: &'a CommandSpec,
+    ) -> BoxFuture<'a, Result<Box<dyn RunningCommand>>> {
+        Box::pin(async move {
+            let execution = Sandbox::exec_seen_running(self, command).await?;
+            Ok(Box::new(execution) as Box<dyn RunningCommand>)
+        })
+    }
+}
+
+impl RunningCommand for Execution {
+    fn signaller(&self) -> Signaller {
+        Execution::signaller(self)
+    }
+
+    fn wait<'a>(self: Box<Self>, on_output: OnOutput<'a>) -> BoxFuture<'a, Result<CommandEnd>> {
+        Box::pin(Execution::wait(*self, on_output))
+    }
+}

@@ -1,0 +1,706 @@
+//! The agent driven through its fakes (`testing`): no root, no runc, no
+//! server, and simulated time (the tests move the clock; nothing sleeps on
+//! the wall clock). Each test names one behaviour and fails if it breaks:
+//! a worker's passes (launch, stop, delete, an out-of-band death, launch
+//! failures), command supervision (an end and its state, a launch failure
+//! and its typed reason), the save schedule (a failed save is reported,
+//! every interval, until fenced) and the self-fence (heartbeats failing
+//! past `freeze_after` pause what runs, a renewal thaws exactly that, a
+//! `fenced` answer kills everything and the runner registers again, a hung
+//! heartbeat times out on the clock), the assignments loop (what is
+//! assigned is launched, leftovers and what is taken away are removed)
+//! and preemption notices (retried until the server has one).
+
+use std::time::Duration;
+
+use api::client::OutputStream;
+use api::failpoint::Failpoints;
+use api::lifecycle::{CommandState, DesiredState, SandboxState, StorageClass};
+use oci::config::SandboxId;
+use oci::exec::{Outcome, Stream};
+use oci::init::InitEnd;
+use oci::signal::Signal;
+use oci::{DeathCause, Error, LaunchFailure, Status};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::sandbox::{self, Assigned};
+use super::testing::{
+    Agent, Call, ExecScript, FREEZE_AFTER_MS, HEARTBEAT_MS, Kind, LEASE_TTL_MS, Request, Scripted,
+    agent, assignment, command, settle,
+};
+use super::{assignments_loop, fence, heartbeats, notify_preemption, register, register_request};
+
+const ID: &str = "sbx_fake0001";
+
+fn ms(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+/// Starts the worker of [`ID`] with `assigned`.
+fn worker(agent: &Agent, assigned: Assigned) -> (watch::Sender<Option<Assigned>>, JoinHandle<()>) {
+    let (sender, receiver) = watch::channel(Some(assigned));
+    let id = SandboxId::new(ID.to_owned()).expect("a sandbox id");
+    let task = tokio::spawn(sandbox::run(agent.shared.clone(), id, receiver));
+    (sender, task)
+}
+
+fn sandbox_only(desired: DesiredState, state: SandboxState) -> Assigned {
+    Assigned {
+        sandbox: assignment(ID, 1, desired, state),
+        commands: Vec::new(),
+    }
+}
+
+fn reported(requests: &[Request], state: SandboxState) -> bool {
+    requests
+        .iter()
+        .any(|r| matches!(r, Request::Sandbox(_, report) if report.state == state))
+}
+
+#[tokio::test]
+async fn an_assignment_is_launched_and_reported_running() {
+    let agent = agent(Failpoints::none());
+    let (_assign, _task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Running, SandboxState::Starting),
+    );
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    assert_eq!(agent.runtime.calls(), [Call::Launch(ID.to_owned())]);
+    let reports = agent.control.requests();
+    let Some(Request::Sandbox(id, report)) = reports.first() else {
+        panic!("the first request is the sandbox's report: {reports:?}");
+    };
+    assert_eq!(
+        (id.as_str(), report.epoch, report.runner_id.as_str()),
+        (ID, 1, "rnr_fake")
+    );
+    assert_eq!(agent.runtime.status(ID), Some(Status::Running));
+}
+
+#[tokio::test]
+async fn a_desired_stop_stops_then_deletes_the_container_and_reports_stopped() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add(ID, Status::Running);
+    let (assign, _task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Running, SandboxState::Running),
+    );
+    settle().await;
+    assign.send_replace(Some(sandbox_only(
+        DesiredState::Stopped,
+        SandboxState::Running,
+    )));
+    agent
+        .control
+        .wait_until("stopped reported", |r| reported(r, SandboxState::Stopped))
+        .await;
+    assert_eq!(
+        agent.runtime.calls(),
+        [Call::Stop(ID.to_owned()), Call::Delete(ID.to_owned())]
+    );
+    let states: Vec<_> = agent
+        .control
+        .sandbox_reports()
+        .into_iter()
+        .map(|(state, reason, _)| (state, reason))
+        .collect();
+    let stop_requested = Some("stop_requested".to_owned());
+    assert_eq!(
+        states,
+        [
+            (SandboxState::Stopping, stop_requested.clone()),
+            (SandboxState::Stopped, stop_requested),
+        ]
+    );
+    // Then deleted: every file goes, `deleted` is reported.
+    assign.send_replace(Some(sandbox_only(
+        DesiredState::Deleted,
+        SandboxState::Stopped,
+    )));
+    agent
+        .control
+        .wait_until("deleted reported", |r| reported(r, SandboxState::Deleted))
+        .await;
+    assert_eq!(
+        agent.runtime.calls().last(),
+        Some(&Call::RemoveFiles(ID.to_owned()))
+    );
+}
+
+#[tokio::test]
+async fn a_container_that_dies_is_reported_failed_with_its_cause() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add(ID, Status::Running);
+    let (_assign, _task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Running, SandboxState::Running),
+    );
+    settle().await;
+    assert!(
+        agent.control.sandbox_reports().is_empty(),
+        "nothing to report"
+    );
+    let cause = DeathCause::WorkloadExited {
+        end: Some(InitEnd::WorkloadExited { code: 3 }),
+    };
+    agent.runtime.die(ID, cause);
+    agent
+        .control
+        .wait_until("failed reported", |r| reported(r, SandboxState::Failed))
+        .await;
+    let (_, reason, message) = agent.control.sandbox_reports().remove(0);
+    assert_eq!(reason.as_deref(), Some("workload_exited"));
+    assert!(
+        message.as_deref().is_some_and(|m| m.contains("code 3")),
+        "{message:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_oom_killed_sandbox_is_reported_oom_killed() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add(ID, Status::Running);
+    let (_assign, _task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Running, SandboxState::Running),
+    );
+    settle().await;
+    agent.runtime.die(ID, DeathCause::OomKilled);
+    agent
+        .control
+        .wait_until("failed reported", |r| reported(r, SandboxState::Failed))
+        .await;
+    let (_, reason, _) = agent.control.sandbox_reports().remove(0);
+    assert_eq!(reason.as_deref(), Some("oom_killed"));
+}
+
+#[tokio::test]
+async fn a_permanent_launch_failure_fails_the_sandbox_with_the_runtimes_words() {
+    let agent = agent(Failpoints::none());
+    agent
+        .runtime
+        .fail_next_launch(Error::Invalid("no such seccomp profile".to_owned()));
+    let (_assign, _task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Running, SandboxState::Starting),
+    );
+    agent
+        .control
+        .wait_until("failed reported", |r| reported(r, SandboxState::Failed))
+        .await;
+    let (_, reason, message) = agent.control.sandbox_reports().remove(0);
+    assert_eq!(reason.as_deref(), Some("runtime_error"));
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("no such seccomp profile")),
+        "{message:?}"
+    );
+    assert_eq!(agent.runtime.calls(), [Call::Launch(ID.to_owned())]);
+}
+
+#[tokio::test]
+async fn a_transient_launch_failure_is_retried_after_a_pause_on_the_clock() {
+    let agent = agent(Failpoints::none());
+    for _ in 0..2 {
+        agent.runtime.fail_next_launch(Error::io(
+            "start",
+            "/run/fake",
+            std::io::Error::other("the runtime could not be started"),
+        ));
+    }
+    let (_assign, _task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Running, SandboxState::Starting),
+    );
+    agent
+        .runtime
+        .wait_until("a first launch", |calls| !calls.is_empty())
+        .await;
+    settle().await;
+    // No time has passed: no second attempt yet.
+    assert_eq!(agent.runtime.calls().len(), 1);
+    agent.clock.run_for(ms(2_000), ms(50)).await;
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    let launches = agent.runtime.times_of(|c| matches!(c, Call::Launch(_)));
+    assert_eq!(launches.len(), 3, "two failures, then the launch");
+    assert!(launches[1] > launches[0], "the retry waited on the clock");
+    assert!(
+        !reported(&agent.control.requests(), SandboxState::Failed),
+        "a transient failure does not fail the sandbox"
+    );
+}
+
+/// A worker of a running sandbox with one command handed over.
+fn with_command(agent: &Agent, argv: &[&str]) -> (watch::Sender<Option<Assigned>>, JoinHandle<()>) {
+    agent.runtime.add(ID, Status::Running);
+    worker(
+        agent,
+        Assigned {
+            sandbox: assignment(ID, 1, DesiredState::Running, SandboxState::Running),
+            commands: vec![command("cmd_fake0001", ID, 1, argv)],
+        },
+    )
+}
+
+fn ended(requests: &[Request]) -> bool {
+    requests
+        .iter()
+        .any(|r| matches!(r, Request::Command(_, report) if report.state != CommandState::Running))
+}
+
+#[tokio::test]
+async fn a_commands_output_goes_up_before_its_exit_is_reported() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.next_exec(ExecScript {
+        output: vec![(Stream::Stdout, b"hello\n".to_vec())],
+        outcome: Outcome::Exited { code: 7 },
+    });
+    let (_assign, _task) = with_command(&agent, &["echo", "hello"]);
+    agent.control.wait_until("the command's end", ended).await;
+    assert_eq!(
+        agent.runtime.calls(),
+        [Call::Exec(
+            ID.to_owned(),
+            vec!["echo".to_owned(), "hello".to_owned()]
+        )]
+    );
+    let requests = agent.control.requests();
+    let output = requests
+        .iter()
+        .position(|r| {
+            matches!(r, Request::Output(id, OutputStream::Stdout, 0, bytes)
+                if id == "cmd_fake0001" && bytes == b"hello\n")
+        })
+        .expect("the output was uploaded at offset 0");
+    let end = requests.iter().position(|r| ended(std::slice::from_ref(r)));
+    assert!(end.is_some_and(|end| end > output), "{requests:?}");
+    let reports = agent.control.command_reports();
+    let states: Vec<_> = reports.iter().map(|r| r.state).collect();
+    assert_eq!(states, [CommandState::Running, CommandState::Exited]);
+    assert_eq!(reports[1].exit_code, Some(7));
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_start_is_launch_failed_with_its_typed_reason() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.next_exec(ExecScript {
+        output: Vec::new(),
+        outcome: Outcome::LaunchFailed {
+            failure: LaunchFailure::MissingExecutable,
+            message: "exec: \"nope\": executable file not found in $PATH".to_owned(),
+        },
+    });
+    let (_assign, _task) = with_command(&agent, &["nope"]);
+    agent.control.wait_until("the command's end", ended).await;
+    let end = agent
+        .control
+        .command_reports()
+        .into_iter()
+        .find(|r| r.state != CommandState::Running)
+        .expect("an end");
+    assert_eq!(end.state, CommandState::LaunchFailed);
+    assert_eq!(end.reason.as_deref(), Some("executable_not_found"));
+}
+
+#[tokio::test]
+async fn scheduled_saves_run_every_interval_and_report_failures_until_fenced() {
+    let agent = agent(Failpoints::none());
+    let mut sandbox = assignment(ID, 1, DesiredState::Running, SandboxState::Running);
+    sandbox.storage_class = StorageClass::Durable;
+    let saves = tokio::spawn(sandbox::save_on_schedule(
+        agent.shared.clone(),
+        sandbox,
+        Duration::from_secs(60),
+    ));
+    settle().await;
+    let saves_reported = |agent: &Agent| {
+        agent
+            .control
+            .requests()
+            .into_iter()
+            .filter_map(|r| match r {
+                Request::Save(id, report) => Some((id, report)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    agent.clock.run_for(ms(59_000), ms(1_000)).await;
+    assert!(saves_reported(&agent).is_empty(), "not before the interval");
+    agent.clock.run_for(ms(1_000), ms(1_000)).await;
+    agent
+        .control
+        .wait_until("a save reported", |r| {
+            r.iter().any(|r| matches!(r, Request::Save(..)))
+        })
+        .await;
+    // No btrfs here: the snapshot cannot be taken, and the report says so.
+    let (id, report) = saves_reported(&agent).remove(0);
+    assert_eq!(
+        (id.as_str(), report.outcome.as_str(), report.epoch),
+        (ID, "failed", 1)
+    );
+    assert!(report.error.is_some_and(|e| !e.is_empty()));
+    // Tried again next interval; a fenced answer ends the schedule.
+    agent.control.answer(Kind::Save, Scripted::Fenced);
+    agent.clock.run_for(ms(60_000), ms(1_000)).await;
+    agent
+        .control
+        .wait_until("a second save reported", |r| {
+            r.iter().filter(|r| matches!(r, Request::Save(..))).count() == 2
+        })
+        .await;
+    settle().await;
+    assert!(saves.is_finished(), "fenced: no more saves");
+}
+
+/// Registers through the fake (a 9 s lease, beats every 3 s, freezing 6 s
+/// after the last answered beat was sent) and starts the heartbeats.
+async fn registered(agent: &Agent) -> JoinHandle<()> {
+    let request = register_request(&agent.shared);
+    let heartbeat_ms = register(&agent.shared, &request).await.expect("registered");
+    assert_eq!(heartbeat_ms, HEARTBEAT_MS);
+    let shared = agent.shared.clone();
+    let task = tokio::spawn(async move {
+        let registration = tokio::sync::Mutex::new(());
+        let _ = heartbeats(&shared, &registration, heartbeat_ms).await;
+    });
+    settle().await;
+    task
+}
+
+/// Runs the fence as `fence::watch` does, a tick every 100 ms of
+/// simulated time, until `until`.
+async fn fence_until(agent: &Agent, until: Duration) {
+    while agent.clock.elapsed() < until {
+        fence::tick(&agent.shared).await;
+        agent.clock.advance(ms(100));
+        settle().await;
+    }
+    fence::tick(&agent.shared).await;
+}
+
+#[tokio::test]
+async fn failing_heartbeats_freeze_before_the_lease_can_expire_and_a_renewal_thaws_exactly_that() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add("sbx_a", Status::Running);
+    agent.runtime.add("sbx_b", Status::Running);
+    // Paused by someone else before: not the fence's to thaw.
+    agent.runtime.add("sbx_c", Status::Paused);
+    let _beats = registered(&agent).await;
+    let frozen = agent.shared.fence.subscribe();
+    // The beat at 3 s is answered; from 4 s the link is down.
+    fence_until(&agent, ms(4_000)).await;
+    agent.control.answer(Kind::Heartbeat, Scripted::Unreachable);
+    fence_until(&agent, ms(8_900)).await;
+    assert!(
+        agent
+            .runtime
+            .times_of(|c| matches!(c, Call::Pause(_)))
+            .is_empty()
+    );
+    assert!(!*frozen.borrow(), "thawed until freeze_after has passed");
+    fence_until(&agent, ms(10_500)).await;
+    let paused = agent.runtime.times_of(|c| matches!(c, Call::Pause(_)));
+    // freeze_after after the last answered beat was sent (3 s), and at
+    // least a heartbeat interval before the server's lease (from 3 s)
+    // could expire.
+    let freeze_at = ms(3_000 + FREEZE_AFTER_MS);
+    assert_eq!(paused, [freeze_at, freeze_at], "both running ones, at once");
+    assert!(freeze_at + ms(HEARTBEAT_MS) <= ms(3_000 + LEASE_TTL_MS));
+    assert!(*frozen.borrow(), "the workers see the freeze");
+    assert_eq!(agent.runtime.status("sbx_a"), Some(Status::Paused));
+    // The link heals: the next retried beat (each second) thaws them.
+    agent.control.answer(Kind::Heartbeat, Scripted::Ok);
+    fence_until(&agent, ms(12_000)).await;
+    assert!(!*frozen.borrow(), "thawed");
+    let resumed: Vec<_> = agent
+        .runtime
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::Resume(_)))
+        .collect();
+    assert_eq!(
+        resumed,
+        [
+            Call::Resume("sbx_a".to_owned()),
+            Call::Resume("sbx_b".to_owned())
+        ]
+    );
+    assert_eq!(agent.runtime.status("sbx_a"), Some(Status::Running));
+    assert_eq!(agent.runtime.status("sbx_c"), Some(Status::Paused));
+    let record =
+        std::fs::read_to_string(agent.shared.data.root().join("fence.json")).expect("fence.json");
+    assert!(record.contains("\"thawed\""), "{record}");
+}
+
+#[tokio::test]
+async fn a_pause_that_fails_leaves_the_others_frozen() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add("sbx_a", Status::Running);
+    let _beats = registered(&agent).await;
+    agent
+        .runtime
+        .pause_fault(Some(super::testing::PauseFault::Fails));
+    agent.control.answer(Kind::Heartbeat, Scripted::Unreachable);
+    fence_until(&agent, ms(6_500)).await;
+    // The freeze went ahead (the workers stop) though the pause failed.
+    assert!(*agent.shared.fence.subscribe().borrow());
+    assert_eq!(
+        agent.runtime.times_of(|c| matches!(c, Call::Pause(_))),
+        [ms(FREEZE_AFTER_MS)]
+    );
+}
+
+#[tokio::test]
+async fn a_fenced_heartbeat_kills_every_container_and_the_runner_registers_again() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add("sbx_a", Status::Running);
+    agent.runtime.add("sbx_p", Status::Paused);
+    let _beats = registered(&agent).await;
+    agent.control.answer_next(Kind::Heartbeat, Scripted::Fenced);
+    fence_until(&agent, ms(3_000)).await;
+    agent
+        .control
+        .wait_until("registered again", |r| {
+            r.iter()
+                .filter(|r| matches!(r, Request::Register(_)))
+                .count()
+                == 2
+        })
+        .await;
+    let calls = agent.runtime.calls();
+    let kill = |id: &str| Call::Kill(id.to_owned(), Signal::Kill);
+    assert!(calls.contains(&kill("sbx_a")), "{calls:?}");
+    // A paused one is resumed after its kill, so that the kill lands.
+    let killed_p = calls.iter().position(|c| *c == kill("sbx_p"));
+    let resumed_p = calls
+        .iter()
+        .position(|c| *c == Call::Resume("sbx_p".to_owned()));
+    assert!(
+        killed_p.zip(resumed_p).is_some_and(|(k, r)| k < r),
+        "{calls:?}"
+    );
+    assert_eq!(agent.runtime.status("sbx_a"), Some(Status::Stopped));
+    assert_eq!(agent.runtime.status("sbx_p"), Some(Status::Stopped));
+    let record =
+        std::fs::read_to_string(agent.shared.data.root().join("fence.json")).expect("fence.json");
+    assert!(record.contains("\"fenced\""), "{record}");
+    // Registered again: the workers may act once more; nothing is thawed.
+    fence_until(&agent, ms(3_200)).await;
+    assert!(!*agent.shared.fence.subscribe().borrow());
+    assert_eq!(
+        agent
+            .runtime
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Resume(_)))
+            .count(),
+        1,
+        "only the kill's resume"
+    );
+}
+
+#[tokio::test]
+async fn a_frozen_runner_launches_nothing_until_it_thaws() {
+    let agent = agent(Failpoints::none());
+    let _beats = registered(&agent).await;
+    agent.control.answer(Kind::Heartbeat, Scripted::Unreachable);
+    fence_until(&agent, ms(6_100)).await;
+    assert!(*agent.shared.fence.subscribe().borrow(), "frozen");
+    let (_assign, _task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Running, SandboxState::Starting),
+    );
+    settle().await;
+    assert!(agent.runtime.calls().is_empty(), "no launch while frozen");
+    agent.control.answer(Kind::Heartbeat, Scripted::Ok);
+    fence_until(&agent, ms(7_500)).await;
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    assert_eq!(agent.runtime.calls(), [Call::Launch(ID.to_owned())]);
+}
+
+/// A fault point armed to panic fires where the agent reaches it: right
+/// after a command's launch, before anything is reported.
+#[tokio::test]
+async fn a_fault_point_stops_the_agent_where_it_is_armed() {
+    let agent = agent(Failpoints::panicking_at("runner:after_command_launch"));
+    let (_assign, _task) = with_command(&agent, &["true"]);
+    agent
+        .runtime
+        .wait_until("the exec", |calls| {
+            calls.iter().any(|c| matches!(c, Call::Exec(..)))
+        })
+        .await;
+    agent.clock.run_for(ms(1_000), ms(100)).await;
+    assert!(
+        agent.control.command_reports().is_empty(),
+        "nothing reported past the point"
+    );
+}
+
+#[tokio::test]
+async fn output_the_server_refuses_is_dropped_and_the_end_still_reported() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.next_exec(ExecScript {
+        output: vec![
+            (Stream::Stdout, b"one\n".to_vec()),
+            (Stream::Stderr, b"two\n".to_vec()),
+        ],
+        outcome: Outcome::Exited { code: 0 },
+    });
+    agent.control.answer(Kind::Output, Scripted::Refused);
+    let (_assign, _task) = with_command(&agent, &["chatty"]);
+    agent.control.wait_until("the command's end", ended).await;
+    let uploads = agent
+        .control
+        .requests()
+        .into_iter()
+        .filter(|r| matches!(r, Request::Output(..)))
+        .count();
+    assert_eq!(uploads, 1, "refused once, never sent again");
+    let end = agent.control.command_reports().pop().expect("an end");
+    assert_eq!((end.state, end.exit_code), (CommandState::Exited, Some(0)));
+}
+
+#[tokio::test]
+async fn a_pause_that_hangs_holds_the_fence_but_the_workers_are_already_frozen() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add("sbx_a", Status::Running);
+    let _beats = registered(&agent).await;
+    agent
+        .runtime
+        .pause_fault(Some(super::testing::PauseFault::Hangs));
+    agent.control.answer(Kind::Heartbeat, Scripted::Unreachable);
+    fence_until(&agent, ms(5_900)).await;
+    agent.clock.advance(ms(100));
+    settle().await;
+    let shared = agent.shared.clone();
+    let tick = tokio::spawn(async move { fence::tick(&shared).await });
+    agent
+        .runtime
+        .wait_until("the pause", |calls| {
+            calls.iter().any(|c| matches!(c, Call::Pause(_)))
+        })
+        .await;
+    // The gate closed before anything was paused: no worker acts.
+    assert!(*agent.shared.fence.subscribe().borrow());
+    assert!(agent.shared.fence.thawed().await.is_none());
+    assert!(!tick.is_finished(), "the tick waits on the runtime");
+    tick.abort();
+}
+
+#[tokio::test]
+async fn heartbeats_that_hang_time_out_on_the_clock_and_the_fence_still_freezes() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add("sbx_a", Status::Running);
+    let _beats = registered(&agent).await;
+    agent.control.answer(Kind::Heartbeat, Scripted::Hangs);
+    fence_until(&agent, ms(7_100)).await;
+    // Registered at 0 and no beat answered since: frozen at freeze_after.
+    assert_eq!(
+        agent.runtime.times_of(|c| matches!(c, Call::Pause(_))),
+        [ms(FREEZE_AFTER_MS)]
+    );
+    // The beat sent at 3 s gave up after an interval; the next went at 7 s.
+    let beats = agent
+        .control
+        .requests()
+        .into_iter()
+        .filter(|r| *r == Request::Heartbeat)
+        .count();
+    assert_eq!(
+        beats, 2,
+        "a hung beat holds the next one up only an interval"
+    );
+}
+
+/// The assignments loop as `run` drives it, with the fake's long-poll.
+fn assignments(agent: &Agent) -> JoinHandle<()> {
+    let shared = agent.shared.clone();
+    tokio::spawn(async move {
+        let registration = tokio::sync::Mutex::new(());
+        let mut workers = std::collections::HashMap::new();
+        let _ = assignments_loop(&shared, &registration, &mut workers).await;
+    })
+}
+
+#[tokio::test]
+async fn the_first_assignments_launch_what_is_assigned_and_remove_leftovers() {
+    let agent = agent(Failpoints::none());
+    // Left by an earlier run, no longer assigned here.
+    agent.runtime.add("sbx_old", Status::Running);
+    agent.control.assign(
+        vec![assignment(
+            ID,
+            1,
+            DesiredState::Running,
+            SandboxState::Starting,
+        )],
+        Vec::new(),
+    );
+    let _loop = assignments(&agent);
+    agent
+        .runtime
+        .wait_until("the launch and the removal", |calls| {
+            calls.contains(&Call::Launch(ID.to_owned()))
+                && calls.contains(&Call::RemoveFiles("sbx_old".to_owned()))
+        })
+        .await;
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    assert!(
+        agent
+            .control
+            .requests()
+            .iter()
+            .all(|r| !matches!(r, Request::Sandbox(id, _) if id == "sbx_old")),
+        "nothing is reported for what is not assigned"
+    );
+    // No longer assigned (taken away): its worker removes it.
+    agent.control.assign(Vec::new(), Vec::new());
+    agent
+        .runtime
+        .wait_until("the removal", |calls| {
+            calls.contains(&Call::RemoveFiles(ID.to_owned()))
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn a_preemption_notice_is_passed_on_retrying_what_fails_transiently() {
+    let agent = agent(Failpoints::none());
+    agent
+        .control
+        .answer_next(Kind::Preempt, Scripted::Unreachable);
+    agent
+        .control
+        .answer_next(Kind::Preempt, Scripted::Unreachable);
+    let shared = agent.shared.clone();
+    let notice = tokio::spawn(async move { notify_preemption(&shared).await });
+    settle().await;
+    let preempts = |agent: &Agent| {
+        agent
+            .control
+            .requests()
+            .into_iter()
+            .filter(|r| *r == Request::Preempt)
+            .count()
+    };
+    assert_eq!(preempts(&agent), 1, "no retry before the pause");
+    agent.clock.run_for(ms(1_000), ms(50)).await;
+    assert_eq!(preempts(&agent), 3, "retried until the server had it");
+    assert!(notice.is_finished());
+}
