@@ -122,3 +122,39 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every command a script may call answers in JSON with `--json`; the
+    /// exceptions run for a long time (`server`, `runner`, `up`) or stream a
+    /// command's own bytes (`exec`, `command output`).
+    #[test]
+    fn every_command_takes_json() {
+        const STREAMING_OR_LONG_RUNNING: &[&str] = &[
+            "roost server",
+            "roost runner",
+            "roost up",
+            "roost exec",
+            "roost command output",
+        ];
+        let mut missing = Vec::new();
+        let mut pending = vec![("roost".to_owned(), Cli::command())];
+        while let Some((path, command)) = pending.pop() {
+            let leaves: Vec<_> = command.get_subcommands().collect();
+            if leaves.is_empty() {
+                let json = command.get_arguments().any(|arg| arg.get_id() == "json");
+                if !json && !STREAMING_OR_LONG_RUNNING.contains(&path.as_str()) {
+                    missing.push(path);
+                }
+                continue;
+            }
+            for sub in leaves {
+                pending.push((format!("{path} {}", sub.get_name()), sub.clone()));
+            }
+        }
+        assert!(missing.is_empty(), "no --json on: {missing:?}");
+    }
+}
