@@ -53,6 +53,14 @@ for b in "$ROOST_BIN" "$BENCH_BIN"; do
 done
 
 case "$BENCH_DIR" in /tmp/*) ;; *) echo "run.sh: BENCH_DIR must be under /tmp" >&2; exit 1 ;; esac
+# The runner's volume filesystem stays mounted after it exits (sandboxes
+# outlive the runner process): unmount what is under the scratch dir.
+unmount_scratch() {
+  findmnt -rn -o TARGET | grep "^$BENCH_DIR/" | sort -r | while read -r mounted; do
+    umount -l "$mounted" 2>/dev/null || true
+  done
+}
+unmount_scratch
 rm -rf "$BENCH_DIR"
 mkdir -p "$BENCH_DIR"
 SERVER_PID= RUNNER_PID=
@@ -64,7 +72,10 @@ cleanup() {
   for c in "$BENCH_DIR"/runner/runtime/*; do
     [ -d "$c" ] && runc --root "$BENCH_DIR/runner/runtime" delete --force "$(basename "$c")" 2>/dev/null || true
   done
-  [ -n "$KEEP" ] || rm -rf "$BENCH_DIR"
+  if [ -z "$KEEP" ]; then
+    unmount_scratch
+    rm -rf "$BENCH_DIR"
+  fi
 }
 trap cleanup EXIT
 

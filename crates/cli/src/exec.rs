@@ -16,7 +16,8 @@ use tokio::time::Instant;
 
 use crate::control::runtime;
 use crate::output::{
-    age, human_bytes, or_dash, print_fields, print_json, print_record, print_table, time_and_age,
+    age, collect_pages, human_bytes, or_dash, print_fields, print_json, print_record, print_table,
+    time_and_age,
 };
 use crate::sandbox::{
     LONG_POLL_SECONDS_MAX, OrgTarget, parse_pair, retrying, seconds_rounded_up, state_with_reason,
@@ -406,21 +407,20 @@ async fn list(
     target: &OrgTarget,
 ) -> Result<ExitCode> {
     let client = target.client()?;
-    let mut page = client
-        .list_commands(sandbox_id, limit, None)
-        .await
-        .context("command list failed")?;
-    let mut commands = std::mem::take(&mut page.commands);
-    while all && let Some(cursor) = page.next_cursor.take() {
-        page = client
-            .list_commands(sandbox_id, limit, Some(&cursor))
-            .await
-            .context("command list failed")?;
-        commands.append(&mut page.commands);
-    }
+    let (commands, next_cursor) = collect_pages(all, |cursor| {
+        let client = &client;
+        async move {
+            let page = client
+                .list_commands(sandbox_id, limit, cursor.as_deref())
+                .await
+                .context("command list failed")?;
+            Ok((page.commands, page.next_cursor))
+        }
+    })
+    .await?;
     let listed = CommandList {
         commands,
-        next_cursor: page.next_cursor,
+        next_cursor,
     };
     if target.json {
         print_record(&listed)?;

@@ -10,6 +10,26 @@ pub fn print_json(value: &serde_json::Value) {
     println!("{value}");
 }
 
+/// Reads a paginated list: the first page, then (with `all`) every next
+/// one. `fetch(cursor)` answers one page's items and the next cursor;
+/// returns the items and the cursor of the page after them, if any.
+pub async fn collect_pages<T, F, Fut>(
+    all: bool,
+    mut fetch: F,
+) -> anyhow::Result<(Vec<T>, Option<String>)>
+where
+    F: FnMut(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<(Vec<T>, Option<String>)>>,
+{
+    let (mut items, mut next) = fetch(None).await?;
+    while all && let Some(cursor) = next.take() {
+        let (mut more, after) = fetch(Some(cursor)).await?;
+        items.append(&mut more);
+        next = after;
+    }
+    Ok((items, next))
+}
+
 /// Prints an API record as the one JSON document on stdout.
 pub fn print_record<T: serde::Serialize>(record: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string(record)?);

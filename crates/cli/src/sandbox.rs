@@ -14,7 +14,9 @@ use clap::{Args, Subcommand};
 use tokio::time::Instant;
 
 use crate::control::runtime;
-use crate::output::{age, or_dash, print_fields, print_record, print_table, time_and_age};
+use crate::output::{
+    age, collect_pages, or_dash, print_fields, print_record, print_table, time_and_age,
+};
 
 /// The longest one long-poll may ask the server to wait (its maximum).
 pub const LONG_POLL_SECONDS_MAX: u64 = 25;
@@ -429,24 +431,25 @@ fn settled(record: &Sandbox, state: &str) -> bool {
     }
 }
 
-async fn list(mut query: SandboxListQuery, all: bool, target: &OrgTarget) -> Result<ExitCode> {
+async fn list(query: SandboxListQuery, all: bool, target: &OrgTarget) -> Result<ExitCode> {
     let client = target.client()?;
-    let mut page = client
-        .list_sandboxes(&query)
-        .await
-        .context("sandbox list failed")?;
-    let mut sandboxes = std::mem::take(&mut page.sandboxes);
-    while all && let Some(cursor) = page.next_cursor.take() {
-        query.cursor = Some(cursor);
-        page = client
-            .list_sandboxes(&query)
-            .await
-            .context("sandbox list failed")?;
-        sandboxes.append(&mut page.sandboxes);
-    }
+    let (sandboxes, next_cursor) = collect_pages(all, |cursor| {
+        let (client, mut query) = (&client, query.clone());
+        async move {
+            if cursor.is_some() {
+                query.cursor = cursor;
+            }
+            let page = client
+                .list_sandboxes(&query)
+                .await
+                .context("sandbox list failed")?;
+            Ok((page.sandboxes, page.next_cursor))
+        }
+    })
+    .await?;
     let listed = SandboxList {
         sandboxes,
-        next_cursor: page.next_cursor,
+        next_cursor,
     };
     if target.json {
         print_record(&listed)?;

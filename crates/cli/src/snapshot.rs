@@ -10,7 +10,9 @@ use api::snapshots::{CreateSnapshotRequest, Snapshot};
 use clap::Subcommand;
 
 use crate::control::runtime;
-use crate::output::{age, or_dash, print_fields, print_record, print_table, time_and_age};
+use crate::output::{
+    age, collect_pages, or_dash, print_fields, print_record, print_table, time_and_age,
+};
 use crate::sandbox::{LONG_POLL_SECONDS_MAX, OrgTarget};
 
 #[derive(Subcommand)]
@@ -113,19 +115,17 @@ pub fn run(command: SnapshotCommand) -> Result<ExitCode> {
             }
             SnapshotCommand::List { sandbox, target } => {
                 let client = target.client()?;
-                let mut snapshots = Vec::new();
-                let mut cursor: Option<String> = None;
-                loop {
-                    let page = client
-                        .list_snapshots(sandbox.as_deref(), None, cursor.as_deref())
-                        .await
-                        .context("snapshot list failed")?;
-                    snapshots.extend(page.snapshots);
-                    match page.next_cursor {
-                        Some(next) => cursor = Some(next),
-                        None => break,
+                let (snapshots, _) = collect_pages(true, |cursor| {
+                    let (client, sandbox) = (&client, sandbox.as_deref());
+                    async move {
+                        let page = client
+                            .list_snapshots(sandbox, None, cursor.as_deref())
+                            .await
+                            .context("snapshot list failed")?;
+                        Ok((page.snapshots, page.next_cursor))
                     }
-                }
+                })
+                .await?;
                 if target.json {
                     print_record(&serde_json::json!({ "snapshots": snapshots }))?;
                 } else {
