@@ -168,3 +168,23 @@ fn the_agent_reaches_the_server_and_the_runtime_only_through_its_seams() {
         }
     }
 }
+
+/// Domain types are not serialized: only `api`'s wire types derive
+/// `Serialize` (the CLI builds any other JSON explicitly).
+#[test]
+fn only_api_types_derive_serialize() {
+    let mut found = Vec::new();
+    for path in rust_files() {
+        let shown = path.display().to_string();
+        if shown.contains("/api/src/") || path.ends_with("tidy.rs") {
+            continue;
+        }
+        let text = read(&path);
+        for (number, line) in text.lines().enumerate() {
+            if line.contains("derive(") && line.contains("Serialize") {
+                found.push(format!("{}:{}", path.display(), number + 1));
+            }
+        }
+    }
+    assert!(found.is_empty(), "Serialize outside api: {found:?}");
+}

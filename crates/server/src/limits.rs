@@ -158,3 +158,24 @@ pub fn list_limit(value: &str) -> Result<usize, ControlError> {
         .filter(|l| (1..=LIST_LIMIT_MAX).contains(l))
         .ok_or_else(|| invalid("limit", format!("a number from 1 to {LIST_LIMIT_MAX}")))
 }
+
+/// A list's `cursor`: empty (the first page) or an id this list hands out
+/// (`PREFIX_` and hex, as `records::new_id` makes them); anything else is
+/// 400 rather than silently the first page.
+pub fn cursor(value: &str, prefix: &str) -> Result<String, ControlError> {
+    let well_formed = value.is_empty()
+        || value
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_prefix('_'))
+            .is_some_and(|hex| {
+                !hex.is_empty() && hex.len() <= 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+            });
+    if well_formed {
+        Ok(value.to_owned())
+    } else {
+        Err(invalid(
+            "cursor",
+            "use the next_cursor of the previous page",
+        ))
+    }
+}

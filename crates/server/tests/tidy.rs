@@ -106,24 +106,16 @@ fn the_control_layer_and_records_do_not_import_http() {
 }
 
 /// Handlers parse, call and render: the records are read and written
-/// through `records` and `control`, never by SQL in `http/`.
+/// through `records` and `control`, never by SQL in `http/`, and the
+/// content store is reached only through `control`.
 #[test]
-fn handlers_hold_no_sql() {
+fn handlers_hold_no_sql_and_no_store() {
     for (name, text) in files_under(&src().join("http")) {
-        assert!(
-            !text.contains("sqlx"),
-            "{name} runs SQL; move it to records"
-        );
-    }
-}
-
-/// Domain types are not serialized: only `api` types go on the wire.
-#[test]
-fn no_server_type_derives_serialize() {
-    for (name, text) in files_under(&src()) {
-        assert!(
-            !text.contains("derive(Serialize") && !text.contains(", Serialize"),
-            "{name} derives Serialize; answer with an `api` type"
-        );
+        for banned in ["sqlx", "store::", "home_store"] {
+            assert!(
+                !text.contains(banned),
+                "{name} names {banned}; move it below HTTP (records or control)"
+            );
+        }
     }
 }

@@ -36,7 +36,10 @@ pub fn validate(request: &mut CreateSandboxRequest) -> Result<(), ControlError> 
     let cpus = *resources.cpus.get_or_insert(DEFAULT_CPUS);
     let pids = *resources.pids.get_or_insert(DEFAULT_PIDS);
     if !(1..=1 << 30).contains(&memory) {
-        return Err(limits::invalid("resources.memory_mib", "must be 1 or more"));
+        return Err(limits::invalid(
+            "resources.memory_mib",
+            format!("between 1 and {} (1 PiB)", 1u64 << 30),
+        ));
     }
     if !(cpus.is_finite() && (0.001..=4096.0).contains(&cpus)) {
         return Err(limits::invalid(
@@ -45,7 +48,10 @@ pub fn validate(request: &mut CreateSandboxRequest) -> Result<(), ControlError> 
         ));
     }
     if !(1..=1 << 22).contains(&pids) {
-        return Err(limits::invalid("resources.pids", "must be 1 or more"));
+        return Err(limits::invalid(
+            "resources.pids",
+            format!("between 1 and {}", 1u64 << 22),
+        ));
     }
     if let Some(ttl) = request.ttl
         && (ttl == 0 || ttl > limits::TTL_SECONDS_MAX)

@@ -14,9 +14,11 @@
 //! - [`drain`]: emptying a runner (maintenance, preemption).
 //! - [`images`]: committing and forgetting an org's images.
 //! - [`orgs`]: tenants and their tokens.
+//! - [`blocks`]: the block service (an org's objects, checked on upload).
 //! - [`home_store`]: the content store as the control plane uses it.
 
 pub mod admission;
+pub mod blocks;
 pub mod commands;
 pub mod drain;
 pub mod home_store;

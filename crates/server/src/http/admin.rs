@@ -3,27 +3,17 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 
-use super::{AppState, Caller, Json};
-use crate::auth::{self, Principal};
+use super::{AdminCaller, AppState, Json, Path};
+use crate::auth;
 use crate::error::ControlError;
-use api::ErrorCode;
 use api::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse};
-
-pub(crate) fn require_admin(caller: &Caller) -> Result<(), ControlError> {
-    match caller.0 {
-        Principal::Admin => Ok(()),
-        // Admin resources do not exist for anyone else.
-        _ => Err(ControlError::new(ErrorCode::NotFound, "no such endpoint")),
-    }
-}
 
 #[utoipa::path(post, path = "/v1/admin/orgs", tag = "admin", request_body = api::orgs::CreateOrgRequest, responses((status = 201, body = api::orgs::CreateOrgResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create_org(
     State(state): State<AppState>,
-    caller: Caller,
+    _admin: AdminCaller,
     Json(request): Json<CreateOrgRequest>,
 ) -> Result<(StatusCode, axum::Json<CreateOrgResponse>), ControlError> {
-    require_admin(&caller)?;
     let created = crate::control::orgs::create(&state, &request).await?;
     Ok((StatusCode::CREATED, axum::Json(created)))
 }
@@ -31,9 +21,8 @@ pub async fn create_org(
 #[utoipa::path(post, path = "/v1/admin/runner-tokens", tag = "admin", responses((status = 201, body = api::orgs::RunnerTokenResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create_runner_token(
     State(state): State<AppState>,
-    caller: Caller,
+    _admin: AdminCaller,
 ) -> Result<(StatusCode, axum::Json<RunnerTokenResponse>), ControlError> {
-    require_admin(&caller)?;
     let token = auth::new_token("runner")?;
     auth::store_token(&state.db, &token, "runner", None).await?;
     Ok((
@@ -48,29 +37,27 @@ pub async fn create_runner_token(
 #[utoipa::path(post, path = "/v1/admin/sandboxes/{id}/quarantine", tag = "admin", params(("id" = String, Path, description = "sandbox id")), request_body = api::sandboxes::QuarantineRequest, responses((status = 200, body = api::sandboxes::Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn quarantine(
     State(state): State<AppState>,
-    caller: Caller,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    _admin: AdminCaller,
+    Path(id): Path<String>,
     Json(request): Json<api::sandboxes::QuarantineRequest>,
 ) -> Result<axum::Json<api::sandboxes::Sandbox>, ControlError> {
-    set_quarantine(&state, &caller, &id, Some(&request.reason)).await
+    set_quarantine(&state, &id, Some(&request.reason)).await
 }
 
 #[utoipa::path(delete, path = "/v1/admin/sandboxes/{id}/quarantine", tag = "admin", params(("id" = String, Path, description = "sandbox id")), responses((status = 200, body = api::sandboxes::Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn release_quarantine(
     State(state): State<AppState>,
-    caller: Caller,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    _admin: AdminCaller,
+    Path(id): Path<String>,
 ) -> Result<axum::Json<api::sandboxes::Sandbox>, ControlError> {
-    set_quarantine(&state, &caller, &id, None).await
+    set_quarantine(&state, &id, None).await
 }
 
 async fn set_quarantine(
     state: &AppState,
-    caller: &Caller,
     id: &str,
     reason: Option<&str>,
 ) -> Result<axum::Json<api::sandboxes::Sandbox>, ControlError> {
-    require_admin(caller)?;
     if reason.is_some_and(|r| r.is_empty() || r.len() > 1024) {
         return Err(crate::limits::invalid("reason", "1 to 1024 bytes"));
     }

@@ -3,13 +3,13 @@
 
 use api::lifecycle::CommandState;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::sandboxes::{visible_sandbox, wait_timeout};
-use super::{AppState, Caller, Json};
+use super::{AppState, Json, OrgCaller, Path, Query};
 use crate::control;
 use crate::error::ControlError;
 use crate::idempotency;
@@ -37,12 +37,11 @@ async fn visible_command(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("Idempotency-Key" = Option<String>, Header, description = "replays the original answer for a retried request")), request_body = CreateCommandRequest, responses((status = 201, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     headers: HeaderMap,
     Path(sandbox_id): Path<String>,
     Json(request): Json<CreateCommandRequest>,
 ) -> Result<Response, ControlError> {
-    let org_id = caller.org()?;
     let key = idempotency::Key::from_request(&headers, &org_id, "commands", &sandbox_id, &request)?;
     if let Some(key) = &key
         && let Some(replayed) = idempotency::replay(&state.db, key).await?
@@ -75,11 +74,10 @@ pub struct CommandWait {
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{command_id}", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id"), ("wait_for" = Option<String>, Query, description = "long-poll until this state (or an end state)"), ("timeout" = Option<u64>, Query, description = "seconds, at most 25")), responses((status = 200, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     Path((sandbox_id, id)): Path<(String, String)>,
     Query(query): Query<CommandWait>,
 ) -> Result<axum::Json<Command>, ControlError> {
-    let org_id = caller.org()?;
     let Some(target) = query.wait_for else {
         // Boxed, like every read here: see `hub::wait_until`.
         let row = Box::pin(visible_command(&state, &org_id, &sandbox_id, &id)).await?;
@@ -111,18 +109,17 @@ pub async fn get(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)), responses((status = 200, body = CommandList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     Path(sandbox_id): Path<String>,
     Query(query): Query<Vec<(String, String)>>,
 ) -> Result<axum::Json<CommandList>, ControlError> {
-    let org_id = caller.org()?;
     visible_sandbox(&state, &org_id, &sandbox_id).await?;
     let mut limit = limits::LIST_LIMIT_DEFAULT;
     let mut cursor = String::new();
     for (name, value) in query {
         match name.as_str() {
             "limit" => limit = limits::list_limit(&value)?,
-            "cursor" => cursor = value,
+            "cursor" => cursor = limits::cursor(&value, "cmd")?,
             other => return Err(limits::invalid(other, "unknown query parameter")),
         }
     }
@@ -151,11 +148,10 @@ pub struct OutputQuery {
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{command_id}/output", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id"), ("stream" = Option<String>, Query, description = "stdout (default) or stderr"), ("offset" = Option<u64>, Query), ("timeout" = Option<u64>, Query, description = "seconds to wait for bytes past offset")), responses((status = 200, description = "raw bytes; headers x-roost-next-offset, x-roost-command-state, x-roost-complete", content_type = "application/octet-stream", body = Vec<u8>), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn output(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     Path((sandbox_id, id)): Path<(String, String)>,
     Query(query): Query<OutputQuery>,
 ) -> Result<Response, ControlError> {
-    let org_id = caller.org()?;
     let stream = match query.stream.as_deref() {
         None => Stream::Stdout,
         Some(name) => {
@@ -210,11 +206,10 @@ pub async fn output(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{command_id}/signal", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id")), request_body = SignalRequest, responses((status = 202, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn signal(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     Path((sandbox_id, id)): Path<(String, String)>,
     Json(request): Json<SignalRequest>,
 ) -> Result<(StatusCode, axum::Json<Command>), ControlError> {
-    let org_id = caller.org()?;
     control::commands::check_signal(&request.signal)?;
     let command = visible_command(&state, &org_id, &sandbox_id, &id).await?;
     let mut tx = state.db.write().await?;

@@ -3,9 +3,9 @@
 //! `…/preempt`, `…/undrain`. Runner token: `POST /v1/runner/preempt` (a
 //! runner passing on its host's notice, e.g. on SIGUSR1).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 
-use super::{AppState, Caller, Json};
+use super::{AdminCaller, AppState, Json, Path, RunnerCaller};
 use crate::control::drain::set_drain;
 use crate::error::ControlError;
 use crate::records::not_found;
@@ -14,19 +14,17 @@ use api::runners::{PreemptRequest, RunnerRecord};
 #[utoipa::path(get, path = "/v1/admin/runners", tag = "admin", responses((status = 200, body = Vec<RunnerRecord>), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
-    caller: Caller,
+    _admin: AdminCaller,
 ) -> Result<axum::Json<Vec<RunnerRecord>>, ControlError> {
-    super::admin::require_admin(&caller)?;
     Ok(axum::Json(crate::control::drain::list(&state).await?))
 }
 
 #[utoipa::path(post, path = "/v1/admin/runners/{id}/{action}", tag = "admin", params(("id" = String, Path), ("action" = String, Path, description = "drain, preempt or undrain")), responses((status = 200, body = RunnerRecord), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn admin_action(
     State(state): State<AppState>,
-    caller: Caller,
+    _admin: AdminCaller,
     Path((id, action)): Path<(String, String)>,
 ) -> Result<axum::Json<RunnerRecord>, ControlError> {
-    super::admin::require_admin(&caller)?;
     let drain = match action.as_str() {
         "drain" => Some("drain"),
         "preempt" => Some("preempt"),
@@ -39,10 +37,9 @@ pub async fn admin_action(
 #[utoipa::path(post, path = "/v1/runner/preempt", tag = "runner", request_body = PreemptRequest, responses((status = 200, body = RunnerRecord), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn runner_preempt(
     State(state): State<AppState>,
-    caller: Caller,
+    _runner: RunnerCaller,
     Json(request): Json<PreemptRequest>,
 ) -> Result<axum::Json<RunnerRecord>, ControlError> {
-    caller.runner()?;
     Ok(axum::Json(
         set_drain(&state, &request.runner_id, Some("preempt")).await?,
     ))

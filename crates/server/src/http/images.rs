@@ -2,9 +2,9 @@
 //! uploaded tree, then get, list, delete; the rules are in
 //! `control::images`.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 
-use super::{AppState, Caller, Json};
+use super::{AppState, Json, OrgCaller, Path};
 use crate::control::images::{self, not_found};
 use crate::error::ControlError;
 use crate::records;
@@ -13,11 +13,10 @@ use api::images::{CommitImageRequest, Image, ImageList};
 #[utoipa::path(put, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path)), request_body = api::images::CommitImageRequest, responses((status = 200, body = api::images::Image), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn commit(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org): OrgCaller,
     Path(name): Path<String>,
     Json(request): Json<CommitImageRequest>,
 ) -> Result<axum::Json<Image>, ControlError> {
-    let org = caller.org()?;
     Ok(axum::Json(
         images::commit(&state, &org, &name, &request).await?,
     ))
@@ -26,10 +25,9 @@ pub async fn commit(
 #[utoipa::path(get, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path)), responses((status = 200, body = api::images::Image), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org): OrgCaller,
     Path(name): Path<String>,
 ) -> Result<axum::Json<Image>, ControlError> {
-    let org = caller.org()?;
     records::images::read(&state.db.pool, &org, &name)
         .await?
         .map(axum::Json)
@@ -39,9 +37,8 @@ pub async fn get(
 #[utoipa::path(get, path = "/v1/images", tag = "images", responses((status = 200, body = api::images::ImageList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org): OrgCaller,
 ) -> Result<axum::Json<ImageList>, ControlError> {
-    let org = caller.org()?;
     let images = records::images::list(&state.db.pool, &org).await?;
     Ok(axum::Json(ImageList { images }))
 }
@@ -49,9 +46,8 @@ pub async fn list(
 #[utoipa::path(delete, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path)), responses((status = 200, body = api::images::Image), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn delete(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org): OrgCaller,
     Path(name): Path<String>,
 ) -> Result<axum::Json<Image>, ControlError> {
-    let org = caller.org()?;
     Ok(axum::Json(images::delete(&state, &org, &name).await?))
 }

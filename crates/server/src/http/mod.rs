@@ -235,7 +235,99 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     }
 }
 
-/// The authenticated caller (`Authorization: Bearer TOKEN`).
+/// `Query<T>` whose rejections are our envelope: an unknown parameter or
+/// a bad value is 400 `invalid_request` naming it.
+pub struct Query<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = ControlError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ControlError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(value)| Query(value))
+            .map_err(|rejection| {
+                ControlError::new(api::ErrorCode::InvalidRequest, rejection.body_text())
+            })
+    }
+}
+
+/// `Path<T>` whose rejections are our envelope: a segment that is not
+/// UTF-8 or does not parse is 400 `invalid_request`.
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ControlError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ControlError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| Path(value))
+            .map_err(|rejection| {
+                ControlError::new(api::ErrorCode::InvalidRequest, rejection.body_text())
+            })
+    }
+}
+
+/// An org token's caller, with its org id. Extracted before the body, so
+/// any other token gets 404 without the body being read: an endpoint's
+/// schema is not taught to a caller who may not use it.
+pub struct OrgCaller(pub String);
+
+/// A runner token's caller (the runner protocol).
+pub struct RunnerCaller;
+
+/// The admin token's caller. Admin resources do not exist for anyone else.
+pub struct AdminCaller;
+
+/// A caller of the block service: an org token or a runner token.
+pub struct BlocksCaller(pub Principal);
+
+impl FromRequestParts<AppState> for OrgCaller {
+    type Rejection = ControlError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ControlError> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        caller.org().map(OrgCaller)
+    }
+}
+
+impl FromRequestParts<AppState> for RunnerCaller {
+    type Rejection = ControlError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ControlError> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        caller.runner().map(|()| RunnerCaller)
+    }
+}
+
+impl FromRequestParts<AppState> for AdminCaller {
+    type Rejection = ControlError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ControlError> {
+        match Caller::from_request_parts(parts, state).await?.0 {
+            Principal::Admin => Ok(AdminCaller),
+            _ => Err(ControlError::new(
+                api::ErrorCode::NotFound,
+                "no such endpoint",
+            )),
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for BlocksCaller {
+    type Rejection = ControlError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ControlError> {
+        match Caller::from_request_parts(parts, state).await?.0 {
+            Principal::Admin => Err(ControlError::new(api::ErrorCode::NotFound, "no such org")),
+            principal => Ok(BlocksCaller(principal)),
+        }
+    }
+}
+
+/// The authenticated caller (`Authorization: Bearer TOKEN`; the scheme's
+/// case does not matter).
 pub struct Caller(pub Principal);
 
 impl Caller {
@@ -278,7 +370,9 @@ impl FromRequestParts<AppState> for Caller {
         let token = header
             .to_str()
             .ok()
-            .and_then(|value| value.strip_prefix("Bearer "))
+            .and_then(|value| value.trim_start().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token)
             .ok_or_else(unauthenticated)?;
         // Boxed: the query's future would otherwise stay part of every
         // request's future, long-polls included, for their whole life.

@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
 
 use super::sandboxes::wait_timeout;
-use super::{AppState, Caller, Json};
+use super::{AppState, Json, Path, Query, RunnerCaller};
 use crate::control::runner_protocol::{self, OutputAt};
 use crate::error::ControlError;
 use crate::records::commands::Stream;
@@ -23,10 +23,9 @@ use api::runners::{
 #[utoipa::path(post, path = "/v1/runner/register", tag = "runner", request_body = RegisterRequest, responses((status = 200, body = RegisterResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn register(
     State(state): State<AppState>,
-    caller: Caller,
+    _runner: RunnerCaller,
     Json(request): Json<RegisterRequest>,
 ) -> Result<(StatusCode, axum::Json<RegisterResponse>), ControlError> {
-    caller.runner()?;
     let registered = runner_protocol::register(&state, &request).await?;
     Ok((StatusCode::OK, axum::Json(registered)))
 }
@@ -34,10 +33,9 @@ pub async fn register(
 #[utoipa::path(post, path = "/v1/runner/heartbeat", tag = "runner", request_body = HeartbeatRequest, responses((status = 200, body = HeartbeatResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn heartbeat(
     State(state): State<AppState>,
-    caller: Caller,
+    _runner: RunnerCaller,
     Json(request): Json<HeartbeatRequest>,
 ) -> Result<axum::Json<HeartbeatResponse>, ControlError> {
-    caller.runner()?;
     Ok(axum::Json(
         runner_protocol::heartbeat(&state, &request).await?,
     ))
@@ -55,10 +53,9 @@ pub struct AssignmentsQuery {
 #[utoipa::path(get, path = "/v1/runner/assignments", tag = "runner", params(("runner_id" = String, Query), ("etag" = Option<String>, Query), ("timeout" = Option<u64>, Query)), responses((status = 200, body = Assignments), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn assignments(
     State(state): State<AppState>,
-    caller: Caller,
+    _runner: RunnerCaller,
     Query(query): Query<AssignmentsQuery>,
 ) -> Result<axum::Json<Assignments>, ControlError> {
-    caller.runner()?;
     let timeout = match query.timeout {
         None | Some(0) => std::time::Duration::ZERO,
         Some(t) => wait_timeout(Some(t))?,
@@ -77,11 +74,10 @@ pub async fn assignments(
 #[utoipa::path(post, path = "/v1/runner/sandboxes/{id}/report", tag = "runner", params(("id" = String, Path, description = "sandbox id")), request_body = SandboxReport, responses((status = 200, body = api::sandboxes::Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn report_sandbox(
     State(state): State<AppState>,
-    caller: Caller,
+    _runner: RunnerCaller,
     Path(id): Path<String>,
     Json(report): Json<SandboxReport>,
 ) -> Result<axum::Json<api::sandboxes::Sandbox>, ControlError> {
-    caller.runner()?;
     let record = runner_protocol::report_sandbox(&state, &id, &report).await?;
     Ok(axum::Json(record.to_api()))
 }
@@ -89,11 +85,10 @@ pub async fn report_sandbox(
 #[utoipa::path(post, path = "/v1/runner/commands/{id}/report", tag = "runner", params(("id" = String, Path)), request_body = CommandReport, responses((status = 200, body = api::commands::Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn report_command(
     State(state): State<AppState>,
-    caller: Caller,
+    _runner: RunnerCaller,
     Path(id): Path<String>,
     Json(report): Json<CommandReport>,
 ) -> Result<axum::Json<api::commands::Command>, ControlError> {
-    caller.runner()?;
     let command = runner_protocol::report_command(&state, &id, &report).await?;
     Ok(axum::Json(command.to_api()))
 }
@@ -110,12 +105,11 @@ pub struct OutputAppend {
 #[utoipa::path(put, path = "/v1/runner/commands/{id}/output/{stream}", tag = "runner", params(("id" = String, Path), ("stream" = String, Path), ("runner_id" = String, Query), ("epoch" = u64, Query), ("offset" = u64, Query)), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 200, description = "the stream length"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn append_output(
     State(state): State<AppState>,
-    caller: Caller,
+    _runner: RunnerCaller,
     Path((id, stream)): Path<(String, String)>,
     Query(query): Query<OutputAppend>,
     body: Bytes,
 ) -> Result<axum::Json<BTreeMap<String, u64>>, ControlError> {
-    caller.runner()?;
     let stream = Stream::parse(&stream).ok_or_else(|| not_found("stream"))?;
     let at = OutputAt {
         runner_id: query.runner_id,

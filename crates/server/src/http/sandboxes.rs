@@ -4,12 +4,12 @@
 use crate::control::{self, admission};
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::{AppState, Caller, Json};
+use super::{AppState, Json, OrgCaller, Path, Query};
 use crate::error::ControlError;
 use crate::idempotency;
 use crate::limits;
@@ -23,11 +23,10 @@ pub const LONG_POLL_SECONDS_MAX: u64 = 25;
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", params(("Idempotency-Key" = Option<String>, Header, description = "replays the original answer for a retried request")), request_body = CreateSandboxRequest, responses((status = 201, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     headers: HeaderMap,
     Json(mut request): Json<CreateSandboxRequest>,
 ) -> Result<Response, ControlError> {
-    let org_id = caller.org()?;
     let key = idempotency::Key::from_request(&headers, &org_id, "sandboxes", "", &request)?;
     if let Some(key) = &key
         && let Some(replayed) = idempotency::replay(&state.db, key).await?
@@ -82,11 +81,10 @@ pub fn wait_timeout(timeout: Option<u64>) -> Result<Duration, ControlError> {
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id"), ("wait_for" = Option<String>, Query, description = "long-poll until this state (or an end state)"), ("timeout" = Option<u64>, Query, description = "seconds, at most 25")), responses((status = 200, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     Path(id): Path<String>,
     Query(query): Query<WaitQuery>,
 ) -> Result<axum::Json<Sandbox>, ControlError> {
-    let org_id = caller.org()?;
     let Some(target) = query.wait_for else {
         // Boxed, like every read here: see `hub::wait_until`.
         let row = Box::pin(visible_sandbox(&state, &org_id, &id)).await?;
@@ -110,10 +108,9 @@ pub async fn get(
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(("state" = Option<String>, Query, description = "repeatable"), ("label" = Option<String>, Query, description = "KEY=VALUE, repeatable"), ("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)), responses((status = 200, body = SandboxList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     Query(query): Query<Vec<(String, String)>>,
 ) -> Result<axum::Json<SandboxList>, ControlError> {
-    let org_id = caller.org()?;
     let mut filter = ListFilter {
         states: Vec::new(),
         labels: Vec::new(),
@@ -137,7 +134,7 @@ pub async fn list(
                 filter.labels.push((k.to_owned(), v.to_owned()));
             }
             "limit" => filter.limit = limits::list_limit(&value)?,
-            "cursor" => filter.cursor = value,
+            "cursor" => filter.cursor = limits::cursor(&value, "sbx")?,
             other => return Err(limits::invalid(other, "unknown query parameter")),
         }
     }
@@ -152,10 +149,9 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/events", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")), responses((status = 200, body = EventList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn events(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     Path(id): Path<String>,
 ) -> Result<axum::Json<EventList>, ControlError> {
-    let org_id = caller.org()?;
     visible_sandbox(&state, &org_id, &id).await?;
     let events = records::sandboxes::events(&state.db.pool, &id).await?;
     Ok(axum::Json(EventList { events }))
@@ -165,7 +161,7 @@ pub async fn events(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/stop", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")), responses((status = 202, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn stop(
     state: State<AppState>,
-    caller: Caller,
+    caller: OrgCaller,
     id: Path<String>,
 ) -> Result<(StatusCode, axum::Json<Sandbox>), ControlError> {
     change(state, caller, id, Change::Stop).await
@@ -175,7 +171,7 @@ pub async fn stop(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/start", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")), responses((status = 202, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn start(
     state: State<AppState>,
-    caller: Caller,
+    caller: OrgCaller,
     id: Path<String>,
 ) -> Result<(StatusCode, axum::Json<Sandbox>), ControlError> {
     change(state, caller, id, Change::Start).await
@@ -185,7 +181,7 @@ pub async fn start(
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")), responses((status = 202, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn delete(
     state: State<AppState>,
-    caller: Caller,
+    caller: OrgCaller,
     id: Path<String>,
 ) -> Result<(StatusCode, axum::Json<Sandbox>), ControlError> {
     change(state, caller, id, Change::Delete).await
@@ -200,11 +196,10 @@ enum Change {
 /// One write transaction around one lifecycle change, answered 202.
 async fn change(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     Path(id): Path<String>,
     change: Change,
 ) -> Result<(StatusCode, axum::Json<Sandbox>), ControlError> {
-    let org_id = caller.org()?;
     let mut tx = state.db.write().await?;
     let record = match change {
         Change::Stop => control::sandboxes::stop(&state, &mut tx, &org_id, &id).await?,

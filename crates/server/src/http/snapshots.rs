@@ -2,13 +2,13 @@
 //! snapshot reports over HTTP; the durability rules are in
 //! `control::snapshots`.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::sandboxes::{visible_sandbox, wait_timeout};
-use super::{AppState, Caller, Json};
+use super::{AppState, Json, OrgCaller, Path, Query, RunnerCaller};
 use crate::control;
 use crate::error::ControlError;
 use crate::idempotency;
@@ -27,12 +27,11 @@ async fn visible(state: &AppState, org_id: &str, id: &str) -> Result<SnapshotRow
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots", params(("id" = String, Path)), request_body = CreateSnapshotRequest, responses((status = 201, body = Snapshot), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     headers: HeaderMap,
     Path(sandbox_id): Path<String>,
     Json(request): Json<CreateSnapshotRequest>,
 ) -> Result<Response, ControlError> {
-    let org_id = caller.org()?;
     let key =
         idempotency::Key::from_request(&headers, &org_id, "snapshots", &sandbox_id, &request)?;
     if let Some(key) = &key
@@ -77,11 +76,10 @@ fn reached(snapshot: &SnapshotRow, target: &str) -> bool {
 #[utoipa::path(get, path = "/v1/snapshots/{id}", tag = "snapshots", params(("id" = String, Path), ("wait_for" = Option<String>, Query), ("timeout" = Option<u64>, Query)), responses((status = 200, body = Snapshot), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     Path(id): Path<String>,
     Query(query): Query<SnapshotWait>,
 ) -> Result<axum::Json<Snapshot>, ControlError> {
-    let org_id = caller.org()?;
     let Some(target) = query.wait_for else {
         return Ok(axum::Json(visible(&state, &org_id, &id).await?.to_api()));
     };
@@ -106,17 +104,16 @@ pub async fn get(
 #[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots", params(("sandbox_id" = Option<String>, Query), ("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)), responses((status = 200, body = SnapshotList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     Query(query): Query<Vec<(String, String)>>,
 ) -> Result<axum::Json<SnapshotList>, ControlError> {
-    let org_id = caller.org()?;
     let mut limit = limits::LIST_LIMIT_DEFAULT;
     let mut cursor = String::new();
     let mut sandbox_id: Option<String> = None;
     for (name, value) in query {
         match name.as_str() {
             "limit" => limit = limits::list_limit(&value)?,
-            "cursor" => cursor = value,
+            "cursor" => cursor = limits::cursor(&value, "snp")?,
             "sandbox_id" => sandbox_id = Some(value),
             other => return Err(limits::invalid(other, "unknown query parameter")),
         }
@@ -140,10 +137,9 @@ pub async fn list(
 #[utoipa::path(delete, path = "/v1/snapshots/{id}", tag = "snapshots", params(("id" = String, Path)), responses((status = 200, body = Snapshot), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn delete(
     State(state): State<AppState>,
-    caller: Caller,
+    OrgCaller(org_id): OrgCaller,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Snapshot>, ControlError> {
-    let org_id = caller.org()?;
     let snapshot = visible(&state, &org_id, &id).await?;
     control::snapshots::delete(&state, &snapshot).await?;
     Ok(axum::Json(snapshot.to_api()))
@@ -152,11 +148,10 @@ pub async fn delete(
 #[utoipa::path(post, path = "/v1/runner/snapshots/{id}/report", tag = "runner", params(("id" = String, Path)), request_body = SnapshotReport, responses((status = 200, body = Snapshot), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn report(
     State(state): State<AppState>,
-    caller: Caller,
+    _runner: RunnerCaller,
     Path(id): Path<String>,
     Json(report): Json<SnapshotReport>,
 ) -> Result<axum::Json<Snapshot>, ControlError> {
-    caller.runner()?;
     let snapshot = control::snapshots::report(&state, &id, &report).await?;
     Ok(axum::Json(snapshot.to_api()))
 }

@@ -7,7 +7,9 @@
 //!   `Objects` conformance suite, and refuses what it must.
 //! - `control`: the control layer called directly (no HTTP), on SQLite
 //!   and PostgreSQL.
+//! - `envelope`: every error is the JSON envelope, in the right order.
 
 mod blocks;
 mod control;
+mod envelope;
 mod support;
