@@ -4,6 +4,9 @@
 # services the tests use on loopback, then fmt, clippy and every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A fresh build gains nothing from incremental caches (they cost time and
+# disk); a developer's environment may turn them back on.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 log() { printf '\n== %s\n' "$*" >&2; }
 
