@@ -24,7 +24,11 @@ pub enum SystemEntry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostSystem {
     pub entries: Vec<SystemEntry>,
-    /// Extra paths to mask: the host's SSH private host keys.
+    /// Extra paths the default image masks: everything under the host's
+    /// `/etc` that the host's other users cannot read ([`private_paths`]:
+    /// shadow files, SSH host keys, `/etc/ssl/private`, a database's
+    /// access rules). Root in a sandbox holds `CAP_DAC_OVERRIDE`, so
+    /// without the mask it would read them all.
     pub secret_paths: Vec<String>,
     /// Whether the memory cgroup accounts swap; only then can the config
     /// pin swap to zero (`memory.swap` = `memory.limit`).
@@ -45,8 +49,8 @@ impl HostSystem {
         }
     }
 
-    /// Reads `/` for `usr`, `etc`, `bin`, `sbin` and `lib*`, and `/etc/ssh`
-    /// for `ssh_host_*_key` files.
+    /// Reads `/` for `usr`, `etc`, `bin`, `sbin` and `lib*`, and `/etc` for
+    /// what others cannot read ([`private_paths`]).
     pub fn probe(swap_accounting: bool) -> Result<Self> {
         let mut entries = Vec::new();
         let root = Path::new("/");
@@ -83,18 +87,7 @@ impl HostSystem {
                 )));
             }
         }
-        let mut secret_paths = Vec::new();
-        if let Ok(listing) = std::fs::read_dir("/etc/ssh") {
-            for entry in listing.flatten() {
-                if let Ok(name) = entry.file_name().into_string()
-                    && name.starts_with("ssh_host_")
-                    && name.ends_with("_key")
-                {
-                    secret_paths.push(format!("/etc/ssh/{name}"));
-                }
-            }
-        }
-        secret_paths.sort();
+        let secret_paths = private_paths(Path::new("/etc"))?;
         let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
         Ok(HostSystem {
             entries,
@@ -103,6 +96,87 @@ impl HostSystem {
             nofile_hard_max: nofile.maximum.unwrap_or(u64::MAX),
         })
     }
+}
+
+/// Most private paths [`private_paths`] masks. A host whose `/etc` holds
+/// more is refused rather than shown partly unmasked: each is a mount in
+/// every sandbox, and a few dozen is what a Debian host with a database
+/// and a web server has.
+pub const PRIVATE_PATHS_MAX: usize = 512;
+/// Most entries [`private_paths`] looks at: `/etc` is configuration, a
+/// few thousand entries; one far larger is a mistake to refuse, not walk.
+const ETC_ENTRIES_MAX: usize = 200_000;
+
+/// The paths under `etc` (the host's `/etc`, or a test's stand-in) that
+/// the host's other users cannot read, as they appear in a sandbox
+/// (`/etc/...`): a file without read permission for others, or a
+/// directory without read and search permission for others (masked
+/// whole, not entered). The rule, rather than a list of known secrets,
+/// because what an operator installs next (a TLS key, a token file) is
+/// unknown here, and whoever made it private said so with its mode. A
+/// sandbox on the default image so reads, under `/etc`, exactly what an
+/// unprivileged user of the host could. Symlinks are left alone: they
+/// lead to a path that is itself masked or readable. Sorted; walked
+/// without recursion.
+pub fn private_paths(etc: &Path) -> Result<Vec<String>> {
+    use std::os::unix::fs::PermissionsExt;
+    const OTHERS_READ: u32 = 0o004;
+    const OTHERS_READ_SEARCH: u32 = 0o005;
+    let mut private = Vec::new();
+    let mut seen = 0usize;
+    // (the directory on this host, its path in the sandbox)
+    let mut stack = vec![(etc.to_path_buf(), String::from("/etc"))];
+    while let Some((dir, shown)) = stack.pop() {
+        let listing = std::fs::read_dir(&dir).map_err(|e| Error::io("list", &dir, e))?;
+        for entry in listing {
+            let entry = entry.map_err(|e| Error::io("list", &dir, e))?;
+            seen += 1;
+            if seen > ETC_ENTRIES_MAX {
+                return Err(Error::Unsupported(format!(
+                    "{} holds more than {ETC_ENTRIES_MAX} entries: too many to check for private files",
+                    etc.display()
+                )));
+            }
+            let Ok(name) = entry.file_name().into_string() else {
+                // A name the spec cannot carry: mask its directory instead.
+                private.push(shown.clone());
+                continue;
+            };
+            let path = entry.path();
+            let metadata =
+                std::fs::symlink_metadata(&path).map_err(|e| Error::io("inspect", &path, e))?;
+            let mode = metadata.permissions().mode();
+            let shown_child = format!("{shown}/{name}");
+            if metadata.file_type().is_symlink() {
+                continue;
+            } else if metadata.is_dir() {
+                if mode & OTHERS_READ_SEARCH == OTHERS_READ_SEARCH {
+                    stack.push((path, shown_child));
+                } else {
+                    private.push(shown_child);
+                }
+            } else if mode & OTHERS_READ == 0 {
+                private.push(shown_child);
+            }
+        }
+    }
+    private.sort();
+    private.dedup();
+    // A directory masked for an odd name covers what was found inside it.
+    let covered: Vec<String> = private.clone();
+    private.retain(|p| {
+        !covered.iter().any(|dir| {
+            p.len() > dir.len() && p.starts_with(dir.as_str()) && p.as_bytes()[dir.len()] == b'/'
+        })
+    });
+    if private.len() > PRIVATE_PATHS_MAX {
+        return Err(Error::Unsupported(format!(
+            "{} holds {} files others cannot read, more than the {PRIVATE_PATHS_MAX} the default image can mask",
+            etc.display(),
+            private.len()
+        )));
+    }
+    Ok(private)
 }
 
 /// What a dynamically linked init needs from the host to run in a root
@@ -203,4 +277,64 @@ fn elf_interpreter(path: &Path) -> Result<Option<PathBuf>> {
         return Ok(Some(PathBuf::from(std::ffi::OsStr::from_bytes(name))));
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn make(path: &Path, mode: u32, dir: bool) {
+        if dir {
+            std::fs::create_dir(path).expect("mkdir");
+        } else {
+            std::fs::write(path, "x").expect("write");
+        }
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+
+    /// Private means "others cannot read it", whatever its name; a private
+    /// directory is masked whole and not entered; symlinks are left alone.
+    #[test]
+    fn private_paths_are_what_others_cannot_read() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let etc = tmp.path();
+        make(&etc.join("passwd"), 0o644, false);
+        make(&etc.join("shadow"), 0o640, false);
+        make(&etc.join("ssl"), 0o755, true);
+        make(&etc.join("ssl/certs"), 0o755, true);
+        make(&etc.join("ssl/certs/ca.pem"), 0o644, false);
+        make(&etc.join("ssl/private"), 0o755, true);
+        make(&etc.join("ssl/private/key.pem"), 0o600, false);
+        make(&etc.join("ssl/private/readable"), 0o644, false);
+        make(&etc.join("vault"), 0o711, true);
+        make(&etc.join("vault/token"), 0o644, false);
+        std::os::unix::fs::symlink("shadow", etc.join("shadow-link")).expect("symlink");
+        assert_eq!(
+            private_paths(etc).expect("walk"),
+            ["/etc/shadow", "/etc/ssl/private/key.pem", "/etc/vault"]
+        );
+    }
+
+    #[test]
+    fn a_deep_etc_is_walked_without_recursion() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut deepest = tmp.path().to_path_buf();
+        for _ in 0..300 {
+            deepest.push("d");
+        }
+        std::fs::create_dir_all(&deepest).expect("mkdir -p");
+        make(&deepest.join("key"), 0o600, false);
+        let found = std::thread::Builder::new()
+            .stack_size(128 * 1024)
+            .spawn({
+                let etc = tmp.path().to_path_buf();
+                move || private_paths(&etc).expect("walk")
+            })
+            .expect("spawn")
+            .join()
+            .expect("no overflow");
+        assert_eq!(found.len(), 1);
+        assert!(found[0].ends_with("/d/key"), "{found:?}");
+    }
 }

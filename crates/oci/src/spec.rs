@@ -174,7 +174,9 @@ pub fn spec(config: &SandboxConfig, host: &HostSystem, cgroups_path: &str) -> Re
     }
 
     let mut masked: Vec<String> = MASKED_PATHS.iter().map(|p| (*p).to_owned()).collect();
-    masked.extend(host.secret_paths.iter().cloned());
+    if matches!(config.image, RootImage::Host) {
+        masked.extend(host.secret_paths.iter().cloned());
+    }
     masked.extend(config.masked_paths.iter().cloned());
 
     let linux = LinuxBuilder::default()

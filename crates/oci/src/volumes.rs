@@ -33,6 +33,19 @@
 //!   snapshotted; the reason is kept so the runner can report why it does
 //!   not offer durable homes. That is not an error: the caller decides.
 //!
+//! # nosuid, nodev
+//!
+//! Homes hold tenant content the runner's host can see: a `chmod 4755` in
+//! `/workspace` makes a setuid file owned by the sandbox's root, that is
+//! the host's root. So every btrfs volume holding homes and snapshots is
+//! mounted `nosuid,nodev` ([`HomeVolumes::open`]): an image this code
+//! mounts gets the options at mount; a mount found already there (an
+//! earlier runner's, a btrfs data disk) is remounted with them; a `ROOT`
+//! that is a directory of a larger btrfs is bind-mounted on itself first,
+//! so only it changes. Plain homes are not a mount of ours and rely on the
+//! runner's data dir being `0700` (`runner::agent::dirs`), like the rest
+//! of what the runner writes.
+//!
 //! # Host tools
 //!
 //! Subvolumes and snapshots are made with `btrfs` (the ioctls would need
@@ -64,6 +77,8 @@ pub const NAME_BYTES_MAX: usize = 128;
 /// Smallest image accepted: a btrfs with the default profiles needs about
 /// 114 MiB, and a home volume smaller than this is useless anyway.
 pub const IMAGE_BYTES_MIN: u64 = 128 << 20;
+/// Options of every mount of ours that holds homes (see "nosuid, nodev").
+const MOUNT_OPTIONS: &str = "loop,nosuid,nodev";
 /// Searched for the tools when the process has no `PATH`.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -188,6 +203,9 @@ impl HomeVolumes {
             ),
             (backing, btrfs) => (backing, btrfs),
         };
+        if btrfs.is_some() {
+            ensure_nosuid_nodev(&root)?;
+        }
         for dir in [root.join("homes"), root.join("snapshots")] {
             std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         }
@@ -601,7 +619,7 @@ fn mount_image(root: &Path, image: &Path, image_bytes: u64) -> Result<()> {
             OsStr::new("-t"),
             OsStr::new("btrfs"),
             OsStr::new("-o"),
-            OsStr::new("loop"),
+            OsStr::new(MOUNT_OPTIONS),
             image.as_os_str(),
             root.as_os_str(),
         ],
@@ -611,6 +629,53 @@ fn mount_image(root: &Path, image: &Path, image_bytes: u64) -> Result<()> {
             "{} is not btrfs after mounting the image {} on it",
             root.display(),
             image.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Makes the filesystem at `root` (btrfs) `nosuid,nodev` where it is not
+/// already: a mount at `root` is remounted with them, keeping its other
+/// per-mount flags; a `root` inside a larger mount is bind-mounted on
+/// itself first, so the rest of that filesystem keeps its flags. Both
+/// outlive the runner, like the image's mount, and a restart finds the
+/// flags set and does nothing.
+fn ensure_nosuid_nodev(root: &Path) -> Result<()> {
+    use rustix::fs::StatVfsMountFlags as Has;
+    use rustix::mount::MountFlags;
+    let flags = |root: &Path| {
+        rustix::fs::statvfs(root)
+            .map(|s| s.f_flag)
+            .map_err(|e| Error::io("statvfs", root, e.into()))
+    };
+    let has = flags(root)?;
+    if has.contains(Has::NOSUID | Has::NODEV) {
+        return Ok(());
+    }
+    if mounts_at(root)?.is_empty() {
+        rustix::mount::mount_bind(root, root)
+            .map_err(|e| Error::io("bind-mount on itself", root, e.into()))?;
+    }
+    // A bind remount changes only this mount's flags, all of them at once:
+    // keep the ones it had.
+    let mut keep = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV;
+    for (had, flag) in [
+        (Has::RDONLY, MountFlags::RDONLY),
+        (Has::NOEXEC, MountFlags::NOEXEC),
+        (Has::NOATIME, MountFlags::NOATIME),
+        (Has::NODIRATIME, MountFlags::NODIRATIME),
+        (Has::RELATIME, MountFlags::RELATIME),
+    ] {
+        if has.contains(had) {
+            keep |= flag;
+        }
+    }
+    rustix::mount::mount_remount(root, keep, "")
+        .map_err(|e| Error::io("remount nosuid,nodev", root, e.into()))?;
+    if !flags(root)?.contains(Has::NOSUID | Has::NODEV) {
+        return Err(Error::Unsupported(format!(
+            "{} is still not nosuid,nodev after remounting it so",
+            root.display()
         )));
     }
     Ok(())

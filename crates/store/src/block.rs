@@ -6,7 +6,7 @@
 //! the plain bytes or a zstd frame, whichever is smaller by a useful margin.
 //! The digest is always of the plain content and is checked on every read.
 
-use crate::{Digest, Error, Result};
+use crate::{Corruption, Digest, Error, Result};
 
 pub const SINGLE_BLOCK_BYTES_MAX: u64 = 8 * 1024 * 1024;
 pub const SPLIT_BLOCK_BYTES: u64 = 4 * 1024 * 1024;
@@ -79,35 +79,71 @@ fn compress_into(plain: &[u8], out: &mut [u8]) -> Option<usize> {
 /// A zstd frame's content, sized by what its header says (our encoder
 /// always writes the size), never more than a block: a hostile frame
 /// cannot claim gigabytes, and a small block does not cost an 8 MiB buffer.
-fn decompress(payload: &[u8]) -> Option<Vec<u8>> {
-    let capacity = match zstd::zstd_safe::get_frame_content_size(payload) {
-        Ok(Some(size)) if size <= SINGLE_BLOCK_BYTES_MAX => size as usize,
-        Ok(Some(_)) | Err(_) => return None,
-        Ok(None) => SINGLE_BLOCK_BYTES_MAX as usize,
-    };
-    DECOMPRESSOR.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.is_none() {
-            *slot = zstd::bulk::Decompressor::new().ok();
+fn decompress(payload: &[u8]) -> std::result::Result<Vec<u8>, Corruption> {
+    let frame = |reason: String| Corruption::Frame(reason);
+    let declared = match zstd::zstd_safe::get_frame_content_size(payload) {
+        Ok(Some(size)) if size <= SINGLE_BLOCK_BYTES_MAX => Some(size),
+        Ok(Some(size)) => {
+            return Err(frame(format!(
+                "the zstd frame declares {size} bytes, more than a block holds ({SINGLE_BLOCK_BYTES_MAX})"
+            )));
         }
-        slot.as_mut()?.decompress(payload, capacity).ok()
-    })
+        Ok(None) => None,
+        Err(_) => return Err(frame("not a zstd frame".to_owned())),
+    };
+    match zstd::zstd_safe::find_frame_compressed_size(payload) {
+        Ok(size) if size == payload.len() => {}
+        Ok(size) => {
+            return Err(frame(format!(
+                "{} bytes follow the zstd frame",
+                payload.len() - size
+            )));
+        }
+        Err(_) => return Err(frame("the zstd frame is cut short".to_owned())),
+    }
+    let capacity = declared.map_or(SINGLE_BLOCK_BYTES_MAX, |size| size) as usize;
+    let plain = DECOMPRESSOR
+        .with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.is_none() {
+                *slot = zstd::bulk::Decompressor::new().ok();
+            }
+            slot.as_mut().map(|d| d.decompress(payload, capacity))
+        })
+        .ok_or_else(|| frame("no zstd decompressor".to_owned()))?
+        .map_err(|e| frame(format!("the zstd frame does not decode: {e}")))?;
+    if let Some(expected) = declared
+        && plain.len() as u64 != expected
+    {
+        return Err(Corruption::LengthMismatch {
+            expected,
+            found: plain.len() as u64,
+        });
+    }
+    Ok(plain)
 }
 
 /// Decode a stored object and check that it hashes to `digest`.
 pub fn decode(digest: &Digest, stored: &[u8]) -> Result<Vec<u8>> {
-    let corrupt = || Error::Corrupt {
+    let corrupt = |reason: Corruption| Error::Corrupt {
         digest: *digest,
         path: None,
+        reason,
     };
-    let (&frame, payload) = stored.split_first().ok_or_else(corrupt)?;
+    let (&frame, payload) = stored
+        .split_first()
+        .ok_or_else(|| corrupt(Corruption::Frame("empty: no frame byte".to_owned())))?;
     let plain = match frame {
         FRAME_PLAIN => payload.to_vec(),
-        FRAME_ZSTD => decompress(payload).ok_or_else(corrupt)?,
-        _ => return Err(corrupt()),
+        FRAME_ZSTD => decompress(payload).map_err(corrupt)?,
+        other => {
+            return Err(corrupt(Corruption::Frame(format!(
+                "unknown frame byte {other:#04x}"
+            ))));
+        }
     };
     if Digest::of(&plain) != *digest {
-        return Err(corrupt());
+        return Err(corrupt(Corruption::HashMismatch));
     }
     Ok(plain)
 }
@@ -171,6 +207,44 @@ mod tests {
         assert!(
             encode(&[7u8; 100_000]).len() < 1000,
             "compressible is compressed"
+        );
+    }
+
+    /// Issue 14: a cut or padded upload said "hash mismatch"; each
+    /// corruption now names the first check it failed.
+    #[test]
+    fn corruption_names_what_is_wrong() {
+        let reason = |digest: &Digest, stored: &[u8]| match decode(digest, stored) {
+            Err(Error::Corrupt { reason, .. }) => reason,
+            other => panic!("expected Corrupt, got {other:?}"),
+        };
+        let plain = vec![5u8; 100_000];
+        let digest = Digest::of(&plain);
+        let stored = encode(&plain);
+        assert_eq!(stored[0], FRAME_ZSTD, "compressible, so zstd");
+        let cut = &stored[..stored.len() - 3];
+        assert_eq!(
+            reason(&digest, cut),
+            Corruption::Frame("the zstd frame is cut short".to_owned())
+        );
+        let padded = [stored.as_slice(), b"xyz"].concat();
+        assert_eq!(
+            reason(&digest, &padded),
+            Corruption::Frame("3 bytes follow the zstd frame".to_owned())
+        );
+        assert!(matches!(reason(&digest, &[]), Corruption::Frame(_)));
+        assert_eq!(
+            reason(&digest, &[9, 1, 2]),
+            Corruption::Frame("unknown frame byte 0x09".to_owned())
+        );
+        assert_eq!(
+            reason(&Digest::of(b"other"), &stored),
+            Corruption::HashMismatch
+        );
+        let message = decode(&digest, cut).expect_err("cut").to_string();
+        assert!(
+            message.contains("cut short") && !message.contains("hash mismatch"),
+            "{message}"
         );
     }
 

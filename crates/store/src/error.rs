@@ -33,10 +33,11 @@ pub enum Error {
         path: Option<PathBuf>,
     },
 
-    #[error("hash mismatch for object {digest}{}", at_path(.path))]
+    #[error("{reason} for object {digest}{}", at_path(.path))]
     Corrupt {
         digest: Digest,
         path: Option<PathBuf>,
+        reason: Corruption,
     },
 
     #[error("malformed home pointer {key}")]
@@ -44,6 +45,21 @@ pub enum Error {
 
     #[error("malformed tree object {digest}: {reason}")]
     MalformedTree { digest: Digest, reason: String },
+
+    /// A directory nested deeper than [`crate::tree::DEPTH_MAX`] below the
+    /// root, found where a tree is built (scan) or read (pull).
+    #[error(
+        "tree too deep at {path}: more than {depth_max} nested directories",
+        path = .path.display()
+    )]
+    TooDeep { path: PathBuf, depth_max: usize },
+
+    /// A tree whose expansion (every entry under every directory, shared
+    /// subtrees counted each time they appear) passes
+    /// [`crate::tree::EXPANDED_ENTRIES_MAX`]. `what` names the tree or the
+    /// directory.
+    #[error("{what} expands to more than {entries_max} entries")]
+    TooManyEntries { what: String, entries_max: u64 },
 
     #[error("{}", io_message(.source, .path))]
     Io {
@@ -87,6 +103,24 @@ fn io_message(source: &std::io::Error, path: &std::path::Path) -> String {
     }
 }
 
+/// What is wrong with an object that does not decode to its digest: the
+/// first check it failed, so a truncated upload says so rather than
+/// "hash mismatch".
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Corruption {
+    /// It decodes, to bytes with another hash.
+    #[error("hash mismatch")]
+    HashMismatch,
+    /// It decodes to another number of bytes than its frame (or, for a
+    /// file's block, its tree) says it holds.
+    #[error("length mismatch (expected {expected} bytes, found {found})")]
+    LengthMismatch { expected: u64, found: u64 },
+    /// Its frame cannot be decoded at all (empty, an unknown frame byte, a
+    /// zstd frame cut short or followed by other bytes).
+    #[error("undecodable frame ({0})")]
+    Frame(String),
+}
+
 impl Error {
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
@@ -107,9 +141,14 @@ impl Error {
             return self;
         }
         match self {
-            Error::Corrupt { digest, path: None } => Error::Corrupt {
+            Error::Corrupt {
+                digest,
+                path: None,
+                reason,
+            } => Error::Corrupt {
                 digest,
                 path: Some(at.to_owned()),
+                reason,
             },
             Error::MissingObject { digest, path: None } => Error::MissingObject {
                 digest,

@@ -217,33 +217,24 @@ fn condemned_heights(
             Ok(((org.clone(), object.digest), subtrees))
         })
         .collect::<Result<_>>()?;
-    fn height(
-        key: &Key,
-        children: &HashMap<Key, Option<Vec<Digest>>>,
-        condemned: &HashSet<Key>,
-        memo: &mut HashMap<Key, u32>,
-    ) -> u32 {
-        if let Some(h) = memo.get(key) {
-            return *h;
-        }
-        let h = match children.get(key) {
+    // Bottom-up without recursion: condemned trees can be nested as deep
+    // as anyone cared to upload.
+    let heights = crate::tree::fold_bottom_up(
+        condemned.iter().cloned(),
+        |key: &Key| match children.get(key) {
             Some(Some(subtrees)) => subtrees
                 .iter()
                 .map(|d| (key.0.clone(), *d))
                 .filter(|child| condemned.contains(child))
-                .map(|child| height(&child, children, condemned, memo).saturating_add(1))
-                .max()
-                .unwrap_or(0),
+                .collect(),
+            _ => Vec::new(),
+        },
+        |key, below: &[u32]| match children.get(key) {
+            Some(Some(_)) => below.iter().map(|h| h.saturating_add(1)).max().unwrap_or(0),
             _ => u32::MAX,
-        };
-        memo.insert(key.clone(), h);
-        h
-    }
-    let mut memo = HashMap::new();
-    for key in &condemned {
-        height(key, &children, &condemned, &mut memo);
-    }
-    Ok(memo)
+        },
+    );
+    Ok(heights)
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -337,7 +328,7 @@ pub fn stats(store: &Store) -> Result<Vec<OrgStats>> {
     for (org, object, meta) in &listing.objects {
         let stats = by_org.entry(org.to_string()).or_default();
         stats.objects += 1;
-        stats.stored_bytes += meta.size;
+        stats.stored_bytes = stats.stored_bytes.saturating_add(meta.size);
         match object.kind {
             ObjectKind::Block => stats.blocks += 1,
             ObjectKind::Tree => stats.trees += 1,
@@ -348,7 +339,10 @@ pub fn stats(store: &Store) -> Result<Vec<OrgStats>> {
         stats.homes += 1;
         if let Some(root) = store.read_home(org, home)? {
             let tree = store.get_tree(org, &root)?;
-            stats.logical_bytes += crate::tree::logical_bytes(&tree.entries);
+            // Each root's total fits (decoding checks); their sum may not.
+            stats.logical_bytes = stats
+                .logical_bytes
+                .saturating_add(crate::tree::logical_bytes(&tree.entries));
         }
     }
     Ok(by_org

@@ -26,7 +26,7 @@ pub mod testing;
 pub mod tree;
 
 pub use digest::Digest;
-pub use error::{Error, Result};
+pub use error::{Corruption, Error, Result};
 pub use ids::{HomeName, OrgId};
 pub use objects::Objects;
 pub use store::Store;

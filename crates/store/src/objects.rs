@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 
 use crate::store::{ObjectId, ObjectKind};
-use crate::tree::{EntryKind, Tree};
+use crate::tree::{EntryKind, Tree, check_no_setid};
 use crate::{Digest, Error, OrgId, Result, block};
 
 /// An org's objects in a content store. Bytes are the stored (encoded,
@@ -81,7 +81,8 @@ pub fn put_tree_checked(
 /// The block service's rule for what it stores: objects a client uploaded
 /// (their stored bytes), in the order given, after checking all of them.
 /// Every object must decode to its digest ([`Error::Corrupt`]), every tree
-/// must be well formed ([`Error::MalformedTree`]) and name only objects
+/// must be well formed and name no setuid or setgid mode
+/// ([`Error::MalformedTree`], see [`crate::tree`]) and name only objects
 /// that are in the org's store or earlier in `batch`
 /// ([`Error::IncompleteTree`], as [`put_tree_checked`]). Any of those
 /// refuses the whole batch before anything is stored; only a store failure
@@ -100,6 +101,7 @@ pub fn put_batch_checked<B: AsRef<[u8]>>(
         let plain = block::decode(&object.digest, stored.as_ref())?;
         if object.kind == ObjectKind::Tree {
             let tree = Tree::decode(&object.digest, &plain)?;
+            check_no_setid(&object.digest, &tree)?;
             let children: Vec<ObjectId> = children(&tree)
                 .into_iter()
                 .filter(|child| !earlier.contains(child))

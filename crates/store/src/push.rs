@@ -676,30 +676,18 @@ fn batch_ranges(sizes: &[u64], parallel: usize) -> Vec<std::ops::Range<usize>> {
     ranges
 }
 
+/// Each scanned tree's height (distance to its deepest leaf), without
+/// recursion.
 fn tree_heights(trees: &HashMap<Digest, TreeNode>) -> HashMap<Digest, u32> {
-    fn visit(
-        digest: &Digest,
-        trees: &HashMap<Digest, TreeNode>,
-        memo: &mut HashMap<Digest, u32>,
-    ) -> u32 {
-        if let Some(height) = memo.get(digest) {
-            return *height;
-        }
-        let height = trees.get(digest).map_or(0, |node| {
-            node.subtrees
-                .iter()
-                .map(|child| visit(child, trees, memo) + 1)
-                .max()
-                .unwrap_or(0)
-        });
-        memo.insert(*digest, height);
-        height
-    }
-    let mut memo = HashMap::with_capacity(trees.len());
-    for digest in trees.keys() {
-        visit(digest, trees, &mut memo);
-    }
-    memo
+    crate::tree::fold_bottom_up(
+        trees.keys().copied(),
+        |digest| {
+            trees
+                .get(digest)
+                .map_or_else(Vec::new, |n| n.subtrees.clone())
+        },
+        |_, below: &[u32]| below.iter().map(|h| h.saturating_add(1)).max().unwrap_or(0),
+    )
 }
 
 #[cfg(test)]

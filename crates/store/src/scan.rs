@@ -1,6 +1,7 @@
-//! Scanning a home: walk the directory in parallel, reuse block digests of
-//! unchanged files from the index, hash the rest, and build the Merkle tree
-//! bottom-up. Nothing is uploaded here.
+//! Scanning a home: walk the directory a level at a time in parallel,
+//! reuse block digests of unchanged files from the index, hash the rest,
+//! and build the Merkle tree bottom-up, without recursion. Nothing is
+//! uploaded here.
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -18,7 +19,9 @@ use crate::block::block_ranges;
 use crate::excludes::Excludes;
 use crate::index::{FileMap, Index, IndexKey, KeyRule, mtime_ns};
 use crate::progress::Progress;
-use crate::tree::{Entry, EntryKind, MODE_MASK, Tree};
+use crate::tree::{
+    DEPTH_MAX, EXPANDED_ENTRIES_MAX, Entry, EntryKind, SETID_BITS, Tree, stored_mode,
+};
 use crate::{Digest, Error, Result};
 
 /// Attempts at hashing a file that keeps changing under us.
@@ -100,6 +103,9 @@ pub(crate) struct ScanStats {
     pub bytes_scanned: AtomicU64,
     pub files_hashed: AtomicU64,
     pub bytes_hashed: AtomicU64,
+    /// Entries whose setuid or setgid bits were cleared (trees never carry
+    /// them: see [`crate::tree`]).
+    pub setid_stripped: AtomicU64,
 }
 
 pub(crate) struct Scan {
@@ -125,6 +131,20 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// A directory read but not yet encoded: its subdirectories' entries lack
+/// their tree digest and size until the level below is encoded.
+struct PendingDir {
+    abs: Arc<PathBuf>,
+    /// Where this directory's entry is: its parent's index in the level
+    /// above and the entry's position there (`None` for the root).
+    parent: Option<(usize, usize)>,
+    entries: Vec<Entry>,
+    index_records: Vec<(IndexKey, Vec<Digest>)>,
+}
+
+/// A directory to read: where it is, its path in the home, its entry.
+type ToRead = (Arc<PathBuf>, PathBuf, Option<(usize, usize)>);
+
 pub(crate) fn scan(
     root: &Path,
     excludes: &Excludes,
@@ -148,7 +168,7 @@ pub(crate) fn scan(
         collected: Mutex::new(Collected::default()),
     };
     progress.phase("scanning", None);
-    let (root_digest, logical_bytes) = scanner.scan_dir(root, Path::new(""))?;
+    let (root_digest, logical_bytes) = scanner.scan_levels(root)?;
     Ok(Scan {
         root: root_digest,
         logical_bytes,
@@ -161,11 +181,91 @@ pub(crate) fn scan(
 }
 
 impl Scanner<'_> {
-    /// Returns the directory's tree digest and the file bytes beneath it.
-    fn scan_dir(&self, abs: &Path, rel: &Path) -> Result<(Digest, u64)> {
+    /// Reads the home a level of directories at a time (each level's
+    /// directories and files in parallel), then encodes the trees from the
+    /// deepest level up. No recursion: a home nested any depth costs
+    /// memory, not stack; one nested past [`DEPTH_MAX`] or holding more
+    /// than [`EXPANDED_ENTRIES_MAX`] entries is refused, since no pull
+    /// would take it. Returns the root's digest and its file bytes.
+    fn scan_levels(&self, root: &Path) -> Result<(Digest, u64)> {
+        let mut levels: Vec<Vec<PendingDir>> = Vec::new();
+        let mut to_read: Vec<ToRead> = vec![(Arc::new(root.to_owned()), PathBuf::new(), None)];
+        let mut entries_seen: u64 = 0;
+        while !to_read.is_empty() {
+            if levels.len() > DEPTH_MAX {
+                let (_, rel, _) = &to_read[0];
+                return Err(Error::TooDeep {
+                    path: rel.clone(),
+                    depth_max: DEPTH_MAX,
+                });
+            }
+            let level = to_read
+                .par_iter()
+                .map(|(abs, rel, parent)| self.read_dir(abs, rel, *parent))
+                .collect::<Result<Vec<PendingDir>>>()?;
+            let mut next = Vec::new();
+            for (index, dir) in level.iter().enumerate() {
+                entries_seen = entries_seen.saturating_add(dir.entries.len() as u64);
+                for (position, entry) in dir.entries.iter().enumerate() {
+                    if let EntryKind::Dir { .. } = entry.kind {
+                        let name = std::ffi::OsStr::from_bytes(&entry.name);
+                        let rel = to_read[index].1.join(name);
+                        next.push((Arc::new(dir.abs.join(name)), rel, Some((index, position))));
+                    }
+                }
+            }
+            if entries_seen > EXPANDED_ENTRIES_MAX {
+                return Err(Error::TooManyEntries {
+                    what: format!("directory {}", root.display()),
+                    entries_max: EXPANDED_ENTRIES_MAX,
+                });
+            }
+            levels.push(level);
+            to_read = next;
+        }
+        let mut root_result = None;
+        while let Some(level) = levels.pop() {
+            let done = level
+                .into_par_iter()
+                .map(|dir| {
+                    let parent = dir.parent;
+                    self.encode_dir(dir)
+                        .map(|(digest, total)| (parent, digest, total))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            for (parent, digest, total) in done {
+                let Some((index, position)) = parent else {
+                    root_result = Some((digest, total));
+                    continue;
+                };
+                // Always there: `parent` was taken from the level above.
+                if let Some(entry) = levels
+                    .last_mut()
+                    .and_then(|above| above.get_mut(index))
+                    .and_then(|dir| dir.entries.get_mut(position))
+                {
+                    entry.kind = EntryKind::Dir { tree: digest };
+                    entry.size = total;
+                }
+            }
+        }
+        root_result.ok_or_else(|| Error::Io {
+            path: root.to_owned(),
+            source: std::io::Error::other("scan found no root directory"),
+        })
+    }
+
+    /// Reads one directory: its files hashed, its subdirectories as
+    /// entries to fill in once the level below is encoded.
+    fn read_dir(
+        &self,
+        abs: &Arc<PathBuf>,
+        rel: &Path,
+        parent: Option<(usize, usize)>,
+    ) -> Result<PendingDir> {
         let mut children = Vec::new();
-        for entry in fs::read_dir(abs).map_err(Error::io(abs))? {
-            children.push(entry.map_err(Error::io(abs))?);
+        for entry in fs::read_dir(abs.as_path()).map_err(Error::io(abs.as_path()))? {
+            children.push(entry.map_err(Error::io(abs.as_path()))?);
         }
         let scanned = children
             .par_iter()
@@ -179,6 +279,23 @@ impl Scanner<'_> {
             }
             entries.push(entry);
         }
+        Ok(PendingDir {
+            abs: Arc::clone(abs),
+            parent,
+            entries,
+            index_records,
+        })
+    }
+
+    /// Encodes a directory whose subdirectories are all filled in; returns
+    /// its tree digest and the file bytes beneath it.
+    fn encode_dir(&self, dir: PendingDir) -> Result<(Digest, u64)> {
+        let PendingDir {
+            abs,
+            entries,
+            index_records,
+            ..
+        } = dir;
         let total = crate::tree::logical_bytes(&entries);
         let mut subtrees = Vec::new();
         let mut blocks = Vec::new();
@@ -191,7 +308,7 @@ impl Scanner<'_> {
         }
         let (digest, bytes) = Tree { entries }.encode().map_err(|e| match e {
             Error::MalformedTree { reason, .. } => Error::Io {
-                path: abs.to_owned(),
+                path: abs.to_path_buf(),
                 source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
             },
             other => other,
@@ -202,13 +319,29 @@ impl Scanner<'_> {
         collected.index_files.extend(index_records);
         collected.trees.entry(digest).or_insert_with(|| TreeNode {
             bytes,
-            dir: Arc::new(abs.to_owned()),
+            dir: abs,
             subtrees,
             blocks,
         });
         Ok((digest, total))
     }
 
+    /// `mode` as a tree stores it: setuid and setgid cleared, which the
+    /// first time in a scan is logged (once: a copied `/usr` can hold many).
+    fn stored_mode(&self, path: &Path, mode: u32) -> u32 {
+        if mode & SETID_BITS != 0 && self.stats.setid_stripped.fetch_add(1, Ordering::Relaxed) == 0
+        {
+            tracing::warn!(
+                path = %path.display(),
+                mode = %format!("{mode:o}"),
+                "setuid/setgid bits cleared: trees do not carry them (further files not logged)"
+            );
+        }
+        stored_mode(mode)
+    }
+
+    /// One directory entry: a file hashed (or found in the index), a
+    /// symlink read, a subdirectory noted (its tree is filled in later).
     fn scan_entry(
         &self,
         child: &fs::DirEntry,
@@ -223,17 +356,19 @@ impl Scanner<'_> {
         let path = child.path();
         let meta = child.metadata().map_err(Error::io(&path))?;
         let file_type = meta.file_type();
-        let mode = meta.mode() & MODE_MASK;
+        let raw_mode = meta.mode();
         let name = name.as_bytes().to_vec();
         let mut index_key = None;
         let entry = if file_type.is_dir() {
-            let (tree, size) = self.scan_dir(&path, &rel_child)?;
             Entry {
                 name,
-                mode,
-                size,
+                mode: self.stored_mode(&path, raw_mode),
+                size: 0,
                 mtime_ns: mtime_ns(&meta),
-                kind: EntryKind::Dir { tree },
+                // Filled in when the level below is encoded.
+                kind: EntryKind::Dir {
+                    tree: Digest([0; 32]),
+                },
             }
         } else if file_type.is_symlink() {
             let target = fs::read_link(&path).map_err(Error::io(&path))?;
@@ -241,7 +376,7 @@ impl Scanner<'_> {
             self.stats.symlinks.fetch_add(1, Ordering::Relaxed);
             Entry {
                 name,
-                mode,
+                mode: self.stored_mode(&path, raw_mode),
                 size: target.len() as u64,
                 mtime_ns: mtime_ns(&meta),
                 kind: EntryKind::Symlink { target },
@@ -256,7 +391,7 @@ impl Scanner<'_> {
             self.progress.advance(meta.size());
             Entry {
                 name,
-                mode: meta.mode() & MODE_MASK,
+                mode: self.stored_mode(&path, meta.mode()),
                 size: meta.size(),
                 mtime_ns: mtime_ns(&meta),
                 kind: EntryKind::File { blocks },

@@ -6,7 +6,7 @@
 //! magic "RTREE" · version u8 = 1 · entry count u32
 //! per entry, strictly ascending by name bytes:
 //!   kind u8 (1 file, 2 dir, 3 symlink) · name length u16 · name bytes
-//!   mode u32 (permission bits only) · size u64 · mtime_ns i64
+//!   mode u32 (permission bits only; see below) · size u64 · mtime_ns i64
 //!   file:    block count u32 · 32-byte digests
 //!   dir:     32-byte digest of the subtree
 //!   symlink: target length u16 · target bytes
@@ -17,6 +17,32 @@
 //! size). The same tree always encodes to the same bytes, so the root
 //! digest is the same on every machine. Decoding checks everything a
 //! hostile store could lie about: names, order, counts, lengths.
+//!
+//! # No setuid or setgid
+//!
+//! A mode carries permission bits and the sticky bit, never setuid or
+//! setgid ([`SETID_BITS`]): trees are tenant content that the runner
+//! writes on its host as root, and a stored `04755` copy of a shell would
+//! be a setuid-root program there. So the rule is, in one place each:
+//! - [`Tree::encode`] refuses such a mode, and the scan that builds every
+//!   tree a client uploads (`home push`, the runner's saves, image import)
+//!   strips the bits first ([`stored_mode`]), logging once that it did;
+//! - the block service and [`crate::objects::put_tree_checked`] refuse an
+//!   uploaded tree naming one ([`check_no_setid`]), a 400 naming the entry;
+//! - pull writes [`stored_mode`] of whatever a tree says, so a tree stored
+//!   before this rule (decoding still accepts it, so such homes stay
+//!   readable) never restores the bits either.
+//!
+//! Stripping rather than refusing at the client because a home with a
+//! setuid file in it (a copied `/usr/bin/sudo`) is ordinary, and refusing
+//! the push would lose the rest of the home; refusing rather than
+//! stripping at the store because a client that sends the bits anyway did
+//! not run our scan, and silently storing something else than the bytes
+//! it named would break content addressing.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::os::unix::ffi::OsStrExt;
 
 use crate::block::block_ranges;
 use crate::{Digest, Error, Result};
@@ -28,9 +54,28 @@ const KIND_DIR: u8 = 2;
 const KIND_SYMLINK: u8 = 3;
 pub const NAME_BYTES_MAX: usize = 255;
 pub const SYMLINK_TARGET_BYTES_MAX: usize = 4095;
+/// Bits a decoded mode may have (older trees may carry [`SETID_BITS`]).
 pub const MODE_MASK: u32 = 0o7777;
+/// setuid and setgid: never stored by this client, refused at upload,
+/// never written by pull (see the module documentation).
+pub const SETID_BITS: u32 = 0o6000;
 /// Bounds a hostile tree; a real directory with more entries is refused at scan.
 pub const ENTRIES_MAX: usize = 1 << 20;
+/// Directories nested below a root, at most: scan refuses a deeper
+/// directory and pull a deeper tree ([`Error::TooDeep`]), so whatever is
+/// pushed can be pulled. Real homes nest a few dozen levels (paths stop
+/// fitting `PATH_MAX`, 4096 bytes, long before 256 levels of ordinary
+/// names); pull writes a level with a directory handle and a few stack
+/// frames each, and 256 of them stay well within a 2 MiB thread stack and
+/// the usual 1024 open files. Every other walk over trees is iterative and
+/// needs no bound.
+pub const DEPTH_MAX: usize = 256;
+/// Entries a tree may expand to (files, directories and symlinks, a
+/// shared subtree counted each time it appears): a few million, more than
+/// any home we have seen (a large one holds about a million), and what a
+/// runner can write out in reasonable time. Without it a few kilobytes of
+/// trees naming one subtree many times expand to billions of files.
+pub const EXPANDED_ENTRIES_MAX: u64 = 1 << 22;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EntryKind {
@@ -62,14 +107,47 @@ pub fn is_valid_name(name: &[u8]) -> bool {
         && !name.iter().any(|&b| b == b'/' || b == 0)
 }
 
+/// The mode a tree stores and pull writes for a file whose mode is
+/// `mode`: permissions and the sticky bit, without setuid or setgid.
+pub fn stored_mode(mode: u32) -> u32 {
+    mode & MODE_MASK & !SETID_BITS
+}
+
+/// Refuses a tree naming a setuid or setgid mode: what the block service
+/// and [`crate::objects::put_tree_checked`] check of an uploaded tree.
+/// The error names the first such entry.
+pub fn check_no_setid(digest: &Digest, tree: &Tree) -> Result<()> {
+    match tree.entries.iter().find(|e| e.mode & SETID_BITS != 0) {
+        None => Ok(()),
+        Some(entry) => Err(Error::MalformedTree {
+            digest: *digest,
+            reason: setid_refused(entry),
+        }),
+    }
+}
+
+fn setid_refused(entry: &Entry) -> String {
+    format!(
+        "entry {:?} has mode {:04o}: trees do not carry setuid or setgid bits (clear them, mode & 0o1777, before uploading)",
+        String::from_utf8_lossy(&entry.name),
+        entry.mode
+    )
+}
+
 /// File bytes described by `entries`: file sizes, plus the totals that
-/// directory entries carry; symlinks count nothing.
+/// directory entries carry; symlinks count nothing. Saturates rather than
+/// wraps; a tree whose sizes would not fit is refused by
+/// [`Tree::decode`] and [`Tree::encode`] ([`checked_logical_bytes`]).
 pub fn logical_bytes(entries: &[Entry]) -> u64 {
+    checked_logical_bytes(entries).unwrap_or(u64::MAX)
+}
+
+/// [`logical_bytes`], or `None` when the sum passes `u64::MAX`.
+pub fn checked_logical_bytes(entries: &[Entry]) -> Option<u64> {
     entries
         .iter()
         .filter(|e| !matches!(e.kind, EntryKind::Symlink { .. }))
-        .map(|e| e.size)
-        .sum()
+        .try_fold(0u64, |sum, e| sum.checked_add(e.size))
 }
 
 impl Tree {
@@ -86,6 +164,18 @@ impl Tree {
             if !is_valid_name(&entry.name) {
                 return Err(invalid_entry(&entry.name, "invalid name"));
             }
+            if entry.mode & !MODE_MASK != 0 {
+                return Err(invalid_entry(
+                    &entry.name,
+                    "mode has bits beyond permissions",
+                ));
+            }
+            if entry.mode & SETID_BITS != 0 {
+                return Err(Error::MalformedTree {
+                    digest: Digest([0; 32]),
+                    reason: setid_refused(entry),
+                });
+            }
             if let EntryKind::Symlink { target } = &entry.kind
                 && (target.is_empty()
                     || target.len() > SYMLINK_TARGET_BYTES_MAX
@@ -93,6 +183,12 @@ impl Tree {
             {
                 return Err(invalid_entry(&entry.name, "invalid symlink target"));
             }
+        }
+        if checked_logical_bytes(&self.entries).is_none() {
+            return Err(Error::MalformedTree {
+                digest: Digest([0; 32]),
+                reason: "entry sizes overflow 64 bits".to_owned(),
+            });
         }
         let bytes = self.encode_unchecked();
         Ok((Digest::of(&bytes), bytes))
@@ -192,8 +288,134 @@ impl Tree {
         if reader.at != bytes.len() {
             return Err(malformed("trailing bytes"));
         }
+        // A directory's logical size is the sum of these: one that wraps
+        // would make every total above it a lie.
+        if checked_logical_bytes(&entries).is_none() {
+            return Err(malformed("entry sizes overflow 64 bits"));
+        }
         Ok(Tree { entries })
     }
+}
+
+/// A value for every node reachable from `roots` in a DAG, each computed by
+/// `combine(node, its children's values)` after all of its children's, in
+/// an explicit stack rather than by recursion: a chain of a million trees
+/// costs memory, not the thread's stack. `children` is asked once per
+/// node; a child named several times is in the slice as often. A node met
+/// again on its own path (impossible with content addressing, but cheap
+/// to refuse) is left out of its parent's values.
+pub(crate) fn fold_bottom_up<K, V>(
+    roots: impl IntoIterator<Item = K>,
+    mut children: impl FnMut(&K) -> Vec<K>,
+    mut combine: impl FnMut(&K, &[V]) -> V,
+) -> HashMap<K, V>
+where
+    K: Clone + Eq + Hash,
+    V: Clone,
+{
+    let mut done: HashMap<K, V> = HashMap::new();
+    let mut on_path: HashSet<K> = HashSet::new();
+    for root in roots {
+        if done.contains_key(&root) {
+            continue;
+        }
+        on_path.insert(root.clone());
+        let kids = children(&root);
+        // (node, its children, how many of them were looked at)
+        let mut stack: Vec<(K, Vec<K>, usize)> = vec![(root, kids, 0)];
+        while let Some(top) = stack.len().checked_sub(1) {
+            let (_, kids, next) = &mut stack[top];
+            if let Some(kid) = kids.get(*next).cloned() {
+                *next += 1;
+                if !done.contains_key(&kid) && on_path.insert(kid.clone()) {
+                    let grandkids = children(&kid);
+                    stack.push((kid, grandkids, 0));
+                }
+                continue;
+            }
+            if let Some((node, kids, _)) = stack.pop() {
+                let values: Vec<V> = kids.iter().filter_map(|k| done.get(k).cloned()).collect();
+                let value = combine(&node, &values);
+                on_path.remove(&node);
+                done.insert(node, value);
+            }
+        }
+    }
+    done
+}
+
+/// What a tree expands to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Extent {
+    /// Directories nested below it on its deepest path (0: no subdirectory).
+    pub height: usize,
+    /// Entries under it, a shared subtree counted each time it appears.
+    pub entries: u64,
+}
+
+/// Refuses the tree `root` (its trees all in `trees`; one absent counts as
+/// empty) if it nests deeper than [`DEPTH_MAX`] ([`Error::TooDeep`], with
+/// the path of a directory past the bound) or expands to more than
+/// [`EXPANDED_ENTRIES_MAX`] entries ([`Error::TooManyEntries`]). Iterative
+/// and linear in the distinct trees, however large the expansion.
+pub fn check_bounds(root: &Digest, trees: &HashMap<Digest, Tree>) -> Result<Extent> {
+    let subtrees = |digest: &Digest| -> Vec<Digest> {
+        trees.get(digest).map_or_else(Vec::new, |tree| {
+            tree.entries
+                .iter()
+                .filter_map(|e| match &e.kind {
+                    EntryKind::Dir { tree } => Some(*tree),
+                    _ => None,
+                })
+                .collect()
+        })
+    };
+    let extents = fold_bottom_up([*root], subtrees, |digest, children: &[Extent]| {
+        let own = trees.get(digest).map_or(0, |t| t.entries.len() as u64);
+        Extent {
+            height: children
+                .iter()
+                .map(|c| c.height.saturating_add(1))
+                .max()
+                .unwrap_or(0),
+            entries: children
+                .iter()
+                .fold(own, |sum, c| sum.saturating_add(c.entries)),
+        }
+    });
+    let extent = extents.get(root).copied().unwrap_or_default();
+    if extent.height > DEPTH_MAX {
+        // Name a directory past the bound: follow the deepest path down.
+        let mut path = std::path::PathBuf::new();
+        let mut at = *root;
+        for _ in 0..=DEPTH_MAX {
+            let height = extents.get(&at).map_or(0, |e| e.height);
+            let deepest = trees.get(&at).and_then(|tree| {
+                tree.entries.iter().find_map(|e| match &e.kind {
+                    EntryKind::Dir { tree }
+                        if extents.get(tree).map_or(0, |c| c.height) + 1 == height =>
+                    {
+                        Some((&e.name, *tree))
+                    }
+                    _ => None,
+                })
+            });
+            let Some((name, child)) = deepest else { break };
+            path.push(std::ffi::OsStr::from_bytes(name));
+            at = child;
+        }
+        return Err(Error::TooDeep {
+            path,
+            depth_max: DEPTH_MAX,
+        });
+    }
+    if extent.entries > EXPANDED_ENTRIES_MAX {
+        return Err(Error::TooManyEntries {
+            what: format!("tree {root}"),
+            entries_max: EXPANDED_ENTRIES_MAX,
+        });
+    }
+    Ok(extent)
 }
 
 fn invalid_entry(name: &[u8], reason: &str) -> Error {
@@ -347,6 +569,41 @@ mod tests {
         assert!(Tree::decode(&Digest::of(&huge), &huge).is_err());
     }
 
+    /// Issue 14: a tenant's `04755` file must not become a setuid program
+    /// on the runner host, so no tree this code writes carries the bits,
+    /// and an uploaded one naming them is refused, naming the entry.
+    #[test]
+    fn setid_modes_are_not_stored() {
+        for mode in [0o4755, 0o2755, 0o6777] {
+            let mut entry = file("id", 3);
+            entry.mode = mode;
+            let err = Tree {
+                entries: vec![entry.clone()],
+            }
+            .encode()
+            .expect_err("encode refuses setid");
+            assert!(err.to_string().contains("\"id\""), "{err}");
+            // A tree stored before the rule still decodes (its home stays
+            // readable; pull masks the bits), but an upload of it is refused.
+            let bytes = Tree {
+                entries: vec![entry],
+            }
+            .encode_unchecked();
+            let digest = Digest::of(&bytes);
+            let tree = Tree::decode(&digest, &bytes).expect("legacy trees decode");
+            let err = check_no_setid(&digest, &tree).expect_err("upload refuses setid");
+            assert!(err.to_string().contains("setuid"), "{err}");
+            assert_eq!(stored_mode(mode), mode & 0o1777);
+        }
+        let mut sticky = file("tmp", 0);
+        sticky.mode = 0o1777;
+        let tree = Tree {
+            entries: vec![sticky],
+        };
+        let (digest, bytes) = tree.clone().encode().expect("sticky is kept");
+        check_no_setid(&digest, &Tree::decode(&digest, &bytes).expect("decodes")).expect("allowed");
+    }
+
     fn arb_entry() -> impl Strategy<Value = Entry> {
         let name =
             proptest::collection::vec(1u8..=255, 1..20).prop_filter("valid", |n| is_valid_name(n));
@@ -363,7 +620,7 @@ mod tests {
             proptest::collection::vec(1u8..=255, 1..100)
                 .prop_map(|t| (t.len() as u64, EntryKind::Symlink { target: t })),
         ];
-        (name, 0u32..=0o7777, any::<i64>(), kind).prop_map(
+        (name, 0u32..=0o1777, any::<i64>(), kind).prop_map(
             |(name, mode, mtime_ns, (size, kind))| Entry {
                 name,
                 mode,

@@ -911,3 +911,45 @@ async fn a_securing_that_fails_says_so_keeps_the_home_and_ends_once_the_store_ta
     );
     assert_eq!(sh(api, &id, "cat /workspace/work.txt").await, "precious\n");
 }
+
+/// Issue 14: a home nested 700 directories deep (`mkdir -p d/d/…`, no
+/// crafting) overflowed the runner's stack on its next save and took every
+/// other org's sandbox on that runner down with it. Now that sandbox's
+/// saves fail with a reason naming the bound, and the runner keeps serving
+/// its neighbour, which keeps running and saving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_home_nested_too_deep_fails_its_own_saves_and_a_neighbour_keeps_saving() {
+    let mut fleet = Fleet::start(&[]).await;
+    fleet.runner("a");
+    let body = json!({"storage_class": "durable", "save_interval_s": 1});
+    let hostile = fleet.create(body.clone()).await;
+    let neighbour = fleet.create(body).await;
+    let api = fleet.api();
+    sh(
+        api,
+        &hostile,
+        "cd /workspace && p=d && i=1 && while [ $i -lt 700 ]; do p=$p/d; i=$((i+1)); done && mkdir -p $p",
+    )
+    .await;
+    assert!(
+        eventually(Duration::from_secs(40), || async {
+            let sandbox = api.get(&format!("/v1/sandboxes/{hostile}")).await.body;
+            sandbox["save"]["last_error"]
+                .as_str()
+                .is_some_and(|error| error.contains("too deep"))
+        })
+        .await,
+        "no save failed naming the bound: {}",
+        fleet.get(&hostile).await
+    );
+    sh(api, &neighbour, "echo still here > /workspace/n.txt").await;
+    let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let saved = fleet.wait_saved_after(&neighbour, &now).await;
+    assert!(saved["save"]["last_error"].is_null(), "{saved}");
+    assert_eq!(saved["state"], "running", "{saved}");
+    assert_eq!(fleet.get(&hostile).await["state"], "running");
+    assert_eq!(
+        sh(api, &neighbour, "cat /workspace/n.txt").await,
+        "still here\n"
+    );
+}

@@ -286,6 +286,71 @@ fn missing_directory_and_bad_names_fail_with_one_line() {
     assert!(err.contains("no such home: acme/nothing-here"), "{err}");
 }
 
+/// Issue 14: a home nested 700 directories deep made `roost home push`
+/// overflow its stack, and a stored tree 3,000 deep `roost home pull`.
+/// Both now end with one line naming the bound, and no signal.
+#[test]
+fn too_deep_homes_are_refused_by_push_and_pull_without_a_crash() {
+    let env = Env::new(Backend::Local);
+    let src = env.path("src");
+    let mut deepest = src.clone();
+    for _ in 0..700 {
+        deepest.push("d");
+    }
+    fs::create_dir_all(&deepest).expect("mkdir -p");
+    let output = env.roost(&[
+        "home",
+        "push",
+        src.to_str().expect("utf-8"),
+        "--store",
+        &env.store,
+        "--org",
+        "acme",
+        "--home",
+        "deep",
+    ]);
+    assert!(
+        output.status.code().is_some_and(|code| code != 0),
+        "{:?}",
+        output.status
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("too deep at d/d/d/"), "{stderr}");
+    assert!(
+        stderr.contains(&store::tree::DEPTH_MAX.to_string()),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+
+    // A tree no push makes: 3,000 nested trees put into the store directly.
+    let store = store::Store::open(&env.store).expect("open the store");
+    let acme: store::OrgId = "acme".parse().expect("org");
+    let put = |tree: store::tree::Tree| {
+        let (digest, bytes) = tree.encode().expect("valid tree");
+        store
+            .put_object(&acme, &store::store::ObjectId::tree(digest), &bytes)
+            .expect("put");
+        digest
+    };
+    let mut root = put(store::tree::Tree::default());
+    for _ in 0..3000 {
+        root = put(store::tree::Tree {
+            entries: vec![store::tree::Entry {
+                name: b"d".to_vec(),
+                mode: 0o755,
+                size: 0,
+                mtime_ns: 0,
+                kind: store::tree::EntryKind::Dir { tree: root },
+            }],
+        });
+    }
+    store
+        .write_home(&acme, &"deep".parse().expect("home"), &root)
+        .expect("point the home");
+    let err = env.pull_fails(&env.path("dest"), "acme", "deep");
+    assert!(err.contains("too deep at d/d/d/"), "{err}");
+}
+
 #[test]
 fn unreachable_store_is_named() {
     let env = Env::new(Backend::Local);

@@ -15,4 +15,5 @@ mod plane;
 mod runner_e2e;
 mod sandbox_cli;
 mod sandboxes;
+mod setid;
 mod store_admin;

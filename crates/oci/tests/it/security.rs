@@ -99,3 +99,66 @@ async fn the_seccomp_filter_refuses_what_capabilities_would_not() {
     );
     assert_eq!(ran.stdout, "ptrace -1 1\nclone3 -1 38\ngetpid True\n");
 }
+
+/// A file made for the test in the host's `/etc`, removed when dropped.
+struct HostFile(std::path::PathBuf);
+
+impl Drop for HostFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Issue 14: the default image mounted the host's `/etc` read-only, and
+/// root in a sandbox (which holds `CAP_DAC_OVERRIDE`) read its private
+/// files: `/etc/ssl/private`'s keys, a database's access rules, a token an
+/// operator left there. The sandbox now reads under `/etc` exactly what an
+/// unprivileged host user could: every path others cannot read (found here
+/// with `find`, independently of the crate's walk) reads as nothing, and a
+/// secret planted before the sandbox starts is masked too.
+#[tokio::test]
+async fn the_default_image_shows_no_host_file_others_cannot_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let planted = HostFile(std::path::PathBuf::from(format!(
+        "/etc/roost-test-secret-{}",
+        std::process::id()
+    )));
+    std::fs::write(&planted.0, "s3cret\n").expect("plant a secret in /etc");
+    std::fs::set_permissions(&planted.0, std::fs::Permissions::from_mode(0o600))
+        .expect("chmod 600");
+    let t = TestSandbox::start("etc", Limits::default()).await;
+
+    let found = std::process::Command::new("find")
+        .args([
+            "/etc", "(", "-type", "f", "-o", "-type", "d", ")", "!", "-perm", "-o=r",
+        ])
+        .output()
+        .expect("find");
+    let private: Vec<String> = String::from_utf8_lossy(&found.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let planted_path = planted.0.to_str().expect("utf-8").to_owned();
+    assert!(private.contains(&planted_path), "{private:?}");
+    for path in &private {
+        // A masked file reads as empty; a masked directory is an empty
+        // read-only tmpfs; anything else is a leak.
+        let script = format!(
+            "if [ -d '{path}' ]; then ls -A '{path}' | wc -l; else cat '{path}' 2>/dev/null | wc -c; fi"
+        );
+        let ran = t.sh(&script).await;
+        assert_eq!(
+            ran.stdout.trim(),
+            "0",
+            "{path} is readable in the sandbox: {}",
+            ran.stderr
+        );
+    }
+    // What others may read stays visible: programs need it.
+    assert!(!t.sh_ok("cat /etc/passwd").await.is_empty());
+    assert_eq!(
+        t.sh(&format!("cat {planted_path}")).await.stdout,
+        "",
+        "the planted secret leaked"
+    );
+}

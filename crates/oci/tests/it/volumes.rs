@@ -381,3 +381,61 @@ fn image_is_not_mounted_over_a_non_empty_root() {
     assert!(!scratch.image().exists(), "the image was made anyway");
     assert_eq!(read(&scratch.root().join("precious.txt")), "here");
 }
+
+/// The per-mount options of the last mount at `path`, as mountinfo shows
+/// them.
+fn mount_options(path: &Path) -> Vec<String> {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
+    mountinfo
+        .lines()
+        .rfind(|line| line.split(' ').nth(4) == Some(path.to_str().expect("utf-8 path")))
+        .and_then(|line| line.split(' ').nth(5))
+        .map(|options| options.split(',').map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+fn assert_nosuid_nodev(path: &Path) {
+    let options = mount_options(path);
+    for wanted in ["nosuid", "nodev"] {
+        assert!(
+            options.iter().any(|o| o == wanted),
+            "the home volume at {} is mounted without {wanted}: {options:?}",
+            path.display()
+        );
+    }
+}
+
+/// Issue 14: a sandbox's `chmod 4755` in its home made a setuid-root file
+/// on the host's home volume. The volume is `nosuid,nodev` whether the
+/// runner mounts it or finds it mounted without them (by a runner from
+/// before the fix), and a remount stacks nothing.
+#[test]
+fn the_home_volume_is_nosuid_and_nodev_even_when_found_mounted_without() {
+    let scratch = Scratch::new();
+    let volumes = scratch.open_image();
+    assert_nosuid_nodev(&scratch.root());
+    volumes.unmount().expect("unmount");
+
+    run(
+        "mount",
+        &[
+            "-t",
+            "btrfs",
+            "-o",
+            "loop",
+            path_str(&scratch.image()),
+            path_str(&scratch.root()),
+        ],
+    );
+    assert!(
+        !mount_options(&scratch.root()).contains(&"nosuid".to_owned()),
+        "the old-style mount is the case under test"
+    );
+    let volumes = scratch.open_image();
+    assert!(matches!(volumes.backing(), Backing::LoopImage { .. }));
+    assert_nosuid_nodev(&scratch.root());
+    assert_eq!(mounts_at(&scratch.root()), 1, "a mount was stacked");
+    volumes.unmount().expect("unmount");
+    assert_eq!(mounts_at(&scratch.root()), 0);
+}

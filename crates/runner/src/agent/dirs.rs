@@ -19,6 +19,11 @@
 //! Files of a command stay until the command is no longer assigned (the
 //! server has recorded its end); those of a sandbox until it is deleted or
 //! no longer this runner's.
+//!
+//! `DIR` is `0700` (made so, and tightened if it exists): everything
+//! below is tenant content written as root (homes, image trees, writable
+//! layers), and no host user but root has any business traversing to it,
+//! least of all to run a file a tenant made setuid.
 
 use api::lifecycle::CommandState;
 use std::fs::File;
@@ -47,8 +52,8 @@ impl DataDir {
                 root.display()
             )));
         }
+        create_private_dir(root)?;
         for dir in [
-            root.to_path_buf(),
             root.join("sandboxes"),
             root.join("homes"),
             root.join("commands"),
@@ -132,6 +137,23 @@ impl DataDir {
         ids.sort();
         Ok(ids)
     }
+}
+
+/// The data dir's mode: root's alone (see the module documentation).
+pub const DATA_DIR_MODE: u32 = 0o700;
+
+/// Creates `root` (and missing parents) and makes it [`DATA_DIR_MODE`],
+/// whatever it was: created that mode, so never visible wider, and
+/// tightened if an earlier runner (or an operator) left it open.
+fn create_private_dir(root: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DATA_DIR_MODE)
+        .create(root)
+        .map_err(|e| Error::io("create directory", root, e))?;
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(DATA_DIR_MODE))
+        .map_err(|e| Error::io("set the mode of", root, e))
 }
 
 /// A sandbox's command records (`DIR/commands/ID/`).
@@ -409,5 +431,24 @@ mod tests {
         drop(data);
         let again = DataDir::open(tmp.path()).expect("reopen after the first let go");
         assert_eq!(again.runner_id().expect("read"), Some("rnr_1".to_owned()));
+    }
+
+    /// Issue 14: no host user but root may traverse to what a tenant wrote
+    /// (a setuid file in a home or an image tree), whether the data dir is
+    /// new or an earlier runner left it open.
+    #[test]
+    fn the_data_dir_is_roots_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mode =
+            |path: &Path| std::fs::metadata(path).expect("stat").permissions().mode() & 0o7777;
+        let fresh = tmp.path().join("new/runner");
+        drop(DataDir::open(&fresh).expect("open"));
+        assert_eq!(mode(&fresh), 0o700);
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        drop(DataDir::open(&open).expect("open"));
+        assert_eq!(mode(&open), 0o700);
     }
 }

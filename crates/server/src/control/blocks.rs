@@ -196,13 +196,17 @@ fn upload_refused(err: store::Error, objects: &[ObjectId], stored: &str) -> Cont
             ErrorCode::InvalidRequest,
             format!("{} is not a valid tree: {reason}; {stored}", name(&digest)),
         ),
-        store::Error::Corrupt { digest, .. } => {
+        store::Error::Corrupt { digest, reason, .. } => {
             let name = name(&digest);
+            let details = match reason {
+                store::Corruption::HashMismatch => serde_json::json!({ "digest_mismatch": name }),
+                _ => serde_json::json!({ "undecodable": name, "reason": reason.to_string() }),
+            };
             ControlError::new(
                 ErrorCode::InvalidRequest,
-                format!("the uploaded bytes do not decode to {name}: hash mismatch, {stored}"),
+                format!("the uploaded bytes do not decode to {name}: {reason}, {stored}"),
             )
-            .with_details(serde_json::json!({ "digest_mismatch": name }))
+            .with_details(details)
         }
         err => store_error(err),
     }

@@ -64,7 +64,180 @@ async fn the_block_service_refuses_what_it_cannot_check_and_stores_none_of_it() 
                 "nothing of a batch with {what} is stored"
             );
         }
+        // A cut upload is named as such, not as a hash mismatch.
+        let compressible = vec![7u8; 10_000];
+        let stored = block::encode(&compressible);
+        let cut = &stored[..stored.len() - 2];
+        let err = objects
+            .put_batch(&org, &[(ObjectId::block(Digest::of(&compressible)), cut)])
+            .expect_err("a cut object is refused")
+            .to_string();
+        assert!(
+            err.contains("undecodable frame") && !err.contains("hash mismatch"),
+            "{err}"
+        );
     })
     .await
     .expect("the checks pass");
+}
+
+/// Issue 14: an org uploads an image or home tree naming a mode-4755 copy
+/// of a program, which a runner would write as a setuid-root file on its
+/// host. The block service refuses it, naming the entry, and stores
+/// nothing of the batch; the same tree without the bit is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_block_service_refuses_setuid_and_setgid_modes() {
+    let server = TestServer::start().await;
+    let (client, org) = server.org("acme").await;
+    let objects = RemoteBackend::new(client, tokio::runtime::Handle::current());
+    tokio::task::spawn_blocking(move || {
+        let plain = b"#!/bin/sh\nid\n".to_vec();
+        let block = (ObjectId::block(Digest::of(&plain)), block::encode(&plain));
+        let tree_with = |mode: u32| {
+            let tree = Tree {
+                entries: vec![Entry {
+                    name: b"id".to_vec(),
+                    mode,
+                    size: plain.len() as u64,
+                    mtime_ns: 0,
+                    kind: EntryKind::File {
+                        blocks: vec![block.0.digest],
+                    },
+                }],
+            };
+            // Not `encode`, which refuses these modes: a hostile client
+            // crafts the bytes itself.
+            let tree_plain = tree.encode_unchecked();
+            (
+                ObjectId::tree(Digest::of(&tree_plain)),
+                block::encode(&tree_plain),
+            )
+        };
+        for mode in [0o4755, 0o2755, 0o6755] {
+            let setid = tree_with(mode);
+            let batch = [(block.0, block.1.as_slice()), (setid.0, setid.1.as_slice())];
+            let err = objects
+                .put_batch(&org, &batch)
+                .expect_err("a setid mode is refused");
+            let message = err.to_string();
+            assert!(
+                message.contains("400") && message.contains("\"id\"") && message.contains("setuid"),
+                "a 400 naming the entry: {message}"
+            );
+            assert_eq!(
+                objects.missing(&org, &[block.0, setid.0]).expect("missing"),
+                vec![block.0, setid.0],
+                "nothing of the refused batch is stored"
+            );
+        }
+        let plain_tree = tree_with(0o755);
+        objects
+            .put_batch(
+                &org,
+                &[
+                    (block.0, block.1.as_slice()),
+                    (plain_tree.0, plain_tree.1.as_slice()),
+                ],
+            )
+            .expect("the same tree without the bits is stored");
+    })
+    .await
+    .expect("the checks pass");
+}
+
+/// Issue 14: a chain of 600 nested trees, each one valid, uploaded through
+/// the block service killed the runner that materialised it (its walk
+/// recursed per level). Pull now refuses it, naming the path, before
+/// writing or recursing: here on a 256 KiB stack, where a walk that
+/// recursed per level would overflow. A tree whose sizes overflow is
+/// refused at upload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_trees_through_the_block_service_are_refused_without_a_crash() {
+    let server = TestServer::start().await;
+    let (client, org) = server.org("acme").await;
+    let objects = RemoteBackend::new(client, tokio::runtime::Handle::current());
+    let small_stack = std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            let put = |tree: Tree| {
+                let (digest, plain) = tree.encode().expect("a valid tree");
+                let stored = block::encode(&plain);
+                objects
+                    .put_batch(&org, &[(ObjectId::tree(digest), stored.as_slice())])
+                    .expect("each tree of the chain is accepted");
+                digest
+            };
+            let mut root = put(Tree::default());
+            for _ in 0..600 {
+                root = put(Tree {
+                    entries: vec![dir_entry(root, 0)],
+                });
+            }
+            let dest = tempfile::tempdir().expect("tempdir");
+            let options = store::pull::PullOptions {
+                cache: None,
+                fill_cache: false,
+                index_path: None,
+                store_id: "control-plane".to_owned(),
+                index_dev: None,
+            };
+            let result = store::pull::materialize(
+                &objects,
+                &org,
+                "image",
+                &root,
+                dest.path(),
+                &options,
+                &store::progress::NoProgress,
+            );
+            match result {
+                Err(store::Error::TooDeep { path, depth_max }) => {
+                    assert_eq!(depth_max, store::tree::DEPTH_MAX);
+                    assert_eq!(path.components().count(), depth_max + 1);
+                }
+                other => panic!("expected TooDeep, got {other:?}"),
+            }
+            let written = std::fs::read_dir(dest.path()).expect("list").count();
+            assert_eq!(written, 0, "nothing written before refusing");
+
+            let child = put(Tree::default());
+            let overflowing = Tree {
+                entries: vec![dir_entry(child, u64::MAX), {
+                    let mut second = dir_entry(child, 1);
+                    second.name = b"e".to_vec();
+                    second
+                }],
+            }
+            .encode_unchecked();
+            let digest = Digest::of(&overflowing);
+            let stored = block::encode(&overflowing);
+            assert!(
+                objects
+                    .put_batch(&org, &[(ObjectId::tree(digest), stored.as_slice())])
+                    .is_err(),
+                "sizes that overflow are refused"
+            );
+            assert_eq!(
+                objects
+                    .missing(&org, &[ObjectId::tree(digest)])
+                    .expect("missing"),
+                vec![ObjectId::tree(digest)]
+            );
+        })
+        .expect("spawn");
+    tokio::task::spawn_blocking(move || small_stack.join())
+        .await
+        .expect("join")
+        .expect("the checks pass, without a stack overflow");
+}
+
+/// A directory entry `d` naming `tree`, with `size` file bytes beneath.
+fn dir_entry(tree: Digest, size: u64) -> Entry {
+    Entry {
+        name: b"d".to_vec(),
+        mode: 0o755,
+        size,
+        mtime_ns: 0,
+        kind: EntryKind::Dir { tree },
+    }
 }

@@ -3,8 +3,11 @@
 //!
 //! Two rooms: `plan` decides what to fetch when (every tree first, a level
 //! per batch, then windows of small files' blocks), `write` makes the
-//! destination match the tree through directory handles. This module
-//! holds the options, the report, and where bytes come from (the local
+//! destination match the tree through directory handles. Every tree is in
+//! hand before a byte is written, so a tree nested deeper than
+//! [`crate::tree::DEPTH_MAX`] or expanding past
+//! [`crate::tree::EXPANDED_ENTRIES_MAX`] entries is refused up front, and
+//! the writing's recursion is bounded. This module holds the options, the report, and where bytes come from (the local
 //! block cache, what a window fetched ahead, or the objects one by one).
 //!
 //! Safety: every filesystem call is relative to a directory handle and
@@ -99,8 +102,8 @@ struct Materializer<'a> {
     org: &'a OrgId,
     cache: Option<Store>,
     fill_cache: bool,
-    /// Every tree of the home, fetched ahead (from a store that reads in
-    /// batches); empty otherwise.
+    /// Every tree of the home, fetched ahead (in batches where the store
+    /// reads in batches).
     known_trees: HashMap<Digest, Tree>,
     old_index: Index,
     index_dev: Option<u64>,
@@ -132,6 +135,29 @@ pub fn pull(
             home: home.to_string(),
         })?;
     materialize(store, org, home.as_str(), &root, dest, options, progress)
+}
+
+/// Trees nested at most this deep are written on the caller's rayon pool
+/// (its workers' stacks are 2 MiB by default). The writing recurses a few
+/// rayon frames per level, which a debug build makes large, so a deeper
+/// tree (up to [`crate::tree::DEPTH_MAX`]) gets a pool of its own with
+/// [`DEEP_STACK_BYTES`] stacks: rare, and cheap next to writing such a home.
+const SHALLOW_HEIGHT_MAX: usize = 48;
+/// Stack of each worker writing a deep tree: room for `DEPTH_MAX` levels
+/// of the writing's frames many times over. Reserved, not committed:
+/// only what the recursion touches is memory.
+const DEEP_STACK_BYTES: usize = 64 << 20;
+
+fn deep_pool() -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(rayon::current_num_threads())
+        .stack_size(DEEP_STACK_BYTES)
+        .thread_name(|i| format!("roost-pull-deep-{i}"))
+        .build()
+        .map_err(|e| Error::Io {
+            path: PathBuf::from("."),
+            source: std::io::Error::other(format!("start threads for a deep tree: {e}")),
+        })
 }
 
 /// Materialises the tree `root` of `objects` into `dest` (created if
@@ -180,12 +206,20 @@ pub fn materialize(
         trees_seen: Mutex::new(Vec::new()),
     };
     let tree = materializer.fetch_tree(root, Path::new(""), &Prefetched::new())?;
-    if objects.reads_in_batches() {
-        materializer.load_trees(&tree)?;
-    }
+    // Every tree first, whatever the store: a tree nested too deep or
+    // expanding too far is refused before anything is written, and the
+    // writing below (recursive, a level per directory) is then bounded.
+    materializer.load_trees(root, &tree)?;
+    materializer.known_trees.insert(*root, tree.clone());
+    let extent = crate::tree::check_bounds(root, &materializer.known_trees)?;
     let logical_bytes = crate::tree::logical_bytes(&tree.entries);
     progress.phase("downloading", Some(logical_bytes));
-    materializer.materialize_dir(&dest_fd, &tree, Path::new(""), false, None)?;
+    let write = || materializer.materialize_dir(&dest_fd, &tree, Path::new(""), false, None);
+    if extent.height > SHALLOW_HEIGHT_MAX {
+        deep_pool()?.install(write)?;
+    } else {
+        write()?;
+    }
 
     if let Some(path) = &options.index_path {
         let mut index = std::mem::take(&mut *lock(&materializer.new_index));

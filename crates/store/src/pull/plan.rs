@@ -1,6 +1,7 @@
-//! Pull's planning: which trees and blocks to fetch, in what batches,
-//! from objects that read in batches ([`Objects::reads_in_batches`]).
-//! Every tree comes first, a level per batch; then small files' blocks
+//! Pull's planning: which trees and blocks to fetch, in what batches.
+//! Every tree comes first, a level per batch (from any store: pull checks
+//! the whole tree's bounds before writing); then, from objects that read
+//! in batches ([`Objects::reads_in_batches`]), small files' blocks
 //! come a window at a time: a directory's own files, or whole subtrees the
 //! pull creates, several to a window, before they are written.
 //!
@@ -14,8 +15,8 @@ use rustix::fs::FileType;
 
 use super::Materializer;
 use crate::store::ObjectId;
-use crate::tree::{Entry, EntryKind, Tree};
-use crate::{Digest, Result};
+use crate::tree::{DEPTH_MAX, EXPANDED_ENTRIES_MAX, Entry, EntryKind, Tree};
+use crate::{Digest, Error, Result};
 
 /// Files up to this size have their blocks fetched with their directory's
 /// window when the store reads in batches; larger ones block by block.
@@ -30,8 +31,12 @@ const PREFETCH_SUBTREE_ENTRIES_MAX: usize = 4 * PREFETCH_WINDOW_OBJECTS;
 
 impl Materializer<'_> {
     /// Fetches every tree under `root` into `known_trees`, a level at a
-    /// time, each level in as few requests as the batch size allows.
-    pub(super) fn load_trees(&mut self, root: &Tree) -> Result<()> {
+    /// time, each level in as few requests as the batch size allows. Stops
+    /// at a level past [`DEPTH_MAX`] (every tree first met there is nested
+    /// at least that deep) and once the distinct trees alone pass
+    /// [`EXPANDED_ENTRIES_MAX`], so a hostile chain of trees is not
+    /// fetched to its end; [`crate::tree::check_bounds`] measures the rest.
+    pub(super) fn load_trees(&mut self, root_digest: &Digest, root: &Tree) -> Result<()> {
         let subdirs = |tree: &Tree, rel: &Path| -> Vec<(Digest, PathBuf)> {
             tree.entries
                 .iter()
@@ -44,10 +49,26 @@ impl Materializer<'_> {
                 .collect()
         };
         let mut level = subdirs(root, Path::new(""));
+        let mut depth = 1;
         while !level.is_empty() {
             level.sort_unstable_by_key(|(digest, _)| *digest);
             level.dedup_by_key(|(digest, _)| *digest);
             level.retain(|(digest, _)| !self.known_trees.contains_key(digest));
+            if let Some((_, rel)) = level.first()
+                && depth > DEPTH_MAX
+            {
+                return Err(Error::TooDeep {
+                    path: rel.clone(),
+                    depth_max: DEPTH_MAX,
+                });
+            }
+            if self.known_trees.len() as u64 > EXPANDED_ENTRIES_MAX {
+                return Err(Error::TooManyEntries {
+                    what: format!("tree {root_digest}"),
+                    entries_max: EXPANDED_ENTRIES_MAX,
+                });
+            }
+            depth += 1;
             let objects = level.iter().map(|(d, _)| ObjectId::tree(*d)).collect();
             let prefetched = self.prefetch(objects, Path::new(""))?;
             let mut next = Vec::new();

@@ -20,7 +20,7 @@ use super::{Materializer, Prefetched, lock};
 use crate::block::{SPLIT_BLOCK_BYTES, block_ranges};
 use crate::index::{IndexKey, timestamp_ns};
 use crate::store::ObjectId;
-use crate::tree::{Entry, EntryKind, Tree};
+use crate::tree::{Entry, EntryKind, Tree, stored_mode};
 use crate::{Digest, Error, Result};
 
 const TEMP_PREFIX: &str = ".roost-tmp-";
@@ -198,7 +198,7 @@ impl Materializer<'_> {
                 let subtree = self.fetch_tree(tree, &rel, prefetched)?;
                 let inherited = inherited.filter(|_| created);
                 self.materialize_dir(&child, &subtree, &rel, created, inherited)?;
-                rustix::fs::fchmod(&child, Mode::from_raw_mode(entry.mode)).map_err(io_at(&rel))?;
+                rustix::fs::fchmod(&child, disk_mode(entry)).map_err(io_at(&rel))?;
                 rustix::fs::futimens(&child, &timestamps(entry.mtime_ns)).map_err(io_at(&rel))?;
             }
             EntryKind::File { blocks } => {
@@ -250,7 +250,9 @@ impl Materializer<'_> {
         stat: &rustix::fs::Stat,
         rel: &Path,
     ) -> Result<()> {
-        if stat.st_mode & 0o7777 != entry.mode || self.index_key(stat).mtime_ns != entry.mtime_ns {
+        if stat.st_mode & 0o7777 != stored_mode(entry.mode)
+            || self.index_key(stat).mtime_ns != entry.mtime_ns
+        {
             let fd = rustix::fs::openat(
                 dir,
                 name,
@@ -258,7 +260,7 @@ impl Materializer<'_> {
                 Mode::empty(),
             )
             .map_err(io_at(rel))?;
-            rustix::fs::fchmod(&fd, Mode::from_raw_mode(entry.mode)).map_err(io_at(rel))?;
+            rustix::fs::fchmod(&fd, disk_mode(entry)).map_err(io_at(rel))?;
             rustix::fs::futimens(&fd, &timestamps(entry.mtime_ns)).map_err(io_at(rel))?;
             let changed = rustix::fs::fstat(&fd).map_err(io_at(rel))?;
             self.record_index(&changed, entry);
@@ -301,6 +303,10 @@ impl Materializer<'_> {
                         return Err(Error::Corrupt {
                             digest: *digest,
                             path: Some(rel.to_owned()),
+                            reason: crate::Corruption::LengthMismatch {
+                                expected: len,
+                                found: data.len() as u64,
+                            },
                         });
                     }
                     file.write_all(&data).map_err(Error::io(rel))?;
@@ -310,8 +316,7 @@ impl Materializer<'_> {
             if ends_in_hole {
                 file.set_len(entry.size).map_err(Error::io(rel))?;
             }
-            rustix::fs::fchmod(file.as_fd(), Mode::from_raw_mode(entry.mode))
-                .map_err(io_at(rel))?;
+            rustix::fs::fchmod(file.as_fd(), disk_mode(entry)).map_err(io_at(rel))?;
             rustix::fs::futimens(file.as_fd(), &timestamps(entry.mtime_ns)).map_err(io_at(rel))?;
             rustix::fs::renameat(dir, &temp, dir, name).map_err(io_at(rel))?;
             Ok(file)
@@ -381,6 +386,14 @@ fn list_names(dir: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
     Ok(names)
 }
 
+/// The mode pull gives what `entry` names: never setuid or setgid, even
+/// from a tree stored before the store refused them (see [`crate::tree`]),
+/// whoever pulls (a root pull would otherwise make root-owned setuid
+/// programs of tenant content).
+fn disk_mode(entry: &Entry) -> Mode {
+    Mode::from_raw_mode(stored_mode(entry.mode))
+}
+
 /// An older copy may hold read-only directories (Go's module cache makes
 /// them): give ourselves write and search access while we work inside;
 /// the final `fchmod` restores the snapshot's mode.
@@ -393,26 +406,54 @@ fn ensure_writable_dir(dir: &OwnedFd) -> rustix::io::Result<()> {
 }
 
 /// Removes a file, symlink or whole directory tree without following links.
+/// Iterative: what is removed is whatever the destination held (a sandbox
+/// may have nested directories thousands deep), so depth costs a handle
+/// per level (too many ends in an error, not a crash), never stack.
 fn remove_entry(dir: &OwnedFd, name: &[u8]) -> rustix::io::Result<()> {
+    let Some(first) = open_for_removal(dir, name)? else {
+        return Ok(());
+    };
+    // Each directory being emptied: its handle, the names left in it, and
+    // its own name in the directory above.
+    let mut stack: Vec<(OwnedFd, Vec<Vec<u8>>, Vec<u8>)> = Vec::new();
+    let names = list_names(&first)?;
+    stack.push((first, names, name.to_vec()));
+    while let Some((current, mut names, own_name)) = stack.pop() {
+        if let Some(child) = names.pop() {
+            let opened = open_for_removal(&current, &child)?;
+            stack.push((current, names, own_name));
+            if let Some(child_dir) = opened {
+                let grandchildren = list_names(&child_dir)?;
+                stack.push((child_dir, grandchildren, child));
+            }
+            continue;
+        }
+        drop(current);
+        let parent = stack.last().map_or(dir, |(fd, _, _)| fd);
+        rustix::fs::unlinkat(parent, OsStr::from_bytes(&own_name), AtFlags::REMOVEDIR)?;
+    }
+    Ok(())
+}
+
+/// Unlinks `name` in `dir` if it is not a directory (`None`), or opens the
+/// directory it is, writable, to be emptied (`Some`). Gone already: `None`.
+fn open_for_removal(dir: &OwnedFd, name: &[u8]) -> rustix::io::Result<Option<OwnedFd>> {
     let name = OsStr::from_bytes(name);
     let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(stat) => stat,
-        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
         Err(errno) => return Err(errno),
     };
-    if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
-        let child = rustix::fs::openat(
-            dir,
-            name,
-            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        ensure_writable_dir(&child)?;
-        for grandchild in list_names(&child)? {
-            remove_entry(&child, &grandchild)?;
-        }
-        rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
-    } else {
-        rustix::fs::unlinkat(dir, name, AtFlags::empty())
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
+        rustix::fs::unlinkat(dir, name, AtFlags::empty())?;
+        return Ok(None);
     }
+    let child = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    ensure_writable_dir(&child)?;
+    Ok(Some(child))
 }

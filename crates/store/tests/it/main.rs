@@ -6,12 +6,17 @@
 //!   store engine over each backend; the server's tests run it against the
 //!   block service.
 //! - `engine`: push, pull, gc and verify end to end through the library.
+//! - `bounds`: trees nested too deep, expanding too far or with sizes that
+//!   overflow are refused, and no walk recurses with its input.
+//! - `setid`: no setuid or setgid bit is pushed, accepted or pulled.
 //! - `support`: temp homes, directory snapshots and a backend test double
 //!   that records calls and injects faults.
 //!
 //! Tests named `regression_*` pin bugs found and fixed; each says which.
 
 mod backend;
+mod bounds;
 mod engine;
 mod objects;
+mod setid;
 mod support;

@@ -199,6 +199,18 @@ pub fn snapshot(root: &Path) -> BTreeMap<PathBuf, Seen> {
     out
 }
 
+/// What pull must make of a home pushed from `root`: its [`snapshot`]
+/// without setuid and setgid bits, which trees never carry (issue 14).
+pub fn as_pulled(root: &Path) -> BTreeMap<PathBuf, Seen> {
+    let mut seen = snapshot(root);
+    for entry in seen.values_mut() {
+        if let Seen::Dir { mode, .. } | Seen::File { mode, .. } = entry {
+            *mode &= !0o6000;
+        }
+    }
+    seen
+}
+
 /// Paths and file contents, without modes and mtimes: for homes whose files
 /// were rewritten (new mtimes) or written with the default umask.
 pub fn contents(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {

@@ -1,0 +1,284 @@
+//! Bounds on what a tree may be (issue 14, point 1): nesting past
+//! `DEPTH_MAX`, expansion past `EXPANDED_ENTRIES_MAX` and sizes that
+//! overflow are refused with an error naming the path or the tree, and no
+//! walk (scan, push, pull, gc, verify, stats) recurses with its input: the
+//! hostile cases run on 256 KiB stacks, threads and rayon workers alike,
+//! where such recursion overflows long before the input ends.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use store::backend::MemoryBackend;
+use store::gc;
+use store::store::ObjectId;
+use store::tree::{DEPTH_MAX, EXPANDED_ENTRIES_MAX, Entry, EntryKind, Tree};
+use store::{Digest, Error, OrgId, Store};
+
+use crate::support::{home, org, pull, push, snapshot, tempdir};
+
+/// Small enough that a walk recursing once per level of a few hundred
+/// levels overflows it (a debug build's frames are large).
+const SMALL_STACK_BYTES: usize = 256 * 1024;
+/// What the runner's and the CLI's worker threads get (Rust's default).
+const DEFAULT_STACK_BYTES: usize = 2 * 1024 * 1024;
+
+/// Runs `work` on a thread with a stack of `stack_bytes`, inside a rayon
+/// pool whose workers have the same, so recursion anywhere in the walk is
+/// caught (an overflow aborts the whole test binary).
+fn on_stacks<T: Send + 'static>(
+    stack_bytes: usize,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    std::thread::Builder::new()
+        .stack_size(stack_bytes)
+        .spawn(move || {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .stack_size(stack_bytes)
+                .build()
+                .expect("thread pool");
+            pool.install(work)
+        })
+        .expect("spawn")
+        .join()
+        .expect("the work does not panic")
+}
+
+/// Shared with the thread the work runs on.
+fn memory_store() -> Arc<Store> {
+    Arc::new(Store::new(Arc::new(MemoryBackend::default())))
+}
+
+fn put_tree(store: &Store, org: &OrgId, tree: Tree) -> Digest {
+    let (digest, bytes) = tree.encode().expect("a valid tree");
+    store
+        .put_object(org, &ObjectId::tree(digest), &bytes)
+        .expect("store the tree");
+    digest
+}
+
+fn dir_entry(name: &str, tree: Digest) -> Entry {
+    Entry {
+        name: name.as_bytes().to_vec(),
+        mode: 0o755,
+        size: 0,
+        mtime_ns: 1_700_000_000_000_000_000,
+        kind: EntryKind::Dir { tree },
+    }
+}
+
+/// `levels` trees nested in one another (`d/d/…`), each its own object:
+/// the root nests `levels` directories.
+fn put_chain(store: &Store, org: &OrgId, levels: usize) -> Digest {
+    let mut digest = put_tree(store, org, Tree::default());
+    for _ in 0..levels {
+        digest = put_tree(
+            store,
+            org,
+            Tree {
+                entries: vec![dir_entry("d", digest)],
+            },
+        );
+    }
+    digest
+}
+
+/// `d/d/…` nested `levels` deep under `root`, with a file at the bottom.
+fn nested_home(root: &Path, levels: usize) -> PathBuf {
+    let mut deepest = root.to_path_buf();
+    for _ in 0..levels {
+        deepest.push("d");
+    }
+    fs::create_dir_all(&deepest).expect("mkdir -p");
+    fs::write(deepest.join("bottom"), b"the bottom").expect("write");
+    deepest
+}
+
+fn assert_too_deep(result: Result<impl std::fmt::Debug, Error>) {
+    match result {
+        Err(Error::TooDeep { path, depth_max }) => {
+            assert_eq!(depth_max, DEPTH_MAX);
+            assert_eq!(path.components().count(), DEPTH_MAX + 1, "{path:?}");
+            let message = Error::TooDeep { path, depth_max }.to_string();
+            assert!(message.contains("too deep"), "{message}");
+        }
+        other => panic!("expected TooDeep, got {other:?}"),
+    }
+}
+
+fn is_empty_dir(dir: &Path) -> bool {
+    fs::read_dir(dir).map_or(true, |mut entries| entries.next().is_none())
+}
+
+#[test]
+fn a_home_nested_past_the_bound_is_refused_at_push_without_a_crash() {
+    let src = tempdir();
+    nested_home(src.path(), 700);
+    let store = memory_store();
+    let (src_path, pushed_store) = (src.path().to_owned(), Arc::clone(&store));
+    let result = on_stacks(SMALL_STACK_BYTES, move || {
+        push(&pushed_store, &org("acme"), &home("deep"), &src_path)
+    });
+    assert_too_deep(result);
+    assert_eq!(
+        store.read_home(&org("acme"), &home("deep")).expect("read"),
+        None,
+        "no pointer to a tree no pull would take"
+    );
+}
+
+#[test]
+fn a_home_nested_to_the_bound_round_trips() {
+    let (src, dest) = (tempdir(), tempdir());
+    nested_home(src.path(), DEPTH_MAX);
+    let store = memory_store();
+    let (src_path, dest_path, worked) = (
+        src.path().to_owned(),
+        dest.path().to_owned(),
+        Arc::clone(&store),
+    );
+    on_stacks(DEFAULT_STACK_BYTES, move || {
+        let acme = org("acme");
+        push(&worked, &acme, &home("deep"), &src_path).expect("push");
+        pull(&worked, &acme, &home("deep"), &dest_path).expect("pull");
+        assert!(gc::verify(&worked).expect("verify").ok());
+    });
+    assert_eq!(snapshot(dest.path()), snapshot(src.path()));
+}
+
+#[test]
+fn hostile_deep_trees_fail_pull_naming_the_path_and_gc_verify_stats_survive() {
+    let store = memory_store();
+    let acme = org("acme");
+    for (name, levels) in [("six-hundred", 600), ("three-thousand", 3000)] {
+        let root = put_chain(&store, &acme, levels);
+        store.write_home(&acme, &home(name), &root).expect("point");
+    }
+    // Unreferenced, so gc condemns and orders it: its height is computed
+    // over 5000 levels.
+    put_chain(&store, &org("other"), 5000);
+    let worked = Arc::clone(&store);
+    on_stacks(SMALL_STACK_BYTES, move || {
+        for name in ["six-hundred", "three-thousand"] {
+            let dest = tempdir();
+            assert_too_deep(pull(&worked, &org("acme"), &home(name), dest.path()));
+            assert!(is_empty_dir(dest.path()), "nothing written before refusing");
+        }
+        let report = gc::gc(&worked, Duration::ZERO).expect("gc");
+        assert_eq!(report.deleted, 5001, "the unreferenced chain, nothing else");
+        let verified = gc::verify(&worked).expect("verify");
+        assert!(verified.ok(), "{:?}", verified.errors);
+        let stats = gc::stats(&worked).expect("stats");
+        assert_eq!(stats.iter().map(|s| s.homes).sum::<u64>(), 2);
+    });
+}
+
+#[test]
+fn a_dag_expanding_past_the_bound_is_refused_before_writing() {
+    let store = memory_store();
+    let acme = org("acme");
+    // 64 symlinks, then three levels of 64 directories each naming the
+    // level below: a few kilobytes that expand to 17 million entries.
+    let leaf = Tree {
+        entries: (0..64)
+            .map(|i| Entry {
+                name: format!("l{i:02}").into_bytes(),
+                mode: 0o777,
+                size: 1,
+                mtime_ns: 0,
+                kind: EntryKind::Symlink {
+                    target: b"x".to_vec(),
+                },
+            })
+            .collect(),
+    };
+    let mut digest = put_tree(&store, &acme, leaf);
+    for _ in 0..3 {
+        let entries = (0..64)
+            .map(|i| dir_entry(&format!("d{i:02}"), digest))
+            .collect();
+        digest = put_tree(&store, &acme, Tree { entries });
+    }
+    store
+        .write_home(&acme, &home("dag"), &digest)
+        .expect("point");
+    let dest = tempdir();
+    let (worked, dest_path) = (Arc::clone(&store), dest.path().to_owned());
+    let result = on_stacks(SMALL_STACK_BYTES, move || {
+        pull(&worked, &org("acme"), &home("dag"), &dest_path)
+    });
+    match result {
+        Err(Error::TooManyEntries { what, entries_max }) => {
+            assert_eq!(entries_max, EXPANDED_ENTRIES_MAX);
+            assert!(what.contains(&digest.to_string()), "{what}");
+        }
+        other => panic!("expected TooManyEntries, got {other:?}"),
+    }
+    assert!(is_empty_dir(dest.path()));
+}
+
+#[test]
+fn declared_sizes_that_overflow_are_refused() {
+    let child = Tree::default().encode().expect("empty").0;
+    let mut big = dir_entry("a", child);
+    big.size = u64::MAX;
+    let mut one = dir_entry("b", child);
+    one.size = 1;
+    let tree = Tree {
+        entries: vec![big, one],
+    };
+    assert!(
+        matches!(tree.clone().encode(), Err(Error::MalformedTree { .. })),
+        "encode refuses"
+    );
+    let bytes = tree.encode_unchecked();
+    let digest = Digest::of(&bytes);
+    match Tree::decode(&digest, &bytes) {
+        Err(Error::MalformedTree {
+            digest: named,
+            reason,
+        }) => {
+            assert_eq!(named, digest);
+            assert!(reason.contains("overflow"), "{reason}");
+        }
+        other => panic!("expected MalformedTree, got {other:?}"),
+    }
+    // The block service's rule refuses it too, storing nothing.
+    let store = memory_store();
+    let acme = org("acme");
+    store
+        .put_object(
+            &acme,
+            &ObjectId::tree(child),
+            &Tree::default().encode().expect("empty").1,
+        )
+        .expect("child");
+    let stored = store::block::encode(&bytes);
+    let refused =
+        store::objects::put_batch_checked(&*store, &acme, &[(ObjectId::tree(digest), &stored)]);
+    assert!(
+        matches!(refused, Err(Error::MalformedTree { .. })),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        store.get_tree(&acme, &digest),
+        Err(Error::MissingObject { .. })
+    ));
+}
+
+#[test]
+fn pull_removes_a_deeply_nested_directory_the_tree_lacks() {
+    let (src, dest) = (tempdir(), tempdir());
+    fs::write(src.path().join("kept"), b"kept").expect("write");
+    // What a sandbox left in its home: nested deeper than any tree may be.
+    nested_home(&dest.path().join("junk"), 700);
+    let store = memory_store();
+    push(&store, &org("acme"), &home("h"), src.path()).expect("push");
+    let (worked, dest_path) = (Arc::clone(&store), dest.path().to_owned());
+    on_stacks(SMALL_STACK_BYTES, move || {
+        pull(&worked, &org("acme"), &home("h"), &dest_path).expect("pull")
+    });
+    assert_eq!(snapshot(dest.path()), snapshot(src.path()));
+}
