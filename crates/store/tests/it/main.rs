@@ -6,6 +6,8 @@
 //!   store engine over each backend; the server's tests run it against the
 //!   block service.
 //! - `engine`: push, pull, gc and verify end to end through the library.
+//! - `fuzz`: property-based fuzzing of the tree decoder and block frames
+//!   (hostile bytes from a store or a client), bounded in cases.
 //! - `support`: temp homes, directory snapshots and a backend test double
 //!   that records calls and injects faults.
 //!
@@ -13,5 +15,6 @@
 
 mod backend;
 mod engine;
+mod fuzz;
 mod objects;
 mod support;
