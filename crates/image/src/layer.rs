@@ -98,10 +98,12 @@ fn restore_dir_times(
     Ok(())
 }
 
-/// The member's mtime, if the header has one.
+/// The member's mtime, if the header has one `SystemTime` can hold. A
+/// base-256 field can say up to 2^64 - 1 seconds, where adding it to the
+/// epoch would panic; such a time is treated as an unreadable one.
 fn member_mtime(member: &Member<'_, '_>) -> Option<SystemTime> {
     let seconds = member.entry.header().mtime().ok()?;
-    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(seconds))
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(seconds))
 }
 
 /// Caps the bytes the `tar` crate may read while looking for the next member.

@@ -19,6 +19,17 @@ const ZSTD_LEVEL: i32 = 1;
 const FRAME_PLAIN: u8 = 0;
 const FRAME_ZSTD: u8 = 1;
 
+/// How many blocks a file of `size` bytes is split into: the length of
+/// [`block_ranges`], by arithmetic, so that checking a hostile size
+/// (`u64::MAX` is 2^42 blocks) costs nothing.
+pub fn block_count(size: u64) -> u64 {
+    if size <= SINGLE_BLOCK_BYTES_MAX {
+        1
+    } else {
+        size.div_ceil(SPLIT_BLOCK_BYTES)
+    }
+}
+
 /// The byte ranges `(offset, length)` a file of `size` bytes is split into.
 /// An empty file is one empty block.
 pub fn block_ranges(size: u64) -> impl Iterator<Item = (u64, u64)> {
@@ -27,8 +38,7 @@ pub fn block_ranges(size: u64) -> impl Iterator<Item = (u64, u64)> {
     } else {
         SPLIT_BLOCK_BYTES
     };
-    let count = if size == 0 { 1 } else { size.div_ceil(step) };
-    (0..count).map(move |i| {
+    (0..block_count(size)).map(move |i| {
         let offset = i * step;
         (offset, step.min(size - offset))
     })
@@ -157,6 +167,7 @@ mod tests {
     fn check(size: u64, expected: &[(u64, u64)]) {
         let ranges: Vec<_> = block_ranges(size).collect();
         assert_eq!(ranges, expected, "size {size}");
+        assert_eq!(block_count(size), expected.len() as u64, "size {size}");
     }
 
     #[test]

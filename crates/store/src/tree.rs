@@ -44,7 +44,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::os::unix::ffi::OsStrExt;
 
-use crate::block::block_ranges;
+use crate::block::block_count;
 use crate::{Digest, Error, Result};
 
 const MAGIC: &[u8; 5] = b"RTREE";
@@ -272,12 +272,18 @@ impl Tree {
             }
             match &entry.kind {
                 EntryKind::File { blocks } => {
-                    if blocks.len() as u64 != block_ranges(entry.size).count() as u64 {
+                    if blocks.len() as u64 != block_count(entry.size) {
                         return Err(malformed("block count does not match file size"));
                     }
                 }
                 EntryKind::Symlink { target } => {
-                    if target.is_empty() || target.contains(&0) {
+                    // The length field allows 65,535 bytes; `encode` (and
+                    // the kernel) stop at the bound, so a longer target
+                    // could be read but never written back.
+                    if target.is_empty()
+                        || target.len() > SYMLINK_TARGET_BYTES_MAX
+                        || target.contains(&0)
+                    {
                         return Err(malformed("invalid symlink target"));
                     }
                 }
@@ -496,6 +502,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::block::block_ranges;
     use proptest::prelude::*;
 
     fn file(name: &str, size: u64) -> Entry {

@@ -10,7 +10,7 @@ use crate::{Member, Workspace, ok, tar, tree};
 
 /// Everything in the workspace outside `scratch`, to compare before and
 /// after.
-fn outside_state(workspace: &Workspace) -> Vec<String> {
+pub(crate) fn outside_state(workspace: &Workspace) -> Vec<String> {
     let mut state = tree(&workspace.outside());
     let mode = fs::metadata(workspace.outside())
         .expect("outside")
@@ -33,7 +33,7 @@ fn outside_state(workspace: &Workspace) -> Vec<String> {
     state
 }
 
-fn seed_outside(workspace: &Workspace) {
+pub(crate) fn seed_outside(workspace: &Workspace) {
     fs::write(workspace.outside().join("victim"), "precious").expect("victim");
     fs::create_dir(workspace.outside().join("dir")).expect("dir");
     fs::write(workspace.outside().join("dir/child"), "precious").expect("child");

@@ -1,8 +1,11 @@
 //! Integration tests for `image::unpack`: archives are built in memory with
 //! the `tar` crate, unpacked into temp dirs, and the resulting tree is
-//! compared whole.
+//! compared whole. `fuzz` generates hostile archives and manifests and
+//! checks the host after each one (property-based, a bounded number of
+//! cases).
 
 mod archives;
+mod fuzz;
 mod hostile;
 mod rootfs;
 

@@ -9,6 +9,8 @@
 //! - `bounds`: trees nested too deep, expanding too far or with sizes that
 //!   overflow are refused, and no walk recurses with its input.
 //! - `setid`: no setuid or setgid bit is pushed, accepted or pulled.
+//! - `fuzz`: property-based fuzzing of the tree decoder and block frames
+//!   (hostile bytes from a store or a client), bounded in cases.
 //! - `support`: temp homes, directory snapshots and a backend test double
 //!   that records calls and injects faults.
 //!
@@ -17,6 +19,7 @@
 mod backend;
 mod bounds;
 mod engine;
+mod fuzz;
 mod objects;
 mod setid;
 mod support;
