@@ -136,6 +136,17 @@ impl Client {
         }
     }
 
+    /// The same server and connection pool, calling with `token` (a runner
+    /// switches from its runner token to its own credential once it has
+    /// registered).
+    pub fn with_token(&self, token: &str) -> Client {
+        Client {
+            base: self.base.clone(),
+            token: token.to_owned(),
+            http: self.http.clone(),
+        }
+    }
+
     /// The base URL with `segments` appended, each percent-encoded (an id
     /// cannot reach another path), and `query`.
     fn url(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Url, ClientError> {
@@ -505,8 +516,9 @@ impl Client {
         }
     }
 
-    /// `POST /v1/runner/register` (runner token): a lease, and the runner's
-    /// id (kept when `request.runner_id` names an existing runner).
+    /// `POST /v1/runner/register`: with a runner token, a new runner (its
+    /// id and credential); with a runner's credential, that runner again
+    /// (its id kept). Both with a lease.
     pub async fn runner_register(
         &self,
         request: &RegisterRequest,

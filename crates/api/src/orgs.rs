@@ -31,8 +31,12 @@ pub struct RunnerTokenResponse {
 /// `GET /v1/whoami`: who a token belongs to.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Whoami {
-    /// `admin`, `org` or `runner`.
+    /// `admin`, `org`, `runner` (a runner token: it enrols runners) or
+    /// `runner_credential` (one runner's own credential).
     pub kind: String,
     /// The org of an org token.
     pub org_id: Option<String>,
+    /// The runner of a runner's credential.
+    #[serde(default)]
+    pub runner_id: Option<String>,
 }

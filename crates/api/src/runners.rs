@@ -1,6 +1,9 @@
-//! The runner protocol (`/v1/runner/…`, runner token): runners dial out,
-//! hold a lease, long-poll their assignments and report what they observe.
-//! Every report carries the placement epoch; a stale one is 409 `fenced`.
+//! The runner protocol (`/v1/runner/…`): runners dial out, hold a lease,
+//! long-poll their assignments and report what they observe. A runner
+//! token only registers a new runner; the answer carries that runner's
+//! own credential, the bearer of every other call, which speaks for that
+//! runner alone (another runner's id is 404). Every report carries the
+//! placement epoch; a stale one is 409 `fenced`.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +17,9 @@ use crate::sandboxes::Resources;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RegisterRequest {
-    /// Set by a runner re-registering after a restart, to keep its identity.
+    /// Set by a runner registering again with its own credential (after a
+    /// restart, or a lost lease): must be that credential's runner. With a
+    /// runner token it is refused (404): no token takes over a runner.
     #[serde(default)]
     pub runner_id: Option<String>,
     pub name: String,
@@ -41,6 +46,13 @@ pub struct Capacity {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RegisterResponse {
     pub runner_id: String,
+    /// The runner's own credential, issued when a runner token registers
+    /// a new runner (and shown only then): the bearer token of every
+    /// later call of this runner, heartbeats, assignments, reports, the
+    /// block service and its registrations again. The server keeps only
+    /// its hash. Absent when a runner registers again by its credential.
+    #[serde(default)]
+    pub runner_token: Option<String>,
     /// The lease lasts this long after each heartbeat.
     pub lease_ttl_ms: u64,
     pub heartbeat_interval_ms: u64,

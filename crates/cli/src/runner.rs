@@ -19,9 +19,17 @@ pub struct RunnerArgs {
     /// The control plane's URL.
     #[arg(long, env = "ROOST_URL", value_name = "URL")]
     server: String,
-    /// A runner token (`roost admin runner-token`).
+    /// A runner token (`roost admin runner-token`). It only registers the
+    /// runner the first time: the runner then keeps its own credential in
+    /// the data dir and restarts with that. A value given here shows in
+    /// the host's process list (`ps`): prefer --token-file or the
+    /// environment.
     #[arg(long, env = "ROOST_RUNNER_TOKEN", hide_env_values = true)]
-    token: String,
+    token: Option<String>,
+    /// A file holding the runner token (keep it readable by root alone).
+    /// Used instead of --token and ROOST_RUNNER_TOKEN when given.
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
     /// Where the runner keeps its id, sandboxes' files and homes, and
     /// command records; a restart with the same one loses nothing.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/roost/runner")]
@@ -99,10 +107,28 @@ pub async fn stop_requested() {
     }
 }
 
+/// The runner token from --token-file, else --token or the environment;
+/// empty when none is given (a runner that registered before needs none).
+fn runner_token(args: &RunnerArgs) -> Result<String> {
+    match &args.token_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the runner token from {}", path.display()))?;
+            let token = text.trim();
+            if token.is_empty() {
+                anyhow::bail!("{} holds no runner token", path.display());
+            }
+            Ok(token.to_owned())
+        }
+        None => Ok(args.token.clone().unwrap_or_default().trim().to_owned()),
+    }
+}
+
 pub fn run(args: RunnerArgs) -> Result<ExitCode> {
+    let token = runner_token(&args)?;
     let mut config = AgentConfig::new(
         &args.server,
-        &args.token,
+        &token,
         absolute(args.data_dir)?,
         init_program()?,
     );

@@ -1,5 +1,12 @@
 //! Tokens: random, shown once, stored only as BLAKE3 hashes. A token is
 //! 32 random bytes, so a fast hash is enough (there is nothing to guess).
+//!
+//! Runners hold two secrets. A runner token (`roost admin runner-token`,
+//! a `tokens` row of kind `runner`) only enrols: it may register a new
+//! runner and nothing else. Registering hands that runner its own
+//! credential (its hash on the runner's row), with which it speaks for
+//! itself alone: its heartbeats, assignments and reports, and the block
+//! service for the orgs of the sandboxes placed on it.
 
 use std::io::Write;
 use std::path::Path;
@@ -11,8 +18,15 @@ use crate::db::{Db, now_ms};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Principal {
     Admin,
-    Org { org_id: String },
-    Runner,
+    Org {
+        org_id: String,
+    },
+    /// A runner token: may register a new runner, nothing else.
+    RunnerEnrolment,
+    /// One runner, by its own credential.
+    Runner {
+        runner_id: String,
+    },
 }
 
 pub fn random_hex(bytes: usize) -> Result<String, ServerError> {
@@ -46,19 +60,23 @@ pub async fn store_token(
 }
 
 pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sqlx::Error> {
+    let hash = hash_token(token);
     let row: Option<(String, Option<String>)> =
         sqlx::query_as("SELECT kind, org_id FROM tokens WHERE hash = $1")
-            .bind(hash_token(token))
+            .bind(&hash)
             .fetch_optional(&db.pool)
             .await?;
-    Ok(
-        row.and_then(|(kind, org_id)| match (kind.as_str(), org_id) {
-            ("admin", _) => Some(Principal::Admin),
-            ("runner", _) => Some(Principal::Runner),
-            ("org", Some(org_id)) => Some(Principal::Org { org_id }),
-            _ => None,
-        }),
-    )
+    let principal = row.and_then(|(kind, org_id)| match (kind.as_str(), org_id) {
+        ("admin", _) => Some(Principal::Admin),
+        ("runner", _) => Some(Principal::RunnerEnrolment),
+        ("org", Some(org_id)) => Some(Principal::Org { org_id }),
+        _ => None,
+    });
+    if principal.is_some() {
+        return Ok(principal);
+    }
+    let runner = crate::records::runners::by_credential(&db.pool, &hash).await?;
+    Ok(runner.map(|runner_id| Principal::Runner { runner_id }))
 }
 
 /// Creates the admin token on the first start of a database: returned

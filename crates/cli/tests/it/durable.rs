@@ -641,13 +641,16 @@ async fn a_save_commit_from_a_stale_placement_is_fenced_and_changes_nothing() {
         204
     );
     // A stale epoch, or another runner: fenced, the record keeps no root.
-    for (runner_id, at) in [(runner.id.as_str(), epoch - 1), (other.id.as_str(), epoch)] {
-        let refused = runner
-            .api
-            .post(&saves, save(runner_id, at, &root.to_hex()))
-            .await;
+    for (by, at) in [(&runner, epoch - 1), (&other, epoch)] {
+        let refused = by.api.post(&saves, save(&by.id, at, &root.to_hex())).await;
         refused.assert_error(409, "fenced");
     }
+    // Another runner naming this one: no such runner, for its credential.
+    other
+        .api
+        .post(&saves, save(&runner.id, epoch, &root.to_hex()))
+        .await
+        .assert_error(404, "not_found");
     let unchanged = fleet.get(id).await;
     assert!(unchanged["save"]["root"].is_null(), "{unchanged}");
     assert!(

@@ -637,7 +637,10 @@ async fn a_partitioned_runner_is_replaced_and_fenced_and_nothing_it_wrote_after_
     // (of a root the store holds: only the placement can refuse it), is
     // refused with `fenced` (the placement below is unchanged).
     let before_late = cluster.get(&id).await;
-    let late = Api::new(&cluster.plane.server.url, &cluster.plane.runner_token)
+    let old_credential =
+        std::fs::read_to_string(cluster.hosts[old].runner.data_dir.join("runner-token"))
+            .expect("the old runner's credential");
+    let late = Api::new(&cluster.plane.server.url, old_credential.trim())
         .post(
             &format!("/v1/runner/sandboxes/{id}/saves"),
             json!({

@@ -244,9 +244,22 @@ async fn the_block_service_verifies_uploads_and_keeps_orgs_apart() {
         .get(&format!("/v1/blocks/{other_id}/blocks/{digest}"))
         .await
         .assert_error(404, "not_found");
-    // The runner token reaches every org's objects (runners serve them all).
-    let runner = Api::new(&plane.server.url, &plane.runner_token);
-    assert_eq!(runner.get(&path).await.status, 200);
+    // A runner reaches an org's objects only while it runs a sandbox of
+    // that org; the runner token (which only registers runners) never.
+    Api::new(&plane.server.url, &plane.runner_token)
+        .get(&path)
+        .await
+        .assert_error(404, "not_found");
+    let runner = plane.runner("r1", "spot", crate::plane::STANDARD).await;
+    runner.api.get(&path).await.assert_error(404, "not_found");
+    let placed = org.post("/v1/sandboxes", json!({})).await;
+    assert_eq!(placed.status, 201, "{placed:?}");
+    assert_eq!(runner.api.get(&path).await.status, 200);
+    runner
+        .api
+        .get(&format!("/v1/blocks/{other_id}/blocks/{digest}"))
+        .await
+        .assert_error(404, "not_found");
 
     // A tree is stored only once every object it names is there (so a
     // present tree always has its whole subtree), and a commit of a root
@@ -506,8 +519,8 @@ async fn the_block_service_stores_batches_in_order_and_refuses_bad_ones() {
     );
 
     // Another org's token cannot write into this org, nor read what its
-    // own batch stored elsewhere; the runner token can write (runners
-    // serve every org).
+    // own batch stored elsewhere; a runner can write once it runs a
+    // sandbox of the org (saves), not before.
     let (other, other_id) = new_org(&plane.admin, "other", json!({})).await;
     post(&other, &path, g_frame.clone())
         .await
@@ -523,8 +536,13 @@ async fn the_block_service_stores_batches_in_order_and_refuses_bad_ones() {
         json!([name("blocks", g)]),
         "an object stored for one org is not in another"
     );
-    let runner = Api::new(&plane.server.url, &plane.runner_token);
-    assert_eq!(post(&runner, &path, g_frame.clone()).await.status, 204);
+    let runner = plane.runner("r1", "spot", crate::plane::STANDARD).await;
+    post(&runner.api, &path, g_frame.clone())
+        .await
+        .assert_error(404, "not_found");
+    let placed = org.post("/v1/sandboxes", json!({})).await;
+    assert_eq!(placed.status, 201, "{placed:?}");
+    assert_eq!(post(&runner.api, &path, g_frame.clone()).await.status, 204);
     assert_eq!(missing(org, org_id, &[name("blocks", g)]).await, json!([]));
 
     // The batch is in the API description.

@@ -434,6 +434,9 @@ impl TestRunner {
             .await;
         assert_eq!(registered.status, 200, "{registered:?}");
         let id = registered.str("runner_id");
+        // Every later call goes with the runner's own credential: the
+        // runner token only registers.
+        let api = Api::new(url, &registered.str("runner_token"));
         TestRunner { api, id }
     }
 

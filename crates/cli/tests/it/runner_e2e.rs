@@ -180,7 +180,15 @@ fn spawn(
         .arg(data_dir)
         .args(["--runtime", "runc", "--capacity", "cpus=64,sandboxes=16"])
         .args(args)
-        .env("ROOST_RUNNER_TOKEN", token)
+        .env_remove("ROOST_RUNNER_TOKEN");
+    // The runner token from a file (an argument would show in `ps`); an
+    // empty one: none at all (a restart with the runner's own credential).
+    if !token.is_empty() {
+        let token_file = data_dir.with_extension("token");
+        std::fs::write(&token_file, format!("{token}\n")).expect("write the runner token file");
+        command.arg("--token-file").arg(&token_file);
+    }
+    command
         .env("ROOST_LOG", "info")
         .env("ROOST_LOG_FORMAT", "json")
         .env_remove("ROOST_FAILPOINT")
@@ -792,6 +800,29 @@ async fn a_runner_restart_readopts_sandboxes_and_never_runs_a_command_twice() {
         .filter_map(|e| e["state"].as_str())
         .collect();
     assert_eq!(states, ["pending", "starting", "running"], "{events:?}");
+
+    // Its own credential is in the data dir, for root alone; restarted
+    // with no runner token at all, it registers with that credential as
+    // the same runner and goes on serving its sandbox.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let credential = stack.runner.data_dir.join("runner-token");
+        let mode = std::fs::metadata(&credential)
+            .expect("the runner's credential")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{}", credential.display());
+    }
+    let runner_id = stack.runner.runner_id.clone();
+    stack.runner.token = String::new();
+    stack.runner.restart(&[]);
+    assert_eq!(stack.runner.runner_id, runner_id, "a new identity");
+    assert_eq!(
+        stack.runner.init_pid(&sid),
+        pid,
+        "the sandbox was restarted"
+    );
+    assert_eq!(sh(&api, &sid, "echo still").await, "still\n");
     stack.runner.assert_no_errors();
 }
 

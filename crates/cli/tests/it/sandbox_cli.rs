@@ -700,7 +700,7 @@ async fn exec_keeps_streaming_across_a_server_restart() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     let _server = start_server_listening(&data, &listen, &[], &[]);
     let runner = TestRunner {
-        api: Api::new(&format!("http://{listen}"), &runner_token),
+        api: Api::new(&format!("http://{listen}"), &runner.api.token),
         id: runner.id.clone(),
     };
     append(&runner, &command, "stdout", 7, b"after\n").await;

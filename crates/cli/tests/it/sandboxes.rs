@@ -446,7 +446,7 @@ async fn long_poll_wakes_on_a_report_landing_on_another_server() {
     let runner_a = a.runner("r1", "spot", STANDARD).await;
     let id = a.org.post("/v1/sandboxes", json!({})).await.str("id");
     let runner_b = TestRunner {
-        api: Api::new(&b.url, &a.runner_token),
+        api: Api::new(&b.url, &runner_a.api.token),
         id: runner_a.id.clone(),
     };
     let org = a.org.clone();

@@ -3,8 +3,10 @@
 //! holds `Arc<dyn ControlPlane>` and its tests can answer from a script
 //! (`testing::FakeControl`) instead of a live server.
 //!
-//! [`Client`] is the real implementation: each method is the client's
-//! method of the same name. Answers the agent never reads (the records a
+//! [`RunnerLink`] is the real implementation: each method is the
+//! client's method of the same name, called with the runner token until
+//! the runner has its own credential (from its first registration, or
+//! its data dir) and with that credential from then on. Answers the agent never reads (the records a
 //! report returns) are dropped here, so a fake need not build them.
 //!
 //! Block transfers (homes and images through the store) are not
@@ -19,6 +21,7 @@ use api::runners::{
     RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SnapshotReport,
 };
 use oci::seam::BoxFuture;
+use std::sync::RwLock;
 
 /// A call's answer.
 pub(crate) type Answer<'a, T> = BoxFuture<'a, Result<T, ClientError>>;
@@ -68,19 +71,51 @@ pub(crate) trait ControlPlane: Send + Sync {
     ) -> Answer<'a, ()>;
     /// The block service's client, for moving homes and images.
     fn blocks(&self) -> RemoteBackend;
+    /// Calls from now on with this runner's own credential; `None`: with
+    /// the runner token again (to register as a new runner).
+    fn use_credential(&self, credential: Option<&str>);
+    /// Whether calls go with the runner's own credential.
+    fn has_credential(&self) -> bool;
 }
 
-impl ControlPlane for Client {
+/// The server, through `Client`: the runner token registers a new runner;
+/// every other call goes with the runner's own credential.
+pub(crate) struct RunnerLink {
+    enrolment: Client,
+    own: RwLock<Option<Client>>,
+}
+
+impl RunnerLink {
+    pub(crate) fn new(server_url: &str, runner_token: &str) -> RunnerLink {
+        RunnerLink {
+            enrolment: Client::new(server_url, runner_token),
+            own: RwLock::new(None),
+        }
+    }
+
+    fn client(&self) -> Client {
+        let own = match self.own.read() {
+            Ok(own) => own.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        own.unwrap_or_else(|| self.enrolment.clone())
+    }
+}
+
+impl ControlPlane for RunnerLink {
     fn runner_register<'a>(&'a self, request: &'a RegisterRequest) -> Answer<'a, RegisterResponse> {
-        Box::pin(Client::runner_register(self, request))
+        let client = self.client();
+        Box::pin(async move { client.runner_register(request).await })
     }
 
     fn runner_heartbeat<'a>(&'a self, request: &'a HeartbeatRequest) -> Answer<'a, ()> {
-        Box::pin(async move { Client::runner_heartbeat(self, request).await.map(drop) })
+        let client = self.client();
+        Box::pin(async move { client.runner_heartbeat(request).await.map(drop) })
     }
 
     fn runner_preempt<'a>(&'a self, request: &'a PreemptRequest) -> Answer<'a, RunnerRecord> {
-        Box::pin(Client::runner_preempt(self, request))
+        let client = self.client();
+        Box::pin(async move { client.runner_preempt(request).await })
     }
 
     fn runner_assignments<'a>(
@@ -89,7 +124,8 @@ impl ControlPlane for Client {
         etag: &'a str,
         wait_s: u64,
     ) -> Answer<'a, Assignments> {
-        Box::pin(Client::runner_assignments(self, runner_id, etag, wait_s))
+        let client = self.client();
+        Box::pin(async move { client.runner_assignments(runner_id, etag, wait_s).await })
     }
 
     fn runner_report_sandbox<'a>(
@@ -97,8 +133,10 @@ impl ControlPlane for Client {
         sandbox_id: &'a str,
         report: &'a SandboxReport,
     ) -> Answer<'a, ()> {
+        let client = self.client();
         Box::pin(async move {
-            Client::runner_report_sandbox(self, sandbox_id, report)
+            client
+                .runner_report_sandbox(sandbox_id, report)
                 .await
                 .map(drop)
         })
@@ -109,8 +147,10 @@ impl ControlPlane for Client {
         command_id: &'a str,
         report: &'a CommandReport,
     ) -> Answer<'a, ()> {
+        let client = self.client();
         Box::pin(async move {
-            Client::runner_report_command(self, command_id, report)
+            client
+                .runner_report_command(command_id, report)
                 .await
                 .map(drop)
         })
@@ -124,9 +164,12 @@ impl ControlPlane for Client {
         offset: u64,
         data: Vec<u8>,
     ) -> Answer<'a, u64> {
-        Box::pin(Client::runner_append_output(
-            self, command_id, stream, placement, offset, data,
-        ))
+        let client = self.client();
+        Box::pin(async move {
+            client
+                .runner_append_output(command_id, stream, placement, offset, data)
+                .await
+        })
     }
 
     fn runner_report_save<'a>(
@@ -134,8 +177,10 @@ impl ControlPlane for Client {
         sandbox_id: &'a str,
         report: &'a SaveReport,
     ) -> Answer<'a, ()> {
+        let client = self.client();
         Box::pin(async move {
-            Client::runner_report_save(self, sandbox_id, report)
+            client
+                .runner_report_save(sandbox_id, report)
                 .await
                 .map(drop)
         })
@@ -146,14 +191,31 @@ impl ControlPlane for Client {
         snapshot_id: &'a str,
         report: &'a SnapshotReport,
     ) -> Answer<'a, ()> {
+        let client = self.client();
         Box::pin(async move {
-            Client::runner_report_snapshot(self, snapshot_id, report)
+            client
+                .runner_report_snapshot(snapshot_id, report)
                 .await
                 .map(drop)
         })
     }
 
     fn blocks(&self) -> RemoteBackend {
-        RemoteBackend::new(self.clone(), tokio::runtime::Handle::current())
+        RemoteBackend::new(self.client(), tokio::runtime::Handle::current())
+    }
+
+    fn use_credential(&self, credential: Option<&str>) {
+        let client = credential.map(|token| self.enrolment.with_token(token));
+        match self.own.write() {
+            Ok(mut own) => *own = client,
+            Err(poisoned) => *poisoned.into_inner() = client,
+        }
+    }
+
+    fn has_credential(&self) -> bool {
+        match self.own.read() {
+            Ok(own) => own.is_some(),
+            Err(poisoned) => poisoned.into_inner().is_some(),
+        }
     }
 }

@@ -4,6 +4,9 @@
 //! ```text
 //! DIR/lock                       held (flock) while a runner uses DIR
 //! DIR/runner-id                  the id the server gave at the first register
+//! DIR/runner-token               that runner's own credential (mode 0600):
+//!                                every call after registering goes with it,
+//!                                and a restart registers again with it
 //! DIR/runtime/                   the OCI runtime's --root (container state)
 //! DIR/sandboxes/ID/              the sandbox's files (rootfs: its writable
 //!                                layer; bundle: config.json, init status)
@@ -120,6 +123,40 @@ impl DataDir {
 
     pub fn save_runner_id(&self, id: &str) -> Result<()> {
         write_durably(&self.root.join("runner-id"), format!("{id}\n").as_bytes())
+    }
+
+    /// The runner's own credential saved by an earlier run, if any.
+    pub fn runner_token(&self) -> Result<Option<String>> {
+        let path = self.root.join("runner-token");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let token = text.trim();
+                Ok((!token.is_empty()).then(|| token.to_owned()))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("read", &path, e)),
+        }
+    }
+
+    /// Keeps the runner's credential, readable by root alone (mode 0600
+    /// from its creation: never readable by others, even for a moment),
+    /// fsynced and renamed into place.
+    pub fn save_runner_token(&self, token: &str) -> Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.root.join("runner-token");
+        let temporary = self.root.join("runner-token.tmp");
+        remove_file(&temporary)?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temporary)
+            .map_err(|e| Error::io("create", &temporary, e))?;
+        file.write_all(format!("{token}\n").as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(|e| Error::io("write", &temporary, e))?;
+        std::fs::rename(&temporary, &path).map_err(|e| Error::io("rename into", &path, e))?;
+        sync_dir(&self.root)
     }
 
     /// Ids of the sandboxes anything is kept for on disk (files, home,
@@ -450,5 +487,25 @@ mod tests {
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         drop(DataDir::open(&open).expect("open"));
         assert_eq!(mode(&open), 0o700);
+    }
+
+    #[test]
+    fn the_runner_token_is_kept_for_root_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = DataDir::open(tmp.path()).expect("open");
+        assert_eq!(data.runner_token().expect("read"), None);
+        data.save_runner_token("roost_runnercred_1").expect("save");
+        data.save_runner_token("roost_runnercred_2")
+            .expect("save again");
+        let mode = std::fs::metadata(tmp.path().join("runner-token"))
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(
+            data.runner_token().expect("read"),
+            Some("roost_runnercred_2".to_owned())
+        );
     }
 }

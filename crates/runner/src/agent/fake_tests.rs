@@ -9,7 +9,9 @@
 //! `fenced` answer kills everything and the runner registers again, a hung
 //! heartbeat times out on the clock), the assignments loop (what is
 //! assigned is launched, leftovers and what is taken away are removed)
-//! and preemption notices (retried until the server has one).
+//! and preemption notices (retried until the server has one), and the
+//! runner's credential (kept at the first registration and registered
+//! with after; no new identity over sandboxes still on disk).
 
 use std::time::Duration;
 
@@ -24,12 +26,13 @@ use oci::{DeathCause, Error, LaunchFailure, Status};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::control::ControlPlane;
 use super::sandbox::{self, Assigned};
 use super::testing::{
-    Agent, Call, ExecScript, FREEZE_AFTER_MS, HEARTBEAT_MS, Kind, LEASE_TTL_MS, Request, Scripted,
-    agent, assignment, command, settle,
+    Agent, Call, ExecScript, FAKE_CREDENTIAL, FREEZE_AFTER_MS, HEARTBEAT_MS, Kind, LEASE_TTL_MS,
+    Request, Scripted, agent, assignment, command, settle,
 };
-use super::{assignments_loop, fence, heartbeats, notify_preemption, register, register_request};
+use super::{AgentError, assignments_loop, fence, heartbeats, notify_preemption, register};
 
 const ID: &str = "sbx_fake0001";
 
@@ -364,8 +367,7 @@ async fn scheduled_saves_run_every_interval_and_report_failures_until_fenced() {
 /// Registers through the fake (a 9 s lease, beats every 3 s, freezing 6 s
 /// after the last answered beat was sent) and starts the heartbeats.
 async fn registered(agent: &Agent) -> JoinHandle<()> {
-    let request = register_request(&agent.shared);
-    let heartbeat_ms = register(&agent.shared, &request).await.expect("registered");
+    let heartbeat_ms = register(&agent.shared).await.expect("registered");
     assert_eq!(heartbeat_ms, HEARTBEAT_MS);
     let shared = agent.shared.clone();
     let task = tokio::spawn(async move {
@@ -703,4 +705,75 @@ async fn a_preemption_notice_is_passed_on_retrying_what_fails_transiently() {
     agent.clock.run_for(ms(1_000), ms(50)).await;
     assert_eq!(preempts(&agent), 3, "retried until the server had it");
     assert!(notice.is_finished());
+}
+
+/// The runner ids the registrations named, in order.
+fn registered_as(agent: &Agent) -> Vec<Option<String>> {
+    agent
+        .control
+        .requests()
+        .into_iter()
+        .filter_map(|request| match request {
+            Request::Register(register) => Some(register.runner_id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_new_runner_keeps_its_credential_and_registers_again_with_it() {
+    let agent = agent(Failpoints::none());
+    // A first start: no id, no credential; the runner token registers.
+    agent.control.use_credential(None);
+    agent.shared.set_runner_id("");
+    register(&agent.shared).await.expect("registered");
+    assert!(
+        agent.control.has_credential(),
+        "calls go with its credential"
+    );
+    let data = &agent.shared.data;
+    assert_eq!(
+        data.runner_token().expect("read"),
+        Some(FAKE_CREDENTIAL.to_owned())
+    );
+    assert_eq!(data.runner_id().expect("read"), Some("rnr_fake".to_owned()));
+    // Again (a lost lease, or a restart): as itself, by its credential.
+    register(&agent.shared).await.expect("registered again");
+    assert_eq!(
+        registered_as(&agent),
+        [None, Some("rnr_fake".to_owned())],
+        "the first registration names no runner, the next its own"
+    );
+}
+
+#[tokio::test]
+async fn a_runner_the_server_does_not_know_takes_no_new_identity_over_its_sandboxes() {
+    let agent = agent(Failpoints::none());
+    let home = agent.shared.data.root().join("homes").join(ID);
+    std::fs::create_dir_all(&home).expect("a sandbox's home on disk");
+    agent
+        .control
+        .answer_next(Kind::Register, Scripted::Unauthenticated);
+    let refused = register(&agent.shared).await;
+    assert!(
+        matches!(refused, Err(AgentError::ForeignDataDir { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        registered_as(&agent),
+        [Some("rnr_fake".to_owned())],
+        "no registration as a new runner while its sandboxes are on disk"
+    );
+    // With nothing on disk, it registers as a new runner.
+    std::fs::remove_dir(&home).expect("remove the home");
+    agent.control.use_credential(Some(FAKE_CREDENTIAL));
+    agent
+        .control
+        .answer_next(Kind::Register, Scripted::Unauthenticated);
+    register(&agent.shared).await.expect("registered anew");
+    assert_eq!(
+        registered_as(&agent)[1..],
+        [Some("rnr_fake".to_owned()), None]
+    );
+    assert!(agent.control.has_credential());
 }

@@ -29,9 +29,10 @@
 //!
 //! Containers do not belong to the agent's process: they keep running when
 //! it dies, and a restarted agent re-adopts them (by id, from the runtime's
-//! state in the data dir) instead of launching them again. Its runner id is
-//! kept in the data dir, so it registers as the same runner and its
-//! placements stay valid. A command found launched but without a recorded
+//! state in the data dir) instead of launching them again. Its runner id
+//! and its own credential (issued at its first registration; the runner
+//! token only enrols) are kept in the data dir, so it registers as the
+//! same runner and its placements stay valid. A command found launched but without a recorded
 //! end is reported `unknown`, never launched again.
 //!
 //! # Fencing
@@ -87,7 +88,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use api::ErrorCode;
-use api::client::{Client, ClientError};
+use api::client::ClientError;
 use api::failpoint::Failpoints;
 use api::runners::{Assignments, Capacity, CommandAssignment, PreemptRequest, RegisterRequest};
 use tokio::sync::{mpsc, watch};
@@ -166,7 +167,9 @@ const RETRY_PAUSE_MAX_MS: u64 = 5_000;
 pub struct AgentConfig {
     /// The control plane, e.g. `http://127.0.0.1:7070`.
     pub server_url: String,
-    /// A runner token (`roost admin runner-token`).
+    /// A runner token (`roost admin runner-token`): registers a new runner
+    /// when the data dir holds no credential. Empty: none given (enough
+    /// for a runner that has registered before).
     pub token: String,
     /// Where the runner keeps everything (see [`dirs`]).
     pub data_dir: PathBuf,
@@ -224,9 +227,13 @@ pub enum AgentError {
     #[error("register with {url} failed: {source}")]
     Register { url: String, source: ClientError },
     #[error(
-        "the server does not know runner {saved} (saved in {path}), yet sandboxes of it are on disk: this data dir belongs to another control plane; use a fresh --data-dir"
+        "the server does not know runner {saved} by the credential in {path} (or it is missing), yet sandboxes of it are on disk: this data dir belongs to another control plane, or its credential was lost; use a fresh --data-dir"
     )]
     ForeignDataDir { saved: String, path: PathBuf },
+    #[error(
+        "no runner token: this data dir holds no runner credential ({path}), so the runner must register anew; give one with --token-file or ROOST_RUNNER_TOKEN (`roost admin runner-token`)"
+    )]
+    NoToken { path: PathBuf },
 }
 
 /// Why a report or upload stopped for good.
@@ -326,23 +333,42 @@ impl Shared {
     }
 }
 
-/// Registers (as the runner saved in the data dir, if any) until the server
-/// answers; a permanent refusal (a bad token) is an error. The answer
-/// renews the lease for the fence and sets its `freeze_after`. Returns the
+/// Registers until the server answers; a permanent refusal (a bad token)
+/// is an error. With the runner's own credential (from the data dir or an
+/// earlier registration) it registers as that runner again; without one,
+/// the runner token registers a new runner, whose id and credential are
+/// kept in the data dir before anything else is done. The answer renews
+/// the lease for the fence and sets its `freeze_after`. Returns the
 /// heartbeat interval in ms.
-async fn register(shared: &Shared, request: &RegisterRequest) -> Result<u64, AgentError> {
+async fn register(shared: &Shared) -> Result<u64, AgentError> {
     let mut backoff = Backoff::new();
     let mut attempts = 0_u32;
     let (registered, sent_at) = loop {
+        if !shared.control.has_credential() {
+            new_identity_allowed(shared)?;
+        }
+        let request = register_request(shared);
         let sent_at = shared.clock.now();
         let answer = clock::timeout(
             &*shared.clock,
             Duration::from_secs(REGISTER_TIMEOUT_SECONDS),
-            shared.control.runner_register(request),
+            shared.control.runner_register(&request),
         )
         .await;
         let err = match answer {
             Ok(Ok(registered)) => break (registered, sent_at),
+            Ok(Err(err))
+                if err.code() == Some(ErrorCode::Unauthenticated)
+                    && shared.control.has_credential() =>
+            {
+                // The server does not know this runner's credential: the
+                // data dir comes from another control plane (or one whose
+                // records were reset). Start over as a new runner, if
+                // nothing of the old one is on disk.
+                tracing::warn!(%err, "the server does not know this runner's credential; registering as a new runner");
+                shared.control.use_credential(None);
+                continue;
+            }
             Ok(Err(err)) if err.is_transient() => err.to_string(),
             Ok(Err(source)) => {
                 return Err(AgentError::Register {
@@ -358,16 +384,19 @@ async fn register(shared: &Shared, request: &RegisterRequest) -> Result<u64, Age
         }
         shared.clock.sleep(backoff.next()).await;
     };
-    if request.runner_id.as_deref() != Some(registered.runner_id.as_str()) {
-        if let Some(saved) = &request.runner_id
-            && !shared.data.sandbox_ids_on_disk()?.is_empty()
-        {
-            return Err(AgentError::ForeignDataDir {
-                saved: saved.clone(),
-                path: shared.data.root().join("runner-id"),
-            });
-        }
+    if let Some(credential) = &registered.runner_token {
+        // A new runner: its id first, then its credential, so a crash in
+        // between leaves an id without a credential (registered anew at
+        // the next start), never a credential under another's id.
         shared.data.save_runner_id(&registered.runner_id)?;
+        shared.data.save_runner_token(credential)?;
+        shared.control.use_credential(Some(credential));
+    } else if registered.runner_id != shared.runner_id() {
+        // Registered again by a credential that is not the saved id's.
+        return Err(AgentError::ForeignDataDir {
+            saved: shared.runner_id(),
+            path: shared.data.root().join("runner-token"),
+        });
     }
     shared.set_runner_id(&registered.runner_id);
     let freeze_after_ms = match registered.freeze_after_ms {
@@ -382,11 +411,33 @@ async fn register(shared: &Shared, request: &RegisterRequest) -> Result<u64, Age
     Ok(registered.heartbeat_interval_ms.max(100))
 }
 
+/// Whether this data dir may take a new runner identity: not while
+/// sandboxes of the runner it names are on disk (they are that runner's,
+/// and only its credential may speak for them), nor without a runner token.
+fn new_identity_allowed(shared: &Shared) -> Result<(), AgentError> {
+    let saved = shared.runner_id();
+    if !saved.is_empty() && !shared.data.sandbox_ids_on_disk()?.is_empty() {
+        return Err(AgentError::ForeignDataDir {
+            saved,
+            path: shared.data.root().join("runner-token"),
+        });
+    }
+    if shared.config.token.is_empty() {
+        return Err(AgentError::NoToken {
+            path: shared.data.root().join("runner-token"),
+        });
+    }
+    Ok(())
+}
+
+/// Names the saved runner only when registering by its credential: with
+/// the runner token, a new runner is registered.
 fn register_request(shared: &Shared) -> RegisterRequest {
     let config = &shared.config;
     let saved = shared.runner_id();
+    let again = shared.control.has_credential() && !saved.is_empty();
     RegisterRequest {
-        runner_id: (!saved.is_empty()).then_some(saved),
+        runner_id: again.then_some(saved),
         name: config.name.clone(),
         placement_class: config.placement_class.clone(),
         labels: config.labels.clone(),
@@ -451,6 +502,10 @@ async fn run_agent(
         tracing::warn!(%reason, "bridge networking unavailable; not offering network:bridge");
     }
     let saved = data.runner_id()?.unwrap_or_default();
+    let link = control::RunnerLink::new(&config.server_url, &config.token);
+    if let Some(credential) = data.runner_token()? {
+        link.use_credential(Some(&credential));
+    }
     let images = images::Images::open(data.root())?;
     let homes = homes::Homes::open(
         data.root(),
@@ -459,7 +514,7 @@ async fn run_agent(
     )?;
     let clock: Arc<dyn Clock> = Arc::new(TokioClock);
     let shared = Arc::new(Shared {
-        control: Arc::new(Client::new(&config.server_url, &config.token)),
+        control: Arc::new(link),
         runner_id: Mutex::new(saved),
         fence: fence::Fence::new(data.root().join("fence.json"), clock.clone()),
         runtime: Arc::new(runtime),
@@ -478,9 +533,8 @@ async fn run_agent(
     let mut shutdown = std::pin::pin!(shutdown);
     let heartbeat_ms = {
         let _guard = registration.lock().await;
-        let request = register_request(&shared);
         tokio::select! {
-            registered = register(&shared, &request) => registered?,
+            registered = register(&shared) => registered?,
             () = &mut shutdown => return Ok(()),
         }
     };
@@ -542,8 +596,7 @@ async fn heartbeats(
                 let _guard = registration.lock().await;
                 if fence::fenced(shared, sent_at).await {
                     tracing::warn!(%err, "lease lost; registering again");
-                    let request = register_request(shared);
-                    heartbeat_ms = register(shared, &request).await?;
+                    heartbeat_ms = register(shared).await?;
                     pause_ms = heartbeat_ms;
                 }
                 continue;
@@ -640,8 +693,7 @@ async fn assignments_loop(
                 let _guard = registration.lock().await;
                 if fence::fenced(shared, sent_at).await {
                     tracing::warn!(%err, "the server no longer counts this runner live; registering again");
-                    let request = register_request(shared);
-                    register(shared, &request).await?;
+                    register(shared).await?;
                 }
                 etag.clear();
                 continue;

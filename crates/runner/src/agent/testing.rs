@@ -613,6 +613,8 @@ pub(crate) enum Scripted {
     Refused,
     /// No answer ever (a dead link after a partition).
     Hangs,
+    /// 401 `unauthenticated`: the server does not know the credential.
+    Unauthenticated,
 }
 
 impl Scripted {
@@ -631,6 +633,12 @@ impl Scripted {
             }),
             Scripted::Fenced => Some(api(ErrorCode::Fenced)),
             Scripted::Refused => Some(api(ErrorCode::InvalidState)),
+            Scripted::Unauthenticated => Some(ClientError::Api {
+                status: 401,
+                code: ErrorCode::Unauthenticated,
+                message: "missing or unknown bearer token (scripted)".to_owned(),
+                request_id: "req_fake".to_owned(),
+            }),
         }
     }
 }
@@ -652,7 +660,12 @@ pub(crate) struct FakeControl {
     /// What the assignments long-poll answers (etag `""` at first: a poll
     /// waits until [`FakeControl::assign`]).
     assignments: watch::Sender<Assignments>,
+    /// The credential calls go with, as the agent set it.
+    credential: std::sync::Mutex<Option<String>>,
 }
+
+/// The credential the fake hands a runner registering without one.
+pub(crate) const FAKE_CREDENTIAL: &str = "roost_runnercred_fake";
 
 /// What registration answers: a 9 s lease, beats every 3 s, freeze 6 s
 /// after the last answered one was sent.
@@ -666,6 +679,7 @@ impl FakeControl {
             inner: Mutex::new(ControlInner::default()),
             version: watch::channel(0).0,
             clock,
+            credential: std::sync::Mutex::new(None),
             assignments: watch::channel(Assignments {
                 etag: String::new(),
                 sandboxes: Vec::new(),
@@ -770,6 +784,7 @@ impl ControlPlane for FakeControl {
                 .await?;
             Ok(RegisterResponse {
                 runner_id: "rnr_fake".to_owned(),
+                runner_token: (!self.has_credential()).then(|| FAKE_CREDENTIAL.to_owned()),
                 lease_ttl_ms: LEASE_TTL_MS,
                 heartbeat_interval_ms: HEARTBEAT_MS,
                 freeze_after_ms: FREEZE_AFTER_MS,
@@ -912,6 +927,21 @@ impl ControlPlane for FakeControl {
             tokio::runtime::Handle::current(),
         )
     }
+
+    fn use_credential(&self, credential: Option<&str>) {
+        let mut current = self
+            .credential
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *current = credential.map(str::to_owned);
+    }
+
+    fn has_credential(&self) -> bool {
+        self.credential
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
 }
 
 // ---------------------------------------------------------------------
@@ -965,6 +995,8 @@ fn shared_over(
     let images = images::Images::open(data.root()).expect("the images dir opens");
     let homes = homes::Homes::open(data.root(), None, failpoint).expect("homes open");
     let clock: Arc<dyn Clock> = clock.clone();
+    // Registered before: the runner holds its own credential.
+    control.use_credential(Some(FAKE_CREDENTIAL));
     Arc::new(Shared {
         control: control.clone(),
         runner_id: Mutex::new("rnr_fake".to_owned()),

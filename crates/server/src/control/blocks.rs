@@ -19,8 +19,13 @@
 //!   bytes in one answer of frames (`api::blocks` documents it). This is
 //!   how runners download: one request per object was most of a wake.
 //!
-//! Who may use an org's objects: that org's token, and runner tokens
-//! (a runner serves every org's sandboxes). Anyone else: 404.
+//! Who may use an org's objects: that org's token, and a runner (by its
+//! own credential) while it holds a sandbox of that org: one placed on it
+//! and not deleted, which covers its home, its image and its snapshots.
+//! Anyone else, runner tokens and the admin included: 404, as if the org
+//! did not exist. The rule is checked on every request, so a runner loses
+//! an org's objects as soon as its last sandbox of the org is deleted or
+//! placed elsewhere.
 
 use super::AppState;
 use super::home_store::{blocking, store_error, store_of};
@@ -35,17 +40,24 @@ use store::store::{MISSING_CHECK_BATCH_MAX, ObjectId, ObjectKind};
 use store::{Digest, Objects, OrgId};
 
 /// The org whose objects `principal` may use, or 404.
-pub fn org_for(principal: &Principal, org: &str) -> Result<OrgId, ControlError> {
+pub async fn org_for(
+    state: &AppState,
+    principal: &Principal,
+    org: &str,
+) -> Result<OrgId, ControlError> {
+    let not_found = || ControlError::new(ErrorCode::NotFound, "no such org");
+    let parsed: OrgId = org.parse().map_err(|_| not_found())?;
     let allowed = match principal {
         Principal::Org { org_id } => org_id == org,
-        Principal::Runner => true,
-        Principal::Admin => false,
+        Principal::Runner { runner_id } => {
+            crate::records::runners::holds_org(&state.db.pool, runner_id, org).await?
+        }
+        Principal::Admin | Principal::RunnerEnrolment => false,
     };
-    let not_found = || ControlError::new(ErrorCode::NotFound, "no such org");
     if !allowed {
         return Err(not_found());
     }
-    org.parse().map_err(|_| not_found())
+    Ok(parsed)
 }
 
 pub fn parse_object(kind: &str, hex: &str) -> Result<ObjectId, ControlError> {

@@ -31,12 +31,33 @@ pub fn fenced(message: impl Into<String>) -> ControlError {
     ControlError::new(ErrorCode::Fenced, message)
 }
 
-/// Registers a runner (again, keeping its id, when it names one it had)
-/// with a fresh lease, and places what waited for capacity.
+/// Who registers: a runner token enrolling a new runner, or a runner by
+/// its own credential registering again (a restart, or after its lease
+/// was lost).
+pub enum Registrant {
+    Enrolment,
+    Runner(String),
+}
+
+/// Registers a runner with a fresh lease, and places what waited for
+/// capacity. A runner token gets a new runner and its credential (shown
+/// only in this answer); a runner's credential registers that runner
+/// again, keeping its id and placements. `runner_id` in the request may
+/// only name the credential's own runner: any other is 404, and so is
+/// any with a runner token (no token takes over another runner's id).
 pub async fn register(
     state: &AppState,
+    registrant: &Registrant,
     request: &RegisterRequest,
 ) -> Result<RegisterResponse, ControlError> {
+    let named_other = match (registrant, &request.runner_id) {
+        (_, None) => false,
+        (Registrant::Runner(own), Some(named)) => own != named,
+        (Registrant::Enrolment, Some(_)) => true,
+    };
+    if named_other {
+        return Err(no_such_runner());
+    }
     limits::name("name", &request.name)?;
     if !["spot", "on_demand"].contains(&request.placement_class.as_str()) {
         return Err(limits::invalid("placement_class", "spot or on_demand"));
@@ -58,18 +79,41 @@ pub async fn register(
     let now = now_ms();
     let lease_ms = state.config.lease_ttl.as_millis() as i64;
     let mut tx = state.db.write().await?;
-    let new_id = records::new_id("rnr")?;
-    let runner_id = runners::register(&mut tx, request, now + lease_ms, new_id).await?;
+    let (runner_id, runner_token) = match registrant {
+        Registrant::Runner(id) => {
+            if !runners::register_again(&mut tx, id, request, now + lease_ms).await? {
+                return Err(no_such_runner());
+            }
+            (id.clone(), None)
+        }
+        Registrant::Enrolment => {
+            let id = records::new_id("rnr")?;
+            let credential = crate::auth::new_token("runnercred")?;
+            let hash = crate::auth::hash_token(&credential);
+            runners::register_new(&mut tx, request, now + lease_ms, &id, &hash).await?;
+            (id, Some(credential))
+        }
+    };
     tx.commit().await?;
     tracing::info!(%runner_id, name = %request.name, "runner registered");
     // New capacity: place what has been waiting for it.
     crate::reconcile::schedule_pending(state).await?;
     Ok(RegisterResponse {
         runner_id,
+        runner_token,
         lease_ttl_ms: lease_ms as u64,
         heartbeat_interval_ms: (lease_ms / 3) as u64,
         freeze_after_ms: crate::freeze_after(state.config.lease_ttl).as_millis() as u64,
     })
+}
+
+/// What a runner's credential gets for any other runner's id: as if it
+/// did not exist.
+pub fn no_such_runner() -> ControlError {
+    ControlError::new(
+        ErrorCode::NotFound,
+        "no such runner for this credential (a runner speaks only for itself)",
+    )
 }
 
 /// The runner, refused as fenced unless its lease is live.

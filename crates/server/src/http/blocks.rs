@@ -22,7 +22,7 @@ pub async fn missing(
     Path(org): Path<String>,
     Json(request): Json<MissingRequest>,
 ) -> Result<axum::Json<MissingResponse>, ControlError> {
-    let org = org_for(&caller.0, &org)?;
+    let org = org_for(&state, &caller.0, &org).await?;
     let missing = blocks::missing(&state, org, &request.objects).await?;
     Ok(axum::Json(MissingResponse { missing }))
 }
@@ -34,7 +34,7 @@ pub async fn put(
     Path((org, kind, hex)): Path<(String, String, String)>,
     RawBody(body): RawBody,
 ) -> Result<StatusCode, ControlError> {
-    let org = org_for(&caller.0, &org)?;
+    let org = org_for(&state, &caller.0, &org).await?;
     let object = parse_object(&kind, &hex)?;
     blocks::put(&state, org, object, body.into()).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -48,7 +48,7 @@ pub async fn batch(
     Path(org): Path<String>,
     RawBody(body): RawBody,
 ) -> Result<StatusCode, ControlError> {
-    let org = org_for(&caller.0, &org)?;
+    let org = org_for(&state, &caller.0, &org).await?;
     blocks::put_batch(&state, org, body.into()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -59,7 +59,7 @@ pub async fn get(
     caller: BlocksCaller,
     Path((org, kind, hex)): Path<(String, String, String)>,
 ) -> Result<Response, ControlError> {
-    let org = org_for(&caller.0, &org)?;
+    let org = org_for(&state, &caller.0, &org).await?;
     let object = parse_object(&kind, &hex)?;
     let bytes = blocks::get(&state, org, object).await?;
     Ok(octets(bytes))
@@ -73,7 +73,7 @@ pub async fn fetch(
     Path(org): Path<String>,
     Json(request): Json<FetchRequest>,
 ) -> Result<Response, ControlError> {
-    let org = org_for(&caller.0, &org)?;
+    let org = org_for(&state, &caller.0, &org).await?;
     let body = blocks::fetch(&state, org, &request.objects).await?;
     Ok(octets(body))
 }

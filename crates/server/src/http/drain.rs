@@ -1,6 +1,6 @@
 //! Emptying a runner over HTTP (the rules are in `control::drain`).
 //! Admin: `GET /v1/admin/runners`, `POST /v1/admin/runners/{id}/drain`,
-//! `…/preempt`, `…/undrain`. Runner token: `POST /v1/runner/preempt` (a
+//! `…/preempt`, `…/undrain`. A runner's credential: `POST /v1/runner/preempt` (a
 //! runner passing on its host's notice, e.g. on SIGUSR1).
 
 use axum::extract::State;
@@ -37,9 +37,10 @@ pub async fn admin_action(
 #[utoipa::path(post, path = "/v1/runner/preempt", tag = "runner", request_body = PreemptRequest, responses((status = 200, body = RunnerRecord), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn runner_preempt(
     State(state): State<AppState>,
-    _runner: RunnerCaller,
+    runner: RunnerCaller,
     Json(request): Json<PreemptRequest>,
 ) -> Result<axum::Json<RunnerRecord>, ControlError> {
+    runner.speaks_for(&request.runner_id)?;
     Ok(axum::Json(
         set_drain(&state, &request.runner_id, Some("preempt")).await?,
     ))

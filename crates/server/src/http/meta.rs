@@ -49,13 +49,15 @@ pub async fn health(State(state): State<AppState>) -> Result<&'static str, Contr
 /// Who the bearer token belongs to: clients learn their org id here.
 #[utoipa::path(get, path = "/v1/whoami", tag = "meta", responses((status = 200, body = api::orgs::Whoami), (status = 401, description = "error envelope", body = api::ErrorBody)))]
 pub async fn whoami(caller: Caller) -> axum::Json<api::orgs::Whoami> {
-    let (kind, org_id) = match caller.0 {
-        Principal::Admin => ("admin", None),
-        Principal::Org { org_id } => ("org", Some(org_id)),
-        Principal::Runner => ("runner", None),
+    let (kind, org_id, runner_id) = match caller.0 {
+        Principal::Admin => ("admin", None, None),
+        Principal::Org { org_id } => ("org", Some(org_id), None),
+        Principal::RunnerEnrolment => ("runner", None, None),
+        Principal::Runner { runner_id } => ("runner_credential", None, Some(runner_id)),
     };
     axum::Json(api::orgs::Whoami {
         kind: kind.to_owned(),
         org_id,
+        runner_id,
     })
 }

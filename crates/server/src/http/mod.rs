@@ -274,13 +274,31 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T>
 /// schema is not taught to a caller who may not use it.
 pub struct OrgCaller(pub String);
 
-/// A runner token's caller (the runner protocol).
-pub struct RunnerCaller;
+/// One runner, by its own credential (the runner protocol after
+/// registration), with its id.
+pub struct RunnerCaller(pub String);
+
+impl RunnerCaller {
+    /// The runner a request names must be the caller: a runner speaks for
+    /// itself alone, and any other runner is 404 to it.
+    pub fn speaks_for(&self, runner_id: &str) -> Result<(), ControlError> {
+        if self.0 == runner_id {
+            Ok(())
+        } else {
+            Err(crate::control::runner_protocol::no_such_runner())
+        }
+    }
+}
+
+/// Who may register: a runner token (a new runner) or a runner's own
+/// credential (that runner again).
+pub struct RegistrantCaller(pub crate::control::runner_protocol::Registrant);
 
 /// The admin token's caller. Admin resources do not exist for anyone else.
 pub struct AdminCaller;
 
-/// A caller of the block service: an org token or a runner token.
+/// A caller of the block service: an org token or a runner's credential
+/// (which org's objects either may use is `control::blocks`' rule).
 pub struct BlocksCaller(pub Principal);
 
 impl FromRequestParts<AppState> for OrgCaller {
@@ -297,7 +315,23 @@ impl FromRequestParts<AppState> for RunnerCaller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ControlError> {
         let caller = Caller::from_request_parts(parts, state).await?;
-        caller.runner().map(|()| RunnerCaller)
+        caller.runner().map(RunnerCaller)
+    }
+}
+
+impl FromRequestParts<AppState> for RegistrantCaller {
+    type Rejection = ControlError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ControlError> {
+        use crate::control::runner_protocol::Registrant;
+        match Caller::from_request_parts(parts, state).await?.0 {
+            Principal::RunnerEnrolment => Ok(RegistrantCaller(Registrant::Enrolment)),
+            Principal::Runner { runner_id } => Ok(RegistrantCaller(Registrant::Runner(runner_id))),
+            _ => Err(ControlError::new(
+                api::ErrorCode::NotFound,
+                "no such endpoint for this token (registering needs a runner token)",
+            )),
+        }
     }
 }
 
@@ -320,7 +354,9 @@ impl FromRequestParts<AppState> for BlocksCaller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ControlError> {
         match Caller::from_request_parts(parts, state).await?.0 {
-            Principal::Admin => Err(ControlError::new(api::ErrorCode::NotFound, "no such org")),
+            Principal::Admin | Principal::RunnerEnrolment => {
+                Err(ControlError::new(api::ErrorCode::NotFound, "no such org"))
+            }
             principal => Ok(BlocksCaller(principal)),
         }
     }
@@ -342,12 +378,14 @@ impl Caller {
         }
     }
 
-    pub fn runner(&self) -> Result<(), ControlError> {
+    /// The calling runner's id. A runner token is refused like any other
+    /// token: it only registers.
+    pub fn runner(&self) -> Result<String, ControlError> {
         match &self.0 {
-            Principal::Runner => Ok(()),
+            Principal::Runner { runner_id } => Ok(runner_id.clone()),
             _ => Err(ControlError::new(
                 api::ErrorCode::NotFound,
-                "no such endpoint for this token (runner endpoints need a runner token)",
+                "no such endpoint for this token (runner endpoints need a runner's own credential, from its registration)",
             )),
         }
     }

@@ -1,4 +1,5 @@
-//! The runner protocol over HTTP (runner token): parse, call
+//! The runner protocol over HTTP (a runner's credential; a runner token
+//! only registers): check the runner named is the caller, parse, call
 //! `control::runner_protocol`, render. Assignments are long-polled: the
 //! answer comes when its etag differs from the runner's.
 
@@ -10,7 +11,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 
 use super::sandboxes::wait_timeout;
-use super::{AppState, Json, Path, Query, RunnerCaller};
+use super::{AppState, Json, Path, Query, RegistrantCaller, RunnerCaller};
 use crate::control::runner_protocol::{self, OutputAt};
 use crate::error::ControlError;
 use crate::records::commands::Stream;
@@ -23,19 +24,20 @@ use api::runners::{
 #[utoipa::path(post, path = "/v1/runner/register", tag = "runner", request_body = RegisterRequest, responses((status = 200, body = RegisterResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn register(
     State(state): State<AppState>,
-    _runner: RunnerCaller,
+    RegistrantCaller(registrant): RegistrantCaller,
     Json(request): Json<RegisterRequest>,
 ) -> Result<(StatusCode, axum::Json<RegisterResponse>), ControlError> {
-    let registered = runner_protocol::register(&state, &request).await?;
+    let registered = runner_protocol::register(&state, &registrant, &request).await?;
     Ok((StatusCode::OK, axum::Json(registered)))
 }
 
 #[utoipa::path(post, path = "/v1/runner/heartbeat", tag = "runner", request_body = HeartbeatRequest, responses((status = 200, body = HeartbeatResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn heartbeat(
     State(state): State<AppState>,
-    _runner: RunnerCaller,
+    runner: RunnerCaller,
     Json(request): Json<HeartbeatRequest>,
 ) -> Result<axum::Json<HeartbeatResponse>, ControlError> {
+    runner.speaks_for(&request.runner_id)?;
     Ok(axum::Json(
         runner_protocol::heartbeat(&state, &request).await?,
     ))
@@ -53,9 +55,10 @@ pub struct AssignmentsQuery {
 #[utoipa::path(get, path = "/v1/runner/assignments", tag = "runner", params(("runner_id" = String, Query), ("etag" = Option<String>, Query), ("timeout" = Option<u64>, Query)), responses((status = 200, body = Assignments), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn assignments(
     State(state): State<AppState>,
-    _runner: RunnerCaller,
+    runner: RunnerCaller,
     Query(query): Query<AssignmentsQuery>,
 ) -> Result<axum::Json<Assignments>, ControlError> {
+    runner.speaks_for(&query.runner_id)?;
     let timeout = match query.timeout {
         None | Some(0) => std::time::Duration::ZERO,
         Some(t) => wait_timeout(Some(t))?,
@@ -74,10 +77,11 @@ pub async fn assignments(
 #[utoipa::path(post, path = "/v1/runner/sandboxes/{id}/report", tag = "runner", params(("id" = String, Path, description = "sandbox id")), request_body = SandboxReport, responses((status = 200, body = api::sandboxes::Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn report_sandbox(
     State(state): State<AppState>,
-    _runner: RunnerCaller,
+    runner: RunnerCaller,
     Path(id): Path<String>,
     Json(report): Json<SandboxReport>,
 ) -> Result<axum::Json<api::sandboxes::Sandbox>, ControlError> {
+    runner.speaks_for(&report.runner_id)?;
     let record = runner_protocol::report_sandbox(&state, &id, &report).await?;
     Ok(axum::Json(record.to_api()))
 }
@@ -85,10 +89,11 @@ pub async fn report_sandbox(
 #[utoipa::path(post, path = "/v1/runner/commands/{id}/report", tag = "runner", params(("id" = String, Path)), request_body = CommandReport, responses((status = 200, body = api::commands::Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn report_command(
     State(state): State<AppState>,
-    _runner: RunnerCaller,
+    runner: RunnerCaller,
     Path(id): Path<String>,
     Json(report): Json<CommandReport>,
 ) -> Result<axum::Json<api::commands::Command>, ControlError> {
+    runner.speaks_for(&report.runner_id)?;
     let command = runner_protocol::report_command(&state, &id, &report).await?;
     Ok(axum::Json(command.to_api()))
 }
@@ -105,11 +110,12 @@ pub struct OutputAppend {
 #[utoipa::path(put, path = "/v1/runner/commands/{id}/output/{stream}", tag = "runner", params(("id" = String, Path), ("stream" = String, Path), ("runner_id" = String, Query), ("epoch" = u64, Query), ("offset" = u64, Query)), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 200, description = "the stream length"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn append_output(
     State(state): State<AppState>,
-    _runner: RunnerCaller,
+    runner: RunnerCaller,
     Path((id, stream)): Path<(String, String)>,
     Query(query): Query<OutputAppend>,
     body: Bytes,
 ) -> Result<axum::Json<BTreeMap<String, u64>>, ControlError> {
+    runner.speaks_for(&query.runner_id)?;
     let stream = Stream::parse(&stream).ok_or_else(|| not_found("stream"))?;
     let at = OutputAt {
         runner_id: query.runner_id,

@@ -148,10 +148,11 @@ pub async fn delete(
 #[utoipa::path(post, path = "/v1/runner/snapshots/{id}/report", tag = "runner", params(("id" = String, Path)), request_body = SnapshotReport, responses((status = 200, body = Snapshot), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn report(
     State(state): State<AppState>,
-    _runner: RunnerCaller,
+    runner: RunnerCaller,
     Path(id): Path<String>,
     Json(report): Json<SnapshotReport>,
 ) -> Result<axum::Json<Snapshot>, ControlError> {
+    runner.speaks_for(&report.runner_id)?;
     let snapshot = control::snapshots::report(&state, &id, &report).await?;
     Ok(axum::Json(snapshot.to_api()))
 }

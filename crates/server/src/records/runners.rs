@@ -69,59 +69,99 @@ pub async fn all_runners(tx: &mut WriteTx) -> Result<Vec<RunnerRow>, sqlx::Error
     rows.iter().map(RunnerRow::from_row).collect()
 }
 
-/// Registers a runner, live until `lease_until_ms`: the one it names keeps
-/// its id (a restart), else it is recorded as `new_id`. Returns the id.
-pub async fn register(
+/// Registers a new runner, live until `lease_until_ms`, as `id`, bound to
+/// the credential whose hash is `credential_hash`.
+pub async fn register_new(
     tx: &mut WriteTx,
     request: &RegisterRequest,
     lease_until_ms: i64,
-    new_id: String,
-) -> Result<String, sqlx::Error> {
+    id: &str,
+    credential_hash: &str,
+) -> Result<(), sqlx::Error> {
     let labels = serde_json::to_string(&request.labels).unwrap_or_default();
     let capabilities = serde_json::to_string(&request.capabilities).unwrap_or_default();
     let capacity = &request.capacity;
-    let millicpus = (capacity.cpus * 1000.0).round() as i64;
-    let known = match &request.runner_id {
-        Some(id) => load(tx, id).await?.map(|runner| runner.id),
-        None => None,
-    };
-    if let Some(id) = known {
-        sqlx::query(
-            "UPDATE runners SET name = $1, placement_class = $2, labels = $3, capabilities = $4, capacity_sandboxes = $5, capacity_memory_mib = $6, capacity_millicpus = $7, capacity_pids = $8, state = 'live', lease_expires_at_ms = $9 WHERE id = $10",
-        )
-        .bind(&request.name)
-        .bind(&request.placement_class)
-        .bind(&labels)
-        .bind(&capabilities)
-        .bind(capacity.sandboxes as i64)
-        .bind(capacity.memory_mib as i64)
-        .bind(millicpus)
-        .bind(capacity.pids as i64)
-        .bind(lease_until_ms)
-        .bind(&id)
-        .execute(&mut *tx.tx)
-        .await?;
-        return Ok(id);
-    }
-    let id = new_id;
     sqlx::query(
-        "INSERT INTO runners (id, name, placement_class, labels, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms, registered_at_ms, placements)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'live', $10, $11, 0)",
+        "INSERT INTO runners (id, name, placement_class, labels, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms, registered_at_ms, placements, credential_hash)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'live', $10, $11, 0, $12)",
     )
-    .bind(&id)
+    .bind(id)
     .bind(&request.name)
     .bind(&request.placement_class)
     .bind(&labels)
     .bind(&capabilities)
     .bind(capacity.sandboxes as i64)
     .bind(capacity.memory_mib as i64)
-    .bind(millicpus)
+    .bind(millicpus(capacity.cpus))
     .bind(capacity.pids as i64)
     .bind(lease_until_ms)
     .bind(now_ms())
+    .bind(credential_hash)
     .execute(&mut *tx.tx)
     .await?;
-    Ok(id)
+    Ok(())
+}
+
+/// Registers the runner `id` again (a restart, or after its lease was
+/// lost), live until `lease_until_ms`, with what it offers now. False if
+/// there is no such runner.
+pub async fn register_again(
+    tx: &mut WriteTx,
+    id: &str,
+    request: &RegisterRequest,
+    lease_until_ms: i64,
+) -> Result<bool, sqlx::Error> {
+    let labels = serde_json::to_string(&request.labels).unwrap_or_default();
+    let capabilities = serde_json::to_string(&request.capabilities).unwrap_or_default();
+    let capacity = &request.capacity;
+    let updated = sqlx::query(
+        "UPDATE runners SET name = $1, placement_class = $2, labels = $3, capabilities = $4, capacity_sandboxes = $5, capacity_memory_mib = $6, capacity_millicpus = $7, capacity_pids = $8, state = 'live', lease_expires_at_ms = $9 WHERE id = $10",
+    )
+    .bind(&request.name)
+    .bind(&request.placement_class)
+    .bind(&labels)
+    .bind(&capabilities)
+    .bind(capacity.sandboxes as i64)
+    .bind(capacity.memory_mib as i64)
+    .bind(millicpus(capacity.cpus))
+    .bind(capacity.pids as i64)
+    .bind(lease_until_ms)
+    .bind(id)
+    .execute(&mut *tx.tx)
+    .await?;
+    Ok(updated.rows_affected() > 0)
+}
+
+fn millicpus(cpus: f64) -> i64 {
+    (cpus * 1000.0).round() as i64
+}
+
+/// The runner whose credential hashes to `credential_hash`, if any.
+pub async fn by_credential(
+    pool: &AnyPool,
+    credential_hash: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let row: Option<(String,)> =
+        sqlx::query_as("SELECT id FROM runners WHERE credential_hash = $1")
+            .bind(credential_hash)
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.map(|(id,)| id))
+}
+
+/// Whether the runner holds anything of `org_id`: a sandbox placed on it
+/// and not deleted (the sandboxes its assignments list, with their
+/// images, saves and snapshots). The block service lets a runner use an
+/// org's objects only then.
+pub async fn holds_org(pool: &AnyPool, runner_id: &str, org_id: &str) -> Result<bool, sqlx::Error> {
+    let row: Option<(String,)> = sqlx::query_as(
+        "SELECT id FROM sandboxes WHERE runner_id = $1 AND org_id = $2 AND state <> 'deleted' LIMIT 1",
+    )
+    .bind(runner_id)
+    .bind(org_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.is_some())
 }
 
 /// Extends a live runner's lease. False once the lease watcher has

@@ -95,10 +95,14 @@ impl Plane {
                 pids: 1 << 20,
             },
         };
-        runner_protocol::register(&self.state, &request)
-            .await
-            .expect("the runner registers")
-            .runner_id
+        runner_protocol::register(
+            &self.state,
+            &runner_protocol::Registrant::Enrolment,
+            &request,
+        )
+        .await
+        .expect("the runner registers")
+        .runner_id
     }
 
     /// Creates a sandbox as `POST /v1/sandboxes` does, committed.

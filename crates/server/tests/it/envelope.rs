@@ -86,7 +86,14 @@ async fn tokens(server: &TestServer) -> (String, String) {
         .create_runner_token()
         .await
         .expect("a runner token");
-    (org.token, runner.token)
+    let registered = api::client::Client::new(&server.url, &runner.token)
+        .runner_register(&crate::support::register_request("r1"))
+        .await
+        .expect("a runner registers");
+    (
+        org.token,
+        registered.runner_token.expect("a runner's credential"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,6 +171,12 @@ async fn rejections_are_envelopes_and_name_the_problem() {
 async fn a_token_of_the_wrong_kind_gets_404_before_its_body_is_read() {
     let server = TestServer::start().await;
     let (org, runner) = tokens(&server).await;
+    let enrolment = server
+        .admin
+        .create_runner_token()
+        .await
+        .expect("a runner token")
+        .token;
     // Not even valid JSON: a runner endpoint must not tell an org token so.
     for (method, path, token) in [
         ("POST", "/v1/runner/register", org.as_str()),
@@ -171,6 +184,14 @@ async fn a_token_of_the_wrong_kind_gets_404_before_its_body_is_read() {
         ("POST", "/v1/sandboxes", runner.as_str()),
         ("POST", "/v1/admin/orgs", org.as_str()),
         ("POST", "/v1/admin/orgs", runner.as_str()),
+        // A runner token only registers: the rest of the runner protocol
+        // takes a runner's own credential.
+        ("POST", "/v1/runner/heartbeat", enrolment.as_str()),
+        (
+            "POST",
+            "/v1/runner/sandboxes/sbx_1/report",
+            enrolment.as_str(),
+        ),
     ] {
         let (status, kind, body) = raw(&server, &request(method, path, token, "{not json")).await;
         let (status, code, message) = envelope(status, &kind, &body);

@@ -8,8 +8,11 @@
 //! - `control`: the control layer called directly (no HTTP), on SQLite
 //!   and PostgreSQL.
 //! - `envelope`: every error is the JSON envelope, in the right order.
+//! - `runners`: runner credentials: one runner cannot read or report as
+//!   another, nor reach the objects of an org it runs nothing for.
 
 mod blocks;
 mod control;
 mod envelope;
+mod runners;
 mod support;

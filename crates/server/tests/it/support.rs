@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 
 use api::client::Client;
 use api::orgs::CreateOrgRequest;
+use api::runners::{Capacity, RegisterRequest};
 use store::OrgId;
 
 pub struct TestServer {
@@ -73,5 +74,25 @@ impl Drop for TestServer {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
+    }
+}
+
+/// A runner's registration offering the default image, standard storage
+/// and room for 8 sandboxes.
+pub fn register_request(name: &str) -> RegisterRequest {
+    RegisterRequest {
+        runner_id: None,
+        name: name.to_owned(),
+        placement_class: "on_demand".to_owned(),
+        labels: Default::default(),
+        capabilities: ["image:default", "network:none", "storage:standard"]
+            .map(str::to_owned)
+            .to_vec(),
+        capacity: Capacity {
+            sandboxes: 8,
+            memory_mib: 64 * 1024,
+            cpus: 64.0,
+            pids: 1 << 20,
+        },
     }
 }

@@ -1,0 +1,448 @@
+//! Runner credentials (issue 14, point 3): a runner token only enrols; each
+//! registration gets its own credential, which speaks for that runner
+//! alone. Every test here is an attack by one runner on another runner's
+//! sandboxes, or on an org it runs nothing for, and what it gets: 404
+//! `not_found` for anything naming another runner, `fenced` for a report
+//! on a sandbox placed elsewhere, 404 for another org's objects.
+
+use api::ErrorCode;
+use api::client::{Client, ClientError};
+use api::lifecycle::{CommandState, SandboxState};
+use api::runners::{
+    CommandReport, HeartbeatRequest, PreemptRequest, SandboxReport, SaveReport, SnapshotReport,
+};
+use api::sandboxes::CreateSandboxRequest;
+
+use crate::support::{TestServer, register_request};
+
+/// A registered runner: its id and a client holding its credential.
+struct Runner {
+    id: String,
+    client: Client,
+    credential: String,
+}
+
+async fn enrol(server: &TestServer, runner_token: &str, name: &str) -> Runner {
+    let registered = Client::new(&server.url, runner_token)
+        .runner_register(&register_request(name))
+        .await
+        .expect("a runner token registers a new runner");
+    let credential = registered
+        .runner_token
+        .expect("a new runner gets its own credential");
+    Runner {
+        client: Client::new(&server.url, &credential),
+        id: registered.runner_id,
+        credential,
+    }
+}
+
+async fn runner_token(server: &TestServer) -> String {
+    server
+        .admin
+        .create_runner_token()
+        .await
+        .expect("a runner token")
+        .token
+}
+
+fn refused<T: std::fmt::Debug>(answer: Result<T, ClientError>) -> ErrorCode {
+    match answer {
+        Ok(value) => panic!("expected a refusal, got {value:?}"),
+        Err(err) => err.code().unwrap_or_else(|| panic!("no error code: {err}")),
+    }
+}
+
+fn create_request() -> CreateSandboxRequest {
+    serde_json::from_value(serde_json::json!({
+        "image": "default",
+        "env": { "API_KEY": "org-a-secret" },
+    }))
+    .expect("a create request")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_cannot_read_or_report_as_another_runner() {
+    let server = TestServer::start().await;
+    let token = runner_token(&server).await;
+    let (org, _) = server.org("acme").await;
+    // A is the only runner when the sandbox is created: it lands there.
+    let a = enrol(&server, &token, "a").await;
+    let sandbox = org
+        .create_sandbox(&create_request(), None)
+        .await
+        .expect("a sandbox");
+    let b = enrol(&server, &token, "b").await;
+    assert_ne!(a.id, b.id);
+    let assigned = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("A reads its own assignments");
+    assert_eq!(assigned.sandboxes.len(), 1);
+    assert_eq!(assigned.sandboxes[0].sandbox_id, sandbox.id);
+    let epoch = assigned.sandboxes[0].epoch;
+    let running = SandboxReport {
+        runner_id: a.id.clone(),
+        epoch,
+        state: SandboxState::Running,
+        reason: None,
+        message: None,
+        wake: None,
+    };
+    a.client
+        .runner_report_sandbox(&sandbox.id, &running)
+        .await
+        .expect("A reports its own sandbox running");
+    let command = org
+        .create_command(
+            &sandbox.id,
+            &serde_json::from_value(serde_json::json!({ "argv": ["true"] })).expect("a command"),
+            None,
+        )
+        .await
+        .expect("a command");
+    let snapshot = org
+        .create_snapshot(
+            &sandbox.id,
+            &serde_json::from_value(serde_json::json!({})).expect("a snapshot request"),
+            None,
+        )
+        .await
+        .expect("a snapshot");
+    let assigned = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("A reads its own assignments");
+    assert_eq!(assigned.commands.len(), 1, "{assigned:?}");
+    let before = org.get_sandbox(&sandbox.id).await.expect("the sandbox");
+
+    // B names A: every call is 404, as if A did not exist for it.
+    assert_eq!(
+        refused(b.client.runner_assignments(&a.id, "", 0).await),
+        ErrorCode::NotFound,
+        "B reads A's assignments (another org's env)"
+    );
+    assert_eq!(
+        refused(
+            b.client
+                .runner_heartbeat(&HeartbeatRequest {
+                    runner_id: a.id.clone()
+                })
+                .await
+        ),
+        ErrorCode::NotFound
+    );
+    let as_a = SandboxReport {
+        runner_id: a.id.clone(),
+        epoch,
+        state: SandboxState::Failed,
+        reason: Some("oom".to_owned()),
+        message: None,
+        wake: None,
+    };
+    assert_eq!(
+        refused(b.client.runner_report_sandbox(&sandbox.id, &as_a).await),
+        ErrorCode::NotFound
+    );
+    let save = SaveReport {
+        runner_id: a.id.clone(),
+        epoch,
+        outcome: "failed".to_owned(),
+        root: None,
+        captured_at_ms: None,
+        bytes_pending: None,
+        error: Some("forged".to_owned()),
+        snapshot_ms: None,
+        uploaded_bytes: None,
+    };
+    assert_eq!(
+        refused(b.client.runner_report_save(&sandbox.id, &save).await),
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        refused(
+            b.client
+                .runner_preempt(&PreemptRequest {
+                    runner_id: a.id.clone()
+                })
+                .await
+        ),
+        ErrorCode::NotFound
+    );
+    {
+        let report = CommandReport {
+            runner_id: a.id.clone(),
+            epoch,
+            state: CommandState::Running,
+            exit_code: None,
+            signal: None,
+            reason: None,
+        };
+        assert_eq!(
+            refused(b.client.runner_report_command(&command.id, &report).await),
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            refused(
+                b.client
+                    .runner_append_output(
+                        &command.id,
+                        api::client::OutputStream::Stdout,
+                        (&a.id, epoch),
+                        0,
+                        b"forged".to_vec()
+                    )
+                    .await
+            ),
+            ErrorCode::NotFound
+        );
+    }
+    {
+        let report = SnapshotReport {
+            runner_id: a.id.clone(),
+            epoch,
+            durability: "failed".to_owned(),
+            root: None,
+            files: None,
+            captured_at_ms: None,
+            message: Some("forged".to_owned()),
+        };
+        assert_eq!(
+            refused(b.client.runner_report_snapshot(&snapshot.id, &report).await),
+            ErrorCode::NotFound
+        );
+    }
+    // B as itself, about A's sandbox: not its placement, so `fenced`.
+    let as_b = SandboxReport {
+        runner_id: b.id.clone(),
+        ..as_a.clone()
+    };
+    let command_as_b = CommandReport {
+        runner_id: b.id.clone(),
+        epoch,
+        state: CommandState::Running,
+        exit_code: None,
+        signal: None,
+        reason: None,
+    };
+    assert_eq!(
+        refused(
+            b.client
+                .runner_report_command(&command.id, &command_as_b)
+                .await
+        ),
+        ErrorCode::Fenced
+    );
+    assert_eq!(
+        refused(b.client.runner_report_sandbox(&sandbox.id, &as_b).await),
+        ErrorCode::Fenced
+    );
+    // B cannot take A's identity by registering under its id, with its
+    // own credential or with the runner token.
+    let mut claim = register_request("a");
+    claim.runner_id = Some(a.id.clone());
+    assert_eq!(
+        refused(b.client.runner_register(&claim).await),
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        refused(
+            Client::new(&server.url, &token)
+                .runner_register(&claim)
+                .await
+        ),
+        ErrorCode::NotFound
+    );
+    // The runner token itself reads and reports nothing.
+    let enrolment = Client::new(&server.url, &token);
+    assert_eq!(
+        refused(enrolment.runner_assignments(&a.id, "", 0).await),
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        refused(enrolment.runner_report_sandbox(&sandbox.id, &as_a).await),
+        ErrorCode::NotFound
+    );
+
+    // None of it changed anything: A's sandbox, its command and snapshot,
+    // A's drain are as they were, and A still reads and reports.
+    let record = org.get_sandbox(&sandbox.id).await.expect("the sandbox");
+    assert_eq!(
+        (record.state, record.epoch, record.save.clone()),
+        (before.state, before.epoch, before.save.clone()),
+        "{record:?}"
+    );
+    let command_now = org
+        .get_command(&sandbox.id, &command.id)
+        .await
+        .expect("the command");
+    assert_eq!(command_now.state, CommandState::Starting, "{command_now:?}");
+    let snapshot_now = org.get_snapshot(&snapshot.id).await.expect("the snapshot");
+    assert_eq!(snapshot_now.durability, snapshot.durability);
+    let runners = server.admin.admin_runners().await.expect("runners");
+    let a_record = runners.iter().find(|r| r.id == a.id).expect("A listed");
+    assert_eq!(a_record.drain, None, "B preempted A");
+    a.client
+        .runner_heartbeat(&HeartbeatRequest {
+            runner_id: a.id.clone(),
+        })
+        .await
+        .expect("A renews its own lease");
+    let assigned = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("A reads its own assignments");
+    assert_eq!(assigned.sandboxes[0].env["API_KEY"], "org-a-secret");
+    let whoami = a.client.whoami().await.expect("whoami");
+    assert_eq!(
+        (whoami.kind.as_str(), whoami.runner_id.as_deref()),
+        ("runner_credential", Some(a.id.as_str()))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_reaches_only_the_objects_of_orgs_it_runs_a_sandbox_for() {
+    let server = TestServer::start().await;
+    let token = runner_token(&server).await;
+    let (org, org_id) = server.org("acme").await;
+    let (other, other_id) = server.org("globex").await;
+    let a = enrol(&server, &token, "a").await;
+    let sandbox = org
+        .create_sandbox(&create_request(), None)
+        .await
+        .expect("a sandbox");
+    let b = enrol(&server, &token, "b").await;
+    let object = vec![format!("blocks/{}", "0".repeat(64))];
+    let org_id = org_id.to_string();
+    let other_id = other_id.to_string();
+
+    // A holds a sandbox of acme: it may use acme's objects, no one else's.
+    a.client
+        .missing_objects(&org_id, &object)
+        .await
+        .expect("A uses the objects of the org it runs a sandbox for");
+    assert_eq!(
+        refused(a.client.missing_objects(&other_id, &object).await),
+        ErrorCode::NotFound,
+        "A reaches an org it runs nothing for"
+    );
+    // An object globex stored is there for globex, and absent for A.
+    let content = b"globex's private bytes";
+    let stored = format!("blocks/{}", store::Digest::of(content).to_hex());
+    other
+        .put_object(&other_id, &stored, store::block::encode(content))
+        .await
+        .expect("globex stores an object");
+    assert!(
+        other
+            .get_object(&other_id, &stored)
+            .await
+            .expect("globex reads it")
+            .is_some()
+    );
+    assert_eq!(
+        a.client
+            .get_object(&other_id, &stored)
+            .await
+            .expect("a 404 is an absent object to the client"),
+        None,
+        "A reads an object of an org it runs nothing for"
+    );
+    // B runs nothing: every org's objects are 404 to it.
+    assert_eq!(
+        refused(b.client.missing_objects(&org_id, &object).await),
+        ErrorCode::NotFound,
+        "B reaches the objects of an org whose sandbox is on A"
+    );
+    assert_eq!(
+        refused(b.client.fetch_objects(&org_id, &object).await),
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        refused(b.client.put_objects(&org_id, Vec::new()).await),
+        ErrorCode::NotFound
+    );
+    // Neither does the runner token.
+    assert_eq!(
+        refused(
+            Client::new(&server.url, &token)
+                .missing_objects(&org_id, &object)
+                .await
+        ),
+        ErrorCode::NotFound
+    );
+
+    // Once the sandbox is deleted, A loses acme's objects too.
+    org.delete_sandbox(&sandbox.id).await.expect("delete");
+    let assigned = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("assignments");
+    let epoch = assigned.sandboxes[0].epoch;
+    a.client
+        .runner_report_sandbox(
+            &sandbox.id,
+            &SandboxReport {
+                runner_id: a.id.clone(),
+                epoch,
+                state: SandboxState::Deleted,
+                reason: None,
+                message: None,
+                wake: None,
+            },
+        )
+        .await
+        .expect("A reports the sandbox deleted");
+    assert_eq!(
+        refused(a.client.missing_objects(&org_id, &object).await),
+        ErrorCode::NotFound,
+        "A keeps an org's objects after its last sandbox of it went"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_registering_again_with_its_credential_keeps_its_identity() {
+    let server = TestServer::start().await;
+    let token = runner_token(&server).await;
+    let (org, _) = server.org("acme").await;
+    let a = enrol(&server, &token, "a").await;
+    let sandbox = org
+        .create_sandbox(&create_request(), None)
+        .await
+        .expect("a sandbox");
+    // A restart: the same credential, naming its own id (or none).
+    for runner_id in [Some(a.id.clone()), None] {
+        let mut again = register_request("a");
+        again.runner_id = runner_id;
+        let registered = a
+            .client
+            .runner_register(&again)
+            .await
+            .expect("A registers again with its credential");
+        assert_eq!(registered.runner_id, a.id);
+        assert_eq!(
+            registered.runner_token, None,
+            "the credential is shown only once"
+        );
+    }
+    let assigned = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("A reads its assignments with the same credential");
+    assert_eq!(assigned.sandboxes[0].sandbox_id, sandbox.id);
+    // A credential no server issued is refused.
+    let forged = Client::new(&server.url, &format!("{}0", a.credential));
+    assert_eq!(
+        refused(forged.runner_register(&register_request("a")).await),
+        ErrorCode::Unauthenticated
+    );
+    // The runner token still enrols another runner, never A again.
+    let c = enrol(&server, &token, "c").await;
+    assert_ne!(c.id, a.id);
+    assert_ne!(c.credential, a.credential);
+}
