@@ -492,6 +492,7 @@ fn check_block(stored: &[u8], digest: &Digest) -> Result<(), TestCaseError> {
         Err(Error::Corrupt {
             digest: named,
             path: None,
+            ..
         }) => prop_assert_eq!(named, *digest),
         Err(other) => prop_assert!(false, "untyped refusal: {other}"),
     }
