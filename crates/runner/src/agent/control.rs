@@ -15,7 +15,7 @@
 use api::blocks::RemoteBackend;
 use api::client::{Client, ClientError, OutputStream};
 use api::runners::{
-    Assignments, CommandReport, HeartbeatRequest, PreemptRequest, RegisterRequest,
+    Assignments, CommandReport, HeartbeatRequest, KeptCopyAnswer, KeptCopyReport, PreemptRequest, RegisterRequest,
     RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SnapshotReport,
 };
 use oci::seam::BoxFuture;
@@ -66,6 +66,9 @@ pub(crate) trait ControlPlane: Send + Sync {
         snapshot_id: &'a str,
         report: &'a SnapshotReport,
     ) -> Answer<'a, ()>;
+    /// Reports a home kept aside; the answer says whether to keep it.
+    fn runner_report_kept<'a>(&'a self, report: &'a KeptCopyReport)
+    -> Answer<'a, KeptCopyAnswer>;
     /// The block service's client, for moving homes and images.
     fn blocks(&self) -> RemoteBackend;
 }
@@ -151,6 +154,13 @@ impl ControlPlane for Client {
                 .await
                 .map(drop)
         })
+    }
+
+    fn runner_report_kept<'a>(
+        &'a self,
+        report: &'a KeptCopyReport,
+    ) -> Answer<'a, KeptCopyAnswer> {
+        Box::pin(Client::runner_report_kept(self, report))
     }
 
     fn blocks(&self) -> RemoteBackend {

@@ -22,7 +22,8 @@ use api::client::{Client, ClientError, OutputStream};
 use api::failpoint::Failpoints;
 use api::lifecycle::{CommandState, DesiredState, SandboxState, StorageClass};
 use api::runners::{
-    Assignments, CommandAssignment, CommandReport, HeartbeatRequest, PreemptRequest,
+    Assignments, CommandAssignment, CommandReport, HeartbeatRequest, KeptCopyAnswer,
+    KeptCopyReport, PreemptRequest,
     RegisterRequest, RegisterResponse, RunnerRecord, SandboxAssignment, SandboxReport, SaveReport,
     SnapshotReport,
 };
@@ -585,6 +586,7 @@ pub(crate) enum Request {
     Output(String, OutputStream, u64, Vec<u8>),
     Save(String, SaveReport),
     Snapshot(String, SnapshotReport),
+    Kept(KeptCopyReport),
 }
 
 /// Which call a scripted answer is for.
@@ -599,6 +601,7 @@ pub(crate) enum Kind {
     Output,
     Save,
     Snapshot,
+    Kept,
 }
 
 /// How the fake answers.
@@ -641,6 +644,8 @@ struct ControlInner {
     /// Answers to use first, per call, then `modes`.
     next: HashMap<Kind, VecDeque<Scripted>>,
     modes: HashMap<Kind, Scripted>,
+    /// Kept copies reported from now on are to be deleted.
+    discard_kept: bool,
 }
 
 /// A control plane that records requests and answers from a script.
@@ -670,6 +675,7 @@ impl FakeControl {
                 etag: String::new(),
                 sandboxes: Vec::new(),
                 commands: Vec::new(),
+                kept: Vec::new(),
             })
             .0,
         })
@@ -758,8 +764,14 @@ impl FakeControl {
                 etag: etag.to_string(),
                 sandboxes,
                 commands,
+                kept: Vec::new(),
             };
         });
+    }
+
+    /// From now on, kept copies reported are answered `keep: false`.
+    pub(crate) fn discard_kept(&self) {
+        lock(&self.inner).discard_kept = true;
     }
 }
 
@@ -904,6 +916,22 @@ impl ControlPlane for FakeControl {
         })
     }
 
+    /// Keeps every copy, unless [`FakeControl::discard_kept`] was called.
+    fn runner_report_kept<'a>(
+        &'a self,
+        report: &'a KeptCopyReport,
+    ) -> Answer<'a, KeptCopyAnswer> {
+        Box::pin(async move {
+            self.call(Kind::Kept, Request::Kept(report.clone())).await?;
+            let keep = !lock(&self.inner).discard_kept;
+            Ok(KeptCopyAnswer {
+                copy_id: Some("kpt_fake".to_owned()),
+                keep,
+                reason: if keep { "unsaved_writes" } else { "discarded" }.to_owned(),
+            })
+        })
+    }
+
     /// Block transfers are not faked: a client of a closed port, so
     /// every transfer fails as unreachable.
     fn blocks(&self) -> RemoteBackend {
@@ -975,6 +1003,7 @@ fn shared_over(
         images,
         homes,
         config,
+        kept_syncing: Default::default(),
     })
 }
 
