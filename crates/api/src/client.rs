@@ -13,9 +13,9 @@ use crate::commands::{Command, CommandList, CreateCommandRequest, SignalRequest}
 use crate::images::{CommitImageRequest, Image, ImageList};
 use crate::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse, Whoami};
 use crate::runners::{
-    KeptCopyAnswer, KeptCopyReport,
-    Assignments, CommandReport, HeartbeatRequest, HeartbeatResponse, PreemptRequest,
-    RegisterRequest, RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SnapshotReport,
+    Assignments, CommandReport, HeartbeatRequest, HeartbeatResponse, KeptCopyAnswer,
+    KeptCopyReport, PreemptRequest, RegisterRequest, RegisterResponse, RunnerRecord, SandboxReport,
+    SaveReport, SnapshotReport,
 };
 use crate::sandboxes::{CreateSandboxRequest, EventList, QuarantineRequest, Sandbox, SandboxList};
 use crate::snapshots::{CreateSnapshotRequest, Snapshot, SnapshotList};

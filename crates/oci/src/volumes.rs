@@ -441,12 +441,7 @@ impl HomeVolumes {
         let dir = self.root.join("kept").join(id);
         match std::fs::remove_dir(&dir) {
             Ok(()) => Ok(()),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty
-                ) =>
-            {
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => {
                 Ok(())
             }
             Err(e) => Err(Error::io("remove directory", &dir, e)),

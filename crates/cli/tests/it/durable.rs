@@ -968,7 +968,9 @@ async fn a_runner_lost_while_securing_keeps_the_only_copy_aside_and_the_record_s
     assert!(
         eventually(Duration::from_secs(30), || async {
             let sandbox = api.get(&format!("/v1/sandboxes/{id}")).await.body;
-            sandbox["kept_copies"].as_array().is_some_and(|c| c.len() == 1)
+            sandbox["kept_copies"]
+                .as_array()
+                .is_some_and(|c| c.len() == 1)
         })
         .await,
         "the kept copy is not listed: {}",
@@ -1016,13 +1018,13 @@ async fn a_runner_lost_while_securing_keeps_the_only_copy_aside_and_the_record_s
 
     // Discarded by its org: the runner deletes it.
     let discarded = api
-        .post(&format!("/v1/sandboxes/{id}/kept/{copy_id}/discard"), json!({}))
+        .post(
+            &format!("/v1/sandboxes/{id}/kept/{copy_id}/discard"),
+            json!({}),
+        )
         .await;
     assert_eq!(discarded.status, 200, "{discarded:?}");
-    assert!(
-        discarded.body.get("kept_copies").is_none(),
-        "{discarded:?}"
-    );
+    assert!(discarded.body.get("kept_copies").is_none(), "{discarded:?}");
     let deadline = Instant::now() + Duration::from_secs(60);
     while kept.exists() {
         assert!(Instant::now() < deadline, "the discarded copy stays");

@@ -15,8 +15,8 @@
 use api::blocks::RemoteBackend;
 use api::client::{Client, ClientError, OutputStream};
 use api::runners::{
-    Assignments, CommandReport, HeartbeatRequest, KeptCopyAnswer, KeptCopyReport, PreemptRequest, RegisterRequest,
-    RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SnapshotReport,
+    Assignments, CommandReport, HeartbeatRequest, KeptCopyAnswer, KeptCopyReport, PreemptRequest,
+    RegisterRequest, RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SnapshotReport,
 };
 use oci::seam::BoxFuture;
 
@@ -67,8 +67,7 @@ pub(crate) trait ControlPlane: Send + Sync {
         report: &'a SnapshotReport,
     ) -> Answer<'a, ()>;
     /// Reports a home kept aside; the answer says whether to keep it.
-    fn runner_report_kept<'a>(&'a self, report: &'a KeptCopyReport)
-    -> Answer<'a, KeptCopyAnswer>;
+    fn runner_report_kept<'a>(&'a self, report: &'a KeptCopyReport) -> Answer<'a, KeptCopyAnswer>;
     /// The block service's client, for moving homes and images.
     fn blocks(&self) -> RemoteBackend;
 }
@@ -156,10 +155,7 @@ impl ControlPlane for Client {
         })
     }
 
-    fn runner_report_kept<'a>(
-        &'a self,
-        report: &'a KeptCopyReport,
-    ) -> Answer<'a, KeptCopyAnswer> {
+    fn runner_report_kept<'a>(&'a self, report: &'a KeptCopyReport) -> Answer<'a, KeptCopyAnswer> {
         Box::pin(Client::runner_report_kept(self, report))
     }
 

@@ -740,14 +740,24 @@ async fn a_home_no_longer_assigned_is_kept_aside_and_reported_until_the_server_l
         unreachable!("waited for it")
     };
     assert_eq!(
-        (report.sandbox_id.as_str(), report.bytes, report.secured_root.as_deref()),
+        (
+            report.sandbox_id.as_str(),
+            report.bytes,
+            report.secured_root.as_deref()
+        ),
         (ID, 9, None),
         "{report:?}"
     );
     let _ = task.await;
-    assert!(!home.exists(), "the home itself is gone from where it was mounted");
     assert!(
-        agent.runtime.calls().contains(&Call::RemoveFiles(ID.to_owned())),
+        !home.exists(),
+        "the home itself is gone from where it was mounted"
+    );
+    assert!(
+        agent
+            .runtime
+            .calls()
+            .contains(&Call::RemoveFiles(ID.to_owned())),
         "the container's files go"
     );
     let copies = agent.shared.homes.kept_copies().expect("kept copies");

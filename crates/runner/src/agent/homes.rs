@@ -237,10 +237,7 @@ impl Homes {
         // hold writes no completed save has. It is kept aside (and
         // reported with the other kept copies) before it is made the
         // record's tree, never written over.
-        if existed
-            && sandbox.state == SandboxState::Starting
-            && secured_root.trim().is_empty()
-        {
+        if existed && sandbox.state == SandboxState::Starting && secured_root.trim().is_empty() {
             if let Some(name) = self.keep_aside(&id)? {
                 tracing::warn!(sandbox_id = %id, copy = %name, "a home this runner held from an earlier placement is kept aside before the home is restored");
             }

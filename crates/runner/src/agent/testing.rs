@@ -23,9 +23,8 @@ use api::failpoint::Failpoints;
 use api::lifecycle::{CommandState, DesiredState, SandboxState, StorageClass};
 use api::runners::{
     Assignments, CommandAssignment, CommandReport, HeartbeatRequest, KeptCopyAnswer,
-    KeptCopyReport, PreemptRequest,
-    RegisterRequest, RegisterResponse, RunnerRecord, SandboxAssignment, SandboxReport, SaveReport,
-    SnapshotReport,
+    KeptCopyReport, PreemptRequest, RegisterRequest, RegisterResponse, RunnerRecord,
+    SandboxAssignment, SandboxReport, SaveReport, SnapshotReport,
 };
 use oci::config::{InitProgram, SandboxConfig, SandboxId, SandboxPaths};
 use oci::exec::{CommandEnd, CommandSpec, Outcome, Signaller, Stream};
@@ -917,10 +916,7 @@ impl ControlPlane for FakeControl {
     }
 
     /// Keeps every copy, unless [`FakeControl::discard_kept`] was called.
-    fn runner_report_kept<'a>(
-        &'a self,
-        report: &'a KeptCopyReport,
-    ) -> Answer<'a, KeptCopyAnswer> {
+    fn runner_report_kept<'a>(&'a self, report: &'a KeptCopyReport) -> Answer<'a, KeptCopyAnswer> {
         Box::pin(async move {
             self.call(Kind::Kept, Request::Kept(report.clone())).await?;
             let keep = !lock(&self.inner).discard_kept;

@@ -91,7 +91,12 @@ pub async fn report(
             keep: false,
             reason: copy.ended_reason.unwrap_or_else(|| "discarded".to_owned()),
         },
-        Some(copy) => match still_kept(sandbox.as_ref(), &copy.reason, copy.kept_at_ms, retained_since) {
+        Some(copy) => match still_kept(
+            sandbox.as_ref(),
+            &copy.reason,
+            copy.kept_at_ms,
+            retained_since,
+        ) {
             Ok(()) => KeptCopyAnswer {
                 copy_id: Some(copy.id.clone()),
                 keep: true,
@@ -170,7 +175,12 @@ pub async fn kept_assignments(
     let mut kept = Vec::new();
     for copy in kept::kept_on_runner(tx, runner_id).await? {
         let sandbox = load_sandbox(tx, &copy.sandbox_id).await?;
-        match still_kept(sandbox.as_ref(), &copy.reason, copy.kept_at_ms, retained_since) {
+        match still_kept(
+            sandbox.as_ref(),
+            &copy.reason,
+            copy.kept_at_ms,
+            retained_since,
+        ) {
             Ok(()) => kept.push(KeptAssignment {
                 copy_id: copy.id.clone(),
                 sandbox_id: copy.sandbox_id.clone(),
@@ -193,7 +203,8 @@ pub async fn discard(
     sandbox_id: &str,
     copy_id: &str,
 ) -> Result<SandboxRow, ControlError> {
-    let sandbox = load_sandbox(tx, sandbox_id)
+    // The caller's sandbox (any, for an admin) and still visible.
+    load_sandbox(tx, sandbox_id)
         .await?
         .filter(|row| org_id.is_none_or(|org| row.org_id == org))
         .filter(|row| {
@@ -211,7 +222,6 @@ pub async fn discard(
             "the kept copy changed meanwhile; read the sandbox again",
         ));
     }
-    drop(sandbox);
     load_sandbox(tx, sandbox_id)
         .await?
         .ok_or_else(|| not_found("sandbox"))

@@ -189,8 +189,7 @@ async fn refresh(
         .iter()
         .map(|row| KeptRow::from_row(row).map(|copy| copy.to_api()))
         .collect::<Result<Vec<_>, _>>()?;
-    let list = (!copies.is_empty())
-        .then(|| serde_json::to_string(&copies).unwrap_or_default());
+    let list = (!copies.is_empty()).then(|| serde_json::to_string(&copies).unwrap_or_default());
     sqlx::query("UPDATE sandboxes SET kept_copies = $1 WHERE id = $2")
         .bind(list)
         .bind(sandbox_id)

@@ -517,7 +517,9 @@ async fn a_runner_lost_while_securing_leaves_the_sandbox_recovering_and_says_wha
                 .is_some_and(|e| e.contains("securing did not complete")),
             "{save:?}"
         );
-        let recovery = record.recovery.expect("a recovering record says what it restores");
+        let recovery = record
+            .recovery
+            .expect("a recovering record says what it restores");
         assert_eq!(recovery.restores, "empty");
         assert_eq!(recovery.root, None);
         let events = plane.events(&row.id).await;
@@ -568,10 +570,15 @@ async fn a_kept_copy_is_listed_on_the_record_until_discarded() {
         assert_eq!(record.kept_copies.len(), 1, "{record:?}");
         let kept = &record.kept_copies[0];
         assert_eq!(
-            (kept.id.as_str(), kept.runner_id.as_str(), kept.bytes, kept.reason.as_str()),
+            (
+                kept.id.as_str(),
+                kept.runner_id.as_str(),
+                kept.bytes,
+                kept.reason.as_str()
+            ),
             (copy_id.as_str(), runner.as_str(), 12_345, "unsaved_writes")
         );
-        assert_eq!(plane.kept_listed(&runner).await, [copy_id.clone()]);
+        assert_eq!(plane.kept_listed(&runner).await, vec![copy_id.clone()]);
 
         // Another org cannot see or discard it.
         let other = plane.org("org_other", None).await;
@@ -613,11 +620,13 @@ async fn kept_copies_go_once_the_home_runs_elsewhere_or_its_sandbox_is_deleted()
             .await
             .expect("running");
         // As if a save had committed this root.
-        sqlx::query("UPDATE sandboxes SET home_root = 'abc123', home_saved_at_ms = 1 WHERE id = $1")
-            .bind(&durable.id)
-            .execute(&plane.state.db.pool)
-            .await
-            .expect("a root");
+        sqlx::query(
+            "UPDATE sandboxes SET home_root = 'abc123', home_saved_at_ms = 1 WHERE id = $1",
+        )
+        .bind(&durable.id)
+        .execute(&plane.state.db.pool)
+        .await
+        .expect("a root");
         plane.lose(&first).await;
         assert_eq!(plane.load(&standard.id).await.state, SandboxState::Failed);
         let recovering = plane.load(&durable.id).await.to_api();
@@ -629,9 +638,15 @@ async fn kept_copies_go_once_the_home_runs_elsewhere_or_its_sandbox_is_deleted()
         let first = plane.register(Some(&first), 0).await;
 
         let same = plane.keep(&first, &durable.id, "k1", Some("abc123")).await;
-        assert_eq!((same.keep, same.reason.as_str()), (true, "awaiting_new_placement"));
+        assert_eq!(
+            (same.keep, same.reason.as_str()),
+            (true, "awaiting_new_placement")
+        );
         let newer = plane.keep(&first, &durable.id, "k2", None).await;
-        assert_eq!((newer.keep, newer.reason.as_str()), (true, "unsaved_writes"));
+        assert_eq!(
+            (newer.keep, newer.reason.as_str()),
+            (true, "unsaved_writes")
+        );
         let failed = plane.keep(&first, &standard.id, "k1", None).await;
         assert_eq!((failed.keep, failed.reason.as_str()), (true, "node_lost"));
 
@@ -649,7 +664,11 @@ async fn kept_copies_go_once_the_home_runs_elsewhere_or_its_sandbox_is_deleted()
             .await
             .expect("running");
         let listed = plane.kept_listed(&first).await;
-        assert_eq!(listed.len(), 2, "the duplicate of the save may go: {listed:?}");
+        assert_eq!(
+            listed.len(),
+            2,
+            "the duplicate of the save may go: {listed:?}"
+        );
         let gone = plane.keep(&first, &durable.id, "k1", Some("abc123")).await;
         assert_eq!((gone.keep, gone.reason.as_str()), (false, "restored"));
         // The newer copy stays while the sandbox runs.
@@ -662,6 +681,9 @@ async fn kept_copies_go_once_the_home_runs_elsewhere_or_its_sandbox_is_deleted()
             .expect("deleted");
         assert_eq!(plane.kept_listed(&first).await.len(), 1);
         let deleted = plane.keep(&first, &standard.id, "k1", None).await;
-        assert_eq!((deleted.keep, deleted.reason.as_str()), (false, "sandbox_deleted"));
+        assert_eq!(
+            (deleted.keep, deleted.reason.as_str()),
+            (false, "sandbox_deleted")
+        );
     }
 }
