@@ -23,7 +23,8 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("../migrations/0004_images.sql")),
     (5, include_str!("../migrations/0005_homes.sql")),
     (6, include_str!("../migrations/0006_failover.sql")),
-    (7, include_str!("../migrations/0007_kept_copies.sql")),
+    // 7 is on main: 0007_runner_credentials.sql (issue 14).
+    (8, include_str!("../migrations/0008_kept_copies.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
