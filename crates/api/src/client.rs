@@ -13,8 +13,9 @@ use crate::commands::{Command, CommandList, CreateCommandRequest, SignalRequest}
 use crate::images::{CommitImageRequest, Image, ImageList};
 use crate::orgs::{CreateOrgRequest, CreateOrgResponse, RunnerTokenResponse, Whoami};
 use crate::runners::{
-    Assignments, CommandReport, HeartbeatRequest, HeartbeatResponse, PreemptRequest,
-    RegisterRequest, RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SnapshotReport,
+    Assignments, CommandReport, HeartbeatRequest, HeartbeatResponse, KeptCopyAnswer,
+    KeptCopyReport, PreemptRequest, RegisterRequest, RegisterResponse, RunnerRecord, SandboxReport,
+    SaveReport, SnapshotReport,
 };
 use crate::sandboxes::{CreateSandboxRequest, EventList, QuarantineRequest, Sandbox, SandboxList};
 use crate::snapshots::{CreateSnapshotRequest, Snapshot, SnapshotList};
@@ -673,6 +674,29 @@ impl Client {
         self.post(
             &["v1", "runner", "sandboxes", sandbox_id, "saves"],
             report,
+            &[],
+        )
+        .await
+    }
+
+    /// `POST /v1/runner/kept`: a home set aside instead of deleted.
+    pub async fn runner_report_kept(
+        &self,
+        report: &KeptCopyReport,
+    ) -> Result<KeptCopyAnswer, ClientError> {
+        self.post(&["v1", "runner", "kept"], report, &[]).await
+    }
+
+    /// `POST /v1/sandboxes/{id}/kept/{copy}/discard` (the sandbox's org, or
+    /// the admin token): the runner holding the copy deletes it.
+    pub async fn discard_kept_copy(
+        &self,
+        sandbox_id: &str,
+        copy_id: &str,
+    ) -> Result<Sandbox, ClientError> {
+        self.post(
+            &["v1", "sandboxes", sandbox_id, "kept", copy_id, "discard"],
+            &serde_json::json!({}),
             &[],
         )
         .await

@@ -115,6 +115,50 @@ pub struct Assignments {
     pub etag: String,
     pub sandboxes: Vec<SandboxAssignment>,
     pub commands: Vec<CommandAssignment>,
+    /// Kept copies of homes on this runner that are still to be kept. A
+    /// copy the runner holds and finds missing here it reports again
+    /// (`POST /v1/runner/kept`), and the answer says whether to keep it.
+    #[serde(default)]
+    pub kept: Vec<KeptAssignment>,
+}
+
+/// A kept copy the runner is to go on keeping.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct KeptAssignment {
+    pub copy_id: String,
+    pub sandbox_id: String,
+    /// The runner's own name for the copy (from its report).
+    pub name: String,
+}
+
+/// `POST /v1/runner/kept`: a home this runner no longer has assigned was
+/// set aside instead of deleted (it may be the newest copy of the work).
+/// Reporting the same copy again is idempotent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeptCopyReport {
+    pub runner_id: String,
+    pub sandbox_id: String,
+    /// The runner's name for the copy: `[A-Za-z0-9_.-]`, unique per sandbox.
+    pub name: String,
+    pub bytes: u64,
+    /// When it was set aside (ms since the epoch).
+    pub kept_at_ms: i64,
+    /// The root a stop secured, when the copy is known to be exactly that
+    /// tree (nothing ran in it since). `None`: it may hold anything.
+    #[serde(default)]
+    pub secured_root: Option<String>,
+}
+
+/// Whether the runner keeps the copy it reported, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct KeptCopyAnswer {
+    /// The copy's id on the record, when kept.
+    pub copy_id: Option<String>,
+    pub keep: bool,
+    /// A stable code: why it is kept (see `KeptCopy::reason`) or why it
+    /// may go (`sandbox_deleted`, `discarded`, `expired`, `restored`).
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -124,6 +124,50 @@ pub struct Sandbox {
     /// The snapshot this sandbox's home started as (lineage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// While `recovering`: what the home will be restored from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<Recovery>,
+    /// Copies of the home that runners keep aside (not mounted, read-only)
+    /// because they may hold work no completed save has: a runner that was
+    /// fenced or lost came back with them. Discard one with
+    /// `POST /v1/sandboxes/{id}/kept/{copy}/discard`; they expire after
+    /// the retention window.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_copies: Vec<KeptCopy>,
+}
+
+/// What a `recovering` sandbox's home will be restored from: its last
+/// completed save, the snapshot it was created from, or (no save ever
+/// completed) an empty home. Writes after that point are not in it; a
+/// runner that comes back with them keeps them aside (`kept_copies`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Recovery {
+    /// `last_save`, `snapshot` or `empty`.
+    pub restores: String,
+    /// The tree restored (`None`: an empty home).
+    pub root: Option<String>,
+    /// When that save captured the home (RFC 3339; `last_save` only).
+    pub saved_at: Option<String>,
+    /// One line for a person.
+    pub message: String,
+}
+
+/// A copy of a sandbox's home kept aside on a runner.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct KeptCopy {
+    /// `kpt_…`, for `…/kept/{copy}/discard`.
+    pub id: String,
+    pub runner_id: String,
+    /// RFC 3339: when the runner set it aside.
+    pub kept_at: String,
+    /// Bytes the copy occupies on the runner (file contents).
+    pub bytes: u64,
+    /// Why it is kept: `unsaved_writes` (a durable home that may hold
+    /// writes after the last completed save), `awaiting_new_placement` (a
+    /// durable home equal to the last completed save, kept until the
+    /// sandbox runs again from the store) or `node_lost` (a standard home
+    /// whose runner was lost).
+    pub reason: String,
 }
 
 /// A durable sandbox's saves. A save counts once it is complete in the

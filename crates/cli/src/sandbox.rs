@@ -115,6 +115,17 @@ pub enum SandboxCommand {
         #[command(flatten)]
         target: OrgTarget,
     },
+    /// Discard a kept copy of a sandbox's home (listed as `kept_copies` on
+    /// its record): the runner holding it deletes it. Salvaging one into a
+    /// snapshot is not implemented yet.
+    DiscardKept {
+        /// The sandbox's id.
+        id: String,
+        /// The kept copy's id (`kpt_…`).
+        copy: String,
+        #[command(flatten)]
+        target: OrgTarget,
+    },
     /// Show a sandbox's state changes, oldest first.
     Events {
         /// The sandbox's id.
@@ -318,6 +329,14 @@ pub fn run(command: SandboxCommand) -> Result<ExitCode> {
                     .await
                     .context("sandbox delete failed")?;
                 print_change(&sandbox, "delete requested", &target)
+            }
+            SandboxCommand::DiscardKept { id, copy, target } => {
+                let sandbox = target
+                    .client()?
+                    .discard_kept_copy(&id, &copy)
+                    .await
+                    .context("discarding the kept copy failed")?;
+                print_change(&sandbox, "kept copy discarded", &target)
             }
             SandboxCommand::Events { id, target } => events(&id, &target).await,
             SandboxCommand::Wait {

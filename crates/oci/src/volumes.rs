@@ -6,6 +6,9 @@
 //! ROOT/homes/ID              the home of sandbox ID: a btrfs subvolume
 //!                            (a plain directory when btrfs is unavailable)
 //! ROOT/snapshots/ID/NAME     a read-only btrfs snapshot of that home
+//! ROOT/kept/ID/NAME          a copy of the home kept aside: read-only,
+//!                            never mounted (it may be the newest copy of
+//!                            the work, so it is not deleted with the home)
 //! ```
 //!
 //! # Why snapshots
@@ -59,7 +62,7 @@
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io::ErrorKind;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -368,6 +371,99 @@ impl HomeVolumes {
             Err(e) => return Err(Error::io("remove directory", &snapshots, e)),
         }
         self.delete_tree(&home)
+    }
+
+    /// Sets the home of `id` aside as `ROOT/kept/ID/NAME`, where nothing
+    /// mounts it: a read-only snapshot where the home is a subvolume (the
+    /// home itself stays, to be removed or written over by the caller),
+    /// else the home directory itself, moved there with its write bits
+    /// cleared. Returns the copy's path.
+    pub fn keep(&self, id: &str, name: &str) -> Result<PathBuf> {
+        let home = self.home(id)?;
+        validate("kept copy name", name)?;
+        let dir = self.root.join("kept").join(id);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
+        let path = dir.join(name);
+        let metadata =
+            std::fs::symlink_metadata(&home).map_err(|e| Error::io("keep aside", &home, e))?;
+        match &self.btrfs {
+            Some(btrfs) if is_subvolume(&metadata) => {
+                run_tool(
+                    "keep aside a copy of the home in",
+                    &path,
+                    btrfs,
+                    &[
+                        OsStr::new("subvolume"),
+                        OsStr::new("snapshot"),
+                        OsStr::new("-r"),
+                        home.as_os_str(),
+                        path.as_os_str(),
+                    ],
+                )?;
+            }
+            _ => {
+                std::fs::rename(&home, &path).map_err(|e| Error::io("keep aside", &home, e))?;
+                let mut permissions = metadata.permissions();
+                permissions.set_mode(permissions.mode() & !0o222);
+                std::fs::set_permissions(&path, permissions)
+                    .map_err(|e| Error::io("make read-only", &path, e))?;
+            }
+        }
+        Ok(path)
+    }
+
+    /// Every kept copy, as (sandbox id, name), sorted.
+    pub fn kept(&self) -> Result<Vec<(String, String)>> {
+        let root = self.root.join("kept");
+        let mut copies = Vec::new();
+        for id in list_dir(&root)? {
+            let Some(id) = id.to_str().map(str::to_owned) else {
+                continue;
+            };
+            if validate("sandbox id", &id).is_err() {
+                continue;
+            }
+            for name in list_dir(&root.join(&id))? {
+                if let Some(name) = name.to_str()
+                    && validate("kept copy name", name).is_ok()
+                {
+                    copies.push((id.clone(), name.to_owned()));
+                }
+            }
+        }
+        copies.sort();
+        Ok(copies)
+    }
+
+    /// Where the kept copy `name` of `id` is.
+    pub fn kept_path(&self, id: &str, name: &str) -> Result<PathBuf> {
+        validate("sandbox id", id)?;
+        validate("kept copy name", name)?;
+        Ok(self.root.join("kept").join(id).join(name))
+    }
+
+    /// Deletes the kept copy `name` of `id` (nothing there is fine).
+    pub fn discard_kept(&self, id: &str, name: &str) -> Result<()> {
+        let path = self.kept_path(id, name)?;
+        if let Ok(metadata) = std::fs::symlink_metadata(&path)
+            && !is_subvolume(&metadata)
+            && metadata.is_dir()
+        {
+            // Moved here with its write bits cleared: give the owner's
+            // back so that its entries can be removed.
+            let mut permissions = metadata.permissions();
+            permissions.set_mode(permissions.mode() | 0o700);
+            let _ = std::fs::set_permissions(&path, permissions);
+        }
+        self.delete_tree(&path)?;
+        let dir = self.root.join("kept").join(id);
+        match std::fs::remove_dir(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => {
+                Ok(())
+            }
+            Err(e) => Err(Error::io("remove directory", &dir, e)),
+        }
     }
 
     /// Unmounts a loop-mounted image (retiring a runner, tests); the loop

@@ -24,6 +24,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../migrations/0005_homes.sql")),
     (6, include_str!("../migrations/0006_failover.sql")),
     (7, include_str!("../migrations/0007_runner_credentials.sql")),
+    (8, include_str!("../migrations/0008_kept_copies.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

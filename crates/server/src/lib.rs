@@ -18,7 +18,7 @@ mod idempotency;
 mod limits;
 mod metrics;
 mod openapi;
-mod reconcile;
+pub mod reconcile;
 pub mod records;
 mod scheduler;
 

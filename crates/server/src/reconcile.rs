@@ -40,6 +40,7 @@ pub async fn pass(state: &AppState, watch_leases: bool) -> Result<(), ControlErr
     schedule_pending(state).await?;
     apply_retention(state).await?;
     crate::control::snapshots::expire(state).await?;
+    crate::control::kept::expire(state).await?;
     release_deleted_homes(state).await?;
     Ok(())
 }
@@ -157,8 +158,9 @@ async fn hold_for_mass_loss(
 /// Lease watcher: a runner whose lease expired more than the fence margin
 /// ago is `lost` (by then it has frozen its sandboxes: runners freeze at
 /// [`crate::freeze_after`]). Its durable sandboxes go `recovering` with
-/// the epoch bumped (fencing the old host) and are placed elsewhere, its
-/// standard ones `failed`/`node_lost` (their home was on it); their
+/// the epoch bumped (fencing the old host) and are placed elsewhere once
+/// wanted running (see [`lost_runner_verdict`]), its standard ones
+/// `failed`/`node_lost` (their home was on it); their
 /// commands end as `records::set_sandbox_state` decides. When a large
 /// share of the fleet expires at once, recovery waits (see
 /// [`hold_for_mass_loss`]).
@@ -205,31 +207,35 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
         .await?;
         for row in rows {
             let sandbox = SandboxRow::from_row(&row)?;
-            let (to, epoch) = match (sandbox.storage_class, sandbox.state) {
-                // Nothing left to release: the node took it with it.
-                (_, SandboxState::Deleting) => (SandboxState::Deleted, sandbox.epoch),
-                // The home is in the store; nothing ran there.
-                (StorageClass::Durable, SandboxState::Stopped) => {
-                    (SandboxState::Stopped, sandbox.epoch)
-                }
-                (StorageClass::Durable, _) if sandbox.desired == DesiredState::Running => {
-                    (SandboxState::Recovering, sandbox.epoch + 1)
-                }
-                (StorageClass::Durable, _) => (SandboxState::Stopped, sandbox.epoch + 1),
-                (StorageClass::Standard, _) => (SandboxState::Failed, sandbox.epoch),
-            };
-            let reason = Some("node_lost");
-            let message = if epoch > sandbox.epoch {
-                format!(
-                    "lease of runner {runner_id} expired at {}; epoch {epoch} fences it",
-                    crate::records::rfc3339(expired_at)
-                )
+            let to = lost_runner_verdict(&sandbox);
+            let epoch = if to == SandboxState::Recovering {
+                sandbox.epoch + 1
             } else {
-                format!(
-                    "lease of runner {runner_id} expired at {}",
-                    crate::records::rfc3339(expired_at)
-                )
+                sandbox.epoch
             };
+            let expired = crate::records::rfc3339(expired_at);
+            let mut message = if epoch > sandbox.epoch {
+                format!("lease of runner {runner_id} expired at {expired}; epoch {epoch} fences it")
+            } else {
+                format!("lease of runner {runner_id} expired at {expired}")
+            };
+            if to == SandboxState::Recovering {
+                // Say what comes back, and that anything later is only on
+                // the lost runner (kept aside there if it returns).
+                let plan = sandbox.recovery();
+                message = format!(
+                    "{message}; {}; writes after it stay on runner {runner_id}, which keeps its copy aside if it comes back",
+                    plan.message
+                );
+            }
+            if sandbox.state == SandboxState::Securing {
+                // The stop's save never committed: the save status must
+                // not look as if the home were secured.
+                let error = format!(
+                    "securing did not complete: runner {runner_id} was lost before the home was committed to the store"
+                );
+                crate::records::sandboxes::record_lost_save(&mut tx, &sandbox.id, &error).await?;
+            }
             if to == sandbox.state {
                 // Only the placement goes away.
                 crate::records::sandboxes::release_runner(&mut tx, &sandbox, &message).await?;
@@ -237,7 +243,7 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
             }
             let transition = Transition {
                 state: to,
-                reason,
+                reason: Some("node_lost"),
                 message: Some(&message),
             };
             set_sandbox_state(&mut tx, &sandbox, transition, None, epoch).await?;
@@ -248,6 +254,24 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
         tracing::warn!(%runner_id, "runner lease expired; runner is lost");
     }
     Ok(())
+}
+
+/// What a sandbox on a lost runner becomes. A durable one whose home is
+/// in the store and which nothing runs (`stopped`) stays so; any other
+/// durable one is `recovering`, with its epoch bumped, whatever is wanted
+/// of it: its runner may have held writes no save has (running) or been
+/// in the middle of saving them (`securing`), so the record must not say
+/// `stopped` as if the home were secured. It is placed again once wanted
+/// running, from the last completed save (or its snapshot, or empty: the
+/// record's `recovery` says which). A standard one fails (its home was on
+/// the node); one being deleted is deleted.
+pub fn lost_runner_verdict(sandbox: &SandboxRow) -> SandboxState {
+    match (sandbox.storage_class, sandbox.state) {
+        (_, SandboxState::Deleting) => SandboxState::Deleted,
+        (StorageClass::Durable, SandboxState::Stopped) => SandboxState::Stopped,
+        (StorageClass::Durable, _) => SandboxState::Recovering,
+        (StorageClass::Standard, _) => SandboxState::Failed,
+    }
 }
 
 /// Places sandboxes waiting for a runner.

@@ -57,6 +57,9 @@ fn only_records_writes_sandboxes_commands_events_snapshots_and_runners() {
         "UPDATE images",
         "INSERT INTO images",
         "DELETE FROM images",
+        "UPDATE kept_copies",
+        "INSERT INTO kept_copies",
+        "DELETE FROM kept_copies",
     ];
     const PLACEMENT_LOCK: &str = "UPDATE runners SET placements = placements + 1";
     let mut found = Vec::new();

@@ -956,3 +956,123 @@ async fn a_home_nested_too_deep_fails_its_own_saves_and_a_neighbour_keeps_saving
         "still here\n"
     );
 }
+
+/// Issue 13, points 1 and 2, through real processes: a runner killed
+/// (kill -9, at `runner:secure_before_upload`) while a durable sandbox
+/// with no completed save secures its home. The record is `recovering`
+/// (never `stopped` with a save that does not exist) and says it restores
+/// an empty home; the runner, back on the same data dir after its lease
+/// expired, keeps the home aside (read-only, unmounted) instead of
+/// deleting the only copy, the record lists it, a start runs from what the
+/// record said, and a discard deletes the copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_lost_while_securing_keeps_the_only_copy_aside_and_the_record_says_so() {
+    let mut fleet = Fleet::start(&[]).await;
+    let first = fleet.runner("a");
+    let id = fleet.create(json!({"storage_class": "durable"})).await;
+    let api = fleet.api();
+    sh(
+        api,
+        &id,
+        "mkdir -p /workspace/many && cd /workspace/many && for i in $(seq 1 2000); do echo $i > f$i; done && echo precious > /workspace/work.txt",
+    )
+    .await;
+    fleet.runners[first].restart(&[("ROOST_FAILPOINT", "runner:secure_before_upload")]);
+    let runner_id = fleet.runners[first].runner_id.clone();
+    let api = fleet.api();
+    api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !fleet.runners[first].exited() {
+        assert!(
+            Instant::now() < deadline,
+            "the runner never reached securing: {}",
+            fleet.get(&id).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let api = fleet.api();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            api.get(&format!("/v1/sandboxes/{id}")).await.body["state"] == "recovering"
+        })
+        .await,
+        "not recovering after the lease: {}",
+        fleet.get(&id).await
+    );
+    let lost = fleet.get(&id).await;
+    assert_eq!(lost["state_reason"], "node_lost", "{lost}");
+    assert_eq!(lost["desired"], "stopped", "{lost}");
+    assert_eq!(lost["save"]["state"], "failing", "{lost}");
+    assert!(lost["save"]["root"].is_null(), "{lost}");
+    assert_eq!(lost["recovery"]["restores"], "empty", "{lost}");
+
+    // The runner comes back on the same data dir: the home is kept aside.
+    fleet.runners[first].restart(&[]);
+    let api = fleet.api();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let sandbox = api.get(&format!("/v1/sandboxes/{id}")).await.body;
+            sandbox["kept_copies"]
+                .as_array()
+                .is_some_and(|c| c.len() == 1)
+        })
+        .await,
+        "the kept copy is not listed: {}",
+        fleet.get(&id).await
+    );
+    let listed = fleet.get(&id).await;
+    let copy = &listed["kept_copies"][0];
+    assert_eq!(copy["runner_id"], runner_id.as_str(), "{listed}");
+    assert_eq!(copy["reason"], "unsaved_writes", "{listed}");
+    assert!(copy["bytes"].as_u64().is_some_and(|b| b > 2000), "{listed}");
+    assert!(copy["kept_at"].is_string(), "{listed}");
+    let copy_id = copy["id"].as_str().expect("a copy id").to_owned();
+    let kept_root = fleet.runners[first].data_dir.join("volumes/kept").join(&id);
+    let names: Vec<PathBuf> = std::fs::read_dir(&kept_root)
+        .expect("the kept copies' dir")
+        .map(|entry| entry.expect("an entry").path())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    let kept = &names[0];
+    assert_eq!(
+        std::fs::read_to_string(kept.join("work.txt")).expect("the work is kept"),
+        "precious\n"
+    );
+    assert_eq!(
+        std::fs::read_dir(kept.join("many")).expect("many").count(),
+        2000
+    );
+    assert!(
+        std::fs::write(kept.join("work.txt"), "overwritten\n").is_err(),
+        "the kept copy is read-only, even for root"
+    );
+
+    // Started: it runs from what the record said (an empty home); the
+    // kept copy is not what it mounts.
+    api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
+    let running = wait_sandbox(api, &id, "running").await;
+    assert_eq!(running["state"], "running", "{running}");
+    assert_eq!(sh(api, &id, "ls -A /workspace | wc -l").await, "0\n");
+    sh(api, &id, "echo new > /workspace/work.txt").await;
+    assert_eq!(
+        std::fs::read_to_string(kept.join("work.txt")).expect("still kept"),
+        "precious\n"
+    );
+
+    // Discarded by its org: the runner deletes it.
+    let discarded = api
+        .post(
+            &format!("/v1/sandboxes/{id}/kept/{copy_id}/discard"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(discarded.status, 200, "{discarded:?}");
+    assert!(discarded.body.get("kept_copies").is_none(), "{discarded:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while kept.exists() {
+        assert!(Instant::now() < deadline, "the discarded copy stays");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -17,8 +17,8 @@
 use api::blocks::RemoteBackend;
 use api::client::{Client, ClientError, OutputStream};
 use api::runners::{
-    Assignments, CommandReport, HeartbeatRequest, PreemptRequest, RegisterRequest,
-    RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SnapshotReport,
+    Assignments, CommandReport, HeartbeatRequest, KeptCopyAnswer, KeptCopyReport, PreemptRequest,
+    RegisterRequest, RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SnapshotReport,
 };
 use oci::seam::BoxFuture;
 use std::sync::RwLock;
@@ -69,6 +69,8 @@ pub(crate) trait ControlPlane: Send + Sync {
         snapshot_id: &'a str,
         report: &'a SnapshotReport,
     ) -> Answer<'a, ()>;
+    /// Reports a home kept aside; the answer says whether to keep it.
+    fn runner_report_kept<'a>(&'a self, report: &'a KeptCopyReport) -> Answer<'a, KeptCopyAnswer>;
     /// The block service's client, for moving homes and images.
     fn blocks(&self) -> RemoteBackend;
     /// Calls from now on with this runner's own credential; `None`: with
@@ -198,6 +200,10 @@ impl ControlPlane for RunnerLink {
                 .await
                 .map(drop)
         })
+    }
+
+    fn runner_report_kept<'a>(&'a self, report: &'a KeptCopyReport) -> Answer<'a, KeptCopyAnswer> {
+        Box::pin(Client::runner_report_kept(self, report))
     }
 
     fn blocks(&self) -> RemoteBackend {

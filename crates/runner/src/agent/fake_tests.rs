@@ -777,3 +777,90 @@ async fn a_runner_the_server_does_not_know_takes_no_new_identity_over_its_sandbo
     );
     assert!(agent.control.has_credential());
 }
+
+/// Issue 13, point 2: a home no longer assigned here (the runner was
+/// fenced or lost and came back, or a failed standard sandbox) is not
+/// deleted: it is set aside, read-only and unmounted, and reported; only
+/// when the server says it may go is it deleted.
+#[tokio::test]
+async fn a_home_no_longer_assigned_is_kept_aside_and_reported_until_the_server_lets_it_go() {
+    let agent = agent(Failpoints::none());
+    let (assign, task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Running, SandboxState::Starting),
+    );
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    let home = agent.shared.homes.path(ID).expect("the home's path");
+    std::fs::write(home.join("work.txt"), "precious\n").expect("the workload writes");
+
+    // Taken away (the lease was lost meanwhile): the worker leaves.
+    assign.send_replace(None);
+    agent
+        .control
+        .wait_until("the kept copy reported", |r| {
+            r.iter().any(|r| matches!(r, Request::Kept(_)))
+        })
+        .await;
+    let Some(Request::Kept(report)) = agent
+        .control
+        .requests()
+        .into_iter()
+        .find(|r| matches!(r, Request::Kept(_)))
+    else {
+        unreachable!("waited for it")
+    };
+    assert_eq!(
+        (
+            report.sandbox_id.as_str(),
+            report.bytes,
+            report.secured_root.as_deref()
+        ),
+        (ID, 9, None),
+        "{report:?}"
+    );
+    let _ = task.await;
+    assert!(
+        !home.exists(),
+        "the home itself is gone from where it was mounted"
+    );
+    assert!(
+        agent
+            .runtime
+            .calls()
+            .contains(&Call::RemoveFiles(ID.to_owned())),
+        "the container's files go"
+    );
+    let copies = agent.shared.homes.kept_copies().expect("kept copies");
+    assert_eq!(copies, [(ID.to_owned(), report.name.clone())]);
+    let kept = agent
+        .shared
+        .homes
+        .kept_facts(ID, &report.name)
+        .expect("the kept copy");
+    assert_eq!(kept.bytes, 9);
+    let kept_dir = agent
+        .shared
+        .data
+        .root()
+        .join("volumes/kept")
+        .join(ID)
+        .join(&report.name);
+    assert_eq!(
+        std::fs::read_to_string(kept_dir.join("work.txt")).expect("the work is kept"),
+        "precious\n"
+    );
+    let mode = std::fs::metadata(&kept_dir).expect("kept").permissions();
+    assert!(mode.readonly(), "the kept copy is read-only");
+
+    // Reported again while the server keeps it: it stays.
+    super::kept::report(&agent.shared, ID, &report.name).await;
+    assert_eq!(agent.shared.homes.kept_copies().expect("listed").len(), 1);
+    // The server lets it go (discarded, expired, sandbox deleted): deleted.
+    agent.control.discard_kept();
+    super::kept::report(&agent.shared, ID, &report.name).await;
+    assert!(agent.shared.homes.kept_copies().expect("listed").is_empty());
+    assert!(!kept_dir.exists());
+}

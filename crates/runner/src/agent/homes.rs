@@ -12,8 +12,12 @@
 //! DIR/home-state/ID.secured     the root a stop secured: while it names the
 //!                               tree the home must start as, the home is
 //!                               that tree already and nothing is pulled
+//! DIR/home-state/ID.kept.NAME   a kept copy's secured root (empty: the
+//!                               copy may hold anything)
 //! DIR/homes/ID                  homes of the earlier layout (plain), used
 //!                               where they exist
+//! DIR/volumes/kept/ID/NAME      copies of homes kept aside (see `kept`):
+//!                               read-only, never mounted
 //! ```
 //!
 //! A save of a running home is crash-consistent: a read-only snapshot
@@ -23,7 +27,7 @@
 //! runs in it any more. Index keys ignore the device number, which differs
 //! for every snapshot (see `store::index::KeyRule`).
 
-use api::lifecycle::StorageClass;
+use api::lifecycle::{SandboxState, StorageClass};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,7 +73,8 @@ pub(crate) struct Homes {
     /// Crash-safety tests only: `runner:save_before_upload`,
     /// `runner:save_mid_upload`, `runner:save_before_commit`,
     /// `runner:save_after_commit` kill the runner at that point of a
-    /// running save (as a crash would).
+    /// running save (as a crash would), `runner:secure_before_upload`
+    /// while a stop secures the home.
     failpoint: Failpoints,
 }
 
@@ -97,6 +102,33 @@ impl store::progress::Progress for UploadProgress {
             });
         self.failpoint.hit("runner:save_mid_upload");
     }
+}
+
+/// A kept copy as the server is told of it.
+pub(crate) struct KeptFacts {
+    pub bytes: u64,
+    pub kept_at_ms: i64,
+    pub secured_root: Option<String>,
+}
+
+/// The bytes of the regular files under `root` (never following links).
+fn tree_bytes(root: &Path) -> Result<u64> {
+    let mut total = 0_u64;
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| Error::io("list", &dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("list", &dir, e))?;
+            let metadata = std::fs::symlink_metadata(entry.path())
+                .map_err(|e| Error::io("inspect", entry.path(), e))?;
+            if metadata.is_dir() {
+                pending.push(entry.path());
+            } else if metadata.is_file() {
+                total = total.saturating_add(metadata.len());
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// How often a save under way tells the server how much is left.
@@ -198,11 +230,27 @@ impl Homes {
             return Ok((home, None));
         }
         let secured = self.secured_path(&id);
+        let secured_root = std::fs::read_to_string(&secured).unwrap_or_default();
+        let mut home = home;
+        // A new placement finds a home here that no stop secured: this
+        // runner was lost while the sandbox ran or secured, so the home may
+        // hold writes no completed save has. It is kept aside (and
+        // reported with the other kept copies) before it is made the
+        // record's tree, never written over.
+        if existed && sandbox.state == SandboxState::Starting && secured_root.trim().is_empty() {
+            if let Some(name) = self.keep_aside(&id)? {
+                tracing::warn!(sandbox_id = %id, copy = %name, "a home this runner held from an earlier placement is kept aside before the home is restored");
+            }
+            if sandbox.home_root.is_none() {
+                // The record says the home starts empty: so it does.
+                self.volumes.remove(&id)?;
+            }
+            home = self.volumes.create(&id)?;
+        }
         let Some(root) = sandbox.home_root.clone() else {
             let _ = std::fs::remove_file(&secured);
             return Ok((home, None));
         };
-        let secured_root = std::fs::read_to_string(&secured).unwrap_or_default();
         let woke = |downloaded_bytes: u64| {
             (sandbox.storage_class == StorageClass::Durable).then_some(WakeReport {
                 downloaded_bytes,
@@ -493,6 +541,7 @@ impl Homes {
                 home.display()
             )));
         }
+        self.failpoint.hit("runner:secure_before_upload");
         let captured_at = SystemTime::now();
         let report = self
             .upload(control, sandbox, runner_id, home, captured_at)
@@ -587,6 +636,67 @@ impl Homes {
             tracing::warn!(sandbox_id = %id, %err, "cannot delete a snapshot's capture");
         }
         result
+    }
+
+    fn kept_state_path(&self, id: &str, name: &str) -> PathBuf {
+        self.state.join(format!("{id}.kept.{name}"))
+    }
+
+    /// Sets the home of `id` aside as a kept copy (see `kept`), named after
+    /// now, with the root a stop secured if it is exactly that tree.
+    /// `None`: there is no home. The home itself is left for the caller to
+    /// remove or write over.
+    pub(crate) fn keep_aside(&self, id: &str) -> Result<Option<String>> {
+        let legacy = self.legacy.join(id);
+        if legacy.is_dir() {
+            return Err(Error::Unsupported(format!(
+                "the home {} is of the earlier layout and cannot be kept aside: it stays where it is",
+                legacy.display()
+            )));
+        }
+        let home = self.volumes.home(id)?;
+        if !home.is_dir() {
+            return Ok(None);
+        }
+        let name = format!("k{}", ms_since_epoch(SystemTime::now()));
+        let secured = std::fs::read_to_string(self.secured_path(id)).unwrap_or_default();
+        let state = self.kept_state_path(id, &name);
+        oci::host::write_durably(&state, secured.trim().as_bytes())?;
+        self.volumes.keep(id, &name)?;
+        Ok(Some(name))
+    }
+
+    /// Every kept copy on this runner, as (sandbox id, name).
+    pub(crate) fn kept_copies(&self) -> Result<Vec<(String, String)>> {
+        self.volumes.kept()
+    }
+
+    /// What the server is told of a kept copy: its size, when it was set
+    /// aside (its name) and its secured root, if any.
+    pub(crate) fn kept_facts(&self, id: &str, name: &str) -> Result<KeptFacts> {
+        let path = self.volumes.kept_path(id, name)?;
+        let kept_at_ms = name
+            .strip_prefix('k')
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| ms_since_epoch(SystemTime::now()));
+        let secured = std::fs::read_to_string(self.kept_state_path(id, name)).unwrap_or_default();
+        let secured = secured.trim();
+        Ok(KeptFacts {
+            bytes: tree_bytes(&path)?,
+            kept_at_ms,
+            secured_root: (!secured.is_empty()).then(|| secured.to_owned()),
+        })
+    }
+
+    /// Deletes a kept copy (the server said it may go).
+    pub(crate) fn discard_kept(&self, id: &str, name: &str) -> Result<()> {
+        self.volumes.discard_kept(id, name)?;
+        let state = self.kept_state_path(id, name);
+        match std::fs::remove_file(&state) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("remove", &state, e)),
+        }
     }
 
     /// Removes snapshots an interrupted save left behind.

@@ -78,12 +78,14 @@ mod fake_tests;
 mod fence;
 mod homes;
 mod images;
+mod kept;
 mod sandbox;
 #[cfg(test)]
 mod testing;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -290,6 +292,8 @@ pub(crate) struct Shared {
     pub(crate) config: AgentConfig,
     /// Freezes the sandboxes when the lease cannot be renewed.
     pub(crate) fence: fence::Fence,
+    /// Set while kept copies are being reported (one sync at a time).
+    pub(crate) kept_syncing: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -523,6 +527,7 @@ async fn run_agent(
         images,
         homes,
         config,
+        kept_syncing: Arc::new(AtomicBool::new(false)),
     });
     tracing::info!(
         runtime = shared.runtime.name(),
@@ -724,6 +729,7 @@ fn dispatch(
             .push(command);
     }
     let mut assigned_ids: Vec<String> = Vec::new();
+    kept::sync(shared, &assignments.kept, &shared.kept_syncing);
     for sandbox in assignments.sandboxes {
         let id = sandbox.sandbox_id.clone();
         let assigned = Assigned {

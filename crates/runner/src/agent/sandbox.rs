@@ -913,7 +913,10 @@ impl Worker {
     }
 
     /// No longer assigned here (deleted, or taken away with the lease):
-    /// whatever is left goes.
+    /// the container and files go, but the home is first kept aside (it
+    /// may be the newest copy of the work: a runner lost while its sandbox
+    /// ran or secured, a standard home whose sandbox failed with the
+    /// runner) and reported; the server says whether it may go.
     async fn leave(&mut self) {
         if self.deleted {
             return;
@@ -925,12 +928,46 @@ impl Worker {
             self.deleted = true;
             return;
         }
-        tracing::warn!(sandbox_id = %self.id, "no longer assigned to this runner; removing its container and files");
+        // The container goes first: nothing may write the home while it is
+        // set aside.
+        self.unwatch();
+        self.stop_saving();
+        self.commands.clear();
+        if let Err(err) = self.handle.delete().await {
+            tracing::error!(sandbox_id = %self.id, %err, "cannot remove the container of an unassigned sandbox; its files stay");
+            return;
+        }
+        let kept = {
+            let (shared, id) = (self.shared.clone(), self.id.clone());
+            tokio::task::spawn_blocking(move || shared.homes.keep_aside(id.as_str())).await
+        };
+        let kept = match kept {
+            Ok(Ok(kept)) => kept,
+            Ok(Err(err)) => {
+                tracing::error!(sandbox_id = %self.id, %err, "cannot keep the home of an unassigned sandbox aside; nothing is removed");
+                return;
+            }
+            Err(join) => {
+                tracing::error!(sandbox_id = %self.id, %join, "cannot keep the home of an unassigned sandbox aside; nothing is removed");
+                return;
+            }
+        };
+        match &kept {
+            Some(name) => {
+                tracing::warn!(sandbox_id = %self.id, copy = %name, "no longer assigned to this runner; its home is kept aside (it may be the newest copy), its container and other files removed")
+            }
+            None => {
+                tracing::warn!(sandbox_id = %self.id, "no longer assigned to this runner; removing its container and files")
+            }
+        }
         match self.remove_everything().await {
             Ok(()) => self.deleted = true,
             Err(err) => {
                 tracing::error!(sandbox_id = %self.id, %err, "cannot remove an unassigned sandbox")
             }
+        }
+        if let Some(name) = kept {
+            super::kept::report(&self.shared, self.id.as_str(), &name).await;
         }
     }
 

@@ -22,9 +22,9 @@ use api::client::{Client, ClientError, OutputStream};
 use api::failpoint::Failpoints;
 use api::lifecycle::{CommandState, DesiredState, SandboxState, StorageClass};
 use api::runners::{
-    Assignments, CommandAssignment, CommandReport, HeartbeatRequest, PreemptRequest,
-    RegisterRequest, RegisterResponse, RunnerRecord, SandboxAssignment, SandboxReport, SaveReport,
-    SnapshotReport,
+    Assignments, CommandAssignment, CommandReport, HeartbeatRequest, KeptCopyAnswer,
+    KeptCopyReport, PreemptRequest, RegisterRequest, RegisterResponse, RunnerRecord,
+    SandboxAssignment, SandboxReport, SaveReport, SnapshotReport,
 };
 use oci::config::{InitProgram, SandboxConfig, SandboxId, SandboxPaths};
 use oci::exec::{CommandEnd, CommandSpec, Outcome, Signaller, Stream};
@@ -585,6 +585,7 @@ pub(crate) enum Request {
     Output(String, OutputStream, u64, Vec<u8>),
     Save(String, SaveReport),
     Snapshot(String, SnapshotReport),
+    Kept(KeptCopyReport),
 }
 
 /// Which call a scripted answer is for.
@@ -599,6 +600,7 @@ pub(crate) enum Kind {
     Output,
     Save,
     Snapshot,
+    Kept,
 }
 
 /// How the fake answers.
@@ -649,6 +651,8 @@ struct ControlInner {
     /// Answers to use first, per call, then `modes`.
     next: HashMap<Kind, VecDeque<Scripted>>,
     modes: HashMap<Kind, Scripted>,
+    /// Kept copies reported from now on are to be deleted.
+    discard_kept: bool,
 }
 
 /// A control plane that records requests and answers from a script.
@@ -684,6 +688,7 @@ impl FakeControl {
                 etag: String::new(),
                 sandboxes: Vec::new(),
                 commands: Vec::new(),
+                kept: Vec::new(),
             })
             .0,
         })
@@ -772,8 +777,14 @@ impl FakeControl {
                 etag: etag.to_string(),
                 sandboxes,
                 commands,
+                kept: Vec::new(),
             };
         });
+    }
+
+    /// From now on, kept copies reported are answered `keep: false`.
+    pub(crate) fn discard_kept(&self) {
+        lock(&self.inner).discard_kept = true;
     }
 }
 
@@ -919,6 +930,19 @@ impl ControlPlane for FakeControl {
         })
     }
 
+    /// Keeps every copy, unless [`FakeControl::discard_kept`] was called.
+    fn runner_report_kept<'a>(&'a self, report: &'a KeptCopyReport) -> Answer<'a, KeptCopyAnswer> {
+        Box::pin(async move {
+            self.call(Kind::Kept, Request::Kept(report.clone())).await?;
+            let keep = !lock(&self.inner).discard_kept;
+            Ok(KeptCopyAnswer {
+                copy_id: Some("kpt_fake".to_owned()),
+                keep,
+                reason: if keep { "unsaved_writes" } else { "discarded" }.to_owned(),
+            })
+        })
+    }
+
     /// Block transfers are not faked: a client of a closed port, so
     /// every transfer fails as unreachable.
     fn blocks(&self) -> RemoteBackend {
@@ -1007,6 +1031,7 @@ fn shared_over(
         images,
         homes,
         config,
+        kept_syncing: Default::default(),
     })
 }
 

@@ -292,6 +292,7 @@ pub fn prepare(
         expires_at_ms: request.ttl.map(|ttl| now + ttl as i64 * 1000),
         ended_at_ms: None,
         home: records::HomeColumns::default(),
+        kept_copies: None,
     };
 
     row.home.save_interval_s = save_interval(state, request)?;

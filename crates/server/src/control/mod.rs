@@ -16,6 +16,7 @@
 //! - [`orgs`]: tenants and their tokens.
 //! - [`blocks`]: the block service (an org's objects, checked on upload).
 //! - [`home_store`]: the content store as the control plane uses it.
+//! - [`kept`]: homes runners set aside (kept copies): keep, discard, expire.
 
 pub mod admission;
 pub mod blocks;
@@ -23,6 +24,7 @@ pub mod commands;
 pub mod drain;
 pub mod home_store;
 pub mod images;
+pub mod kept;
 pub mod orgs;
 pub mod placement;
 pub mod runner_protocol;

@@ -230,12 +230,14 @@ pub async fn read_assignments(
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;
+    let kept = crate::control::kept::kept_assignments(state, &mut tx, runner_id).await?;
     tx.commit().await?;
-    let body = serde_json::to_vec(&(&sandboxes, &commands)).unwrap_or_default();
+    let body = serde_json::to_vec(&(&sandboxes, &commands, &kept)).unwrap_or_default();
     Ok(Assignments {
         etag: blake3::hash(&body).to_hex()[..32].to_owned(),
         sandboxes,
         commands,
+        kept,
     })
 }
 

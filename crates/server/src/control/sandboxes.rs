@@ -102,6 +102,12 @@ pub async fn start(
             records::sandboxes::set_desired(tx, &row, DesiredState::Running, "start_requested")
                 .await?;
         }
+        // A sandbox recovering while nobody wanted it running (its runner
+        // was lost during a stop) is placed now, from its last save.
+        if !needs_compute && row.state.awaits_placement() && row.runner_id.is_none() {
+            let row = reload(tx, id).await?;
+            place_or_wait(tx, &row).await?;
+        }
         if needs_compute {
             let row = reload(tx, id).await?;
             // A standard home stays on its runner, which keeps it assigned

@@ -7,6 +7,7 @@ pub mod commands;
 pub(crate) mod drain;
 pub(crate) mod homes;
 pub(crate) mod images;
+pub(crate) mod kept;
 pub(crate) mod meta;
 pub mod runner;
 pub mod sandboxes;
@@ -45,6 +46,15 @@ pub fn router(state: AppState) -> Router {
             get(sandboxes::get).delete(sandboxes::delete),
         )
         .route("/v1/sandboxes/{id}/stop", post(sandboxes::stop))
+        .route(
+            "/v1/sandboxes/{id}/kept/{copy}/discard",
+            post(kept::discard),
+        )
+        .route(
+            "/v1/admin/sandboxes/{id}/kept/{copy}/discard",
+            post(kept::admin_discard),
+        )
+        .route("/v1/runner/kept", post(kept::report))
         .route("/v1/sandboxes/{id}/start", post(sandboxes::start))
         .route("/v1/sandboxes/{id}/events", get(sandboxes::events))
         .route(

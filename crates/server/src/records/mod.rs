@@ -8,9 +8,11 @@
 //! - [`snapshots`]: the snapshot row.
 //! - [`images`]: the image row.
 //! - [`runners`]: the runner row, its lease and drain.
+//! - [`kept`]: kept copies of homes on runners, and the record's list.
 
 pub mod commands;
 pub mod images;
+pub mod kept;
 pub mod runners;
 pub mod sandboxes;
 pub mod snapshots;

@@ -40,6 +40,8 @@ pub struct SandboxRow {
     pub expires_at_ms: Option<i64>,
     pub ended_at_ms: Option<i64>,
     pub home: HomeColumns,
+    /// The record's list of kept copies (JSON), kept by `records::kept`.
+    pub kept_copies: Option<String>,
 }
 
 /// A sandbox's home in the store and how saving it goes (durable
@@ -59,7 +61,7 @@ pub struct HomeColumns {
     pub from_snapshot: Option<String>,
 }
 
-pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot";
+pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies";
 
 impl SandboxRow {
     pub fn from_row(row: &AnyRow) -> Result<SandboxRow, sqlx::Error> {
@@ -96,6 +98,7 @@ impl SandboxRow {
                 save_bytes_pending: row.try_get("save_bytes_pending")?,
                 from_snapshot: row.try_get("from_snapshot")?,
             },
+            kept_copies: row.try_get("kept_copies")?,
         })
     }
 
@@ -130,6 +133,47 @@ impl SandboxRow {
             ended_at: self.ended_at_ms.map(rfc3339),
             save: self.save_status(now_ms()),
             from_snapshot: self.home.from_snapshot.clone(),
+            recovery: (self.state == SandboxState::Recovering).then(|| self.recovery()),
+            kept_copies: self
+                .kept_copies
+                .as_deref()
+                .and_then(|text| serde_json::from_str(text).ok())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// What a recovery restores the home from: the last completed save,
+    /// else the snapshot it was created from, else nothing (an empty home).
+    pub fn recovery(&self) -> api::sandboxes::Recovery {
+        let root = self.home.root.clone();
+        let (restores, message) = match (&root, self.home.saved_at_ms, &self.home.from_snapshot) {
+            (Some(root), Some(saved_at), _) => (
+                "last_save",
+                format!(
+                    "the home will be restored from its last completed save {root} (captured {}); later writes are not in it",
+                    rfc3339(saved_at)
+                ),
+            ),
+            (Some(_), None, Some(snapshot)) => (
+                "snapshot",
+                format!(
+                    "no save of this sandbox ever completed: the home will be restored from snapshot {snapshot}, which it was created from"
+                ),
+            ),
+            (Some(root), None, None) => (
+                "last_save",
+                format!("the home will be restored from {root}"),
+            ),
+            (None, _, _) => (
+                "empty",
+                "no save of this sandbox ever completed: the home will start empty".to_owned(),
+            ),
+        };
+        api::sandboxes::Recovery {
+            restores: restores.to_owned(),
+            root,
+            saved_at: self.home.saved_at_ms.map(rfc3339),
+            message,
         }
     }
 
@@ -269,7 +313,7 @@ async fn append_event(
 /// An event that records a change to something other than the state (the
 /// desired state, the waiting reason, the placement): the state column
 /// repeats the current state, the reason says what changed.
-async fn note(
+pub(super) async fn note(
     tx: &mut WriteTx,
     row: &SandboxRow,
     reason: &str,
@@ -298,7 +342,7 @@ pub async fn insert(
     labels: &BTreeMap<String, String>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(&format!(
-        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)"
+        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)"
     ))
     .bind(&row.id)
     .bind(&row.org_id)
@@ -330,6 +374,7 @@ pub async fn insert(
     .bind(&row.home.save_error)
     .bind(row.home.save_bytes_pending)
     .bind(&row.home.from_snapshot)
+    .bind(&row.kept_copies)
     .execute(&mut *tx.tx)
     .await?;
     for (key, value) in labels {
@@ -499,6 +544,23 @@ pub async fn record_save(
     }
     tx.changed(id).await?;
     Ok(true)
+}
+
+/// The runner holding the home was lost before a save under way (a stop's
+/// securing) committed: the save status says so (`failing`, with why),
+/// instead of the last completed one looking current. A completed save
+/// clears it.
+pub async fn record_lost_save(tx: &mut WriteTx, id: &str, error: &str) -> Result<(), sqlx::Error> {
+    let now = now_ms();
+    sqlx::query(
+        "UPDATE sandboxes SET save_error = $1, save_attempt_at_ms = $2, save_bytes_pending = NULL WHERE id = $3",
+    )
+    .bind(error)
+    .bind(now)
+    .bind(id)
+    .execute(&mut *tx.tx)
+    .await?;
+    Ok(())
 }
 
 /// A deleted sandbox's home was released from the store.

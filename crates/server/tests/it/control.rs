@@ -22,6 +22,11 @@ struct Plane {
 /// Every database engine this machine offers: SQLite always, PostgreSQL
 /// when the test script started one.
 async fn planes(name: &str) -> Vec<Plane> {
+    planes_with(name, false).await
+}
+
+/// [`planes`], with a content store (`store`: durable homes allowed).
+async fn planes_with(name: &str, store: bool) -> Vec<Plane> {
     let mut urls = vec![None];
     if let Ok(base) = std::env::var("ROOST_TEST_POSTGRES_URL") {
         urls.push(Some(postgres_database(&base, name).await));
@@ -35,6 +40,9 @@ async fn planes(name: &str) -> Vec<Plane> {
         let listen = "127.0.0.1:0".parse().expect("an address");
         let mut config = server::Config::new(listen, data.path().join("server"));
         config.database_url = url;
+        if store {
+            config.store_url = Some(data.path().join("store").display().to_string());
+        }
         let state = server::open_state(config)
             .await
             .expect("the control plane opens");
@@ -80,14 +88,24 @@ impl Plane {
     }
 
     async fn runner(&self, sandboxes: u64) -> String {
+        self.register(None, sandboxes).await
+    }
+
+    /// Registers a runner offering durable homes too (again as `id`).
+    async fn register(&self, id: Option<&str>, sandboxes: u64) -> String {
         let request = RegisterRequest {
-            runner_id: None,
+            runner_id: id.map(str::to_owned),
             name: "r1".to_owned(),
             placement_class: "on_demand".to_owned(),
             labels: BTreeMap::new(),
-            capabilities: ["image:default", "network:none", "storage:standard"]
-                .map(str::to_owned)
-                .to_vec(),
+            capabilities: [
+                "image:default",
+                "network:none",
+                "storage:standard",
+                "storage:durable",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
             capacity: Capacity {
                 sandboxes,
                 memory_mib: 64 * 1024,
@@ -366,5 +384,310 @@ async fn a_command_goes_from_queue_to_exit_through_its_runner() {
             (CommandState::Exited, Some(0), 3)
         );
         assert!(exited.ended());
+    }
+}
+
+impl Plane {
+    /// Creates a durable sandbox, placed on a runner.
+    async fn create_durable(&self, org: &str) -> SandboxRow {
+        let mut request = create_request();
+        request.storage_class = "durable".to_owned();
+        let mut row = admission::prepare(&self.state, org, &mut request).expect("in bounds");
+        let mut tx = self.state.db.write().await.expect("tx");
+        admission::admit(&self.state, &mut tx, &mut row, &request)
+            .await
+            .expect("admitted");
+        let row = sandboxes::reload(&mut tx, &row.id).await.expect("reload");
+        tx.commit().await.expect("commit");
+        row
+    }
+
+    async fn load(&self, id: &str) -> SandboxRow {
+        let mut tx = self.state.db.write().await.expect("tx");
+        sandboxes::reload(&mut tx, id).await.expect("the sandbox")
+    }
+
+    /// The runner's lease runs out now, and the lease watcher sees it.
+    async fn lose(&self, runner: &str) {
+        sqlx::query("UPDATE runners SET lease_expires_at_ms = 0 WHERE id = $1")
+            .bind(runner)
+            .execute(&self.state.db.pool)
+            .await
+            .expect("lease expired");
+        server::reconcile::expire_leases(&self.state)
+            .await
+            .expect("the lease watcher runs");
+    }
+
+    async fn change(
+        &self,
+        org: &str,
+        id: &str,
+        what: &str,
+    ) -> Result<SandboxRow, server::control::ControlError> {
+        let mut tx = self.state.db.write().await?;
+        let row = match what {
+            "stop" => sandboxes::stop(&self.state, &mut tx, org, id).await?,
+            "start" => sandboxes::start(&self.state, &mut tx, org, id).await?,
+            _ => sandboxes::delete(&self.state, &mut tx, org, id).await?,
+        };
+        tx.commit().await?;
+        Ok(row)
+    }
+
+    async fn keep(
+        &self,
+        runner: &str,
+        id: &str,
+        name: &str,
+        secured_root: Option<&str>,
+    ) -> api::runners::KeptCopyAnswer {
+        let report = api::runners::KeptCopyReport {
+            runner_id: runner.to_owned(),
+            sandbox_id: id.to_owned(),
+            name: name.to_owned(),
+            bytes: 12_345,
+            kept_at_ms: server::db::now_ms(),
+            secured_root: secured_root.map(str::to_owned),
+        };
+        server::control::kept::report(&self.state, &report)
+            .await
+            .expect("the report is taken")
+    }
+
+    async fn kept_listed(&self, runner: &str) -> Vec<String> {
+        runner_protocol::read_assignments(&self.state, runner)
+            .await
+            .expect("assignments")
+            .kept
+            .into_iter()
+            .map(|copy| copy.copy_id)
+            .collect()
+    }
+
+    async fn discard(
+        &self,
+        org: &str,
+        id: &str,
+        copy: &str,
+    ) -> Result<SandboxRow, server::control::ControlError> {
+        let mut tx = self.state.db.write().await?;
+        let row = server::control::kept::discard(&self.state, &mut tx, Some(org), id, copy).await?;
+        tx.commit().await?;
+        Ok(row)
+    }
+}
+
+/// Issue 13, point 1: a durable sandbox whose runner is lost while it
+/// secures (no save ever completed) was recorded `stopped` with
+/// `save.state: ok` and no root, a save that did not exist. It is
+/// `recovering` now, fenced, its save status failing with why, its
+/// record saying it restores an empty home; a start places it from there.
+#[tokio::test]
+async fn a_runner_lost_while_securing_leaves_the_sandbox_recovering_and_says_what_it_restores() {
+    for plane in planes_with("lostsecuring", true).await {
+        let org = plane.org("org_l", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.create_durable(&org).await;
+        let row = plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        plane.change(&org, &row.id, "stop").await.expect("stop");
+        let row = plane
+            .report(&row, &runner, SandboxState::Stopping)
+            .await
+            .expect("stopping");
+        let row = plane
+            .report(&row, &runner, SandboxState::Securing)
+            .await
+            .expect("securing");
+
+        plane.lose(&runner).await;
+        let lost = plane.load(&row.id).await;
+        let record = lost.to_api();
+        assert_eq!(record.state, SandboxState::Recovering, "{}", plane.engine());
+        assert_eq!(record.state_reason.as_deref(), Some("node_lost"));
+        assert_eq!(record.desired, DesiredState::Stopped);
+        assert_eq!(lost.epoch, row.epoch + 1, "the lost runner is fenced");
+        assert_eq!(lost.runner_id, None);
+        let save = record.save.expect("a durable sandbox's save status");
+        assert_eq!(save.state, "failing", "{save:?}");
+        assert_eq!(save.root, None);
+        assert_eq!(save.last_completed_at, None);
+        assert!(
+            save.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("securing did not complete")),
+            "{save:?}"
+        );
+        let recovery = record
+            .recovery
+            .expect("a recovering record says what it restores");
+        assert_eq!(recovery.restores, "empty");
+        assert_eq!(recovery.root, None);
+        let events = plane.events(&row.id).await;
+        assert_eq!(
+            events.last(),
+            Some(&("recovering".to_owned(), Some("node_lost".to_owned())))
+        );
+        // A report of the old placement is fenced.
+        let late = plane.report(&row, &runner, SandboxState::Stopped).await;
+        assert_eq!(code(late), ErrorCode::Fenced);
+
+        // Started: placed from its last save (none: an empty home).
+        let runner = plane.register(Some(&runner), 4).await;
+        let started = plane.change(&org, &row.id, "start").await.expect("start");
+        assert_eq!(started.state, SandboxState::Starting, "placed at once");
+        assert_eq!(started.epoch, lost.epoch + 1);
+        let assignments = runner_protocol::read_assignments(&plane.state, &runner)
+            .await
+            .expect("assignments");
+        assert_eq!(assignments.sandboxes[0].home_root, None);
+    }
+}
+
+/// Issue 13, point 2: a home a returning runner holds with writes after
+/// the last completed save is kept and listed on the record (runner, time,
+/// bytes, why) until its org discards it; a discarded copy is no longer
+/// listed to its runner, whose report is then answered `keep: false`.
+#[tokio::test]
+async fn a_kept_copy_is_listed_on_the_record_until_discarded() {
+    for plane in planes_with("keptcopy", true).await {
+        let org = plane.org("org_k", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.create_durable(&org).await;
+        let row = plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        plane.lose(&runner).await;
+        let runner = plane.register(Some(&runner), 0).await;
+
+        let answer = plane.keep(&runner, &row.id, "k1", None).await;
+        assert!(answer.keep, "{answer:?}");
+        assert_eq!(answer.reason, "unsaved_writes");
+        let copy_id = answer.copy_id.clone().expect("a copy id");
+        // Reporting it again is the same copy.
+        assert_eq!(plane.keep(&runner, &row.id, "k1", None).await, answer);
+        let record = plane.load(&row.id).await.to_api();
+        assert_eq!(record.kept_copies.len(), 1, "{record:?}");
+        let kept = &record.kept_copies[0];
+        assert_eq!(
+            (
+                kept.id.as_str(),
+                kept.runner_id.as_str(),
+                kept.bytes,
+                kept.reason.as_str()
+            ),
+            (copy_id.as_str(), runner.as_str(), 12_345, "unsaved_writes")
+        );
+        assert_eq!(plane.kept_listed(&runner).await, vec![copy_id.clone()]);
+
+        // Another org cannot see or discard it.
+        let other = plane.org("org_other", None).await;
+        assert_eq!(
+            code(plane.discard(&other, &row.id, &copy_id).await),
+            ErrorCode::NotFound
+        );
+        let discarded = plane
+            .discard(&org, &row.id, &copy_id)
+            .await
+            .expect("discarded");
+        assert!(discarded.to_api().kept_copies.is_empty());
+        assert!(plane.kept_listed(&runner).await.is_empty());
+        let again = plane.keep(&runner, &row.id, "k1", None).await;
+        assert_eq!((again.keep, again.reason.as_str()), (false, "discarded"));
+        assert_eq!(
+            code(plane.discard(&org, &row.id, &copy_id).await),
+            ErrorCode::NotFound
+        );
+    }
+}
+
+/// Issue 13, point 2: a copy equal to the last completed save (a stop
+/// secured it) is kept until the sandbox runs again from the store; a
+/// failed standard sandbox's home until the sandbox is deleted.
+#[tokio::test]
+async fn kept_copies_go_once_the_home_runs_elsewhere_or_its_sandbox_is_deleted() {
+    for plane in planes_with("keptends", true).await {
+        let org = plane.org("org_x", None).await;
+        let first = plane.runner(4).await;
+        let durable = plane.create_durable(&org).await;
+        let standard = plane.create(&org).await.expect("admitted");
+        let standard = plane
+            .report(&standard, &first, SandboxState::Running)
+            .await
+            .expect("running");
+        let durable = plane
+            .report(&durable, &first, SandboxState::Running)
+            .await
+            .expect("running");
+        // As if a save had committed this root.
+        sqlx::query(
+            "UPDATE sandboxes SET home_root = 'abc123', home_saved_at_ms = 1 WHERE id = $1",
+        )
+        .bind(&durable.id)
+        .execute(&plane.state.db.pool)
+        .await
+        .expect("a root");
+        plane.lose(&first).await;
+        assert_eq!(plane.load(&standard.id).await.state, SandboxState::Failed);
+        let recovering = plane.load(&durable.id).await.to_api();
+        let recovery = recovering.recovery.expect("what it restores");
+        assert_eq!(
+            (recovery.restores.as_str(), recovery.root.as_deref()),
+            ("last_save", Some("abc123"))
+        );
+        let first = plane.register(Some(&first), 0).await;
+
+        let same = plane.keep(&first, &durable.id, "k1", Some("abc123")).await;
+        assert_eq!(
+            (same.keep, same.reason.as_str()),
+            (true, "awaiting_new_placement")
+        );
+        let newer = plane.keep(&first, &durable.id, "k2", None).await;
+        assert_eq!(
+            (newer.keep, newer.reason.as_str()),
+            (true, "unsaved_writes")
+        );
+        let failed = plane.keep(&first, &standard.id, "k1", None).await;
+        assert_eq!((failed.keep, failed.reason.as_str()), (true, "node_lost"));
+
+        // The durable sandbox is placed on another runner: the copy equal
+        // to its save is kept until that placement runs.
+        let second = plane.runner(4).await;
+        server::reconcile::schedule_pending(&plane.state)
+            .await
+            .expect("placed");
+        let placed = plane.load(&durable.id).await;
+        assert_eq!(placed.runner_id.as_deref(), Some(second.as_str()));
+        assert_eq!(plane.kept_listed(&first).await.len(), 3);
+        plane
+            .report(&placed, &second, SandboxState::Running)
+            .await
+            .expect("running");
+        let listed = plane.kept_listed(&first).await;
+        assert_eq!(
+            listed.len(),
+            2,
+            "the duplicate of the save may go: {listed:?}"
+        );
+        let gone = plane.keep(&first, &durable.id, "k1", Some("abc123")).await;
+        assert_eq!((gone.keep, gone.reason.as_str()), (false, "restored"));
+        // The newer copy stays while the sandbox runs.
+        assert!(plane.keep(&first, &durable.id, "k2", None).await.keep);
+
+        // The failed standard sandbox's home stays until it is deleted.
+        plane
+            .change(&org, &standard.id, "delete")
+            .await
+            .expect("deleted");
+        assert_eq!(plane.kept_listed(&first).await.len(), 1);
+        let deleted = plane.keep(&first, &standard.id, "k1", None).await;
+        assert_eq!(
+            (deleted.keep, deleted.reason.as_str()),
+            (false, "sandbox_deleted")
+        );
     }
 }
