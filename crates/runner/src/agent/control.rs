@@ -203,7 +203,8 @@ impl ControlPlane for RunnerLink {
     }
 
     fn runner_report_kept<'a>(&'a self, report: &'a KeptCopyReport) -> Answer<'a, KeptCopyAnswer> {
-        Box::pin(Client::runner_report_kept(self, report))
+        let client = self.client();
+        Box::pin(async move { client.runner_report_kept(report).await })
     }
 
     fn blocks(&self) -> RemoteBackend {

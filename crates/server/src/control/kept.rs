@@ -134,6 +134,10 @@ async fn keep_new(
             reason: "sandbox_deleted".to_owned(),
         });
     };
+    // A runner reports copies of homes it ran, never another's sandbox.
+    if !records::sandboxes::was_placed_on(tx, &sandbox.id, &report.runner_id).await? {
+        return Err(crate::control::runner_protocol::no_such_runner());
+    }
     let reason = reason_to_keep(&sandbox, report.secured_root.as_deref());
     if let Err(why) = still_kept(Some(&sandbox), reason, kept_at_ms, retained_since) {
         return Ok(KeptCopyAnswer {

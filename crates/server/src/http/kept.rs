@@ -12,9 +12,10 @@ use api::sandboxes::Sandbox;
 #[utoipa::path(post, path = "/v1/runner/kept", tag = "runner", request_body = KeptCopyReport, responses((status = 200, body = KeptCopyAnswer), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn report(
     State(state): State<AppState>,
-    _runner: RunnerCaller,
+    runner: RunnerCaller,
     Json(report): Json<KeptCopyReport>,
 ) -> Result<axum::Json<KeptCopyAnswer>, ControlError> {
+    runner.speaks_for(&report.runner_id)?;
     Ok(axum::Json(
         crate::control::kept::report(&state, &report).await?,
     ))

@@ -563,6 +563,25 @@ pub async fn record_lost_save(tx: &mut WriteTx, id: &str, error: &str) -> Result
     Ok(())
 }
 
+/// Whether the sandbox was ever placed on `runner_id` (its events name
+/// every runner it ran on): what a runner's report of a copy of its home
+/// must satisfy, so no runner can attach itself to another's sandbox.
+pub async fn was_placed_on(
+    tx: &mut WriteTx,
+    id: &str,
+    runner_id: &str,
+) -> Result<bool, sqlx::Error> {
+    use sqlx::Row;
+    let row = sqlx::query(
+        "SELECT COUNT(*) AS n FROM (SELECT 1 FROM events WHERE sandbox_id = $1 AND runner_id = $2 LIMIT 1) AS placed",
+    )
+    .bind(id)
+    .bind(runner_id)
+    .fetch_one(&mut *tx.tx)
+    .await?;
+    Ok(row.try_get::<i64, _>("n")? > 0)
+}
+
 /// A deleted sandbox's home was released from the store.
 pub async fn forget_home(tx: &mut WriteTx, id: &str) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE sandboxes SET home_root = NULL WHERE id = $1 AND state = 'deleted'")

@@ -239,6 +239,30 @@ async fn a_runner_cannot_read_or_report_as_another_runner() {
         refused(b.client.runner_report_sandbox(&sandbox.id, &as_b).await),
         ErrorCode::Fenced
     );
+    // Nor can B attach a "kept copy" to A's sandbox, as A or as itself:
+    // it never ran there.
+    for runner_id in [&a.id, &b.id] {
+        let kept = api::runners::KeptCopyReport {
+            runner_id: runner_id.clone(),
+            sandbox_id: sandbox.id.clone(),
+            name: "forged".to_owned(),
+            bytes: 1,
+            kept_at_ms: 0,
+            secured_root: None,
+        };
+        assert_eq!(
+            refused(b.client.runner_report_kept(&kept).await),
+            ErrorCode::NotFound,
+            "B reporting a kept copy as {runner_id}"
+        );
+    }
+    assert!(
+        org.get_sandbox(&sandbox.id)
+            .await
+            .expect("the sandbox")
+            .kept_copies
+            .is_empty()
+    );
     // B cannot take A's identity by registering under its id, with its
     // own credential or with the runner token.
     let mut claim = register_request("a");
