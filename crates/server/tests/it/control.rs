@@ -113,11 +113,12 @@ impl Plane {
                 pids: 1 << 20,
             },
         };
-        runner_protocol::register(
-            &self.state,
-            &runner_protocol::Registrant::Enrolment,
-            &request,
-        )
+        // A runner registers again by its own credential, never a token.
+        let registrant = match id {
+            Some(id) => runner_protocol::Registrant::Runner(id.to_owned()),
+            None => runner_protocol::Registrant::Enrolment,
+        };
+        runner_protocol::register(&self.state, &registrant, &request)
         .await
         .expect("the runner registers")
         .runner_id
