@@ -377,7 +377,12 @@ async fn register(shared: &Shared, request: &RegisterRequest) -> Result<u64, Age
     };
     shared
         .fence
-        .registered(sent_at, Duration::from_millis(freeze_after_ms));
+        .registration_answered(
+            sent_at,
+            Duration::from_millis(freeze_after_ms),
+            Duration::from_millis(registered.lease_ttl_ms),
+        )
+        .await;
     tracing::info!(runner_id = %registered.runner_id, lease_ttl_ms = registered.lease_ttl_ms, freeze_after_ms, "registered");
     Ok(registered.heartbeat_interval_ms.max(100))
 }
@@ -535,7 +540,7 @@ async fn heartbeats(
         .await;
         let err = match answer {
             Ok(Ok(())) => {
-                shared.fence.renewed(sent_at);
+                shared.fence.heartbeat_answered(sent_at).await;
                 continue;
             }
             Ok(Err(err)) if err.code() == Some(ErrorCode::Fenced) => {
