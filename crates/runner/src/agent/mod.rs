@@ -58,6 +58,12 @@
 //! an interval and the assignments long-poll after 30 s (it waits 25 s),
 //! so a dead link holds neither up.
 //!
+//! None of that needs this process: every sandbox's init enforces the
+//! lease too (`oci::lease`), stopping its processes once the deadline the
+//! fence renews after each answered heartbeat passes. A runner whose
+//! process dies leaves its sandboxes frozen; restarted, it renews (and so
+//! thaws) what it is still assigned and kills the rest.
+//!
 //! # Preemption
 //!
 //! [`run_with_preemption`] passes each notice it is given (`roost runner`:
