@@ -161,6 +161,8 @@ pub enum RootImage {
 ///               directories are bind-mounted read-only over it. With an
 ///               imported image it is an overlay mount of the image under
 ///               DIR/upper (the writable layer; DIR/work is overlay's)
+/// DIR/lease/    the runner's lease deadline, mounted read-only for the
+///               init (see crate::lease)
 /// DIR/bundle/   runtime bundle: config.json, init.status, init.log,
 ///               resolv.conf (`bridge`) and per-command scratch files;
 ///               rebuilt at every create and removed by delete
@@ -198,6 +200,11 @@ impl SandboxPaths {
     /// overlayfs's scratch directory (same filesystem as `upper`).
     pub fn overlay_work(&self) -> PathBuf {
         self.dir.join("work")
+    }
+    /// The runner's lease deadline for this sandbox's init (see
+    /// [`crate::lease`]); outside the bundle, which a create clears.
+    pub fn lease(&self) -> PathBuf {
+        self.dir.join("lease")
     }
     pub fn config_json(&self) -> PathBuf {
         self.bundle().join("config.json")
@@ -245,6 +252,11 @@ pub struct SandboxConfig {
     /// ([`crate::security::MASKED_PATHS`]), e.g. the runner's own config
     /// directory under `/etc`.
     pub masked_paths: Vec<String>,
+    /// The host directory holding the runner's lease deadline (see
+    /// [`crate::lease`]), bind-mounted read-only at
+    /// [`crate::lease::LEASE_PATH`] and watched by the init; `None` = no
+    /// watch (a sandbox without a runner, as in this crate's tests).
+    pub lease_dir: Option<PathBuf>,
 }
 
 impl SandboxConfig {
@@ -267,6 +279,7 @@ impl SandboxConfig {
             limits: Limits::default(),
             network: Network::None,
             masked_paths: Vec::new(),
+            lease_dir: None,
         }
     }
 
@@ -276,7 +289,10 @@ impl SandboxConfig {
         for (what, path) in [
             ("workspace", &self.workspace),
             ("init binary", &self.init.host_path),
-        ] {
+        ]
+        .into_iter()
+        .chain(self.lease_dir.iter().map(|dir| ("lease directory", dir)))
+        {
             if !path.is_absolute() {
                 return Err(Error::Invalid(format!(
                     "{what} {} must be an absolute path",

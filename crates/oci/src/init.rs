@@ -28,13 +28,56 @@
 //! sandbox's end, which is why the runner treats the line as the
 //! workload's word, not as evidence (an OOM kill is read from the cgroup).
 //! An init killed by SIGKILL writes nothing.
+//!
+//! # The lease watch
+//!
+//! Started as `init --lease-dir DIR` (the runner does: see
+//! [`crate::lease`]), the init also enforces its runner's lease without the
+//! runner: once the deadline in `DIR` passes unrenewed, it stops (SIGSTOP)
+//! every other process of its pid namespace, the workload and every
+//! command, and keeps stopping any that appear; once a later deadline is
+//! written, it continues (SIGCONT) exactly those it stopped. So a runner
+//! process that dies leaves its sandboxes frozen, not running, and one that
+//! comes back in time (or a restarted one that is still assigned the
+//! sandbox) thaws them by renewing; a runner that learns it was fenced
+//! kills them (SIGKILL ends a stopped process too).
+//!
+//! Why stop rather than kill: the contract's freeze point is a freeze
+//! (DESIGN.md §7: freeze before the lease could expire, thaw if renewed in
+//! time, kill once fenced). A runner restarted within its lease (an
+//! upgrade, a crash and a supervisor's restart) must find its workloads
+//! where they were, as with the runner's own cgroup freeze; killing at the
+//! deadline would turn every slow runner restart into lost processes, and
+//! a standard sandbox's only copy of its in-memory work. Stopped, the
+//! processes run nothing, so they write nothing, yet can still be resumed
+//! or killed. The init itself keeps running (PID 1 cannot be stopped from
+//! inside its namespace, and it is what must notice the renewal); it
+//! writes nothing of the sandbox's.
+//!
+//! Each freeze and thaw is one line on stderr (`init.log` on the host):
+//!
+//! ```text
+//! roost-init: lease lapsed: stopped N processes frozen_at_unix_ms=T
+//! roost-init: lease renewed: continued N processes
+//! ```
+//!
+//! A SIGSTOP is visible where a cgroup freeze is not: a parent waiting
+//! with `WUNTRACED` (an interactive shell's job control) sees its child
+//! stop and continue. The runner's own fence (the cgroup freezer) acts
+//! first, at two thirds of the lease; this watch is the backstop for when
+//! the runner cannot.
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use rustix::process::{Pid, Signal, WaitOptions};
 use tokio::signal::unix::{Signal as SignalStream, SignalKind, signal};
+
+use crate::lease::{self, LEASE_FLAG, Move};
 
 /// How the init's status lines start.
 pub const STATUS_PREFIX: &str = "roost-init:";
@@ -98,20 +141,40 @@ impl InitEnd {
 }
 
 /// Runs the init with `args` as given after the init's own name or
-/// subcommand: `[--] [WORKLOAD ARGV…]`. Returns the init's exit status.
+/// subcommand: `[--lease-dir DIR] [--] [WORKLOAD ARGV…]`. Returns the
+/// init's exit status.
 pub fn run_from_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     let mut args: Vec<OsString> = args.into_iter().collect();
+    let mut lease_dir = None;
+    if args.first().is_some_and(|a| a == LEASE_FLAG) {
+        match args.get(1) {
+            Some(dir) => lease_dir = Some(PathBuf::from(dir)),
+            None => {
+                eprintln!("{STATUS_PREFIX} {LEASE_FLAG} needs a directory");
+                return ExitCode::from(126);
+            }
+        }
+        args.drain(..2);
+    }
     if args.first().is_some_and(|a| a == "--") {
         args.remove(0);
     }
-    run(&args)
+    run(&args, lease_dir)
 }
 
 /// Runs the init: supervises `workload` (or idles when it is empty) until
-/// it ends. Never returns early on its own; see the module docs.
-pub fn run(workload: &[OsString]) -> ExitCode {
+/// it ends, and with `lease_dir` watches the runner's lease (see the
+/// module docs). Never returns early on its own.
+pub fn run(workload: &[OsString], lease_dir: Option<PathBuf>) -> ExitCode {
+    // Stopping "every other process" outside a pid namespace of its own
+    // would stop the host's: the watch runs only as PID 1.
+    if lease_dir.is_some() && rustix::process::getpid() != Pid::INIT {
+        eprintln!("{STATUS_PREFIX} {LEASE_FLAG} is only for PID 1 of a sandbox");
+        return ExitCode::from(126);
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
+        .enable_time()
         .build()
     {
         Ok(runtime) => runtime,
@@ -120,7 +183,7 @@ pub fn run(workload: &[OsString]) -> ExitCode {
             return ExitCode::from(126);
         }
     };
-    let code = runtime.block_on(supervise(workload));
+    let code = runtime.block_on(supervise(workload, lease_dir.map(LeaseWatch::new)));
     ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1))
 }
 
@@ -133,7 +196,7 @@ const FORWARDED: [(SignalKind, Signal); 6] = [
     (SignalKind::user_defined2(), Signal::USR2),
 ];
 
-async fn supervise(workload: &[OsString]) -> i32 {
+async fn supervise(workload: &[OsString], mut lease: Option<LeaseWatch>) -> i32 {
     // Outside a container (not PID 1) orphans would escape to the real
     // init; becoming a subreaper keeps them ours. PID 1 already is one.
     if rustix::process::getpid() != Pid::INIT {
@@ -174,14 +237,30 @@ async fn supervise(workload: &[OsString]) -> i32 {
         },
     };
 
+    // Checked at once: a sandbox started after its deadline (its runner
+    // froze meanwhile) must not run a moment.
+    let mut lease_check = tokio::time::Instant::now();
     loop {
         if let Some(end) = reap(child) {
             report(end);
             return end.exit_code();
         }
+        let lease_due = async {
+            match lease {
+                Some(_) => tokio::time::sleep_until(lease_check).await,
+                None => std::future::pending().await,
+            }
+        };
         let received = tokio::select! {
             _ = children.recv() => None,
             number = std::future::poll_fn(|cx| poll_any(&mut forwarded, cx)) => Some(number),
+            () = lease_due => {
+                if let Some(watch) = lease.as_mut() {
+                    let recheck_ms = watch.check().await;
+                    lease_check = tokio::time::Instant::now() + Duration::from_millis(recheck_ms);
+                }
+                None
+            }
         };
         let Some(number) = received else { continue };
         match child {
@@ -214,6 +293,141 @@ fn poll_any(
         }
     }
     std::task::Poll::Pending
+}
+
+/// The lease watch's state: whether it froze, and whom it stopped.
+struct LeaseWatch {
+    dir: PathBuf,
+    frozen: bool,
+    /// Processes this watch stopped (and only those): continued at the thaw.
+    stopped: BTreeSet<i32>,
+}
+
+/// Sweeps one freeze makes at most before it waits for the next check:
+/// a process in uninterruptible sleep stops only when its call returns.
+const SWEEPS_MAX: u32 = 20;
+
+impl LeaseWatch {
+    fn new(dir: PathBuf) -> LeaseWatch {
+        LeaseWatch {
+            dir,
+            frozen: false,
+            stopped: BTreeSet::new(),
+        }
+    }
+
+    /// Reads the deadline and acts as [`lease::decide`] says; returns when
+    /// to look again, in ms.
+    async fn check(&mut self) -> u64 {
+        let deadline = lease::read_deadline(&self.dir);
+        let step = lease::decide(self.frozen, deadline.clone(), lease::boottime_ms());
+        match step {
+            Move::Run { .. } => {}
+            Move::Freeze => {
+                let first = !self.frozen;
+                self.frozen = true;
+                let before = self.stopped.len();
+                let running = self.stop_all().await;
+                let stopped = self.stopped.len() - before;
+                if first {
+                    let why = match &deadline {
+                        Ok(_) => "lease lapsed".to_owned(),
+                        Err(err) => format!("lease unreadable ({err})"),
+                    };
+                    eprintln!(
+                        "{STATUS_PREFIX} {why}: stopped {stopped} processes frozen_at_unix_ms={}",
+                        unix_ms()
+                    );
+                } else if stopped > 0 {
+                    eprintln!("{STATUS_PREFIX} stopped {stopped} more processes while frozen");
+                }
+                if running > 0 {
+                    eprintln!(
+                        "{STATUS_PREFIX} {running} processes not stopped yet (in an uninterruptible call?); trying again"
+                    );
+                }
+            }
+            Move::Thaw => {
+                let continued = self.stopped.len();
+                for pid in std::mem::take(&mut self.stopped) {
+                    if let Some(pid) = Pid::from_raw(pid) {
+                        // Gone meanwhile (killed): nothing to continue.
+                        let _ = rustix::process::kill_process(pid, Signal::CONT);
+                    }
+                }
+                self.frozen = false;
+                eprintln!("{STATUS_PREFIX} lease renewed: continued {continued} processes");
+            }
+        }
+        lease::recheck_ms(step)
+    }
+
+    /// Stops every process of the namespace but the init, sweeping until
+    /// a sweep finds every one stopped (a process may fork, or another may
+    /// continue it, until it is stopped itself); returns how many still
+    /// run after [`SWEEPS_MAX`] sweeps.
+    async fn stop_all(&mut self) -> usize {
+        let mut running = 0;
+        for _ in 0..SWEEPS_MAX {
+            running = 0;
+            for pid in other_processes() {
+                if process_stopped(pid) {
+                    continue;
+                }
+                running += 1;
+                let Some(target) = Pid::from_raw(pid) else {
+                    continue;
+                };
+                if rustix::process::kill_process(target, Signal::STOP).is_ok() {
+                    self.stopped.insert(pid);
+                }
+            }
+            if running == 0 {
+                break;
+            }
+            // Let the signals land before looking again.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        running
+    }
+}
+
+/// Every process of the namespace but this one, from `/proc`.
+fn other_processes() -> Vec<i32> {
+    let own = rustix::process::getpid().as_raw_nonzero().get();
+    let Ok(listing) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    listing
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != own)
+        .collect()
+}
+
+/// Whether every thread of `pid` is stopped, traced or dead (or the
+/// process is gone): nothing of it runs.
+fn process_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|task| {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            return true;
+        };
+        // `PID (COMM) STATE …`: COMM may hold anything, ')' included.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        matches!(state, Some('T' | 't' | 'Z' | 'X') | None)
+    })
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Reaps every child that has ended; returns how the workload ended if it

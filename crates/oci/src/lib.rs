@@ -21,6 +21,8 @@
 //!   isolation between sandboxes, outbound NAT, address leases).
 //! - [`volumes`]: where sandbox homes live (btrfs subvolumes, snapshots).
 //! - [`init`]: the PID 1 every sandbox runs (the `roost init` entry point).
+//! - [`lease`]: the runner's lease deadline, which the init enforces when
+//!   the runner cannot (the file, its clock, the freeze rule).
 //! - [`cgroup`]: the host's cgroup layout and the counters read from it.
 //! - [`state`]: what the runtime reports and what a death is put down to.
 //! - [`host`]: the host helpers every module shares (binary lookup, the
@@ -61,6 +63,7 @@ mod error;
 pub mod exec;
 pub mod host;
 pub mod init;
+pub mod lease;
 pub mod network;
 pub mod probe;
 pub mod rootfs;

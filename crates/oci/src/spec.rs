@@ -23,6 +23,8 @@
 //!                     devices the runtime creates, devpts, a 64 MiB /dev/shm,
 //!                     mqueue; /sys/fs/cgroup read-only in its own cgroup ns
 //! /.roost/init        the init binary, bind-mounted read-only
+//! /.roost/lease       the runner's lease deadline the init watches
+//!                     (crate::lease), bind-mounted read-only
 //! ```
 //!
 //! So the root is read-only for everything that comes from the host and
@@ -104,6 +106,10 @@ pub fn spec(config: &SandboxConfig, host: &HostSystem, cgroups_path: &str) -> Re
         None => vec![INIT_PATH.to_owned()],
     };
     args.extend(config.init.args.iter().cloned());
+    if config.lease_dir.is_some() {
+        args.push(crate::lease::LEASE_FLAG.to_owned());
+        args.push(crate::lease::LEASE_PATH.to_owned());
+    }
     if !config.workload.is_empty() {
         args.push("--".to_owned());
         args.extend(config.workload.iter().cloned());
@@ -394,6 +400,15 @@ fn mounts(
         config.init.host_path.clone(),
         &["bind", "ro", "nosuid", "nodev"],
     )?);
+    if let Some(lease_dir) = &config.lease_dir {
+        // Read-only: nothing in the sandbox may renew its own lease.
+        mounts.push(mount(
+            crate::lease::LEASE_PATH,
+            "bind",
+            lease_dir.clone(),
+            &["bind", "ro", "nosuid", "nodev", "noexec"],
+        )?);
+    }
     if let Some(linkage) = linkage {
         mounts.push(mount(
             INIT_LOADER_PATH,
@@ -608,6 +623,46 @@ mod tests {
             value["process"]["args"],
             serde_json::json!(["/.roost/init", "init", "--", "sleep", "5"])
         );
+    }
+
+    /// With a lease directory, the init is told to watch it, and sees it
+    /// read-only: nothing in the sandbox can renew its own lease.
+    #[test]
+    fn a_lease_directory_is_watched_by_the_init_and_read_only_inside() {
+        assert!(
+            json(&config())["mounts"]
+                .as_array()
+                .expect("mounts")
+                .iter()
+                .all(|m| m["destination"] != crate::lease::LEASE_PATH)
+        );
+        let mut config = config();
+        config.lease_dir = Some("/var/lib/roost/sandboxes/sbx_test/lease".into());
+        config.workload = vec!["sleep".into(), "5".into()];
+        let value = json(&config);
+        assert_eq!(
+            value["process"]["args"],
+            serde_json::json!([
+                "/.roost/init",
+                "init",
+                "--lease-dir",
+                "/.roost/lease",
+                "--",
+                "sleep",
+                "5"
+            ])
+        );
+        let lease = value["mounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .find(|m| m["destination"] == crate::lease::LEASE_PATH)
+            .expect("the lease directory is mounted");
+        assert_eq!(lease["source"], "/var/lib/roost/sandboxes/sbx_test/lease");
+        let options = lease["options"].as_array().expect("options");
+        assert!(options.iter().any(|o| o == "ro"), "{options:?}");
+        config.lease_dir = Some("relative/lease".into());
+        assert!(spec(&config, &host(), "/roost/x").is_err());
     }
 
     fn network_namespace(value: &serde_json::Value) -> serde_json::Value {

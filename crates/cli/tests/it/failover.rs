@@ -1129,3 +1129,216 @@ async fn chaos_keeps_every_committed_save_and_converges_every_record() {
         }
     }
 }
+
+/// Starts a workload in the sandbox's background (not a command: it
+/// outlives its command and the runner) that appends the time in ms to
+/// /workspace/FILE every 200 ms.
+async fn start_stamper(api: &Api, id: &str, file: &str) {
+    sh(
+        api,
+        id,
+        &format!(
+            "nohup sh -c 'while :; do date +%s%3N >> /workspace/{file}; sleep 0.2; done' \
+             >/dev/null 2>&1 &"
+        ),
+    )
+    .await;
+}
+
+/// Every stamp in a stamps file (none if it is missing).
+fn stamps(path: &std::path::Path) -> Vec<i64> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse::<i64>().ok())
+        .collect()
+}
+
+/// A host's copy of a sandbox's home file.
+fn home_file(cluster: &Cluster, host: usize, id: &str, file: &str) -> PathBuf {
+    cluster.hosts[host]
+        .runner
+        .data_dir
+        .join("volumes/homes")
+        .join(id)
+        .join(file)
+}
+
+/// The sandbox's init log on a host (`oci::init`: its freeze and thaw
+/// lines).
+fn init_log(cluster: &Cluster, host: usize, id: &str) -> String {
+    let path = cluster.hosts[host]
+        .runner
+        .data_dir
+        .join("sandboxes")
+        .join(id)
+        .join("bundle/init.log");
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// When the init finished stopping the sandbox's processes at its first
+/// freeze, as it recorded it: the freeze point.
+fn frozen_at(init_log: &str) -> Option<i64> {
+    init_log
+        .lines()
+        .find(|l| l.starts_with("roost-init: lease lapsed"))
+        .and_then(|l| l.rsplit_once("frozen_at_unix_ms="))
+        .and_then(|(_, ms)| ms.trim().parse().ok())
+}
+
+/// Issue 13, point 3: a runner process killed with its host up, and
+/// nobody restarting it, left its sandbox running beside the copy
+/// recovered elsewhere. Now its init stops the workload before the lease
+/// could expire: nothing the old copy wrote is after its freeze point,
+/// which is before the recovered copy's first write; the runner, once
+/// restarted, kills the frozen copy and leaves the recovered one alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_runner_process_leaves_its_sandbox_frozen_and_its_copy_writes_nothing_after_the_freeze()
+ {
+    let mut cluster = Cluster::start(&["--lease-ttl", "3s"]).await;
+    let old = cluster.host("a", "on_demand");
+    let id = cluster
+        .create(json!({"storage_class": "durable", "save_interval_s": 1}))
+        .await;
+    let api = cluster.api();
+    start_stamper(api, &id, "stamps").await;
+    cluster.wait_saved(&id).await;
+    let new = cluster.host("b", "on_demand");
+
+    let killed_at = now_ms();
+    cluster.hosts[old].runner.kill9();
+    let recovered = cluster
+        .wait_running_on(&id, new, Duration::from_secs(30))
+        .await;
+    let api = cluster.api();
+    start_stamper(api, &id, "stamps.b").await;
+    let new_stamps = home_file(&cluster, new, &id, "stamps.b");
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            stamps(&new_stamps).len() >= 10
+        })
+        .await,
+        "the recovered copy does not write"
+    );
+
+    let log = init_log(&cluster, old, &id);
+    let frozen_at =
+        frozen_at(&log).unwrap_or_else(|| panic!("the old copy's init never froze: {log}"));
+    let old_stamps = stamps(&home_file(&cluster, old, &id, "stamps"));
+    let last_old = *old_stamps.iter().max().expect("the old copy wrote");
+    let first_new = *stamps(&new_stamps)
+        .iter()
+        .min()
+        .expect("the new copy wrote");
+    let events = cluster.events(&id).await;
+    let fenced_at = parse_ms(event(&events, "recovering", 0)["at"].as_str().expect("at"));
+    // The workload outlived its runner until the freeze (so the init froze
+    // it, not the kill)…
+    assert!(
+        last_old > killed_at,
+        "the old copy stopped writing at {last_old}, before its runner was killed at {killed_at}"
+    );
+    // …wrote nothing after it, and the freeze came before the server moved
+    // the sandbox and before the new copy's first write: never two writers.
+    assert!(
+        last_old <= frozen_at,
+        "the old copy wrote at {last_old}, after its freeze at {frozen_at}"
+    );
+    assert!(
+        frozen_at < fenced_at,
+        "frozen at {frozen_at}, after the fence at {fenced_at}"
+    );
+    assert!(
+        frozen_at < first_new,
+        "frozen at {frozen_at}, after the new copy's first write at {first_new}"
+    );
+    // Frozen, not dead: the old container's init lives on.
+    assert_eq!(
+        cluster.hosts[old].runner.container_status(&id).as_deref(),
+        Some("running")
+    );
+
+    // The runner comes back: not assigned the sandbox any more, it kills
+    // its frozen copy (never renewing its lease); the new copy runs on.
+    cluster.hosts[old].runner.restart(&[]);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            cluster.hosts[old].runner.container_status(&id).is_none()
+        })
+        .await,
+        "the frozen copy is still there: {:?}",
+        cluster.hosts[old].runner.container_status(&id)
+    );
+    let sandbox = cluster.get(&id).await;
+    assert_eq!(sandbox["state"], "running", "{sandbox}");
+    assert_eq!(sandbox["epoch"], recovered["epoch"], "{sandbox}");
+    assert_eq!(sandbox["runner_id"], cluster.runner_id(new).as_str());
+}
+
+/// The other half of the contract: a runner that comes back before its
+/// lease expired finds its sandboxes frozen by their inits, and thaws
+/// them by renewing: the same processes write again, at the same epoch,
+/// with no recovery in the sandbox's history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_restarted_within_its_lease_thaws_what_its_inits_froze() {
+    // Inits freeze 25 s after the last renewal's send; the server recovers
+    // nothing before 31 s after its receipt: room for a restart.
+    let mut cluster = Cluster::start(&["--lease-ttl", "30s"]).await;
+    let host = cluster.host("a", "on_demand");
+    let id = cluster
+        .create(json!({"storage_class": "durable", "save_interval_s": 1}))
+        .await;
+    let api = cluster.api();
+    start_stamper(api, &id, "stamps").await;
+    let epoch = cluster.get(&id).await["epoch"].clone();
+    let path = home_file(&cluster, host, &id, "stamps");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            !stamps(&path).is_empty()
+        })
+        .await,
+        "the workload does not write"
+    );
+
+    cluster.hosts[host].runner.kill9();
+    assert!(
+        eventually(Duration::from_secs(40), || async {
+            frozen_at(&init_log(&cluster, host, &id)).is_some()
+        })
+        .await,
+        "the init never froze: {}",
+        init_log(&cluster, host, &id)
+    );
+    let frozen_at = frozen_at(&init_log(&cluster, host, &id)).expect("frozen");
+    let last = *stamps(&path).iter().max().expect("stamps");
+    assert!(
+        last <= frozen_at,
+        "wrote at {last}, after the freeze at {frozen_at}"
+    );
+
+    cluster.hosts[host].runner.restart(&[]);
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            stamps(&path).iter().max().is_some_and(|s| *s > frozen_at)
+        })
+        .await,
+        "the workload was not thawed: {}",
+        init_log(&cluster, host, &id)
+    );
+    assert!(
+        init_log(&cluster, host, &id).contains("roost-init: lease renewed: continued"),
+        "{}",
+        init_log(&cluster, host, &id)
+    );
+    let sandbox = cluster.get(&id).await;
+    assert_eq!(sandbox["state"], "running", "{sandbox}");
+    assert_eq!(sandbox["epoch"], epoch, "{sandbox}");
+    assert_eq!(sandbox["runner_id"], cluster.runner_id(host).as_str());
+    let events = cluster.events(&id).await;
+    assert!(
+        events
+            .iter()
+            .all(|e| e["state"] != "recovering" && e["state"] != "failed"),
+        "{events:#?}"
+    );
+}

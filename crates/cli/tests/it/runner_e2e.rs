@@ -513,7 +513,11 @@ async fn commands_end_honestly_and_the_sandbox_is_confined() {
     // capability set.
     let processes = sh(api, sid, "ps -e -o pid=,args=").await;
     let lines: Vec<&str> = processes.lines().map(str::trim).collect();
-    assert_eq!(lines.first(), Some(&"1 /.roost/init init"), "{processes}");
+    assert_eq!(
+        lines.first(),
+        Some(&"1 /.roost/init init --lease-dir /.roost/lease"),
+        "{processes}"
+    );
     assert!(
         lines.len() <= 6
             && !processes.contains("roost runner")

@@ -272,7 +272,12 @@ impl Runtime {
                 id: config.id.to_string(),
             });
         }
-        for dir in [paths.dir(), self.inner.state_root.as_path()] {
+        // The lease directory is the mount's source; its deadline is the
+        // runner's to write (the init freezes at once without one).
+        for dir in [paths.dir(), self.inner.state_root.as_path()]
+            .into_iter()
+            .chain(config.lease_dir.as_deref())
+        {
             std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
         }
         let bundle = paths.bundle();

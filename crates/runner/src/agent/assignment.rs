@@ -70,7 +70,11 @@ pub(crate) fn sandbox_config(
         api::Network::None => Network::None,
         api::Network::Bridge => Network::Bridge,
     };
+    // The init enforces the lease this runner renews, even once this
+    // runner is gone (`fence`, `oci::lease`).
+    let lease_dir = paths.lease();
     let mut config = SandboxConfig::new(id.clone(), paths, home, host.init.clone());
+    config.lease_dir = Some(lease_dir);
     config.image = image;
     config.env = sandbox.env.clone();
     config.network = network;

@@ -14,6 +14,9 @@ use tokio::time::Instant;
 /// Now, and waiting.
 pub(crate) trait Clock: Send + Sync + std::fmt::Debug {
     fn now(&self) -> Instant;
+    /// Now on the clock of the sandboxes' lease deadlines
+    /// (`oci::lease::boottime_ms`), in ms.
+    fn boottime_ms(&self) -> u64;
     /// Resolves once `duration` has passed on this clock.
     fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()>;
 }
@@ -25,6 +28,10 @@ pub(crate) struct TokioClock;
 impl Clock for TokioClock {
     fn now(&self) -> Instant {
         Instant::now()
+    }
+
+    fn boottime_ms(&self) -> u64 {
+        oci::lease::boottime_ms()
     }
 
     fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {

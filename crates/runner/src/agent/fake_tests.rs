@@ -681,6 +681,71 @@ async fn the_first_assignments_launch_what_is_assigned_and_remove_leftovers() {
         .await;
 }
 
+/// The inits' lease (`oci::lease`, DESIGN.md §7: the freeze does not
+/// depend on the runner process): written before a launch (the fake
+/// refuses a launch without one, as the real init would freeze at once),
+/// renewed by every answered beat, halfway from `freeze_after` to the
+/// lease's end; never written for a container no worker runs here; left
+/// to lapse when the beats fail, after the fence's own freeze and before
+/// the lease could expire; renewed again by the beat that gets through.
+#[tokio::test]
+async fn the_inits_lease_is_written_before_a_launch_and_renewed_only_by_answered_beats() {
+    let agent = agent(Failpoints::none());
+    // Left by an earlier run, no longer assigned here.
+    agent.runtime.add("sbx_old", Status::Running);
+    let _beats = registered(&agent).await;
+    agent.control.assign(
+        vec![assignment(
+            ID,
+            1,
+            DesiredState::Running,
+            SandboxState::Starting,
+        )],
+        Vec::new(),
+    );
+    let _loop = assignments(&agent);
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    let deadline = |id: &str| {
+        let dir = agent
+            .shared
+            .data
+            .root()
+            .join("sandboxes")
+            .join(id)
+            .join("lease");
+        oci::lease::read_deadline(&dir)
+            .ok()
+            .map(|d| d.freeze_at_boottime_ms)
+    };
+    let grace_ms = FREEZE_AFTER_MS + (LEASE_TTL_MS - FREEZE_AFTER_MS) / 2;
+    // Registered at 0.
+    assert_eq!(deadline(ID), Some(grace_ms));
+    // The beat sent at 3 s is answered.
+    fence_until(&agent, ms(3_100)).await;
+    assert_eq!(deadline(ID), Some(3_000 + grace_ms));
+    agent.control.answer(Kind::Heartbeat, Scripted::Unreachable);
+    fence_until(&agent, ms(9_500)).await;
+    assert!(
+        *agent.shared.fence.subscribe().borrow(),
+        "the fence froze at 9 s"
+    );
+    assert_eq!(deadline(ID), Some(3_000 + grace_ms), "nothing renewed it");
+    // The inits act after the fence's own freeze, before the lease ends.
+    assert!(FREEZE_AFTER_MS < grace_ms && grace_ms < LEASE_TTL_MS);
+    assert_eq!(deadline("sbx_old"), None, "not run here: never renewed");
+    agent.control.answer(Kind::Heartbeat, Scripted::Ok);
+    fence_until(&agent, ms(11_000)).await;
+    assert!(!*agent.shared.fence.subscribe().borrow(), "thawed");
+    let renewed = deadline(ID).expect("a deadline");
+    assert!(
+        renewed >= 9_500 + grace_ms && renewed <= 11_000 + grace_ms,
+        "renewed by the beat that got through: {renewed}"
+    );
+}
+
 #[tokio::test]
 async fn a_preemption_notice_is_passed_on_retrying_what_fails_transiently() {
     let agent = agent(Failpoints::none());

@@ -31,12 +31,33 @@
 //!   lands) and nothing is thawed; once the runner has registered again,
 //!   the workers act again and remove what is no longer assigned.
 //!
+//! # Without the runner process
+//!
+//! All of the above needs this process alive. So that a runner whose
+//! process dies leaves its sandboxes frozen too (DESIGN.md §7), every
+//! sandbox's init enforces the lease itself (`oci::lease`): after each
+//! answered heartbeat (or registration) the fence writes a deadline into
+//! the lease directory of every sandbox a worker runs for a current
+//! placement ([`Fence::hold`]), and the init stops every process of its
+//! sandbox once that deadline passes unrenewed. The deadline is halfway
+//! between `freeze_after` and the lease's end, measured from the same
+//! send: after this fence's own freeze (which leaves the inits frozen
+//! before their deadline, so they never act while the runner does), still
+//! half a heartbeat interval before the server could count the lease
+//! expired. The deadlines are written before the fence learns of the
+//! renewal, so a thaw never runs an init that still holds an old one.
+//! Nothing here waits on the runtime: a `pause` that hangs delays this
+//! fence's freeze, not the inits'. A restarted runner renews only what its
+//! workers hold again (the sandboxes it is still assigned); a sandbox
+//! moved elsewhere stays stopped until the worker kills it.
+//!
 //! Each transition is logged and recorded in `DIR/fence.json`
 //! (`{"state": "frozen"|"thawed"|"fenced", "at_ms", "containers"}`,
 //! replaced atomically): the containers frozen, thawed or killed. The
 //! registration after a fence resumes nothing, so the record keeps saying
 //! `fenced` until the next freeze.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -89,12 +110,27 @@ struct Lease {
     registered_at: Option<Instant>,
     /// From the newest registration.
     freeze_after: Option<Duration>,
+    /// From the newest registration.
+    lease_ttl: Option<Duration>,
 }
 
 impl Lease {
     /// The newest renewal of either kind.
     fn renewed_sent_at(&self) -> Option<Instant> {
         self.heartbeat_sent_at.max(self.registration_sent_at)
+    }
+
+    /// When the sandboxes' inits stop their processes unless renewed:
+    /// halfway from `freeze_after` to the lease's end, after the newest
+    /// renewal's send (see the module docs). `None` before registration.
+    fn init_deadline(&self) -> Option<Instant> {
+        let renewed = self.renewed_sent_at()?;
+        let freeze_after = self.freeze_after?;
+        let lease_ttl = self
+            .lease_ttl
+            .filter(|ttl| *ttl > freeze_after)
+            .unwrap_or(freeze_after);
+        Some(renewed + freeze_after + (lease_ttl - freeze_after) / 2)
     }
 }
 
@@ -160,6 +196,9 @@ pub(crate) struct Fence {
     frozen: watch::Sender<bool>,
     /// `DIR/fence.json`.
     record: PathBuf,
+    /// The lease directories of the sandboxes whose inits this runner
+    /// renews, by sandbox id (see [`Fence::hold`]); held while writing.
+    leases: tokio::sync::Mutex<BTreeMap<String, PathBuf>>,
     /// Where "now" and the drain's limit come from.
     clock: Arc<dyn Clock>,
 }
@@ -180,6 +219,7 @@ impl Fence {
             gate: RwLock::new(()),
             frozen: watch::channel(false).0,
             record,
+            leases: tokio::sync::Mutex::new(BTreeMap::new()),
             clock,
         }
     }
@@ -207,14 +247,90 @@ impl Fence {
     }
 
     /// A registration sent at `sent_at` was answered, with the server's
-    /// `freeze_after` (the newest one counts).
-    pub(crate) fn registered(&self, sent_at: Instant, freeze_after: Duration) {
+    /// `freeze_after` and lease (the newest one counts).
+    pub(crate) fn registered(&self, sent_at: Instant, freeze_after: Duration, lease_ttl: Duration) {
         let now = self.clock.now();
         self.update_lease(|lease| {
             lease.registration_sent_at = lease.registration_sent_at.max(Some(sent_at));
             lease.registered_at = Some(now);
             lease.freeze_after = Some(freeze_after);
+            lease.lease_ttl = Some(lease_ttl);
         });
+    }
+
+    /// [`Fence::renewed`], after renewing the held sandboxes' deadlines.
+    pub(crate) async fn heartbeat_answered(&self, sent_at: Instant) {
+        let mut next = self.lease();
+        next.heartbeat_sent_at = next.heartbeat_sent_at.max(Some(sent_at));
+        self.write_deadlines(&next).await;
+        self.renewed(sent_at);
+    }
+
+    /// [`Fence::registered`], after renewing the held sandboxes' deadlines.
+    pub(crate) async fn registration_answered(
+        &self,
+        sent_at: Instant,
+        freeze_after: Duration,
+        lease_ttl: Duration,
+    ) {
+        let mut next = self.lease();
+        next.registration_sent_at = next.registration_sent_at.max(Some(sent_at));
+        next.freeze_after = Some(freeze_after);
+        next.lease_ttl = Some(lease_ttl);
+        self.write_deadlines(&next).await;
+        self.registered(sent_at, freeze_after, lease_ttl);
+    }
+
+    /// The sandbox `id` runs here for a current placement: from now on its
+    /// init's deadline (in `dir`) is renewed with the lease. The current
+    /// one is written before this returns when the sandbox was not held
+    /// yet, or when `fresh` (a launch needs it: an init without a deadline
+    /// freezes at once).
+    pub(crate) async fn hold(&self, id: &SandboxId, dir: PathBuf, fresh: bool) -> oci::Result<()> {
+        let mut leases = self.leases.lock().await;
+        if !fresh && leases.contains_key(id.as_str()) {
+            return Ok(());
+        }
+        let deadline = self.deadline_in(&self.lease());
+        let written = oci::lease::write_deadline(&dir, deadline);
+        leases.insert(id.to_string(), dir);
+        written
+    }
+
+    /// The sandbox `id` is no longer run here (fenced, stopped for good,
+    /// moved, deleted): its deadline is renewed no more, so its init stops
+    /// whatever still runs in it once the last one passes.
+    pub(crate) async fn release(&self, id: &SandboxId) {
+        self.leases.lock().await.remove(id.as_str());
+    }
+
+    /// The deadline `lease` gives, as the inits read it; one already
+    /// passed (or none yet) freezes them at once.
+    fn deadline_in(&self, lease: &Lease) -> oci::lease::Deadline {
+        let now = self.clock.now();
+        let remaining_ms = match lease.init_deadline() {
+            Some(at) if at >= now => at.duration_since(now).as_millis() as i64,
+            Some(at) => -(now.duration_since(at).as_millis() as i64),
+            None => 0,
+        };
+        oci::lease::Deadline::from(self.clock.boottime_ms(), remaining_ms)
+    }
+
+    /// Writes `lease`'s deadline for every held sandbox. One that cannot
+    /// be written is logged: its init freezes at the old deadline.
+    ///
+    /// In line, not on a blocking thread: a small file per sandbox in the
+    /// data dir, unsynced, and the clock's tests need the renewal done when
+    /// the beat's answer is. A disk that hangs holds the heartbeats up with
+    /// it, so the lease lapses and everything freezes: the safe side.
+    async fn write_deadlines(&self, lease: &Lease) {
+        let leases = self.leases.lock().await;
+        let deadline = self.deadline_in(lease);
+        for (sandbox_id, dir) in leases.iter() {
+            if let Err(err) = oci::lease::write_deadline(dir, deadline) {
+                tracing::warn!(%sandbox_id, %err, "cannot renew the sandbox's lease deadline; it freezes at the old one");
+            }
+        }
     }
 
     /// `true` while the runner is frozen or fenced.
@@ -357,6 +473,9 @@ pub(crate) async fn fenced(shared: &Shared, sent_at: Instant) -> bool {
         return false;
     }
     shared.fence.close().await;
+    // Nothing is renewed until a worker holds its sandbox again for a
+    // placement the server confirms.
+    shared.fence.leases.lock().await.clear();
     let killed = kill_all(shared).await;
     held.phase = Phase::Fenced;
     held.since = shared.clock.now();
@@ -525,6 +644,7 @@ mod tests {
                 registration_sent_at: registration_ms.map(|ms| self.ms(ms)),
                 registered_at: registration_ms.map(|ms| self.ms(ms + 10)),
                 freeze_after: Some(Duration::from_millis(FREEZE_AFTER_MS)),
+                lease_ttl: Some(Duration::from_millis(FREEZE_AFTER_MS * 3 / 2)),
             }
         }
     }
@@ -586,7 +706,11 @@ mod tests {
             PathBuf::from("/nonexistent/fence.json"),
             Arc::new(clock::TokioClock),
         );
-        fence.registered(at.ms(0), Duration::from_millis(FREEZE_AFTER_MS));
+        fence.registered(
+            at.ms(0),
+            Duration::from_millis(FREEZE_AFTER_MS),
+            Duration::from_millis(9_000),
+        );
         let answered = [3_000, 6_000, 9_000, 17_000];
         let mut phase = Phase::Thawed;
         let mut moves = Vec::new();
@@ -614,12 +738,24 @@ mod tests {
         );
         fence.renewed(at.ms(5_000));
         fence.renewed(at.ms(4_000));
-        fence.registered(at.ms(1_000), Duration::from_millis(6_000));
-        fence.registered(at.ms(2_000), Duration::from_millis(4_000));
+        fence.registered(
+            at.ms(1_000),
+            Duration::from_millis(6_000),
+            Duration::from_millis(9_000),
+        );
+        fence.registered(
+            at.ms(2_000),
+            Duration::from_millis(4_000),
+            Duration::from_millis(6_000),
+        );
         let lease = fence.lease();
         assert_eq!(lease.heartbeat_sent_at, Some(at.ms(5_000)));
         assert_eq!(lease.registration_sent_at, Some(at.ms(2_000)));
         assert_eq!(lease.freeze_after, Some(Duration::from_millis(4_000)));
+        // The inits' deadline: halfway from the freeze to the lease's end
+        // (5 s + 4 s + 1 s), after the fence's own freeze (9 s), before
+        // the server could expire the lease (11 s).
+        assert_eq!(lease.init_deadline(), Some(at.ms(10_000)));
     }
 
     /// A freeze waits for a step that passed the gate; later ones are

@@ -59,6 +59,12 @@
 //! an interval and the assignments long-poll after 30 s (it waits 25 s),
 //! so a dead link holds neither up.
 //!
+//! None of that needs this process: every sandbox's init enforces the
+//! lease too (`oci::lease`), stopping its processes once the deadline the
+//! fence renews after each answered heartbeat passes. A runner whose
+//! process dies leaves its sandboxes frozen; restarted, it renews (and so
+//! thaws) what it is still assigned and kills the rest.
+//!
 //! # Preemption
 //!
 //! [`run_with_preemption`] passes each notice it is given (`roost runner`:
@@ -410,7 +416,12 @@ async fn register(shared: &Shared) -> Result<u64, AgentError> {
     };
     shared
         .fence
-        .registered(sent_at, Duration::from_millis(freeze_after_ms));
+        .registration_answered(
+            sent_at,
+            Duration::from_millis(freeze_after_ms),
+            Duration::from_millis(registered.lease_ttl_ms),
+        )
+        .await;
     tracing::info!(runner_id = %registered.runner_id, lease_ttl_ms = registered.lease_ttl_ms, freeze_after_ms, "registered");
     Ok(registered.heartbeat_interval_ms.max(100))
 }
@@ -594,7 +605,7 @@ async fn heartbeats(
         .await;
         let err = match answer {
             Ok(Ok(())) => {
-                shared.fence.renewed(sent_at);
+                shared.fence.heartbeat_answered(sent_at).await;
                 continue;
             }
             Ok(Err(err)) if err.code() == Some(ErrorCode::Fenced) => {

@@ -200,6 +200,18 @@ pub(crate) fn decide(
     }
 }
 
+/// Whether `action` (on a container seen so) runs the sandbox here for the
+/// assignment's placement: then its init's lease is renewed with this
+/// runner's (`fence::Fence::hold`). Adopting a running container counts
+/// (a restarted runner thaws what its inits froze by renewing).
+fn runs_here(action: Action, seen: Seen) -> bool {
+    match action {
+        Action::Launch | Action::Start | Action::Resume | Action::ReportRunning => true,
+        Action::Idle => seen == Seen::Running,
+        _ => false,
+    }
+}
+
 /// What to do after a pass.
 enum Next {
     /// Wait for an event (or the resync).
@@ -389,6 +401,29 @@ impl Worker {
         if action != Action::Idle {
             tracing::debug!(sandbox_id = %self.id, desired = %sandbox.desired, recorded = %sandbox.state, ?seen, ?action, "acting");
         }
+        if runs_here(action, seen) {
+            // Written afresh before a launch: its init needs a deadline
+            // from the start (an old file may hold a lapsed one).
+            let held = self
+                .shared
+                .fence
+                .hold(
+                    &self.id,
+                    self.handle.paths().lease(),
+                    action == Action::Launch,
+                )
+                .await;
+            match held {
+                Ok(()) => {}
+                Err(err) if action == Action::Launch => {
+                    return self.failed_step(sandbox, Step::Local(err)).await;
+                }
+                // Held all the same: the next renewal writes it again.
+                Err(err) => {
+                    tracing::warn!(sandbox_id = %self.id, %err, "cannot write the sandbox's lease deadline")
+                }
+            }
+        }
         let result = match action {
             Action::Idle => Ok(()),
             Action::Launch => self.launch(sandbox, seen).await,
@@ -547,6 +582,7 @@ impl Worker {
         self.stop_saving();
         self.snapshots.clear();
         self.commands.clear();
+        self.release_lease().await;
         if let Err(err) = self.handle.delete().await {
             tracing::error!(sandbox_id = %self.id, %err, "cannot kill the fenced sandbox");
         }
@@ -869,11 +905,19 @@ impl Worker {
         self.unwatch();
         self.stop_saving();
         self.commands.clear();
+        self.release_lease().await;
         self.handle.delete().await.map_err(Step::Local)
+    }
+
+    /// The fence renews this sandbox's lease no more: whatever might still
+    /// run in it stops at the last deadline.
+    async fn release_lease(&mut self) {
+        self.shared.fence.release(&self.id).await;
     }
 
     /// Removes the container and every file of the sandbox.
     async fn remove_everything(&mut self) -> Result<(), Error> {
+        self.release_lease().await;
         self.unwatch();
         self.stop_saving();
         for (_, task) in self.snapshots.drain() {

@@ -122,6 +122,11 @@ impl Clock for ManualClock {
         self.origin + self.elapsed()
     }
 
+    /// The simulated time in ms: a lease deadline reads as when it falls.
+    fn boottime_ms(&self) -> u64 {
+        self.elapsed().as_millis() as u64
+    }
+
     fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
         let deadline = self.elapsed() + duration;
         let mut elapsed = self.elapsed.subscribe();
@@ -324,6 +329,14 @@ impl ContainerRuntime for FakeRuntimeHandle {
             let fault = lock(&self.0.inner).launch_faults.pop_front();
             if let Some(error) = fault {
                 return Err(error);
+            }
+            // The real init would freeze at once without a deadline.
+            if let Some(dir) = &config.lease_dir
+                && let Err(err) = oci::lease::read_deadline(dir)
+            {
+                return Err(Error::Invalid(format!(
+                    "launched without a lease deadline: {err}"
+                )));
             }
             lock(&self.0.inner).containers.insert(
                 id,
