@@ -119,9 +119,9 @@ impl Plane {
             None => runner_protocol::Registrant::Enrolment,
         };
         runner_protocol::register(&self.state, &registrant, &request)
-        .await
-        .expect("the runner registers")
-        .runner_id
+            .await
+            .expect("the runner registers")
+            .runner_id
     }
 
     /// Creates a sandbox as `POST /v1/sandboxes` does, committed.
