@@ -314,18 +314,7 @@ impl HomeVolumes {
             ));
         }
         let started = Instant::now();
-        run_tool(
-            "snapshot the home into",
-            &path,
-            btrfs,
-            &[
-                OsStr::new("subvolume"),
-                OsStr::new("snapshot"),
-                OsStr::new("-r"),
-                home.as_os_str(),
-                path.as_os_str(),
-            ],
-        )?;
+        read_only_snapshot("snapshot the home into", btrfs, &home, &path)?;
         Ok(HomeSnapshot {
             path,
             took: started.elapsed(),
@@ -388,18 +377,7 @@ impl HomeVolumes {
             std::fs::symlink_metadata(&home).map_err(|e| Error::io("keep aside", &home, e))?;
         match &self.btrfs {
             Some(btrfs) if is_subvolume(&metadata) => {
-                run_tool(
-                    "keep aside a copy of the home in",
-                    &path,
-                    btrfs,
-                    &[
-                        OsStr::new("subvolume"),
-                        OsStr::new("snapshot"),
-                        OsStr::new("-r"),
-                        home.as_os_str(),
-                        path.as_os_str(),
-                    ],
-                )?;
+                read_only_snapshot("keep aside a copy of the home in", btrfs, &home, &path)?;
             }
             _ => {
                 std::fs::rename(&home, &path).map_err(|e| Error::io("keep aside", &home, e))?;
@@ -774,6 +752,25 @@ fn ensure_nosuid_nodev(root: &Path) -> Result<()> {
             root.display()
         )));
     }
+    Ok(())
+}
+
+/// `btrfs subvolume snapshot -r FROM TO`: a read-only snapshot, which is
+/// how a home is both saved and kept aside. `what` names the action in an
+/// error.
+fn read_only_snapshot(what: &'static str, btrfs: &Path, from: &Path, to: &Path) -> Result<()> {
+    run_tool(
+        what,
+        to,
+        btrfs,
+        &[
+            OsStr::new("subvolume"),
+            OsStr::new("snapshot"),
+            OsStr::new("-r"),
+            from.as_os_str(),
+            to.as_os_str(),
+        ],
+    )?;
     Ok(())
 }
 
