@@ -49,6 +49,7 @@ use utoipa::ToSchema;
 use store::store::{MISSING_CHECK_BATCH_MAX, ObjectId, ObjectKind};
 use store::{Digest, Objects, OrgId, Store};
 
+use crate::ErrorCode;
 use crate::client::{Client, ClientError};
 
 /// `POST /v1/blocks/{org}/missing`
@@ -302,11 +303,12 @@ fn backend_error(
     object: &ObjectId,
     err: ClientError,
 ) -> store::Error {
-    store::Error::Backend {
-        op,
-        key: Store::object_key(org, object),
-        message: err.to_string(),
+    let key = Store::object_key(org, object);
+    let message = err.to_string();
+    if err.code() == Some(ErrorCode::InsufficientStorage) {
+        return store::Error::StoreFull { op, key, message };
     }
+    store::Error::Backend { op, key, message }
 }
 
 impl Objects for RemoteBackend {

@@ -21,6 +21,9 @@ pub enum ErrorCode {
     UnsupportedCapability,
     QuotaExceeded,
     Unavailable,
+    /// The content store has no space left: what it could not store is
+    /// still missing; retry once space is freed (507).
+    InsufficientStorage,
     Internal,
 }
 
@@ -39,6 +42,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedCapability => "unsupported_capability",
             ErrorCode::QuotaExceeded => "quota_exceeded",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::Internal => "internal",
         }
     }
@@ -57,6 +61,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedCapability => 422,
             ErrorCode::QuotaExceeded => 429,
             ErrorCode::Unavailable => 503,
+            ErrorCode::InsufficientStorage => 507,
             ErrorCode::Internal => 500,
         }
     }

@@ -24,6 +24,15 @@ pub enum Error {
         message: String,
     },
 
+    /// The store (the block service, answering 507) has no space left;
+    /// nothing of the request was stored.
+    #[error("store full during {op} of {key}: {message}")]
+    StoreFull {
+        op: &'static str,
+        key: String,
+        message: String,
+    },
+
     #[error("no such home: {org}/{home}")]
     NoSuchHome { org: String, home: String },
 
@@ -125,6 +134,21 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { path, source }
+    }
+
+    /// Whether the store (or the disk under a local one) is out of space:
+    /// `ENOSPC`/`EDQUOT` from a local store, or a block service's 507.
+    pub fn is_out_of_space(&self) -> bool {
+        match self {
+            Error::StoreFull { .. } => true,
+            Error::Io { source, .. } => {
+                matches!(
+                    source.kind(),
+                    std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+                )
+            }
+            _ => false,
+        }
     }
 
     /// Whether running the whole push again is likely to succeed: a file

@@ -34,6 +34,13 @@ pub async fn blocking<T: Send + 'static>(
 /// anything else 500; both logged here.
 pub fn store_error(err: store::Error) -> ControlError {
     tracing::error!(%err, "store error");
+    if err.is_out_of_space() {
+        // The cause, without the server's paths: they are not the caller's.
+        return ControlError::new(
+            ErrorCode::InsufficientStorage,
+            "the content store is full (no space left on device): what it could not store is still missing; retry once space is freed",
+        );
+    }
     match err {
         store::Error::Backend { .. } | store::Error::StoreBusy { .. } => {
             ControlError::new(ErrorCode::Unavailable, "the content store is unavailable")

@@ -20,13 +20,20 @@ pub struct TestServer {
 impl TestServer {
     /// Starts a server with a content store and waits until it listens.
     pub async fn start() -> TestServer {
+        Self::start_with_store(None).await
+    }
+
+    /// As [`TestServer::start`], with the content store at `store` (a
+    /// directory the test prepared) instead of one in the data dir.
+    pub async fn start_with_store(store: Option<&std::path::Path>) -> TestServer {
         let data = tempfile::Builder::new()
             .prefix("roost-server-it-")
             .tempdir()
             .expect("a temp data dir");
         let listen: SocketAddr = "127.0.0.1:0".parse().expect("a loopback address");
         let mut config = server::Config::new(listen, data.path().join("server"));
-        config.store_url = Some(data.path().join("store").display().to_string());
+        let store = store.map_or_else(|| data.path().join("store"), std::path::Path::to_path_buf);
+        config.store_url = Some(store.display().to_string());
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
