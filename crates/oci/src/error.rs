@@ -27,6 +27,12 @@ pub enum Error {
     #[error("invalid sandbox setting: {0}")]
     Invalid(String),
 
+    /// What the sandbox is to hold cannot be had as stored: a home or image
+    /// with a missing or corrupt object, or one past the store's bounds.
+    /// Permanent; the message names the object or path (not a setting).
+    #[error("{0}")]
+    Unusable(String),
+
     /// The runtime ran and reported failure.
     #[error("{runtime} {op} failed for sandbox {id}{}: {message}", status_suffix(.status))]
     Runtime {
@@ -128,6 +134,7 @@ impl Error {
                 | Error::NoRuntime { .. }
                 | Error::Unsupported(_)
                 | Error::Invalid(_)
+                | Error::Unusable(_)
                 | Error::Spec { .. }
         )
     }

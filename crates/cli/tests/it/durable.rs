@@ -1076,3 +1076,62 @@ async fn a_runner_lost_while_securing_keeps_the_only_copy_aside_and_the_record_s
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Issue 13, point 7: a home that cannot be woken because an object of its
+/// save is corrupt ended `failed`/`home_unavailable` with an event reading
+/// "invalid sandbox setting: …", as if the caller had asked for something
+/// wrong. It now names the object and what is wrong with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_home_with_a_corrupt_object_fails_naming_the_object_not_a_setting() {
+    let mut fleet = Fleet::start(&[]).await;
+    let first = fleet.runner("a");
+    let id = fleet.create(json!({"storage_class": "durable"})).await;
+    let api = fleet.api();
+    let content = format!("the only copy of {id}\n");
+    sh(api, &id, &format!("printf '{content}' > /workspace/work.txt")).await;
+    api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
+    let stopped = wait_sandbox(api, &id, "stopped").await;
+    assert_eq!(stopped["save"]["state"], "ok", "{stopped}");
+
+    // The block holding work.txt is damaged in the store.
+    let org: store::OrgId = fleet.plane.org_id.parse().expect("org id");
+    let block = store::store::ObjectId::block(store::Digest::of(content.as_bytes()));
+    let key = store::Store::object_key(&org, &block);
+    let object = fleet.store_path().join(&key);
+    assert!(object.is_file(), "no object at {}", object.display());
+    std::fs::write(&object, b"\x00garbage").expect("damage the object");
+
+    // Woken on another runner, which must fetch it.
+    fleet.runner("b");
+    let api = fleet.api();
+    let first_id = fleet.runners[first].runner_id.clone();
+    let drained = fleet
+        .plane
+        .admin
+        .post(&format!("/v1/admin/runners/{first_id}/drain"), json!({}))
+        .await;
+    assert_eq!(drained.status, 200, "{drained:?}");
+    api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
+    let failed = wait_sandbox(api, &id, "failed").await;
+    assert_eq!(failed["state_reason"], "home_unavailable", "{failed}");
+    let events = api.get(&format!("/v1/sandboxes/{id}/events")).await.body;
+    let message = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .rev()
+        .find(|e| e["reason"] == "home_unavailable")
+        .and_then(|e| e["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        !message.contains("invalid sandbox setting"),
+        "a damaged object is not a setting: {message}"
+    );
+    assert!(
+        message.contains(&block.digest.to_hex()) && message.contains("work.txt"),
+        "the message names the object and its file: {message}"
+    );
+}

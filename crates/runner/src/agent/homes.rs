@@ -288,12 +288,12 @@ impl Homes {
                 &store::progress::NoProgress,
             )
             .map_err(|e| match e {
-                store::Error::Backend { .. } => Error::io(
+                store::Error::Backend { .. } | store::Error::StoreFull { .. } => Error::io(
                     "download the home to",
                     &dest,
                     std::io::Error::other(e.to_string()),
                 ),
-                _ => Error::Invalid(format!("materialise the home {digest}: {e}")),
+                _ => Error::Unusable(format!("cannot materialise the home {digest}: {e}")),
             })
         })
         .await?;
@@ -372,12 +372,12 @@ impl Homes {
         let uploaded = blocking("uploading the home", move || {
             let uploaded = upload_tree(&store, &org, &dir, &options, &progress);
             uploaded.and_then(Upload::finish).map_err(|e| match e {
-                store::Error::Backend { .. } => Error::io(
+                store::Error::Backend { .. } | store::Error::StoreFull { .. } => Error::io(
                     "upload the home from",
                     &dir,
                     std::io::Error::other(e.to_string()),
                 ),
-                _ => Error::Invalid(format!("upload the home from {}: {e}", dir.display())),
+                _ => Error::Unusable(format!("cannot upload the home from {}: {e}", dir.display())),
             })
         })
         .await;

@@ -85,12 +85,12 @@ impl Images {
             )
             .map_err(|e| match e {
                 // The control plane out of reach: try again later.
-                store::Error::Backend { .. } => Error::io(
+                store::Error::Backend { .. } | store::Error::StoreFull { .. } => Error::io(
                     "download image",
                     &work_temp,
                     std::io::Error::other(e.to_string()),
                 ),
-                _ => Error::Invalid(format!("materialise image {digest}: {e}")),
+                _ => Error::Unusable(format!("cannot materialise image {digest}: {e}")),
             })?;
             tracing::info!(
                 image_root = %digest,
