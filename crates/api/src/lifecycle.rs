@@ -102,6 +102,26 @@ wire_enum! {
 }
 
 impl SandboxState {
+    /// The `state_reason` a record carries when whatever moved it there
+    /// named none: the state's ordinary cause, so every state has a
+    /// stable reason (a runner reports `running` without one, for
+    /// example). Failures and terminations always name their own;
+    /// `unknown` stands for a cause nobody reported.
+    pub const fn usual_reason(self) -> &'static str {
+        match self {
+            SandboxState::Pending => "awaiting_placement",
+            SandboxState::Starting => "placed",
+            SandboxState::Running => "workload_started",
+            SandboxState::Stopping => "stop_requested",
+            SandboxState::Securing => "securing_home",
+            SandboxState::Stopped => "home_secured",
+            SandboxState::Recovering => "node_lost",
+            SandboxState::Deleting => "delete_requested",
+            SandboxState::Deleted => "deleted",
+            SandboxState::Failed | SandboxState::Terminated => "unknown",
+        }
+    }
+
     /// The runtime is gone for good: nothing but a delete follows.
     pub const fn is_terminal(self) -> bool {
         matches!(
@@ -336,6 +356,25 @@ impl CommandState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every state has a stable reason to fall back on, in the reasons'
+    /// spelling (snake_case), and only the ones that always name their
+    /// own fall back on `unknown`.
+    #[test]
+    fn every_state_has_a_usual_reason() {
+        for state in SandboxState::ALL {
+            let reason = state.usual_reason();
+            assert!(
+                !reason.is_empty() && reason.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{state}: {reason:?}"
+            );
+            assert_eq!(
+                reason == "unknown",
+                matches!(state, SandboxState::Failed | SandboxState::Terminated),
+                "{state}"
+            );
+        }
+    }
 
     #[test]
     fn the_wire_spelling_is_the_serde_spelling_and_parses_back() {

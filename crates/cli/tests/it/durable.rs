@@ -1088,7 +1088,12 @@ async fn a_home_with_a_corrupt_object_fails_naming_the_object_not_a_setting() {
     let id = fleet.create(json!({"storage_class": "durable"})).await;
     let api = fleet.api();
     let content = format!("the only copy of {id}\n");
-    sh(api, &id, &format!("printf '{content}' > /workspace/work.txt")).await;
+    sh(
+        api,
+        &id,
+        &format!("printf '{content}' > /workspace/work.txt"),
+    )
+    .await;
     api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
         .await;
     let stopped = wait_sandbox(api, &id, "stopped").await;

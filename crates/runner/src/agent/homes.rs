@@ -377,7 +377,10 @@ impl Homes {
                     &dir,
                     std::io::Error::other(e.to_string()),
                 ),
-                _ => Error::Unusable(format!("cannot upload the home from {}: {e}", dir.display())),
+                _ => Error::Unusable(format!(
+                    "cannot upload the home from {}: {e}",
+                    dir.display()
+                )),
             })
         })
         .await;

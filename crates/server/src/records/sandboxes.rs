@@ -236,12 +236,14 @@ pub async fn set_sandbox_state(
     } else {
         None
     };
+    // Every state carries a reason: the one given, else its usual one.
+    let reason = to.reason.unwrap_or(to.state.usual_reason());
     let updated = sqlx::query(
         "UPDATE sandboxes SET state = $1, state_reason = $2, runner_id = $3, epoch = $4, updated_at_ms = $5, ended_at_ms = $6
          WHERE id = $7 AND state = $8 AND epoch = $9 AND COALESCE(runner_id, '') = $10",
     )
     .bind(to.state.as_str())
-    .bind(to.reason)
+    .bind(reason)
     .bind(runner_id)
     .bind(epoch)
     .bind(now)
@@ -264,7 +266,7 @@ pub async fn set_sandbox_state(
     }
     let event = Event {
         state: to.state,
-        reason: to.reason,
+        reason: Some(reason),
         message: to.message,
         epoch,
         runner_id,
@@ -341,6 +343,11 @@ pub async fn insert(
     row: &SandboxRow,
     labels: &BTreeMap<String, String>,
 ) -> Result<(), sqlx::Error> {
+    // Every state carries a reason: the one given, else its usual one.
+    let reason = row
+        .state_reason
+        .as_deref()
+        .unwrap_or(row.state.usual_reason());
     sqlx::query(&format!(
         "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)"
     ))
@@ -357,7 +364,7 @@ pub async fn insert(
     .bind(&row.env)
     .bind(&row.labels)
     .bind(row.state.as_str())
-    .bind(&row.state_reason)
+    .bind(reason)
     .bind(row.desired.as_str())
     .bind(&row.runner_id)
     .bind(&row.last_runner_id)
@@ -387,7 +394,7 @@ pub async fn insert(
     }
     let event = Event {
         state: row.state,
-        reason: row.state_reason.as_deref(),
+        reason: Some(reason),
         message: None,
         epoch: row.epoch,
         runner_id: None,

@@ -264,13 +264,16 @@ async fn runner_reports_follow_the_transition_table_and_the_fence() {
             .await
             .expect("starting → running");
         assert_eq!(running.state, SandboxState::Running);
-        let states: Vec<String> = plane
-            .events(&starting.id)
-            .await
-            .into_iter()
-            .map(|(s, _)| s)
-            .collect();
+        // Issue 13, point 7: the runner names no reason for `running`; the
+        // record still carries a stable one, and so does every event.
+        assert_eq!(running.state_reason.as_deref(), Some("workload_started"));
+        let events = plane.events(&starting.id).await;
+        let states: Vec<&str> = events.iter().map(|(s, _)| s.as_str()).collect();
         assert_eq!(states, ["pending", "starting", "running"]);
+        assert!(
+            events.iter().all(|(_, reason)| reason.is_some()),
+            "an event without a reason: {events:?}"
+        );
     }
 }
 
