@@ -228,5 +228,7 @@ pub struct EventList {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuarantineRequest {
+    /// 1 to 1024 bytes (256 characters are at most 1024 bytes).
+    #[schema(min_length = 1, max_length = 256)]
     pub reason: String,
 }

@@ -130,3 +130,16 @@ pub enum RunnerAction {
     Preempt,
     Undrain,
 }
+
+/// A runner's `placement_class`.
+pub fn placement_class() -> Object {
+    one_of(["spot", "on_demand"])
+}
+
+/// A runner's `capabilities`: at most 64 names.
+pub fn capabilities() -> utoipa::openapi::schema::Array {
+    ArrayBuilder::new()
+        .items(name())
+        .max_items(Some(64))
+        .build()
+}

@@ -315,3 +315,173 @@ async fn an_integer_written_with_a_zero_fraction_is_accepted() {
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("nonsense"), "{message}");
 }
+
+/// The fuzzer, pinned so a run is replayable.
+const SCHEMATHESIS: &str = "schemathesis==4.32.5";
+
+/// A venv with the pinned fuzzer, made once under the target dir (from
+/// PyPI, as `scripts/test.sh` installs moto). A marker written after the
+/// install says it is complete: an interrupted one is made again.
+fn fuzzer() -> std::path::PathBuf {
+    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("schemathesis-4.32.5");
+    let complete = venv.join("installed");
+    if !complete.exists() {
+        let run = |program: &std::path::Path, args: &[&str]| {
+            let status = std::process::Command::new(program)
+                .args(args)
+                .status()
+                .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
+            assert!(status.success(), "{} {args:?}: {status}", program.display());
+        };
+        let _ = std::fs::remove_dir_all(&venv);
+        let path = venv.to_str().expect("a UTF-8 path");
+        run(std::path::Path::new("python3"), &["-m", "venv", path]);
+        run(
+            &venv.join("bin/pip"),
+            &[
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                SCHEMATHESIS,
+            ],
+        );
+        std::fs::write(&complete, SCHEMATHESIS).expect("mark the venv complete");
+    }
+    venv.join("bin/schemathesis")
+}
+
+/// Schemathesis against a live server, every operation with the token its
+/// `security` names, for a bounded time with a fixed seed. It fails on a
+/// 5xx (`not_a_server_error`), an answer the document does not describe
+/// (`response_schema_conformance`) and a schema-valid request refused
+/// with 400 or 422 (`positive_data_acceptance`; 404 for a made-up id, 409
+/// and 429 are answers to valid requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_based_fuzzer_finds_nothing() {
+    let fuzzer = tokio::task::spawn_blocking(fuzzer)
+        .await
+        .expect("install the fuzzer");
+    let server = TestServer::start().await;
+    let org = server
+        .admin
+        .create_org(&api::orgs::CreateOrgRequest {
+            name: "fuzzed".to_owned(),
+            max_running: None,
+            max_total: None,
+        })
+        .await
+        .expect("an org");
+    let runner_token = server
+        .admin
+        .create_runner_token()
+        .await
+        .expect("a runner token")
+        .token;
+    let mut register = crate::support::register_request("fuzz-runner");
+    register.capabilities = [
+        "image:default",
+        "network:none",
+        "network:bridge",
+        "storage:standard",
+        "storage:durable",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let credential = api::client::Client::new(&server.url, &runner_token)
+        .runner_register(&register)
+        .await
+        .expect("a runner registers")
+        .runner_token
+        .expect("a runner's credential");
+
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let config = dir.path().join("schemathesis.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[auth.openapi.admin_token]
+bearer = "{admin}"
+[auth.openapi.org_token]
+bearer = "{org}"
+[auth.openapi.runner_token]
+bearer = "{runner_token}"
+[auth.openapi.runner_credential]
+bearer = "{credential}"
+
+[checks]
+enabled = false
+not_a_server_error.enabled = true
+response_schema_conformance.enabled = true
+positive_data_acceptance.enabled = true
+
+# A sandbox's admission depends on more than its request: the images
+# the org has, what the registered runners offer and hold, the
+# deployment's save-interval bounds, and fields read together
+# (`save_interval_s` only with `durable`). A valid request may be
+# refused (400/422) for those; the other checks still run.
+[[operations]]
+include-path = "/v1/sandboxes"
+include-method = "POST"
+checks.positive_data_acceptance.enabled = false
+
+# An `offset` past the output written so far is refused (400 naming the
+# length): how much output exists is the command's state, not the
+# request's shape.
+[[operations]]
+include-path = "/v1/sandboxes/{{id}}/commands/{{command_id}}/output"
+include-method = "GET"
+checks.positive_data_acceptance.enabled = false
+"#,
+            admin = server.admin_token,
+            org = org.token,
+        ),
+    )
+    .expect("write the fuzzer's config");
+    let url = format!("{}/v1/openapi.json", server.url);
+    let mut command = std::process::Command::new(&fuzzer);
+    command
+        .current_dir(dir.path())
+        .arg("--config-file")
+        .arg(&config)
+        .args(["run", &url])
+        .args([
+            // The checks are chosen in the config (where one operation can
+            // leave one out).
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--seed",
+            "20261201",
+            "--max-examples",
+            "20",
+            "--max-time",
+            "75",
+            "--workers",
+            "2",
+            "--request-timeout",
+            "30",
+            "--suppress-health-check",
+            "all",
+            "--no-color",
+        ]);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("the fuzzer's thread")
+        .expect("run the fuzzer");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the fuzzer found something ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    // The checks ran (a config the fuzzer misread would pass with none).
+    for check in [
+        "not_a_server_error",
+        "response_schema_conformance",
+        "positive_data_acceptance",
+    ] {
+        assert!(stdout.contains(check), "{check} did not run:\n{stdout}");
+    }
+    println!("{stdout}");
+}
