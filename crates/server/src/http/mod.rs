@@ -250,9 +250,9 @@ pub fn whole_numbers_as_integers(value: &mut serde_json::Value) {
                 && float.fract() == 0.0
             {
                 // `as` saturates; only a float that round-trips is exact.
-                if float >= 0.0 && float < 18_446_744_073_709_551_616.0 {
+                if (0.0..18_446_744_073_709_551_616.0).contains(&float) {
                     *value = Value::from(float as u64);
-                } else if float < 0.0 && float >= -9_223_372_036_854_775_808.0 {
+                } else if (-9_223_372_036_854_775_808.0..0.0).contains(&float) {
                     *value = Value::from(float as i64);
                 }
             }
@@ -468,5 +468,23 @@ impl FromRequestParts<AppState> for Caller {
             .await?
             .map(Caller)
             .ok_or_else(unauthenticated)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn whole_numbers_become_integers_and_nothing_else_changes() {
+        let mut value = json!({
+            "a": 5.0, "b": [1e1, -2.0, 5.5], "c": {"d": 1e300, "e": 7}, "f": "5.0"
+        });
+        super::whole_numbers_as_integers(&mut value);
+        assert_eq!(
+            value,
+            json!({"a": 5, "b": [10, -2, 5.5], "c": {"d": 1e300, "e": 7}, "f": "5.0"})
+        );
+        assert!(value["a"].is_u64() && value["b"][1].is_i64());
     }
 }
