@@ -440,6 +440,8 @@ checks.positive_data_acceptance.enabled = false
     .expect("write the fuzzer's config");
     let url = format!("{}/v1/openapi.json", server.url);
     let report = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("openapi-fuzz.ndjson");
+    // Fixed for replayable runs; `ROOST_FUZZ_SEED` explores further.
+    let seed = std::env::var("ROOST_FUZZ_SEED").unwrap_or_else(|_| "20261201".to_owned());
     let mut command = std::process::Command::new(&fuzzer);
     command
         .current_dir(dir.path())
@@ -452,7 +454,7 @@ checks.positive_data_acceptance.enabled = false
             "--phases",
             "examples,coverage,fuzzing",
             "--seed",
-            "20261201",
+            &seed,
             "--max-examples",
             "20",
             "--max-time",
