@@ -11,14 +11,20 @@ use crate::lifecycle::CommandState;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateCommandRequest {
+    /// The program and its arguments: 256 KiB in all.
+    #[schema(schema_with = crate::schema::argv)]
     pub argv: Vec<String>,
+    /// At most 128 variables and 64 KiB in all.
     #[serde(default)]
+    #[schema(schema_with = crate::schema::env)]
     pub env: BTreeMap<String, String>,
     /// Working directory inside the sandbox (default: `/workspace`).
     #[serde(default)]
+    #[schema(pattern = r"^/[^\x00]{0,1023}$")]
     pub cwd: Option<String>,
     /// Seconds before the command is asked to end (`timed_out`).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 2_592_000)]
     pub timeout: Option<u64>,
 }
 
@@ -61,6 +67,7 @@ pub struct CommandList {
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
     /// `TERM`, `KILL`, `INT`, `HUP`, `QUIT`, `USR1` or `USR2`.
+    #[schema(schema_with = crate::schema::signal)]
     pub signal: String,
 }
 

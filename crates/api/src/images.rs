@@ -11,6 +11,7 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct CommitImageRequest {
     /// The root tree digest (64 hex digits).
+    #[schema(pattern = "^[0-9a-f]{64}$")]
     pub root: String,
     /// How many files the uploader counted (shown on the image).
     #[serde(default)]

@@ -13,6 +13,7 @@ pub mod lifecycle;
 pub mod orgs;
 pub mod runners;
 pub mod sandboxes;
+pub mod schema;
 pub mod snapshots;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};

@@ -7,6 +7,8 @@ use utoipa::ToSchema;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateOrgRequest {
+    /// 1-64 of a-z 0-9 - _, starting with a letter or digit.
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     pub name: String,
     #[serde(default)]
     pub max_running: Option<u32>,

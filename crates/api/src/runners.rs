@@ -22,13 +22,17 @@ pub struct RegisterRequest {
     /// runner token it is refused (404): no token takes over a runner.
     #[serde(default)]
     pub runner_id: Option<String>,
+    #[schema(schema_with = crate::schema::name)]
     pub name: String,
     /// `spot` or `on_demand`.
+    #[schema(schema_with = crate::schema::placement_class)]
     pub placement_class: String,
     #[serde(default)]
+    #[schema(schema_with = crate::schema::labels)]
     pub labels: BTreeMap<String, String>,
     /// What this runner can do, e.g. `image:default`, `network:none`,
     /// `network:bridge`, `storage:standard`, `storage:durable`.
+    #[schema(schema_with = crate::schema::capabilities)]
     pub capabilities: Vec<String>,
     pub capacity: Capacity,
 }
@@ -39,6 +43,7 @@ pub struct RegisterRequest {
 pub struct Capacity {
     pub sandboxes: u64,
     pub memory_mib: u64,
+    #[schema(minimum = 0)]
     pub cpus: f64,
     pub pids: u64,
 }

@@ -14,26 +14,34 @@ use crate::lifecycle::{DesiredState, Network, Placement, SandboxState, StorageCl
 pub struct CreateSandboxRequest {
     /// Image name; `default` is the runner host's own system.
     #[serde(default = "default_image")]
+    #[schema(schema_with = crate::schema::name, default = "default")]
     pub image: String,
     /// `standard` (node-bound, the default) or `durable` (saved to the store).
     #[serde(default = "default_storage_class")]
+    #[schema(value_type = StorageClass, default = "standard")]
     pub storage_class: String,
     #[serde(default)]
     pub resources: Resources,
     /// `none` (loopback only, the default) or `bridge`.
     #[serde(default = "default_network")]
+    #[schema(value_type = Network, default = "none")]
     pub network: String,
     /// Seconds the sandbox may live; on expiry it is `terminated`
     /// (`ttl_expired`), its storage kept until delete.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 31_536_000)]
     pub ttl: Option<u64>,
     /// `spot_first` (default: spot runners, on-demand as fallback) or
     /// `non_preemptible` (on-demand runners only).
     #[serde(default = "default_placement")]
+    #[schema(value_type = Placement, default = "spot_first")]
     pub placement: String,
+    /// At most 128 variables and 64 KiB in all.
     #[serde(default)]
+    #[schema(schema_with = crate::schema::env)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
+    #[schema(schema_with = crate::schema::labels)]
     pub labels: BTreeMap<String, String>,
     /// Shared filesystem mounts; refused unless the deployment configures them.
     #[serde(default)]
@@ -68,10 +76,13 @@ pub fn default_placement() -> String {
 #[serde(deny_unknown_fields)]
 pub struct Resources {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1_073_741_824)]
     pub memory_mib: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.001, maximum = 4096)]
     pub cpus: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 4_194_304)]
     pub pids: Option<u64>,
 }
 
@@ -217,5 +228,7 @@ pub struct EventList {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuarantineRequest {
+    /// 1 to 1024 bytes (256 characters are at most 1024 bytes).
+    #[schema(min_length = 1, max_length = 256)]
     pub reason: String,
 }

@@ -11,10 +11,12 @@ pub struct CreateSnapshotRequest {
     /// `local` (captured on the host) or `replicated` (every object and the
     /// tree confirmed in the central store; the default).
     #[serde(default)]
+    #[schema(schema_with = crate::schema::durability)]
     pub durability: Option<String>,
     /// Seconds from now by which the requested durability must be reached;
     /// past it the receipt fails with `durability_deadline_exceeded`.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 86_400)]
     pub deadline: Option<u64>,
 }
 

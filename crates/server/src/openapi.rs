@@ -1,10 +1,12 @@
 //! The OpenAPI document served at `/v1/openapi.json`, generated from the
 //! wire types (`api` crate) and the handlers' path annotations.
 
-use utoipa::OpenApi;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
+use utoipa::{Modify, OpenApi};
 
 #[derive(OpenApi)]
 #[openapi(
+    modifiers(&Security),
     paths(
         crate::http::admin::create_org,
         crate::http::admin::create_runner_token,
@@ -113,6 +115,75 @@ use utoipa::OpenApi;
     ))
 )]
 struct Doc;
+
+/// The bearer tokens (all `Authorization: Bearer TOKEN`; they differ in
+/// who holds them and what they reach).
+pub const ADMIN_TOKEN: &str = "admin_token";
+pub const ORG_TOKEN: &str = "org_token";
+pub const RUNNER_TOKEN: &str = "runner_token";
+pub const RUNNER_CREDENTIAL: &str = "runner_credential";
+
+/// Which tokens an operation takes, by its path: the same rule the
+/// router's extractors (`http::{AdminCaller, OrgCaller, RunnerCaller,
+/// RegistrantCaller, BlocksCaller, Caller}`) enforce. Every other token is
+/// answered 404 there, so a caller learns nothing of an endpoint it may
+/// not use. An empty list: no token at all.
+pub fn tokens_for(path: &str) -> &'static [&'static str] {
+    match path {
+        "/healthz" | "/metrics" | "/v1/openapi.json" => &[],
+        "/v1/whoami" => &[ADMIN_TOKEN, ORG_TOKEN, RUNNER_TOKEN, RUNNER_CREDENTIAL],
+        "/v1/runner/register" => &[RUNNER_TOKEN, RUNNER_CREDENTIAL],
+        _ if path.starts_with("/v1/admin/") => &[ADMIN_TOKEN],
+        _ if path.starts_with("/v1/runner/") => &[RUNNER_CREDENTIAL],
+        _ if path.starts_with("/v1/blocks/") => &[ORG_TOKEN, RUNNER_CREDENTIAL],
+        _ => &[ORG_TOKEN],
+    }
+}
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        let schemes = [
+            (ADMIN_TOKEN, "the deployment's admin token"),
+            (ORG_TOKEN, "an org's token, from `POST /v1/admin/orgs`"),
+            (
+                RUNNER_TOKEN,
+                "a runner token, from `POST /v1/admin/runner-tokens`: it only registers runners",
+            ),
+            (
+                RUNNER_CREDENTIAL,
+                "one runner's own credential, issued when it registers",
+            ),
+        ];
+        for (name, description) in schemes {
+            let mut http = Http::new(HttpAuthScheme::Bearer);
+            http.description = Some(description.to_owned());
+            components.add_security_scheme(name, SecurityScheme::Http(http));
+        }
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let tokens = tokens_for(path);
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                // Alternatives: any one of the listed tokens will do;
+                // `[]` says the operation takes none.
+                operation.security = Some(
+                    tokens
+                        .iter()
+                        .map(|name| SecurityRequirement::new(*name, Vec::<String>::new()))
+                        .collect(),
+                );
+            }
+        }
+    }
+}
 
 pub fn document() -> utoipa::openapi::OpenApi {
     Doc::openapi()

@@ -27,7 +27,7 @@ pub async fn missing(
     Ok(axum::Json(MissingResponse { missing }))
 }
 
-#[utoipa::path(put, path = "/v1/blocks/{org}/{kind}/{hex}", tag = "blocks", params(("org" = String, Path), ("kind" = String, Path, description = "blocks or trees"), ("hex" = String, Path)), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 204, description = "stored"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(put, path = "/v1/blocks/{org}/{kind}/{hex}", tag = "blocks", params(("org" = String, Path), ("kind" = inline(api::schema::ObjectKind), Path), ("hex" = String, Path, pattern = "^[0-9a-f]{64}$", description = "the object's digest")), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 204, description = "stored"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn put(
     State(state): State<AppState>,
     caller: BlocksCaller,
@@ -53,7 +53,7 @@ pub async fn batch(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(get, path = "/v1/blocks/{org}/{kind}/{hex}", tag = "blocks", params(("org" = String, Path), ("kind" = String, Path, description = "blocks or trees"), ("hex" = String, Path)), responses((status = 200, description = "the stored bytes", content_type = "application/octet-stream"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/blocks/{org}/{kind}/{hex}", tag = "blocks", params(("org" = String, Path), ("kind" = inline(api::schema::ObjectKind), Path), ("hex" = String, Path, pattern = "^[0-9a-f]{64}$", description = "the object's digest")), responses((status = 200, description = "the stored bytes", content_type = "application/octet-stream"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
     caller: BlocksCaller,

@@ -34,7 +34,7 @@ async fn visible_command(
         .ok_or_else(|| not_found("command"))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("Idempotency-Key" = Option<String>, Header, description = "replays the original answer for a retried request")), request_body = CreateCommandRequest, responses((status = 201, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$", description = "1-255 visible ASCII characters; replays the original answer for a retried request")), request_body = CreateCommandRequest, responses((status = 201, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,
@@ -63,15 +63,19 @@ pub async fn create(
     Ok((StatusCode::CREATED, axum::Json(record)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct CommandWait {
-    /// A state, or `ended` for any end state.
+    /// Long-poll until this state, or `ended` for any end state.
+    #[param(schema_with = api::schema::command_wait_for)]
     wait_for: Option<String>,
+    /// Seconds to wait, at most 25 (the default).
+    #[param(minimum = 0, maximum = 25)]
     timeout: Option<u64>,
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{command_id}", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id"), ("wait_for" = Option<String>, Query, description = "long-poll until this state (or an end state)"), ("timeout" = Option<u64>, Query, description = "seconds, at most 25")), responses((status = 200, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{command_id}", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id"), CommandWait), responses((status = 200, body = Command), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,
@@ -106,7 +110,7 @@ pub async fn get(
     Ok(axum::Json(row.to_api()))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)), responses((status = 200, body = CommandList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "at most 200; default 50"), ("cursor" = Option<String>, Query, pattern = "^(cmd_[0-9a-f]{1,64})?$", description = "the next_cursor of the previous page")), responses((status = 200, body = CommandList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,
@@ -131,21 +135,27 @@ pub async fn list(
     }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct OutputQuery {
     /// `stdout` (default) or `stderr`.
+    #[param(schema_with = api::schema::stream)]
     stream: Option<String>,
+    /// The first byte to read; past the end of the stream is 400.
     #[serde(default)]
+    #[param(minimum = 0)]
     offset: u64,
-    /// Seconds to wait for bytes past `offset` (default 0: answer at once).
+    /// Seconds to wait for bytes past `offset`, at most 25 (default 0:
+    /// answer at once).
+    #[param(minimum = 0, maximum = 25)]
     timeout: Option<u64>,
 }
 
 /// Reads `stream` from `offset`: the bytes (raw) with `x-roost-next-offset`
 /// and `x-roost-command-state`; `x-roost-complete: true` once the command
 /// has ended and every byte has been read.
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{command_id}/output", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id"), ("stream" = Option<String>, Query, description = "stdout (default) or stderr"), ("offset" = Option<u64>, Query), ("timeout" = Option<u64>, Query, description = "seconds to wait for bytes past offset")), responses((status = 200, description = "raw bytes; headers x-roost-next-offset, x-roost-command-state, x-roost-complete", content_type = "application/octet-stream", body = Vec<u8>), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{command_id}/output", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id"), OutputQuery), responses((status = 200, description = "raw bytes; headers x-roost-next-offset, x-roost-command-state, x-roost-complete", content_type = "application/octet-stream", body = Vec<u8>), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn output(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,

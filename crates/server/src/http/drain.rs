@@ -19,7 +19,7 @@ pub async fn list(
     Ok(axum::Json(crate::control::drain::list(&state).await?))
 }
 
-#[utoipa::path(post, path = "/v1/admin/runners/{id}/{action}", tag = "admin", params(("id" = String, Path), ("action" = String, Path, description = "drain, preempt or undrain")), responses((status = 200, body = RunnerRecord), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/admin/runners/{id}/{action}", tag = "admin", params(("id" = String, Path), ("action" = inline(api::schema::RunnerAction), Path)), responses((status = 200, body = RunnerRecord), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn admin_action(
     State(state): State<AppState>,
     _admin: AdminCaller,

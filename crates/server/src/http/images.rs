@@ -10,7 +10,7 @@ use crate::error::ControlError;
 use crate::records;
 use api::images::{CommitImageRequest, Image, ImageList};
 
-#[utoipa::path(put, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path)), request_body = api::images::CommitImageRequest, responses((status = 200, body = api::images::Image), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(put, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path, pattern = "^[A-Za-z0-9._:@-]{1,128}$", description = "image name")), request_body = api::images::CommitImageRequest, responses((status = 200, body = api::images::Image), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn commit(
     State(state): State<AppState>,
     OrgCaller(org): OrgCaller,
@@ -22,7 +22,7 @@ pub async fn commit(
     ))
 }
 
-#[utoipa::path(get, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path)), responses((status = 200, body = api::images::Image), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path, pattern = "^[A-Za-z0-9._:@-]{1,128}$", description = "image name")), responses((status = 200, body = api::images::Image), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
     OrgCaller(org): OrgCaller,
@@ -43,7 +43,7 @@ pub async fn list(
     Ok(axum::Json(ImageList { images }))
 }
 
-#[utoipa::path(delete, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path)), responses((status = 200, body = api::images::Image), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(delete, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path, pattern = "^[A-Za-z0-9._:@-]{1,128}$", description = "image name")), responses((status = 200, body = api::images::Image), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn delete(
     State(state): State<AppState>,
     OrgCaller(org): OrgCaller,

@@ -203,14 +203,29 @@ impl IntoResponse for ControlError {
 
 /// `Json<T>` whose rejections are our envelope: malformed JSON or a wrong
 /// field is 400 `invalid_request` naming the problem; an oversized body 413.
+/// A number with no fractional part is an integer, as JSON Schema counts
+/// (`5.0` where the document says `integer` is 5).
 pub struct Json<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
     type Rejection = ControlError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ControlError> {
-        match axum::Json::<T>::from_request(request, state).await {
-            Ok(axum::Json(value)) => Ok(Json(value)),
+        match axum::Json::<serde_json::Value>::from_request(request, state).await {
+            Ok(axum::Json(mut value)) => {
+                whole_numbers_as_integers(&mut value);
+                serde_path_to_error::deserialize(value)
+                    .map(Json)
+                    .map_err(|error| {
+                        let path = error.path().to_string();
+                        let message = if path == "." {
+                            error.inner().to_string()
+                        } else {
+                            format!("{path}: {}", error.inner())
+                        };
+                        ControlError::new(api::ErrorCode::InvalidRequest, message)
+                    })
+            }
             Err(rejection) => {
                 let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                     api::ErrorCode::PayloadTooLarge
@@ -220,6 +235,31 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
                 Err(ControlError::new(code, rejection.body_text()))
             }
         }
+    }
+}
+
+/// Rewrites every number with no fractional part (`5.0`, `1e3`) as the
+/// integer it is, where one fits in 64 bits: JSON Schema's `integer` is a
+/// mathematical integer, so a generator may write one that way. Fields of
+/// type `f64` read integers as well, so nothing else changes.
+pub fn whole_numbers_as_integers(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Number(number) => {
+            if let Some(float) = number.as_f64().filter(|_| number.is_f64())
+                && float.fract() == 0.0
+            {
+                // `as` saturates; only a float that round-trips is exact.
+                if (0.0..18_446_744_073_709_551_616.0).contains(&float) {
+                    *value = Value::from(float as u64);
+                } else if (-9_223_372_036_854_775_808.0..0.0).contains(&float) {
+                    *value = Value::from(float as i64);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers_as_integers),
+        Value::Object(fields) => fields.values_mut().for_each(whole_numbers_as_integers),
+        Value::Null | Value::Bool(_) | Value::String(_) => {}
     }
 }
 
@@ -428,5 +468,23 @@ impl FromRequestParts<AppState> for Caller {
             .await?
             .map(Caller)
             .ok_or_else(unauthenticated)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn whole_numbers_become_integers_and_nothing_else_changes() {
+        let mut value = json!({
+            "a": 5.0, "b": [1e1, -2.0, 5.5], "c": {"d": 1e300, "e": 7}, "f": "5.0"
+        });
+        super::whole_numbers_as_integers(&mut value);
+        assert_eq!(
+            value,
+            json!({"a": 5, "b": [10, -2, 5.5], "c": {"d": 1e300, "e": 7}, "f": "5.0"})
+        );
+        assert!(value["a"].is_u64() && value["b"][1].is_i64());
     }
 }

@@ -52,7 +52,7 @@ pub struct AssignmentsQuery {
     timeout: Option<u64>,
 }
 
-#[utoipa::path(get, path = "/v1/runner/assignments", tag = "runner", params(("runner_id" = String, Query), ("etag" = Option<String>, Query), ("timeout" = Option<u64>, Query)), responses((status = 200, body = Assignments), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/runner/assignments", tag = "runner", params(("runner_id" = String, Query), ("etag" = Option<String>, Query), ("timeout" = Option<u64>, Query, minimum = 0, maximum = 25, description = "seconds to wait for a change past etag, at most 25")), responses((status = 200, body = Assignments), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn assignments(
     State(state): State<AppState>,
     runner: RunnerCaller,

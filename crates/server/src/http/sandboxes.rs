@@ -20,7 +20,7 @@ use api::sandboxes::{CreateSandboxRequest, EventList, Sandbox, SandboxList};
 
 pub const LONG_POLL_SECONDS_MAX: u64 = 25;
 
-#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", params(("Idempotency-Key" = Option<String>, Header, description = "replays the original answer for a retried request")), request_body = CreateSandboxRequest, responses((status = 201, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$", description = "1-255 visible ASCII characters; replays the original answer for a retried request")), request_body = CreateSandboxRequest, responses((status = 201, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,
@@ -60,10 +60,15 @@ pub async fn visible_sandbox(
         .ok_or_else(|| not_found("sandbox"))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct WaitQuery {
+    /// Long-poll until this state (or an end state).
+    #[param(value_type = Option<SandboxState>)]
     wait_for: Option<String>,
+    /// Seconds to wait, at most 25 (the default).
+    #[param(minimum = 0, maximum = 25)]
     timeout: Option<u64>,
 }
 
@@ -78,7 +83,7 @@ pub fn wait_timeout(timeout: Option<u64>) -> Result<Duration, ControlError> {
     }
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id"), ("wait_for" = Option<String>, Query, description = "long-poll until this state (or an end state)"), ("timeout" = Option<u64>, Query, description = "seconds, at most 25")), responses((status = 200, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id"), WaitQuery), responses((status = 200, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,
@@ -105,7 +110,7 @@ pub async fn get(
     Ok(axum::Json(row.to_api()))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(("state" = Option<String>, Query, description = "repeatable"), ("label" = Option<String>, Query, description = "KEY=VALUE, repeatable"), ("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)), responses((status = 200, body = SandboxList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(("state" = Option<Vec<SandboxState>>, Query, explode, description = "repeatable: any of these states"), ("label" = Option<String>, Query, pattern = "^[a-z0-9._/-]{1,63}=.*$", description = "KEY=VALUE (repeatable in a request; every one must match)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "at most 200; default 50"), ("cursor" = Option<String>, Query, pattern = "^(sbx_[0-9a-f]{1,64})?$", description = "the next_cursor of the previous page")), responses((status = 200, body = SandboxList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,

@@ -24,7 +24,7 @@ async fn visible(state: &AppState, org_id: &str, id: &str) -> Result<SnapshotRow
         .ok_or_else(|| not_found("snapshot"))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots", params(("id" = String, Path)), request_body = CreateSnapshotRequest, responses((status = 201, body = Snapshot), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots", params(("id" = String, Path, description = "sandbox id"), ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$", description = "1-255 visible ASCII characters; replays the original answer for a retried request")), request_body = CreateSnapshotRequest, responses((status = 201, body = Snapshot), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,
@@ -53,10 +53,15 @@ pub async fn create(
     Ok((StatusCode::CREATED, axum::Json(record)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct SnapshotWait {
+    /// Long-poll until this durability (or a stronger one), or `failed`.
+    #[param(schema_with = api::schema::snapshot_wait_for)]
     wait_for: Option<String>,
+    /// Seconds to wait, at most 25 (the default).
+    #[param(minimum = 0, maximum = 25)]
     timeout: Option<u64>,
 }
 
@@ -73,7 +78,7 @@ fn reached(snapshot: &SnapshotRow, target: &str) -> bool {
         || (target != "failed" && rank(&snapshot.durability) >= rank(target))
 }
 
-#[utoipa::path(get, path = "/v1/snapshots/{id}", tag = "snapshots", params(("id" = String, Path), ("wait_for" = Option<String>, Query), ("timeout" = Option<u64>, Query)), responses((status = 200, body = Snapshot), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/snapshots/{id}", tag = "snapshots", params(("id" = String, Path), SnapshotWait), responses((status = 200, body = Snapshot), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,
@@ -101,7 +106,7 @@ pub async fn get(
     Ok(axum::Json(row.to_api()))
 }
 
-#[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots", params(("sandbox_id" = Option<String>, Query), ("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)), responses((status = 200, body = SnapshotList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots", params(("sandbox_id" = Option<String>, Query, description = "only this sandbox's snapshots"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "at most 200; default 50"), ("cursor" = Option<String>, Query, pattern = "^(snp_[0-9a-f]{1,64})?$", description = "the next_cursor of the previous page")), responses((status = 200, body = SnapshotList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,

@@ -8,11 +8,14 @@
 //! - `control`: the control layer called directly (no HTTP), on SQLite
 //!   and PostgreSQL.
 //! - `envelope`: every error is the JSON envelope, in the right order.
+//! - `openapi`: the document states tokens, values and bounds as the
+//!   server enforces them; a schema-based fuzzer finds nothing.
 //! - `runners`: runner credentials: one runner cannot read or report as
 //!   another, nor reach the objects of an org it runs nothing for.
 
 mod blocks;
 mod control;
 mod envelope;
+mod openapi;
 mod runners;
 mod support;

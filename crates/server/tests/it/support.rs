@@ -12,6 +12,7 @@ use store::OrgId;
 pub struct TestServer {
     pub url: String,
     pub admin: Client,
+    pub admin_token: String,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     /// Kept for the server's lifetime.
     _data: tempfile::TempDir,
@@ -54,6 +55,7 @@ impl TestServer {
             .expect("a fresh data dir makes an admin token");
         TestServer {
             admin: Client::new(&started.url, &token),
+            admin_token: token,
             url: started.url,
             shutdown: Some(shutdown),
             _data: data,
