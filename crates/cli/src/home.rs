@@ -185,6 +185,10 @@ fn run_pull(dest: &Path, target: &Target, cache: Option<PathBuf>) -> Result<Exit
         store_id: target.store.clone(),
         index_dev: None,
     };
+    // A pull that makes its destination and then fails takes it away
+    // again: a partial tree would pass for the home. One into an existing
+    // directory leaves it be (what was there may be someone's newest work).
+    let creates_dest = std::fs::symlink_metadata(dest).is_err();
     let started = Instant::now();
     let bar = Bar::new(target.json);
     let report = pull(
@@ -196,6 +200,14 @@ fn run_pull(dest: &Path, target: &Target, cache: Option<PathBuf>) -> Result<Exit
         &bar,
     );
     bar.finish();
+    if report.is_err() && creates_dest {
+        if let Err(err) = std::fs::remove_dir_all(dest) {
+            eprintln!(
+                "roost: could not remove the partial pull at {}: {err}",
+                dest.display()
+            );
+        }
+    }
     let report = report.with_context(|| format!("pull into {} failed", dest.display()))?;
     let root = report.root.map(|r| r.to_hex()).unwrap_or_default();
     if target.json {

@@ -202,7 +202,11 @@ fn corrupted_block_is_detected_and_never_becomes_a_file() {
         let last = stored.len() - 1;
         stored[last] ^= 0xff;
         store.backend().put(&key, &stored).expect("put");
+        // Into an existing directory: it stays (pull makes it match the
+        // home, never removes it), the corrupt block becomes no file and
+        // leaves no temporary one.
         let dest = env.path("dest");
+        fs::create_dir_all(&dest).expect("mkdir");
         let err = env.pull_fails(&dest, "acme", "h");
         assert!(
             err.contains("hash mismatch") && err.contains("dir/precious.bin"),
@@ -216,6 +220,15 @@ fn corrupted_block_is_detected_and_never_becomes_a_file() {
         assert!(
             leftovers.is_empty(),
             "{backend:?}: temporary files left: {leftovers:?}"
+        );
+        // Into a new directory (issue 13, point 7): nothing is left behind,
+        // not a partial tree that would pass for the home.
+        let fresh = env.path("fresh");
+        env.pull_fails(&fresh, "acme", "h");
+        assert!(
+            !fresh.exists(),
+            "{backend:?}: a failed pull left a partial tree at {}",
+            fresh.display()
         );
         let verify = env.roost(&["store", "verify", "--store", &env.store, "--json"]);
         assert!(!verify.status.success());
