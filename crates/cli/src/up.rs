@@ -109,6 +109,41 @@ async fn org_and_runner_tokens(url: &str, data_dir: &Path) -> Result<Made> {
     Ok(made)
 }
 
+/// Searched when the process has no `PATH` (as the runner does).
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// What `roost up` needs from the host, checked before anything starts, so
+/// a fresh machine hears in one line what is missing and how to get it
+/// (`scripts/up.sh` installs all of it): an OCI runtime, or nothing runs;
+/// btrfs-progs, or homes are standard only (said, not refused).
+fn preflight(runtime: &str) -> Result<()> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
+    let wanted: &[&str] = match runtime {
+        "runc" => &["runc"],
+        "crun" => &["crun"],
+        _ => &["runc", "crun"],
+    };
+    if !wanted
+        .iter()
+        .any(|name| runner::find_binary(&path, name).is_some())
+    {
+        bail!(
+            "roost up needs an OCI runtime and found no {} on PATH ({}): install it with `apt-get install {}` (scripts/up.sh installs everything roost up needs)",
+            wanted.join(" or "),
+            path.to_string_lossy(),
+            wanted[0]
+        );
+    }
+    if runner::find_binary(&path, "btrfs").is_none()
+        || runner::find_binary(&path, "mkfs.btrfs").is_none()
+    {
+        eprintln!(
+            "roost up: durable homes need btrfs-progs, not found on PATH: sandboxes get standard homes only (install it with `apt-get install btrfs-progs`)"
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: UpArgs) -> Result<ExitCode> {
     let data_dir = match args.data_dir {
         Some(dir) => absolute(dir)?,
@@ -120,6 +155,7 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
     server_config.store_url =
         crate::control::home_store_enabled()?.then(|| data_dir.join("store").display().to_string());
     let runtime_choice = RuntimeChoice::parse(&args.runtime)?;
+    preflight(&args.runtime)?;
     let init = init_program()?;
     runtime()?.block_on(async move {
         let (stop_server, server_stopping) = tokio::sync::oneshot::channel::<()>();

@@ -12,4 +12,5 @@
 
 pub mod agent;
 
+pub use oci::host::find_binary;
 pub use oci::{InitProgram, RuntimeChoice, init};

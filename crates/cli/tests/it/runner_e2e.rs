@@ -980,3 +980,35 @@ async fn a_bridge_sandbox_gets_a_network_the_runner_offers_and_a_none_one_does_n
     assert_eq!(interfaces.split_whitespace().collect::<Vec<_>>(), ["lo"]);
     stack.runner.assert_no_errors();
 }
+
+/// Issue 13, point 9: on a machine without an OCI runtime, `roost up`
+/// says in one line what is missing and how to get it, before starting
+/// anything (it used to start the server, then fail inside the runner).
+#[test]
+fn roost_up_without_a_runtime_says_what_to_install() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A PATH with only `sh`: no runc, no crun, no btrfs.
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    std::os::unix::fs::symlink("/bin/sh", bin.join("sh")).expect("sh");
+    let output = Command::new(BIN)
+        .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(tmp.path().join("data"))
+        .env("PATH", &bin)
+        .env("HOME", tmp.path().join("home"))
+        .env("XDG_CONFIG_HOME", tmp.path().join("config"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run roost up");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.contains("no runc or crun") && stderr.contains("apt-get install runc"),
+        "{stderr}"
+    );
+    assert!(
+        !tmp.path().join("data/server").exists(),
+        "nothing started before the check"
+    );
+}
