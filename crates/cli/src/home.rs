@@ -200,13 +200,14 @@ fn run_pull(dest: &Path, target: &Target, cache: Option<PathBuf>) -> Result<Exit
         &bar,
     );
     bar.finish();
-    if report.is_err() && creates_dest {
-        if let Err(err) = std::fs::remove_dir_all(dest) {
-            eprintln!(
-                "roost: could not remove the partial pull at {}: {err}",
-                dest.display()
-            );
-        }
+    if report.is_err()
+        && creates_dest
+        && let Err(err) = std::fs::remove_dir_all(dest)
+    {
+        eprintln!(
+            "roost: could not remove the partial pull at {}: {err}",
+            dest.display()
+        );
     }
     let report = report.with_context(|| format!("pull into {} failed", dest.display()))?;
     let root = report.root.map(|r| r.to_hex()).unwrap_or_default();
