@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 use rayon::prelude::*;
 
 use crate::backend::ObjectMeta;
-use crate::store::{KeyKind, ObjectId, ObjectKind, parse_key};
+use crate::store::{KeyKind, ObjectId, ObjectKind, StoreLock, parse_key};
 use crate::tree::EntryKind;
 use crate::{Digest, Error, HomeName, OrgId, Result, Store};
 
@@ -59,8 +59,13 @@ fn list(store: &Store) -> Result<Listing> {
 
 /// Marks everything reachable from `tree`. With `tolerate_missing`, a
 /// missing child is skipped (a young tree of a push still uploading).
+/// Keeps `lock` fresh as it goes: marking a large store takes longer than
+/// a lock lives unrefreshed ([`crate::store::LOCK_STALE`]), and a gc lock
+/// that looks stale lets a push commit in the middle of the sweep, onto
+/// objects the sweep then deletes.
 fn mark_tree(
     store: &Store,
+    lock: &StoreLock<'_>,
     org: &OrgId,
     tree: Digest,
     marked: &mut Marked,
@@ -71,6 +76,7 @@ fn mark_tree(
         if !marked.insert((org.clone(), ObjectId::tree(digest))) {
             continue;
         }
+        lock.refresh_if_due()?;
         let tree = match store.get_tree(org, &digest) {
             Ok(tree) => tree,
             Err(Error::MissingObject { .. }) if tolerate_missing => continue,
@@ -93,11 +99,17 @@ fn mark_tree(
     Ok(())
 }
 
-fn mark_homes(store: &Store, homes: &[(OrgId, HomeName)], marked: &mut Marked) -> Result<u64> {
+fn mark_homes(
+    store: &Store,
+    lock: &StoreLock<'_>,
+    homes: &[(OrgId, HomeName)],
+    marked: &mut Marked,
+) -> Result<u64> {
     let mut roots = 0;
     for (org, home) in homes {
+        lock.refresh_if_due()?;
         if let Some(root) = store.read_home(org, home)? {
-            mark_tree(store, org, root, marked, false)?;
+            mark_tree(store, lock, org, root, marked, false)?;
             roots += 1;
         }
     }
@@ -120,17 +132,17 @@ fn gc_inner(store: &Store, grace: Duration) -> Result<GcReport> {
         ..GcReport::default()
     };
     let mut marked = Marked::new();
-    report.roots = mark_homes(store, &listing.homes, &mut marked)?;
+    report.roots = mark_homes(store, &lock, &listing.homes, &mut marked)?;
     for (org, object, meta) in &listing.objects {
         if object.kind == ObjectKind::Tree && meta.last_modified >= cutoff {
-            mark_tree(store, org, object.digest, &mut marked, true)?;
+            mark_tree(store, &lock, org, object.digest, &mut marked, true)?;
         }
     }
     // Roots committed and trees uploaded while we marked: list once more,
     // so a push that relied on an old object and has since uploaded the
     // trees naming it (or committed) keeps it.
     let again = list(store)?;
-    mark_homes(store, &again.homes, &mut marked)?;
+    mark_homes(store, &lock, &again.homes, &mut marked)?;
     let first_listing: HashSet<&str> = listing
         .objects
         .iter()
@@ -138,7 +150,7 @@ fn gc_inner(store: &Store, grace: Duration) -> Result<GcReport> {
         .collect();
     for (org, object, meta) in &again.objects {
         if object.kind == ObjectKind::Tree && !first_listing.contains(meta.key.as_str()) {
-            mark_tree(store, org, object.digest, &mut marked, true)?;
+            mark_tree(store, &lock, org, object.digest, &mut marked, true)?;
         }
     }
     report.marked = marked.len() as u64;

@@ -49,6 +49,14 @@ fn age_local_store(env: &Env) {
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).expect("read_dir") {
             let path = entry.expect("entry").path();
+            // Never the locks (issue 13, point 6): aging a gc's live lock
+            // made it look stale, so a push committed in the middle of the
+            // sweep, onto objects the sweep deleted, and the next gc found
+            // the home pointing at a missing object. Only a holder that
+            // stops refreshing lets its lock go stale.
+            if path.file_name().is_some_and(|name| name == "locks") {
+                continue;
+            }
             if path.is_dir() {
                 stack.push(path);
             } else {
