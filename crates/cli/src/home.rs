@@ -203,6 +203,7 @@ fn run_pull(dest: &Path, target: &Target, cache: Option<PathBuf>) -> Result<Exit
     if report.is_err()
         && creates_dest
         && let Err(err) = std::fs::remove_dir_all(dest)
+        && err.kind() != std::io::ErrorKind::NotFound
     {
         eprintln!(
             "roost: could not remove the partial pull at {}: {err}",

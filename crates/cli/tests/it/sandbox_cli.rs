@@ -316,7 +316,7 @@ async fn sandbox_commands_print_records_tables_and_json() {
     assert_eq!(got["state"], "running");
     assert_eq!(got["id"], a.as_str());
     let shown = roost.text(&["sandbox", "get", &a]).await;
-    assert_eq!(field(&shown, "state"), "running");
+    assert_eq!(field(&shown, "state"), "running (workload_started)");
     assert_eq!(field(&shown, "epoch"), "1");
     assert_eq!(
         field(&shown, "resources"),
@@ -377,7 +377,7 @@ async fn sandbox_commands_print_records_tables_and_json() {
         [
             a.as_str(),
             "running",
-            "-",
+            "workload_started",
             "running",
             runner.id.as_str(),
             "1"

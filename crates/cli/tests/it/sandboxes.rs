@@ -105,18 +105,19 @@ async fn sandbox_lifecycle_records_observed_state_and_events() {
         [
             "pending/admitted",
             "starting/placed",
-            "running/",
+            // A state reported without a reason carries its usual one.
+            "running/workload_started",
             // What was asked is in the history too, the state repeated.
             "running/stop_requested",
-            "stopping/",
+            "stopping/stop_requested",
             "stopped/stop_requested",
             "stopped/start_requested",
             "pending/start_requested",
             "starting/placed",
-            "running/",
+            "running/workload_started",
             "running/delete_requested",
             "deleting/delete_requested",
-            "deleted/",
+            "deleted/deleted",
         ]
     );
     assert!(events["events"][0]["at"].is_string());
