@@ -56,7 +56,9 @@ case "$BENCH_DIR" in /tmp/*) ;; *) echo "run.sh: BENCH_DIR must be under /tmp" >
 # The runner's volume filesystem stays mounted after it exits (sandboxes
 # outlive the runner process): unmount what is under the scratch dir.
 unmount_scratch() {
-  findmnt -rn -o TARGET | grep "^$BENCH_DIR/" | sort -r | while read -r mounted; do
+  # `|| true`: no mount under the scratch dir is the usual case, and grep
+  # finding nothing must not end the run (pipefail).
+  { findmnt -rn -o TARGET | grep "^$BENCH_DIR/" || true; } | sort -r | while read -r mounted; do
     umount -l "$mounted" 2>/dev/null || true
   done
 }

@@ -191,11 +191,21 @@ impl Peer {
         std::fs::create_dir(&workspace)?;
         config["root"]["path"] = json!(rootfs);
         if let Some(mounts) = config["mounts"].as_array_mut() {
-            for mount in mounts {
+            for mount in mounts.iter_mut() {
                 if mount["destination"] == "/workspace" {
                     mount["source"] = json!(workspace);
                 }
             }
+            // runc alone has no runner renewing a lease: no lease mount (its
+            // source is the sandbox's, gone once that sandbox is deleted).
+            mounts.retain(|mount| mount["destination"] != "/.roost/lease");
+        }
+        // ...and no lease for its init to watch (it would stop the peer's
+        // processes once the copied deadline passed).
+        if let Some(args) = config["process"]["args"].as_array_mut()
+            && let Some(at) = args.iter().position(|arg| arg == "--lease-dir")
+        {
+            args.drain(at..(at + 2).min(args.len()));
         }
         Ok(Peer {
             scratch,
