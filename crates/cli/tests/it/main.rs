@@ -4,6 +4,7 @@
 
 mod commands;
 mod control;
+mod convergence;
 mod durable;
 mod failover;
 mod harness;

@@ -40,6 +40,10 @@ fn ms(ms: u64) -> Duration {
     Duration::from_millis(ms)
 }
 
+/// An assignment asked for after every report so far: the server's view
+/// is current (tests that send a stale view say so with a lower count).
+const FRESH: u64 = u64::MAX;
+
 /// Starts the worker of [`ID`] with `assigned`.
 fn worker(agent: &Agent, assigned: Assigned) -> (watch::Sender<Option<Assigned>>, JoinHandle<()>) {
     let (sender, receiver) = watch::channel(Some(assigned));
@@ -52,6 +56,7 @@ fn sandbox_only(desired: DesiredState, state: SandboxState) -> Assigned {
     Assigned {
         sandbox: assignment(ID, 1, desired, state),
         commands: Vec::new(),
+        reports_before: FRESH,
     }
 }
 
@@ -249,6 +254,7 @@ fn with_command(agent: &Agent, argv: &[&str]) -> (watch::Sender<Option<Assigned>
         Assigned {
             sandbox: assignment(ID, 1, DesiredState::Running, SandboxState::Running),
             commands: vec![command("cmd_fake0001", ID, 1, argv)],
+            reports_before: FRESH,
         },
     )
 }
@@ -928,4 +934,51 @@ async fn a_home_no_longer_assigned_is_kept_aside_and_reported_until_the_server_l
     super::kept::report(&agent.shared, ID, &report.name).await;
     assert!(agent.shared.homes.kept_copies().expect("listed").is_empty());
     assert!(!kept_dir.exists());
+}
+
+/// Issue 13, point 5: a long-poll answered while the worker's `stopped`
+/// report was on its way still shows the sandbox `stopping` with a start
+/// asked meanwhile. Read as it stands, that launched the container again,
+/// a report the server refused (a `stopped` sandbox cannot be reported
+/// running) and the next view killed ("a container runs that its record
+/// says must not"). The worker reads such a view with the state it
+/// reported: nothing is launched until the server's own view of the start
+/// (a new placement) arrives.
+#[tokio::test]
+async fn a_view_older_than_the_workers_own_report_does_not_undo_it() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add(ID, Status::Running);
+    let (assign, _task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Stopped, SandboxState::Running),
+    );
+    agent
+        .control
+        .wait_until("stopped reported", |r| reported(r, SandboxState::Stopped))
+        .await;
+    // Asked for before the `stopped` report was accepted (the count of
+    // accepted reports was 1: `stopping`).
+    assign.send_replace(Some(Assigned {
+        reports_before: 1,
+        ..sandbox_only(DesiredState::Running, SandboxState::Stopping)
+    }));
+    settle().await;
+    assert_eq!(
+        agent.runtime.calls(),
+        [Call::Stop(ID.to_owned()), Call::Delete(ID.to_owned())],
+        "nothing launched on a stale view"
+    );
+    // The same view asked for after the report is taken as it stands.
+    assign.send_replace(Some(sandbox_only(
+        DesiredState::Running,
+        SandboxState::Stopping,
+    )));
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    assert_eq!(
+        agent.runtime.calls().last(),
+        Some(&Call::Launch(ID.to_owned()))
+    );
 }

@@ -91,7 +91,7 @@ mod testing;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -300,6 +300,10 @@ pub(crate) struct Shared {
     pub(crate) fence: fence::Fence,
     /// Set while kept copies are being reported (one sync at a time).
     pub(crate) kept_syncing: Arc<AtomicBool>,
+    /// Sandbox reports the server has accepted so far, a counter: an
+    /// assignment asked for before a worker's report was accepted may not
+    /// show that report (see `sandbox::Assigned::reports_before`).
+    pub(crate) reports_accepted: AtomicU64,
 }
 
 impl Shared {
@@ -539,6 +543,7 @@ async fn run_agent(
         homes,
         config,
         kept_syncing: Arc::new(AtomicBool::new(false)),
+        reports_accepted: AtomicU64::new(0),
     });
     tracing::info!(
         runtime = shared.runtime.name(),
@@ -689,6 +694,7 @@ async fn assignments_loop(
     loop {
         let runner_id = shared.runner_id();
         let sent_at = shared.clock.now();
+        let reports_before = shared.reports_accepted.load(Ordering::SeqCst);
         let answer = clock::timeout(
             &*shared.clock,
             Duration::from_secs(ASSIGNMENTS_TIMEOUT_SECONDS),
@@ -701,7 +707,7 @@ async fn assignments_loop(
             Ok(Ok(assignments)) => {
                 backoff = Backoff::new();
                 etag = assignments.etag.clone();
-                dispatch(shared, assignments, workers, first)?;
+                dispatch(shared, assignments, reports_before, workers, first)?;
                 first = false;
                 continue;
             }
@@ -729,6 +735,7 @@ async fn assignments_loop(
 fn dispatch(
     shared: &Arc<Shared>,
     assignments: Assignments,
+    reports_before: u64,
     workers: &mut HashMap<String, WorkerHandle>,
     first: bool,
 ) -> Result<(), AgentError> {
@@ -746,15 +753,20 @@ fn dispatch(
         let assigned = Assigned {
             commands: commands.remove(&id).unwrap_or_default(),
             sandbox,
+            reports_before,
         };
         assigned_ids.push(id.clone());
         if let Some(worker) = workers.get(&id)
             && !worker.task.is_finished()
         {
-            worker.sender.send_if_modified(|current| {
-                if current.as_ref() == Some(&assigned) {
+            // Unchanged: the worker is not woken, but learns that the
+            // server's view is at least this recent.
+            worker.sender.send_if_modified(|current| match current {
+                Some(current) if current.same_as(&assigned) => {
+                    current.reports_before = assigned.reports_before;
                     false
-                } else {
+                }
+                _ => {
                     *current = Some(assigned);
                     true
                 }

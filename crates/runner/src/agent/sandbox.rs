@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use api::lifecycle::{DesiredState, SandboxState, StorageClass};
@@ -41,6 +42,18 @@ const LAUNCH_ATTEMPTS_MAX: u32 = 3;
 pub(crate) struct Assigned {
     pub sandbox: SandboxAssignment,
     pub commands: Vec<CommandAssignment>,
+    /// How many sandbox reports the server had accepted from this runner
+    /// (`Shared::reports_accepted`) when these assignments were asked for.
+    /// A report accepted later may be missing from `sandbox.state`: the
+    /// worker then goes by what it reported (see [`Worker::current`]).
+    pub reports_before: u64,
+}
+
+impl Assigned {
+    /// The same assignment and commands, however recent the view.
+    pub(crate) fn same_as(&self, other: &Assigned) -> bool {
+        self.sandbox == other.sandbox && self.commands == other.commands
+    }
 }
 
 /// What the runtime shows, reduced to what decisions depend on.
@@ -212,6 +225,15 @@ fn runs_here(action: Action, seen: Seen) -> bool {
     }
 }
 
+/// A report the server accepted: the state it recorded, at which epoch,
+/// and its number in `Shared::reports_accepted`.
+#[derive(Clone, Copy, Debug)]
+struct Accepted {
+    epoch: u64,
+    state: SandboxState,
+    seq: u64,
+}
+
 /// What to do after a pass.
 enum Next {
     /// Wait for an event (or the resync).
@@ -249,8 +271,10 @@ struct Worker {
     commands: HashMap<String, CommandTask>,
     /// The sandbox was deleted and reported so: nothing is left here.
     deleted: bool,
-    /// The last state reported and accepted, to log changes once.
-    reported: Option<(u64, SandboxState)>,
+    /// The last state reported and accepted, with its place in
+    /// `Shared::reports_accepted`: an older view of the record is read as
+    /// this (see [`Worker::current`]); changes are logged once.
+    accepted: Option<Accepted>,
     /// What the last pass saw.
     last_seen: Option<Seen>,
     /// Saves a running durable home on its schedule (for one epoch).
@@ -291,7 +315,7 @@ pub(crate) async fn run(
         launch_failures: 0,
         commands: HashMap::new(),
         deleted: false,
-        reported: None,
+        accepted: None,
         last_seen: None,
         saver: None,
         snapshots: HashMap::new(),
@@ -369,12 +393,33 @@ pub(crate) async fn run(
 }
 
 impl Worker {
+    /// The assignment as of now. Assignments asked for before this
+    /// worker's last report was accepted can still show the state before
+    /// it (a long-poll answered while the report was on its way): acting on
+    /// that would undo the report (launching what was just stopped, or
+    /// calling the stopped container vanished). Such a view of the same
+    /// placement is read with the state this worker reported; the server
+    /// moved the record there, and nothing but this worker's reports moves
+    /// a placement's state on (a start, a recovery or a delete that moves
+    /// it elsewhere changes the epoch or the desired state, which decide
+    /// first).
+    fn current(&self, assigned: &Assigned) -> SandboxAssignment {
+        let mut sandbox = assigned.sandbox.clone();
+        if let Some(accepted) = self.accepted
+            && accepted.epoch == sandbox.epoch
+            && assigned.reports_before < accepted.seq
+        {
+            sandbox.state = accepted.state;
+        }
+        sandbox
+    }
+
     /// One pass. Without `fresh`, only the commands changed: if the init
     /// was seen running and its pidfd watcher has not fired since, it is
     /// still running, and the runtime is not asked again (that costs a
     /// process spawn per exec).
     async fn pass(&mut self, assigned: &Assigned, fresh: bool) -> Next {
-        let sandbox = &assigned.sandbox;
+        let sandbox = &self.current(assigned);
         if self
             .fenced_epoch
             .is_some_and(|fenced| sandbox.epoch <= fenced)
@@ -567,8 +612,9 @@ impl Worker {
             return;
         }
         self.fenced_epoch = Some(epoch);
-        let ended_here = self.reported.as_ref().is_some_and(|(reported, state)| {
-            *reported == epoch && (state.is_terminal() || *state == SandboxState::Stopped)
+        let ended_here = self.accepted.is_some_and(|accepted| {
+            accepted.epoch == epoch
+                && (accepted.state.is_terminal() || accepted.state == SandboxState::Stopped)
         });
         if ended_here {
             // A late pass over an old assignment re-reported the end of a
@@ -616,13 +662,20 @@ impl Worker {
             .await
         {
             Ok(_) => {
+                let seq = self.shared.reports_accepted.fetch_add(1, Ordering::SeqCst) + 1;
+                let changed = self
+                    .accepted
+                    .is_none_or(|last| (last.epoch, last.state) != (sandbox.epoch, state));
+                if changed {
+                    tracing::info!(sandbox_id = %self.id, epoch = sandbox.epoch, state = %state, reason, message, "reported");
+                }
+                self.accepted = Some(Accepted {
+                    epoch: sandbox.epoch,
+                    state,
+                    seq,
+                });
                 if state == SandboxState::Running {
                     self.wake = None;
-                }
-                let now = Some((sandbox.epoch, state));
-                if self.reported != now {
-                    tracing::info!(sandbox_id = %self.id, epoch = sandbox.epoch, state = %state, reason, message, "reported");
-                    self.reported = now;
                 }
                 Ok(())
             }

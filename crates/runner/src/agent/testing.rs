@@ -1045,6 +1045,7 @@ fn shared_over(
         homes,
         config,
         kept_syncing: Default::default(),
+        reports_accepted: Default::default(),
     })
 }
 

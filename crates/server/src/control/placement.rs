@@ -1,6 +1,6 @@
 //! Placing a sandbox on a runner, or recording why it waits or cannot run;
-//! and putting a secured durable sandbox that is wanted running back in
-//! line for placement.
+//! and putting a sandbox that stopped while wanted running back in line
+//! for placement.
 
 use api::lifecycle::{DesiredState, SandboxState, StorageClass};
 
@@ -30,11 +30,13 @@ pub async fn place_or_wait(tx: &mut WriteTx, row: &SandboxRow) -> Result<(), Con
     Ok(())
 }
 
-/// Moves a durable sandbox that is wanted running but was just secured and
-/// reported `stopped` (moved off a runner being emptied, or started again
-/// while it was securing) back to `pending` with no runner, and tries to
-/// place it: the scheduler prefers its last runner unless that one drains.
-pub async fn place_secured(
+/// Moves a sandbox that is wanted running but was just reported `stopped`
+/// (moved off a runner being emptied, or started again while it stopped)
+/// back to `pending`, and tries to place it, as `start` does for a
+/// stopped one: a durable home was secured, so it leaves its runner (the
+/// scheduler prefers that runner unless it drains); a standard home stays
+/// on its runner, which keeps it assigned meanwhile.
+pub async fn place_again(
     tx: &mut WriteTx,
     id: &str,
     reason: &str,
@@ -43,18 +45,19 @@ pub async fn place_secured(
     let Some(row) = load_sandbox(tx, id).await? else {
         return Ok(());
     };
-    if row.state != SandboxState::Stopped
-        || row.desired != DesiredState::Running
-        || row.storage_class != StorageClass::Durable
-    {
+    if row.state != SandboxState::Stopped || row.desired != DesiredState::Running {
         return Ok(());
     }
+    let keep = match row.storage_class {
+        StorageClass::Durable => None,
+        StorageClass::Standard => row.runner_id.as_deref(),
+    };
     let to = Transition {
         state: SandboxState::Pending,
         reason: Some(reason),
         message: Some(message),
     };
-    set_sandbox_state(tx, &row, to, None, row.epoch).await?;
+    set_sandbox_state(tx, &row, to, keep, row.epoch).await?;
     if let Some(row) = load_sandbox(tx, id).await? {
         place_or_wait(tx, &row).await?;
     }

@@ -309,24 +309,25 @@ pub async fn report_sandbox(
         if report.state == SandboxState::Running {
             woke = report.wake.clone();
         }
-        // Wanted running once its home is secured: moved off a runner
-        // being emptied, or started again while it was securing.
-        if report.state == SandboxState::Stopped
-            && row.storage_class == StorageClass::Durable
-            && row.desired == DesiredState::Running
-        {
+        // Wanted running once stopped: a durable home moved off a runner
+        // being emptied (once secured), or any sandbox started again while
+        // it stopped. Otherwise the last request (a start) would be left
+        // undone, the sandbox resting `stopped` while wanted running.
+        if report.state == SandboxState::Stopped && row.desired == DesiredState::Running {
+            let durable = row.storage_class == StorageClass::Durable;
             let again = match (&runner_drain, report.reason.as_deref()) {
-                (Some(drain), _) => Some((
+                (Some(drain), _) if durable => Some((
                     crate::control::drain::reason_of(drain),
                     "home secured; placing it on another runner",
                 )),
-                (None, Some("stop_requested")) => {
+                (_, Some("stop_requested")) if durable => {
                     Some(("start_requested", "home secured; started again"))
                 }
+                (_, Some("stop_requested")) => Some(("start_requested", "stopped; started again")),
                 _ => None,
             };
             if let Some((reason, message)) = again {
-                crate::control::placement::place_secured(&mut tx, id, reason, message).await?;
+                crate::control::placement::place_again(&mut tx, id, reason, message).await?;
             }
         }
     }
