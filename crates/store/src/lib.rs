@@ -29,4 +29,4 @@ pub use digest::Digest;
 pub use error::{Corruption, Error, Result};
 pub use ids::{HomeName, OrgId};
 pub use objects::Objects;
-pub use store::Store;
+pub use store::{LockTiming, Store};

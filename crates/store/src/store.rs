@@ -56,6 +56,25 @@ pub const MISSING_CHECK_BATCH_MAX: usize = 4096;
 pub const LOCK_STALE: Duration = Duration::from_secs(120);
 /// Holders refresh their lock this often (well inside [`LOCK_STALE`]).
 const LOCK_REFRESH: Duration = Duration::from_secs(20);
+
+/// How long a store lock lives unrefreshed and how often holders refresh
+/// theirs. Every process sharing a store must use the same values; only
+/// tests change them ([`Store::with_lock_timing`]), to race a gc whose
+/// work outlasts a lock's life without waiting minutes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockTiming {
+    pub stale: Duration,
+    pub refresh: Duration,
+}
+
+impl Default for LockTiming {
+    fn default() -> LockTiming {
+        LockTiming {
+            stale: LOCK_STALE,
+            refresh: LOCK_REFRESH,
+        }
+    }
+}
 /// How long a commit or a gc waits for the other side before giving up.
 pub const LOCK_WAIT_MAX: Duration = Duration::from_secs(600);
 const LOCK_POLL: Duration = Duration::from_millis(50);
@@ -64,11 +83,23 @@ const COMMIT_LOCKS: &str = "locks/commit/";
 
 pub struct Store {
     backend: Arc<dyn Backend>,
+    lock_timing: LockTiming,
 }
 
 impl Store {
     pub fn new(backend: Arc<dyn Backend>) -> Store {
-        Store { backend }
+        Store {
+            backend,
+            lock_timing: LockTiming::default(),
+        }
+    }
+
+    /// This store with other lock timings (tests; see [`LockTiming`]).
+    pub fn with_lock_timing(self, lock_timing: LockTiming) -> Store {
+        Store {
+            lock_timing,
+            ..self
+        }
     }
 
     pub fn open(url: &str) -> Result<Store> {
@@ -209,7 +240,7 @@ impl Store {
         let now = SystemTime::now();
         Ok(self.backend.list(prefix)?.iter().any(|lock| {
             now.duration_since(lock.last_modified)
-                .map_or(true, |age| age < LOCK_STALE)
+                .map_or(true, |age| age < self.lock_timing.stale)
         }))
     }
 
@@ -300,7 +331,7 @@ impl<'a> StoreLock<'a> {
 
     pub fn refresh_if_due(&self) -> Result<()> {
         let mut refreshed_at = self.refreshed_at.lock().unwrap_or_else(|p| p.into_inner());
-        if refreshed_at.elapsed() >= LOCK_REFRESH {
+        if refreshed_at.elapsed() >= self.store.lock_timing.refresh {
             self.store.backend.put_durable(&self.key, b"")?;
             *refreshed_at = Instant::now();
         }

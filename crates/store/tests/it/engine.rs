@@ -1445,3 +1445,81 @@ fn a_store_that_reads_in_batches_fetches_a_directory_in_few_requests() {
         "nothing written to the cache"
     );
 }
+
+/// Regression (issue 13, point 6): gc refreshed its lock only while it
+/// swept, never while it listed and marked, so a mark that outlasted a
+/// lock's life (`LOCK_STALE`, two minutes; a large store on S3) let a push
+/// take the gc lock for a dead process's, pass its final existence check,
+/// and commit after gc's last listing, onto objects the sweep then
+/// deleted: a home naming missing objects.
+///
+/// Lock lives are shortened here (400 ms, refreshed every 20 ms) and every
+/// read gc makes is slow (30 ms, about 1.3 s of marking): the push of b
+/// (a's old, condemned content) starts 600 ms in, and its final existence
+/// check answers 1.5 s after it looked, landing its pointer after the
+/// sweep. With gc's lock kept fresh while it marks, the push waits for the
+/// sweep, finds what went, uploads it again and commits a complete home.
+#[test]
+fn regression_a_long_gc_mark_keeps_its_lock_and_no_push_commits_into_its_sweep() {
+    let timing = store::LockTiming {
+        stale: Duration::from_millis(400),
+        refresh: Duration::from_millis(20),
+    };
+    let inner: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let gc_double = Double::new(Arc::clone(&inner));
+    let gc_store = Store::new(gc_double.clone()).with_lock_timing(timing);
+    let (acme, a) = (org("acme"), home("a"));
+    let old: Vec<(String, Vec<u8>)> = (0..10)
+        .map(|i| (format!("old/d{i}/f"), format!("old {i}\n").into_bytes()))
+        .collect();
+    let new: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| (format!("new/d{i}/f"), format!("new {i}\n").into_bytes()))
+        .collect();
+    let old_dir = fixed_home(&as_files(&old));
+    let new_dir = fixed_home(&as_files(&new));
+    push(&gc_store, &acme, &a, old_dir.path()).expect("push a (old)");
+    push(&gc_store, &acme, &a, new_dir.path()).expect("push a (new)");
+    let b_dir = fixed_home(&as_files(&old));
+
+    let push_double = Double::new(Arc::clone(&inner));
+    push_double.arm(Faults {
+        delay_exists_call: Some((2, Duration::from_millis(1500))),
+        ..Faults::default()
+    });
+    let push_store = Store::new(push_double.clone()).with_lock_timing(timing);
+    gc_double.arm(Faults {
+        get_delay: Some(Duration::from_millis(30)),
+        ..Faults::default()
+    });
+    let b_path = b_dir.path().to_owned();
+    let pusher = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(600));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("thread pool");
+        let pushed = pool.install(|| push(&push_store, &org("acme"), &home("b"), &b_path));
+        (pushed, push_double.exists_batches().len())
+    });
+    let report = gc::gc(&gc_store, Duration::ZERO).expect("gc");
+    assert!(
+        report.deleted > 0,
+        "gc condemned a's old content: {report:?}"
+    );
+    let (pushed, exists_calls) = pusher.join().expect("push thread");
+    pushed.expect("the push waits for gc, uploads again what went, and commits");
+    assert!(exists_calls >= 2, "the push checked before committing");
+
+    gc_double.arm(Faults::default());
+    let checker = Store::new(Arc::clone(&inner));
+    assert_verify_ok(&checker);
+    let dest = tempdir();
+    pull(&checker, &acme, &home("b"), dest.path()).expect("pull b");
+    assert_eq!(contents(dest.path()), contents(b_dir.path()));
+}
+
+fn as_files(list: &[(String, Vec<u8>)]) -> Vec<(&str, &[u8])> {
+    list.iter()
+        .map(|(path, content)| (path.as_str(), content.as_slice()))
+        .collect()
+}

@@ -9,6 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use store::backend::{Backend, ObjectMeta};
 use store::excludes::Excludes;
@@ -308,6 +309,11 @@ pub struct Faults {
     /// Refuse a put of a tree whose children are neither stored nor
     /// earlier in the same batch, as the block service does.
     pub refuse_incomplete_trees: bool,
+    /// Every `get` takes this long (a slow store: a long gc mark).
+    pub get_delay: Option<Duration>,
+    /// The n-th `exists` call (1-based) answers this long after it looked:
+    /// a slow answer that is stale by the time it arrives.
+    pub delay_exists_call: Option<(u64, Duration)>,
 }
 
 #[derive(Default)]
@@ -317,6 +323,7 @@ struct Counters {
     single_gets: u64,
     deletes: u64,
     exists_batches: Vec<usize>,
+    exists_calls: u64,
     put_batches: Vec<usize>,
     get_batches: Vec<usize>,
 }
@@ -403,11 +410,15 @@ impl Double {
             *count += 1;
             *count
         };
-        if let Some((fail_key, fail_nth)) = &lock(&self.faults).fail_get
+        let faults = lock(&self.faults).clone();
+        if let Some((fail_key, fail_nth)) = &faults.fail_get
             && fail_key == key
             && *fail_nth == nth
         {
             return Err(injected("get", key));
+        }
+        if let Some(delay) = faults.get_delay {
+            std::thread::sleep(delay);
         }
         self.inner.get(key)
     }
@@ -476,8 +487,20 @@ impl Backend for Double {
     }
 
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
-        lock(&self.counters).exists_batches.push(keys.len());
-        self.inner.exists(keys)
+        let nth = {
+            let mut counters = lock(&self.counters);
+            counters.exists_batches.push(keys.len());
+            counters.exists_calls += 1;
+            counters.exists_calls
+        };
+        let present = self.inner.exists(keys)?;
+        let delayed_call = lock(&self.faults).delay_exists_call;
+        if let Some((delayed, delay)) = delayed_call
+            && delayed == nth
+        {
+            std::thread::sleep(delay);
+        }
+        Ok(present)
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
