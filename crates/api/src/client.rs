@@ -18,7 +18,7 @@ use crate::runners::{
     SaveReport, SnapshotReport,
 };
 use crate::sandboxes::{CreateSandboxRequest, EventList, QuarantineRequest, Sandbox, SandboxList};
-use crate::snapshots::{CreateSnapshotRequest, Snapshot, SnapshotList};
+use crate::snapshots::{CreateSnapshotRequest, SalvageRequest, Snapshot, SnapshotList};
 use crate::{ErrorBody, ErrorCode};
 
 /// Longest a single request may take, long-polls (at most 25 s on the
@@ -698,6 +698,28 @@ impl Client {
             &["v1", "sandboxes", sandbox_id, "kept", copy_id, "discard"],
             &serde_json::json!({}),
             &[],
+        )
+        .await
+    }
+
+    /// `POST /v1/sandboxes/{id}/kept/{copy}/salvage`: a snapshot whose
+    /// content is the kept copy (`pending` until its runner uploaded it);
+    /// with a key, a retry returns the same snapshot.
+    pub async fn salvage_kept_copy(
+        &self,
+        sandbox_id: &str,
+        copy_id: &str,
+        request: &SalvageRequest,
+        idempotency_key: Option<&str>,
+    ) -> Result<Snapshot, ClientError> {
+        let headers: Vec<(&str, &str)> = idempotency_key
+            .map(|key| ("idempotency-key", key))
+            .into_iter()
+            .collect();
+        self.post(
+            &["v1", "sandboxes", sandbox_id, "kept", copy_id, "salvage"],
+            request,
+            &headers,
         )
         .await
     }

@@ -134,6 +134,15 @@ pub struct KeptAssignment {
     pub sandbox_id: String,
     /// The runner's own name for the copy (from its report).
     pub name: String,
+    /// The org of the copy's sandbox (whose store a salvage goes to).
+    #[serde(default)]
+    pub org_id: String,
+    /// Salvage snapshots of this copy not yet replicated or failed: the
+    /// runner uploads the copy through the block service and reports each
+    /// (`POST /v1/runner/snapshots/{id}/report`, `epoch` ignored: only the
+    /// runner holding the copy may report).
+    #[serde(default)]
+    pub salvage: Vec<String>,
 }
 
 /// `POST /v1/runner/kept`: a home this runner no longer has assigned was
@@ -232,11 +241,14 @@ pub struct SaveReport {
     pub uploaded_bytes: Option<u64>,
 }
 
-/// `POST /v1/runner/snapshots/{id}/report`.
+/// `POST /v1/runner/snapshots/{id}/report`: from the sandbox's current
+/// placement, or, for a salvage of a kept copy, from the runner holding
+/// the copy (any other runner's report is 404).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotReport {
     pub runner_id: String,
+    /// The placement's epoch (ignored for a salvage: no placement).
     pub epoch: u64,
     /// `local`, `replicated` (with `root`) or `failed` (with `message`).
     pub durability: String,

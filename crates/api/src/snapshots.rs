@@ -35,10 +35,41 @@ pub struct Snapshot {
     pub root: Option<String>,
     pub files: Option<u64>,
     pub logical_bytes: Option<u64>,
-    /// When the home was captured.
+    /// When the home was captured (for a salvage: when its runner set
+    /// the copy aside, the copy's `kept_at`).
     pub captured_at: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// Set when the snapshot is a salvage of a kept copy of the sandbox's
+    /// home (`POST /v1/sandboxes/{id}/kept/{copy}/salvage`): which copy,
+    /// on which runner, set aside when.
+    #[serde(default)]
+    pub salvaged_from: Option<SalvagedFrom>,
+}
+
+/// The kept copy a salvage snapshot holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SalvagedFrom {
+    /// `kpt_…`
+    pub copy_id: String,
+    pub runner_id: String,
+    /// RFC 3339: when the runner set the copy aside.
+    pub kept_at: String,
+}
+
+/// `POST /v1/sandboxes/{id}/kept/{copy}/salvage` (`Idempotency-Key`
+/// accepted): a snapshot whose content is the kept copy, `pending` until
+/// the runner holding it has uploaded it, then `replicated` (or `failed`
+/// with a reason: the runner is gone, the upload failed, the copy was let
+/// go first). The copy itself stays until discarded or expired.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SalvageRequest {
+    /// Seconds from now by which the snapshot must be replicated; past it
+    /// it fails with `durability_deadline_exceeded`.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 86_400)]
+    pub deadline: Option<u64>,
 }
 
 /// `GET /v1/snapshots`

@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use api::client::{Client, ClientError, SandboxListQuery};
 use api::lifecycle::SandboxState;
 use api::sandboxes::{CreateSandboxRequest, Resources, Sandbox, SandboxList};
+use api::snapshots::SalvageRequest;
 use clap::{Args, Subcommand};
 use tokio::time::Instant;
 
@@ -116,13 +117,40 @@ pub enum SandboxCommand {
         target: OrgTarget,
     },
     /// Discard a kept copy of a sandbox's home (listed as `kept_copies` on
-    /// its record): the runner holding it deletes it. Salvaging one into a
-    /// snapshot is not implemented yet.
+    /// its record): the runner holding it deletes it.
     DiscardKept {
         /// The sandbox's id.
         id: String,
         /// The kept copy's id (`kpt_…`).
         copy: String,
+        #[command(flatten)]
+        target: OrgTarget,
+    },
+    /// Salvage a kept copy of a sandbox's home into a snapshot (the runner
+    /// holding it uploads it); prints the snapshot's receipt. Create a
+    /// sandbox from it (`--from-snapshot`) to get the work back.
+    #[command(
+        after_help = "The snapshot is pending until the runner holding the copy has uploaded it, \
+                      then replicated, or failed with a reason (the runner is gone, the upload \
+                      failed). The copy stays until discarded or expired. With --wait, waits \
+                      for the end and exits 1 if the snapshot failed."
+    )]
+    SalvageKept {
+        /// The sandbox's id.
+        id: String,
+        /// The kept copy's id (`kpt_…`).
+        copy: String,
+        /// How long the upload may take (e.g. `10m`); past it the snapshot
+        /// fails.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        deadline: Option<Duration>,
+        /// Makes the request safe to retry: the same key returns the same
+        /// snapshot.
+        #[arg(long, value_name = "KEY")]
+        idempotency_key: Option<String>,
+        /// Wait until the snapshot is replicated (or failed).
+        #[arg(long)]
+        wait: bool,
         #[command(flatten)]
         target: OrgTarget,
     },
@@ -337,6 +365,28 @@ pub fn run(command: SandboxCommand) -> Result<ExitCode> {
                     .await
                     .context("discarding the kept copy failed")?;
                 print_change(&sandbox, "kept copy discarded", &target)
+            }
+            SandboxCommand::SalvageKept {
+                id,
+                copy,
+                deadline,
+                idempotency_key,
+                wait,
+                target,
+            } => {
+                let client = target.client()?;
+                let request = SalvageRequest {
+                    deadline: deadline.map(|d| d.as_secs().max(1)),
+                };
+                let snapshot = client
+                    .salvage_kept_copy(&id, &copy, &request, idempotency_key.as_deref())
+                    .await
+                    .context("salvaging the kept copy failed")?;
+                if !wait {
+                    crate::snapshot::print_snapshot(&snapshot, target.json)?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                crate::snapshot::wait_for(&client, &snapshot.id, "replicated", &target).await
             }
             SandboxCommand::Events { id, target } => events(&id, &target).await,
             SandboxCommand::Wait {

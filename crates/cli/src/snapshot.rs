@@ -169,7 +169,7 @@ pub fn run(command: SnapshotCommand) -> Result<ExitCode> {
 }
 
 /// Long-polls until `durability` (or a failure); exit 1 unless reached.
-async fn wait_for(
+pub async fn wait_for(
     client: &api::client::Client,
     id: &str,
     durability: &str,
@@ -193,7 +193,7 @@ async fn wait_for(
     }
 }
 
-fn print_snapshot(snapshot: &Snapshot, json: bool) -> Result<()> {
+pub fn print_snapshot(snapshot: &Snapshot, json: bool) -> Result<()> {
     if json {
         return print_record(snapshot);
     }
@@ -216,6 +216,18 @@ fn print_snapshot(snapshot: &Snapshot, json: bool) -> Result<()> {
         ),
         ("captured", time_and_age(snapshot.captured_at.as_deref())),
         ("created", time_and_age(Some(&snapshot.created_at))),
+        (
+            "salvaged from",
+            snapshot.salvaged_from.as_ref().map_or_else(
+                || "-".to_owned(),
+                |from| {
+                    format!(
+                        "kept copy {} on runner {}, kept {}",
+                        from.copy_id, from.runner_id, from.kept_at
+                    )
+                },
+            ),
+        ),
     ]);
     Ok(())
 }

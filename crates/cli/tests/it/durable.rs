@@ -963,7 +963,8 @@ async fn a_home_nested_too_deep_fails_its_own_saves_and_a_neighbour_keeps_saving
 /// (never `stopped` with a save that does not exist) and says it restores
 /// an empty home; the runner, back on the same data dir after its lease
 /// expired, keeps the home aside (read-only, unmounted) instead of
-/// deleting the only copy, the record lists it, a start runs from what the
+/// deleting the only copy, the record lists it, a salvage makes it a
+/// snapshot whose child has the work back, a start runs from what the
 /// record said, and a discard deletes the copy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_lost_while_securing_keeps_the_only_copy_aside_and_the_record_says_so() {
@@ -1046,6 +1047,91 @@ async fn a_runner_lost_while_securing_keeps_the_only_copy_aside_and_the_record_s
     assert!(
         std::fs::write(kept.join("work.txt"), "overwritten\n").is_err(),
         "the kept copy is read-only, even for root"
+    );
+
+    // Salvaged into a snapshot with the CLI (a retry with the same key is
+    // the same snapshot): the runner holding the copy uploads it (the
+    // sandbox is placed nowhere: only the salvage lets it into the org's
+    // objects), and a child created from it has the work back. The copy
+    // stays.
+    let salvage = || {
+        let mut command = std::process::Command::new(crate::harness::BIN);
+        command
+            .args([
+                "sandbox",
+                "salvage-kept",
+                &id,
+                &copy_id,
+                "--idempotency-key",
+                "salvage-1",
+                "--json",
+            ])
+            .env("ROOST_URL", &api.url)
+            .env("ROOST_TOKEN", &api.token)
+            .env_remove("ROOST_LOG");
+        async move {
+            let output = tokio::task::spawn_blocking(move || command.output().expect("run roost"))
+                .await
+                .expect("join");
+            assert!(
+                output.status.success(),
+                "salvage-kept: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            serde_json::from_slice::<Value>(&output.stdout).expect("one JSON snapshot")
+        }
+    };
+    let receipt = salvage().await;
+    assert_eq!(receipt["sandbox_id"], id.as_str(), "{receipt}");
+    assert_eq!(
+        receipt["salvaged_from"]["copy_id"],
+        copy_id.as_str(),
+        "{receipt}"
+    );
+    assert_eq!(receipt["salvaged_from"]["runner_id"], runner_id.as_str());
+    assert_eq!(receipt["salvaged_from"]["kept_at"], copy["kept_at"]);
+    let snapshot_id = receipt["id"].as_str().expect("an id").to_owned();
+    assert_eq!(salvage().await["id"], snapshot_id.as_str(), "the retry");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let salvaged = loop {
+        let answer = api
+            .get(&format!(
+                "/v1/snapshots/{snapshot_id}?wait_for=replicated&timeout=20"
+            ))
+            .await
+            .body;
+        if answer["durability"] == "replicated" || answer["durability"] == "failed" {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the salvage never ended: {answer}"
+        );
+    };
+    assert_eq!(salvaged["durability"], "replicated", "{salvaged}");
+    assert!(salvaged["root"].is_string(), "{salvaged}");
+    assert_eq!(salvaged["salvaged_from"], receipt["salvaged_from"]);
+    let child = fleet
+        .create(json!({"storage_class": "durable", "from_snapshot": snapshot_id}))
+        .await;
+    let api = fleet.api();
+    assert_eq!(
+        sh(api, &child, "cat /workspace/work.txt").await,
+        "precious\n"
+    );
+    assert_eq!(
+        sh(
+            api,
+            &child,
+            "ls /workspace/many | wc -l && cat /workspace/many/f1234"
+        )
+        .await,
+        "2000\n1234\n"
+    );
+    assert!(kept.join("work.txt").is_file(), "the salvaged copy stays");
+    assert_eq!(
+        fleet.get(&id).await["kept_copies"][0]["id"],
+        copy_id.as_str()
     );
 
     // Started: it runs from what the record said (an empty home); the

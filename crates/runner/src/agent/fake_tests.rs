@@ -982,3 +982,102 @@ async fn a_view_older_than_the_workers_own_report_does_not_undo_it() {
         Some(&Call::Launch(ID.to_owned()))
     );
 }
+
+/// Issue 13, point 2: a kept copy listed with salvages is uploaded for
+/// them and each is reported, without a placement's epoch (the server
+/// checks the runner holds the copy). An upload that fails (here the
+/// block service is out of reach) is reported `failed` with one line
+/// saying why, and the copy stays: it goes only when the server lets it
+/// go. A salvage of a copy this runner does not have says so.
+#[tokio::test]
+async fn a_kept_copy_listed_for_salvage_is_uploaded_reported_and_kept() {
+    let agent = agent(Failpoints::none());
+    let (assign, task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Running, SandboxState::Starting),
+    );
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    let home = agent.shared.homes.path(ID).expect("the home's path");
+    std::fs::write(home.join("work.txt"), "precious\n").expect("the workload writes");
+    assign.send_replace(None);
+    let _ = task.await;
+    let copies = agent.shared.homes.kept_copies().expect("kept copies");
+    let [(_, name)] = copies.as_slice() else {
+        panic!("one kept copy: {copies:?}")
+    };
+    let kept_dir = agent
+        .shared
+        .data
+        .root()
+        .join("volumes/kept")
+        .join(ID)
+        .join(name);
+
+    let listed = [
+        api::runners::KeptAssignment {
+            copy_id: "kpt_fake".to_owned(),
+            sandbox_id: ID.to_owned(),
+            name: name.clone(),
+            org_id: "org_fake".to_owned(),
+            salvage: vec!["snp_a".to_owned(), "snp_b".to_owned()],
+        },
+        api::runners::KeptAssignment {
+            copy_id: "kpt_elsewhere".to_owned(),
+            sandbox_id: ID.to_owned(),
+            name: "k1".to_owned(),
+            org_id: "org_fake".to_owned(),
+            salvage: vec!["snp_c".to_owned()],
+        },
+    ];
+    let kept_reports = |r: &[Request]| r.iter().filter(|r| matches!(r, Request::Kept(_))).count();
+    let before = kept_reports(&agent.control.requests());
+    super::kept::sync(&agent.shared, &listed, &agent.shared.kept_syncing);
+    agent
+        .control
+        .wait_until("three salvages reported", |r| {
+            r.iter()
+                .filter(|r| matches!(r, Request::Snapshot(..)))
+                .count()
+                == 3
+        })
+        .await;
+    let reports: Vec<(String, api::runners::SnapshotReport)> = agent
+        .control
+        .requests()
+        .into_iter()
+        .filter_map(|r| match r {
+            Request::Snapshot(id, report) => Some((id, report)),
+            _ => None,
+        })
+        .collect();
+    let ids: Vec<&str> = reports.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["snp_a", "snp_b", "snp_c"]);
+    for (id, report) in &reports {
+        assert_eq!(
+            (
+                report.runner_id.as_str(),
+                report.epoch,
+                report.durability.as_str(),
+                report.root.as_deref()
+            ),
+            ("rnr_fake", 0, "failed", None),
+            "{id}: {report:?}"
+        );
+        let message = report.message.as_deref().unwrap_or_default();
+        assert!(
+            !message.is_empty() && !message.contains('\n'),
+            "{id}: {message:?}"
+        );
+    }
+    let missing = reports[2].1.message.as_deref().unwrap_or_default();
+    assert!(missing.contains("not on this runner"), "{missing}");
+    // The copy stays, as it was; a listed copy is not reported again.
+    assert_eq!(
+        std::fs::read_to_string(kept_dir.join("work.txt")).expect("the work is kept"),
+        "precious\n"
+    );
+    assert_eq!(kept_reports(&agent.control.requests()), before);
+}

@@ -358,18 +358,46 @@ impl Homes {
                 }
             })
         });
+        let uploaded = self
+            .upload_dir(
+                control,
+                org,
+                dir,
+                Some(self.index_path(id)),
+                observed_at,
+                progress,
+            )
+            .await;
+        if let Some(reporter) = reporter {
+            reporter.abort();
+        }
+        uploaded
+    }
+
+    /// Uploads `dir` as a tree of `org` through the block service (the
+    /// objects only: the server commits or pins the root), hashing only
+    /// what changed since `index_path`'s index, if any.
+    async fn upload_dir(
+        &self,
+        control: &Arc<dyn ControlPlane>,
+        org: &str,
+        dir: PathBuf,
+        index_path: Option<PathBuf>,
+        observed_at: SystemTime,
+        progress: UploadProgress,
+    ) -> Result<PushReport> {
         let org = Self::org(org)?;
         let store = control.blocks();
         let options = UploadOptions {
             excludes: self.excludes.clone(),
-            index_path: Some(self.index_path(id)),
+            index_path,
             key_rule: KeyRule {
                 dev: Some(INDEX_DEV),
                 observed_at_ns: Some(ms_since_epoch(observed_at).saturating_mul(1_000_000)),
             },
             since: None,
         };
-        let uploaded = blocking("uploading the home", move || {
+        blocking("uploading the home", move || {
             let uploaded = upload_tree(&store, &org, &dir, &options, &progress);
             uploaded.and_then(Upload::finish).map_err(|e| match e {
                 store::Error::Backend { .. } | store::Error::StoreFull { .. } => Error::io(
@@ -383,11 +411,7 @@ impl Homes {
                 )),
             })
         })
-        .await;
-        if let Some(reporter) = reporter {
-            reporter.abort();
-        }
-        uploaded
+        .await
     }
 
     /// Asks the server to commit `root` as the home's last completed save.
@@ -689,6 +713,32 @@ impl Homes {
             kept_at_ms,
             secured_root: (!secured.is_empty()).then(|| secured.to_owned()),
         })
+    }
+
+    /// Uploads the kept copy `name` of sandbox `id` (read as it is: it is
+    /// read-only and nothing runs in it) as a tree of `org`, for a
+    /// salvage; the copy stays. No index: the home's describes another
+    /// tree, so every file is hashed.
+    pub(crate) async fn upload_kept(
+        &self,
+        control: &Arc<dyn ControlPlane>,
+        org: &str,
+        id: &str,
+        name: &str,
+    ) -> Result<PushReport> {
+        let dir = self.volumes.kept_path(id, name)?;
+        if !dir.is_dir() {
+            return Err(Error::Invalid(format!(
+                "the kept copy {name} of {id} is not on this runner (no {})",
+                dir.display()
+            )));
+        }
+        let progress = UploadProgress {
+            pending: Arc::new(AtomicU64::new(0)),
+            failpoint: Failpoints::none(),
+        };
+        self.upload_dir(control, org, dir, None, SystemTime::now(), progress)
+            .await
     }
 
     /// Deletes a kept copy (the server said it may go).

@@ -1,18 +1,22 @@
 //! Kept copies of homes (DESIGN.md §7, "never destroy the newest copy"):
 //! a runner that finds a home it no longer has assigned sets it aside and
 //! reports it here; these rules say whether it keeps it and why, when it
-//! may go, and let the sandbox's org (or an admin) discard it.
+//! may go, and let the sandbox's org (or an admin) discard it or salvage
+//! it into a snapshot (which the runner holding it uploads).
 
 use api::ErrorCode;
 use api::lifecycle::{DesiredState, SandboxState, StorageClass};
 use api::runners::{KeptAssignment, KeptCopyAnswer, KeptCopyReport};
+use api::snapshots::SalvageRequest;
 
 use super::AppState;
+use super::home_store::store_of;
 use super::runner_protocol::live_runner;
 use crate::db::{WriteTx, now_ms};
 use crate::error::ControlError;
 use crate::limits;
 use crate::records::kept::{self, KEPT, KeptRow};
+use crate::records::snapshots::{KeptSource, SnapshotRow};
 use crate::records::{self, SandboxRow, load_sandbox, not_found};
 
 /// A durable home that may hold writes no completed save has.
@@ -42,12 +46,14 @@ pub fn reason_to_keep(sandbox: &SandboxRow, secured_root: Option<&str>) -> &'sta
 /// kept: `Err` carries why it may go. It goes with its sandbox (deleted,
 /// or no longer known), after the retention window, and, when it only
 /// duplicates the last completed save, once a placement restored the home
-/// from the store and runs it.
+/// from the store and runs it. While it is being salvaged (`salvaging`)
+/// neither of the last two lets it go: the salvage ends first.
 pub fn still_kept(
     sandbox: Option<&SandboxRow>,
     reason: &str,
     kept_at_ms: i64,
     retained_since_ms: i64,
+    salvaging: bool,
 ) -> Result<(), &'static str> {
     let Some(sandbox) = sandbox else {
         return Err("sandbox_deleted");
@@ -59,6 +65,9 @@ pub fn still_kept(
         )
     {
         return Err("sandbox_deleted");
+    }
+    if salvaging {
+        return Ok(());
     }
     if kept_at_ms < retained_since_ms {
         return Err("expired");
@@ -96,6 +105,7 @@ pub async fn report(
             &copy.reason,
             copy.kept_at_ms,
             retained_since,
+            salvaging(&mut tx, &copy).await?,
         ) {
             Ok(()) => KeptCopyAnswer {
                 copy_id: Some(copy.id.clone()),
@@ -139,7 +149,7 @@ async fn keep_new(
         return Err(crate::control::runner_protocol::no_such_runner());
     }
     let reason = reason_to_keep(&sandbox, report.secured_root.as_deref());
-    if let Err(why) = still_kept(Some(&sandbox), reason, kept_at_ms, retained_since) {
+    if let Err(why) = still_kept(Some(&sandbox), reason, kept_at_ms, retained_since, false) {
         return Ok(KeptCopyAnswer {
             copy_id: None,
             keep: false,
@@ -179,16 +189,20 @@ pub async fn kept_assignments(
     let mut kept = Vec::new();
     for copy in kept::kept_on_runner(tx, runner_id).await? {
         let sandbox = load_sandbox(tx, &copy.sandbox_id).await?;
+        let salvage = records::snapshots::pending_salvages(tx, &copy.id).await?;
         match still_kept(
             sandbox.as_ref(),
             &copy.reason,
             copy.kept_at_ms,
             retained_since,
+            !salvage.is_empty(),
         ) {
             Ok(()) => kept.push(KeptAssignment {
                 copy_id: copy.id.clone(),
                 sandbox_id: copy.sandbox_id.clone(),
                 name: copy.name.clone(),
+                org_id: copy.org_id.clone(),
+                salvage,
             }),
             Err(why) => {
                 kept::discard(tx, &copy, why).await?;
@@ -198,17 +212,23 @@ pub async fn kept_assignments(
     Ok(kept)
 }
 
-/// The sandbox's org (`None`: an admin) discards a kept copy: its runner
-/// deletes it. Answers the sandbox as it now is.
-pub async fn discard(
+/// Whether a salvage of the copy is under way.
+async fn salvaging(tx: &mut WriteTx, copy: &KeptRow) -> Result<bool, ControlError> {
+    Ok(!records::snapshots::pending_salvages(tx, &copy.id)
+        .await?
+        .is_empty())
+}
+
+/// The caller's sandbox (`org_id`; any, for an admin), still visible, and
+/// its copy `copy_id` still kept; anything else is 404.
+async fn visible_copy(
     state: &AppState,
     tx: &mut WriteTx,
     org_id: Option<&str>,
     sandbox_id: &str,
     copy_id: &str,
-) -> Result<SandboxRow, ControlError> {
-    // The caller's sandbox (any, for an admin) and still visible.
-    load_sandbox(tx, sandbox_id)
+) -> Result<(SandboxRow, KeptRow), ControlError> {
+    let sandbox = load_sandbox(tx, sandbox_id)
         .await?
         .filter(|row| org_id.is_none_or(|org| row.org_id == org))
         .filter(|row| {
@@ -220,6 +240,87 @@ pub async fn discard(
         .await?
         .filter(|copy| copy.state == KEPT)
         .ok_or_else(|| not_found("kept copy"))?;
+    Ok((sandbox, copy))
+}
+
+/// The sandbox's org (`None`: an admin) salvages a kept copy: a snapshot
+/// of the sandbox whose content is the copy. It is `pending` until the
+/// runner holding the copy has uploaded it through the block service and
+/// reported its root (`control::snapshots::report` checks the tree and
+/// pins it), or `failed` at once when that runner is not live. The copy
+/// stays (until discarded or expired) whatever becomes of the snapshot.
+pub async fn salvage(
+    state: &AppState,
+    tx: &mut WriteTx,
+    org_id: Option<&str>,
+    sandbox_id: &str,
+    copy_id: &str,
+    request: &SalvageRequest,
+) -> Result<SnapshotRow, ControlError> {
+    let deadline = super::snapshots::check_deadline(request.deadline)?;
+    store_of(state)?;
+    let (sandbox, copy) = visible_copy(state, tx, org_id, sandbox_id, copy_id).await?;
+    // Past the retention window (the expiry has not run yet), or letting
+    // go of a copy the sandbox no longer needs: not to be salvaged.
+    if let Err(why) = still_kept(
+        Some(&sandbox),
+        &copy.reason,
+        copy.kept_at_ms,
+        state.retained_since_ms(),
+        salvaging(tx, &copy).await?,
+    ) {
+        return Err(ControlError::new(
+            ErrorCode::InvalidState,
+            format!("the kept copy {copy_id} is being let go ({why}): there is nothing to salvage"),
+        ));
+    }
+    let live = records::runners::load(tx, &copy.runner_id)
+        .await?
+        .is_some_and(|runner| runner.state == "live");
+    let reason = (!live).then(|| {
+        format!(
+            "runner_lost: runner {} holding the copy is not live; the copy stays listed, salvage it again once the runner is back",
+            copy.runner_id
+        )
+    });
+    let id = records::new_id("snp")?;
+    let source = KeptSource {
+        copy_id: copy.id.clone(),
+        runner_id: copy.runner_id.clone(),
+        kept_at_ms: copy.kept_at_ms,
+    };
+    let new = records::snapshots::New {
+        id: &id,
+        org_id: &sandbox.org_id,
+        sandbox_id,
+        requested: "replicated",
+        durability: if live { "pending" } else { "failed" },
+        deadline_at_ms: deadline.map(|d| now_ms() + d as i64 * 1000),
+        root: None,
+        // What the copy holds was last written before it was set aside.
+        captured_at_ms: Some(copy.kept_at_ms),
+        reason: reason.as_deref(),
+        kept: Some(&source),
+    };
+    records::snapshots::insert(tx, new).await?;
+    if live {
+        tx.changed(&format!("runner:{}", copy.runner_id)).await?;
+    }
+    records::snapshots::load(tx, &id)
+        .await?
+        .ok_or_else(|| not_found("snapshot"))
+}
+
+/// The sandbox's org (`None`: an admin) discards a kept copy: its runner
+/// deletes it. Answers the sandbox as it now is.
+pub async fn discard(
+    state: &AppState,
+    tx: &mut WriteTx,
+    org_id: Option<&str>,
+    sandbox_id: &str,
+    copy_id: &str,
+) -> Result<SandboxRow, ControlError> {
+    let (_, copy) = visible_copy(state, tx, org_id, sandbox_id, copy_id).await?;
     if !kept::discard(tx, &copy, "discarded").await? {
         return Err(ControlError::new(
             ErrorCode::InvalidState,

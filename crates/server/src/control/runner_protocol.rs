@@ -169,6 +169,7 @@ pub async fn read_assignments(
     let mut snapshots: BTreeMap<String, Vec<SnapshotAssignment>> = BTreeMap::new();
     let pending = sqlx::query(
         "SELECT id, sandbox_id, durability FROM snapshots WHERE durability IN ('pending', 'local')
+         AND kept_copy_id IS NULL
          AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1) ORDER BY id",
     )
     .bind(runner_id)

@@ -3,7 +3,9 @@
 //! server found the whole tree in the store and pinned it as the store home
 //! named after the snapshot), or ends `failed`: past its deadline (see
 //! [`expire`]), `sandbox_ended`, or what the runner reported. A sandbox no
-//! runner holds is snapshotted from its last completed save at once.
+//! runner holds is snapshotted from its last completed save at once. A
+//! salvage (`control::kept::salvage`) is a snapshot of a kept copy: the
+//! runner holding the copy, not the placement, uploads and reports it.
 
 use sqlx::Row;
 
@@ -21,11 +23,14 @@ use api::snapshots::CreateSnapshotRequest;
 use store::{Digest, HomeName};
 
 /// Fails snapshots that can no longer keep their promise: past the
-/// deadline without the requested durability, or whose sandbox ended
-/// before its runner captured them. Returns how many.
+/// deadline without the requested durability, whose sandbox ended before
+/// its runner captured them, or (a salvage, which an ended sandbox does
+/// not stop: its copy is elsewhere) whose copy's runner is no longer
+/// live. Returns how many.
 pub async fn expire(state: &AppState) -> Result<u64, sqlx::Error> {
     let now = now_ms();
     let mut tx = state.db.write().await?;
+    let mut failed: Vec<(String, String)> = Vec::new();
     let rows = sqlx::query(&format!(
         "SELECT s.id AS id, CASE WHEN s.deadline_at_ms IS NOT NULL AND s.deadline_at_ms < $1
                 AND NOT (s.requested = 'local' AND s.durability = 'local')
@@ -34,20 +39,38 @@ pub async fn expire(state: &AppState) -> Result<u64, sqlx::Error> {
          WHERE s.durability IN ('pending', 'local')
          AND ((s.deadline_at_ms IS NOT NULL AND s.deadline_at_ms < $1
                AND NOT (s.requested = 'local' AND s.durability = 'local'))
-              OR b.state IN {})",
+              OR (s.kept_copy_id IS NULL AND b.state IN {}))",
         records::terminal_states_sql()
     ))
     .bind(now)
     .fetch_all(&mut *tx.tx)
     .await?;
     for row in &rows {
-        let id: String = row.try_get("id")?;
-        let reason: String = row.try_get("reason")?;
-        snapshots::fail_unfinished(&mut tx, &id, &reason).await?;
+        failed.push((row.try_get("id")?, row.try_get("reason")?));
+    }
+    let orphaned = sqlx::query(
+        "SELECT s.id AS id, s.kept_runner_id AS runner_id FROM snapshots s
+         LEFT JOIN runners r ON r.id = s.kept_runner_id
+         WHERE s.kept_copy_id IS NOT NULL AND s.durability IN ('pending', 'local')
+         AND (r.id IS NULL OR r.state <> 'live')",
+    )
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    for row in &orphaned {
+        let runner: String = row.try_get("runner_id")?;
+        failed.push((
+            row.try_get("id")?,
+            format!(
+                "runner_lost: runner {runner} holding the kept copy was lost before it uploaded it; the copy stays listed, salvage it again once the runner is back"
+            ),
+        ));
+    }
+    for (id, reason) in &failed {
+        snapshots::fail_unfinished(&mut tx, id, reason).await?;
         tracing::info!(snapshot_id = %id, %reason, "snapshot failed");
     }
     tx.commit().await?;
-    Ok(rows.len() as u64)
+    Ok(failed.len() as u64)
 }
 
 /// Longest deadline a snapshot may be given, in seconds.
@@ -93,7 +116,14 @@ pub fn check_request(
     if !["local", "replicated"].contains(&requested.as_str()) {
         return Err(limits::invalid("durability", "local or replicated"));
     }
-    if let Some(deadline) = request.deadline
+    check_deadline(request.deadline)?;
+    store_of(state)?;
+    Ok(requested)
+}
+
+/// A snapshot's `deadline` (seconds from now), once within its bounds.
+pub fn check_deadline(deadline: Option<u64>) -> Result<Option<u64>, ControlError> {
+    if let Some(deadline) = deadline
         && !(1..=DEADLINE_SECONDS_MAX).contains(&deadline)
     {
         return Err(limits::invalid(
@@ -101,8 +131,7 @@ pub fn check_request(
             format!("seconds, between 1 and {DEADLINE_SECONDS_MAX}"),
         ));
     }
-    store_of(state)?;
-    Ok(requested)
+    Ok(deadline)
 }
 
 /// Takes a snapshot of the org's sandbox: `pending` while its runner
@@ -158,6 +187,8 @@ pub async fn create(
         deadline_at_ms: request.deadline.map(|d| now + d as i64 * 1000),
         root: root.as_deref(),
         captured_at_ms: captured_at,
+        reason: None,
+        kept: None,
     };
     snapshots::insert(tx, new).await?;
     if let Some(runner) = &sandbox.runner_id {
@@ -180,7 +211,10 @@ pub async fn delete(state: &AppState, snapshot: &SnapshotRow) -> Result<(), Cont
     Ok(())
 }
 
-/// The snapshot, checked to be of a sandbox at the report's placement.
+/// The snapshot, checked to be of a sandbox at the report's placement,
+/// or, for a salvage, of a kept copy the reporting runner holds and is to
+/// keep (any other runner, or a copy let go, is told there is no such
+/// snapshot: a runner learns nothing of another's copies).
 async fn at_placement(
     tx: &mut WriteTx,
     id: &str,
@@ -188,6 +222,18 @@ async fn at_placement(
 ) -> Result<SnapshotRow, ControlError> {
     live_runner(tx, &report.runner_id).await?;
     let snapshot = load(tx, id).await?.ok_or_else(|| not_found("snapshot"))?;
+    if let Some(kept) = &snapshot.kept {
+        let holds = kept.runner_id == report.runner_id
+            && crate::records::kept::load(tx, &snapshot.sandbox_id, &kept.copy_id)
+                .await?
+                .is_some_and(|copy| {
+                    copy.runner_id == report.runner_id && copy.state == crate::records::kept::KEPT
+                });
+        if !holds {
+            return Err(not_found("snapshot"));
+        }
+        return Ok(snapshot);
+    }
     let sandbox = load_sandbox(tx, &snapshot.sandbox_id)
         .await?
         .ok_or_else(|| not_found("sandbox"))?;

@@ -54,6 +54,14 @@ pub fn router(state: AppState) -> Router {
             "/v1/admin/sandboxes/{id}/kept/{copy}/discard",
             post(kept::admin_discard),
         )
+        .route(
+            "/v1/sandboxes/{id}/kept/{copy}/salvage",
+            post(kept::salvage),
+        )
+        .route(
+            "/v1/admin/sandboxes/{id}/kept/{copy}/salvage",
+            post(kept::admin_salvage),
+        )
         .route("/v1/runner/kept", post(kept::report))
         .route("/v1/sandboxes/{id}/start", post(sandboxes::start))
         .route("/v1/sandboxes/{id}/events", get(sandboxes::events))

@@ -110,14 +110,18 @@ pub async fn kept_on_runner(
     rows.iter().map(KeptRow::from_row).collect()
 }
 
-/// Copies still kept that were set aside before `cutoff_ms`.
+/// Copies still kept that were set aside before `cutoff_ms`, but those
+/// being salvaged (they wait for the salvage to end).
 pub async fn kept_before(
     tx: &mut WriteTx,
     cutoff_ms: i64,
     limit: i64,
 ) -> Result<Vec<KeptRow>, sqlx::Error> {
     let rows = sqlx::query(&format!(
-        "SELECT {KEPT_COLUMNS} FROM kept_copies WHERE state = 'kept' AND kept_at_ms < $1 ORDER BY id LIMIT $2"
+        "SELECT {KEPT_COLUMNS} FROM kept_copies WHERE state = 'kept' AND kept_at_ms < $1
+         AND NOT EXISTS (SELECT 1 FROM snapshots s WHERE s.kept_copy_id = kept_copies.id
+                         AND s.durability IN ('pending', 'local'))
+         ORDER BY id LIMIT $2"
     ))
     .bind(cutoff_ms)
     .bind(limit)
@@ -164,6 +168,12 @@ pub async fn discard(tx: &mut WriteTx, copy: &KeptRow, why: &str) -> Result<bool
         return Ok(false);
     }
     tx.changed(&format!("runner:{}", copy.runner_id)).await?;
+    // A salvage not yet uploaded cannot be any more: it says why.
+    let reason = format!(
+        "kept_copy_gone: the copy {} was let go ({why}) before its runner uploaded it",
+        copy.id
+    );
+    super::snapshots::fail_salvages(tx, &copy.id, &reason).await?;
     let message = format!(
         "the copy {} on runner {} is to be deleted: {why}",
         copy.id, copy.runner_id

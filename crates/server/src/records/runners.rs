@@ -151,8 +151,9 @@ pub async fn by_credential(
 
 /// Whether the runner holds anything of `org_id`: a sandbox placed on it
 /// and not deleted (the sandboxes its assignments list, with their
-/// images, saves and snapshots). The block service lets a runner use an
-/// org's objects only then.
+/// images, saves and snapshots), or a kept copy it is to upload for a
+/// salvage under way. The block service lets a runner use an org's
+/// objects only then.
 pub async fn holds_org(pool: &AnyPool, runner_id: &str, org_id: &str) -> Result<bool, sqlx::Error> {
     let row: Option<(String,)> = sqlx::query_as(
         "SELECT id FROM sandboxes WHERE runner_id = $1 AND org_id = $2 AND state <> 'deleted' LIMIT 1",
@@ -161,7 +162,19 @@ pub async fn holds_org(pool: &AnyPool, runner_id: &str, org_id: &str) -> Result<
     .bind(org_id)
     .fetch_optional(pool)
     .await?;
-    Ok(row.is_some())
+    if row.is_some() {
+        return Ok(true);
+    }
+    let salvage: Option<(String,)> = sqlx::query_as(
+        "SELECT s.id FROM snapshots s JOIN kept_copies k ON k.id = s.kept_copy_id
+         WHERE k.runner_id = $1 AND s.kept_runner_id = $1 AND k.state = 'kept' AND s.org_id = $2
+         AND s.durability IN ('pending', 'local') LIMIT 1",
+    )
+    .bind(runner_id)
+    .bind(org_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(salvage.is_some())
 }
 
 /// Extends a live runner's lease. False once the lease watcher has

@@ -6,9 +6,9 @@ use sqlx::Row;
 
 use super::rfc3339;
 use crate::db::{WriteTx, now_ms};
-use api::snapshots::Snapshot;
+use api::snapshots::{SalvagedFrom, Snapshot};
 
-pub const SNAPSHOT_COLUMNS: &str = "id, org_id, sandbox_id, requested, durability, reason, deadline_at_ms, root, files, logical_bytes, captured_at_ms, created_at_ms, updated_at_ms";
+pub const SNAPSHOT_COLUMNS: &str = "id, org_id, sandbox_id, requested, durability, reason, deadline_at_ms, root, files, logical_bytes, captured_at_ms, created_at_ms, updated_at_ms, kept_copy_id, kept_runner_id, kept_at_ms";
 /// Durabilities nothing moves on from.
 pub const ENDED: &[&str] = &["replicated", "failed"];
 
@@ -27,6 +27,16 @@ pub struct SnapshotRow {
     pub captured_at_ms: Option<i64>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// A salvage: the kept copy it holds, its runner, when it was kept.
+    pub kept: Option<KeptSource>,
+}
+
+/// The kept copy a salvage snapshot is made of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptSource {
+    pub copy_id: String,
+    pub runner_id: String,
+    pub kept_at_ms: i64,
 }
 
 impl SnapshotRow {
@@ -45,6 +55,17 @@ impl SnapshotRow {
             captured_at_ms: row.try_get("captured_at_ms")?,
             created_at_ms: row.try_get("created_at_ms")?,
             updated_at_ms: row.try_get("updated_at_ms")?,
+            kept: match (
+                row.try_get::<Option<String>, _>("kept_copy_id")?,
+                row.try_get::<Option<String>, _>("kept_runner_id")?,
+            ) {
+                (Some(copy_id), Some(runner_id)) => Some(KeptSource {
+                    copy_id,
+                    runner_id,
+                    kept_at_ms: row.try_get::<Option<i64>, _>("kept_at_ms")?.unwrap_or(0),
+                }),
+                _ => None,
+            },
         })
     }
 
@@ -62,6 +83,11 @@ impl SnapshotRow {
             captured_at: self.captured_at_ms.map(rfc3339),
             created_at: rfc3339(self.created_at_ms),
             updated_at: rfc3339(self.updated_at_ms),
+            salvaged_from: self.kept.as_ref().map(|kept| SalvagedFrom {
+                copy_id: kept.copy_id.clone(),
+                runner_id: kept.runner_id.clone(),
+                kept_at: rfc3339(kept.kept_at_ms),
+            }),
         }
     }
 }
@@ -128,21 +154,29 @@ pub struct New<'a> {
     pub deadline_at_ms: Option<i64>,
     pub root: Option<&'a str>,
     pub captured_at_ms: Option<i64>,
+    /// Set for a snapshot that ends as soon as it is recorded (`failed`).
+    pub reason: Option<&'a str>,
+    /// A salvage: the kept copy it is made of.
+    pub kept: Option<&'a KeptSource>,
 }
 
 pub async fn insert(tx: &mut WriteTx, new: New<'_>) -> Result<(), sqlx::Error> {
     sqlx::query(&format!(
-        "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, NULL, $6, $7, NULL, NULL, $8, $9, $9)"
+        "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, NULL, $9, $10, $10, $11, $12, $13)"
     ))
     .bind(new.id)
     .bind(new.org_id)
     .bind(new.sandbox_id)
     .bind(new.requested)
     .bind(new.durability)
+    .bind(new.reason)
     .bind(new.deadline_at_ms)
     .bind(new.root)
     .bind(new.captured_at_ms)
     .bind(now_ms())
+    .bind(new.kept.map(|kept| kept.copy_id.as_str()))
+    .bind(new.kept.map(|kept| kept.runner_id.as_str()))
+    .bind(new.kept.map(|kept| kept.kept_at_ms))
     .execute(&mut *tx.tx)
     .await?;
     tx.changed(new.id).await?;
@@ -229,5 +263,29 @@ pub async fn delete(tx: &mut WriteTx, id: &str) -> Result<(), sqlx::Error> {
         .execute(&mut *tx.tx)
         .await?;
     tx.changed(id).await?;
+    Ok(())
+}
+
+/// The salvage snapshots of kept copy `copy_id` not yet replicated or
+/// failed, in id order.
+pub async fn pending_salvages(tx: &mut WriteTx, copy_id: &str) -> Result<Vec<String>, sqlx::Error> {
+    let rows: Vec<(String,)> = sqlx::query_as(
+        "SELECT id FROM snapshots WHERE kept_copy_id = $1 AND durability IN ('pending', 'local') ORDER BY id",
+    )
+    .bind(copy_id)
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+/// Fails every unfinished salvage of kept copy `copy_id` (`reason`: why).
+pub async fn fail_salvages(
+    tx: &mut WriteTx,
+    copy_id: &str,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    for id in pending_salvages(tx, copy_id).await? {
+        fail_unfinished(tx, &id, reason).await?;
+    }
     Ok(())
 }

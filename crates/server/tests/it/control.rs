@@ -695,3 +695,345 @@ async fn kept_copies_go_once_the_home_runs_elsewhere_or_its_sandbox_is_deleted()
         );
     }
 }
+
+/// A salvage as `POST /v1/sandboxes/{id}/kept/{copy}/salvage` makes it
+/// (`org`: `None` for an admin), committed.
+async fn salvage(
+    plane: &Plane,
+    org: Option<&str>,
+    id: &str,
+    copy: &str,
+) -> Result<server::records::snapshots::SnapshotRow, server::control::ControlError> {
+    let mut tx = plane.state.db.write().await?;
+    let request = api::snapshots::SalvageRequest::default();
+    let row =
+        server::control::kept::salvage(&plane.state, &mut tx, org, id, copy, &request).await?;
+    tx.commit().await?;
+    Ok(row)
+}
+
+/// A runner's report on snapshot `id`: `replicated` with `root`, or
+/// `failed` with `message`.
+async fn report_snapshot(
+    plane: &Plane,
+    id: &str,
+    runner: &str,
+    epoch: u64,
+    outcome: Result<&str, &str>,
+) -> Result<server::records::snapshots::SnapshotRow, server::control::ControlError> {
+    let (durability, root, message) = match outcome {
+        Ok(root) => ("replicated", Some(root.to_owned()), None),
+        Err(message) => ("failed", None, Some(message.to_owned())),
+    };
+    let report = api::runners::SnapshotReport {
+        runner_id: runner.to_owned(),
+        epoch,
+        durability: durability.to_owned(),
+        root,
+        files: Some(2),
+        captured_at_ms: None,
+        message,
+    };
+    server::control::snapshots::report(&plane.state, id, &report).await
+}
+
+async fn snapshot(plane: &Plane, id: &str) -> api::snapshots::Snapshot {
+    let mut tx = plane.state.db.write().await.expect("tx");
+    server::records::snapshots::load(&mut tx, id)
+        .await
+        .expect("read")
+        .expect("the snapshot")
+        .to_api()
+}
+
+/// The salvages the runner is told to upload, per kept copy.
+async fn salvages_listed(plane: &Plane, runner: &str) -> Vec<(String, String, Vec<String>)> {
+    runner_protocol::read_assignments(&plane.state, runner)
+        .await
+        .expect("assignments")
+        .kept
+        .into_iter()
+        .map(|copy| (copy.copy_id, copy.org_id, copy.salvage))
+        .collect()
+}
+
+/// Issue 13, point 2: a kept copy salvaged into a snapshot. The snapshot
+/// is `pending` until the runner holding the copy (told so with its
+/// assignments, and let into the org's objects for it) uploaded it and
+/// reported a root the server finds complete; then it is replicated,
+/// says which copy of which runner it came from, and a child created from
+/// it starts as that tree. The copy stays. A runner lost, or an upload
+/// that failed, fails the snapshot with a reason and leaves the copy.
+/// Refused: another org (404), a discarded or expired copy (404 /
+/// invalid_state), a runner reporting for a copy it does not hold (404)
+/// or, holding one, for a snapshot of a placement not its own (fenced).
+#[tokio::test]
+async fn a_kept_copy_salvaged_becomes_a_snapshot_its_runner_uploads_and_the_copy_stays() {
+    for plane in planes_with("salvage", true).await {
+        let org = plane.org("org_s", None).await;
+        let holder = plane.runner(4).await;
+        let row = plane.create_durable(&org).await;
+        plane
+            .report(&row, &holder, SandboxState::Running)
+            .await
+            .expect("running");
+        plane.lose(&holder).await;
+        let holder = plane.register(Some(&holder), 0).await;
+        let copy = plane.keep(&holder, &row.id, "k1", None).await;
+        let copy_id = copy.copy_id.expect("kept");
+        let kept_at = plane.load(&row.id).await.to_api().kept_copies[0]
+            .kept_at
+            .clone();
+        // Another runner, holding nothing of the org.
+        let stranger = plane.register(None, 0).await;
+
+        // Another org does not see the copy; an admin may salvage it.
+        let other = plane.org("org_other", None).await;
+        assert_eq!(
+            code(salvage(&plane, Some(&other), &row.id, &copy_id).await),
+            ErrorCode::NotFound,
+            "{}",
+            plane.engine()
+        );
+        let pending = salvage(&plane, Some(&org), &row.id, &copy_id)
+            .await
+            .expect("salvage")
+            .to_api();
+        assert_eq!(pending.durability, "pending", "{pending:?}");
+        assert_eq!(pending.sandbox_id, row.id);
+        let from = pending.salvaged_from.clone().expect("where it comes from");
+        assert_eq!(
+            (
+                from.copy_id.as_str(),
+                from.runner_id.as_str(),
+                &from.kept_at
+            ),
+            (copy_id.as_str(), holder.as_str(), &kept_at)
+        );
+        assert_eq!(pending.captured_at.as_ref(), Some(&kept_at));
+        let by_admin = salvage(&plane, None, &row.id, &copy_id)
+            .await
+            .expect("an admin salvages too");
+        assert_eq!(by_admin.org_id, org, "the snapshot is the sandbox's org's");
+
+        // The runner holding the copy is told, and may use the org's
+        // objects for it; no other runner.
+        assert_eq!(
+            salvages_listed(&plane, &holder).await,
+            vec![(
+                copy_id.clone(),
+                org.clone(),
+                vec![pending.id.clone(), by_admin.id.clone()]
+            )]
+        );
+        let pool = &plane.state.db.pool;
+        assert!(
+            server::records::runners::holds_org(pool, &holder, &org)
+                .await
+                .expect("read")
+        );
+        assert!(
+            !server::records::runners::holds_org(pool, &stranger, &org)
+                .await
+                .expect("read")
+        );
+
+        // A tree uploaded as the runner would (the copy's files).
+        let files = tempfile::tempdir().expect("a dir");
+        std::fs::write(files.path().join("work.txt"), "precious\n").expect("write");
+        std::fs::create_dir(files.path().join("many")).expect("mkdir");
+        std::fs::write(files.path().join("many/f1"), "1\n").expect("write");
+        let store = plane.state.store.clone().expect("a store");
+        let store_org: store::OrgId = org.parse().expect("an org");
+        let root = store::push::upload_tree(
+            &*store,
+            &store_org,
+            files.path(),
+            &store::push::UploadOptions::everything(),
+            &store::progress::NoProgress,
+        )
+        .and_then(store::push::Upload::finish)
+        .expect("uploaded")
+        .root
+        .expect("a root")
+        .to_hex();
+
+        // A runner not holding the copy cannot report it; nor can the
+        // holder report a root the store does not have whole.
+        assert_eq!(
+            code(report_snapshot(&plane, &pending.id, &stranger, 0, Ok(&root)).await),
+            ErrorCode::NotFound
+        );
+        let absent = "ab".repeat(32);
+        assert_eq!(
+            code(report_snapshot(&plane, &pending.id, &holder, 0, Ok(&absent)).await),
+            ErrorCode::InvalidState
+        );
+        assert_eq!(snapshot(&plane, &pending.id).await.durability, "pending");
+
+        let done = report_snapshot(&plane, &pending.id, &holder, 0, Ok(&root))
+            .await
+            .expect("replicated")
+            .to_api();
+        assert_eq!(
+            (done.durability.as_str(), done.root.as_deref()),
+            ("replicated", Some(root.as_str())),
+            "{done:?}"
+        );
+        assert_eq!(done.salvaged_from, Some(from.clone()));
+        // The copy stays, listed on the record and to its runner.
+        assert_eq!(
+            plane.load(&row.id).await.to_api().kept_copies[0].id,
+            copy_id
+        );
+        assert_eq!(
+            salvages_listed(&plane, &holder).await,
+            vec![(copy_id.clone(), org.clone(), vec![by_admin.id.clone()])]
+        );
+
+        // A child created from it starts as the copy's tree.
+        let mut request = create_request();
+        request.storage_class = "durable".to_owned();
+        request.from_snapshot = Some(done.id.clone());
+        let mut child = admission::prepare(&plane.state, &org, &mut request).expect("in bounds");
+        let mut tx = plane.state.db.write().await.expect("tx");
+        admission::admit(&plane.state, &mut tx, &mut child, &request)
+            .await
+            .expect("a child");
+        tx.commit().await.expect("commit");
+        assert_eq!(plane.load(&child.id).await.home.root, Some(root.clone()));
+
+        // The upload failed on the runner: failed, saying why; copy kept.
+        let failed = report_snapshot(&plane, &by_admin.id, &holder, 0, Err("disk on fire"))
+            .await
+            .expect("failed")
+            .to_api();
+        assert_eq!(failed.durability, "failed");
+        assert_eq!(failed.reason.as_deref(), Some("runner_error: disk on fire"));
+        assert_eq!(plane.load(&row.id).await.to_api().kept_copies.len(), 1);
+
+        // Holding a copy is no right to report a placement's snapshot.
+        let third = plane.runner(4).await;
+        let elsewhere = plane.create(&org).await.expect("placed");
+        assert_eq!(elsewhere.runner_id.as_deref(), Some(third.as_str()));
+        let mut tx = plane.state.db.write().await.expect("tx");
+        let theirs = server::control::snapshots::create(
+            &plane.state,
+            &mut tx,
+            &org,
+            &elsewhere.id,
+            &Default::default(),
+        )
+        .await
+        .expect("a snapshot");
+        tx.commit().await.expect("commit");
+        assert_eq!(
+            code(
+                report_snapshot(
+                    &plane,
+                    &theirs.id,
+                    &holder,
+                    elsewhere.epoch as u64,
+                    Ok(&root)
+                )
+                .await
+            ),
+            ErrorCode::Fenced
+        );
+        assert_eq!(snapshot(&plane, &theirs.id).await.durability, "pending");
+
+        // The runner is lost mid-salvage: failed (runner_lost); the copy
+        // stays listed. Salvaged while it is away: failed at once.
+        let midway = salvage(&plane, Some(&org), &row.id, &copy_id)
+            .await
+            .expect("salvage");
+        // Nor is a salvage for the sandbox's placement to capture.
+        assert_eq!(
+            plane.load(&row.id).await.runner_id.as_deref(),
+            Some(third.as_str()),
+            "recovered on the runner with room"
+        );
+        let on_third = runner_protocol::read_assignments(&plane.state, &third)
+            .await
+            .expect("assignments");
+        let listed: Vec<String> = on_third
+            .sandboxes
+            .iter()
+            .flat_map(|s| s.snapshots.iter().map(|s| s.snapshot_id.clone()))
+            .collect();
+        assert_eq!(listed, vec![theirs.id.clone()]);
+        plane.lose(&holder).await;
+        server::control::snapshots::expire(&plane.state)
+            .await
+            .expect("expiry runs");
+        let lost = snapshot(&plane, &midway.id).await;
+        assert_eq!(lost.durability, "failed", "{lost:?}");
+        assert!(
+            lost.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("runner_lost: ") && !r.contains('\n')),
+            "{lost:?}"
+        );
+        let away = salvage(&plane, Some(&org), &row.id, &copy_id)
+            .await
+            .expect("salvage")
+            .to_api();
+        assert_eq!(away.durability, "failed");
+        assert!(
+            away.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("runner_lost: ")),
+            "{away:?}"
+        );
+        assert_eq!(plane.load(&row.id).await.to_api().kept_copies.len(), 1);
+        let holder = plane.register(Some(&holder), 0).await;
+
+        // Discarded while a salvage waits: the salvage fails, and a
+        // discarded copy cannot be salvaged.
+        let waiting = salvage(&plane, Some(&org), &row.id, &copy_id)
+            .await
+            .expect("salvage");
+        plane
+            .discard(&org, &row.id, &copy_id)
+            .await
+            .expect("discarded");
+        let gone = snapshot(&plane, &waiting.id).await;
+        assert_eq!(gone.durability, "failed");
+        assert!(
+            gone.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("kept_copy_gone: ")),
+            "{gone:?}"
+        );
+        assert_eq!(
+            code(salvage(&plane, Some(&org), &row.id, &copy_id).await),
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            code(report_snapshot(&plane, &waiting.id, &holder, 0, Ok(&root)).await),
+            ErrorCode::NotFound,
+            "a copy discarded is no longer the runner's to report"
+        );
+
+        // A copy past the retention window: invalid_state until the
+        // expiry lets it go, then 404.
+        let old = plane.keep(&holder, &row.id, "k2", None).await;
+        let old_id = old.copy_id.expect("kept");
+        sqlx::query("UPDATE kept_copies SET kept_at_ms = 1 WHERE id = $1")
+            .bind(&old_id)
+            .execute(&plane.state.db.pool)
+            .await
+            .expect("aged");
+        assert_eq!(
+            code(salvage(&plane, Some(&org), &row.id, &old_id).await),
+            ErrorCode::InvalidState
+        );
+        server::control::kept::expire(&plane.state)
+            .await
+            .expect("expiry runs");
+        assert_eq!(
+            code(salvage(&plane, Some(&org), &row.id, &old_id).await),
+            ErrorCode::NotFound
+        );
+    }
+}
