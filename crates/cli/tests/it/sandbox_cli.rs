@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::BIN;
+use crate::harness::{BIN, assert_plain_stderr};
 use crate::plane::{Api, Plane, STANDARD, TestRunner, eventually, new_org, start_server_listening};
 
 /// How long a test waits for the CLI or the server before failing.
@@ -58,11 +58,7 @@ impl Roost {
             "roost {args:?}: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        assert!(
-            output.stderr.is_empty(),
-            "roost {args:?} wrote to stderr: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        assert_plain_stderr(args, &output.stderr);
         serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
             panic!(
                 "roost {args:?}: not JSON ({e}): {}",
@@ -475,7 +471,7 @@ async fn create_wait_returns_running_or_fails_when_the_sandbox_ends() {
     runner.report(&id, "running", None).await;
     let (code, stdout, stderr) = waiting.finish().await;
     assert_eq!(code, Some(0), "{}", String::from_utf8_lossy(&stderr));
-    assert!(stderr.is_empty(), "{}", String::from_utf8_lossy(&stderr));
+    assert_plain_stderr(&["sandbox", "get"], &stderr);
     let record: Value = serde_json::from_slice(&stdout).expect("json");
     assert_eq!(record["id"], id.as_str());
     assert_eq!(record["state"], "running");
@@ -510,7 +506,7 @@ async fn create_wait_returns_running_or_fails_when_the_sandbox_ends() {
         ])
         .await;
     assert_eq!(output.status.code(), Some(1), "{output:?}");
-    assert!(output.stderr.is_empty(), "{output:?}");
+    assert_plain_stderr(&["sandbox", "get"], &output.stderr);
     let record: Value = serde_json::from_slice(&output.stdout).expect("json");
     assert_eq!(record["state"], "starting");
 }
@@ -630,7 +626,8 @@ async fn exec_streams_output_as_it_arrives_and_exits_with_the_programs_code() {
     assert_eq!(rows[1][..5], [command_id, "exited", "-", "3", "15"]);
 
     let out = roost.run(&["command", "output", id, command_id]).await;
-    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+    assert!(out.status.success(), "{out:?}");
+    assert_plain_stderr(&["command", "output"], &out.stderr);
     assert_eq!(out.stdout, b"first \xff\x00second\n");
     let err = roost
         .run(&[
@@ -713,7 +710,7 @@ async fn exec_keeps_streaming_across_a_server_restart() {
     let (code, stdout, stderr) = exec.finish().await;
     assert_eq!(code, Some(0), "{}", String::from_utf8_lossy(&stderr));
     assert_eq!(stdout, b"before\nafter\n");
-    assert!(stderr.is_empty(), "{}", String::from_utf8_lossy(&stderr));
+    assert_plain_stderr(&["exec"], &stderr);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -756,7 +753,7 @@ async fn exec_exits_124_on_timeout_and_125_on_other_ends() {
     .await;
     let (code, stdout, stderr) = exec.finish().await;
     assert_eq!(code, Some(125), "{}", String::from_utf8_lossy(&stderr));
-    assert!(stderr.is_empty(), "{}", String::from_utf8_lossy(&stderr));
+    assert_plain_stderr(&["exec"], &stderr);
     let record: Value = serde_json::from_slice(&stdout).expect("one JSON record");
     assert_eq!(record["state"], "interrupted");
     assert_eq!(record["state_reason"], "stop_requested");
