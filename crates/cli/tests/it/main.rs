@@ -17,3 +17,4 @@ mod sandbox_cli;
 mod sandboxes;
 mod setid;
 mod store_admin;
+mod store_faults;
