@@ -167,6 +167,17 @@ impl Fault {
     }
 }
 
+/// [`wait_sandbox`] for up to a minute: after the store comes back, a
+/// waiting launch tries again only at its next announced attempt (up to
+/// 15 s on), and then restores and starts the sandbox.
+async fn wait_after_mend(api: &Api, id: &str, state: &str) -> Value {
+    let mut sandbox = wait_sandbox(api, id, state).await;
+    if sandbox["state"] != state {
+        sandbox = wait_sandbox(api, id, state).await;
+    }
+    sandbox
+}
+
 fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
@@ -366,7 +377,7 @@ async fn through_save_securing_and_wake(fault: Fault, mut fleet: Fleet) {
 
     fault.mend_store();
 
-    let running = wait_sandbox(&api, &waking, "running").await;
+    let running = wait_after_mend(&api, &waking, "running").await;
     assert_eq!(running["state"], "running", "{running}");
     assert_eq!(running["state_reason"], "workload_started", "{running}");
     assert!(running["state_message"].is_null(), "{running}");
@@ -388,7 +399,7 @@ async fn through_save_securing_and_wake(fault: Fault, mut fleet: Fleet) {
         assert_honest_history(&api, abandoned).await;
     }
 
-    let stopped = wait_sandbox(&api, &saving, "stopped").await;
+    let stopped = wait_after_mend(&api, &saving, "stopped").await;
     assert_eq!(stopped["state"], "stopped", "{stopped}");
     assert_eq!(stopped["save"]["state"], "ok", "{stopped}");
 

@@ -1024,3 +1024,37 @@ async fn a_home_the_store_cannot_deliver_waits_starting_and_says_why_and_when() 
     );
     assert!(agent.shared.homes.restore_unfinished(ID));
 }
+
+/// Issue 13, point 4: an imported image the store cannot deliver for now
+/// is a wait too (`store_unreachable`, naming the image), not
+/// `image_unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_the_store_cannot_deliver_waits_starting() {
+    let agent = agent(Failpoints::none());
+    let mut sandbox = assignment(ID, 1, DesiredState::Running, SandboxState::Starting);
+    sandbox.image = "tools".to_owned();
+    sandbox.image_root = Some(store::Digest::of(b"an image").to_hex());
+    let (_assign, _task) = worker(
+        &agent,
+        Assigned {
+            sandbox,
+            commands: Vec::new(),
+        },
+    );
+    agent
+        .control
+        .wait_until("the wait reported", |r| {
+            r.iter()
+                .any(|r| matches!(r, Request::Sandbox(_, report) if report.reason.is_some()))
+        })
+        .await;
+    let reports = agent.control.sandbox_reports();
+    let [(SandboxState::Starting, Some(reason), Some(message))] = reports.as_slice() else {
+        panic!("one wait, nothing else: {reports:?}");
+    };
+    assert_eq!(reason, "store_unreachable");
+    assert!(
+        message.starts_with("cannot download the image: store unreachable"),
+        "{message}"
+    );
+}

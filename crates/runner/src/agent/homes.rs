@@ -382,7 +382,14 @@ impl Homes {
             }
         };
         let _ = std::fs::remove_file(&secured);
-        let _ = std::fs::remove_file(&restoring);
+        // From here on the home may take work: the mark must be gone, on
+        // disk too, before the workload starts, or a later placement here
+        // would take the work for a restore and write over it.
+        match std::fs::remove_file(&restoring) {
+            Ok(()) => oci::host::sync_dir(&self.state)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("remove", &restoring, e).into()),
+        }
         tracing::info!(
             sandbox_id = %id,
             root = %digest,
