@@ -203,6 +203,16 @@ impl SandboxState {
         }
     }
 
+    /// Whether a runner may report the recorded state again with `reason`,
+    /// changing only the record's reason and message: a placed sandbox
+    /// still `starting` because what its launch needs is out of reach for
+    /// now ([`STARTING_WAIT_REASONS`]); the runner tries again by itself,
+    /// so this is a wait, not a failure. Any other repeat of the recorded
+    /// state is no change (the caller skips it).
+    pub fn runner_may_restate(self, reason: &str) -> bool {
+        self == SandboxState::Starting && STARTING_WAIT_REASONS.contains(&reason)
+    }
+
     /// Whether a long-poll for `target` is over: the state is reached, or
     /// an end state makes it unreachable, or (for any target but `stopped`)
     /// the sandbox rests `stopped` because nobody wants it running.
@@ -214,6 +224,13 @@ impl SandboxState {
         resting && target != SandboxState::Stopped
     }
 }
+
+/// Why a placed sandbox waits in `starting` (its runner retries with a
+/// backoff, and says when in the record's `state_message`): the content
+/// store, or the block service in front of it, does not answer
+/// (`store_unreachable`), or has no space left (`store_full`). Once the
+/// store is back the sandbox runs, its reason back to `workload_started`.
+pub const STARTING_WAIT_REASONS: &[&str] = &["store_unreachable", "store_full"];
 
 wire_enum! {
     /// What a request asked for; only runners' reports change `state`.
@@ -481,6 +498,29 @@ mod tests {
                 for &desired in DesiredState::ALL {
                     assert!(!from.runner_may_report(to, desired), "{from} -> {to}");
                 }
+            }
+        }
+    }
+
+    /// A runner may say again that a sandbox is `starting` only to say it
+    /// waits for the store; every other repeat is no change.
+    #[test]
+    fn only_a_starting_sandbox_waiting_for_the_store_is_restated() {
+        for &state in SandboxState::ALL {
+            for reason in [
+                "store_unreachable",
+                "store_full",
+                "placed",
+                "workload_started",
+                "",
+            ] {
+                let expected = state == SandboxState::Starting
+                    && matches!(reason, "store_unreachable" | "store_full");
+                assert_eq!(
+                    state.runner_may_restate(reason),
+                    expected,
+                    "{state} restated as {reason:?}"
+                );
             }
         }
     }

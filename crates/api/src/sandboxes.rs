@@ -112,6 +112,12 @@ pub struct Sandbox {
     pub state: SandboxState,
     /// Why the record is in its state: a stable snake_case code.
     pub state_reason: Option<String>,
+    /// One line for a person about the state and its reason: what the
+    /// report or verdict that set them said (a failure's cause and what
+    /// can be done, what a waiting sandbox waits for and when it tries
+    /// again); `null` when nothing was said.
+    #[serde(default)]
+    pub state_message: Option<String>,
     pub desired: DesiredState,
     pub runner_id: Option<String>,
     /// Placement epoch, bumped on every placement; fences stale runners.

@@ -654,6 +654,7 @@ fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
             "state",
             state_with_reason(sandbox.state.as_str(), sandbox.state_reason.as_deref()),
         ),
+        ("message", or_dash(sandbox.state_message.as_deref())),
         ("desired", sandbox.desired.to_string()),
         ("runner", or_dash(sandbox.runner_id.as_deref())),
         ("epoch", sandbox.epoch.to_string()),

@@ -15,17 +15,30 @@ use crate::runner_e2e::{
 
 /// A server with a store (short leases, saves every second allowed) and
 /// runners started on demand, each in its own data dir.
-struct Fleet {
-    plane: Plane,
+pub(crate) struct Fleet {
+    pub(crate) plane: Plane,
     store: tempfile::TempDir,
     dir: tempfile::TempDir,
-    runners: Vec<RunnerProcess>,
+    pub(crate) runners: Vec<RunnerProcess>,
 }
 
 impl Fleet {
     async fn start(extra: &[&str]) -> Fleet {
+        Fleet::start_on(None, extra, &[]).await
+    }
+
+    /// A fleet whose server keeps homes at `store` (a directory or an
+    /// `s3://` url; `None`: a directory of its own) and runs with `env`.
+    pub(crate) async fn start_on(
+        store_at: Option<&str>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Fleet {
         let store = tempfile::tempdir().expect("store dir");
-        let store_arg = store.path().to_str().expect("utf-8").to_owned();
+        let store_arg = match store_at {
+            Some(at) => at.to_owned(),
+            None => store.path().to_str().expect("utf-8").to_owned(),
+        };
         let mut args = vec![
             "--store",
             &store_arg,
@@ -35,7 +48,7 @@ impl Fleet {
             "1s",
         ];
         args.extend_from_slice(extra);
-        let plane = Plane::start(&args).await;
+        let plane = Plane::start_with(&args, env, None).await;
         let dir = tempfile::Builder::new()
             .prefix("roost-durable-")
             .tempdir()
@@ -48,7 +61,7 @@ impl Fleet {
         }
     }
 
-    fn api(&self) -> &Api {
+    pub(crate) fn api(&self) -> &Api {
         &self.plane.org
     }
 
@@ -57,7 +70,7 @@ impl Fleet {
     }
 
     /// Starts runner `name` (its data dir named after it); returns its index.
-    fn runner(&mut self, name: &str) -> usize {
+    pub(crate) fn runner(&mut self, name: &str) -> usize {
         let runner = RunnerProcess::start(
             &self.plane.server.url,
             &self.plane.runner_token,
@@ -79,17 +92,17 @@ impl Fleet {
         std::fs::remove_dir_all(&data).expect("delete the runner's data dir");
     }
 
-    async fn create(&self, body: Value) -> String {
+    pub(crate) async fn create(&self, body: Value) -> String {
         create_running(self.api(), body).await
     }
 
-    async fn get(&self, id: &str) -> Value {
+    pub(crate) async fn get(&self, id: &str) -> Value {
         self.api().get(&format!("/v1/sandboxes/{id}")).await.body
     }
 
     /// Waits until the sandbox's last completed save is after `after`
     /// (RFC 3339, compared as text: same format and zone).
-    async fn wait_saved_after(&self, id: &str, after: &str) -> Value {
+    pub(crate) async fn wait_saved_after(&self, id: &str, after: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(40);
         loop {
             let sandbox = self.get(id).await;
@@ -1225,4 +1238,10 @@ async fn a_home_with_a_corrupt_object_fails_naming_the_object_not_a_setting() {
         message.contains(&block.digest.to_hex()) && message.contains("work.txt"),
         "the message names the object and its file: {message}"
     );
+    // Issue 13, point 4: and says what its owner can do, on the record too.
+    assert!(
+        message.contains("from_snapshot") && message.contains("delete it"),
+        "the message says what can be done: {message}"
+    );
+    assert_eq!(failed["state_message"], message.as_str(), "{failed}");
 }

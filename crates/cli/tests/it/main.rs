@@ -18,3 +18,4 @@ mod sandbox_cli;
 mod sandboxes;
 mod setid;
 mod store_admin;
+mod store_faults;

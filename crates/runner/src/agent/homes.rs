@@ -12,6 +12,11 @@
 //! DIR/home-state/ID.secured     the root a stop secured: while it names the
 //!                               tree the home must start as, the home is
 //!                               that tree already and nothing is pulled
+//! DIR/home-state/ID.restoring   the home is being made a stored tree and
+//!                               nothing has run in it since: an unfinished
+//!                               restore (the store went away mid-wake) is
+//!                               finished by the next attempt, never kept
+//!                               aside as if it held work
 //! DIR/home-state/ID.kept.NAME   a kept copy's secured root (empty: the
 //!                               copy may hold anything)
 //! DIR/homes/ID                  homes of the earlier layout (plain), used
@@ -61,6 +66,50 @@ pub(crate) enum SaveFailure {
 impl From<Error> for SaveFailure {
     fn from(err: Error) -> SaveFailure {
         SaveFailure::Failed(err.to_string())
+    }
+}
+
+/// The store out of reach (the block service did not answer, or answered
+/// that it cannot reach its own store) or full: nothing is wrong with what
+/// is stored, and trying again later may succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoreWait {
+    /// `store_unreachable` or `store_full` (`api::lifecycle::STARTING_WAIT_REASONS`).
+    pub reason: &'static str,
+    /// What failed, on one line.
+    pub cause: String,
+}
+
+impl StoreWait {
+    /// The wait a store error means, if it is one (`None`: anything else,
+    /// a missing or corrupt object for example).
+    pub(crate) fn of(err: &store::Error, what: &str) -> Option<StoreWait> {
+        let reason = if err.is_out_of_space() {
+            "store_full"
+        } else if matches!(err, store::Error::Backend { .. }) {
+            "store_unreachable"
+        } else {
+            return None;
+        };
+        Some(StoreWait {
+            reason,
+            cause: format!("cannot download {what}: {err}"),
+        })
+    }
+}
+
+/// Why a home or an image is not ready for a launch.
+#[derive(Debug)]
+pub(crate) enum NotReady {
+    /// The store is out of reach or full: the launch waits and tries again.
+    Store(StoreWait),
+    /// Anything else; a permanent error fails the sandbox.
+    Failed(Error),
+}
+
+impl From<Error> for NotReady {
+    fn from(err: Error) -> NotReady {
+        NotReady::Failed(err)
     }
 }
 
@@ -204,6 +253,18 @@ impl Homes {
         self.state.join(format!("{id}.secured"))
     }
 
+    fn restoring_path(&self, id: &str) -> PathBuf {
+        self.state.join(format!("{id}.restoring"))
+    }
+
+    /// Whether the home here is a restore of a stored tree that has not
+    /// finished (the store went away mid-wake): nothing ran in it, it holds
+    /// no work, and it is not the sandbox's home as saved (a part of it at
+    /// most), so it is never uploaded as a save or a snapshot.
+    pub(crate) fn restore_unfinished(&self, id: &str) -> bool {
+        self.restoring_path(id).exists()
+    }
+
     fn org(org: &str) -> Result<OrgId> {
         org.parse()
             .map_err(|_| Error::Invalid(format!("org {org:?} is not a store org")))
@@ -214,19 +275,24 @@ impl Homes {
     /// that tree already (secured here by the last stop). Only what differs
     /// is written, and only blocks missing from the cache come down.
     /// For a durable home, also what the wake downloaded.
+    /// A store out of reach or full is [`NotReady::Store`]: what the home
+    /// became so far stays, marked as a restore under way, and the next
+    /// attempt finishes it (writing only what differs).
     pub(crate) async fn prepare(
         &self,
         control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,
-    ) -> Result<(PathBuf, Option<WakeReport>)> {
+    ) -> std::result::Result<(PathBuf, Option<WakeReport>), NotReady> {
         let id = sandbox.sandbox_id.clone();
         let (home, existed) = match self.path(&id) {
             Ok(home) if home.is_dir() => (home, true),
             _ => (self.volumes.create(&id)?, false),
         };
+        let restoring = self.restoring_path(&id);
         // A standard home starts as `root` (a snapshot) once; after that it
-        // is its own, kept on this runner.
-        if sandbox.storage_class != StorageClass::Durable && existed {
+        // is its own, kept on this runner. Unless that first restore never
+        // finished: then it is finished now.
+        if sandbox.storage_class != StorageClass::Durable && existed && !restoring.exists() {
             return Ok((home, None));
         }
         let secured = self.secured_path(&id);
@@ -236,8 +302,13 @@ impl Homes {
         // runner was lost while the sandbox ran or secured, so the home may
         // hold writes no completed save has. It is kept aside (and
         // reported with the other kept copies) before it is made the
-        // record's tree, never written over.
-        if existed && sandbox.state == SandboxState::Starting && secured_root.trim().is_empty() {
+        // record's tree, never written over. Not a restore this runner
+        // left unfinished: nothing ever ran in that.
+        if existed
+            && sandbox.state == SandboxState::Starting
+            && secured_root.trim().is_empty()
+            && !restoring.exists()
+        {
             if let Some(name) = self.keep_aside(&id)? {
                 tracing::warn!(sandbox_id = %id, copy = %name, "a home this runner held from an earlier placement is kept aside before the home is restored");
             }
@@ -248,6 +319,12 @@ impl Homes {
             home = self.volumes.create(&id)?;
         }
         let Some(root) = sandbox.home_root.clone() else {
+            if restoring.exists() {
+                // Part of a tree the record no longer names: it starts empty.
+                self.volumes.remove(&id)?;
+                home = self.volumes.create(&id)?;
+                let _ = std::fs::remove_file(&restoring);
+            }
             let _ = std::fs::remove_file(&secured);
             return Ok((home, None));
         };
@@ -275,9 +352,12 @@ impl Homes {
             store_id: "control-plane".to_owned(),
             index_dev: Some(INDEX_DEV),
         };
+        // Marked before the first byte is written, so that whatever stops
+        // this restore half-way leaves a home known to hold no work.
+        oci::host::write_durably(&restoring, root.as_bytes())?;
         let dest = home.clone();
         let started = Instant::now();
-        let report = blocking("materialising the home", move || {
+        let pulled = tokio::task::spawn_blocking(move || {
             materialize(
                 &store,
                 &org,
@@ -287,17 +367,29 @@ impl Homes {
                 &options,
                 &store::progress::NoProgress,
             )
-            .map_err(|e| match e {
-                store::Error::Backend { .. } | store::Error::StoreFull { .. } => Error::io(
-                    "download the home to",
-                    &dest,
-                    std::io::Error::other(e.to_string()),
-                ),
-                _ => Error::Unusable(format!("cannot materialise the home {digest}: {e}")),
-            })
         })
-        .await?;
+        .await
+        .map_err(|join| Error::Invalid(format!("materialising the home failed: {join}")))?;
+        let report = match pulled {
+            Ok(report) => report,
+            Err(err) => {
+                return Err(match StoreWait::of(&err, "the home") {
+                    Some(wait) => NotReady::Store(wait),
+                    None => NotReady::Failed(Error::Unusable(format!(
+                        "cannot materialise the home {digest}: {err}"
+                    ))),
+                });
+            }
+        };
         let _ = std::fs::remove_file(&secured);
+        // From here on the home may take work: the mark must be gone, on
+        // disk too, before the workload starts, or a later placement here
+        // would take the work for a restore and write over it.
+        match std::fs::remove_file(&restoring) {
+            Ok(()) => oci::host::sync_dir(&self.state)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("remove", &restoring, e).into()),
+        }
         tracing::info!(
             sandbox_id = %id,
             root = %digest,
@@ -629,6 +721,11 @@ impl Homes {
         };
         let captured_at = SystemTime::now();
         let name = format!("snap-{snapshot_id}");
+        if !running && self.restore_unfinished(&id) {
+            let message = "the home on this runner is an unfinished restore (the store was out of reach): it is not the sandbox's home as saved".to_owned();
+            send(report("failed", None, None, Some(message.clone()))).await?;
+            return Err(SaveFailure::Failed(message));
+        }
         let (dir, taken) = if running {
             if !self.volumes.can_snapshot() {
                 let message = "this runner cannot capture a running home (no btrfs)".to_owned();
@@ -682,7 +779,9 @@ impl Homes {
             )));
         }
         let home = self.volumes.home(id)?;
-        if !home.is_dir() {
+        // A restore under way holds nothing a workload wrote: it is the
+        // store's tree, or part of it.
+        if !home.is_dir() || self.restoring_path(id).exists() {
             return Ok(None);
         }
         let name = format!("k{}", ms_since_epoch(SystemTime::now()));
@@ -768,7 +867,11 @@ impl Homes {
             super::dirs::remove_tree(&legacy)?;
         }
         self.volumes.remove(id)?;
-        for path in [self.index_path(id), self.secured_path(id)] {
+        for path in [
+            self.index_path(id),
+            self.secured_path(id),
+            self.restoring_path(id),
+        ] {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use store::pull::{PullOptions, materialize};
 use store::{Digest, OrgId};
 
+use super::homes::{NotReady, StoreWait};
 use oci::{Error, Result};
 
 pub(crate) struct Images {
@@ -44,13 +45,14 @@ impl Images {
     }
 
     /// The directory holding tree `root` of `org`'s store, materialised
-    /// first if this host does not have it yet.
+    /// first if this host does not have it yet. A store out of reach or
+    /// full is [`NotReady::Store`]: the launch waits and tries again.
     pub(crate) async fn materialised(
         &self,
         control: &dyn super::control::ControlPlane,
         org: &str,
         root: &str,
-    ) -> Result<PathBuf> {
+    ) -> std::result::Result<PathBuf, NotReady> {
         let digest: Digest = root
             .parse()
             .map_err(|_| Error::Invalid(format!("image root {root:?} is not a digest")))?;
@@ -73,7 +75,7 @@ impl Images {
             index_dev: None,
         };
         let (work_temp, work_dest) = (temp.clone(), dest.clone());
-        let done = tokio::task::spawn_blocking(move || -> Result<()> {
+        let done = tokio::task::spawn_blocking(move || -> std::result::Result<(), NotReady> {
             let report = materialize(
                 &backend,
                 &org,
@@ -83,14 +85,11 @@ impl Images {
                 &options,
                 &store::progress::NoProgress,
             )
-            .map_err(|e| match e {
-                // The control plane out of reach: try again later.
-                store::Error::Backend { .. } | store::Error::StoreFull { .. } => Error::io(
-                    "download image",
-                    &work_temp,
-                    std::io::Error::other(e.to_string()),
-                ),
-                _ => Error::Unusable(format!("cannot materialise image {digest}: {e}")),
+            .map_err(|e| match StoreWait::of(&e, "the image") {
+                Some(wait) => NotReady::Store(wait),
+                None => NotReady::Failed(Error::Unusable(format!(
+                    "cannot materialise image {digest}: {e}"
+                ))),
             })?;
             tracing::info!(
                 image_root = %digest,
@@ -104,8 +103,8 @@ impl Images {
                 Ok(()) => Ok(()),
                 // Another sandbox's materialisation of the same tree won.
                 Err(_) if work_dest.is_dir() => std::fs::remove_dir_all(&work_temp)
-                    .map_err(|e| Error::io("remove", &work_temp, e)),
-                Err(e) => Err(Error::io("rename into place", &work_temp, e)),
+                    .map_err(|e| Error::io("remove", &work_temp, e).into()),
+                Err(e) => Err(Error::io("rename into place", &work_temp, e).into()),
             }
         })
         .await;
@@ -117,9 +116,7 @@ impl Images {
             }
             Err(join) => {
                 let _ = std::fs::remove_dir_all(&temp);
-                Err(Error::Invalid(format!(
-                    "image materialisation failed: {join}"
-                )))
+                Err(Error::Invalid(format!("image materialisation failed: {join}")).into())
             }
         }
     }

@@ -263,22 +263,29 @@ pub(crate) fn refusal(err: ClientError) -> Result<ClientError, Refusal> {
     }
 }
 
-/// Pauses doubling from [`RETRY_PAUSE_MIN_MS`] to [`RETRY_PAUSE_MAX_MS`].
+/// Pauses doubling from a first one to a longest one (by default
+/// [`RETRY_PAUSE_MIN_MS`] to [`RETRY_PAUSE_MAX_MS`]).
 #[derive(Debug)]
 pub(crate) struct Backoff {
     next_ms: u64,
+    max_ms: u64,
 }
 
 impl Backoff {
     pub(crate) fn new() -> Backoff {
+        Backoff::between(RETRY_PAUSE_MIN_MS, RETRY_PAUSE_MAX_MS)
+    }
+
+    pub(crate) fn between(min_ms: u64, max_ms: u64) -> Backoff {
         Backoff {
-            next_ms: RETRY_PAUSE_MIN_MS,
+            next_ms: min_ms,
+            max_ms,
         }
     }
 
     pub(crate) fn next(&mut self) -> Duration {
         let pause = Duration::from_millis(self.next_ms);
-        self.next_ms = (self.next_ms * 2).min(RETRY_PAUSE_MAX_MS);
+        self.next_ms = (self.next_ms * 2).min(self.max_ms);
         pause
     }
 }

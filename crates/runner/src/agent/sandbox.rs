@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use super::assignment;
 use super::command::{self, CommandJob};
 use super::dirs::CommandFiles;
-use super::homes::{Homes, SaveFailure};
+use super::homes::{Homes, NotReady, SaveFailure, StoreWait};
 use super::{Backoff, Refusal, Shared, refusal};
 use oci::Error;
 use oci::config::{RootImage, SandboxId};
@@ -36,6 +36,11 @@ const COMMANDS_SETTLE_MS: u64 = 1_500;
 /// Launch attempts that fail for a reason that may pass (a runtime that
 /// could not be started, an I/O error) before the sandbox is failed.
 const LAUNCH_ATTEMPTS_MAX: u32 = 3;
+/// First and longest pause between launch attempts that wait for the
+/// store (out of reach or full): a store outage is waited out, however
+/// long, without a request a second from every sandbox waiting on it.
+const STORE_RETRY_MIN_MS: u64 = 1_000;
+const STORE_RETRY_MAX_MS: u64 = 15_000;
 
 /// A sandbox's assignment and the commands handed over for it.
 #[derive(Clone, Debug, PartialEq)]
@@ -240,6 +245,9 @@ enum Next {
     Idle,
     /// A step failed in a way that may pass: run again after a pause.
     Retry,
+    /// The launch waits for the store: run again after this pause (the
+    /// one the record announced).
+    RetryIn(Duration),
 }
 
 /// A running command task; aborted (killing the command) when dropped.
@@ -268,6 +276,9 @@ struct Worker {
     /// for it (or an earlier one).
     fenced_epoch: Option<u64>,
     launch_failures: u32,
+    /// Pauses between launch attempts that wait for the store; reset by a
+    /// launch that got past the store.
+    store_backoff: Backoff,
     commands: HashMap<String, CommandTask>,
     /// The sandbox was deleted and reported so: nothing is left here.
     deleted: bool,
@@ -313,6 +324,7 @@ pub(crate) async fn run(
         launched_epoch: None,
         fenced_epoch: None,
         launch_failures: 0,
+        store_backoff: Backoff::between(STORE_RETRY_MIN_MS, STORE_RETRY_MAX_MS),
         commands: HashMap::new(),
         deleted: false,
         accepted: None,
@@ -360,6 +372,7 @@ pub(crate) async fn run(
                 Duration::from_secs(RESYNC_SECONDS)
             }
             Next::Retry => backoff.next(),
+            Next::RetryIn(pause) => pause,
         };
         let watcher = async {
             match worker.watcher.as_mut() {
@@ -579,6 +592,7 @@ impl Worker {
 
     async fn failed_step(&mut self, sandbox: &SandboxAssignment, step: Step) -> Next {
         match step {
+            Step::Store(wait) => self.wait_for_store(sandbox, wait).await,
             Step::Local(err) => {
                 tracing::warn!(sandbox_id = %self.id, %err, "step failed; retrying");
                 Next::Retry
@@ -602,6 +616,44 @@ impl Worker {
                 tracing::info!(sandbox_id = %self.id, %err, "report refused");
                 Next::Retry
             }
+        }
+    }
+
+    /// The launch could not get what it needs from the store (out of reach
+    /// or full): the sandbox stays `starting`, reported with the wait's
+    /// reason and a message saying what failed and when the next attempt
+    /// is (the server writes an event only when the reason changes), and
+    /// the next pass comes after a pause that doubles up to
+    /// [`STORE_RETRY_MAX_MS`].
+    async fn wait_for_store(&mut self, sandbox: &SandboxAssignment, wait: StoreWait) -> Next {
+        let pause = self.store_backoff.next();
+        let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now() + pause);
+        let message = format!(
+            "{}; next attempt in {} s (at {at})",
+            wait.cause,
+            pause.as_secs().max(1)
+        );
+        tracing::warn!(sandbox_id = %self.id, reason = wait.reason, %message, "the launch waits for the store");
+        let reported = self
+            .report(
+                sandbox,
+                SandboxState::Starting,
+                Some(wait.reason),
+                Some(message),
+            )
+            .await;
+        match reported {
+            Err(Step::Refused(Refusal::Fenced(message))) => {
+                self.fenced(sandbox.epoch, &message).await;
+                Next::Idle
+            }
+            // Unsaid for now (the server is out of reach too, or the
+            // record moved on): the next attempt says it again.
+            Err(step) => {
+                tracing::debug!(sandbox_id = %self.id, ?step, "the wait was not reported");
+                Next::RetryIn(pause)
+            }
+            Ok(()) => Next::RetryIn(pause),
         }
     }
 
@@ -696,7 +748,8 @@ impl Worker {
                 .await
             {
                 Ok(dir) => RootImage::Tree(dir),
-                Err(err) if err.is_permanent() => {
+                Err(NotReady::Store(wait)) => return Err(Step::Store(wait)),
+                Err(NotReady::Failed(err)) if err.is_permanent() => {
                     return self
                         .report(
                             sandbox,
@@ -706,7 +759,7 @@ impl Worker {
                         )
                         .await;
                 }
-                Err(err) => return Err(Step::Local(err)),
+                Err(NotReady::Failed(err)) => return Err(Step::Local(err)),
             },
         };
         let host = assignment::Host {
@@ -743,18 +796,21 @@ impl Worker {
                 self.home = home;
                 self.wake = wake;
                 config.workspace = self.home.clone();
+                self.store_backoff = Backoff::between(STORE_RETRY_MIN_MS, STORE_RETRY_MAX_MS);
             }
-            Err(err) if err.is_permanent() => {
+            Err(NotReady::Store(wait)) => return Err(Step::Store(wait)),
+            Err(NotReady::Failed(err)) if err.is_permanent() => {
+                let message = home_unavailable_message(&err, sandbox);
                 return self
                     .report(
                         sandbox,
                         SandboxState::Failed,
                         Some("home_unavailable"),
-                        Some(err.to_string()),
+                        Some(message),
                     )
                     .await;
             }
-            Err(err) => return Err(Step::Local(err)),
+            Err(NotReady::Failed(err)) => return Err(Step::Local(err)),
         }
         let launched = {
             let Some(_thawed) = self.shared.fence.thawed().await else {
@@ -911,7 +967,15 @@ impl Worker {
         // The container goes; its root directory and the home stay.
         self.handle.delete().await.map_err(Step::Local)?;
         if sandbox.storage_class == StorageClass::Durable {
-            self.secure(sandbox).await?;
+            if self.shared.homes.restore_unfinished(self.id.as_str()) {
+                // Stopped while its launch waited for the store: nothing
+                // ran here, and the home here is at most part of the last
+                // completed save, which stays the home. Uploading it would
+                // commit that part as the sandbox's home.
+                tracing::info!(sandbox_id = %self.id, "stopped before its home was restored; the last completed save stays its home");
+            } else {
+                self.secure(sandbox).await?;
+            }
         }
         self.report(sandbox, end.state(), Some(end.reason()), None)
             .await
@@ -1164,6 +1228,17 @@ pub(crate) async fn save_on_schedule(
     }
 }
 
+/// The `home_unavailable` message: what cannot be had (the object, and the
+/// file it belongs to where known), and what its owner can do, as the API
+/// offers it: the home as saved cannot come back, so the sandbox cannot
+/// run again.
+fn home_unavailable_message(err: &Error, sandbox: &SandboxAssignment) -> String {
+    format!(
+        "{err}; this sandbox cannot start from its saved home: create a new sandbox from one of its snapshots (GET /v1/snapshots?sandbox_id={id}, then POST /v1/sandboxes with from_snapshot), or delete it",
+        id = sandbox.sandbox_id
+    )
+}
+
 /// Why a step of a pass did not complete.
 #[derive(Debug)]
 enum Step {
@@ -1171,6 +1246,8 @@ enum Step {
     Local(Error),
     /// The server could not be reached.
     Transient(api::client::ClientError),
+    /// The store is out of reach or full: the launch waits for it.
+    Store(StoreWait),
     Refused(Refusal),
     /// The runner froze (it cannot renew its lease): nothing may start.
     Frozen,

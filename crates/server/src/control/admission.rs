@@ -282,6 +282,7 @@ pub fn prepare(
         labels,
         state: SandboxState::Pending,
         state_reason: Some("admitted".to_owned()),
+        state_message: None,
         desired: DesiredState::Running,
         runner_id: None,
         last_runner_id: None,

@@ -256,7 +256,11 @@ pub fn check_placement(row: &SandboxRow, runner_id: &str, epoch: u64) -> Result<
 }
 
 /// Records what a runner observed of a sandbox at its placement: a move
-/// the transition table allows, or nothing (fenced, invalid_state).
+/// the transition table allows, or nothing (fenced, invalid_state). A
+/// report of the recorded state is no change, except a `starting` sandbox
+/// reported waiting for the store (`SandboxState::runner_may_restate`):
+/// its reason and message are recorded, with an event when the reason
+/// changes.
 pub async fn report_sandbox(
     state: &AppState,
     id: &str,
@@ -280,7 +284,21 @@ pub async fn report_sandbox(
         crate::control::drain::drain_reason(&row, report.state, runner.drain.as_deref());
     // What a wake cost, counted once the move to `running` is committed.
     let mut woke = None;
-    if row.state != report.state {
+    let restated = report
+        .reason
+        .as_deref()
+        .filter(|reason| row.state == report.state && row.state.runner_may_restate(reason));
+    if let Some(reason) = restated {
+        // Still starting, now waiting (or waiting still, for another
+        // cause): the reason and message change, the state does not.
+        if !records::sandboxes::set_starting_wait(&mut tx, &row, reason, message.as_deref()).await?
+        {
+            return Err(ControlError::new(
+                ErrorCode::InvalidState,
+                "the sandbox changed meanwhile; read the assignments and report again",
+            ));
+        }
+    } else if row.state != report.state {
         if !row.state.runner_may_report(report.state, row.desired) {
             return Err(ControlError::new(
                 ErrorCode::InvalidState,

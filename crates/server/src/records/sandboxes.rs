@@ -30,6 +30,8 @@ pub struct SandboxRow {
     pub labels: String,
     pub state: SandboxState,
     pub state_reason: Option<String>,
+    /// What the report or verdict that set the state and reason said.
+    pub state_message: Option<String>,
     pub desired: DesiredState,
     pub runner_id: Option<String>,
     pub last_runner_id: Option<String>,
@@ -61,7 +63,7 @@ pub struct HomeColumns {
     pub from_snapshot: Option<String>,
 }
 
-pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies";
+pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, state_message, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies";
 
 impl SandboxRow {
     pub fn from_row(row: &AnyRow) -> Result<SandboxRow, sqlx::Error> {
@@ -80,6 +82,7 @@ impl SandboxRow {
             labels: row.try_get("labels")?,
             state: parse_column(row, "state")?,
             state_reason: row.try_get("state_reason")?,
+            state_message: row.try_get("state_message")?,
             desired: parse_column(row, "desired")?,
             runner_id: row.try_get("runner_id")?,
             last_runner_id: row.try_get("last_runner_id")?,
@@ -116,6 +119,7 @@ impl SandboxRow {
             org_id: self.org_id.clone(),
             state: self.state,
             state_reason: self.state_reason.clone(),
+            state_message: self.state_message.clone(),
             desired: self.desired,
             runner_id: self.runner_id.clone(),
             epoch: self.epoch as u64,
@@ -239,7 +243,7 @@ pub async fn set_sandbox_state(
     // Every state carries a reason: the one given, else its usual one.
     let reason = to.reason.unwrap_or(to.state.usual_reason());
     let updated = sqlx::query(
-        "UPDATE sandboxes SET state = $1, state_reason = $2, runner_id = $3, epoch = $4, updated_at_ms = $5, ended_at_ms = $6
+        "UPDATE sandboxes SET state = $1, state_reason = $2, runner_id = $3, epoch = $4, updated_at_ms = $5, ended_at_ms = $6, state_message = $11
          WHERE id = $7 AND state = $8 AND epoch = $9 AND COALESCE(runner_id, '') = $10",
     )
     .bind(to.state.as_str())
@@ -252,6 +256,7 @@ pub async fn set_sandbox_state(
     .bind(current.state.as_str())
     .bind(current.epoch)
     .bind(current.runner_id.as_deref().unwrap_or(""))
+    .bind(to.message)
     .execute(&mut *tx.tx)
     .await?;
     if updated.rows_affected() == 0 {
@@ -349,7 +354,7 @@ pub async fn insert(
         .as_deref()
         .unwrap_or(row.state.usual_reason());
     sqlx::query(&format!(
-        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)"
+        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32)"
     ))
     .bind(&row.id)
     .bind(&row.org_id)
@@ -365,6 +370,7 @@ pub async fn insert(
     .bind(&row.labels)
     .bind(row.state.as_str())
     .bind(reason)
+    .bind(&row.state_message)
     .bind(row.desired.as_str())
     .bind(&row.runner_id)
     .bind(&row.last_runner_id)
@@ -432,17 +438,64 @@ pub async fn set_waiting_reason(
     if row.state_reason.as_deref() == Some(reason) {
         return Ok(());
     }
-    let updated =
-        sqlx::query("UPDATE sandboxes SET state_reason = $1 WHERE id = $2 AND state = $3")
-            .bind(reason)
-            .bind(&row.id)
-            .bind(row.state.as_str())
-            .execute(&mut *tx.tx)
-            .await?;
+    let message = "waiting for a runner";
+    let updated = sqlx::query(
+        "UPDATE sandboxes SET state_reason = $1, state_message = $2 WHERE id = $3 AND state = $4",
+    )
+    .bind(reason)
+    .bind(message)
+    .bind(&row.id)
+    .bind(row.state.as_str())
+    .execute(&mut *tx.tx)
+    .await?;
     if updated.rows_affected() > 0 {
-        note(tx, row, reason, "waiting for a runner", None).await?;
+        note(tx, row, reason, message, None).await?;
     }
     Ok(())
+}
+
+/// A runner's report that the sandbox, still `starting` at its placement,
+/// waits (`reason`, one of `api::lifecycle::STARTING_WAIT_REASONS`; the
+/// caller checks): the reason and message change, the state does not.
+/// An event is written only when the reason changes, not for every retry
+/// (each retry only rewrites the message, which says when the next one
+/// is). Guarded by the state, epoch and runner the row was read with:
+/// `false` (nothing written) when the record moved on meanwhile.
+pub async fn set_starting_wait(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    reason: &str,
+    message: Option<&str>,
+) -> Result<bool, sqlx::Error> {
+    let updated = sqlx::query(
+        "UPDATE sandboxes SET state_reason = $1, state_message = $2, updated_at_ms = $3
+         WHERE id = $4 AND state = $5 AND epoch = $6 AND COALESCE(runner_id, '') = $7",
+    )
+    .bind(reason)
+    .bind(message)
+    .bind(now_ms())
+    .bind(&row.id)
+    .bind(row.state.as_str())
+    .bind(row.epoch)
+    .bind(row.runner_id.as_deref().unwrap_or(""))
+    .execute(&mut *tx.tx)
+    .await?;
+    if updated.rows_affected() == 0 {
+        return Ok(false);
+    }
+    if row.state_reason.as_deref() == Some(reason) {
+        tx.changed(&row.id).await?;
+    } else {
+        note(
+            tx,
+            row,
+            reason,
+            message.unwrap_or("waiting"),
+            row.runner_id.as_deref(),
+        )
+        .await?;
+    }
+    Ok(true)
 }
 
 /// The runner holding the sandbox is gone while its state stays what it

@@ -1037,3 +1037,103 @@ async fn a_kept_copy_salvaged_becomes_a_snapshot_its_runner_uploads_and_the_copy
         );
     }
 }
+
+/// Issue 13, point 4: the rule for a runner's "still starting, waiting for
+/// the store" report. It changes the record's reason and message and
+/// nothing else; an event is written when the reason changes, not for
+/// every retry (each only rewrites the message, which says when the next
+/// attempt is); `running` brings the usual reason back and clears the
+/// message. Any other repeat of the recorded state, or a wait reason for
+/// a sandbox not `starting`, changes nothing, and a stale placement's
+/// wait is fenced.
+#[tokio::test]
+async fn a_starting_sandbox_waiting_for_the_store_says_so_once_per_reason() {
+    for plane in planes("store_wait").await {
+        let org = plane.org("org_w", None).await;
+        let runner = plane.runner(4).await;
+        let starting = plane.create(&org).await.expect("admitted and placed");
+        let wait = |row: &SandboxRow, state: SandboxState, reason: &str, message: &str| {
+            let report = SandboxReport {
+                runner_id: runner.clone(),
+                epoch: row.epoch as u64,
+                state,
+                reason: Some(reason.to_owned()),
+                message: Some(message.to_owned()),
+                wake: None,
+            };
+            let (state, id) = (plane.state.clone(), row.id.clone());
+            async move { runner_protocol::report_sandbox(&state, &id, &report).await }
+        };
+        let first = wait(
+            &starting,
+            SandboxState::Starting,
+            "store_unreachable",
+            "cannot download the home: …; next attempt in 1 s",
+        )
+        .await
+        .expect("a wait is recorded");
+        assert_eq!(first.state, SandboxState::Starting, "{}", plane.engine());
+        assert_eq!(first.state_reason.as_deref(), Some("store_unreachable"));
+        assert_eq!(
+            first.to_api().state_message.as_deref(),
+            Some("cannot download the home: …; next attempt in 1 s")
+        );
+        let again = wait(
+            &first,
+            SandboxState::Starting,
+            "store_unreachable",
+            "cannot download the home: …; next attempt in 2 s",
+        )
+        .await
+        .expect("a retry is recorded");
+        assert_eq!(
+            again.state_message.as_deref(),
+            Some("cannot download the home: …; next attempt in 2 s")
+        );
+        // Not a wait: no change at all.
+        let ignored = wait(&again, SandboxState::Starting, "placed", "anything")
+            .await
+            .expect("a repeat is accepted");
+        assert_eq!(ignored.state_reason.as_deref(), Some("store_unreachable"));
+        assert_eq!(ignored.state_message, again.state_message);
+        let full = wait(
+            &again,
+            SandboxState::Starting,
+            "store_full",
+            "cannot download the home: store full …; next attempt in 4 s",
+        )
+        .await
+        .expect("another cause is recorded");
+        assert_eq!(full.state_reason.as_deref(), Some("store_full"));
+        // A stale placement's wait is fenced, and writes nothing.
+        let mut stale = full.clone();
+        stale.epoch += 1;
+        let fenced = wait(&stale, SandboxState::Starting, "store_unreachable", "x").await;
+        assert_eq!(code(fenced), ErrorCode::Fenced);
+
+        let running = plane
+            .report(&full, &runner, SandboxState::Running)
+            .await
+            .expect("starting → running");
+        assert_eq!(running.state_reason.as_deref(), Some("workload_started"));
+        assert_eq!(running.state_message, None);
+        // Running: a wait reason changes nothing.
+        let ignored = wait(&running, SandboxState::Running, "store_unreachable", "x")
+            .await
+            .expect("a repeat is accepted");
+        assert_eq!(ignored.state_reason.as_deref(), Some("workload_started"));
+
+        let events = plane.events(&starting.id).await;
+        let expected: Vec<(String, Option<String>)> = [
+            ("pending", "admitted"),
+            ("starting", "placed"),
+            ("starting", "store_unreachable"),
+            ("starting", "store_full"),
+            ("running", "workload_started"),
+        ]
+        .iter()
+        .map(|(s, r)| ((*s).to_owned(), Some((*r).to_owned())))
+        .collect();
+        assert_eq!(events, expected, "{}", plane.engine());
+    }
+}

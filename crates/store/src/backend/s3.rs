@@ -9,7 +9,7 @@
 use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, PutPayload};
+use object_store::{BackoffConfig, ObjectStore, PutPayload, RetryConfig};
 
 use super::{Backend, ObjectMeta};
 use crate::{Error, Result};
@@ -18,6 +18,16 @@ use crate::{Error, Result};
 const EXISTS_CONCURRENCY_MAX: usize = 32;
 /// Concurrent GET requests for one batch.
 const GET_CONCURRENCY_MAX: usize = 16;
+/// Retries of one request that failed in a way that may pass (a refused
+/// or dropped connection, a 5xx, throttling), pausing 0.1 s doubling to
+/// [`RETRY_PAUSE_MAX_MS`], for at most [`RETRY_SECONDS_MAX`]. The
+/// library's own default retries for up to three minutes: a store that
+/// is down then holds every request of a caller that retries by itself
+/// anyway (the block service answers 503, a runner tries again later and
+/// says so) for minutes before anyone learns of it.
+const RETRIES_MAX: usize = 5;
+const RETRY_PAUSE_MAX_MS: u64 = 2_000;
+const RETRY_SECONDS_MAX: u64 = 15;
 
 pub struct S3Backend {
     client: AmazonS3,
@@ -36,7 +46,18 @@ fn backend_error(op: &'static str, key: &str, err: object_store::Error) -> Error
 
 impl S3Backend {
     pub fn open(bucket: &str, prefix: &str) -> Result<S3Backend> {
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: std::time::Duration::from_millis(100),
+                max_backoff: std::time::Duration::from_millis(RETRY_PAUSE_MAX_MS),
+                base: 2.0,
+            },
+            max_retries: RETRIES_MAX,
+            retry_timeout: std::time::Duration::from_secs(RETRY_SECONDS_MAX),
+        };
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_retry(retry);
         if std::env::var_os("AWS_REGION").is_none()
             && std::env::var_os("AWS_DEFAULT_REGION").is_none()
         {
