@@ -1212,3 +1212,33 @@ async fn an_image_the_store_cannot_deliver_waits_starting() {
         "{message}"
     );
 }
+
+/// A durable sandbox placed here and stopped before its launch made a
+/// home: there is nothing to secure (nothing ran here; the last completed
+/// save stays its home), so the stop ends `stopped` at once. It used to
+/// report `securing` and retry "the home is missing on this runner"
+/// forever, never converging to the stop asked for.
+#[tokio::test]
+async fn a_durable_sandbox_stopped_before_it_had_a_home_here_stops_without_securing() {
+    let agent = agent(Failpoints::none());
+    let mut sandbox = assignment(ID, 1, DesiredState::Stopped, SandboxState::Starting);
+    sandbox.storage_class = StorageClass::Durable;
+    let (_assign, _task) = worker(
+        &agent,
+        Assigned {
+            sandbox,
+            commands: Vec::new(),
+            reports_before: FRESH,
+        },
+    );
+    agent
+        .control
+        .wait_until("stopped reported", |r| reported(r, SandboxState::Stopped))
+        .await;
+    let reports = agent.control.requests();
+    assert!(
+        !reported(&reports, SandboxState::Securing),
+        "nothing to secure: {reports:?}"
+    );
+    assert!(!agent.shared.homes.holds(ID));
+}

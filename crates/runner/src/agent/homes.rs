@@ -265,6 +265,12 @@ impl Homes {
         self.restoring_path(id).exists()
     }
 
+    /// Whether this runner holds a home for the sandbox at all: a
+    /// placement stopped before its launch made one holds none.
+    pub(crate) fn holds(&self, id: &str) -> bool {
+        self.path(id).is_ok_and(|home| home.is_dir())
+    }
+
     fn org(org: &str) -> Result<OrgId> {
         org.parse()
             .map_err(|_| Error::Invalid(format!("org {org:?} is not a store org")))

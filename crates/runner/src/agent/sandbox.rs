@@ -967,12 +967,19 @@ impl Worker {
         // The container goes; its root directory and the home stay.
         self.handle.delete().await.map_err(Step::Local)?;
         if sandbox.storage_class == StorageClass::Durable {
-            if self.shared.homes.restore_unfinished(self.id.as_str()) {
+            let homes = &self.shared.homes;
+            if homes.restore_unfinished(self.id.as_str()) {
                 // Stopped while its launch waited for the store: nothing
                 // ran here, and the home here is at most part of the last
                 // completed save, which stays the home. Uploading it would
                 // commit that part as the sandbox's home.
                 tracing::info!(sandbox_id = %self.id, "stopped before its home was restored; the last completed save stays its home");
+            } else if !homes.holds(self.id.as_str()) {
+                // Stopped before its launch made a home here (placed, then
+                // stopped at once): nothing ran here either, and there is
+                // nothing to secure; securing would wait for a home that
+                // will never come.
+                tracing::info!(sandbox_id = %self.id, "stopped before a home was made here; the last completed save stays its home");
             } else {
                 self.secure(sandbox).await?;
             }
