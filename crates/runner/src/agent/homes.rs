@@ -70,11 +70,15 @@ pub(crate) struct Homes {
     state: PathBuf,
     cache: PathBuf,
     excludes: Excludes,
-    /// Crash-safety tests only: `runner:save_before_upload`,
-    /// `runner:save_mid_upload`, `runner:save_before_commit`,
-    /// `runner:save_after_commit` kill the runner at that point of a
-    /// running save (as a crash would), `runner:secure_before_upload`
-    /// while a stop secures the home.
+    /// Crash-safety tests only (`crates/cli/tests/it/fault_matrix.rs`):
+    /// `runner:save_before_upload`, `runner:save_mid_upload`,
+    /// `runner:save_before_commit`, `runner:save_after_commit` kill the
+    /// runner at that point of a running save (as a crash would);
+    /// `runner:secure_before_upload`, `runner:secure_before_commit` (the
+    /// home uploaded, not committed) and `runner:secure_after_commit` (the
+    /// server committed it; the runner has neither recorded the root it
+    /// secured nor reported `stopped`) at that point of a stop's securing.
+    /// (`runner:save_mid_upload` fires in any upload, securing included.)
     failpoint: Failpoints,
 }
 
@@ -552,6 +556,7 @@ impl Homes {
         let root = report
             .root
             .ok_or_else(|| SaveFailure::Failed("the upload gave no root".to_owned()))?;
+        self.failpoint.hit("runner:secure_before_commit");
         Self::commit(
             control,
             sandbox,
@@ -562,6 +567,7 @@ impl Homes {
             report.bytes_uploaded,
         )
         .await?;
+        self.failpoint.hit("runner:secure_after_commit");
         let secured = self.secured_path(&id);
         std::fs::write(&secured, root.to_hex()).map_err(|e| Error::io("write", &secured, e))?;
         tracing::info!(sandbox_id = %id, %root, files_hashed = report.files_hashed, blocks_uploaded = report.blocks_uploaded, "home secured");
