@@ -12,6 +12,11 @@
 //! DIR/home-state/ID.secured     the root a stop secured: while it names the
 //!                               tree the home must start as, the home is
 //!                               that tree already and nothing is pulled
+//! DIR/home-state/ID.securing    the root a securing uploaded, written before
+//!                               its commit: a copy kept aside after a crash
+//!                               there names it, so the server can tell a
+//!                               copy of the committed save from one with
+//!                               unsaved writes
 //! DIR/home-state/ID.kept.NAME   a kept copy's secured root (empty: the
 //!                               copy may hold anything)
 //! DIR/homes/ID                  homes of the earlier layout (plain), used
@@ -208,6 +213,10 @@ impl Homes {
         self.state.join(format!("{id}.secured"))
     }
 
+    fn securing_path(&self, id: &str) -> PathBuf {
+        self.state.join(format!("{id}.securing"))
+    }
+
     fn org(org: &str) -> Result<OrgId> {
         org.parse()
             .map_err(|_| Error::Invalid(format!("org {org:?} is not a store org")))
@@ -251,6 +260,9 @@ impl Homes {
             }
             home = self.volumes.create(&id)?;
         }
+        // From here the home runs or is made another tree: a securing's
+        // root no longer names it.
+        let _ = std::fs::remove_file(self.securing_path(&id));
         let Some(root) = sandbox.home_root.clone() else {
             let _ = std::fs::remove_file(&secured);
             return Ok((home, None));
@@ -556,6 +568,12 @@ impl Homes {
         let root = report
             .root
             .ok_or_else(|| SaveFailure::Failed("the upload gave no root".to_owned()))?;
+        // Should this runner die between here and recording the root as
+        // secured, the copy it keeps aside then names this tree: the
+        // server knows whether it committed it (a copy of the last
+        // completed save may go once the sandbox runs from the store).
+        let securing = self.securing_path(&id);
+        oci::host::write_durably(&securing, root.to_hex().as_bytes())?;
         self.failpoint.hit("runner:secure_before_commit");
         Self::commit(
             control,
@@ -570,6 +588,7 @@ impl Homes {
         self.failpoint.hit("runner:secure_after_commit");
         let secured = self.secured_path(&id);
         std::fs::write(&secured, root.to_hex()).map_err(|e| Error::io("write", &secured, e))?;
+        let _ = std::fs::remove_file(&securing);
         tracing::info!(sandbox_id = %id, %root, files_hashed = report.files_hashed, blocks_uploaded = report.blocks_uploaded, "home secured");
         Ok(())
     }
@@ -668,7 +687,12 @@ impl Homes {
             return Ok(None);
         }
         let name = format!("k{}", ms_since_epoch(SystemTime::now()));
-        let secured = std::fs::read_to_string(self.secured_path(id)).unwrap_or_default();
+        // The root a stop secured, else the one a securing cut short had
+        // uploaded (committed or not: the server compares).
+        let mut secured = std::fs::read_to_string(self.secured_path(id)).unwrap_or_default();
+        if secured.trim().is_empty() {
+            secured = std::fs::read_to_string(self.securing_path(id)).unwrap_or_default();
+        }
         let state = self.kept_state_path(id, &name);
         oci::host::write_durably(&state, secured.trim().as_bytes())?;
         self.volumes.keep(id, &name)?;
@@ -724,7 +748,11 @@ impl Homes {
             super::dirs::remove_tree(&legacy)?;
         }
         self.volumes.remove(id)?;
-        for path in [self.index_path(id), self.secured_path(id)] {
+        for path in [
+            self.index_path(id),
+            self.secured_path(id),
+            self.securing_path(id),
+        ] {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
