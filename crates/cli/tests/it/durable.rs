@@ -161,10 +161,17 @@ async fn a_durable_home_is_secured_on_stop_and_wakes_on_another_runner() {
         "{stopped}"
     );
     let events = api.get(&format!("/v1/sandboxes/{id}/events")).await.body;
-    let states: Vec<&str> = events["events"]
-        .as_array()
-        .expect("events")
+    let events = events["events"].as_array().expect("events");
+    // The commit of the securing says so, while it is still `securing`.
+    assert!(
+        events
+            .iter()
+            .any(|e| e["state"] == "securing" && e["reason"] == "securing_committed"),
+        "{events:#?}"
+    );
+    let states: Vec<&str> = events
         .iter()
+        .filter(|e| e["reason"] != "securing_committed")
         .filter_map(|e| e["state"].as_str())
         .collect();
     let securing = states

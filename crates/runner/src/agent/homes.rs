@@ -358,6 +358,7 @@ impl Homes {
                     error: None,
                     snapshot_ms: None,
                     uploaded_bytes: None,
+                    securing: false,
                 },
             );
             let id = id.to_owned();
@@ -408,7 +409,8 @@ impl Homes {
 
     /// Asks the server to commit `root` as the home's last completed save.
     /// `snapshot`: how long a running home's snapshot took (none when
-    /// securing a stopped one); `uploaded_bytes`: what the upload stored.
+    /// securing a stopped one, which the report then says it is);
+    /// `uploaded_bytes`: what the upload stored.
     async fn commit(
         control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,
@@ -428,6 +430,8 @@ impl Homes {
             error: None,
             snapshot_ms: snapshot.map(|took| took.as_secs_f64() * 1000.0),
             uploaded_bytes: Some(uploaded_bytes),
+            // No snapshot: the home of a stopped sandbox, secured.
+            securing: snapshot.is_none(),
         };
         match control
             .runner_report_save(&sandbox.sandbox_id, &report)
@@ -461,6 +465,7 @@ impl Homes {
             error: Some(error.to_owned()),
             snapshot_ms: None,
             uploaded_bytes: None,
+            securing: false,
         };
         match control
             .runner_report_save(&sandbox.sandbox_id, &report)
