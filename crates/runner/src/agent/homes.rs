@@ -54,6 +54,9 @@ use oci::{Error, Result};
 /// The device number every index key of a home is taken with.
 const INDEX_DEV: u64 = 0;
 
+/// How the snapshots of running saves are named: `save-EPOCH-MS`.
+const SAVE_SNAPSHOT_PREFIX: &str = "save-";
+
 /// Why a save did not complete.
 #[derive(Debug)]
 pub(crate) enum SaveFailure {
@@ -488,8 +491,9 @@ impl Homes {
         runner_id: &str,
     ) -> Result<Duration, SaveFailure> {
         let id = sandbox.sandbox_id.clone();
+        self.drop_save_snapshots(&id);
         let name = format!(
-            "save-{}-{}",
+            "{SAVE_SNAPSHOT_PREFIX}{}-{}",
             sandbox.epoch,
             ms_since_epoch(SystemTime::now())
         );
@@ -734,6 +738,21 @@ impl Homes {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Error::io("remove", &state, e)),
+        }
+    }
+
+    /// Removes the snapshots of earlier saves of `id` that the runner died
+    /// (or the save was aborted) before deleting: only its own save reads a
+    /// save's snapshot, and a sandbox's saves run one at a time. Left, each
+    /// would hold the home's old data on this runner for as long as the
+    /// sandbox runs here. Snapshots being captured for `snapshot` stay.
+    fn drop_save_snapshots(&self, id: &str) {
+        if let Ok(names) = self.volumes.snapshots(id) {
+            for name in names.iter().filter(|n| n.starts_with(SAVE_SNAPSHOT_PREFIX)) {
+                if let Err(err) = self.volumes.delete_snapshot(id, name) {
+                    tracing::warn!(sandbox_id = %id, snapshot = %name, %err, "cannot delete an earlier save's snapshot");
+                }
+            }
         }
     }
 
