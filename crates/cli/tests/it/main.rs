@@ -6,6 +6,7 @@ mod commands;
 mod control;
 mod durable;
 mod failover;
+mod fault_matrix;
 mod harness;
 mod home;
 mod hostile;
