@@ -239,6 +239,11 @@ pub struct SaveReport {
     /// A completed save: the stored bytes it uploaded.
     #[serde(default)]
     pub uploaded_bytes: Option<u64>,
+    /// A save of a stop's securing (the home itself, nothing running in
+    /// it), not of a running home: once committed, the home is secured,
+    /// whatever becomes of the runner before it reports `stopped`.
+    #[serde(default)]
+    pub securing: bool,
 }
 
 /// `POST /v1/runner/snapshots/{id}/report`: from the sandbox's current

@@ -207,7 +207,16 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
         .await?;
         for row in rows {
             let sandbox = SandboxRow::from_row(&row)?;
-            let to = lost_runner_verdict(&sandbox);
+            // A stop's securing whose commit landed before the runner was
+            // lost: the home is in the store as the stop left it.
+            let secured = sandbox.state == SandboxState::Securing
+                && crate::records::sandboxes::securing_committed(
+                    &mut tx,
+                    &sandbox.id,
+                    sandbox.epoch,
+                )
+                .await?;
+            let to = lost_runner_verdict(&sandbox, secured);
             let epoch = if to == SandboxState::Recovering {
                 sandbox.epoch + 1
             } else {
@@ -219,7 +228,12 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
             } else {
                 format!("lease of runner {runner_id} expired at {expired}")
             };
-            if to == SandboxState::Recovering {
+            if secured {
+                let root = sandbox.home.root.as_deref().unwrap_or("none");
+                message = format!(
+                    "{message}; its stop's securing had committed the home to the store first (root {root}): nothing written in it is lost"
+                );
+            } else if to == SandboxState::Recovering {
                 // Say what comes back, and that anything later is only on
                 // the lost runner (kept aside there if it returns).
                 let plan = sandbox.recovery();
@@ -228,7 +242,7 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
                     plan.message
                 );
             }
-            if sandbox.state == SandboxState::Securing {
+            if sandbox.state == SandboxState::Securing && !secured {
                 // The stop's save never committed: the save status must
                 // not look as if the home were secured.
                 let error = format!(
@@ -257,18 +271,25 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
 }
 
 /// What a sandbox on a lost runner becomes. A durable one whose home is
-/// in the store and which nothing runs (`stopped`) stays so; any other
-/// durable one is `recovering`, with its epoch bumped, whatever is wanted
-/// of it: its runner may have held writes no save has (running) or been
-/// in the middle of saving them (`securing`), so the record must not say
-/// `stopped` as if the home were secured. It is placed again once wanted
-/// running, from the last completed save (or its snapshot, or empty: the
-/// record's `recovery` says which). A standard one fails (its home was on
-/// the node); one being deleted is deleted.
-pub fn lost_runner_verdict(sandbox: &SandboxRow) -> SandboxState {
+/// in the store and which nothing runs (`stopped`) stays so, and so does
+/// one whose stop's securing had committed (`secured`: the home is in the
+/// store as the stop left it) unless it is wanted running again; any
+/// other durable one is `recovering`, with its epoch bumped, whatever is
+/// wanted of it: its runner may have held writes no save has (running)
+/// or been in the middle of saving them (`securing`), so the record must
+/// not say `stopped` as if the home were secured. It is placed again once
+/// wanted running, from the last completed save (or its snapshot, or
+/// empty: the record's `recovery` says which). A standard one fails (its
+/// home was on the node); one being deleted is deleted.
+pub fn lost_runner_verdict(sandbox: &SandboxRow, secured: bool) -> SandboxState {
     match (sandbox.storage_class, sandbox.state) {
         (_, SandboxState::Deleting) => SandboxState::Deleted,
         (StorageClass::Durable, SandboxState::Stopped) => SandboxState::Stopped,
+        (StorageClass::Durable, SandboxState::Securing)
+            if secured && sandbox.desired != DesiredState::Running =>
+        {
+            SandboxState::Stopped
+        }
         (StorageClass::Durable, _) => SandboxState::Recovering,
         (StorageClass::Standard, _) => SandboxState::Failed,
     }

@@ -174,10 +174,17 @@ async fn a_durable_home_is_secured_on_stop_and_wakes_on_another_runner() {
         "{stopped}"
     );
     let events = api.get(&format!("/v1/sandboxes/{id}/events")).await.body;
-    let states: Vec<&str> = events["events"]
-        .as_array()
-        .expect("events")
+    let events = events["events"].as_array().expect("events");
+    // The commit of the securing says so, while it is still `securing`.
+    assert!(
+        events
+            .iter()
+            .any(|e| e["state"] == "securing" && e["reason"] == "securing_committed"),
+        "{events:#?}"
+    );
+    let states: Vec<&str> = events
         .iter()
+        .filter(|e| e["reason"] != "securing_committed")
         .filter_map(|e| e["state"].as_str())
         .collect();
     let securing = states
@@ -517,75 +524,6 @@ async fn snapshots_replicate_give_children_and_fail_past_their_deadline() {
         .assert_error(404, "not_found");
     // The child keeps its home whatever happens to the snapshot.
     assert_eq!(sh(api, &child, "cat /workspace/p.txt").await, "parent\n");
-}
-
-/// A runner killed at `failpoint` during a running save: a recovery
-/// restores the new content only if the save's commit had completed.
-async fn a_save_killed_at(failpoint: &str, committed: bool) {
-    let mut fleet = Fleet::start(&[]).await;
-    let first = fleet.runner("a");
-    let id = fleet
-        .create(json!({"storage_class": "durable", "save_interval_s": 3}))
-        .await;
-    let api = fleet.api();
-    sh(api, &id, "echo v1 > /workspace/f").await;
-    api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
-        .await;
-    assert_eq!(wait_sandbox(api, &id, "stopped").await["state"], "stopped");
-
-    fleet.runners[first].restart(&[("ROOST_FAILPOINT", failpoint)]);
-    let api = fleet.api();
-    api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
-        .await;
-    assert_eq!(wait_sandbox(api, &id, "running").await["state"], "running");
-    sh(api, &id, "echo v2 > /workspace/f").await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !fleet.runners[first].exited() {
-        assert!(
-            Instant::now() < deadline,
-            "the runner never reached {failpoint}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-
-    let second = fleet.runner("b");
-    let on_second = fleet.runners[second].runner_id.clone();
-    let api = fleet.api();
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            let sandbox = api.get(&format!("/v1/sandboxes/{id}")).await.body;
-            sandbox["state"] == "running" && sandbox["runner_id"] == on_second.as_str()
-        })
-        .await,
-        "not recovered on the other runner: {}",
-        fleet.get(&id).await
-    );
-    let expected = if committed { "v2\n" } else { "v1\n" };
-    assert_eq!(
-        sh(api, &id, "cat /workspace/f").await,
-        expected,
-        "after {failpoint}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_save_killed_before_upload_changes_nothing() {
-    a_save_killed_at("runner:save_before_upload", false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_save_killed_mid_upload_changes_nothing() {
-    a_save_killed_at("runner:save_mid_upload", false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_save_killed_after_upload_before_commit_changes_nothing() {
-    a_save_killed_at("runner:save_before_commit", false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_save_killed_after_its_commit_is_restored() {
-    a_save_killed_at("runner:save_after_commit", true).await;
 }
 
 /// The commit of a save is a compare-and-swap guarded by the placement:

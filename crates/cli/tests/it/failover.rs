@@ -33,14 +33,14 @@ fn run(program: &str, args: &[&str]) {
     );
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("time")
         .as_millis() as i64
 }
 
-fn parse_ms(rfc3339: &str) -> i64 {
+pub(crate) fn parse_ms(rfc3339: &str) -> i64 {
     humantime::parse_rfc3339(rfc3339)
         .unwrap_or_else(|e| panic!("{rfc3339:?}: {e}"))
         .duration_since(UNIX_EPOCH)
@@ -136,7 +136,7 @@ impl Drop for Host {
 }
 
 /// A runner's parent cgroups outlive its containers; empty, they can go.
-fn remove_cgroups(name: &str) {
+pub(crate) fn remove_cgroups(name: &str) {
     if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
         for controller in controllers.flatten() {
             let _ = std::fs::remove_dir(controller.path().join(name));
@@ -1133,7 +1133,7 @@ async fn chaos_keeps_every_committed_save_and_converges_every_record() {
 /// Starts a workload in the sandbox's background (not a command: it
 /// outlives its command and the runner) that appends the time in ms to
 /// /workspace/FILE every 200 ms.
-async fn start_stamper(api: &Api, id: &str, file: &str) {
+pub(crate) async fn start_stamper(api: &Api, id: &str, file: &str) {
     sh(
         api,
         id,
@@ -1146,7 +1146,7 @@ async fn start_stamper(api: &Api, id: &str, file: &str) {
 }
 
 /// Every stamp in a stamps file (none if it is missing).
-fn stamps(path: &std::path::Path) -> Vec<i64> {
+pub(crate) fn stamps(path: &std::path::Path) -> Vec<i64> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
@@ -1178,7 +1178,7 @@ fn init_log(cluster: &Cluster, host: usize, id: &str) -> String {
 
 /// When the init finished stopping the sandbox's processes at its first
 /// freeze, as it recorded it: the freeze point.
-fn frozen_at(init_log: &str) -> Option<i64> {
+pub(crate) fn frozen_at(init_log: &str) -> Option<i64> {
     init_log
         .lines()
         .find(|l| l.starts_with("roost-init: lease lapsed"))

@@ -7,6 +7,7 @@ mod control;
 mod convergence;
 mod durable;
 mod failover;
+mod fault_matrix;
 mod harness;
 mod home;
 mod hostile;

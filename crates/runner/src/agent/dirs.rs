@@ -10,6 +10,10 @@
 //! DIR/runtime/                   the OCI runtime's --root (container state)
 //! DIR/sandboxes/ID/              the sandbox's files (rootfs: its writable
 //!                                layer; bundle: config.json, init status)
+//! DIR/sandboxes/ID/placement     the epoch its container was launched for,
+//!                                written before the launch: a container of
+//!                                an earlier placement is never adopted by
+//!                                a later one
 //! DIR/homes/ID/                  /workspace of a standard sandbox, kept
 //!                                across stop and start, removed at delete
 //! DIR/commands/ID/CMD.launched   written and fsynced before CMD is launched:

@@ -2,7 +2,8 @@
 //! server, and simulated time (the tests move the clock; nothing sleeps on
 //! the wall clock). Each test names one behaviour and fails if it breaks:
 //! a worker's passes (launch, stop, delete, an out-of-band death, launch
-//! failures), command supervision (an end and its state, a launch failure
+//! failures, a container of an earlier placement removed, not adopted),
+//! command supervision (an end and its state, a launch failure
 //! and its typed reason), the save schedule (a failed save is reported,
 //! every interval, until fenced) and the self-fence (heartbeats failing
 //! past `freeze_after` pause what runs, a renewal thaws exactly that, a
@@ -1241,4 +1242,61 @@ async fn a_durable_sandbox_stopped_before_it_had_a_home_here_stops_without_secur
         "nothing to secure: {reports:?}"
     );
     assert!(!agent.shared.homes.holds(ID));
+}
+
+/// Issue 13, point 10 (the fault matrix's column "back after its lease,
+/// placed back"): a runner back after its lease expired, handed a new
+/// placement of a sandbox whose old placement's container it still held
+/// (frozen by its init), adopted that container: it renewed its lease,
+/// which thawed the old processes at the new epoch, and the home was
+/// neither restored nor kept aside. A container launched for an earlier
+/// placement is now removed before the new one launches; one of the same
+/// placement (a restart within the lease) is still adopted.
+#[tokio::test]
+async fn a_container_of_an_earlier_placement_is_removed_not_adopted() {
+    let agent = agent(Failpoints::none());
+    let running_at = |epoch: u64| {
+        move |requests: &[Request]| {
+            requests
+                .iter()
+                .filter(|r| {
+                    matches!(r, Request::Sandbox(_, report)
+                        if report.state == SandboxState::Running && report.epoch == epoch)
+                })
+                .count()
+        }
+    };
+    let placement = |epoch: u64| Assigned {
+        sandbox: assignment(ID, epoch, DesiredState::Running, SandboxState::Starting),
+        commands: Vec::new(),
+        reports_before: FRESH,
+    };
+    // Launched for epoch 1; then the runner process goes (the container
+    // stays), and comes back with the same placement: adopted.
+    for run in 1..=2 {
+        let (assign, task) = worker(&agent, placement(1));
+        agent
+            .control
+            .wait_until("running reported", |r| running_at(1)(r) == run)
+            .await;
+        drop(assign);
+        task.await.expect("the worker ends with its runner");
+    }
+    assert_eq!(agent.runtime.calls(), [Call::Launch(ID.to_owned())]);
+    assert_eq!(running_at(1)(&agent.control.requests()), 2);
+
+    // A new placement on this runner: the old container goes first.
+    let (_assign, _task) = worker(&agent, placement(2));
+    agent
+        .control
+        .wait_until("running reported at epoch 2", |r| running_at(2)(r) > 0)
+        .await;
+    assert_eq!(
+        agent.runtime.calls(),
+        [
+            Call::Launch(ID.to_owned()),
+            Call::Delete(ID.to_owned()),
+            Call::Launch(ID.to_owned()),
+        ]
+    );
 }

@@ -17,6 +17,11 @@
 //!                               restore (the store went away mid-wake) is
 //!                               finished by the next attempt, never kept
 //!                               aside as if it held work
+//! DIR/home-state/ID.securing    the root a securing uploaded, written before
+//!                               its commit: a copy kept aside after a crash
+//!                               there names it, so the server can tell a
+//!                               copy of the committed save from one with
+//!                               unsaved writes
 //! DIR/home-state/ID.kept.NAME   a kept copy's secured root (empty: the
 //!                               copy may hold anything)
 //! DIR/homes/ID                  homes of the earlier layout (plain), used
@@ -53,6 +58,9 @@ use oci::{Error, Result};
 
 /// The device number every index key of a home is taken with.
 const INDEX_DEV: u64 = 0;
+
+/// How the snapshots of running saves are named: `save-EPOCH-MS`.
+const SAVE_SNAPSHOT_PREFIX: &str = "save-";
 
 /// Why a save did not complete.
 #[derive(Debug)]
@@ -119,11 +127,15 @@ pub(crate) struct Homes {
     state: PathBuf,
     cache: PathBuf,
     excludes: Excludes,
-    /// Crash-safety tests only: `runner:save_before_upload`,
-    /// `runner:save_mid_upload`, `runner:save_before_commit`,
-    /// `runner:save_after_commit` kill the runner at that point of a
-    /// running save (as a crash would), `runner:secure_before_upload`
-    /// while a stop secures the home.
+    /// Crash-safety tests only (`crates/cli/tests/it/fault_matrix.rs`):
+    /// `runner:save_before_upload`, `runner:save_mid_upload`,
+    /// `runner:save_before_commit`, `runner:save_after_commit` kill the
+    /// runner at that point of a running save (as a crash would);
+    /// `runner:secure_before_upload`, `runner:secure_before_commit` (the
+    /// home uploaded, not committed) and `runner:secure_after_commit` (the
+    /// server committed it; the runner has neither recorded the root it
+    /// secured nor reported `stopped`) at that point of a stop's securing.
+    /// (`runner:save_mid_upload` fires in any upload, securing included.)
     failpoint: Failpoints,
 }
 
@@ -271,6 +283,10 @@ impl Homes {
         self.path(id).is_ok_and(|home| home.is_dir())
     }
 
+    fn securing_path(&self, id: &str) -> PathBuf {
+        self.state.join(format!("{id}.securing"))
+    }
+
     fn org(org: &str) -> Result<OrgId> {
         org.parse()
             .map_err(|_| Error::Invalid(format!("org {org:?} is not a store org")))
@@ -324,6 +340,9 @@ impl Homes {
             }
             home = self.volumes.create(&id)?;
         }
+        // From here the home runs or is made another tree: a securing's
+        // root no longer names it.
+        let _ = std::fs::remove_file(self.securing_path(&id));
         let Some(root) = sandbox.home_root.clone() else {
             if restoring.exists() {
                 // Part of a tree the record no longer names: it starts empty.
@@ -440,6 +459,7 @@ impl Homes {
                     error: None,
                     snapshot_ms: None,
                     uploaded_bytes: None,
+                    securing: false,
                 },
             );
             let id = id.to_owned();
@@ -514,7 +534,8 @@ impl Homes {
 
     /// Asks the server to commit `root` as the home's last completed save.
     /// `snapshot`: how long a running home's snapshot took (none when
-    /// securing a stopped one); `uploaded_bytes`: what the upload stored.
+    /// securing a stopped one, which the report then says it is);
+    /// `uploaded_bytes`: what the upload stored.
     async fn commit(
         control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,
@@ -534,6 +555,8 @@ impl Homes {
             error: None,
             snapshot_ms: snapshot.map(|took| took.as_secs_f64() * 1000.0),
             uploaded_bytes: Some(uploaded_bytes),
+            // No snapshot: the home of a stopped sandbox, secured.
+            securing: snapshot.is_none(),
         };
         match control
             .runner_report_save(&sandbox.sandbox_id, &report)
@@ -567,6 +590,7 @@ impl Homes {
             error: Some(error.to_owned()),
             snapshot_ms: None,
             uploaded_bytes: None,
+            securing: false,
         };
         match control
             .runner_report_save(&sandbox.sandbox_id, &report)
@@ -589,8 +613,9 @@ impl Homes {
         runner_id: &str,
     ) -> Result<Duration, SaveFailure> {
         let id = sandbox.sandbox_id.clone();
+        self.drop_save_snapshots(&id);
         let name = format!(
-            "save-{}-{}",
+            "{SAVE_SNAPSHOT_PREFIX}{}-{}",
             sandbox.epoch,
             ms_since_epoch(SystemTime::now())
         );
@@ -674,6 +699,13 @@ impl Homes {
         let root = report
             .root
             .ok_or_else(|| SaveFailure::Failed("the upload gave no root".to_owned()))?;
+        // Should this runner die between here and recording the root as
+        // secured, the copy it keeps aside then names this tree: the
+        // server knows whether it committed it (a copy of the last
+        // completed save may go once the sandbox runs from the store).
+        let securing = self.securing_path(&id);
+        oci::host::write_durably(&securing, root.to_hex().as_bytes())?;
+        self.failpoint.hit("runner:secure_before_commit");
         Self::commit(
             control,
             sandbox,
@@ -684,8 +716,10 @@ impl Homes {
             report.bytes_uploaded,
         )
         .await?;
+        self.failpoint.hit("runner:secure_after_commit");
         let secured = self.secured_path(&id);
         std::fs::write(&secured, root.to_hex()).map_err(|e| Error::io("write", &secured, e))?;
+        let _ = std::fs::remove_file(&securing);
         tracing::info!(sandbox_id = %id, %root, files_hashed = report.files_hashed, blocks_uploaded = report.blocks_uploaded, "home secured");
         Ok(())
     }
@@ -791,7 +825,12 @@ impl Homes {
             return Ok(None);
         }
         let name = format!("k{}", ms_since_epoch(SystemTime::now()));
-        let secured = std::fs::read_to_string(self.secured_path(id)).unwrap_or_default();
+        // The root a stop secured, else the one a securing cut short had
+        // uploaded (committed or not: the server compares).
+        let mut secured = std::fs::read_to_string(self.secured_path(id)).unwrap_or_default();
+        if secured.trim().is_empty() {
+            secured = std::fs::read_to_string(self.securing_path(id)).unwrap_or_default();
+        }
         let state = self.kept_state_path(id, &name);
         oci::host::write_durably(&state, secured.trim().as_bytes())?;
         self.volumes.keep(id, &name)?;
@@ -857,6 +896,21 @@ impl Homes {
         }
     }
 
+    /// Removes the snapshots of earlier saves of `id` that the runner died
+    /// (or the save was aborted) before deleting: only its own save reads a
+    /// save's snapshot, and a sandbox's saves run one at a time. Left, each
+    /// would hold the home's old data on this runner for as long as the
+    /// sandbox runs here. Snapshots being captured for `snapshot` stay.
+    fn drop_save_snapshots(&self, id: &str) {
+        if let Ok(names) = self.volumes.snapshots(id) {
+            for name in names.iter().filter(|n| n.starts_with(SAVE_SNAPSHOT_PREFIX)) {
+                if let Err(err) = self.volumes.delete_snapshot(id, name) {
+                    tracing::warn!(sandbox_id = %id, snapshot = %name, %err, "cannot delete an earlier save's snapshot");
+                }
+            }
+        }
+    }
+
     /// Removes snapshots an interrupted save left behind.
     fn drop_snapshots(&self, id: &str) {
         if let Ok(names) = self.volumes.snapshots(id) {
@@ -877,6 +931,7 @@ impl Homes {
             self.index_path(id),
             self.secured_path(id),
             self.restoring_path(id),
+            self.securing_path(id),
         ] {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}

@@ -452,9 +452,28 @@ impl Worker {
                 }
             }
         };
-        let seen = Seen::of(&observation);
-        self.last_seen = Some(seen);
+        let mut seen = Seen::of(&observation);
         let launched_here = self.launched_epoch == Some(sandbox.epoch);
+        if seen != Seen::Missing
+            && sandbox.state == SandboxState::Starting
+            && !launched_here
+            && self.launched_for_earlier_placement(sandbox.epoch)
+        {
+            // A container of a placement the server has since ended (this
+            // runner lost its lease; its init froze it), met by a new
+            // placement here: its processes are not this placement's (the
+            // record ended their commands), and its home may hold writes
+            // no save has. It goes before anything renews its lease (that
+            // would thaw it); the launch keeps the home aside and restores
+            // the record's.
+            tracing::warn!(sandbox_id = %self.id, epoch = sandbox.epoch, "a container of an earlier placement is here; removing it before this placement launches");
+            self.unwatch();
+            if let Err(err) = self.handle.delete().await {
+                return self.failed_step(sandbox, Step::Local(err)).await;
+            }
+            seen = Seen::Missing;
+        }
+        self.last_seen = Some(seen);
         let action = decide(sandbox.desired, sandbox.state, seen, launched_here);
         if action != Action::Idle {
             tracing::debug!(sandbox_id = %self.id, desired = %sandbox.desired, recorded = %sandbox.state, ?seen, ?action, "acting");
@@ -812,6 +831,7 @@ impl Worker {
             }
             Err(NotReady::Failed(err)) => return Err(Step::Local(err)),
         }
+        self.record_placement(sandbox.epoch).map_err(Step::Local)?;
         let launched = {
             let Some(_thawed) = self.shared.fence.thawed().await else {
                 return Err(Step::Frozen);
@@ -847,6 +867,29 @@ impl Worker {
                 "the container is not running right after start".to_owned(),
             ))),
         }
+    }
+
+    /// Where the epoch of the placement the container was launched for is
+    /// kept (outside the bundle, which a create clears).
+    fn placement_path(&self) -> PathBuf {
+        self.handle.paths().dir().join("placement")
+    }
+
+    /// Records, before a launch, the placement it is for.
+    fn record_placement(&self, epoch: u64) -> Result<(), Error> {
+        let dir = self.handle.paths().dir();
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        oci::host::write_durably(&self.placement_path(), epoch.to_string().as_bytes())
+    }
+
+    /// Whether the container here was launched for a placement older than
+    /// `epoch`. Unknown (no record: launched before this was recorded) is
+    /// no: such a container is adopted, as it always was.
+    fn launched_for_earlier_placement(&self, epoch: u64) -> bool {
+        std::fs::read_to_string(self.placement_path())
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .is_some_and(|launched| launched < epoch)
     }
 
     async fn start(&mut self, sandbox: &SandboxAssignment) -> Result<(), Step> {

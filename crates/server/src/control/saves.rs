@@ -14,6 +14,10 @@
 //!    `fenced` and the record keeps the previous save);
 //! 4. the store home `{id}` is pointed at it.
 //!
+//! A stop's securing that commits says so in the sandbox's history
+//! (`securing_committed`): should its runner be lost before it reports
+//! `stopped`, the lease watcher knows the home was secured.
+//!
 //! Every root the record can name is pinned by `{id}` or `{id}-next`, so
 //! gc never takes what a recovery would restore.
 
@@ -25,9 +29,10 @@ use super::runner_protocol::{check_placement, fenced, live_runner};
 use crate::db::now_ms;
 use crate::error::ControlError;
 use crate::limits;
-use crate::records::sandboxes::{SaveOutcome, record_save};
+use crate::records::sandboxes::{SaveOutcome, record_save, record_securing_committed};
 use crate::records::{SandboxRow, load_sandbox, not_found};
 use api::ErrorCode;
+use api::lifecycle::SandboxState;
 use api::runners::SaveReport;
 
 /// Longest error text kept on the record.
@@ -104,6 +109,15 @@ pub async fn report_save(
         return Err(fenced(
             "the placement moved on while the save was committed",
         ));
+    }
+    // A stop's securing committed: the home is secured from here on,
+    // whether or not its runner lives to report `stopped` (the lease
+    // watcher reads this event).
+    if let Some(root) = committed_root
+        && report.securing
+        && current.state == SandboxState::Securing
+    {
+        record_securing_committed(&mut tx, &current, &root.to_hex()).await?;
     }
     let record = load_sandbox(&mut tx, id)
         .await?

@@ -623,6 +623,46 @@ pub async fn record_lost_save(tx: &mut WriteTx, id: &str, error: &str) -> Result
     Ok(())
 }
 
+/// The reason of the event that says a stop's securing committed: the
+/// home is in the store as the stop left it.
+pub const SECURING_COMMITTED: &str = "securing_committed";
+
+/// A stop's securing committed `root`: said in the sandbox's history, so
+/// that the lease watcher knows the home is secured should the runner be
+/// lost before it reports `stopped` ([`securing_committed`]).
+pub async fn record_securing_committed(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    root: &str,
+) -> Result<(), sqlx::Error> {
+    let message = format!("the stop's securing committed the home to the store as {root}");
+    note(
+        tx,
+        row,
+        SECURING_COMMITTED,
+        &message,
+        row.runner_id.as_deref(),
+    )
+    .await
+}
+
+/// Whether the securing of the sandbox's placement at `epoch` committed.
+pub async fn securing_committed(
+    tx: &mut WriteTx,
+    id: &str,
+    epoch: i64,
+) -> Result<bool, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT COUNT(*) AS n FROM (SELECT 1 FROM events WHERE sandbox_id = $1 AND epoch = $2 AND reason = $3 LIMIT 1) AS committed",
+    )
+    .bind(id)
+    .bind(epoch)
+    .bind(SECURING_COMMITTED)
+    .fetch_one(&mut *tx.tx)
+    .await?;
+    Ok(row.try_get::<i64, _>("n")? > 0)
+}
+
 /// Whether the sandbox was ever placed on `runner_id` (its events name
 /// every runner it ran on): what a runner's report of a copy of its home
 /// must satisfy, so no runner can attach itself to another's sandbox.

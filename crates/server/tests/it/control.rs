@@ -1137,3 +1137,135 @@ async fn a_starting_sandbox_waiting_for_the_store_says_so_once_per_reason() {
         assert_eq!(events, expected, "{}", plane.engine());
     }
 }
+
+impl Plane {
+    /// A one-file tree uploaded to the plane's store (as a runner's upload
+    /// through the block service would leave it); its root.
+    fn upload_home(&self, org: &str, content: &str) -> String {
+        let dir = tempfile::tempdir().expect("a home");
+        std::fs::write(dir.path().join("work.txt"), content).expect("a file");
+        let store = self.state.store.clone().expect("a store");
+        let org: store::OrgId = org.parse().expect("a store org");
+        let upload = store::push::upload_tree(
+            &*store,
+            &org,
+            dir.path(),
+            &store::push::UploadOptions::everything(),
+            &store::progress::NoProgress,
+        )
+        .expect("uploaded");
+        let report = upload.finish().expect("finished");
+        report.root.expect("a root").to_hex()
+    }
+
+    /// The runner's save report of a completed save of `root`.
+    async fn commit_save(
+        &self,
+        row: &SandboxRow,
+        runner: &str,
+        root: &str,
+        securing: bool,
+    ) -> Result<SandboxRow, server::control::ControlError> {
+        let report = api::runners::SaveReport {
+            runner_id: runner.to_owned(),
+            epoch: row.epoch as u64,
+            outcome: "completed".to_owned(),
+            root: Some(root.to_owned()),
+            captured_at_ms: Some(server::db::now_ms()),
+            bytes_pending: None,
+            error: None,
+            snapshot_ms: None,
+            uploaded_bytes: Some(1),
+            securing,
+        };
+        server::control::saves::report_save(&self.state, &row.id, &report).await
+    }
+}
+
+/// Issue 13, point 10 (the fault matrix's `runner:secure_after_commit`): a
+/// runner lost after its stop's securing committed, before it reported
+/// `stopped`. The record said `recovering` with `save.state: failing` and
+/// "securing did not complete … before the home was committed", of a home
+/// that was. The commit now says so in the history, and the lease watcher
+/// records the sandbox `stopped` (`node_lost`), its save intact; one
+/// started again meanwhile is `recovering`, from that save.
+#[tokio::test]
+async fn a_runner_lost_after_its_securing_committed_leaves_the_sandbox_stopped_and_its_save_intact()
+{
+    for plane in planes_with("securedlost", true).await {
+        let org = plane.org("org_s", None).await;
+        let runner = plane.runner(4).await;
+        for wanted_again in [false, true] {
+            let row = plane.create_durable(&org).await;
+            let row = plane
+                .report(&row, &runner, SandboxState::Running)
+                .await
+                .expect("running");
+            // A running save's commit is not a securing's.
+            let running_root = plane.upload_home(&org, "running\n");
+            plane
+                .commit_save(&row, &runner, &running_root, false)
+                .await
+                .expect("a running save");
+            plane.change(&org, &row.id, "stop").await.expect("stop");
+            let row = plane
+                .report(&row, &runner, SandboxState::Stopping)
+                .await
+                .expect("stopping");
+            let row = plane
+                .report(&row, &runner, SandboxState::Securing)
+                .await
+                .expect("securing");
+            let secured_root = plane.upload_home(&org, &format!("secured {wanted_again}\n"));
+            let secured = plane
+                .commit_save(&row, &runner, &secured_root, true)
+                .await
+                .expect("the securing commits");
+            assert_eq!(secured.state, SandboxState::Securing);
+            let events = plane.events(&row.id).await;
+            assert_eq!(
+                events.last(),
+                Some(&("securing".to_owned(), Some("securing_committed".to_owned()))),
+                "{events:?}"
+            );
+            if wanted_again {
+                plane.change(&org, &row.id, "start").await.expect("start");
+            }
+
+            plane.lose(&runner).await;
+            let lost = plane.load(&row.id).await;
+            let record = lost.to_api();
+            let save = record.save.clone().expect("a save status");
+            assert_eq!(save.state, "ok", "{}: {save:?}", plane.engine());
+            assert_eq!(save.last_error, None);
+            assert_eq!(save.root.as_deref(), Some(secured_root.as_str()));
+            assert_eq!(record.state_reason.as_deref(), Some("node_lost"));
+            assert_eq!(lost.runner_id, None);
+            if wanted_again {
+                // Placed again from the secured save.
+                assert_eq!(record.state, SandboxState::Recovering, "{record:?}");
+                let recovery = record.recovery.expect("what it restores");
+                assert_eq!(recovery.root.as_deref(), Some(secured_root.as_str()));
+            } else {
+                assert_eq!(record.state, SandboxState::Stopped, "{record:?}");
+                assert_eq!(lost.epoch, row.epoch);
+                // A late report of the lost placement changes nothing.
+                let late = plane.report(&row, &runner, SandboxState::Stopped).await;
+                assert_eq!(code(late), ErrorCode::Fenced);
+                let runner = plane.register(Some(&runner), 4).await;
+                let started = plane.change(&org, &row.id, "start").await.expect("start");
+                assert_eq!(started.state, SandboxState::Starting, "placed at once");
+                let assignments = runner_protocol::read_assignments(&plane.state, &runner)
+                    .await
+                    .expect("assignments");
+                let assigned = assignments
+                    .sandboxes
+                    .iter()
+                    .find(|s| s.sandbox_id == row.id)
+                    .expect("assigned");
+                assert_eq!(assigned.home_root.as_deref(), Some(secured_root.as_str()));
+            }
+            plane.register(Some(&runner), 4).await;
+        }
+    }
+}

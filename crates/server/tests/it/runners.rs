@@ -156,6 +156,7 @@ async fn a_runner_cannot_read_or_report_as_another_runner() {
         error: Some("forged".to_owned()),
         snapshot_ms: None,
         uploaded_bytes: None,
+        securing: false,
     };
     assert_eq!(
         refused(b.client.runner_report_save(&sandbox.id, &save).await),
