@@ -26,6 +26,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("../migrations/0007_runner_credentials.sql")),
     (8, include_str!("../migrations/0008_kept_copies.sql")),
     (9, include_str!("../migrations/0009_salvage.sql")),
+    (10, include_str!("../migrations/0010_observed.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

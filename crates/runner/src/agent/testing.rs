@@ -812,6 +812,7 @@ impl ControlPlane for FakeControl {
                 lease_ttl_ms: LEASE_TTL_MS,
                 heartbeat_interval_ms: HEARTBEAT_MS,
                 freeze_after_ms: FREEZE_AFTER_MS,
+                stop_grace_ms: 0,
             })
         })
     }
@@ -1046,6 +1047,7 @@ fn shared_over(
         config,
         kept_syncing: Default::default(),
         reports_accepted: Default::default(),
+        stop_grace_ms: Default::default(),
     })
 }
 
