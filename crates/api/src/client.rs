@@ -805,6 +805,11 @@ impl Client {
         self.get(&["v1", "whoami"], &[]).await
     }
 
+    /// `GET /v1/deployment`: what the deployment promises and observed.
+    pub async fn deployment(&self) -> Result<crate::deployment::Deployment, ClientError> {
+        self.get(&["v1", "deployment"], &[]).await
+    }
+
     /// `POST /v1/blocks/{org}/missing`: which of `objects` (`blocks/HEX`,
     /// `trees/HEX`) the org's store lacks.
     pub async fn missing_objects(

@@ -67,6 +67,10 @@ pub struct RegisterResponse {
     /// a heartbeat interval, so the freeze lands before the server could
     /// count the lease expired.
     pub freeze_after_ms: u64,
+    /// Between a stop's SIGTERM and its SIGKILL of a workload, the
+    /// deployment's `--stop-grace` (0: the runner's own default).
+    #[serde(default)]
+    pub stop_grace_ms: u64,
 }
 
 /// `POST /v1/runner/heartbeat`

@@ -191,6 +191,7 @@ pub struct KeptCopy {
 /// store and committed; `last_completed_at` is when it captured the home.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SaveStatus {
+    /// Seconds between saves while the sandbox runs.
     pub interval_s: u64,
     /// `ok`, `delayed` (no save completed within twice the interval) or
     /// `failing` (the last attempt failed: `last_error`).
@@ -202,6 +203,17 @@ pub struct SaveStatus {
     pub bytes_pending: Option<u64>,
     /// The root tree of the last completed save.
     pub root: Option<String>,
+    /// RFC 3339: everything written to the home before this instant is in
+    /// a completed save (the last one's capture time); null until a save
+    /// completes. It only moves forward, with each completed save.
+    #[serde(default)]
+    pub safe_until: Option<String>,
+    /// Seconds of work a host failure would cost at this moment: since
+    /// `safe_until` (since creation before the first save) while the home
+    /// is live on a runner (`starting`, `running`, `stopping`,
+    /// `securing`); 0 otherwise (no workload writes to it).
+    #[serde(default)]
+    pub at_risk_s: f64,
 }
 
 /// `GET /v1/sandboxes`

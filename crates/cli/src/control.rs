@@ -60,6 +60,10 @@ pub struct ServerArgs {
     save_interval_min: std::time::Duration,
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     save_interval_max: std::time::Duration,
+    /// How long a stop waits between SIGTERM and SIGKILL of a sandbox's
+    /// workload (runners take it from the server).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    stop_grace: std::time::Duration,
 }
 
 /// `roost admin runner drain|preempt|undrain ID`.
@@ -243,6 +247,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     config.save_interval = args.save_interval;
     config.save_interval_min = args.save_interval_min;
     config.save_interval_max = args.save_interval_max;
+    config.stop_grace = args.stop_grace;
     config.retention = args.retention;
     config.lease_ttl = args.lease_ttl;
     config.fence_margin = args.fence_margin;

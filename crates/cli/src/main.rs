@@ -6,6 +6,7 @@ mod credentials;
 mod exec;
 mod home;
 mod image;
+mod info;
 mod output;
 mod runner;
 mod sandbox;
@@ -60,6 +61,10 @@ enum Command {
     /// Run the agent on a host: register with the control plane and run
     /// the sandboxes it places here.
     Runner(runner::RunnerArgs),
+    /// What the deployment promises (save interval, leases, where the
+    /// store lives), what a host failure can cost, and what it observed
+    /// (any token).
+    Info(info::InfoArgs),
     /// Run everything on this machine in one process: the control plane,
     /// one runner and a local home store; saves the URL and an org token
     /// for the CLI.
@@ -108,6 +113,7 @@ fn main() -> std::process::ExitCode {
         Command::Cmd(command) => exec::run_command(command),
         Command::Runner(args) => runner::run(args),
         Command::Up(args) => up::run(args),
+        Command::Info(args) => info::run(args),
     };
     match result {
         Ok(code) => code,

@@ -661,6 +661,26 @@ fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
         ("image", sandbox.image.clone()),
         ("storage class", sandbox.storage_class.to_string()),
         ("save", save),
+        (
+            "safe until",
+            match &sandbox.save {
+                None => "-".to_owned(),
+                Some(save) => match &save.safe_until {
+                    Some(at) => at.clone(),
+                    None => "- (no save completed yet)".to_owned(),
+                },
+            },
+        ),
+        (
+            "at risk",
+            match &sandbox.save {
+                None => "-".to_owned(),
+                Some(save) => format!(
+                    "{} of work a host failure would lose now",
+                    api::deployment::seconds_text(save.at_risk_s.round())
+                ),
+            },
+        ),
         ("from snapshot", or_dash(sandbox.from_snapshot.as_deref())),
         (
             "resources",

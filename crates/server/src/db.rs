@@ -27,6 +27,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (8, include_str!("../migrations/0008_kept_copies.sql")),
     (9, include_str!("../migrations/0009_salvage.sql")),
     (10, include_str!("../migrations/0010_state_message.sql")),
+    (11, include_str!("../migrations/0011_observed.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

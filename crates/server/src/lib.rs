@@ -68,6 +68,9 @@ pub struct Config {
     pub save_interval: Duration,
     pub save_interval_min: Duration,
     pub save_interval_max: Duration,
+    /// Between a stop's SIGTERM and its SIGKILL of a workload; runners take
+    /// it from the server when they register.
+    pub stop_grace: Duration,
     /// Crash-safety tests only: the fault point armed
     /// (`ROOST_FAILPOINT`), e.g. `after_commit:create_sandbox`.
     pub failpoint: api::failpoint::Failpoints,
@@ -90,6 +93,7 @@ impl Config {
             save_interval: Duration::from_secs(300),
             save_interval_min: Duration::from_secs(10),
             save_interval_max: Duration::from_secs(24 * 3600),
+            stop_grace: Duration::from_secs(10),
             failpoint: api::failpoint::Failpoints::none(),
         }
     }

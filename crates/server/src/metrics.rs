@@ -214,7 +214,14 @@ impl Metrics {
     }
 
     /// The exposition text; `sandboxes` are (state, count) from the records.
-    pub fn render(&self, sandboxes: &[(String, i64)], waiters: usize, lag: &SaveLag) -> String {
+    /// `at_risk_s`: the fleet's worst `save.at_risk_s`, from the records.
+    pub fn render(
+        &self,
+        sandboxes: &[(String, i64)],
+        waiters: usize,
+        lag: &SaveLag,
+        at_risk_s: f64,
+    ) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -380,6 +387,12 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE roost_saves_delayed gauge");
         let _ = writeln!(out, "roost_saves_delayed {}", lag.delayed);
+        let _ = writeln!(
+            out,
+            "# HELP roost_save_at_risk_seconds_max The most work a host failure would cost a durable home now: the largest save.at_risk_s across the fleet."
+        );
+        let _ = writeln!(out, "# TYPE roost_save_at_risk_seconds_max gauge");
+        let _ = writeln!(out, "roost_save_at_risk_seconds_max {at_risk_s}");
         let _ = writeln!(
             out,
             "# HELP roost_long_poll_waiters Requests waiting in a long-poll."

@@ -54,6 +54,7 @@ use utoipa::{Modify, OpenApi};
         crate::http::blocks::get,
         crate::http::blocks::fetch,
         crate::http::meta::whoami,
+        crate::http::meta::deployment,
         crate::http::meta::metrics,
         crate::http::meta::openapi,
         crate::http::meta::health,
@@ -96,6 +97,13 @@ use utoipa::{Modify, OpenApi};
         api::runners::SandboxReport,
         api::runners::CommandReport,
         api::orgs::Whoami,
+        api::deployment::Deployment,
+        api::deployment::Configured,
+        api::deployment::StoreLocation,
+        api::deployment::Bounds,
+        api::deployment::AfterHostLoss,
+        api::deployment::Observed,
+        api::deployment::Figure,
         api::sandboxes::SaveStatus,
         api::sandboxes::Recovery,
         api::sandboxes::KeptCopy,
@@ -135,7 +143,9 @@ pub const RUNNER_CREDENTIAL: &str = "runner_credential";
 pub fn tokens_for(path: &str) -> &'static [&'static str] {
     match path {
         "/healthz" | "/metrics" | "/v1/openapi.json" => &[],
-        "/v1/whoami" => &[ADMIN_TOKEN, ORG_TOKEN, RUNNER_TOKEN, RUNNER_CREDENTIAL],
+        "/v1/whoami" | "/v1/deployment" => {
+            &[ADMIN_TOKEN, ORG_TOKEN, RUNNER_TOKEN, RUNNER_CREDENTIAL]
+        }
         "/v1/runner/register" => &[RUNNER_TOKEN, RUNNER_CREDENTIAL],
         _ if path.starts_with("/v1/admin/") => &[ADMIN_TOKEN],
         _ if path.starts_with("/v1/runner/") => &[RUNNER_CREDENTIAL],

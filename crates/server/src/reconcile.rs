@@ -396,6 +396,9 @@ async fn apply_retention(state: &AppState) -> Result<(), ControlError> {
     let keys_cutoff = now_ms() - IDEMPOTENCY_KEEP_MS.max(state.config.retention.as_millis() as i64);
     let mut tx = state.db.write().await?;
     crate::records::sandboxes::purge_deleted(&mut tx, keys_cutoff).await?;
+    // The saves' history serves the observed figures only.
+    let observed_since = now_ms() - crate::control::deployment::OBSERVED_WINDOW.as_millis() as i64;
+    crate::records::observed::prune_saves(&mut tx, observed_since).await?;
     let purged = sqlx::query(
         "DELETE FROM idempotency_keys WHERE created_at_ms < $1
          AND resource_id NOT IN (SELECT id FROM sandboxes WHERE ended_at_ms IS NULL OR ended_at_ms >= $1)

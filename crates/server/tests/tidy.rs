@@ -60,6 +60,8 @@ fn only_records_writes_sandboxes_commands_events_snapshots_and_runners() {
         "UPDATE kept_copies",
         "INSERT INTO kept_copies",
         "DELETE FROM kept_copies",
+        "INSERT INTO saves",
+        "DELETE FROM saves",
     ];
     const PLACEMENT_LOCK: &str = "UPDATE runners SET placements = placements + 1";
     let mut found = Vec::new();

@@ -1183,3 +1183,197 @@ async fn a_home_with_a_corrupt_object_fails_naming_the_object_not_a_setting() {
     );
     assert_eq!(failed["state_message"], message.as_str(), "{failed}");
 }
+
+/// The `roost` binary against the fleet's server with its org token.
+fn roost_output(fleet: &Fleet, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(crate::harness::BIN)
+        .args(args)
+        .env("ROOST_URL", &fleet.plane.server.url)
+        .env("ROOST_TOKEN", &fleet.api().token)
+        .env_remove("ROOST_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run roost")
+}
+
+fn roost_json(fleet: &Fleet, args: &[&str]) -> Value {
+    let output = roost_output(fleet, args);
+    assert!(
+        output.status.success(),
+        "roost {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("one JSON document")
+}
+
+/// Seconds since the Unix epoch of an RFC 3339 time.
+fn unix_seconds(rfc3339: &str) -> f64 {
+    humantime::parse_rfc3339_weak(rfc3339)
+        .expect("an RFC 3339 time")
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64()
+}
+
+fn now_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64()
+}
+
+/// Issue 23: `roost info` states the flags the server runs with and what
+/// follows from them; `save.safe_until` moves forward with each completed
+/// save and never past the last one, `save.at_risk_s` counts from it, and
+/// `/metrics` exports the fleet's worst; after saves, a stop and start and
+/// a forced host loss, the observed figures are present and plausible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deployment_publishes_what_a_host_failure_can_cost() {
+    let mut fleet = Fleet::start(&[
+        "--save-interval",
+        "7s",
+        "--stop-grace",
+        "4s",
+        "--fence-margin",
+        "1500ms",
+    ])
+    .await;
+    let info = roost_json(&fleet, &["info", "--json"]);
+    let configured = &info["configured"];
+    assert_eq!(configured["save_interval_s"], 7.0, "{info}");
+    assert_eq!(configured["save_interval_min_s"], 1.0, "{info}");
+    assert_eq!(configured["stop_grace_s"], 4.0, "{info}");
+    assert_eq!(configured["fence_margin_s"], 1.5, "{info}");
+    assert_eq!(configured["lease_ttl_s"], 3.0, "{info}");
+    assert_eq!(configured["heartbeat_interval_s"], 1.0, "{info}");
+    assert_eq!(configured["freeze_after_s"], 2.0, "{info}");
+    // lease + margin − a heartbeat, to lease + margin + a reconcile pass.
+    assert_eq!(info["bounds"]["detection_min_s"], 3.5, "{info}");
+    assert_eq!(info["bounds"]["detection_max_s"], 5.5, "{info}");
+    assert_eq!(info["store"]["kind"], "local", "{info}");
+    assert_eq!(info["after_host_loss"]["commands_rerun"], false, "{info}");
+    assert_eq!(info["observed"]["save_duration"]["count"], 0, "{info}");
+    assert!(
+        info["observed"]["save_duration"]["p50_s"].is_null(),
+        "{info}"
+    );
+
+    let first = fleet.runner("a");
+    let id = fleet
+        .create(json!({"storage_class": "durable", "save_interval_s": 1}))
+        .await;
+    // safe_until: the last completed save's capture, moving forward only.
+    let mut seen: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while seen.len() < 3 {
+        assert!(Instant::now() < deadline, "fewer than 3 saves: {seen:?}");
+        let asked_at = now_seconds();
+        let sandbox = fleet.get(&id).await;
+        let save = &sandbox["save"];
+        let at_risk = save["at_risk_s"].as_f64().expect("at_risk_s");
+        if let Some(safe) = save["safe_until"].as_str() {
+            assert_eq!(save["last_completed_at"], safe, "{sandbox}");
+            assert!(unix_seconds(safe) <= now_seconds(), "{sandbox}");
+            if let Some(last) = seen.last() {
+                assert!(
+                    unix_seconds(safe) >= unix_seconds(last),
+                    "went back: {sandbox}"
+                );
+            }
+            if sandbox["state"] == "running" {
+                // At least the time since safe_until when we asked (ms
+                // rounding aside), and bounded while saves succeed.
+                let since = asked_at - unix_seconds(safe);
+                assert!(at_risk >= since - 0.01, "{at_risk} < {since}: {sandbox}");
+                assert!(at_risk < 60.0, "{sandbox}");
+            }
+            if seen.last().map(String::as_str) != Some(safe) {
+                seen.push(safe.to_owned());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let text = roost_output(&fleet, &["sandbox", "get", &id]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("safe until") && text.contains("at risk"),
+        "{text}"
+    );
+    let metrics = fleet.api().get("/metrics").await;
+    let metrics = String::from_utf8_lossy(&metrics.bytes);
+    let worst: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("roost_save_at_risk_seconds_max "))
+        .and_then(|v| v.parse().ok())
+        .expect("roost_save_at_risk_seconds_max");
+    assert!(worst > 0.0 && worst < 60.0, "worst at risk {worst}");
+
+    // A stop secures the home (nothing at risk) and a start wakes it on
+    // the same runner.
+    let api = fleet.api();
+    api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
+    let stopped = wait_sandbox(api, &id, "stopped").await;
+    assert_eq!(stopped["state"], "stopped", "{stopped}");
+    assert_eq!(stopped["save"]["at_risk_s"], 0.0, "{stopped}");
+    assert!(
+        unix_seconds(stopped["save"]["safe_until"].as_str().expect("saved"))
+            >= unix_seconds(seen.last().expect("a save")),
+        "{stopped}"
+    );
+    api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
+    let running = wait_sandbox(api, &id, "running").await;
+    assert_eq!(running["state"], "running", "{running}");
+
+    // A forced host loss: recovered on another runner.
+    fleet.destroy(first);
+    let second = fleet.runner("b");
+    let api = fleet.api();
+    let on_second = fleet.runners[second].runner_id.clone();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let sandbox = api.get(&format!("/v1/sandboxes/{id}")).await.body;
+            sandbox["state"] == "running" && sandbox["runner_id"] == on_second.as_str()
+        })
+        .await,
+        "the sandbox did not come back on the other runner: {}",
+        fleet.get(&id).await
+    );
+
+    let deployment = api.get("/v1/deployment").await.body;
+    let observed = &deployment["observed"];
+    let figure = |name: &str| -> (u64, f64, f64) {
+        let figure = &observed[name];
+        let count = figure["count"].as_u64().expect("count");
+        let p50 = figure["p50_s"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{name} p50: {deployment}"));
+        let max = figure["max_s"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{name} max: {deployment}"));
+        assert!(
+            0.0 <= p50 && p50 <= max && max < 120.0,
+            "{name}: {deployment}"
+        );
+        (count, p50, max)
+    };
+    let (saves, _, longest) = figure("save_duration");
+    assert!(saves >= 3, "{deployment}");
+    let (lags, lag_p50, _) = figure("save_lag");
+    // Each save starts an interval (1 s) after the one before ended.
+    assert!(lags >= 2 && lag_p50 >= 0.9, "{deployment}");
+    let (recoveries, _, recovery_max) = figure("host_loss_to_running");
+    assert!(recoveries >= 1 && recovery_max > 0.0, "{deployment}");
+    let (same, _, _) = figure("wake_same_runner");
+    assert!(same >= 1, "{deployment}");
+    let (other, _, _) = figure("wake_other_runner");
+    assert!(other >= 1, "{deployment}");
+    let bounds = &deployment["bounds"];
+    assert_eq!(bounds["longest_save_s"], longest, "{deployment}");
+    assert_eq!(
+        bounds["durable_loss_max_s"],
+        7.0 + 2.0 * longest,
+        "{deployment}"
+    );
+}

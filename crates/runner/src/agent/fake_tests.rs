@@ -31,7 +31,7 @@ use super::control::ControlPlane;
 use super::sandbox::{self, Assigned};
 use super::testing::{
     Agent, Call, ExecScript, FAKE_CREDENTIAL, FREEZE_AFTER_MS, HEARTBEAT_MS, Kind, LEASE_TTL_MS,
-    Request, Scripted, agent, assignment, command, settle,
+    Request, STOP_GRACE_MS, Scripted, agent, assignment, command, settle,
 };
 use super::{AgentError, assignments_loop, fence, heartbeats, notify_preemption, register};
 
@@ -1298,5 +1298,17 @@ async fn a_container_of_an_earlier_placement_is_removed_not_adopted() {
             Call::Delete(ID.to_owned()),
             Call::Launch(ID.to_owned()),
         ]
+    );
+}
+
+#[tokio::test]
+async fn a_stop_waits_the_grace_the_server_answered_at_registration() {
+    let agent = agent(Failpoints::none());
+    assert_eq!(agent.shared.stop_grace(), agent.shared.config.stop_grace);
+    register(&agent.shared).await.expect("registered");
+    assert_eq!(
+        agent.shared.stop_grace(),
+        Duration::from_millis(STOP_GRACE_MS),
+        "what the deployment publishes is what its runners do"
     );
 }

@@ -311,6 +311,9 @@ pub(crate) struct Shared {
     /// assignment asked for before a worker's report was accepted may not
     /// show that report (see `sandbox::Assigned::reports_before`).
     pub(crate) reports_accepted: AtomicU64,
+    /// The deployment's stop grace in ms, as the server answered the last
+    /// registration (0: `config.stop_grace`).
+    stop_grace_ms: AtomicU64,
 }
 
 impl Shared {
@@ -319,6 +322,16 @@ impl Shared {
             .lock()
             .map(|id| id.clone())
             .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+    }
+
+    /// Between a stop's SIGTERM and its SIGKILL: the server's
+    /// `--stop-grace` once registered, so what the deployment publishes is
+    /// what its runners do.
+    pub(crate) fn stop_grace(&self) -> Duration {
+        match self.stop_grace_ms.load(Ordering::Relaxed) {
+            0 => self.config.stop_grace,
+            ms => Duration::from_millis(ms),
+        }
     }
 
     fn set_runner_id(&self, id: &str) {
@@ -420,6 +433,9 @@ async fn register(shared: &Shared) -> Result<u64, AgentError> {
         });
     }
     shared.set_runner_id(&registered.runner_id);
+    shared
+        .stop_grace_ms
+        .store(registered.stop_grace_ms, Ordering::Relaxed);
     let freeze_after_ms = match registered.freeze_after_ms {
         // Not given: the server's own rule.
         0 => registered.lease_ttl_ms * 2 / 3,
@@ -551,6 +567,7 @@ async fn run_agent(
         config,
         kept_syncing: Arc::new(AtomicBool::new(false)),
         reports_accepted: AtomicU64::new(0),
+        stop_grace_ms: AtomicU64::new(0),
     });
     tracing::info!(
         runtime = shared.runtime.name(),

@@ -997,7 +997,7 @@ impl Worker {
         }
         self.unwatch();
         self.handle
-            .stop(self.shared.config.stop_grace)
+            .stop(self.shared.stop_grace())
             .await
             .map_err(Step::Local)?;
         self.finish(sandbox, end).await

@@ -689,6 +689,8 @@ pub(crate) const FAKE_CREDENTIAL: &str = "roost_runnercred_fake";
 pub(crate) const LEASE_TTL_MS: u64 = 9_000;
 pub(crate) const HEARTBEAT_MS: u64 = 3_000;
 pub(crate) const FREEZE_AFTER_MS: u64 = 6_000;
+/// The deployment's stop grace, as registration answers it.
+pub(crate) const STOP_GRACE_MS: u64 = 4_000;
 
 impl FakeControl {
     pub(crate) fn new(clock: Arc<ManualClock>) -> Arc<FakeControl> {
@@ -812,6 +814,7 @@ impl ControlPlane for FakeControl {
                 lease_ttl_ms: LEASE_TTL_MS,
                 heartbeat_interval_ms: HEARTBEAT_MS,
                 freeze_after_ms: FREEZE_AFTER_MS,
+                stop_grace_ms: STOP_GRACE_MS,
             })
         })
     }
@@ -1046,6 +1049,7 @@ fn shared_over(
         config,
         kept_syncing: Default::default(),
         reports_accepted: Default::default(),
+        stop_grace_ms: Default::default(),
     })
 }
 

@@ -17,10 +17,12 @@
 //! - [`blocks`]: the block service (an org's objects, checked on upload).
 //! - [`home_store`]: the content store as the control plane uses it.
 //! - [`kept`]: homes runners set aside (kept copies): keep, discard, expire.
+//! - [`deployment`]: what the deployment promises, derives and observed.
 
 pub mod admission;
 pub mod blocks;
 pub mod commands;
+pub mod deployment;
 pub mod drain;
 pub mod home_store;
 pub mod images;

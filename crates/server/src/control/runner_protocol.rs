@@ -104,6 +104,7 @@ pub async fn register(
         lease_ttl_ms: lease_ms as u64,
         heartbeat_interval_ms: (lease_ms / 3) as u64,
         freeze_after_ms: crate::freeze_after(state.config.lease_ttl).as_millis() as u64,
+        stop_grace_ms: state.config.stop_grace.as_millis() as u64,
     })
 }
 

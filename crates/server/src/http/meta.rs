@@ -1,4 +1,4 @@
-//! `/v1/openapi.json`, `/metrics`, `/healthz`.
+//! `/v1/openapi.json`, `/v1/deployment`, `/metrics`, `/healthz`.
 
 use axum::extract::State;
 use axum::http::HeaderValue;
@@ -28,9 +28,13 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ControlE
             .filter(|(saved, interval)| now - saved > 2 * interval * 1000)
             .count() as i64,
     };
-    let text = state
-        .metrics
-        .render(&sandboxes, state.db.hub.waiters(), &lag);
+    let at_risk_ms = crate::records::observed::at_risk_ms_max(&state.db.pool, now).await?;
+    let text = state.metrics.render(
+        &sandboxes,
+        state.db.hub.waiters(),
+        &lag,
+        at_risk_ms as f64 / 1000.0,
+    );
     let mut response = text.into_response();
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,
@@ -60,4 +64,17 @@ pub async fn whoami(caller: Caller) -> axum::Json<api::orgs::Whoami> {
         org_id,
         runner_id,
     })
+}
+
+/// What the running deployment promises: its live configuration, the
+/// bounds that follow (each with its formula), and what its records
+/// observed. Any token.
+#[utoipa::path(get, path = "/v1/deployment", tag = "meta", responses((status = 200, body = api::deployment::Deployment), (status = 401, description = "error envelope", body = api::ErrorBody)))]
+pub async fn deployment(
+    State(state): State<AppState>,
+    _caller: Caller,
+) -> Result<axum::Json<api::deployment::Deployment>, ControlError> {
+    Ok(axum::Json(
+        crate::control::deployment::deployment(&state).await?,
+    ))
 }

@@ -122,6 +122,7 @@ pub fn router(state: AppState) -> Router {
             put(runner::append_output),
         )
         .route("/v1/whoami", get(meta::whoami))
+        .route("/v1/deployment", get(meta::deployment))
         .route("/v1/openapi.json", get(meta::openapi))
         .route("/metrics", get(meta::metrics))
         .route("/healthz", get(meta::health))

@@ -9,10 +9,13 @@
 //! - [`images`]: the image row.
 //! - [`runners`]: the runner row, its lease and drain.
 //! - [`kept`]: kept copies of homes on runners, and the record's list.
+//! - [`observed`]: saves' history and the reads behind the deployment's
+//!   observed figures.
 
 pub mod commands;
 pub mod images;
 pub mod kept;
+pub mod observed;
 pub mod runners;
 pub mod sandboxes;
 pub mod snapshots;

@@ -202,8 +202,29 @@ impl SandboxRow {
             last_error: self.home.save_error.clone(),
             bytes_pending: self.home.save_bytes_pending.map(|b| b.max(0) as u64),
             root: self.home.root.clone(),
+            safe_until: self.home.saved_at_ms.map(rfc3339),
+            at_risk_s: at_risk_ms(self.state, self.home.saved_at_ms, self.created_at_ms, now)
+                as f64
+                / 1000.0,
         })
     }
+}
+
+/// What a host failure would cost a durable home at `now`, in ms: the
+/// writes since its last completed save's capture (since creation before
+/// the first) while the home is live on a runner; nothing otherwise (a
+/// stopped home was secured, a recovering one is restored from the store,
+/// a pending one was never written).
+pub fn at_risk_ms(
+    state: SandboxState,
+    saved_at_ms: Option<i64>,
+    created_at_ms: i64,
+    now: i64,
+) -> i64 {
+    if !state.runner_at_work() {
+        return 0;
+    }
+    (now - saved_at_ms.unwrap_or(created_at_ms)).max(0)
 }
 
 pub async fn load_sandbox(tx: &mut WriteTx, id: &str) -> Result<Option<SandboxRow>, sqlx::Error> {
@@ -563,6 +584,13 @@ pub async fn record_save(
     outcome: SaveOutcome,
 ) -> Result<bool, sqlx::Error> {
     let now = now_ms();
+    if let SaveOutcome::Completed { captured_at_ms, .. } = &outcome {
+        // The save's history row (for the observed figures), written
+        // before the record moves on so it can name the previous capture;
+        // guarded like the update below, in the same transaction.
+        super::observed::insert_save(tx, id, epoch, runner_id, (*captured_at_ms).min(now), now)
+            .await?;
+    }
     // Each statement ends with the placement guard: id, epoch, runner.
     let query = match outcome {
         SaveOutcome::Completed {

@@ -7,6 +7,8 @@
 //!   `Objects` conformance suite, and refuses what it must.
 //! - `control`: the control layer called directly (no HTTP), on SQLite
 //!   and PostgreSQL.
+//! - `deployment`: `GET /v1/deployment` with any token; README's
+//!   host-failure table is the API's defaults; every field has its unit.
 //! - `envelope`: every error is the JSON envelope, in the right order.
 //! - `openapi`: the document states tokens, values and bounds as the
 //!   server enforces them; a schema-based fuzzer finds nothing.
@@ -15,6 +17,7 @@
 
 mod blocks;
 mod control;
+mod deployment;
 mod envelope;
 mod openapi;
 mod runners;
