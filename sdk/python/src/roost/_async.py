@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
+from typing import Any, Dict, AsyncIterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
 
 import httpx
 
@@ -26,14 +26,16 @@ class _Transport:
     ):
         self.retry = retry
         self.stats = Stats()
+        self._timeout_s = timeout
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._long_timeouts: Dict[float, httpx.Timeout] = {}
         self._http = http or httpx.AsyncClient(base_url=url, timeout=self._timeout)
         self._http.headers["Authorization"] = f"Bearer {token}"
         self._http.headers["User-Agent"] = f"roost-python/{core.VERSION}"
 
     async def send(self, call: Call) -> Reply:
         headers = {"Idempotency-Key": call.idempotency_key} if call.idempotency_key else None
-        timeout = self._timeout if call.read_timeout is None else httpx.Timeout(self._timeout, read=call.read_timeout)
+        timeout = self._timeout if call.read_timeout is None else self._long_timeout(call.read_timeout)
         started = time.monotonic()
         attempt = 0
         while True:
@@ -56,6 +58,14 @@ class _Transport:
                     return reply
             self.stats.retries += 1
             await asyncio.sleep(pause)
+
+    def _long_timeout(self, read: float) -> httpx.Timeout:
+        """A long-poll's timeouts: the read outlasts the server's wait."""
+        timeout = self._long_timeouts.get(read)
+        if timeout is None:
+            timeout = httpx.Timeout(self._timeout_s, connect=min(self._timeout_s, 10.0), read=read)
+            self._long_timeouts[read] = timeout
+        return timeout
 
     async def run(self, op: core.Op[T]) -> T:
         try:
@@ -102,8 +112,10 @@ class AsyncPaginator(AsyncIterator[T]):
 class AsyncCommandStream(AsyncIterator[OutputChunk]):
     """``async for`` over output chunks as they come; then :attr:`result`."""
 
-    def __init__(self, transport: _Transport, sandbox_id: str, op: core.StreamOp):
+    def __init__(self, transport: _Transport, sandbox_id: str, command_id: str, op: core.StreamOp):
         self._transport = transport
+        self.sandbox_id = sandbox_id
+        self.command_id = command_id
         self._op = op
         self._reply: Optional[Reply] = None
         self._out = bytearray()
@@ -155,7 +167,7 @@ class AsyncCommands:
         return await self._t.run(core.collect(self._id, ended))
 
     def stream(self, command_id: str, *, stdout_offset: int = 0, stderr_offset: int = 0) -> AsyncCommandStream:
-        return AsyncCommandStream(self._t, self._id, core.follow(self._id, command_id, stdout_offset, stderr_offset))
+        return AsyncCommandStream(self._t, self._id, command_id, core.follow(self._id, command_id, stdout_offset, stderr_offset))
 
     async def signal(self, command_id: str, signal: str) -> wire.Command:
         return await self._t.run(core.signal_command(self._id, command_id, signal))

@@ -21,14 +21,16 @@ class _Transport:
     def __init__(self, url: str, token: str, retry: RetryPolicy, timeout: float, http: Optional[httpx.Client]):
         self.retry = retry
         self.stats = Stats()
+        self._timeout_s = timeout
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._long_timeouts: Dict[float, httpx.Timeout] = {}
         self._http = http or httpx.Client(base_url=url, timeout=self._timeout)
         self._http.headers["Authorization"] = f"Bearer {token}"
         self._http.headers["User-Agent"] = f"roost-python/{core.VERSION}"
 
     def send(self, call: Call) -> Reply:
         headers = {"Idempotency-Key": call.idempotency_key} if call.idempotency_key else None
-        timeout = self._timeout if call.read_timeout is None else httpx.Timeout(self._timeout, read=call.read_timeout)
+        timeout = self._timeout if call.read_timeout is None else self._long_timeout(call.read_timeout)
         started = time.monotonic()
         attempt = 0
         while True:
@@ -51,6 +53,14 @@ class _Transport:
                     return reply
             self.stats.retries += 1
             time.sleep(pause)
+
+    def _long_timeout(self, read: float) -> httpx.Timeout:
+        """A long-poll's timeouts: the read outlasts the server's wait."""
+        timeout = self._long_timeouts.get(read)
+        if timeout is None:
+            timeout = httpx.Timeout(self._timeout_s, connect=min(self._timeout_s, 10.0), read=read)
+            self._long_timeouts[read] = timeout
+        return timeout
 
     def run(self, op: core.Op[T]) -> T:
         try:
@@ -98,9 +108,10 @@ class CommandStream(Iterator[OutputChunk]):
     """Output chunks of a command as they come (stdout and stderr); once
     exhausted, :attr:`result` holds the ended command and everything read."""
 
-    def __init__(self, transport: _Transport, sandbox_id: str, op: core.StreamOp):
+    def __init__(self, transport: _Transport, sandbox_id: str, command_id: str, op: core.StreamOp):
         self._transport = transport
-        self._sandbox_id = sandbox_id
+        self.sandbox_id = sandbox_id
+        self.command_id = command_id
         self._op = op
         self._reply: Optional[Reply] = None
         self._out = bytearray()
@@ -157,7 +168,7 @@ class Commands:
 
     def stream(self, command_id: str, *, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandStream:
         """Re-attaches to a command: its output from the given offsets on."""
-        return CommandStream(self._t, self._id, core.follow(self._id, command_id, stdout_offset, stderr_offset))
+        return CommandStream(self._t, self._id, command_id, core.follow(self._id, command_id, stdout_offset, stderr_offset))
 
     def signal(self, command_id: str, signal: str) -> wire.Command:
         """TERM, KILL, INT, HUP, QUIT, USR1 or USR2; a queued command is cancelled."""
