@@ -114,7 +114,7 @@ python_sdk() {
         "$venv/bin/pip" install --quiet 'httpx>=0.24,<1' pytest mypy
     fi
     "$venv/bin/pip" install --quiet --no-index --no-deps --force-reinstall ./sdk/python
-    (cd sdk/python && "$venv/bin/mypy" --strict src tests)
+    (cd sdk/python && "$venv/bin/mypy" --strict src tests bench)
     (cd sdk/python && ROOST_BIN="$target/debug/roost" "$venv/bin/pytest" -q tests)
 }
 

@@ -1,5 +1,6 @@
 """Docs that stay true (issue 19, point 7): every ```python block of
-sdk/python/README.md runs against the session's `roost up`."""
+sdk/python/README.md and of the repository README runs against the
+session's `roost up`."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import pytest
 from conftest import Deployment
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+REPO_README = Path(__file__).resolve().parents[3] / "README.md"
 
 
-def _blocks() -> List[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+def _blocks(path: Path = README) -> List[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
 
 
 def test_the_readme_has_the_examples() -> None:
@@ -32,3 +34,11 @@ def test_readme_example_runs(index: int, deployment: Deployment, capsys: pytest.
         assert "exited 0 42" in printed and "stdout" in printed
     if index == 1:
         assert "tests pass" in printed and "replicated" in printed and "calc.py" in printed
+
+
+@pytest.mark.parametrize("index", range(len(_blocks(REPO_README))))
+def test_repository_readme_example_runs(
+    index: int, deployment: Deployment, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exec(compile(_blocks(REPO_README)[index], f"{REPO_README}:block{index}", "exec"), {"__name__": "readme"})
+    assert "hello" in capsys.readouterr().out
