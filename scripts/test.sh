@@ -100,6 +100,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The Python SDK (sdk/python): a venv under the target dir (reused when
+# present) with its test tools, the SDK installed from the checkout
+# without an index (its build backend is in-tree), then `mypy --strict`
+# and its tests against a real `roost up` of the binary `cargo test` built.
+python_sdk() {
+    local target venv
+    target=$(cd "${CARGO_TARGET_DIR:-target}" && pwd)
+    venv="$target/sdk-venv"
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    if ! "$venv/bin/python" -c 'import httpx, pytest, mypy' 2>/dev/null; then
+        log "installing httpx, pytest and mypy into $venv from PyPI"
+        "$venv/bin/pip" install --quiet 'httpx>=0.24,<1' pytest mypy
+    fi
+    "$venv/bin/pip" install --quiet --no-index --no-deps --force-reinstall ./sdk/python
+    (cd sdk/python && "$venv/bin/mypy" --strict src tests bench)
+    (cd sdk/python && ROOST_BIN="$target/debug/roost" "$venv/bin/pytest" -q tests)
+}
+
 install_python_packages
 install_runtimes
 install_network_tools
@@ -116,3 +134,5 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$test_log"
 # One closing line over every test binary (cargo prints one per binary).
 awk '/^test result:/ { passed += $4; failed += $6 } END { printf "\nall tests: %d passed, %d failed\n", passed, failed }' "$test_log"
 rm -f "$test_log"
+log "Python SDK: mypy --strict and pytest"
+python_sdk

@@ -1,0 +1,443 @@
+"""The blocking client: :class:`Roost` and the :class:`Sandbox` handle."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
+
+import httpx
+
+from . import _core as core
+from . import _wire as wire
+from ._core import Call, CommandResult, OutputChunk, Page, Reply, RetryPolicy, Stats
+from ._errors import TransportError
+
+__all__ = ["Roost", "Sandbox", "CommandStream", "Paginator"]
+
+T = TypeVar("T")
+
+
+class _Transport:
+    def __init__(self, url: str, token: str, retry: RetryPolicy, timeout: float, http: Optional[httpx.Client]):
+        self.retry = retry
+        self.stats = Stats()
+        self._timeout_s = timeout
+        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._long_timeouts: Dict[float, httpx.Timeout] = {}
+        self._http = http or httpx.Client(base_url=url, timeout=self._timeout)
+        self._http.headers["Authorization"] = f"Bearer {token}"
+        self._http.headers["User-Agent"] = f"roost-python/{core.VERSION}"
+
+    def send(self, call: Call) -> Reply:
+        headers = {"Idempotency-Key": call.idempotency_key} if call.idempotency_key else None
+        timeout = self._timeout if call.read_timeout is None else self._long_timeout(call.read_timeout)
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            self.stats.requests += 1
+            try:
+                response = self._http.request(
+                    call.method, call.url, params=tuple(call.params) if call.params else None, json=call.body, headers=headers, timeout=timeout
+                )
+            except httpx.TransportError as error:
+                pause = self.retry.delay(attempt, started, None)
+                if pause is None:
+                    raise TransportError(f"{call.method} {call.url}: {error!r} after {attempt} attempt(s)") from error
+            else:
+                reply = Reply(response.status_code, response.headers, response.content, attempt)
+                if reply.status < 400 or not reply.retryable():
+                    return reply
+                pause = self.retry.delay(attempt, started, core.retry_after(reply.headers))
+                if pause is None:
+                    return reply
+            self.stats.retries += 1
+            time.sleep(pause)
+
+    def _long_timeout(self, read: float) -> httpx.Timeout:
+        """A long-poll's timeouts: the read outlasts the server's wait."""
+        timeout = self._long_timeouts.get(read)
+        if timeout is None:
+            timeout = httpx.Timeout(self._timeout_s, connect=min(self._timeout_s, 10.0), read=read)
+            self._long_timeouts[read] = timeout
+        return timeout
+
+    def run(self, op: core.Op[T]) -> T:
+        try:
+            step = next(op)
+            while True:
+                step = op.send(self.send(step))
+        except StopIteration as stop:
+            return cast(T, stop.value)
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class Paginator(Iterator[T]):
+    """Iterates over every record of a list, fetching pages as needed;
+    :meth:`pages` gives the pages themselves."""
+
+    def __init__(
+        self, transport: _Transport, op: wire.Operation, path: Mapping[str, str], params: List[Tuple[str, Any]]
+    ):
+        self._transport = transport
+        self._op = op
+        self._path = path
+        self._params = params
+        self._items: Iterator[T] = self._all()
+
+    def pages(self) -> Iterator[Page]:
+        cursor: Optional[str] = None
+        while True:
+            page = self._transport.run(core.list_page(self._op, self._path, self._params, cursor))
+            yield page
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def _all(self) -> Iterator[T]:
+        for page in self.pages():
+            yield from page.items
+
+    def __next__(self) -> T:
+        return next(self._items)
+
+
+class CommandStream(Iterator[OutputChunk]):
+    """Output chunks of a command as they come (stdout and stderr); once
+    exhausted, :attr:`result` holds the ended command and everything read."""
+
+    def __init__(self, transport: _Transport, sandbox_id: str, command_id: str, op: core.StreamOp):
+        self._transport = transport
+        self.sandbox_id = sandbox_id
+        self.command_id = command_id
+        self._op = op
+        self._reply: Optional[Reply] = None
+        self._out = bytearray()
+        self._err = bytearray()
+        self.result: Optional[CommandResult] = None
+
+    def __next__(self) -> OutputChunk:
+        if self.result is not None:
+            raise StopIteration
+        try:
+            while True:
+                step = self._op.send(self._reply)
+                self._reply = None
+                if isinstance(step, OutputChunk):
+                    (self._out if step.stream == "stdout" else self._err).extend(step.data)
+                    return step
+                self._reply = self._transport.send(step)
+        except StopIteration as stop:
+            self.result = CommandResult(stop.value, bytes(self._out), bytes(self._err))
+            raise
+
+    def wait(self) -> CommandResult:
+        """Reads to the end (discarding nothing) and returns the result."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+
+class Commands:
+    """A sandbox's commands: list, get, wait, read output, re-attach, signal."""
+
+    def __init__(self, transport: _Transport, sandbox_id: str):
+        self._t = transport
+        self._id = sandbox_id
+
+    def list(self, *, limit: Optional[int] = None) -> Paginator[wire.Command]:
+        params: List[Tuple[str, Any]] = [] if limit is None else [("limit", limit)]
+        return Paginator(self._t, wire.LIST_COMMANDS, {"id": self._id}, params)
+
+    def get(self, command_id: str) -> wire.Command:
+        return self._t.run(core.get_command(self._id, command_id))
+
+    def wait(self, command_id: str, state: str = "ended", timeout: Optional[float] = None) -> wire.Command:
+        return self._t.run(core.wait_command(self._id, command_id, state, timeout))
+
+    def output(self, command_id: str, stream: str = "stdout", offset: int = 0, timeout: int = 0) -> OutputChunk:
+        return self._t.run(core.read_output(self._id, command_id, stream, offset, timeout))
+
+    def result(self, command_id: str, timeout: Optional[float] = None) -> CommandResult:
+        """Waits for the command to end and returns it with all its output."""
+        ended = self._t.run(core.wait_command(self._id, command_id, "ended", timeout))
+        return self._t.run(core.collect(self._id, ended))
+
+    def stream(self, command_id: str, *, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandStream:
+        """Re-attaches to a command: its output from the given offsets on."""
+        return CommandStream(self._t, self._id, command_id, core.follow(self._id, command_id, stdout_offset, stderr_offset))
+
+    def signal(self, command_id: str, signal: str) -> wire.Command:
+        """TERM, KILL, INT, HUP, QUIT, USR1 or USR2; a queued command is cancelled."""
+        return self._t.run(core.signal_command(self._id, command_id, signal))
+
+
+class Sandbox:
+    """A handle on one sandbox. As a context manager it deletes the
+    sandbox on exit unless ``delete_on_exit`` is false (or :meth:`keep`)."""
+
+    def __init__(self, transport: _Transport, record: wire.Sandbox, delete_on_exit: bool = True):
+        self._t = transport
+        self.record = record
+        self.delete_on_exit = delete_on_exit
+        self.commands = Commands(transport, record.id)
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def state(self) -> str:
+        """The state as last seen (:meth:`refresh` to look again)."""
+        return self.record.state
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, state={self.state!r})"
+
+    def refresh(self) -> wire.Sandbox:
+        self.record = self._t.run(core.get_sandbox(self.id))
+        return self.record
+
+    def wait(self, state: str = "running", timeout: Optional[float] = None) -> wire.Sandbox:
+        self.record = self._t.run(core.wait_sandbox(self.id, state, timeout))
+        return self.record
+
+    def stop(self, *, wait: bool = False, timeout: Optional[float] = None) -> wire.Sandbox:
+        self.record = self._t.run(core.sandbox_action(wire.STOP_SANDBOX, self.id))
+        return self.wait("stopped", timeout) if wait else self.record
+
+    def start(self, *, wait: bool = False, timeout: Optional[float] = None) -> wire.Sandbox:
+        self.record = self._t.run(core.sandbox_action(wire.START_SANDBOX, self.id))
+        return self.wait("running", timeout) if wait else self.record
+
+    def delete(self) -> None:
+        deleted = self._t.run(core.delete_sandbox(self.id))
+        if deleted is not None:
+            self.record = deleted
+
+    def events(self) -> List[wire.Event]:
+        return self._t.run(core.sandbox_events(self.id))
+
+    def exec(
+        self,
+        command: Union[str, Sequence[str]],
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        timeout: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> CommandResult:
+        """Runs ``command`` (argv, or a shell string run by ``sh -c``) and
+        returns once it ended: check ``result.state`` (``exited`` gives an
+        ``exit_code``; ``timed_out`` after ``timeout`` s; ``unknown``: maybe run)."""
+        body = core.command_body(command, env, cwd, timeout)
+        return self._t.run(core.exec_command(self.id, body, idempotency_key, None))
+
+    def exec_stream(
+        self,
+        command: Union[str, Sequence[str]],
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        timeout: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> CommandStream:
+        """As :meth:`exec`, yielding :class:`OutputChunk` as output arrives."""
+        body = core.command_body(command, env, cwd, timeout)
+        created = self._t.run(core.create_command(self.id, body, idempotency_key))
+        return self.commands.stream(created.id)
+
+    def snapshot(
+        self,
+        *,
+        durability: Optional[str] = None,
+        deadline_s: Optional[int] = None,
+        wait: bool = False,
+        timeout: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> wire.Snapshot:
+        """A snapshot of the home; with ``wait``, once it reached ``durability``
+        (default ``replicated``)."""
+        snapshot = self._t.run(core.create_snapshot(self.id, durability, deadline_s, idempotency_key))
+        if wait:
+            snapshot = self._t.run(core.wait_snapshot(snapshot.id, durability or "replicated", timeout))
+        return snapshot
+
+    def keep(self) -> "Sandbox":
+        """Opts out of deletion on leaving the ``with`` block."""
+        self.delete_on_exit = False
+        return self
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.delete_on_exit:
+            self.delete()
+
+
+class Sandboxes:
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    def create(
+        self,
+        *,
+        image: Optional[str] = None,
+        storage_class: Optional[str] = None,
+        resources: Optional[Union[wire.Resources, Mapping[str, Any]]] = None,
+        network: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        ttl_s: Optional[int] = None,
+        placement: Optional[str] = None,
+        save_interval_s: Optional[int] = None,
+        from_snapshot: Optional[str] = None,
+        wait: bool = True,
+        timeout: Optional[float] = 120.0,
+        delete_on_exit: bool = True,
+        idempotency_key: Optional[str] = None,
+    ) -> Sandbox:
+        """Creates a sandbox (safe to retry: one key for every attempt) and,
+        with ``wait``, returns once it is ``running``."""
+        body = core.sandbox_body(
+            image=image,
+            storage_class=storage_class,
+            resources=resources,
+            network=network,
+            env=env,
+            labels=labels,
+            ttl_s=ttl_s,
+            placement=placement,
+            save_interval_s=save_interval_s,
+            from_snapshot=from_snapshot,
+        )
+        sandbox = Sandbox(self._t, self._t.run(core.create_sandbox(body, idempotency_key)), delete_on_exit)
+        if wait:
+            sandbox.wait("running", timeout)
+        return sandbox
+
+    def get(self, sandbox_id: str, *, delete_on_exit: bool = False) -> Sandbox:
+        """A handle on an existing sandbox (not deleted on ``with`` exit unless asked)."""
+        return Sandbox(self._t, self._t.run(core.get_sandbox(sandbox_id)), delete_on_exit)
+
+    def list(
+        self,
+        *,
+        state: Union[str, Sequence[str], None] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        limit: Optional[int] = None,
+    ) -> Paginator[wire.Sandbox]:
+        params: List[Tuple[str, Any]] = []
+        for one in [state] if isinstance(state, str) else list(state or []):
+            params.append(("state", one))
+        for key, value in (labels or {}).items():
+            params.append(("label", f"{key}={value}"))
+        if limit is not None:
+            params.append(("limit", limit))
+        return Paginator(self._t, wire.LIST_SANDBOXES, {}, params)
+
+    def wait(self, sandbox_id: str, state: str, timeout: Optional[float] = None) -> wire.Sandbox:
+        return self._t.run(core.wait_sandbox(sandbox_id, state, timeout))
+
+    def stop(self, sandbox_id: str) -> wire.Sandbox:
+        return self._t.run(core.sandbox_action(wire.STOP_SANDBOX, sandbox_id))
+
+    def start(self, sandbox_id: str) -> wire.Sandbox:
+        return self._t.run(core.sandbox_action(wire.START_SANDBOX, sandbox_id))
+
+    def delete(self, sandbox_id: str) -> Optional[wire.Sandbox]:
+        return self._t.run(core.delete_sandbox(sandbox_id))
+
+
+class Snapshots:
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    def create(
+        self,
+        sandbox_id: str,
+        *,
+        durability: Optional[str] = None,
+        deadline_s: Optional[int] = None,
+        wait: bool = False,
+        timeout: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> wire.Snapshot:
+        snapshot = self._t.run(core.create_snapshot(sandbox_id, durability, deadline_s, idempotency_key))
+        if wait:
+            snapshot = self.wait(snapshot.id, durability or "replicated", timeout)
+        return snapshot
+
+    def get(self, snapshot_id: str) -> wire.Snapshot:
+        snapshot: wire.Snapshot = self._t.run(core.get_record(wire.GET_SNAPSHOT, {"id": snapshot_id}))
+        return snapshot
+
+    def wait(self, snapshot_id: str, durability: str = "replicated", timeout: Optional[float] = None) -> wire.Snapshot:
+        return self._t.run(core.wait_snapshot(snapshot_id, durability, timeout))
+
+    def list(self, *, sandbox_id: Optional[str] = None, limit: Optional[int] = None) -> Paginator[wire.Snapshot]:
+        params: List[Tuple[str, Any]] = []
+        if sandbox_id is not None:
+            params.append(("sandbox_id", sandbox_id))
+        if limit is not None:
+            params.append(("limit", limit))
+        return Paginator(self._t, wire.LIST_SNAPSHOTS, {}, params)
+
+    def delete(self, snapshot_id: str) -> Optional[wire.Snapshot]:
+        reply = self._t.send(core.call(wire.DELETE_SNAPSHOT, {"id": snapshot_id}))
+        if reply.attempts > 1 and reply.status == 404:
+            return None  # an earlier attempt deleted it
+        snapshot: wire.Snapshot = core.record(wire.DELETE_SNAPSHOT, reply)
+        return snapshot
+
+
+class Images:
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    def list(self) -> List[wire.Image]:
+        page = self._t.run(core.list_page(wire.LIST_IMAGES, {}, [], None))
+        return list(page.items)
+
+    def get(self, name: str) -> wire.Image:
+        image: wire.Image = self._t.run(core.get_record(wire.GET_IMAGE, {"name": name}))
+        return image
+
+
+class Roost:
+    """A blocking client. ``url`` and ``token`` default to ``ROOST_URL`` /
+    ``ROOST_TOKEN``, then to what ``roost up`` saved. ``retry`` says how
+    calls are retried (:class:`RetryPolicy`); ``timeout`` is per request."""
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        *,
+        retry: Optional[RetryPolicy] = None,
+        timeout: float = 30.0,
+        http_client: Optional[httpx.Client] = None,
+    ) -> None:
+        self.url, token = core.resolve_credentials(url, token)
+        self._t = _Transport(self.url, token, retry or RetryPolicy(), timeout, http_client)
+        self.sandboxes = Sandboxes(self._t)
+        self.snapshots = Snapshots(self._t)
+        self.images = Images(self._t)
+
+    @property
+    def stats(self) -> Stats:
+        """Requests sent and retries made so far."""
+        return self._t.stats
+
+    def close(self) -> None:
+        self._t.close()
+
+    def __enter__(self) -> "Roost":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

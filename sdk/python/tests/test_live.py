@@ -1,0 +1,147 @@
+"""The SDK against a real `roost up` (issue 19, points 2, 4 and 6):
+sandboxes under runc, commands, streaming, durable stop/start, snapshots
+and typed errors, through the sync and the async client."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any, List
+
+import pytest
+
+import roost
+from roost import (
+    AsyncRoost,
+    IdempotencyConflict,
+    NotFound,
+    Quarantined,
+    QuotaExceeded,
+    RetryPolicy,
+    Roost,
+    UnsupportedCapability,
+)
+
+from conftest import Deployment
+
+
+def test_client_finds_what_roost_up_saved(deployment: Deployment) -> None:
+    with Roost() as client:  # no url, no token: the credentials file
+        assert client.url == deployment.url
+        assert isinstance(client.images.list(), list)
+
+
+def test_create_exec_and_honest_command_states(roost_client: Roost) -> None:
+    with roost_client.sandboxes.create(labels={"test": "exec"}) as sandbox:
+        assert sandbox.state == "running"
+        result = sandbox.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
+        assert (result.state, result.exit_code) == ("exited", 3)
+        assert (result.stdout, result.stderr) == (b"out\n", b"err\n")
+        assert not result.ok
+        with pytest.raises(roost.CommandFailed):
+            result.check()
+        shell = sandbox.exec("echo $GREETING from $(pwd)", env={"GREETING": "hi"}, cwd="/tmp")
+        assert shell.ok and shell.stdout_text == "hi from /tmp\n"
+        slow = sandbox.exec("sleep 30", timeout=1)
+        assert slow.state == "timed_out" and slow.exit_code is None
+        listed = [c.id for c in sandbox.commands.list(limit=1)]  # pages of one
+        assert listed[-1] == slow.id and len(listed) == 3
+        # The record shows up in the listing by label; delete on leaving.
+        found = [s.id for s in roost_client.sandboxes.list(labels={"test": "exec"})]
+        assert sandbox.id in found
+    assert roost_client.sandboxes.wait(sandbox.id, "deleted", timeout=60).state == "deleted"
+
+
+def test_streaming_reattach_and_signal(roost_client: Roost) -> None:
+    with roost_client.sandboxes.create() as sandbox:
+        stream = sandbox.exec_stream("echo first; sleep 2; echo second; echo warn >&2")
+        chunks = list(stream)
+        assert stream.result is not None and stream.result.ok
+        # Output came while the command ran, not only at its end.
+        assert chunks[0].data == b"first\n" and chunks[0].state == "running", chunks
+        assert stream.result.stdout == b"first\nsecond\n" and stream.result.stderr == b"warn\n"
+        # Re-attached from an offset: only what follows it.
+        again = sandbox.commands.stream(stream.result.id, stdout_offset=6).wait()
+        assert again.stdout == b"second\n" and again.stderr == b"warn\n"
+        # A signal ends a running command, and its state says so.
+        sleeper = sandbox.exec_stream("sleep 60")
+        sandbox.commands.wait(sleeper.command_id, "running", timeout=30)
+        sandbox.commands.signal(sleeper.command_id, "SIGKILL")
+        ended = sleeper.wait()
+        assert (ended.state, ended.command.signal) == ("interrupted", "KILL"), ended.command
+
+
+def test_durable_stop_start_and_snapshots(roost_client: Roost) -> None:
+    sandbox = roost_client.sandboxes.create(storage_class="durable", timeout=120)
+    try:
+        sandbox.exec("echo kept > notes.txt").check()
+        assert sandbox.stop(wait=True, timeout=120).state == "stopped"
+        assert sandbox.start(wait=True, timeout=120).state == "running"
+        assert sandbox.exec("cat notes.txt").stdout == b"kept\n"
+        snapshot = sandbox.snapshot(durability="replicated", wait=True, timeout=120)
+        assert snapshot.durability == "replicated"
+        assert snapshot.id in [s.id for s in roost_client.snapshots.list(sandbox_id=sandbox.id)]
+        with roost_client.sandboxes.create(storage_class="durable", from_snapshot=snapshot.id) as child:
+            assert child.record.from_snapshot == snapshot.id
+            assert child.exec("cat notes.txt").stdout == b"kept\n"
+        assert roost_client.snapshots.delete(snapshot.id) is not None
+        with pytest.raises(NotFound):
+            roost_client.snapshots.get(snapshot.id)
+    finally:
+        sandbox.delete()
+
+
+def test_errors_are_types_with_request_ids(roost_client: Roost, deployment: Deployment) -> None:
+    with pytest.raises(NotFound) as missing:
+        roost_client.sandboxes.get("sbx_" + "0" * 32)
+    assert missing.value.status == 404 and missing.value.request_id
+
+    with pytest.raises(UnsupportedCapability) as unsupported:
+        roost_client.sandboxes.create(image="no-such-image", wait=False)
+    assert unsupported.value.missing == ["image:no-such-image"] and unsupported.value.request_id
+
+    key = f"conflict-{uuid.uuid4().hex}"
+    first = roost_client.sandboxes.create(idempotency_key=key, labels={"n": "1"}, wait=False)
+    try:
+        same = roost_client.sandboxes.create(idempotency_key=key, labels={"n": "1"}, wait=False)
+        assert same.id == first.id
+        with pytest.raises(IdempotencyConflict) as conflict:
+            roost_client.sandboxes.create(idempotency_key=key, labels={"n": "2"}, wait=False)
+        assert conflict.value.request_id
+
+        deployment.admin("POST", f"/v1/admin/sandboxes/{first.id}/quarantine", {"reason": "sdk test"})
+        with pytest.raises(Quarantined) as frozen:
+            first.stop()
+        assert frozen.value.status == 409 and frozen.value.request_id
+        deployment.admin("DELETE", f"/v1/admin/sandboxes/{first.id}/quarantine")
+    finally:
+        first.delete()
+
+    org = deployment.admin("POST", "/v1/admin/orgs", {"name": f"q{uuid.uuid4().hex[:12]}", "max_total": 0})
+    # A quota is retried within the budget, then raised with its numbers.
+    with Roost(deployment.url, org["token"], retry=RetryPolicy(budget_s=0.5)) as limited:
+        with pytest.raises(QuotaExceeded) as quota:
+            limited.sandboxes.create(wait=False)
+    error = quota.value
+    assert (error.metric, error.limit, error.current) == ("sandboxes.total", 0, 0)
+    assert error.retry_after is not None and error.request_id
+
+
+def test_async_client_has_the_same_surface(deployment: Deployment) -> None:
+    async def scenario() -> List[Any]:
+        async with AsyncRoost(deployment.url, deployment.token) as client:
+            async with await client.sandboxes.create(labels={"test": "async"}) as sandbox:
+                result = await sandbox.exec("echo async")
+                stream = await sandbox.exec_stream(["sh", "-c", "echo a; echo b >&2"])
+                chunks = [chunk async for chunk in stream]
+                listed = [s.id async for s in client.sandboxes.list(labels={"test": "async"})]
+                assert sandbox.id in listed
+                commands = [c.id async for c in sandbox.commands.list()]
+            gone = await client.sandboxes.wait(sandbox.id, "deleted", timeout=60)
+            return [result, chunks, stream.result, commands, gone]
+
+    result, chunks, streamed, commands, gone = asyncio.run(scenario())
+    assert result.stdout == b"async\n" and result.ok
+    assert {c.stream for c in chunks} == {"stdout", "stderr"}
+    assert streamed.stdout == b"a\n" and streamed.stderr == b"b\n"
+    assert len(commands) == 2 and gone.state == "deleted"
