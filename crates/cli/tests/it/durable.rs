@@ -131,6 +131,51 @@ impl Fleet {
     fn store_path(&self) -> &Path {
         self.store.path()
     }
+
+    /// Starts runner `name` and waits until sandbox `id` runs on it (its
+    /// runner was lost); returns the runner's index.
+    async fn recovered_on(&mut self, name: &str, id: &str) -> usize {
+        let index = self.runner(name);
+        let runner_id = self.runners[index].runner_id.clone();
+        let api = self.api();
+        assert!(
+            eventually(Duration::from_secs(30), || async {
+                let sandbox = api.get(&format!("/v1/sandboxes/{id}")).await.body;
+                sandbox["state"] == "running" && sandbox["runner_id"] == runner_id.as_str()
+            })
+            .await,
+            "the sandbox did not come back on runner {name}: {}",
+            self.get(id).await
+        );
+        index
+    }
+}
+
+/// The saved tree `root` of org `org_id` in the local store at `store_dir`,
+/// materialised into a fresh temp dir (read from the store itself, not
+/// through any runner).
+pub(crate) fn materialize_saved(store_dir: &Path, org_id: &str, root: &str) -> tempfile::TempDir {
+    let store = store::Store::open(store_dir.to_str().expect("utf-8")).expect("store");
+    let org: store::OrgId = org_id.parse().expect("org id");
+    let digest: store::Digest = root.parse().expect("a root digest");
+    let dest = tempfile::tempdir().expect("dest");
+    store::pull::materialize(
+        &store,
+        &org,
+        "check",
+        &digest,
+        dest.path(),
+        &store::pull::PullOptions {
+            cache: None,
+            fill_cache: false,
+            index_path: None,
+            store_id: "test".to_owned(),
+            index_dev: None,
+        },
+        &store::progress::NoProgress,
+    )
+    .expect("materialise a save");
+    dest
 }
 
 impl Drop for Fleet {
@@ -295,18 +340,8 @@ async fn a_running_save_brings_the_home_back_after_its_host_dies() {
     assert!(saved["save"]["root"].is_string(), "{saved}");
 
     fleet.destroy(first);
-    let second = fleet.runner("b");
+    fleet.recovered_on("b", &id).await;
     let api = fleet.api();
-    let on_second = fleet.runners[second].runner_id.clone();
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            let sandbox = api.get(&format!("/v1/sandboxes/{id}")).await.body;
-            sandbox["state"] == "running" && sandbox["runner_id"] == on_second.as_str()
-        })
-        .await,
-        "the sandbox did not come back on the other runner: {}",
-        fleet.get(&id).await
-    );
     let recovered = fleet.get(&id).await;
     assert!(recovered["epoch"].as_u64() > Some(1), "{recovered}");
     assert_eq!(sh(api, &id, "cat /workspace/work.txt").await, "precious\n");
@@ -354,28 +389,9 @@ async fn every_save_is_one_instant_of_the_home() {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let store = store::Store::open(fleet.store_path().to_str().expect("utf-8")).expect("store");
-    let org: store::OrgId = fleet.plane.org_id.parse().expect("org id");
     let mut counters = Vec::new();
     for root in &roots {
-        let dest = tempfile::tempdir().expect("dest");
-        let digest: store::Digest = root.parse().expect("digest");
-        store::pull::materialize(
-            &store,
-            &org,
-            "check",
-            &digest,
-            dest.path(),
-            &store::pull::PullOptions {
-                cache: None,
-                fill_cache: false,
-                index_path: None,
-                store_id: "test".to_owned(),
-                index_dev: None,
-            },
-            &store::progress::NoProgress,
-        )
-        .expect("materialise a save");
+        let dest = materialize_saved(fleet.store_path(), &fleet.plane.org_id, root);
         let read = |name: &str| -> u64 {
             std::fs::read_to_string(dest.path().join(name))
                 .unwrap_or_default()
@@ -1328,18 +1344,8 @@ async fn the_deployment_publishes_what_a_host_failure_can_cost() {
 
     // A forced host loss: recovered on another runner.
     fleet.destroy(first);
-    let second = fleet.runner("b");
+    fleet.recovered_on("b", &id).await;
     let api = fleet.api();
-    let on_second = fleet.runners[second].runner_id.clone();
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            let sandbox = api.get(&format!("/v1/sandboxes/{id}")).await.body;
-            sandbox["state"] == "running" && sandbox["runner_id"] == on_second.as_str()
-        })
-        .await,
-        "the sandbox did not come back on the other runner: {}",
-        fleet.get(&id).await
-    );
 
     let deployment = api.get("/v1/deployment").await.body;
     let observed = &deployment["observed"];

@@ -380,26 +380,7 @@ impl Case {
         let Some(root) = root else {
             return Vec::new();
         };
-        let store = store::Store::open(self.store.path().to_str().expect("utf-8")).expect("store");
-        let org: store::OrgId = self.plane.org_id.parse().expect("org id");
-        let digest: store::Digest = root.parse().expect("a root digest");
-        let dest = tempfile::tempdir().expect("dest");
-        store::pull::materialize(
-            &store,
-            &org,
-            "matrix",
-            &digest,
-            dest.path(),
-            &store::pull::PullOptions {
-                cache: None,
-                fill_cache: false,
-                index_path: None,
-                store_id: "test".to_owned(),
-                index_dev: None,
-            },
-            &store::progress::NoProgress,
-        )
-        .expect("materialise a save");
+        let dest = crate::durable::materialize_saved(self.store.path(), &self.plane.org_id, root);
         read_markers(&dest.path().join("markers"))
     }
 
