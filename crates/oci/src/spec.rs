@@ -17,7 +17,10 @@
 //! /lib* /bin /sbin    nodev); where the host has merged-/usr symlinks
 //!                     (/bin -> usr/bin) the same symlinks are made in rootfs
 //! /workspace          the caller's host directory, read-write: $HOME and the
-//!                     default cwd
+//!                     default cwd; or a shared filesystem's directory, and
+//!                     then the caller's directory is at /private
+//! /mnt/…              shared filesystems' directories (crate::shared),
+//!                     nosuid, nodev, read-only where asked
 //! /tmp /run           fresh tmpfs (charged to the memory cgroup)
 //! /proc /sys /dev     proc; sysfs read-only; tmpfs /dev with the standard
 //!                     devices the runtime creates, devpts, a 64 MiB /dev/shm,
@@ -69,6 +72,8 @@ pub const INIT_LOADER_PATH: &str = "/.roost/ld.so";
 pub const INIT_LIBS_PATH: &str = "/.roost/lib";
 /// The sandbox's home: `$HOME`, the default cwd, the caller's host directory.
 pub const WORKSPACE_PATH: &str = "/workspace";
+/// The sandbox's own home when a shared filesystem owns `/workspace`.
+pub const PRIVATE_PATH: &str = "/private";
 /// A `bridge` sandbox's DNS configuration (see [`SandboxPaths::resolv_conf`]).
 ///
 /// [`SandboxPaths::resolv_conf`]: crate::SandboxPaths::resolv_conf
@@ -388,12 +393,37 @@ fn mounts(
             )?);
         }
     }
+    // The sandbox's own home, at /workspace unless a shared filesystem
+    // owns it. `$HOME` and the cwd stay /workspace either way.
+    let shared_workspace = config
+        .shared
+        .iter()
+        .any(|m| m.destination == WORKSPACE_PATH);
     mounts.push(mount(
-        WORKSPACE_PATH,
+        if shared_workspace {
+            PRIVATE_PATH
+        } else {
+            WORKSPACE_PATH
+        },
         "bind",
         config.workspace.clone(),
         &["rbind", "rw", "nosuid", "nodev"],
     )?);
+    // Staged by `crate::shared` from descriptors opened beneath each
+    // filesystem's root; not `rbind`: nothing mounted below comes along.
+    for (i, shared) in config.shared.iter().enumerate() {
+        mounts.push(mount(
+            &shared.destination,
+            "bind",
+            crate::shared::staged(&config.paths, i),
+            &[
+                "bind",
+                if shared.read_only { "ro" } else { "rw" },
+                "nosuid",
+                "nodev",
+            ],
+        )?);
+    }
     mounts.push(mount(
         INIT_PATH,
         "bind",
