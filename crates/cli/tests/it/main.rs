@@ -7,6 +7,7 @@ mod control;
 mod convergence;
 mod durable;
 mod failover;
+mod filesystems;
 mod fault_matrix;
 mod harness;
 mod home;
