@@ -286,7 +286,9 @@ pub fn parse_pair(text: &str) -> Result<(String, String), String> {
 /// `--mount FILESYSTEM[:SUBPATH]=PATH[:ro]`.
 pub fn parse_mount(text: &str) -> Result<api::sandboxes::Mount, String> {
     let Some((source, path)) = text.split_once('=') else {
-        return Err(format!("expected FILESYSTEM[:SUBPATH]=PATH[:ro], got {text:?}"));
+        return Err(format!(
+            "expected FILESYSTEM[:SUBPATH]=PATH[:ro], got {text:?}"
+        ));
     };
     let (filesystem, subpath) = source.split_once(':').unwrap_or((source, ""));
     let (path, read_only) = match path.strip_suffix(":ro") {
@@ -294,7 +296,9 @@ pub fn parse_mount(text: &str) -> Result<api::sandboxes::Mount, String> {
         None => (path, false),
     };
     if filesystem.is_empty() || path.is_empty() {
-        return Err(format!("expected FILESYSTEM[:SUBPATH]=PATH[:ro], got {text:?}"));
+        return Err(format!(
+            "expected FILESYSTEM[:SUBPATH]=PATH[:ro], got {text:?}"
+        ));
     }
     Ok(api::sandboxes::Mount {
         filesystem: filesystem.to_owned(),

@@ -257,7 +257,10 @@ pub struct SharedMount {
 
 impl SharedMount {
     fn validate(&self) -> Result<()> {
-        let normal = |path: &str| path.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+        let normal = |path: &str| {
+            path.split('/')
+                .all(|c| !c.is_empty() && c != "." && c != "..")
+        };
         let destination_ok = self.destination == crate::spec::WORKSPACE_PATH
             || self.destination.strip_prefix("/mnt/").is_some_and(normal);
         if !self.root.is_absolute()

@@ -772,4 +772,49 @@ mod tests {
     fn env_empty() -> BTreeMap<String, String> {
         BTreeMap::new()
     }
+
+    #[test]
+    fn a_shared_workspace_moves_the_home_to_private() {
+        let mut config = config();
+        for (destination, read_only) in [("/workspace", false), ("/mnt/data", true)] {
+            config.shared.push(crate::config::SharedMount {
+                name: "team".to_owned(),
+                root: "/srv/team".into(),
+                subpath: "proj".to_owned(),
+                destination: destination.to_owned(),
+                read_only,
+            });
+        }
+        let value = json(&config);
+        let mounts = value["mounts"].as_array().expect("mounts");
+        let find = |dest: &str| {
+            mounts
+                .iter()
+                .find(|m| m["destination"] == dest)
+                .unwrap_or_else(|| panic!("no mount at {dest}"))
+        };
+        assert_eq!(
+            find(PRIVATE_PATH)["source"],
+            "/var/lib/roost/homes/sbx_test"
+        );
+        let shared = find(WORKSPACE_PATH);
+        assert_eq!(
+            shared["source"], "/var/lib/roost/sandboxes/sbx_test/shared/0",
+            "bound from its staging, never from the filesystem's path"
+        );
+        let options = |m: &serde_json::Value| m["options"].to_string();
+        assert!(options(shared).contains("\"rw\"") && options(shared).contains("nosuid"));
+        let data = find("/mnt/data");
+        assert!(options(data).contains("\"ro\"") && options(data).contains("nodev"));
+        assert!(!options(data).contains("rbind"));
+        // HOME and the cwd stay /workspace.
+        assert_eq!(value["process"]["cwd"], "/workspace");
+
+        let mut bad = config.clone();
+        bad.shared[1].destination = "/etc".to_owned();
+        assert!(spec(&bad, &host(), "/roost/x").is_err());
+        let mut bad = config;
+        bad.shared[1].subpath = "../x".to_owned();
+        assert!(spec(&bad, &host(), "/roost/x").is_err());
+    }
 }

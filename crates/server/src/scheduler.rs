@@ -24,15 +24,15 @@ pub struct Needs {
 impl Needs {
     pub fn of(sandbox: &SandboxRow) -> Needs {
         let mut capabilities = vec![
-                // An imported image is one the runner fetches from the
-                // store; admission has already checked that it exists.
-                if sandbox.image_root.is_some() {
-                    "image:store".to_owned()
-                } else {
-                    format!("image:{}", sandbox.image)
-                },
-                format!("network:{}", sandbox.network),
-                format!("storage:{}", sandbox.storage_class),
+            // An imported image is one the runner fetches from the
+            // store; admission has already checked that it exists.
+            if sandbox.image_root.is_some() {
+                "image:store".to_owned()
+            } else {
+                format!("image:{}", sandbox.image)
+            },
+            format!("network:{}", sandbox.network),
+            format!("storage:{}", sandbox.storage_class),
         ];
         // Every shared filesystem it mounts, on every placement: a
         // recovery or a drain moves it only where they are all mounted.

@@ -51,9 +51,7 @@ fn admin_fs(fleet: &Fleet, args: &[&str]) -> Value {
 }
 
 async fn sandbox_count(api: &Api) -> usize {
-    api.get("/v1/sandboxes")
-        .await
-        .body["sandboxes"]
+    api.get("/v1/sandboxes").await.body["sandboxes"]
         .as_array()
         .map_or(0, Vec::len)
 }
@@ -99,7 +97,10 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
         .await;
     assert_eq!(refused.status, 422, "{refused:?}");
     assert_eq!(refused.body["error"]["code"], "unsupported_capability");
-    assert_eq!(refused.body["error"]["details"]["missing"], json!(["filesystem:team"]));
+    assert_eq!(
+        refused.body["error"]["details"]["missing"],
+        json!(["filesystem:team"])
+    );
     assert_eq!(sandbox_count(&api).await, 0);
 
     // Bound (the CLI, the admin API): listed.
@@ -107,7 +108,11 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
     assert_eq!(bound["filesystem"], "team");
     assert_eq!(bound["read_only"], false);
     let listed = admin_fs(&fleet, &["list"]);
-    assert_eq!(listed["bindings"].as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(
+        listed["bindings"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
 
     // Bound, but no runner offers it: unsupported_capability naming it.
     admin_fs(&fleet, &["bind", "nowhere", "--org", "acme"]);
@@ -119,7 +124,10 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
         .await;
     assert_eq!(refused.status, 422, "{refused:?}");
     assert_eq!(refused.body["error"]["code"], "unsupported_capability");
-    assert_eq!(refused.body["error"]["details"]["missing"], json!(["filesystem:nowhere"]));
+    assert_eq!(
+        refused.body["error"]["details"]["missing"],
+        json!(["filesystem:nowhere"])
+    );
 
     // Bad places and `..`: 400, nothing created.
     for bad in [
@@ -148,7 +156,13 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
     .await;
     assert_eq!(missing["state"], "failed", "{missing}");
     assert_eq!(missing["state_reason"], "mount_source_missing", "{missing}");
-    assert!(missing["state_message"].as_str().unwrap_or("").contains("nope"), "{missing}");
+    assert!(
+        missing["state_message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("nope"),
+        "{missing}"
+    );
     assert!(!shared.path().join("nope").exists());
     // A symlink out of the filesystem is not followed.
     for escape in ["escape", "up"] {
@@ -159,7 +173,10 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
         .await;
         assert_eq!(out["state"], "failed", "{out}");
         assert!(
-            out["state_message"].as_str().unwrap_or("").contains("outside"),
+            out["state_message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("outside"),
             "{out}"
         );
     }
@@ -170,8 +187,14 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
     let one = create_settled(&api, json!({"mounts": [mount("/mnt/team")]})).await;
     assert_eq!(one["state"], "running", "{one}");
     let one_runner = one["runner_id"].as_str().unwrap_or("").to_owned();
-    assert_ne!(one_runner, ids[plain], "placed on a runner without the filesystem");
-    assert_eq!(one["mounts"], json!([{"filesystem": "team", "subpath": "proj", "path": "/mnt/team", "read_only": false}]));
+    assert_ne!(
+        one_runner, ids[plain],
+        "placed on a runner without the filesystem"
+    );
+    assert_eq!(
+        one["mounts"],
+        json!([{"filesystem": "team", "subpath": "proj", "path": "/mnt/team", "read_only": false}])
+    );
     let drain = |action: &'static str, id: String| {
         let admin = fleet.plane.admin.clone();
         async move {
@@ -190,7 +213,10 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
         "{two}"
     );
     drain("undrain", one_runner).await;
-    let (one, two) = (one["id"].as_str().unwrap_or(""), two["id"].as_str().unwrap_or(""));
+    let (one, two) = (
+        one["id"].as_str().unwrap_or(""),
+        two["id"].as_str().unwrap_or(""),
+    );
     sh(&api, one, "echo from-one > /mnt/team/one.txt").await;
     assert_eq!(sh(&api, two, "cat /workspace/one.txt").await, "from-one\n");
     sh(&api, two, "echo from-two > /workspace/two.txt").await;
@@ -208,7 +234,10 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
     assert!(!env.contains(&shared.path().display().to_string()), "{env}");
     // nosuid,nodev on the shared mount.
     let options = sh(&api, one, "grep ' /mnt/team ' /proc/self/mountinfo").await;
-    assert!(options.contains("nosuid") && options.contains("nodev"), "{options}");
+    assert!(
+        options.contains("nosuid") && options.contains("nodev"),
+        "{options}"
+    );
 
     // Read-only, asked for or forced by the binding (another org's).
     let ro = create_settled(
@@ -217,7 +246,12 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
     )
     .await;
     let ro = ro["id"].as_str().unwrap_or("");
-    let (write, _, _) = exec(&api, ro, json!({"argv": ["sh", "-c", "echo x > /mnt/ro/ro.txt"]})).await;
+    let (write, _, _) = exec(
+        &api,
+        ro,
+        json!({"argv": ["sh", "-c", "echo x > /mnt/ro/ro.txt"]}),
+    )
+    .await;
     assert_ne!(write["exit_code"], 0, "{write}");
     assert_eq!(sh(&api, ro, "cat /mnt/ro/one.txt").await, "from-one\n");
     let (beta, _) = new_org(&fleet.plane.admin, "beta", json!({})).await;
@@ -226,7 +260,12 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
     let record = create_settled(&beta, json!({"mounts": [mount("/mnt/team")]})).await;
     assert_eq!(record["mounts"][0]["read_only"], true, "{record}");
     let id = record["id"].as_str().unwrap_or("");
-    let (write, _, _) = exec(&beta, id, json!({"argv": ["sh", "-c", "echo x > /mnt/team/b.txt"]})).await;
+    let (write, _, _) = exec(
+        &beta,
+        id,
+        json!({"argv": ["sh", "-c", "echo x > /mnt/team/b.txt"]}),
+    )
+    .await;
     assert_ne!(write["exit_code"], 0, "{write}");
     assert!(!shared.path().join("proj/b.txt").exists());
 
@@ -259,11 +298,17 @@ async fn a_shared_workspace_keeps_private_across_runners_and_out_of_snapshots() 
     .await;
     assert_eq!(created["state"], "running", "{created}");
     let id = created["id"].as_str().unwrap_or("").to_owned();
-    sh(&api, &id, "echo mine > /private/mine.txt && echo ours > /workspace/shared.txt").await;
+    sh(
+        &api,
+        &id,
+        "echo mine > /private/mine.txt && echo ours > /workspace/shared.txt",
+    )
+    .await;
 
     // Stopped (secured), its runner drained: started on another runner,
     // /private comes back from the store, the shared files attached again.
-    api.post(&format!("/v1/sandboxes/{id}/stop"), json!({})).await;
+    api.post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
     let stopped = wait_sandbox(&api, &id, "stopped").await;
     assert_eq!(stopped["save"]["state"], "ok", "{stopped}");
     let second = runner_with(&mut fleet, data.path(), "b", std::slice::from_ref(&team));
@@ -274,23 +319,36 @@ async fn a_shared_workspace_keeps_private_across_runners_and_out_of_snapshots() 
         .post(&format!("/v1/admin/runners/{first_id}/drain"), json!({}))
         .await;
     assert_eq!(drained.status, 200, "{drained:?}");
-    api.post(&format!("/v1/sandboxes/{id}/start"), json!({})).await;
+    api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
     let running = wait_sandbox(&api, &id, "running").await;
-    assert_eq!(running["runner_id"], fleet.runners[second].runner_id.as_str(), "{running}");
+    assert_eq!(
+        running["runner_id"],
+        fleet.runners[second].runner_id.as_str(),
+        "{running}"
+    );
     assert_eq!(sh(&api, &id, "cat /private/mine.txt").await, "mine\n");
     assert_eq!(sh(&api, &id, "cat /workspace/shared.txt").await, "ours\n");
 
     // A snapshot holds the private home only; a child without mounts
     // gets no shared file.
     let snapshot = api
-        .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({"durability": "replicated"}))
+        .post(
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            json!({"durability": "replicated"}),
+        )
         .await;
     assert_eq!(snapshot.status, 201, "{snapshot:?}");
     let snapshot_id = snapshot.str("id");
     let replicated = api
-        .get(&format!("/v1/snapshots/{snapshot_id}?wait_for=replicated&timeout=20"))
+        .get(&format!(
+            "/v1/snapshots/{snapshot_id}?wait_for=replicated&timeout=20"
+        ))
         .await;
-    assert_eq!(replicated.body["durability"], "replicated", "{replicated:?}");
+    assert_eq!(
+        replicated.body["durability"], "replicated",
+        "{replicated:?}"
+    );
     let child = create_settled(&api, json!({"from_snapshot": snapshot_id})).await;
     assert_eq!(child["state"], "running", "{child}");
     assert!(child.get("mounts").is_none(), "{child}");

@@ -184,4 +184,25 @@ mod tests {
             "durable where homes snapshot"
         );
     }
+
+    #[test]
+    fn shared_mounts_resolve_by_this_runners_ids_only() {
+        let mut sandbox = running();
+        sandbox.mounts.push(api::sandboxes::Mount {
+            filesystem: "team".to_owned(),
+            subpath: "proj".to_owned(),
+            path: "/workspace".to_owned(),
+            read_only: true,
+        });
+        let config = translate(&sandbox, false).expect("runnable");
+        assert_eq!(config.shared.len(), 1);
+        assert_eq!(config.shared[0].root, PathBuf::from("/srv/team"));
+        assert_eq!(config.shared[0].destination, "/workspace");
+        assert!(config.shared[0].read_only);
+        sandbox.mounts[0].filesystem = "elsewhere".to_owned();
+        assert_eq!(
+            translate(&sandbox, false).map(drop).map_err(|u| u.reason),
+            Err("filesystem_unavailable")
+        );
+    }
 }

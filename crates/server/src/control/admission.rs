@@ -95,9 +95,7 @@ fn mounts(mounts: &[api::sandboxes::Mount]) -> Result<(), ControlError> {
         {
             return Err(limits::invalid(
                 "mounts.subpath",
-                format!(
-                    "{subpath:?}: a directory relative to the filesystem's root, without `..`"
-                ),
+                format!("{subpath:?}: a directory relative to the filesystem's root, without `..`"),
             ));
         }
         let path = &mount.path;
@@ -235,8 +233,7 @@ async fn check_admissible(
     // the sandbox's needs below (`filesystem:ID`).
     let mut mounts = Vec::with_capacity(request.mounts.len());
     for mount in &request.mounts {
-        let binding =
-            records::filesystems::binding(tx, &mount.filesystem, &sandbox.org_id).await?;
+        let binding = records::filesystems::binding(tx, &mount.filesystem, &sandbox.org_id).await?;
         let Some(binding) = binding else {
             return Err(unsupported(
                 vec![format!("filesystem:{}", mount.filesystem)],

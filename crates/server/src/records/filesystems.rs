@@ -7,7 +7,8 @@ use super::rfc3339;
 use crate::db::WriteTx;
 use api::filesystems::FilesystemBinding;
 
-const BINDING_QUERY: &str = "SELECT b.filesystem_id, b.org_id, o.name AS org_name, b.read_only, b.bound_at_ms
+const BINDING_QUERY: &str =
+    "SELECT b.filesystem_id, b.org_id, o.name AS org_name, b.read_only, b.bound_at_ms
      FROM filesystem_bindings b JOIN orgs o ON o.id = b.org_id";
 
 fn binding_of(row: &sqlx::any::AnyRow) -> Result<FilesystemBinding, sqlx::Error> {
