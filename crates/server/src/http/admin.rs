@@ -76,7 +76,7 @@ async fn set_quarantine(
 
 /// Binds a shared filesystem to an org (by id or name): its sandboxes may
 /// mount it, read-only whatever they ask if `read_only`.
-#[utoipa::path(put, path = "/v1/admin/filesystems/{id}/orgs/{org}", tag = "admin", params(("id" = String, Path, description = "filesystem id"), ("org" = String, Path, description = "org id or name")), request_body = api::filesystems::BindFilesystemRequest, responses((status = 200, body = api::filesystems::FilesystemBinding), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(put, path = "/v1/admin/filesystems/{id}/orgs/{org}", tag = "admin", params(("id" = String, Path, pattern = "^[a-z0-9][a-z0-9_-]{0,63}$", description = "filesystem id"), ("org" = String, Path, description = "org id or name")), request_body = api::filesystems::BindFilesystemRequest, responses((status = 200, body = api::filesystems::FilesystemBinding), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn bind_filesystem(
     State(state): State<AppState>,
     _admin: AdminCaller,
@@ -88,7 +88,7 @@ pub async fn bind_filesystem(
 }
 
 /// Removes a binding: the binding removed.
-#[utoipa::path(delete, path = "/v1/admin/filesystems/{id}/orgs/{org}", tag = "admin", params(("id" = String, Path, description = "filesystem id"), ("org" = String, Path, description = "org id or name")), responses((status = 200, body = api::filesystems::FilesystemBinding), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(delete, path = "/v1/admin/filesystems/{id}/orgs/{org}", tag = "admin", params(("id" = String, Path, pattern = "^[a-z0-9][a-z0-9_-]{0,63}$", description = "filesystem id"), ("org" = String, Path, description = "org id or name")), responses((status = 200, body = api::filesystems::FilesystemBinding), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn unbind_filesystem(
     State(state): State<AppState>,
     _admin: AdminCaller,
