@@ -294,6 +294,44 @@ impl Client {
         .await
     }
 
+    /// `PUT /v1/admin/filesystems/{id}/orgs/{org}` (admin token).
+    pub async fn bind_filesystem(
+        &self,
+        filesystem: &str,
+        org: &str,
+        request: &crate::filesystems::BindFilesystemRequest,
+    ) -> Result<crate::filesystems::FilesystemBinding, ClientError> {
+        let body = serde_json::to_vec(request).map_err(|e| ClientError::Encode {
+            message: e.to_string(),
+        })?;
+        self.call(
+            Method::PUT,
+            &["v1", "admin", "filesystems", filesystem, "orgs", org],
+            &[],
+            Some(body),
+            &[],
+        )
+        .await
+    }
+
+    /// `DELETE /v1/admin/filesystems/{id}/orgs/{org}` (admin token): the
+    /// binding removed.
+    pub async fn unbind_filesystem(
+        &self,
+        filesystem: &str,
+        org: &str,
+    ) -> Result<crate::filesystems::FilesystemBinding, ClientError> {
+        self.delete(&["v1", "admin", "filesystems", filesystem, "orgs", org])
+            .await
+    }
+
+    /// `GET /v1/admin/filesystems` (admin token).
+    pub async fn list_filesystem_bindings(
+        &self,
+    ) -> Result<crate::filesystems::FilesystemBindingList, ClientError> {
+        self.get(&["v1", "admin", "filesystems"], &[]).await
+    }
+
     /// `POST /v1/admin/sandboxes/{id}/quarantine` (admin token).
     pub async fn quarantine_sandbox(
         &self,

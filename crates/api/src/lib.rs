@@ -9,6 +9,7 @@ pub mod commands;
 pub mod deployment;
 mod error;
 pub mod failpoint;
+pub mod filesystems;
 pub mod images;
 pub mod lifecycle;
 pub mod orgs;

@@ -31,7 +31,8 @@ pub struct RegisterRequest {
     #[schema(schema_with = crate::schema::labels)]
     pub labels: BTreeMap<String, String>,
     /// What this runner can do, e.g. `image:default`, `network:none`,
-    /// `network:bridge`, `storage:standard`, `storage:durable`.
+    /// `network:bridge`, `storage:standard`, `storage:durable`,
+    /// `filesystem:ID` (a shared filesystem mounted on its host).
     #[schema(schema_with = crate::schema::capabilities)]
     pub capabilities: Vec<String>,
     pub capacity: Capacity,
@@ -207,6 +208,10 @@ pub struct SandboxAssignment {
     /// Snapshots asked for and not yet replicated or failed.
     #[serde(default)]
     pub snapshots: Vec<SnapshotAssignment>,
+    /// Shared filesystems to mount, by the ids this runner declared
+    /// (`filesystem:ID`); the runner alone knows where each is on its host.
+    #[serde(default)]
+    pub mounts: Vec<crate::sandboxes::Mount>,
 }
 
 /// A snapshot the runner is to capture and replicate.

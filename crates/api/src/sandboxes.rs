@@ -43,8 +43,12 @@ pub struct CreateSandboxRequest {
     #[serde(default)]
     #[schema(schema_with = crate::schema::labels)]
     pub labels: BTreeMap<String, String>,
-    /// Shared filesystem mounts; refused unless the deployment configures them.
+    /// Shared filesystems to mount (at most 16): each an existing
+    /// subdirectory of a filesystem an operator bound to the org, on
+    /// runners that offer it (`filesystem:ID`). One at `/workspace` moves
+    /// the sandbox's own home to `/private`.
     #[serde(default)]
+    #[schema(max_items = 16)]
     pub mounts: Vec<Mount>,
     /// Secrets to inject; refused unless the deployment configures them.
     #[serde(default)]
@@ -86,12 +90,28 @@ pub struct Resources {
     pub pids: Option<u64>,
 }
 
+/// A shared filesystem mounted into a sandbox. Its files are the
+/// filesystem's, never part of a save or snapshot; two sandboxes writing
+/// the same file see the filesystem's own semantics.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Mount {
-    /// `FILESYSTEM_ID:SUBDIR`.
-    pub source: String,
-    pub target: String,
+    /// The filesystem's id, as runners declare it (`--filesystem ID=…`)
+    /// and an operator binds it to the org.
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
+    pub filesystem: String,
+    /// A directory of the filesystem, relative to its root (empty: the
+    /// root). It must exist on the runner: a missing one fails the
+    /// sandbox (`mount_source_missing`), nothing is created. No `..`.
+    #[serde(default)]
+    #[schema(max_length = 4096)]
+    pub subpath: String,
+    /// Where it appears: `/workspace`, or a path below `/mnt`.
+    #[schema(max_length = 4096)]
+    pub path: String,
+    /// Mounted read-only (always so where the binding is read-only).
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -141,6 +161,9 @@ pub struct Sandbox {
     /// The snapshot this sandbox's home started as (lineage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// Shared filesystems mounted in it (`read_only` as enforced).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
     /// While `recovering`: what the home will be restored from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<Recovery>,

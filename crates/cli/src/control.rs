@@ -124,6 +124,48 @@ pub enum AdminCommand {
     /// host's preemption notice.
     #[command(subcommand)]
     Runner(AdminRunnerCommand),
+    /// Shared filesystems: which org may mount which filesystem runners
+    /// declare (`roost runner --filesystem ID=PATH`).
+    #[command(subcommand)]
+    Filesystem(AdminFilesystemCommand),
+}
+
+#[derive(Subcommand)]
+pub enum AdminFilesystemCommand {
+    /// Let an org's sandboxes mount the filesystem (binding again changes
+    /// --read-only for sandboxes created afterwards).
+    Bind {
+        /// The filesystem's id.
+        id: String,
+        /// The org, by name or id.
+        #[arg(long)]
+        org: String,
+        /// The org's sandboxes mount it read-only, whatever they ask.
+        #[arg(long)]
+        read_only: bool,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Withdraw the binding: new creates that mount it are refused
+    /// (sandboxes that mount it keep it).
+    Unbind {
+        id: String,
+        #[arg(long)]
+        org: String,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every binding.
+    List {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -382,6 +424,7 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
             AdminCommand::Runner(AdminRunnerCommand::Undrain { id, target, json }) => {
                 runner_action(&id, &target, json, "undrain").await?;
             }
+            AdminCommand::Filesystem(command) => admin_filesystem(command).await?,
             AdminCommand::Sandbox(AdminSandboxCommand::Release { id, target, json }) => {
                 let sandbox = target
                     .client()?
@@ -400,4 +443,75 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+async fn admin_filesystem(command: AdminFilesystemCommand) -> Result<()> {
+    let (binding, verb, json) = match command {
+        AdminFilesystemCommand::Bind {
+            id,
+            org,
+            read_only,
+            target,
+            json,
+        } => {
+            let request = api::filesystems::BindFilesystemRequest { read_only };
+            let binding = target
+                .client()?
+                .bind_filesystem(&id, &org, &request)
+                .await
+                .context("filesystem bind failed")?;
+            (binding, "bound to", json)
+        }
+        AdminFilesystemCommand::Unbind {
+            id,
+            org,
+            target,
+            json,
+        } => {
+            let binding = target
+                .client()?
+                .unbind_filesystem(&id, &org)
+                .await
+                .context("filesystem unbind failed")?;
+            (binding, "unbound from", json)
+        }
+        AdminFilesystemCommand::List { target, json } => {
+            let list = target
+                .client()?
+                .list_filesystem_bindings()
+                .await
+                .context("filesystem list failed")?;
+            if json {
+                print_record(&list)?;
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .bindings
+                    .iter()
+                    .map(|b| {
+                        vec![
+                            b.filesystem.clone(),
+                            b.org_name.clone(),
+                            b.org_id.clone(),
+                            if b.read_only { "ro" } else { "rw" }.to_owned(),
+                            b.bound_at.clone(),
+                        ]
+                    })
+                    .collect();
+                print_table(&["FILESYSTEM", "ORG", "ORG ID", "MODE", "BOUND AT"], &rows);
+            }
+            return Ok(());
+        }
+    };
+    if json {
+        print_record(&binding)?;
+    } else {
+        println!(
+            "filesystem {} {verb} org {} ({}{})",
+            binding.filesystem,
+            binding.org_name,
+            binding.org_id,
+            if binding.read_only { ", read-only" } else { "" }
+        );
+    }
+    Ok(())
 }

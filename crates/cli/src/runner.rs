@@ -61,6 +61,12 @@ pub struct RunnerArgs {
     /// need their own, since a sandbox's cgroup is named after it.
     #[arg(long, value_name = "NAME", default_value = "roost")]
     cgroup_parent: String,
+    /// A shared filesystem mounted on this host (an NFS, CephFS or EFS
+    /// mount, the same on every runner that declares it), offered as
+    /// `filesystem:ID`. Repeatable. The path never reaches a sandbox or
+    /// the server.
+    #[arg(long = "filesystem", value_name = "ID=PATH")]
+    filesystems: Vec<String>,
 }
 
 /// How `roost runner` answers signals (after `--help`'s options).
@@ -149,6 +155,23 @@ pub fn run(args: RunnerArgs) -> Result<ExitCode> {
     }
     config.homes_image_bytes = args.homes_image_size.saturating_mul(1 << 20);
     config.cgroup_parent = args.cgroup_parent;
+    for declared in &args.filesystems {
+        let Some((id, path)) = declared.split_once('=') else {
+            anyhow::bail!("--filesystem {declared:?}: use ID=PATH");
+        };
+        if !server::control::admission::filesystem_id_ok(id) {
+            anyhow::bail!(
+                "--filesystem {declared:?}: the id is 1-64 of a-z 0-9 - _, starting with a letter or digit"
+            );
+        }
+        let path = absolute(PathBuf::from(path))?;
+        if !path.is_dir() {
+            anyhow::bail!("--filesystem {id}: {} is not a directory", path.display());
+        }
+        if config.filesystems.insert(id.to_owned(), path).is_some() {
+            anyhow::bail!("--filesystem {id} given twice");
+        }
+    }
     config.failpoint = api::failpoint::Failpoints::from_env();
     runtime()?.block_on(async move {
         // Listening replaces SIGUSR1's default action (the end of the

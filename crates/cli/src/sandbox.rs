@@ -221,6 +221,12 @@ pub struct CreateArgs {
     /// A label, for filtering lists (repeatable).
     #[arg(long = "label", value_name = "K=V", value_parser = parse_pair)]
     labels: Vec<(String, String)>,
+    /// A shared filesystem's existing directory to mount (repeatable):
+    /// `FILESYSTEM[:SUBPATH]=PATH[:ro]`, PATH being /workspace (the
+    /// sandbox's own home then is /private) or below /mnt, e.g.
+    /// `--mount team:checkouts/app=/workspace`, `--mount data=/mnt/data:ro`.
+    #[arg(long = "mount", value_name = "FS[:SUB]=PATH[:ro]", value_parser = parse_mount)]
+    mounts: Vec<api::sandboxes::Mount>,
     /// How often a running durable home is saved (e.g. `60s`; within the
     /// deployment's bounds; default: the deployment's interval).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
@@ -275,6 +281,31 @@ pub fn parse_pair(text: &str) -> Result<(String, String), String> {
         Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
         _ => Err(format!("expected KEY=VALUE, got {text:?}")),
     }
+}
+
+/// `--mount FILESYSTEM[:SUBPATH]=PATH[:ro]`.
+pub fn parse_mount(text: &str) -> Result<api::sandboxes::Mount, String> {
+    let Some((source, path)) = text.split_once('=') else {
+        return Err(format!(
+            "expected FILESYSTEM[:SUBPATH]=PATH[:ro], got {text:?}"
+        ));
+    };
+    let (filesystem, subpath) = source.split_once(':').unwrap_or((source, ""));
+    let (path, read_only) = match path.strip_suffix(":ro") {
+        Some(path) => (path, true),
+        None => (path, false),
+    };
+    if filesystem.is_empty() || path.is_empty() {
+        return Err(format!(
+            "expected FILESYSTEM[:SUBPATH]=PATH[:ro], got {text:?}"
+        ));
+    }
+    Ok(api::sandboxes::Mount {
+        filesystem: filesystem.to_owned(),
+        subpath: subpath.to_owned(),
+        path: path.to_owned(),
+        read_only,
+    })
 }
 
 /// Whole seconds, rounded up, so `--ttl 1500ms` is not sent as 1.
@@ -414,7 +445,7 @@ async fn create(args: CreateArgs) -> Result<ExitCode> {
         placement: args.placement,
         env: args.env.into_iter().collect::<BTreeMap<_, _>>(),
         labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
-        mounts: Vec::new(),
+        mounts: args.mounts,
         secrets: Vec::new(),
         save_interval_s: args.save_interval.map(seconds_rounded_up),
         from_snapshot: args.from_snapshot,

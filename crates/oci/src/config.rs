@@ -163,6 +163,10 @@ pub enum RootImage {
 ///               DIR/upper (the writable layer; DIR/work is overlay's)
 /// DIR/lease/    the runner's lease deadline, mounted read-only for the
 ///               init (see crate::lease)
+/// DIR/shared/   while a create runs: each shared mount's directory,
+///               bind-mounted here from a descriptor opened beneath its
+///               filesystem's root (crate::shared); unmounted once the
+///               runtime has made its own mounts
 /// DIR/bundle/   runtime bundle: config.json, init.status, init.log,
 ///               resolv.conf (`bridge`) and per-command scratch files;
 ///               rebuilt at every create and removed by delete
@@ -197,6 +201,10 @@ impl SandboxPaths {
     pub fn upper(&self) -> PathBuf {
         self.dir.join("upper")
     }
+    /// Where a create stages shared mounts (see [`crate::shared`]).
+    pub fn shared(&self) -> PathBuf {
+        self.dir.join("shared")
+    }
     /// overlayfs's scratch directory (same filesystem as `upper`).
     pub fn overlay_work(&self) -> PathBuf {
         self.dir.join("work")
@@ -230,14 +238,57 @@ impl SandboxPaths {
     }
 }
 
+/// A directory of a shared filesystem mounted on the host, bind-mounted
+/// into the sandbox (`nosuid,nodev`). It is opened beneath `root` (no
+/// symlink or `..` leads out of it) and must exist: nothing is created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedMount {
+    /// For messages: the filesystem's id, never its host path.
+    pub name: String,
+    /// The filesystem's root on the host.
+    pub root: PathBuf,
+    /// Relative to `root`; empty: the root itself.
+    pub subpath: String,
+    /// [`crate::spec::WORKSPACE_PATH`] (the sandbox's own home then moves
+    /// to [`crate::spec::PRIVATE_PATH`]) or a path below `/mnt`.
+    pub destination: String,
+    pub read_only: bool,
+}
+
+impl SharedMount {
+    fn validate(&self) -> Result<()> {
+        let normal = |path: &str| {
+            path.split('/')
+                .all(|c| !c.is_empty() && c != "." && c != "..")
+        };
+        let destination_ok = self.destination == crate::spec::WORKSPACE_PATH
+            || self.destination.strip_prefix("/mnt/").is_some_and(normal);
+        if !self.root.is_absolute()
+            || self.subpath.starts_with('/')
+            || self.subpath.split('/').any(|c| c == "..")
+            || self.subpath.contains('\0')
+            || !destination_ok
+        {
+            return Err(Error::Invalid(format!(
+                "shared mount {}:{:?} at {:?}: a relative subpath without `..`, at /workspace or below /mnt",
+                self.name, self.subpath, self.destination
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Everything needed to create one sandbox.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SandboxConfig {
     pub id: SandboxId,
     pub paths: SandboxPaths,
     /// The host directory bind-mounted read-write at `/workspace` (also
-    /// `$HOME` and the default cwd). It must exist.
+    /// `$HOME` and the default cwd), or at `/private` when a shared mount
+    /// owns `/workspace`. It must exist.
     pub workspace: PathBuf,
+    /// Shared filesystems' directories mounted in the sandbox.
+    pub shared: Vec<SharedMount>,
     pub init: InitProgram,
     pub image: RootImage,
     /// The workload the init starts and supervises; empty = none: the init
@@ -272,6 +323,7 @@ impl SandboxConfig {
             id,
             paths,
             workspace: workspace.into(),
+            shared: Vec::new(),
             init,
             image: RootImage::Host,
             workload: Vec::new(),
@@ -304,6 +356,18 @@ impl SandboxConfig {
             if !path.starts_with('/') {
                 return Err(Error::Invalid(format!(
                     "masked path {path:?} must be absolute"
+                )));
+            }
+        }
+        for (i, mount) in self.shared.iter().enumerate() {
+            mount.validate()?;
+            if self.shared[..i]
+                .iter()
+                .any(|m| m.destination == mount.destination)
+            {
+                return Err(Error::Invalid(format!(
+                    "two shared mounts at {}",
+                    mount.destination
                 )));
             }
         }

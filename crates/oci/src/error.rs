@@ -33,6 +33,11 @@ pub enum Error {
     #[error("{0}")]
     Unusable(String),
 
+    /// A shared filesystem's directory a sandbox mounts is not there (or
+    /// not a directory) on this host. Permanent; nothing is created.
+    #[error("{0}")]
+    MountSourceMissing(String),
+
     /// The runtime ran and reported failure.
     #[error("{runtime} {op} failed for sandbox {id}{}: {message}", status_suffix(.status))]
     Runtime {
@@ -135,6 +140,7 @@ impl Error {
                 | Error::Unsupported(_)
                 | Error::Invalid(_)
                 | Error::Unusable(_)
+                | Error::MountSourceMissing(_)
                 | Error::Spec { .. }
         )
     }

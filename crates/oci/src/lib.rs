@@ -19,6 +19,8 @@
 //!   one [`Outcome`] each.
 //! - [`network`]: `bridge` networking (a runner bridge, a veth per sandbox,
 //!   isolation between sandboxes, outbound NAT, address leases).
+//! - [`shared`]: shared filesystems' directories, opened beneath their
+//!   root and staged for the runtime's bind mounts.
 //! - [`volumes`]: where sandbox homes live (btrfs subvolumes, snapshots).
 //! - [`init`]: the PID 1 every sandbox runs (the `roost init` entry point).
 //! - [`lease`]: the runner's lease deadline, which the init enforces when
@@ -70,12 +72,15 @@ pub mod rootfs;
 pub mod runtime;
 pub mod seam;
 pub mod security;
+pub mod shared;
 pub mod signal;
 pub mod spec;
 pub mod state;
 pub mod volumes;
 
-pub use config::{InitProgram, Limits, Network, RootImage, SandboxConfig, SandboxId, SandboxPaths};
+pub use config::{
+    InitProgram, Limits, Network, RootImage, SandboxConfig, SandboxId, SandboxPaths, SharedMount,
+};
 pub use error::{Error, Result};
 pub use exec::{CommandEnd, CommandSpec, Execution, Outcome, Signaller, Stream};
 pub use init::InitEnd;

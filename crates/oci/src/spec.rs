@@ -17,7 +17,10 @@
 //! /lib* /bin /sbin    nodev); where the host has merged-/usr symlinks
 //!                     (/bin -> usr/bin) the same symlinks are made in rootfs
 //! /workspace          the caller's host directory, read-write: $HOME and the
-//!                     default cwd
+//!                     default cwd; or a shared filesystem's directory, and
+//!                     then the caller's directory is at /private
+//! /mnt/…              shared filesystems' directories (crate::shared),
+//!                     nosuid, nodev, read-only where asked
 //! /tmp /run           fresh tmpfs (charged to the memory cgroup)
 //! /proc /sys /dev     proc; sysfs read-only; tmpfs /dev with the standard
 //!                     devices the runtime creates, devpts, a 64 MiB /dev/shm,
@@ -69,6 +72,8 @@ pub const INIT_LOADER_PATH: &str = "/.roost/ld.so";
 pub const INIT_LIBS_PATH: &str = "/.roost/lib";
 /// The sandbox's home: `$HOME`, the default cwd, the caller's host directory.
 pub const WORKSPACE_PATH: &str = "/workspace";
+/// The sandbox's own home when a shared filesystem owns `/workspace`.
+pub const PRIVATE_PATH: &str = "/private";
 /// A `bridge` sandbox's DNS configuration (see [`SandboxPaths::resolv_conf`]).
 ///
 /// [`SandboxPaths::resolv_conf`]: crate::SandboxPaths::resolv_conf
@@ -388,12 +393,37 @@ fn mounts(
             )?);
         }
     }
+    // The sandbox's own home, at /workspace unless a shared filesystem
+    // owns it. `$HOME` and the cwd stay /workspace either way.
+    let shared_workspace = config
+        .shared
+        .iter()
+        .any(|m| m.destination == WORKSPACE_PATH);
     mounts.push(mount(
-        WORKSPACE_PATH,
+        if shared_workspace {
+            PRIVATE_PATH
+        } else {
+            WORKSPACE_PATH
+        },
         "bind",
         config.workspace.clone(),
         &["rbind", "rw", "nosuid", "nodev"],
     )?);
+    // Staged by `crate::shared` from descriptors opened beneath each
+    // filesystem's root; not `rbind`: nothing mounted below comes along.
+    for (i, shared) in config.shared.iter().enumerate() {
+        mounts.push(mount(
+            &shared.destination,
+            "bind",
+            crate::shared::staged(&config.paths, i),
+            &[
+                "bind",
+                if shared.read_only { "ro" } else { "rw" },
+                "nosuid",
+                "nodev",
+            ],
+        )?);
+    }
     mounts.push(mount(
         INIT_PATH,
         "bind",
@@ -741,5 +771,50 @@ mod tests {
 
     fn env_empty() -> BTreeMap<String, String> {
         BTreeMap::new()
+    }
+
+    #[test]
+    fn a_shared_workspace_moves_the_home_to_private() {
+        let mut config = config();
+        for (destination, read_only) in [("/workspace", false), ("/mnt/data", true)] {
+            config.shared.push(crate::config::SharedMount {
+                name: "team".to_owned(),
+                root: "/srv/team".into(),
+                subpath: "proj".to_owned(),
+                destination: destination.to_owned(),
+                read_only,
+            });
+        }
+        let value = json(&config);
+        let mounts = value["mounts"].as_array().expect("mounts");
+        let find = |dest: &str| {
+            mounts
+                .iter()
+                .find(|m| m["destination"] == dest)
+                .unwrap_or_else(|| panic!("no mount at {dest}"))
+        };
+        assert_eq!(
+            find(PRIVATE_PATH)["source"],
+            "/var/lib/roost/homes/sbx_test"
+        );
+        let shared = find(WORKSPACE_PATH);
+        assert_eq!(
+            shared["source"], "/var/lib/roost/sandboxes/sbx_test/shared/0",
+            "bound from its staging, never from the filesystem's path"
+        );
+        let options = |m: &serde_json::Value| m["options"].to_string();
+        assert!(options(shared).contains("\"rw\"") && options(shared).contains("nosuid"));
+        let data = find("/mnt/data");
+        assert!(options(data).contains("\"ro\"") && options(data).contains("nodev"));
+        assert!(!options(data).contains("rbind"));
+        // HOME and the cwd stay /workspace.
+        assert_eq!(value["process"]["cwd"], "/workspace");
+
+        let mut bad = config.clone();
+        bad.shared[1].destination = "/etc".to_owned();
+        assert!(spec(&bad, &host(), "/roost/x").is_err());
+        let mut bad = config;
+        bad.shared[1].subpath = "../x".to_owned();
+        assert!(spec(&bad, &host(), "/roost/x").is_err());
     }
 }

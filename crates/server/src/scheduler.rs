@@ -23,18 +23,27 @@ pub struct Needs {
 
 impl Needs {
     pub fn of(sandbox: &SandboxRow) -> Needs {
+        let mut capabilities = vec![
+            // An imported image is one the runner fetches from the
+            // store; admission has already checked that it exists.
+            if sandbox.image_root.is_some() {
+                "image:store".to_owned()
+            } else {
+                format!("image:{}", sandbox.image)
+            },
+            format!("network:{}", sandbox.network),
+            format!("storage:{}", sandbox.storage_class),
+        ];
+        // Every shared filesystem it mounts, on every placement: a
+        // recovery or a drain moves it only where they are all mounted.
+        for mount in sandbox.mounts() {
+            let capability = format!("filesystem:{}", mount.filesystem);
+            if !capabilities.contains(&capability) {
+                capabilities.push(capability);
+            }
+        }
         Needs {
-            capabilities: vec![
-                // An imported image is one the runner fetches from the
-                // store; admission has already checked that it exists.
-                if sandbox.image_root.is_some() {
-                    "image:store".to_owned()
-                } else {
-                    format!("image:{}", sandbox.image)
-                },
-                format!("network:{}", sandbox.network),
-                format!("storage:{}", sandbox.storage_class),
-            ],
+            capabilities,
             on_demand_only: sandbox.placement == Placement::NonPreemptible,
             memory_mib: sandbox.memory_mib.unwrap_or(0),
             millicpus: sandbox.millicpus.unwrap_or(0),

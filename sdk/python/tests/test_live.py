@@ -145,3 +145,27 @@ def test_async_client_has_the_same_surface(deployment: Deployment) -> None:
     assert {c.stream for c in chunks} == {"stdout", "stderr"}
     assert streamed.stdout == b"a\n" and streamed.stderr == b"b\n"
     assert len(commands) == 2 and gone.state == "deleted"
+
+
+def test_mounts_reach_admission(roost_client: Roost, deployment: Deployment) -> None:
+    # Unbound, then bound but on no runner: refused naming the filesystem
+    # either way (`roost up` declares no shared filesystem).
+    mount = roost.Mount(filesystem="team", subpath="proj", path="/workspace", read_only=True)
+    with pytest.raises(UnsupportedCapability) as unbound:
+        roost_client.sandboxes.create(mounts=[mount], wait=False)
+    assert unbound.value.missing == ["filesystem:team"]
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(
+        deployment.url + "/v1/whoami", headers={"Authorization": f"Bearer {deployment.token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        org_id = json.loads(response.read())["org_id"]
+    deployment.admin("PUT", f"/v1/admin/filesystems/team/orgs/{org_id}", {"read_only": False})
+    try:
+        with pytest.raises(UnsupportedCapability) as nowhere:
+            roost_client.sandboxes.create(mounts=[{"filesystem": "team", "path": "/mnt/team"}], wait=False)
+        assert nowhere.value.missing == ["filesystem:team"]
+    finally:
+        deployment.admin("DELETE", f"/v1/admin/filesystems/team/orgs/{org_id}")

@@ -8,6 +8,7 @@ mod convergence;
 mod durable;
 mod failover;
 mod fault_matrix;
+mod filesystems;
 mod harness;
 mod home;
 mod hostile;

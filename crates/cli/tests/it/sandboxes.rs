@@ -531,8 +531,8 @@ async fn admission_refuses_what_nothing_would_enforce_naming_it() {
             "resources.pids:2000000",
         ),
         (
-            json!({"mounts": [{"source": "fs1:data", "target": "/mnt/data"}]}),
-            "mount:fs1:data",
+            json!({"mounts": [{"filesystem": "fs1", "subpath": "data", "path": "/mnt/data"}]}),
+            "filesystem:fs1",
         ),
         (
             json!({"secrets": [{"path": "vault/x", "env": "X"}]}),

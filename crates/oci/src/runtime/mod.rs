@@ -307,6 +307,14 @@ impl Runtime {
         let status = open_append(&paths.init_status())?;
         let log = open_append(&paths.init_log())?;
         let runtime_log = paths.runtime_log("create");
+        // Shared directories, opened beneath their roots and staged for
+        // the runtime's binds; detached again once `create` has returned
+        // (the container's mount namespace keeps its own).
+        if let Err(e) = crate::shared::stage(config) {
+            let sandbox = self.sandbox(config.id.clone(), paths.clone());
+            let _ = sandbox.release_network().await;
+            return Err(e);
+        }
         let mut command = self.command(Some(&runtime_log));
         command
             .arg("create")
@@ -318,7 +326,11 @@ impl Runtime {
             .stdin(Stdio::null())
             .stdout(status)
             .stderr(log);
-        let outcome = command.status().await.map_err(|source| Error::Spawn {
+        let outcome = command.status().await;
+        // A staging mount that would not go stays until `delete`, which
+        // unstages before it removes anything.
+        let _ = crate::shared::unstage(paths);
+        let outcome = outcome.map_err(|source| Error::Spawn {
             runtime: self.kind().name(),
             op: "create",
             id: config.id.to_string(),
@@ -733,6 +745,7 @@ impl Sandbox {
         // ── network step: veth, namespace, then the lease ──
         self.release_network().await?;
         rootfs::unmount_rootfs(&self.paths)?;
+        crate::shared::unstage(&self.paths)?;
         let bundle = self.paths.bundle();
         match std::fs::remove_dir_all(&bundle) {
             Ok(()) => Ok(()),

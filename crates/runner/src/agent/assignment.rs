@@ -4,12 +4,13 @@
 //! `failed` with that reason, never weakened). Pure: what it needs of the
 //! host comes in a [`Host`], so it is tested alone.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use api::lifecycle::StorageClass;
 use api::runners::SandboxAssignment;
 use oci::config::{
-    InitProgram, Limits, Network, RootImage, SandboxConfig, SandboxId, SandboxPaths,
+    InitProgram, Limits, Network, RootImage, SandboxConfig, SandboxId, SandboxPaths, SharedMount,
 };
 
 /// What the translation needs of this runner.
@@ -21,6 +22,8 @@ pub(crate) struct Host<'a> {
     /// Whether durable homes can be kept here (running homes can be
     /// snapshotted).
     pub durable: bool,
+    /// Shared filesystems mounted on this host, by id.
+    pub filesystems: &'a BTreeMap<String, PathBuf>,
 }
 
 /// A sandbox this runner cannot run as asked: reported `failed`.
@@ -84,6 +87,24 @@ pub(crate) fn sandbox_config(
         cpus: resources.cpus,
         pids: resources.pids,
     };
+    for mount in &sandbox.mounts {
+        let Some(root) = host.filesystems.get(&mount.filesystem) else {
+            return Err(Unrunnable::new(
+                "filesystem_unavailable",
+                format!(
+                    "shared filesystem {} is not mounted on this runner",
+                    mount.filesystem
+                ),
+            ));
+        };
+        config.shared.push(SharedMount {
+            name: mount.filesystem.clone(),
+            root: root.clone(),
+            subpath: mount.subpath.clone(),
+            destination: mount.path.clone(),
+            read_only: mount.read_only,
+        });
+    }
     // The runner's own files are no business of a sandbox, wherever the
     // data dir is.
     config.masked_paths = vec![host.data_root.display().to_string()];
@@ -101,10 +122,12 @@ mod tests {
             host_path: "/usr/bin/roost".into(),
             args: vec!["init".to_owned()],
         };
+        let filesystems = BTreeMap::from([("team".to_owned(), PathBuf::from("/srv/team"))]);
         let host = Host {
             init: &init,
             data_root: Path::new("/var/lib/roost/runner"),
             durable,
+            filesystems: &filesystems,
         };
         let id = SandboxId::new("sbx_0123".to_owned()).expect("an id");
         let paths = SandboxPaths::new("/var/lib/roost/runner/sandboxes/sbx_0123").expect("paths");
@@ -159,6 +182,27 @@ mod tests {
         assert!(
             translate(&durable, true).is_ok(),
             "durable where homes snapshot"
+        );
+    }
+
+    #[test]
+    fn shared_mounts_resolve_by_this_runners_ids_only() {
+        let mut sandbox = running();
+        sandbox.mounts.push(api::sandboxes::Mount {
+            filesystem: "team".to_owned(),
+            subpath: "proj".to_owned(),
+            path: "/workspace".to_owned(),
+            read_only: true,
+        });
+        let config = translate(&sandbox, false).expect("runnable");
+        assert_eq!(config.shared.len(), 1);
+        assert_eq!(config.shared[0].root, PathBuf::from("/srv/team"));
+        assert_eq!(config.shared[0].destination, "/workspace");
+        assert!(config.shared[0].read_only);
+        sandbox.mounts[0].filesystem = "elsewhere".to_owned();
+        assert_eq!(
+            translate(&sandbox, false).map(drop).map_err(|u| u.reason),
+            Err("filesystem_unavailable")
         );
     }
 }

@@ -123,6 +123,10 @@ pub const STORE_IMAGE_CAPABILITY: &str = "image:store";
 /// bridge, outbound NAT, isolation between sandboxes) was set up.
 pub const BRIDGE_CAPABILITY: &str = "network:bridge";
 
+/// Advertised, with the id, for each shared filesystem declared
+/// (`--filesystem ID=PATH`).
+pub const FILESYSTEM_CAPABILITY_PREFIX: &str = "filesystem:";
+
 /// Advertised on top of [`CAPABILITIES`] where homes can be snapshotted
 /// (btrfs): a durable home is saved while it runs only crash-consistently.
 pub const DURABLE_CAPABILITY: &str = "storage:durable";
@@ -130,8 +134,16 @@ pub const DURABLE_CAPABILITY: &str = "storage:durable";
 /// What this runner enforces, as it registers: the bridge only where its
 /// setup succeeded on this host, durable storage only where running homes
 /// can be snapshotted.
-fn capabilities(runtime: &dyn ContainerRuntime, homes: &homes::Homes) -> Vec<String> {
+fn capabilities(
+    runtime: &dyn ContainerRuntime,
+    homes: &homes::Homes,
+    filesystems: &BTreeMap<String, PathBuf>,
+) -> Vec<String> {
     let mut capabilities: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
+    // The shared filesystems the operator declared mounted on this host.
+    for id in filesystems.keys() {
+        capabilities.push(format!("{FILESYSTEM_CAPABILITY_PREFIX}{id}"));
+    }
     if homes.can_snapshot() {
         capabilities.push(DURABLE_CAPABILITY.to_owned());
     }
@@ -200,6 +212,10 @@ pub struct AgentConfig {
     /// Size of the btrfs image that holds homes when the data dir is not
     /// on btrfs (sparse: it costs what the homes use).
     pub homes_image_bytes: u64,
+    /// Shared filesystems mounted on this host, by id (`--filesystem
+    /// ID=PATH`): offered as `filesystem:ID`; a sandbox's mount names a
+    /// directory beneath one. The path never leaves the runner.
+    pub filesystems: BTreeMap<String, PathBuf>,
     /// Crash-safety tests only: the fault point at which the agent kills
     /// itself (`ROOST_FAILPOINT`), e.g. `runner:after_command_launch`.
     pub failpoint: Failpoints,
@@ -223,6 +239,7 @@ impl AgentConfig {
             stop_grace: Duration::from_secs(10),
             command_kill_grace: Duration::from_secs(10),
             homes_image_bytes: 256 << 30,
+            filesystems: BTreeMap::new(),
             failpoint: Failpoints::none(),
         }
     }
@@ -483,7 +500,7 @@ fn register_request(shared: &Shared) -> RegisterRequest {
         name: config.name.clone(),
         placement_class: config.placement_class.clone(),
         labels: config.labels.clone(),
-        capabilities: capabilities(&*shared.runtime, &shared.homes),
+        capabilities: capabilities(&*shared.runtime, &shared.homes, &config.filesystems),
         capacity: config.capacity.clone(),
     }
 }
@@ -534,6 +551,16 @@ async fn run_agent(
                 .to_owned(),
         )
         .into());
+    }
+    for (id, root) in &config.filesystems {
+        // A sandbox placed here for it would fail at launch: refuse now.
+        if !root.is_absolute() || !root.is_dir() {
+            return Err(oci::Error::Invalid(format!(
+                "filesystem {id}: {} is not an absolute path to a directory",
+                root.display()
+            ))
+            .into());
+        }
     }
     let data = DataDir::open(&config.data_dir)?;
     let mut runtime_config = RuntimeConfig::new(config.runtime, data.runtime_root());

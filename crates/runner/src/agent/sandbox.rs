@@ -785,6 +785,7 @@ impl Worker {
             init: &self.shared.config.init,
             data_root: self.shared.data.root(),
             durable: self.shared.homes.can_snapshot(),
+            filesystems: &self.shared.config.filesystems,
         };
         let paths = self.handle.paths().clone();
         let translated =
@@ -849,11 +850,17 @@ impl Worker {
                 if !err.is_permanent() && self.launch_failures < LAUNCH_ATTEMPTS_MAX {
                     return Err(Step::Local(err));
                 }
+                // A shared directory that is not there is the request's
+                // problem, not the runtime's: its own stable reason.
+                let reason = match err {
+                    Error::MountSourceMissing(_) => "mount_source_missing",
+                    _ => "runtime_error",
+                };
                 return self
                     .report(
                         sandbox,
                         SandboxState::Failed,
-                        Some("runtime_error"),
+                        Some(reason),
                         Some(err.to_string()),
                     )
                     .await;

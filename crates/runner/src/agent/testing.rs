@@ -1076,6 +1076,7 @@ pub(crate) fn assignment(
         home_root: None,
         save_interval_s: None,
         snapshots: Vec::new(),
+        mounts: Vec::new(),
     }
 }
 

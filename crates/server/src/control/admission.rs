@@ -61,10 +61,83 @@ pub fn validate(request: &mut CreateSandboxRequest) -> Result<(), ControlError> 
             format!("seconds, between 1 and {}", limits::TTL_SECONDS_MAX),
         ));
     }
-    for mount in &request.mounts {
-        limits::absolute_path("mounts.target", &mount.target)?;
+    mounts(&request.mounts)
+}
+
+/// Most shared mounts one sandbox may ask for.
+pub const MOUNTS_MAX: usize = 16;
+/// Where a shared filesystem may appear: this, or below [`MOUNT_ROOT`].
+pub const WORKSPACE_PATH: &str = "/workspace";
+pub const MOUNT_ROOT: &str = "/mnt/";
+
+/// The shape of each shared mount: a filesystem id, a relative subpath
+/// without `..`, a normalised path at `/workspace` or below `/mnt`, no
+/// path twice or inside another.
+fn mounts(mounts: &[api::sandboxes::Mount]) -> Result<(), ControlError> {
+    if mounts.len() > MOUNTS_MAX {
+        return Err(limits::invalid(
+            "mounts",
+            format!("at most {MOUNTS_MAX} mounts"),
+        ));
+    }
+    for mount in mounts {
+        if !filesystem_id_ok(&mount.filesystem) {
+            return Err(limits::invalid(
+                "mounts.filesystem",
+                "use 1-64 of a-z 0-9 - _, starting with a letter or digit",
+            ));
+        }
+        let subpath = &mount.subpath;
+        if subpath.starts_with('/')
+            || subpath.contains('\0')
+            || subpath.len() > limits::PATH_BYTES_MAX
+            || subpath.split('/').any(|c| c == "..")
+        {
+            return Err(limits::invalid(
+                "mounts.subpath",
+                format!("{subpath:?}: a directory relative to the filesystem's root, without `..`"),
+            ));
+        }
+        let path = &mount.path;
+        let below_mnt = path.strip_prefix(MOUNT_ROOT).is_some_and(|rest| {
+            rest.split('/')
+                .all(|c| !c.is_empty() && c != "." && c != "..")
+        });
+        if !(path == WORKSPACE_PATH || below_mnt)
+            || path.contains('\0')
+            || path.len() > limits::PATH_BYTES_MAX
+        {
+            return Err(limits::invalid(
+                "mounts.path",
+                format!("{path:?}: use /workspace or a normalised path below /mnt"),
+            ));
+        }
+    }
+    for (i, a) in mounts.iter().enumerate() {
+        for b in &mounts[i + 1..] {
+            let inside = |outer: &str, inner: &str| {
+                inner == outer || inner.starts_with(&format!("{outer}/"))
+            };
+            if inside(&a.path, &b.path) || inside(&b.path, &a.path) {
+                return Err(limits::invalid(
+                    "mounts.path",
+                    format!("{:?} and {:?} overlap", a.path, b.path),
+                ));
+            }
+        }
     }
     Ok(())
+}
+
+/// A filesystem id: as an org name is written (`roost runner
+/// --filesystem ID=…` checks the same).
+pub fn filesystem_id_ok(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'_')
+        && id.as_bytes()[0].is_ascii_alphanumeric()
 }
 
 /// A durable sandbox's save interval: the request's, within the
@@ -155,13 +228,31 @@ async fn check_admissible(
             "durable storage needs a home store, and this deployment has none (--store)",
         ));
     }
-    // No mount transport or secret store is configured in this deployment.
-    if let Some(mount) = request.mounts.first() {
-        return Err(unsupported(
-            vec![format!("mount:{}", mount.source)],
-            "no shared filesystem is configured for mounts",
-        ));
+    // Each shared filesystem must be bound to the org; the binding may
+    // force it read-only. Runners offering it are checked with the rest of
+    // the sandbox's needs below (`filesystem:ID`).
+    let mut mounts = Vec::with_capacity(request.mounts.len());
+    for mount in &request.mounts {
+        let binding = records::filesystems::binding(tx, &mount.filesystem, &sandbox.org_id).await?;
+        let Some(binding) = binding else {
+            return Err(unsupported(
+                vec![format!("filesystem:{}", mount.filesystem)],
+                format!(
+                    "filesystem {:?} is not bound to this org (`roost admin filesystem bind`)",
+                    mount.filesystem
+                ),
+            )
+            .with_details(serde_json::json!({
+                "missing": [format!("filesystem:{}", mount.filesystem)],
+                "bound": false,
+            })));
+        };
+        let mut mount = mount.clone();
+        mount.read_only |= binding.read_only;
+        mounts.push(mount);
     }
+    sandbox.mounts = serde_json::to_string(&mounts).unwrap_or_else(|_| "[]".to_owned());
+    // No secret store is configured in this deployment.
     if let Some(secret) = request.secrets.first() {
         return Err(unsupported(
             vec![format!("secret:{}", secret.path)],
@@ -294,6 +385,7 @@ pub fn prepare(
         ended_at_ms: None,
         home: records::HomeColumns::default(),
         kept_copies: None,
+        mounts: "[]".to_owned(),
     };
 
     row.home.save_interval_s = save_interval(state, request)?;

@@ -14,6 +14,7 @@
 //! - [`drain`]: emptying a runner (maintenance, preemption).
 //! - [`images`]: committing and forgetting an org's images.
 //! - [`orgs`]: tenants and their tokens.
+//! - [`filesystems`]: shared filesystems bound to orgs.
 //! - [`blocks`]: the block service (an org's objects, checked on upload).
 //! - [`home_store`]: the content store as the control plane uses it.
 //! - [`kept`]: homes runners set aside (kept copies): keep, discard, expire.
@@ -24,6 +25,7 @@ pub mod blocks;
 pub mod commands;
 pub mod deployment;
 pub mod drain;
+pub mod filesystems;
 pub mod home_store;
 pub mod images;
 pub mod kept;

@@ -204,6 +204,7 @@ pub async fn read_assignments(
                 home_root: s.home.root.clone(),
                 save_interval_s: s.home.save_interval_s.map(|i| i as u64),
                 snapshots: snapshots.remove(&s.id).unwrap_or_default(),
+                mounts: s.mounts(),
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;

@@ -1,4 +1,5 @@
-//! Admin endpoints: organisations and runner tokens.
+//! Admin endpoints: organisations, runner tokens, quarantine and
+//! filesystem bindings.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -71,4 +72,36 @@ async fn set_quarantine(
     tx.commit().await?;
     tracing::warn!(sandbox_id = %id, quarantined = reason.is_some(), "quarantine changed");
     Ok(axum::Json(row.to_api()))
+}
+
+/// Binds a shared filesystem to an org (by id or name): its sandboxes may
+/// mount it, read-only whatever they ask if `read_only`.
+#[utoipa::path(put, path = "/v1/admin/filesystems/{id}/orgs/{org}", tag = "admin", params(("id" = String, Path, pattern = "^[a-z0-9][a-z0-9_-]{0,63}$", description = "filesystem id"), ("org" = String, Path, description = "org id or name")), request_body = api::filesystems::BindFilesystemRequest, responses((status = 200, body = api::filesystems::FilesystemBinding), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn bind_filesystem(
+    State(state): State<AppState>,
+    _admin: AdminCaller,
+    Path((id, org)): Path<(String, String)>,
+    Json(request): Json<api::filesystems::BindFilesystemRequest>,
+) -> Result<axum::Json<api::filesystems::FilesystemBinding>, ControlError> {
+    let binding = crate::control::filesystems::bind(&state, &id, &org, &request).await?;
+    Ok(axum::Json(binding))
+}
+
+/// Removes a binding: the binding removed.
+#[utoipa::path(delete, path = "/v1/admin/filesystems/{id}/orgs/{org}", tag = "admin", params(("id" = String, Path, pattern = "^[a-z0-9][a-z0-9_-]{0,63}$", description = "filesystem id"), ("org" = String, Path, description = "org id or name")), responses((status = 200, body = api::filesystems::FilesystemBinding), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn unbind_filesystem(
+    State(state): State<AppState>,
+    _admin: AdminCaller,
+    Path((id, org)): Path<(String, String)>,
+) -> Result<axum::Json<api::filesystems::FilesystemBinding>, ControlError> {
+    let removed = crate::control::filesystems::unbind(&state, &id, &org).await?;
+    Ok(axum::Json(removed))
+}
+
+#[utoipa::path(get, path = "/v1/admin/filesystems", tag = "admin", responses((status = 200, body = api::filesystems::FilesystemBindingList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn list_filesystems(
+    State(state): State<AppState>,
+    _admin: AdminCaller,
+) -> Result<axum::Json<api::filesystems::FilesystemBindingList>, ControlError> {
+    Ok(axum::Json(crate::control::filesystems::list(&state).await?))
 }

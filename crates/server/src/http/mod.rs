@@ -30,6 +30,11 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/admin/orgs", post(admin::create_org))
         .route("/v1/admin/runner-tokens", post(admin::create_runner_token))
+        .route("/v1/admin/filesystems", get(admin::list_filesystems))
+        .route(
+            "/v1/admin/filesystems/{id}/orgs/{org}",
+            put(admin::bind_filesystem).delete(admin::unbind_filesystem),
+        )
         .route("/v1/admin/runners", get(drain::list))
         .route("/v1/admin/runners/{id}/{action}", post(drain::admin_action))
         .route("/v1/runner/preempt", post(drain::runner_preempt))

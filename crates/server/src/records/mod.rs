@@ -9,10 +9,12 @@
 //! - [`images`]: the image row.
 //! - [`runners`]: the runner row, its lease and drain.
 //! - [`kept`]: kept copies of homes on runners, and the record's list.
+//! - [`filesystems`]: which org may mount which shared filesystem.
 //! - [`observed`]: saves' history and the reads behind the deployment's
 //!   observed figures.
 
 pub mod commands;
+pub mod filesystems;
 pub mod images;
 pub mod kept;
 pub mod observed;

@@ -44,6 +44,9 @@ pub struct SandboxRow {
     pub home: HomeColumns,
     /// The record's list of kept copies (JSON), kept by `records::kept`.
     pub kept_copies: Option<String>,
+    /// Shared filesystems mounted (JSON `api::sandboxes::Mount`s, with
+    /// `read_only` as enforced); set at create, never changed.
+    pub mounts: String,
 }
 
 /// A sandbox's home in the store and how saving it goes (durable
@@ -63,7 +66,7 @@ pub struct HomeColumns {
     pub from_snapshot: Option<String>,
 }
 
-pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, state_message, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies";
+pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, state_message, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies, mounts";
 
 impl SandboxRow {
     pub fn from_row(row: &AnyRow) -> Result<SandboxRow, sqlx::Error> {
@@ -102,6 +105,7 @@ impl SandboxRow {
                 from_snapshot: row.try_get("from_snapshot")?,
             },
             kept_copies: row.try_get("kept_copies")?,
+            mounts: row.try_get("mounts")?,
         })
     }
 
@@ -111,6 +115,11 @@ impl SandboxRow {
             cpus: self.millicpus.map(|v| v as f64 / 1000.0),
             pids: self.pids.map(|v| v as u64),
         }
+    }
+
+    /// The shared filesystems it mounts.
+    pub fn mounts(&self) -> Vec<api::sandboxes::Mount> {
+        serde_json::from_str(&self.mounts).unwrap_or_default()
     }
 
     pub fn to_api(&self) -> api::sandboxes::Sandbox {
@@ -137,6 +146,7 @@ impl SandboxRow {
             ended_at: self.ended_at_ms.map(rfc3339),
             save: self.save_status(now_ms()),
             from_snapshot: self.home.from_snapshot.clone(),
+            mounts: self.mounts(),
             recovery: (self.state == SandboxState::Recovering).then(|| self.recovery()),
             kept_copies: self
                 .kept_copies
@@ -375,7 +385,7 @@ pub async fn insert(
         .as_deref()
         .unwrap_or(row.state.usual_reason());
     sqlx::query(&format!(
-        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32)"
+        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33)"
     ))
     .bind(&row.id)
     .bind(&row.org_id)
@@ -409,6 +419,7 @@ pub async fn insert(
     .bind(row.home.save_bytes_pending)
     .bind(&row.home.from_snapshot)
     .bind(&row.kept_copies)
+    .bind(&row.mounts)
     .execute(&mut *tx.tx)
     .await?;
     for (key, value) in labels {

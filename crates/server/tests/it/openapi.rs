@@ -418,7 +418,8 @@ positive_data_acceptance.enabled = true
 # A sandbox's admission depends on more than its request: the images
 # the org has, what the registered runners offer and hold, the
 # deployment's save-interval bounds, and fields read together
-# (`save_interval_s` only with `durable`). A valid request may be
+# (`save_interval_s` only with `durable`; mounts whose paths overlap,
+# filesystems bound to the org). A valid request may be
 # refused (400/422) for those; the other checks still run.
 [[operations]]
 include-path = "/v1/sandboxes"

@@ -36,7 +36,7 @@ from ._errors import (
     error_class,
 )
 from ._sync import CommandStream, Paginator, Roost, Sandbox
-from ._wire import Command, Event, Image, KeptCopy, Resources, SaveStatus, Snapshot
+from ._wire import Command, Event, Image, KeptCopy, Mount, Resources, SaveStatus, Snapshot
 from ._wire import Sandbox as SandboxRecord
 
 __version__ = "0.1.0"
@@ -62,6 +62,7 @@ __all__ = [
     "InvalidRequest",
     "InvalidState",
     "KeptCopy",
+    "Mount",
     "NotFound",
     "OutputChunk",
     "Page",

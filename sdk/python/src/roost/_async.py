@@ -286,6 +286,7 @@ class AsyncSandboxes:
         placement: Optional[str] = None,
         save_interval_s: Optional[int] = None,
         from_snapshot: Optional[str] = None,
+        mounts: Optional[Sequence[Union[wire.Mount, Mapping[str, Any]]]] = None,
         wait: bool = True,
         timeout: Optional[float] = 120.0,
         delete_on_exit: bool = True,
@@ -302,6 +303,7 @@ class AsyncSandboxes:
             placement=placement,
             save_interval_s=save_interval_s,
             from_snapshot=from_snapshot,
+            mounts=mounts,
         )
         record = await self._t.run(core.create_sandbox(body, idempotency_key))
         sandbox = AsyncSandbox(self._t, record, delete_on_exit)

@@ -324,6 +324,7 @@ def sandbox_body(
     placement: Optional[str],
     save_interval_s: Optional[int],
     from_snapshot: Optional[str],
+    mounts: Optional[Sequence[Union[wire.Mount, Mapping[str, Any]]]] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     for name, value in (
@@ -343,6 +344,8 @@ def sandbox_body(
         body["env"] = dict(env)
     if labels:
         body["labels"] = dict(labels)
+    if mounts:
+        body["mounts"] = [m.to_json() if isinstance(m, wire.Mount) else dict(m) for m in mounts]
     return body
 
 

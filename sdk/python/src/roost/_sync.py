@@ -296,6 +296,7 @@ class Sandboxes:
         placement: Optional[str] = None,
         save_interval_s: Optional[int] = None,
         from_snapshot: Optional[str] = None,
+        mounts: Optional[Sequence[Union[wire.Mount, Mapping[str, Any]]]] = None,
         wait: bool = True,
         timeout: Optional[float] = 120.0,
         delete_on_exit: bool = True,
@@ -314,6 +315,7 @@ class Sandboxes:
             placement=placement,
             save_interval_s=save_interval_s,
             from_snapshot=from_snapshot,
+            mounts=mounts,
         )
         sandbox = Sandbox(self._t, self._t.run(core.create_sandbox(body, idempotency_key)), delete_on_exit)
         if wait:

@@ -21,6 +21,7 @@ __all__ = [
     "Event",
     "Image",
     "KeptCopy",
+    "Mount",
     "Operation",
     "Resources",
     "Sandbox",
@@ -40,6 +41,21 @@ class Resources:
 
     def to_json(self) -> Dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A shared filesystem's existing directory mounted into a sandbox:
+    ``path`` is ``/workspace`` (the sandbox's own home then is ``/private``)
+    or below ``/mnt``; ``read_only`` as asked (records: as enforced)."""
+
+    filesystem: str
+    path: str
+    subpath: str = ""
+    read_only: bool = False
+
+    def to_json(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,7 @@ class Sandbox:
     save: Optional[SaveStatus] = None
     from_snapshot: Optional[str] = None
     kept_copies: List[KeptCopy] = field(default_factory=list)
+    mounts: List[Mount] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -188,7 +205,7 @@ M = TypeVar("M")
 # decoding a record costs a dict lookup per field (the SDK's overhead per
 # call is measured in BENCHMARKS.md).
 _PLANS: Dict[type, List[Tuple[str, Optional[Callable[[Any], Any]]]]] = {}
-MODELS: Tuple[type, ...] = (Resources, SaveStatus, KeptCopy, Sandbox, Command, Snapshot, Image, Event)
+MODELS: Tuple[type, ...] = (Resources, SaveStatus, KeptCopy, Mount, Sandbox, Command, Snapshot, Image, Event)
 
 
 def _converter(annotation: Any) -> Optional[Callable[[Any], Any]]:
@@ -280,6 +297,7 @@ CREATE_SANDBOX = Operation(
         "labels": "object",
         "save_interval_s": "integer",
         "from_snapshot": "string",
+        "mounts": "array",
     },
     idempotency_key=True,
     response=Sandbox,
