@@ -221,6 +221,14 @@ pub struct CreateArgs {
     /// A label, for filtering lists (repeatable).
     #[arg(long = "label", value_name = "K=V", value_parser = parse_pair)]
     labels: Vec<(String, String)>,
+    /// Deliver the org secret NAME as the environment variable VAR of
+    /// every command (repeatable; `roost secret set NAME` first).
+    #[arg(long = "secret-env", value_name = "NAME=VAR", value_parser = parse_pair)]
+    secret_env: Vec<(String, String)>,
+    /// Deliver the org secret NAME as the file /run/secrets/FILE (tmpfs,
+    /// mode 0400; FILE defaults to NAME; repeatable).
+    #[arg(long = "secret-file", value_name = "NAME[=FILE]")]
+    secret_file: Vec<String>,
     /// How often a running durable home is saved (e.g. `60s`; within the
     /// deployment's bounds; default: the deployment's interval).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
@@ -270,6 +278,25 @@ where
 }
 
 /// `KEY=VALUE`, split at the first `=` (the value may hold more).
+/// `--secret-env NAME=VAR` and `--secret-file NAME[=FILE]` as the
+/// request's `secrets`.
+fn secrets_of(env: &[(String, String)], files: &[String]) -> Vec<api::sandboxes::Secret> {
+    let as_env = env.iter().map(|(name, var)| api::sandboxes::Secret {
+        name: name.clone(),
+        env: Some(var.clone()),
+        file: None,
+    });
+    let as_file = files.iter().map(|spec| {
+        let (name, file) = spec.split_once('=').unwrap_or((spec, spec));
+        api::sandboxes::Secret {
+            name: name.to_owned(),
+            env: None,
+            file: Some(file.to_owned()),
+        }
+    });
+    as_env.chain(as_file).collect()
+}
+
 pub fn parse_pair(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
@@ -415,7 +442,7 @@ async fn create(args: CreateArgs) -> Result<ExitCode> {
         env: args.env.into_iter().collect::<BTreeMap<_, _>>(),
         labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
         mounts: Vec::new(),
-        secrets: Vec::new(),
+        secrets: secrets_of(&args.secret_env, &args.secret_file),
         save_interval_s: args.save_interval.map(seconds_rounded_up),
         from_snapshot: args.from_snapshot,
     };

@@ -185,6 +185,7 @@ pub async fn read_assignments(
                 durability: row.try_get("durability")?,
             });
     }
+    let mut secrets = records::secrets::of_runner(&mut tx, runner_id).await?;
     let sandboxes: Vec<SandboxAssignment> = sandboxes
         .iter()
         .map(|row| {
@@ -204,6 +205,7 @@ pub async fn read_assignments(
                 home_root: s.home.root.clone(),
                 save_interval_s: s.home.save_interval_s.map(|i| i as u64),
                 snapshots: snapshots.remove(&s.id).unwrap_or_default(),
+                secrets: secrets.remove(&s.id).unwrap_or_default(),
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;
