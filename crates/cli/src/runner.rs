@@ -61,6 +61,12 @@ pub struct RunnerArgs {
     /// need their own, since a sandbox's cgroup is named after it.
     #[arg(long, value_name = "NAME", default_value = "roost")]
     cgroup_parent: String,
+    /// Where delivered secrets are held: the runner mounts a tmpfs there
+    /// (unless it is one already), so no value reaches a disk; keep it
+    /// outside the data dir [default: /run/roost/secrets/NAME, NAME from
+    /// the data dir].
+    #[arg(long, value_name = "DIR")]
+    secrets_dir: Option<PathBuf>,
 }
 
 /// How `roost runner` answers signals (after `--help`'s options).
@@ -149,6 +155,7 @@ pub fn run(args: RunnerArgs) -> Result<ExitCode> {
     }
     config.homes_image_bytes = args.homes_image_size.saturating_mul(1 << 20);
     config.cgroup_parent = args.cgroup_parent;
+    config.secrets_dir = args.secrets_dir;
     config.failpoint = api::failpoint::Failpoints::from_env();
     runtime()?.block_on(async move {
         // Listening replaces SIGUSR1's default action (the end of the

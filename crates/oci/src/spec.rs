@@ -25,6 +25,9 @@
 //! /.roost/init        the init binary, bind-mounted read-only
 //! /.roost/lease       the runner's lease deadline the init watches
 //!                     (crate::lease), bind-mounted read-only
+//! /run/secrets        delivered secret files (only when the sandbox has
+//!                     some): a host directory on a tmpfs, bind-mounted
+//!                     read-only over the sandbox's own /run tmpfs
 //! ```
 //!
 //! So the root is read-only for everything that comes from the host and
@@ -69,6 +72,8 @@ pub const INIT_LOADER_PATH: &str = "/.roost/ld.so";
 pub const INIT_LIBS_PATH: &str = "/.roost/lib";
 /// The sandbox's home: `$HOME`, the default cwd, the caller's host directory.
 pub const WORKSPACE_PATH: &str = "/workspace";
+/// Where a sandbox's delivered secret files appear.
+pub const SECRETS_PATH: &str = "/run/secrets";
 /// A `bridge` sandbox's DNS configuration (see [`SandboxPaths::resolv_conf`]).
 ///
 /// [`SandboxPaths::resolv_conf`]: crate::SandboxPaths::resolv_conf
@@ -406,6 +411,17 @@ fn mounts(
             crate::lease::LEASE_PATH,
             "bind",
             lease_dir.clone(),
+            &["bind", "ro", "nosuid", "nodev", "noexec"],
+        )?);
+    }
+    if let Some(secrets_dir) = &config.secrets_dir {
+        // After /run (a tmpfs of the sandbox's own, where the runtime makes
+        // the mount point); read-only: a sandbox cannot change what it was
+        // given, nor add files the runner would then hold.
+        mounts.push(mount(
+            SECRETS_PATH,
+            "bind",
+            secrets_dir.clone(),
             &["bind", "ro", "nosuid", "nodev", "noexec"],
         )?);
     }
