@@ -534,10 +534,6 @@ async fn admission_refuses_what_nothing_would_enforce_naming_it() {
             json!({"mounts": [{"source": "fs1:data", "target": "/mnt/data"}]}),
             "mount:fs1:data",
         ),
-        (
-            json!({"secrets": [{"path": "vault/x", "env": "X"}]}),
-            "secret:vault/x",
-        ),
     ];
     for (body, missing) in cases {
         let refused = plane.org.post("/v1/sandboxes", body.clone()).await;

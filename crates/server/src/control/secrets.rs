@@ -279,10 +279,14 @@ pub async fn set(
         Some(current) => current.version + 1,
         None => {
             if records::secrets::count(&mut tx, org).await? >= SECRETS_PER_ORG_MAX as i64 {
-                return Err(limits::invalid(
-                    "name",
-                    format!("the org holds {SECRETS_PER_ORG_MAX} secrets, the most it may"),
-                ));
+                let limit = SECRETS_PER_ORG_MAX as i64;
+                return Err(ControlError::new(
+                    ErrorCode::QuotaExceeded,
+                    format!("quota secrets reached ({limit} of {limit})"),
+                )
+                .with_details(serde_json::json!({
+                    "quota": { "metric": "secrets", "limit": limit, "current": limit }
+                })));
             }
             1
         }
