@@ -50,7 +50,7 @@ impl OrgTarget {
 #[derive(Subcommand)]
 pub enum SandboxCommand {
     /// Create a sandbox; prints its record (placed, usually not yet running).
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Show a sandbox's record, optionally waiting for a state.
     #[command(
         after_help = "With --wait-for, exits 1 when the sandbox did not reach the state (an end \
@@ -339,7 +339,7 @@ pub fn seconds_rounded_up(duration: Duration) -> u64 {
 pub fn run(command: SandboxCommand) -> Result<ExitCode> {
     runtime()?.block_on(async move {
         match command {
-            SandboxCommand::Create(args) => create(args).await,
+            SandboxCommand::Create(args) => create(*args).await,
             SandboxCommand::Get {
                 id,
                 wait_for,

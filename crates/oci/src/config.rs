@@ -297,8 +297,11 @@ impl SandboxConfig {
         ]
         .into_iter()
         .chain(self.lease_dir.iter().map(|dir| ("lease directory", dir)))
-        .chain(self.secrets_dir.iter().map(|dir| ("secrets directory", dir)))
-        {
+        .chain(
+            self.secrets_dir
+                .iter()
+                .map(|dir| ("secrets directory", dir)),
+        ) {
             if !path.is_absolute() {
                 return Err(Error::Invalid(format!(
                     "{what} {} must be an absolute path",

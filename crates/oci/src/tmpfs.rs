@@ -29,7 +29,7 @@ pub fn ensure(dir: &Path, size_bytes: u64) -> Result<()> {
         let options = std::ffi::CString::new(format!("mode=0700,size={size_bytes}"))
             .map_err(|_| Error::Invalid("tmpfs options".to_owned()))?;
         rustix::mount::mount("tmpfs", dir, "tmpfs", flags, Some(options.as_c_str()))
-        .map_err(|e| Error::io("mount a tmpfs on", dir, e.into()))?;
+            .map_err(|e| Error::io("mount a tmpfs on", dir, e.into()))?;
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| Error::io("chmod", dir, e))?;

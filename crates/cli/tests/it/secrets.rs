@@ -132,7 +132,10 @@ async fn a_delivered_secret_is_seen_by_the_sandbox_and_nowhere_else() {
         &[("ROOST_LOG", "debug")],
         std::fs::File::create(&server_log).expect("server log"),
     );
-    let admin = Api::new(&server.url, server.admin_token.as_deref().expect("admin token"));
+    let admin = Api::new(
+        &server.url,
+        server.admin_token.as_deref().expect("admin token"),
+    );
     let (api, _) = new_org(&admin, "acme", json!({})).await;
     let runner_token = admin
         .post("/v1/admin/runner-tokens", json!({}))
@@ -148,7 +151,11 @@ async fn a_delivered_secret_is_seen_by_the_sandbox_and_nowhere_else() {
         distinctive("roost-control"),
     );
     for value in [&old, &secret] {
-        let set = roost_as(&api, &["secret", "set", "api-token", "--json"], value.as_bytes());
+        let set = roost_as(
+            &api,
+            &["secret", "set", "api-token", "--json"],
+            value.as_bytes(),
+        );
         assert!(set.status.success(), "{set:?}");
     }
     let listed = roost_as(&api, &["secret", "list", "--json"], b"");
@@ -182,14 +189,22 @@ async fn a_delivered_secret_is_seen_by_the_sandbox_and_nowhere_else() {
 
     // A snapshot, a save after the writes, a stop (securing), a start.
     let snapshot = api
-        .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({"durability": "replicated"}))
+        .post(
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            json!({"durability": "replicated"}),
+        )
         .await;
     assert_eq!(snapshot.status, 201, "{snapshot:?}");
     let snapshot_id = snapshot.str("id");
     let replicated = api
-        .get(&format!("/v1/snapshots/{snapshot_id}?wait_for=replicated&timeout=20"))
+        .get(&format!(
+            "/v1/snapshots/{snapshot_id}?wait_for=replicated&timeout=20"
+        ))
         .await;
-    assert_eq!(replicated.body["durability"], "replicated", "{replicated:?}");
+    assert_eq!(
+        replicated.body["durability"], "replicated",
+        "{replicated:?}"
+    );
     let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     assert!(
         eventually(Duration::from_secs(40), || async {
@@ -199,10 +214,14 @@ async fn a_delivered_secret_is_seen_by_the_sandbox_and_nowhere_else() {
         .await,
         "no save completed after the writes"
     );
-    let stop = api.post(&format!("/v1/sandboxes/{id}/stop"), json!({})).await;
+    let stop = api
+        .post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
     assert_eq!(stop.status, 202, "{stop:?}");
     assert_eq!(wait_sandbox(&api, &id, "stopped").await["state"], "stopped");
-    let start = api.post(&format!("/v1/sandboxes/{id}/start"), json!({})).await;
+    let start = api
+        .post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
     assert_eq!(start.status, 202, "{start:?}");
     assert_eq!(wait_sandbox(&api, &id, "running").await["state"], "running");
     assert_sees(&api, &id, &secret).await;
@@ -213,7 +232,10 @@ async fn a_delivered_secret_is_seen_by_the_sandbox_and_nowhere_else() {
         .iter()
         .flat_map(|v| files_containing(&first_dir, v.as_bytes()))
         .collect();
-    assert!(in_first.is_empty(), "the secret is on the first runner's disk: {in_first:?}");
+    assert!(
+        in_first.is_empty(),
+        "the secret is on the first runner's disk: {in_first:?}"
+    );
     let first_logs = first.log_lines();
 
     // Host loss: the sandbox is recovered on a second runner from its last
@@ -260,9 +282,14 @@ async fn a_delivered_secret_is_seen_by_the_sandbox_and_nowhere_else() {
             let found = files_containing(dir, value.as_bytes());
             assert!(found.is_empty(), "a secret's bytes in {found:?}");
         }
-        assert!(!logs.contains(value.as_str()), "a secret in the runners' logs");
         assert!(
-            !server_logs.windows(value.len()).any(|w| w == value.as_bytes()),
+            !logs.contains(value.as_str()),
+            "a secret in the runners' logs"
+        );
+        assert!(
+            !server_logs
+                .windows(value.len())
+                .any(|w| w == value.as_bytes()),
             "a secret in the server's log"
         );
     }
@@ -272,12 +299,15 @@ async fn a_delivered_secret_is_seen_by_the_sandbox_and_nowhere_else() {
     );
 
     // Deleted, the secret cannot be delivered to a later launch.
-    let stop = api.post(&format!("/v1/sandboxes/{id}/stop"), json!({})).await;
+    let stop = api
+        .post(&format!("/v1/sandboxes/{id}/stop"), json!({}))
+        .await;
     assert_eq!(stop.status, 202, "{stop:?}");
     assert_eq!(wait_sandbox(&api, &id, "stopped").await["state"], "stopped");
     let deleted = roost_as(&api, &["secret", "delete", "api-token"], b"");
     assert!(deleted.status.success(), "{deleted:?}");
-    api.post(&format!("/v1/sandboxes/{id}/start"), json!({})).await;
+    api.post(&format!("/v1/sandboxes/{id}/start"), json!({}))
+        .await;
     let failed = wait_sandbox(&api, &id, "failed").await;
     assert_eq!(
         (failed["state"].as_str(), failed["state_reason"].as_str()),
@@ -317,7 +347,10 @@ async fn a_deployment_without_a_secret_key_refuses_secrets() {
         )
         .await;
     refused.assert_error(422, "unsupported_capability");
-    assert_eq!(refused.body["error"]["details"]["missing"], json!(["secrets"]));
+    assert_eq!(
+        refused.body["error"]["details"]["missing"],
+        json!(["secrets"])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,7 +360,9 @@ async fn secrets_are_checked_at_create_and_never_shown() {
     // The key file is made 0600 in the server's data dir.
     let key = plane._tmp.path().join("data").join("secret-key");
     let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(&key).expect("secret key file").permissions(),
+        &std::fs::metadata(&key)
+            .expect("secret key file")
+            .permissions(),
     );
     assert_eq!(mode & 0o777, 0o600);
     let value = distinctive("roost-secret");
@@ -335,13 +370,22 @@ async fn secrets_are_checked_at_create_and_never_shown() {
     assert!(set.status.success(), "{set:?}");
     assert!(!String::from_utf8_lossy(&set.stdout).contains(&value));
     let list = roost_as(api, &["secret", "list"], b"");
-    assert!(String::from_utf8_lossy(&list.stdout).contains("tok"), "{list:?}");
+    assert!(
+        String::from_utf8_lossy(&list.stdout).contains("tok"),
+        "{list:?}"
+    );
     assert!(!String::from_utf8_lossy(&list.stdout).contains(&value));
     let from_file = plane._tmp.path().join("value");
     std::fs::write(&from_file, "from a file").expect("write");
     let set = roost_as(
         api,
-        &["secret", "set", "tok2", "--from-file", from_file.to_str().expect("utf-8")],
+        &[
+            "secret",
+            "set",
+            "tok2",
+            "--from-file",
+            from_file.to_str().expect("utf-8"),
+        ],
         b"",
     );
     assert!(set.status.success(), "{set:?}");
@@ -351,10 +395,16 @@ async fn secrets_are_checked_at_create_and_never_shown() {
         (json!([{"name": "tok", "env": "X", "file": "f"}]), "secrets"),
         (json!([{"name": "tok", "file": "../etc"}]), "secrets.file"),
         (json!([{"name": "tok", "env": "1X"}]), "secrets.env"),
-        (json!([{"name": "tok", "env": "X"}, {"name": "tok2", "env": "X"}]), "secrets"),
+        (
+            json!([{"name": "tok", "env": "X"}, {"name": "tok2", "env": "X"}]),
+            "secrets",
+        ),
     ] {
         let refused = api.post("/v1/sandboxes", json!({"secrets": body})).await;
         refused.assert_error(400, "invalid_request");
-        assert_eq!(refused.body["error"]["details"]["field"], field, "{refused:?}");
+        assert_eq!(
+            refused.body["error"]["details"]["field"], field,
+            "{refused:?}"
+        );
     }
 }

@@ -41,7 +41,13 @@ pub(crate) fn default_root(data_dir: &Path) -> PathBuf {
         .to_string_lossy()
         .trim_matches('/')
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     PathBuf::from("/run/roost/secrets").join(name)
 }
@@ -141,7 +147,8 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
         .mode(0o400)
         .open(path)
         .map_err(|e| Error::io("create", path, e))?;
-    file.write_all(bytes).map_err(|e| Error::io("write", path, e))
+    file.write_all(bytes)
+        .map_err(|e| Error::io("write", path, e))
 }
 
 #[cfg(test)]

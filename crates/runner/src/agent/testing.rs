@@ -965,7 +965,11 @@ impl ControlPlane for FakeControl {
         _sandbox_id: &'a str,
         _request: &'a api::runners::SecretsRequest,
     ) -> Answer<'a, api::runners::SecretValues> {
-        Box::pin(async move { Ok(api::runners::SecretValues { secrets: Vec::new() }) })
+        Box::pin(async move {
+            Ok(api::runners::SecretValues {
+                secrets: Vec::new(),
+            })
+        })
     }
 
     /// Block transfers are not faked: a client of a closed port, so

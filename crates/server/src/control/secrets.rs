@@ -95,12 +95,12 @@ fn hex_encode(bytes: &[u8]) -> String {
 }
 
 fn hex_decode(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 || !text.is_ascii() {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok())
+    text.as_bytes()
+        .chunks(2)
+        .map(|pair| {
+            let pair = std::str::from_utf8(pair).ok().filter(|p| p.len() == 2)?;
+            u8::from_str_radix(pair, 16).ok()
+        })
         .collect()
 }
 
@@ -359,10 +359,16 @@ pub async fn check_request(
                 format!("{place} is given twice"),
             ));
         }
-        if records::secrets::sealed(tx, org, &secret.name).await?.is_none() {
+        if records::secrets::sealed(tx, org, &secret.name)
+            .await?
+            .is_none()
+        {
             return Err(ControlError::new(
                 ErrorCode::InvalidRequest,
-                format!("secrets: no secret {:?} in this org (set it with `roost secret set`)", secret.name),
+                format!(
+                    "secrets: no secret {:?} in this org (set it with `roost secret set`)",
+                    secret.name
+                ),
             )
             .with_details(serde_json::json!({ "field": "secrets", "secret": secret.name })));
         }
@@ -395,7 +401,10 @@ pub async fn values_for_runner(
             .ok_or_else(|| {
                 ControlError::new(
                     ErrorCode::NotFound,
-                    format!("secret {:?} was deleted since the sandbox was created", secret.name),
+                    format!(
+                        "secret {:?} was deleted since the sandbox was created",
+                        secret.name
+                    ),
                 )
                 .with_details(serde_json::json!({ "secret": secret.name }))
             })?;
@@ -420,10 +429,16 @@ mod tests {
         let key = SecretKey([7; KEY_BYTES]);
         let sealed = seal(&key, "org_a", "token", 3, b"hunter2").expect("seal");
         assert!(!sealed.ciphertext.contains(&hex_encode(b"hunter2")));
-        assert_eq!(open(&key, "org_a", "token", &sealed).expect("open"), "hunter2");
+        assert_eq!(
+            open(&key, "org_a", "token", &sealed).expect("open"),
+            "hunter2"
+        );
         assert!(open(&key, "org_b", "token", &sealed).is_err());
         assert!(open(&key, "org_a", "other", &sealed).is_err());
-        let moved = Sealed { version: 4, ..sealed };
+        let moved = Sealed {
+            version: 4,
+            ..sealed
+        };
         assert!(open(&key, "org_a", "token", &moved).is_err());
         let other_key = SecretKey([8; KEY_BYTES]);
         let sealed = seal(&key, "org_a", "token", 1, b"x").expect("seal");

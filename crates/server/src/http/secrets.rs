@@ -18,7 +18,9 @@ pub async fn set(
     Path(name): Path<String>,
     Json(request): Json<SetSecretRequest>,
 ) -> Result<axum::Json<SecretRecord>, ControlError> {
-    Ok(axum::Json(secrets::set(&state, &org, &name, &request).await?))
+    Ok(axum::Json(
+        secrets::set(&state, &org, &name, &request).await?,
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/secrets", tag = "secrets", responses((status = 200, body = api::secrets::SecretList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]

@@ -31,7 +31,11 @@ fn record_of(row: &sqlx::any::AnyRow) -> Result<SecretRecord, sqlx::Error> {
 }
 
 /// The org's secret `name`, without its value.
-pub async fn read(pool: &AnyPool, org: &str, name: &str) -> Result<Option<SecretRecord>, sqlx::Error> {
+pub async fn read(
+    pool: &AnyPool,
+    org: &str,
+    name: &str,
+) -> Result<Option<SecretRecord>, sqlx::Error> {
     let row = sqlx::query(
         "SELECT name, version, created_at_ms, updated_at_ms FROM secrets WHERE org_id = $1 AND name = $2",
     )
