@@ -758,4 +758,35 @@ mod tests {
     fn env_empty() -> BTreeMap<String, String> {
         BTreeMap::new()
     }
+
+    #[test]
+    fn delivered_secrets_are_a_read_only_mount_over_the_sandboxes_own_run() {
+        let plain = json(&config());
+        let mounts = plain["mounts"].as_array().expect("mounts");
+        assert!(!mounts.iter().any(|m| m["destination"] == SECRETS_PATH));
+        let mut with_secrets = config();
+        with_secrets.secrets_dir = Some("/run/roost/secrets/x/sbx_test/files".into());
+        let value = json(&with_secrets);
+        let mounts = value["mounts"].as_array().expect("mounts");
+        let run = mounts
+            .iter()
+            .position(|m| m["destination"] == "/run")
+            .expect("/run");
+        let secrets = mounts
+            .iter()
+            .position(|m| m["destination"] == SECRETS_PATH)
+            .expect("/run/secrets");
+        assert!(run < secrets, "/run/secrets must come after /run");
+        assert_eq!(mounts[run]["type"], "tmpfs");
+        let options = mounts[secrets]["options"].as_array().expect("options");
+        for wanted in ["ro", "nosuid", "nodev", "noexec"] {
+            assert!(options.iter().any(|o| o == wanted), "{options:?}");
+        }
+        // /tmp is a tmpfs too: neither is part of a home, so neither is saved.
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m["destination"] == "/tmp" && m["type"] == "tmpfs")
+        );
+    }
 }
