@@ -36,7 +36,7 @@ from ._errors import (
     error_class,
 )
 from ._sync import CommandStream, Paginator, Roost, Sandbox
-from ._wire import Command, Event, Image, KeptCopy, Resources, SaveStatus, Snapshot
+from ._wire import Command, Event, Image, KeptCopy, Resources, SaveStatus, SecretRecord, Snapshot
 from ._wire import Sandbox as SandboxRecord
 
 __version__ = "0.1.0"
@@ -76,6 +76,7 @@ __all__ = [
     "Sandbox",
     "SandboxRecord",
     "SaveStatus",
+    "SecretRecord",
     "Snapshot",
     "Stats",
     "TransportError",

@@ -286,6 +286,7 @@ class AsyncSandboxes:
         placement: Optional[str] = None,
         save_interval_s: Optional[int] = None,
         from_snapshot: Optional[str] = None,
+        secrets: Optional[Sequence[Mapping[str, str]]] = None,
         wait: bool = True,
         timeout: Optional[float] = 120.0,
         delete_on_exit: bool = True,
@@ -302,6 +303,7 @@ class AsyncSandboxes:
             placement=placement,
             save_interval_s=save_interval_s,
             from_snapshot=from_snapshot,
+            secrets=secrets,
         )
         record = await self._t.run(core.create_sandbox(body, idempotency_key))
         sandbox = AsyncSandbox(self._t, record, delete_on_exit)
@@ -398,6 +400,27 @@ class AsyncImages:
         return image
 
 
+class AsyncSecrets:
+    """The org's secrets: values go in, never come back (``list`` shows names,
+    versions and times). Sandboxes ask for them on create:
+    ``secrets=[{"name": "gh", "env": "GH_TOKEN"}, {"name": "key", "file": "key"}]``."""
+
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    async def set(self, name: str, value: str) -> wire.SecretRecord:
+        """Sets ``name`` to ``value`` (a new version; sandboxes launched from
+        now on get it)."""
+        return await self._t.run(core.set_secret(name, value))
+
+    async def list(self) -> List[wire.SecretRecord]:
+        page = await self._t.run(core.list_page(wire.LIST_SECRETS, {}, [], None))
+        return list(page.items)
+
+    async def delete(self, name: str) -> Optional[wire.SecretRecord]:
+        return await self._t.run(core.delete_secret(name))
+
+
 class AsyncRoost:
     """The asyncio client; see :class:`roost.Roost` for the arguments."""
 
@@ -415,6 +438,7 @@ class AsyncRoost:
         self.sandboxes = AsyncSandboxes(self._t)
         self.snapshots = AsyncSnapshots(self._t)
         self.images = AsyncImages(self._t)
+        self.secrets = AsyncSecrets(self._t)
 
     @property
     def stats(self) -> Stats:

@@ -324,6 +324,7 @@ def sandbox_body(
     placement: Optional[str],
     save_interval_s: Optional[int],
     from_snapshot: Optional[str],
+    secrets: Optional[Sequence[Mapping[str, str]]] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     for name, value in (
@@ -343,6 +344,9 @@ def sandbox_body(
         body["env"] = dict(env)
     if labels:
         body["labels"] = dict(labels)
+    if secrets:
+        # [{"name": N, "env": VAR}] or [{"name": N, "file": F}]: names, never values.
+        body["secrets"] = [dict(secret) for secret in secrets]
     return body
 
 
@@ -615,6 +619,25 @@ def wait_snapshot(snapshot_id: str, durability: str, timeout: Optional[float]) -
             raise UnexpectedState(f"snapshot {snapshot_id} failed ({snapshot.reason})", snapshot)
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"snapshot {snapshot_id} is still {snapshot.durability} after {timeout} s")
+
+
+# ---- secrets --------------------------------------------------------------
+
+
+def set_secret(name: str, value: str) -> Op[wire.SecretRecord]:
+    """Sets (makes or rotates) an org secret. Setting the same value again is
+    harmless, so a retried attempt is safe (only the version moves on)."""
+    reply = yield call(wire.SET_SECRET, {"name": name}, body={"value": value})
+    secret: wire.SecretRecord = record(wire.SET_SECRET, reply)
+    return secret
+
+
+def delete_secret(name: str) -> Op[Optional[wire.SecretRecord]]:
+    reply = yield call(wire.DELETE_SECRET, {"name": name})
+    if reply.attempts > 1 and reply.status == 404:
+        return None  # an earlier attempt deleted it
+    secret: wire.SecretRecord = record(wire.DELETE_SECRET, reply)
+    return secret
 
 
 def get_record(op: wire.Operation, path: Mapping[str, str]) -> Op[Any]:
