@@ -408,3 +408,75 @@ async fn secrets_are_checked_at_create_and_never_shown() {
         );
     }
 }
+
+/// On PostgreSQL: the runner a sandbox is placed on reads which secrets it
+/// asked for in its assignment (names only) and their values only with its
+/// own credential at the placement's epoch; another runner, an old epoch
+/// and a deleted secret are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_placements_runner_reads_the_values() {
+    let plane =
+        Plane::start_with(&[], &[], Some(&crate::plane::postgres_database("secrets"))).await;
+    let api = &plane.org;
+    let value = distinctive("roost-secret");
+    let set = roost_as(api, &["secret", "set", "tok"], value.as_bytes());
+    assert!(set.status.success(), "{set:?}");
+    let runner = plane
+        .runner("r1", "on_demand", crate::plane::STANDARD)
+        .await;
+    let sandbox = plane
+        .running_sandbox(
+            &runner,
+            json!({"secrets": [{"name": "tok", "env": "TOK"}, {"name": "tok", "file": "tok"}]}),
+        )
+        .await;
+    let id = sandbox["id"].as_str().expect("id").to_owned();
+    assert!(!sandbox.to_string().contains(&value));
+    let assignment = runner.assignment(&id).await;
+    assert_eq!(
+        assignment["secrets"],
+        json!([{"name": "tok", "env": "TOK"}, {"name": "tok", "file": "tok"}])
+    );
+    assert!(!assignment.to_string().contains(&value));
+    let epoch = assignment["epoch"].as_u64().expect("epoch");
+    let path = format!("/v1/runner/sandboxes/{id}/secrets");
+    let values = runner
+        .api
+        .post(&path, json!({"runner_id": runner.id, "epoch": epoch}))
+        .await;
+    assert_eq!(values.status, 200, "{values:?}");
+    assert_eq!(values.body["secrets"][0]["value"], value.as_str());
+    assert_eq!(values.body["secrets"][1]["file"], "tok");
+
+    let stale = runner
+        .api
+        .post(&path, json!({"runner_id": runner.id, "epoch": epoch + 1}))
+        .await;
+    stale.assert_error(409, "fenced");
+    let other = plane
+        .runner("r2", "on_demand", crate::plane::STANDARD)
+        .await;
+    let elsewhere = other
+        .api
+        .post(&path, json!({"runner_id": other.id, "epoch": epoch}))
+        .await;
+    elsewhere.assert_error(409, "fenced");
+    let impersonated = other
+        .api
+        .post(&path, json!({"runner_id": runner.id, "epoch": epoch}))
+        .await;
+    impersonated.assert_error(404, "not_found");
+    // The org token reaches no value.
+    api.post(&path, json!({"runner_id": runner.id, "epoch": epoch}))
+        .await
+        .assert_error(404, "not_found");
+
+    let deleted = roost_as(api, &["secret", "delete", "tok"], b"");
+    assert!(deleted.status.success(), "{deleted:?}");
+    let gone = runner
+        .api
+        .post(&path, json!({"runner_id": runner.id, "epoch": epoch}))
+        .await;
+    gone.assert_error(404, "not_found");
+    assert!(!gone.body.to_string().contains(&value));
+}
