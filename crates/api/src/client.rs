@@ -982,6 +982,63 @@ impl Client {
     pub async fn delete_image(&self, name: &str) -> Result<Image, ClientError> {
         self.delete(&["v1", "images", name]).await
     }
+
+    /// `PUT /v1/secrets/{name}`: sets (makes or rotates) an org secret.
+    pub async fn set_secret(
+        &self,
+        name: &str,
+        request: &crate::secrets::SetSecretRequest,
+    ) -> Result<crate::secrets::SecretRecord, ClientError> {
+        let body = serde_json::to_vec(request).map_err(|e| ClientError::Encode {
+            message: e.to_string(),
+        })?;
+        self.call(Method::PUT, &["v1", "secrets", name], &[], Some(body), &[])
+            .await
+    }
+
+    pub async fn list_secrets(&self) -> Result<crate::secrets::SecretList, ClientError> {
+        self.get(&["v1", "secrets"], &[]).await
+    }
+
+    pub async fn delete_secret(
+        &self,
+        name: &str,
+    ) -> Result<crate::secrets::SecretRecord, ClientError> {
+        self.delete(&["v1", "secrets", name]).await
+    }
+
+    /// `POST /v1/runner/sandboxes/{id}/secrets` (a runner's credential).
+    /// An answer that does not decode is reported without its body: it
+    /// may hold values.
+    pub async fn runner_secrets(
+        &self,
+        sandbox_id: &str,
+        request: &crate::runners::SecretsRequest,
+    ) -> Result<crate::runners::SecretValues, ClientError> {
+        let body = serde_json::to_vec(request).map_err(|e| ClientError::Encode {
+            message: e.to_string(),
+        })?;
+        let url = self.url(&["v1", "runner", "sandboxes", sandbox_id, "secrets"], &[])?;
+        let shown = url.to_string();
+        let body = Body {
+            bytes: body,
+            content_type: "application/json",
+        };
+        let response = self.send(Method::POST, url, Some(body), &[]).await?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Unreachable {
+                url: shown.clone(),
+                message: error_chain(e),
+            })?;
+        serde_json::from_slice(&bytes).map_err(|_| ClientError::Unexpected {
+            url: shown,
+            status,
+            body: "(not shown: it may hold secret values)".to_owned(),
+        })
+    }
 }
 
 fn quote(bytes: &[u8]) -> String {

@@ -16,6 +16,7 @@ pub mod orgs;
 pub mod runners;
 pub mod sandboxes;
 pub mod schema;
+pub mod secrets;
 pub mod snapshots;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};

@@ -212,6 +212,59 @@ pub struct SandboxAssignment {
     /// (`filesystem:ID`); the runner alone knows where each is on its host.
     #[serde(default)]
     pub mounts: Vec<crate::sandboxes::Mount>,
+    /// The org secrets the sandbox asked for (names and where they go,
+    /// never values): a launch fetches the values
+    /// (`POST /v1/runner/sandboxes/{id}/secrets`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::sandboxes::Secret>,
+}
+
+/// `POST /v1/runner/sandboxes/{id}/secrets`: the values of the secrets a
+/// sandbox asked for, answered only to the runner of its current placement
+/// (another runner or epoch is `fenced`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretsRequest {
+    pub runner_id: String,
+    pub epoch: u64,
+}
+
+/// The answer: every secret the sandbox asked for, with its current value.
+/// A secret deleted since the create is `404` naming it.
+#[derive(Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SecretValues {
+    pub secrets: Vec<SecretValue>,
+}
+
+#[derive(Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SecretValue {
+    pub name: String,
+    #[serde(default)]
+    pub env: Option<String>,
+    #[serde(default)]
+    pub file: Option<String>,
+    pub value: String,
+}
+
+/// Never prints a value.
+impl std::fmt::Debug for SecretValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.secrets.iter().map(|s| s.name.as_str()).collect();
+        f.debug_struct("SecretValues")
+            .field("names", &names)
+            .finish()
+    }
+}
+
+/// Never prints the value.
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretValue")
+            .field("name", &self.name)
+            .field("env", &self.env)
+            .field("file", &self.file)
+            .finish()
+    }
 }
 
 /// A snapshot the runner is to capture and replicate.

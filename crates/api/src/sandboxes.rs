@@ -50,8 +50,11 @@ pub struct CreateSandboxRequest {
     #[serde(default)]
     #[schema(max_items = 16)]
     pub mounts: Vec<Mount>,
-    /// Secrets to inject; refused unless the deployment configures them.
+    /// Org secrets delivered as env or files (at most 64); refused with
+    /// `unsupported_capability` (`secrets`) where the deployment has no
+    /// secret key.
     #[serde(default)]
+    #[schema(max_items = 64)]
     pub secrets: Vec<Secret>,
     /// Seconds between saves of a durable home while it runs (within the
     /// deployment's bounds; default: the deployment's interval).
@@ -114,13 +117,25 @@ pub struct Mount {
     pub read_only: bool,
 }
 
+/// An org secret delivered into the sandbox: as the environment variable
+/// `env` of every command, or as the file `/run/secrets/{file}` (a tmpfs,
+/// mode 0400, owned by the sandbox user); exactly one of the two. Each
+/// launch (create, start, wake, recovery) receives the secret's current
+/// version. Never saved: `/run` and `/tmp` are not part of the home.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Secret {
-    /// The secret path in the deployment's secret store.
-    pub path: String,
+    /// The org secret's name (`roost secret set NAME`).
+    #[schema(schema_with = crate::schema::secret_name)]
+    pub name: String,
     /// Environment variable to expose it as.
-    pub env: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+    pub env: Option<String>,
+    /// File name under `/run/secrets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::schema::secret_name)]
+    pub file: Option<String>,
 }
 
 /// A sandbox record. `state` is what the runtime was observed doing;

@@ -73,6 +73,14 @@ pub fn name() -> Object {
     pattern(NAME_PATTERN)
 }
 
+/// A secret's name, also a file name under `/run/secrets`: 1-64 of
+/// A-Z a-z 0-9 _ . -, not starting with a dot.
+pub const SECRET_NAME_PATTERN: &str = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$";
+
+pub fn secret_name() -> Object {
+    pattern(SECRET_NAME_PATTERN)
+}
+
 /// A sandbox's or command's `env`: at most 128 variables, named as the
 /// shell names them, with no NUL byte in a value (64 KiB in all, a sum the
 /// description states).

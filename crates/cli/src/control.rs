@@ -64,6 +64,32 @@ pub struct ServerArgs {
     /// workload (runners take it from the server).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     stop_grace: std::time::Duration,
+    /// The key org secrets are sealed with: a file of 64 hex digits, mode
+    /// 0600, made with a fresh key if absent [default: DATA_DIR/secret-key].
+    /// `ROOST_SECRET_KEY` (64 hex digits) takes precedence. Every server
+    /// of a deployment needs the same key.
+    #[arg(long, value_name = "PATH", conflicts_with = "no_secret_key")]
+    secret_key_file: Option<PathBuf>,
+    /// Run without a secret key: `secrets` are refused
+    /// (`unsupported_capability`).
+    #[arg(long)]
+    no_secret_key: bool,
+}
+
+/// Where `roost server` and `roost up` take the secret key from.
+pub fn secret_key_source(
+    data_dir: &std::path::Path,
+    file: Option<PathBuf>,
+    none: bool,
+) -> server::control::secrets::SecretKeySource {
+    use server::control::secrets::SecretKeySource;
+    if none {
+        return SecretKeySource::None;
+    }
+    match std::env::var("ROOST_SECRET_KEY") {
+        Ok(hex) if !hex.is_empty() => SecretKeySource::Hex(hex),
+        _ => SecretKeySource::File(file.unwrap_or_else(|| data_dir.join("secret-key"))),
+    }
 }
 
 /// `roost admin runner drain|preempt|undrain ID`.
@@ -278,7 +304,9 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
+    let secret_key = secret_key_source(&args.data_dir, args.secret_key_file, args.no_secret_key);
     let mut config = server::Config::new(args.listen, args.data_dir);
+    config.secret_key = secret_key;
     config.database_url = args.database;
     config.store_url = if home_store_enabled()? {
         args.store

@@ -10,6 +10,7 @@ mod info;
 mod output;
 mod runner;
 mod sandbox;
+mod secret;
 mod snapshot;
 mod store_admin;
 mod up;
@@ -52,6 +53,10 @@ enum Command {
     /// show and delete them (org token).
     #[command(subcommand)]
     Image(image::ImageCommand),
+    /// Set, list and delete the org's secrets, delivered into sandboxes
+    /// that ask for them (org token; values never printed).
+    #[command(subcommand)]
+    Secret(secret::SecretCommand),
     /// Run a command in a sandbox, streaming its output; exits with its
     /// exit code.
     Exec(exec::ExecArgs),
@@ -108,6 +113,7 @@ fn main() -> std::process::ExitCode {
         Command::Admin(command) => control::run_admin(command),
         Command::Sandbox(command) => sandbox::run(command),
         Command::Image(command) => image::run(command),
+        Command::Secret(command) => secret::run(command),
         Command::Snapshot(command) => snapshot::run(command),
         Command::Exec(args) => exec::run_exec(args),
         Command::Cmd(command) => exec::run_command(command),

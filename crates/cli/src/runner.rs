@@ -67,6 +67,12 @@ pub struct RunnerArgs {
     /// the server.
     #[arg(long = "filesystem", value_name = "ID=PATH")]
     filesystems: Vec<String>,
+    /// Where delivered secrets are held: the runner mounts a tmpfs there
+    /// (unless it is one already), so no value reaches a disk; keep it
+    /// outside the data dir [default: /run/roost/secrets/NAME, NAME from
+    /// the data dir].
+    #[arg(long, value_name = "DIR")]
+    secrets_dir: Option<PathBuf>,
 }
 
 /// How `roost runner` answers signals (after `--help`'s options).
@@ -172,6 +178,7 @@ pub fn run(args: RunnerArgs) -> Result<ExitCode> {
             anyhow::bail!("--filesystem {id} given twice");
         }
     }
+    config.secrets_dir = args.secrets_dir;
     config.failpoint = api::failpoint::Failpoints::from_env();
     runtime()?.block_on(async move {
         // Listening replaces SIGUSR1's default action (the end of the

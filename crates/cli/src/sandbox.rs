@@ -50,7 +50,7 @@ impl OrgTarget {
 #[derive(Subcommand)]
 pub enum SandboxCommand {
     /// Create a sandbox; prints its record (placed, usually not yet running).
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Show a sandbox's record, optionally waiting for a state.
     #[command(
         after_help = "With --wait-for, exits 1 when the sandbox did not reach the state (an end \
@@ -227,6 +227,14 @@ pub struct CreateArgs {
     /// `--mount team:checkouts/app=/workspace`, `--mount data=/mnt/data:ro`.
     #[arg(long = "mount", value_name = "FS[:SUB]=PATH[:ro]", value_parser = parse_mount)]
     mounts: Vec<api::sandboxes::Mount>,
+    /// Deliver the org secret NAME as the environment variable VAR of
+    /// every command (repeatable; `roost secret set NAME` first).
+    #[arg(long = "secret-env", value_name = "NAME=VAR", value_parser = parse_pair)]
+    secret_env: Vec<(String, String)>,
+    /// Deliver the org secret NAME as the file /run/secrets/FILE (tmpfs,
+    /// mode 0400; FILE defaults to NAME; repeatable).
+    #[arg(long = "secret-file", value_name = "NAME[=FILE]")]
+    secret_file: Vec<String>,
     /// How often a running durable home is saved (e.g. `60s`; within the
     /// deployment's bounds; default: the deployment's interval).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
@@ -276,6 +284,25 @@ where
 }
 
 /// `KEY=VALUE`, split at the first `=` (the value may hold more).
+/// `--secret-env NAME=VAR` and `--secret-file NAME[=FILE]` as the
+/// request's `secrets`.
+fn secrets_of(env: &[(String, String)], files: &[String]) -> Vec<api::sandboxes::Secret> {
+    let as_env = env.iter().map(|(name, var)| api::sandboxes::Secret {
+        name: name.clone(),
+        env: Some(var.clone()),
+        file: None,
+    });
+    let as_file = files.iter().map(|spec| {
+        let (name, file) = spec.split_once('=').unwrap_or((spec, spec));
+        api::sandboxes::Secret {
+            name: name.to_owned(),
+            env: None,
+            file: Some(file.to_owned()),
+        }
+    });
+    as_env.chain(as_file).collect()
+}
+
 pub fn parse_pair(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
@@ -343,7 +370,7 @@ pub fn seconds_rounded_up(duration: Duration) -> u64 {
 pub fn run(command: SandboxCommand) -> Result<ExitCode> {
     runtime()?.block_on(async move {
         match command {
-            SandboxCommand::Create(args) => create(args).await,
+            SandboxCommand::Create(args) => create(*args).await,
             SandboxCommand::Get {
                 id,
                 wait_for,
@@ -446,7 +473,7 @@ async fn create(args: CreateArgs) -> Result<ExitCode> {
         env: args.env.into_iter().collect::<BTreeMap<_, _>>(),
         labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
         mounts: args.mounts,
-        secrets: Vec::new(),
+        secrets: secrets_of(&args.secret_env, &args.secret_file),
         save_interval_s: args.save_interval.map(seconds_rounded_up),
         from_snapshot: args.from_snapshot,
     };

@@ -152,6 +152,8 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
     let mut server_config = server::Config::new(args.listen, data_dir.join("server"));
+    server_config.secret_key =
+        crate::control::secret_key_source(&data_dir.join("server"), None, false);
     server_config.store_url =
         crate::control::home_store_enabled()?.then(|| data_dir.join("store").display().to_string());
     let runtime_choice = RuntimeChoice::parse(&args.runtime)?;

@@ -308,6 +308,10 @@ pub struct SandboxConfig {
     /// [`crate::lease::LEASE_PATH`] and watched by the init; `None` = no
     /// watch (a sandbox without a runner, as in this crate's tests).
     pub lease_dir: Option<PathBuf>,
+    /// A host directory on a tmpfs holding the sandbox's delivered secret
+    /// files, bind-mounted read-only at [`crate::spec::SECRETS_PATH`];
+    /// `None` = no secrets. On a tmpfs so that no value reaches a disk.
+    pub secrets_dir: Option<PathBuf>,
 }
 
 impl SandboxConfig {
@@ -332,6 +336,7 @@ impl SandboxConfig {
             network: Network::None,
             masked_paths: Vec::new(),
             lease_dir: None,
+            secrets_dir: None,
         }
     }
 
@@ -344,7 +349,11 @@ impl SandboxConfig {
         ]
         .into_iter()
         .chain(self.lease_dir.iter().map(|dir| ("lease directory", dir)))
-        {
+        .chain(
+            self.secrets_dir
+                .iter()
+                .map(|dir| ("secrets directory", dir)),
+        ) {
             if !path.is_absolute() {
                 return Err(Error::Invalid(format!(
                     "{what} {} must be an absolute path",

@@ -84,6 +84,10 @@ pub struct CommandSpec {
     pub timeout: Option<Duration>,
     /// After the timeout's SIGTERM, SIGKILL follows this much later.
     pub kill_grace: Duration,
+    /// Where the command's scratch files go (its `process.json`, which
+    /// holds its whole env); `None`: the bundle. A caller whose env
+    /// carries secrets points it at a tmpfs, so no value reaches a disk.
+    pub scratch_dir: Option<std::path::PathBuf>,
 }
 
 impl CommandSpec {
@@ -94,6 +98,7 @@ impl CommandSpec {
             cwd: None,
             timeout: None,
             kill_grace: Duration::from_millis(KILL_GRACE_MS_DEFAULT),
+            scratch_dir: None,
         }
     }
 }
@@ -291,7 +296,10 @@ impl Sandbox {
         let process =
             spec::exec_process(base, &command.argv, &command.env, command.cwd.as_deref())?;
 
-        let dir = self.paths.exec_dir();
+        let dir = command
+            .scratch_dir
+            .clone()
+            .unwrap_or_else(|| self.paths.exec_dir());
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         let name = format!(
             "{}-{}",

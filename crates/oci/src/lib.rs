@@ -27,6 +27,7 @@
 //!   the runner cannot (the file, its clock, the freeze rule).
 //! - [`cgroup`]: the host's cgroup layout and the counters read from it.
 //! - [`state`]: what the runtime reports and what a death is put down to.
+//! - [`tmpfs`]: a directory backed by memory (a runner's secrets).
 //! - [`host`]: the host helpers every module shares (binary lookup, the
 //!   one runner of host tools, atomic and durable writes, the blocking
 //!   bridge); it imports nothing of the crate but [`Error`].
@@ -76,6 +77,7 @@ pub mod shared;
 pub mod signal;
 pub mod spec;
 pub mod state;
+pub mod tmpfs;
 pub mod volumes;
 
 pub use config::{

@@ -28,6 +28,9 @@
 //! /.roost/init        the init binary, bind-mounted read-only
 //! /.roost/lease       the runner's lease deadline the init watches
 //!                     (crate::lease), bind-mounted read-only
+//! /run/secrets        delivered secret files (only when the sandbox has
+//!                     some): a host directory on a tmpfs, bind-mounted
+//!                     read-only over the sandbox's own /run tmpfs
 //! ```
 //!
 //! So the root is read-only for everything that comes from the host and
@@ -74,6 +77,8 @@ pub const INIT_LIBS_PATH: &str = "/.roost/lib";
 pub const WORKSPACE_PATH: &str = "/workspace";
 /// The sandbox's own home when a shared filesystem owns `/workspace`.
 pub const PRIVATE_PATH: &str = "/private";
+/// Where a sandbox's delivered secret files appear.
+pub const SECRETS_PATH: &str = "/run/secrets";
 /// A `bridge` sandbox's DNS configuration (see [`SandboxPaths::resolv_conf`]).
 ///
 /// [`SandboxPaths::resolv_conf`]: crate::SandboxPaths::resolv_conf
@@ -436,6 +441,17 @@ fn mounts(
             crate::lease::LEASE_PATH,
             "bind",
             lease_dir.clone(),
+            &["bind", "ro", "nosuid", "nodev", "noexec"],
+        )?);
+    }
+    if let Some(secrets_dir) = &config.secrets_dir {
+        // After /run (a tmpfs of the sandbox's own, where the runtime makes
+        // the mount point); read-only: a sandbox cannot change what it was
+        // given, nor add files the runner would then hold.
+        mounts.push(mount(
+            SECRETS_PATH,
+            "bind",
+            secrets_dir.clone(),
             &["bind", "ro", "nosuid", "nodev", "noexec"],
         )?);
     }
@@ -816,5 +832,36 @@ mod tests {
         let mut bad = config;
         bad.shared[1].subpath = "../x".to_owned();
         assert!(spec(&bad, &host(), "/roost/x").is_err());
+    }
+
+    #[test]
+    fn delivered_secrets_are_a_read_only_mount_over_the_sandboxes_own_run() {
+        let plain = json(&config());
+        let mounts = plain["mounts"].as_array().expect("mounts");
+        assert!(!mounts.iter().any(|m| m["destination"] == SECRETS_PATH));
+        let mut with_secrets = config();
+        with_secrets.secrets_dir = Some("/run/roost/secrets/x/sbx_test/files".into());
+        let value = json(&with_secrets);
+        let mounts = value["mounts"].as_array().expect("mounts");
+        let run = mounts
+            .iter()
+            .position(|m| m["destination"] == "/run")
+            .expect("/run");
+        let secrets = mounts
+            .iter()
+            .position(|m| m["destination"] == SECRETS_PATH)
+            .expect("/run/secrets");
+        assert!(run < secrets, "/run/secrets must come after /run");
+        assert_eq!(mounts[run]["type"], "tmpfs");
+        let options = mounts[secrets]["options"].as_array().expect("options");
+        for wanted in ["ro", "nosuid", "nodev", "noexec"] {
+            assert!(options.iter().any(|o| o == wanted), "{options:?}");
+        }
+        // /tmp is a tmpfs too: neither is part of a home, so neither is saved.
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m["destination"] == "/tmp" && m["type"] == "tmpfs")
+        );
     }
 }

@@ -28,6 +28,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("../migrations/0009_salvage.sql")),
     (10, include_str!("../migrations/0010_state_message.sql")),
     (11, include_str!("../migrations/0011_observed.sql")),
+    (12, include_str!("../migrations/0012_secrets.sql")),
     (13, include_str!("../migrations/0013_filesystems.sql")),
 ];
 

@@ -26,6 +26,8 @@ pub enum ServerError {
     Store(String),
     #[error("no randomness available: {0}")]
     Random(String),
+    #[error("{0}")]
+    SecretKey(String),
 }
 
 /// A refusal or failure of the control layer: a stable code (which fixes

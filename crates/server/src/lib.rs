@@ -71,6 +71,9 @@ pub struct Config {
     /// Between a stop's SIGTERM and its SIGKILL of a workload; runners take
     /// it from the server when they register.
     pub stop_grace: Duration,
+    /// Where the key that seals org secrets comes from; without one,
+    /// secrets are refused (`unsupported_capability`).
+    pub secret_key: control::secrets::SecretKeySource,
     /// Crash-safety tests only: the fault point armed
     /// (`ROOST_FAILPOINT`), e.g. `after_commit:create_sandbox`.
     pub failpoint: api::failpoint::Failpoints,
@@ -94,6 +97,7 @@ impl Config {
             save_interval_min: Duration::from_secs(10),
             save_interval_max: Duration::from_secs(24 * 3600),
             stop_grace: Duration::from_secs(10),
+            secret_key: control::secrets::SecretKeySource::None,
             failpoint: api::failpoint::Failpoints::none(),
         }
     }
@@ -170,6 +174,11 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         )),
         None => None,
     };
+    let secret_key = config
+        .secret_key
+        .load()
+        .map_err(|e| ServerError::SecretKey(e.to_string()))?
+        .map(Arc::new);
     let db = db::Db::connect(&database_url).await?;
     db.migrate().await?;
     Ok(control::AppState {
@@ -177,6 +186,7 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         store,
         config: Arc::new(config),
         metrics: Arc::new(metrics::Metrics::default()),
+        secret_key,
     })
 }
 

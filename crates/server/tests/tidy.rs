@@ -62,6 +62,10 @@ fn only_records_writes_sandboxes_commands_events_snapshots_and_runners() {
         "DELETE FROM kept_copies",
         "INSERT INTO saves",
         "DELETE FROM saves",
+        "UPDATE secrets",
+        "INSERT INTO secrets",
+        "DELETE FROM secrets",
+        "INSERT INTO sandbox_secrets",
     ];
     const PLACEMENT_LOCK: &str = "UPDATE runners SET placements = placements + 1";
     let mut found = Vec::new();

@@ -64,6 +64,15 @@ def _cleanup(data_dir: Path) -> None:
                 check=False,
             )
     subprocess.run(["umount", "-l", str(data_dir / "runner" / "volumes")], stderr=subprocess.DEVNULL, check=False)
+    # The runner's tmpfs for delivered secrets (default place: named after
+    # its data dir, under /run/roost/secrets).
+    runner = str(data_dir / "runner").strip("/")
+    secrets = Path("/run/roost/secrets") / "".join(c if c.isascii() and (c.isalnum() or c == "-") else "_" for c in runner)
+    subprocess.run(["umount", "-l", str(secrets)], stderr=subprocess.DEVNULL, check=False)
+    try:
+        secrets.rmdir()
+    except OSError:
+        pass
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ mod plane;
 mod runner_e2e;
 mod sandbox_cli;
 mod sandboxes;
+mod secrets;
 mod setid;
 mod store_admin;
 mod store_faults;

@@ -1012,3 +1012,10 @@ fn roost_up_without_a_runtime_says_what_to_install() {
         "nothing started before the check"
     );
 }
+
+impl RunnerProcess {
+    /// Every log line the runner wrote so far (its whole stderr).
+    pub(crate) fn log_lines(&self) -> Vec<String> {
+        self.logs.lock().expect("logs").clone()
+    }
+}

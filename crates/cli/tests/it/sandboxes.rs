@@ -534,10 +534,6 @@ async fn admission_refuses_what_nothing_would_enforce_naming_it() {
             json!({"mounts": [{"filesystem": "fs1", "subpath": "data", "path": "/mnt/data"}]}),
             "filesystem:fs1",
         ),
-        (
-            json!({"secrets": [{"path": "vault/x", "env": "X"}]}),
-            "secret:vault/x",
-        ),
     ];
     for (body, missing) in cases {
         let refused = plane.org.post("/v1/sandboxes", body.clone()).await;

@@ -132,7 +132,15 @@ impl CommandJob {
     fn spec(&self) -> CommandSpec {
         let assignment = &self.assignment;
         let mut spec = CommandSpec::new(assignment.argv.iter().cloned());
-        spec.env = assignment.env.clone();
+        // Delivered env secrets under the command's own env (which wins,
+        // as over the sandbox's env); with them, the scratch files (whose
+        // process.json holds that env) go to the secrets' tmpfs.
+        let secrets = self.shared.config.secrets();
+        let sandbox_id = self.sandbox.id();
+        spec.env = secrets.env(sandbox_id);
+        spec.env
+            .extend(assignment.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        spec.scratch_dir = secrets.scratch(sandbox_id);
         spec.cwd = assignment.cwd.clone();
         spec.timeout = assignment.timeout.map(Duration::from_secs);
         spec.kill_grace = self.shared.config.command_kill_grace;

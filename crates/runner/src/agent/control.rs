@@ -18,7 +18,8 @@ use api::blocks::RemoteBackend;
 use api::client::{Client, ClientError, OutputStream};
 use api::runners::{
     Assignments, CommandReport, HeartbeatRequest, KeptCopyAnswer, KeptCopyReport, PreemptRequest,
-    RegisterRequest, RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SnapshotReport,
+    RegisterRequest, RegisterResponse, RunnerRecord, SandboxReport, SaveReport, SecretValues,
+    SecretsRequest, SnapshotReport,
 };
 use oci::seam::BoxFuture;
 use std::sync::RwLock;
@@ -71,6 +72,13 @@ pub(crate) trait ControlPlane: Send + Sync {
     ) -> Answer<'a, ()>;
     /// Reports a home kept aside; the answer says whether to keep it.
     fn runner_report_kept<'a>(&'a self, report: &'a KeptCopyReport) -> Answer<'a, KeptCopyAnswer>;
+    /// The values of the secrets a sandbox asked for (its current
+    /// placement's runner only).
+    fn runner_secrets<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        request: &'a SecretsRequest,
+    ) -> Answer<'a, SecretValues>;
     /// The block service's client, for moving homes and images.
     fn blocks(&self) -> RemoteBackend;
     /// Calls from now on with this runner's own credential; `None`: with
@@ -205,6 +213,15 @@ impl ControlPlane for RunnerLink {
     fn runner_report_kept<'a>(&'a self, report: &'a KeptCopyReport) -> Answer<'a, KeptCopyAnswer> {
         let client = self.client();
         Box::pin(async move { client.runner_report_kept(report).await })
+    }
+
+    fn runner_secrets<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        request: &'a SecretsRequest,
+    ) -> Answer<'a, SecretValues> {
+        let client = self.client();
+        Box::pin(async move { client.runner_secrets(sandbox_id, request).await })
     }
 
     fn blocks(&self) -> RemoteBackend {

@@ -86,6 +86,7 @@ mod homes;
 mod images;
 mod kept;
 mod sandbox;
+mod secrets;
 #[cfg(test)]
 mod testing;
 
@@ -219,6 +220,10 @@ pub struct AgentConfig {
     /// Crash-safety tests only: the fault point at which the agent kills
     /// itself (`ROOST_FAILPOINT`), e.g. `runner:after_command_launch`.
     pub failpoint: Failpoints,
+    /// Where delivered secrets are held: a tmpfs the runner mounts there
+    /// (outside the data dir; see `secrets`). `None`: under
+    /// `/run/roost/secrets`, named after the data dir.
+    pub secrets_dir: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -241,7 +246,17 @@ impl AgentConfig {
             homes_image_bytes: 256 << 30,
             filesystems: BTreeMap::new(),
             failpoint: Failpoints::none(),
+            secrets_dir: None,
         }
+    }
+
+    /// Where this runner holds delivered secrets.
+    pub(crate) fn secrets(&self) -> secrets::SecretsDir {
+        secrets::SecretsDir::new(
+            self.secrets_dir
+                .clone()
+                .unwrap_or_else(|| secrets::default_root(&self.data_dir)),
+        )
     }
 }
 

@@ -832,6 +832,26 @@ impl Worker {
             }
             Err(NotReady::Failed(err)) => return Err(Step::Local(err)),
         }
+        if !sandbox.secrets.is_empty() {
+            match self.deliver_secrets(sandbox).await {
+                Ok(files) => {
+                    config.secrets_dir = Some(files);
+                    let root = self.shared.config.secrets().root().display().to_string();
+                    config.masked_paths.push(root);
+                }
+                Err(Delivery::Step(step)) => return Err(step),
+                Err(Delivery::Unavailable(message)) => {
+                    return self
+                        .report(
+                            sandbox,
+                            SandboxState::Failed,
+                            Some("secret_unavailable"),
+                            Some(message),
+                        )
+                        .await;
+                }
+            }
+        }
         self.record_placement(sandbox.epoch).map_err(Step::Local)?;
         let launched = {
             let Some(_thawed) = self.shared.fence.thawed().await else {
@@ -874,6 +894,50 @@ impl Worker {
                 "the container is not running right after start".to_owned(),
             ))),
         }
+    }
+
+    /// Removes what was delivered for the sandbox (its container is gone).
+    fn forget_secrets(&self) {
+        if let Err(err) = self.shared.config.secrets().remove(&self.id) {
+            tracing::warn!(sandbox_id = %self.id, %err, "cannot remove the sandbox's delivered secrets");
+        }
+    }
+
+    /// Fetches the values of the secrets the sandbox asked for (this
+    /// placement's, current versions) onto the runner's tmpfs; the
+    /// directory of its file secrets.
+    async fn deliver_secrets(&mut self, sandbox: &SandboxAssignment) -> Result<PathBuf, Delivery> {
+        let request = api::runners::SecretsRequest {
+            runner_id: self.shared.runner_id(),
+            epoch: sandbox.epoch,
+        };
+        let values = match self
+            .shared
+            .control
+            .runner_secrets(self.id.as_str(), &request)
+            .await
+        {
+            Ok(values) => values,
+            Err(err) => {
+                return Err(match refusal(err) {
+                    Ok(transient) => Delivery::Step(Step::Transient(transient)),
+                    Err(Refusal::Fenced(message)) => {
+                        Delivery::Step(Step::Refused(Refusal::Fenced(message)))
+                    }
+                    // A secret deleted since the create, or a deployment
+                    // that lost its key: this launch cannot be as asked.
+                    Err(Refusal::Refused(err)) => Delivery::Unavailable(err.to_string()),
+                });
+            }
+        };
+        let secrets = self.shared.config.secrets();
+        let id = self.id.clone();
+        let root = secrets.root().to_owned();
+        oci::host::blocking("deliver secrets", &root, move || {
+            secrets.deliver(&id, &values)
+        })
+        .await
+        .map_err(|err| Delivery::Step(Step::Local(err)))
     }
 
     /// Where the epoch of the placement the container was launched for is
@@ -1016,6 +1080,8 @@ impl Worker {
         self.settle_commands().await;
         // The container goes; its root directory and the home stay.
         self.handle.delete().await.map_err(Step::Local)?;
+        // Its secrets go with it: the next launch fetches them again.
+        self.forget_secrets();
         if sandbox.storage_class == StorageClass::Durable {
             let homes = &self.shared.homes;
             if homes.restore_unfinished(self.id.as_str()) {
@@ -1103,6 +1169,7 @@ impl Worker {
         let id = self.id.clone();
         let files = self.files.clone();
         tokio::task::spawn_blocking(move || {
+            shared.config.secrets().remove(&id)?;
             shared.homes.remove(id.as_str())?;
             files.remove_all()
         })
@@ -1155,6 +1222,7 @@ impl Worker {
             tracing::error!(sandbox_id = %self.id, %err, "cannot remove the container of an unassigned sandbox; its files stay");
             return;
         }
+        self.forget_secrets();
         let kept = {
             let (shared, id) = (self.shared.clone(), self.id.clone());
             tokio::task::spawn_blocking(move || shared.homes.keep_aside(id.as_str())).await
@@ -1294,6 +1362,13 @@ fn home_unavailable_message(err: &Error, sandbox: &SandboxAssignment) -> String 
         "{err}; this sandbox cannot start from its saved home: create a new sandbox from one of its snapshots (GET /v1/snapshots?sandbox_id={id}, then POST /v1/sandboxes with from_snapshot), or delete it",
         id = sandbox.sandbox_id
     )
+}
+
+/// Why secrets were not delivered.
+enum Delivery {
+    Step(Step),
+    /// The server will not give them for this placement as asked.
+    Unavailable(String),
 }
 
 /// Why a step of a pass did not complete.

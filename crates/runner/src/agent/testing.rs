@@ -959,6 +959,19 @@ impl ControlPlane for FakeControl {
         })
     }
 
+    /// No fake sandbox asks for secrets: none are held.
+    fn runner_secrets<'a>(
+        &'a self,
+        _sandbox_id: &'a str,
+        _request: &'a api::runners::SecretsRequest,
+    ) -> Answer<'a, api::runners::SecretValues> {
+        Box::pin(async move {
+            Ok(api::runners::SecretValues {
+                secrets: Vec::new(),
+            })
+        })
+    }
+
     /// Block transfers are not faked: a client of a closed port, so
     /// every transfer fails as unreachable.
     fn blocks(&self) -> RemoteBackend {
@@ -1077,6 +1090,7 @@ pub(crate) fn assignment(
         save_interval_s: None,
         snapshots: Vec::new(),
         mounts: Vec::new(),
+        secrets: Vec::new(),
     }
 }
 

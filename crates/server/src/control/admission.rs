@@ -252,13 +252,7 @@ async fn check_admissible(
         mounts.push(mount);
     }
     sandbox.mounts = serde_json::to_string(&mounts).unwrap_or_else(|_| "[]".to_owned());
-    // No secret store is configured in this deployment.
-    if let Some(secret) = request.secrets.first() {
-        return Err(unsupported(
-            vec![format!("secret:{}", secret.path)],
-            "no secret store is configured",
-        ));
-    }
+    super::secrets::check_request(state, tx, &sandbox.org_id, &request.secrets).await?;
     let needs = Needs::of(sandbox);
     let runners = records::runners::all_runners(tx).await?;
     let best = runners
@@ -411,6 +405,7 @@ pub async fn admit(
     check_admissible(state, tx, row, request).await?;
     check_quotas(state, tx, &org_id, true).await?;
     records::sandboxes::insert(tx, row, &request.labels).await?;
+    records::secrets::insert_for_sandbox(tx, &row.id, &request.secrets).await?;
     let placed = scheduler::place(tx, row).await?;
     if let Placed::Waiting(reason) = placed {
         records::sandboxes::set_waiting_reason(tx, row, reason).await?;

@@ -19,6 +19,8 @@
 //! - [`home_store`]: the content store as the control plane uses it.
 //! - [`kept`]: homes runners set aside (kept copies): keep, discard, expire.
 //! - [`deployment`]: what the deployment promises, derives and observed.
+//! - [`secrets`]: org secrets sealed under the deployment's key, and their
+//!   delivery to the runner of a sandbox's placement.
 
 pub mod admission;
 pub mod blocks;
@@ -34,6 +36,7 @@ pub mod placement;
 pub mod runner_protocol;
 pub mod sandboxes;
 pub mod saves;
+pub mod secrets;
 pub mod snapshots;
 
 use std::sync::Arc;
@@ -49,6 +52,9 @@ pub struct AppState {
     pub store: Option<Arc<store::Store>>,
     pub config: Arc<crate::Config>,
     pub metrics: Arc<Metrics>,
+    /// The key org secrets are sealed with (`Config::secret_key`); `None`:
+    /// secrets are refused.
+    pub secret_key: Option<Arc<secrets::SecretKey>>,
 }
 
 impl AppState {

@@ -185,6 +185,7 @@ pub async fn read_assignments(
                 durability: row.try_get("durability")?,
             });
     }
+    let mut secrets = records::secrets::of_runner(&mut tx, runner_id).await?;
     let sandboxes: Vec<SandboxAssignment> = sandboxes
         .iter()
         .map(|row| {
@@ -205,6 +206,7 @@ pub async fn read_assignments(
                 save_interval_s: s.home.save_interval_s.map(|i| i as u64),
                 snapshots: snapshots.remove(&s.id).unwrap_or_default(),
                 mounts: s.mounts(),
+                secrets: secrets.remove(&s.id).unwrap_or_default(),
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;

@@ -11,6 +11,7 @@ pub(crate) mod kept;
 pub(crate) mod meta;
 pub mod runner;
 pub mod sandboxes;
+pub(crate) mod secrets;
 pub(crate) mod snapshots;
 
 use axum::Router;
@@ -94,6 +95,15 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/runner/sandboxes/{id}/saves", post(homes::report_save))
         .route("/v1/runner/snapshots/{id}/report", post(snapshots::report))
+        .route("/v1/secrets", get(secrets::list))
+        .route(
+            "/v1/secrets/{name}",
+            put(secrets::set).delete(secrets::delete),
+        )
+        .route(
+            "/v1/runner/sandboxes/{id}/secrets",
+            post(secrets::for_runner),
+        )
         .route("/v1/images", get(images::list))
         .route(
             "/v1/images/{name}",

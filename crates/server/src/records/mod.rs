@@ -10,6 +10,7 @@
 //! - [`runners`]: the runner row, its lease and drain.
 //! - [`kept`]: kept copies of homes on runners, and the record's list.
 //! - [`filesystems`]: which org may mount which shared filesystem.
+//! - [`secrets`]: org secrets (sealed) and what each sandbox asked for.
 //! - [`observed`]: saves' history and the reads behind the deployment's
 //!   observed figures.
 
@@ -20,6 +21,7 @@ pub mod kept;
 pub mod observed;
 pub mod runners;
 pub mod sandboxes;
+pub mod secrets;
 pub mod snapshots;
 
 pub use commands::{COMMAND_COLUMNS, CommandRow};

@@ -33,6 +33,10 @@ impl TestServer {
             .expect("a temp data dir");
         let listen: SocketAddr = "127.0.0.1:0".parse().expect("a loopback address");
         let mut config = server::Config::new(listen, data.path().join("server"));
+        // As `roost server` does by default: a key file in the data dir.
+        config.secret_key = server::control::secrets::SecretKeySource::File(
+            data.path().join("server").join("secret-key"),
+        );
         let store = store.map_or_else(|| data.path().join("store"), std::path::Path::to_path_buf);
         config.store_url = Some(store.display().to_string());
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();

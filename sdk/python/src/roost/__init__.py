@@ -36,7 +36,17 @@ from ._errors import (
     error_class,
 )
 from ._sync import CommandStream, Paginator, Roost, Sandbox
-from ._wire import Command, Event, Image, KeptCopy, Mount, Resources, SaveStatus, Snapshot
+from ._wire import (
+    Command,
+    Event,
+    Image,
+    KeptCopy,
+    Mount,
+    Resources,
+    SaveStatus,
+    SecretRecord,
+    Snapshot,
+)
 from ._wire import Sandbox as SandboxRecord
 
 __version__ = "0.1.0"
@@ -77,6 +87,7 @@ __all__ = [
     "Sandbox",
     "SandboxRecord",
     "SaveStatus",
+    "SecretRecord",
     "Snapshot",
     "Stats",
     "TransportError",

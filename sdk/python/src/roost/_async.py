@@ -287,6 +287,7 @@ class AsyncSandboxes:
         save_interval_s: Optional[int] = None,
         from_snapshot: Optional[str] = None,
         mounts: Optional[Sequence[Union[wire.Mount, Mapping[str, Any]]]] = None,
+        secrets: Optional[Sequence[Mapping[str, str]]] = None,
         wait: bool = True,
         timeout: Optional[float] = 120.0,
         delete_on_exit: bool = True,
@@ -304,6 +305,7 @@ class AsyncSandboxes:
             save_interval_s=save_interval_s,
             from_snapshot=from_snapshot,
             mounts=mounts,
+            secrets=secrets,
         )
         record = await self._t.run(core.create_sandbox(body, idempotency_key))
         sandbox = AsyncSandbox(self._t, record, delete_on_exit)
@@ -400,6 +402,27 @@ class AsyncImages:
         return image
 
 
+class AsyncSecrets:
+    """The org's secrets: values go in, never come back (``list`` shows names,
+    versions and times). Sandboxes ask for them on create:
+    ``secrets=[{"name": "gh", "env": "GH_TOKEN"}, {"name": "key", "file": "key"}]``."""
+
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    async def set(self, name: str, value: str) -> wire.SecretRecord:
+        """Sets ``name`` to ``value`` (a new version; sandboxes launched from
+        now on get it)."""
+        return await self._t.run(core.set_secret(name, value))
+
+    async def list(self) -> List[wire.SecretRecord]:
+        page = await self._t.run(core.list_page(wire.LIST_SECRETS, {}, [], None))
+        return list(page.items)
+
+    async def delete(self, name: str) -> Optional[wire.SecretRecord]:
+        return await self._t.run(core.delete_secret(name))
+
+
 class AsyncRoost:
     """The asyncio client; see :class:`roost.Roost` for the arguments."""
 
@@ -417,6 +440,7 @@ class AsyncRoost:
         self.sandboxes = AsyncSandboxes(self._t)
         self.snapshots = AsyncSnapshots(self._t)
         self.images = AsyncImages(self._t)
+        self.secrets = AsyncSecrets(self._t)
 
     @property
     def stats(self) -> Stats:

@@ -325,6 +325,7 @@ def sandbox_body(
     save_interval_s: Optional[int],
     from_snapshot: Optional[str],
     mounts: Optional[Sequence[Union[wire.Mount, Mapping[str, Any]]]] = None,
+    secrets: Optional[Sequence[Mapping[str, str]]] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     for name, value in (
@@ -346,6 +347,9 @@ def sandbox_body(
         body["labels"] = dict(labels)
     if mounts:
         body["mounts"] = [m.to_json() if isinstance(m, wire.Mount) else dict(m) for m in mounts]
+    if secrets:
+        # [{"name": N, "env": VAR}] or [{"name": N, "file": F}]: names, never values.
+        body["secrets"] = [dict(secret) for secret in secrets]
     return body
 
 
@@ -618,6 +622,25 @@ def wait_snapshot(snapshot_id: str, durability: str, timeout: Optional[float]) -
             raise UnexpectedState(f"snapshot {snapshot_id} failed ({snapshot.reason})", snapshot)
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"snapshot {snapshot_id} is still {snapshot.durability} after {timeout} s")
+
+
+# ---- secrets --------------------------------------------------------------
+
+
+def set_secret(name: str, value: str) -> Op[wire.SecretRecord]:
+    """Sets (makes or rotates) an org secret. Setting the same value again is
+    harmless, so a retried attempt is safe (only the version moves on)."""
+    reply = yield call(wire.SET_SECRET, {"name": name}, body={"value": value})
+    secret: wire.SecretRecord = record(wire.SET_SECRET, reply)
+    return secret
+
+
+def delete_secret(name: str) -> Op[Optional[wire.SecretRecord]]:
+    reply = yield call(wire.DELETE_SECRET, {"name": name})
+    if reply.attempts > 1 and reply.status == 404:
+        return None  # an earlier attempt deleted it
+    secret: wire.SecretRecord = record(wire.DELETE_SECRET, reply)
+    return secret
 
 
 def get_record(op: wire.Operation, path: Mapping[str, str]) -> Op[Any]:

@@ -297,6 +297,7 @@ class Sandboxes:
         save_interval_s: Optional[int] = None,
         from_snapshot: Optional[str] = None,
         mounts: Optional[Sequence[Union[wire.Mount, Mapping[str, Any]]]] = None,
+        secrets: Optional[Sequence[Mapping[str, str]]] = None,
         wait: bool = True,
         timeout: Optional[float] = 120.0,
         delete_on_exit: bool = True,
@@ -316,6 +317,7 @@ class Sandboxes:
             save_interval_s=save_interval_s,
             from_snapshot=from_snapshot,
             mounts=mounts,
+            secrets=secrets,
         )
         sandbox = Sandbox(self._t, self._t.run(core.create_sandbox(body, idempotency_key)), delete_on_exit)
         if wait:
@@ -410,6 +412,27 @@ class Images:
         return image
 
 
+class Secrets:
+    """The org's secrets: values go in, never come back (``list`` shows names,
+    versions and times). Sandboxes ask for them on create:
+    ``secrets=[{"name": "gh", "env": "GH_TOKEN"}, {"name": "key", "file": "key"}]``."""
+
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    def set(self, name: str, value: str) -> wire.SecretRecord:
+        """Sets ``name`` to ``value`` (a new version; sandboxes launched from
+        now on get it)."""
+        return self._t.run(core.set_secret(name, value))
+
+    def list(self) -> List[wire.SecretRecord]:
+        page = self._t.run(core.list_page(wire.LIST_SECRETS, {}, [], None))
+        return list(page.items)
+
+    def delete(self, name: str) -> Optional[wire.SecretRecord]:
+        return self._t.run(core.delete_secret(name))
+
+
 class Roost:
     """A blocking client. ``url`` and ``token`` default to ``ROOST_URL`` /
     ``ROOST_TOKEN``, then to what ``roost up`` saved. ``retry`` says how
@@ -429,6 +452,7 @@ class Roost:
         self.sandboxes = Sandboxes(self._t)
         self.snapshots = Snapshots(self._t)
         self.images = Images(self._t)
+        self.secrets = Secrets(self._t)
 
     @property
     def stats(self) -> Stats:

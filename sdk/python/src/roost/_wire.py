@@ -26,6 +26,7 @@ __all__ = [
     "Resources",
     "Sandbox",
     "SaveStatus",
+    "SecretRecord",
     "Snapshot",
     "decode",
 ]
@@ -169,6 +170,16 @@ class Image:
 
 
 @dataclass(frozen=True)
+class SecretRecord:
+    """An org secret as the API shows it: never its value."""
+
+    name: str
+    version: int
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True)
 class Event:
     """One state change of a sandbox."""
 
@@ -205,7 +216,18 @@ M = TypeVar("M")
 # decoding a record costs a dict lookup per field (the SDK's overhead per
 # call is measured in BENCHMARKS.md).
 _PLANS: Dict[type, List[Tuple[str, Optional[Callable[[Any], Any]]]]] = {}
-MODELS: Tuple[type, ...] = (Resources, SaveStatus, KeptCopy, Mount, Sandbox, Command, Snapshot, Image, Event)
+MODELS: Tuple[type, ...] = (
+    Resources,
+    SaveStatus,
+    KeptCopy,
+    Mount,
+    Sandbox,
+    Command,
+    Snapshot,
+    Image,
+    SecretRecord,
+    Event,
+)
 
 
 def _converter(annotation: Any) -> Optional[Callable[[Any], Any]]:
@@ -298,6 +320,7 @@ CREATE_SANDBOX = Operation(
         "save_interval_s": "integer",
         "from_snapshot": "string",
         "mounts": "array",
+        "secrets": "array",
     },
     idempotency_key=True,
     response=Sandbox,
@@ -343,6 +366,9 @@ LIST_SNAPSHOTS = Operation(
 DELETE_SNAPSHOT = Operation("DELETE", "/v1/snapshots/{id}", response=Snapshot)
 LIST_IMAGES = Operation("GET", "/v1/images", response=Image, list_field="images")
 GET_IMAGE = Operation("GET", "/v1/images/{name}", response=Image)
+SET_SECRET = Operation("PUT", "/v1/secrets/{name}", body={"value": "string"}, response=SecretRecord)
+LIST_SECRETS = Operation("GET", "/v1/secrets", response=SecretRecord, list_field="secrets")
+DELETE_SECRET = Operation("DELETE", "/v1/secrets/{name}", response=SecretRecord)
 
 #: Every operation the SDK calls (checked against the OpenAPI document).
 OPERATIONS: Tuple[Operation, ...] = (
@@ -364,4 +390,7 @@ OPERATIONS: Tuple[Operation, ...] = (
     DELETE_SNAPSHOT,
     LIST_IMAGES,
     GET_IMAGE,
+    SET_SECRET,
+    LIST_SECRETS,
+    DELETE_SECRET,
 )

@@ -1,0 +1,37 @@
+//! A directory backed by memory: what a runner holds secrets on. Mounted
+//! here (`nosuid,nodev,noexec`, mode 0700) unless the directory already is
+//! a tmpfs (a restarted runner finds its own mount), so nothing written
+//! below it reaches a disk.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// `statfs(2)`'s `f_type` of a tmpfs (`TMPFS_MAGIC`).
+pub const TMPFS_MAGIC: u32 = 0x0102_1994;
+
+/// Whether `path` lies on a tmpfs.
+pub fn is_tmpfs(path: &Path) -> Result<bool> {
+    let stat = rustix::fs::statfs(path).map_err(|e| Error::io("statfs", path, e.into()))?;
+    // `f_type` is signed on most targets: compared on its low 32 bits.
+    Ok((i128::from(stat.f_type) & 0xFFFF_FFFF) as u32 == TMPFS_MAGIC)
+}
+
+/// Makes `dir` (0700) and mounts a tmpfs of at most `size_bytes` on it,
+/// unless it is a tmpfs already.
+pub fn ensure(dir: &Path, size_bytes: u64) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+    if !is_tmpfs(dir)? {
+        let flags = rustix::mount::MountFlags::NOSUID
+            | rustix::mount::MountFlags::NODEV
+            | rustix::mount::MountFlags::NOEXEC;
+        let options = std::ffi::CString::new(format!("mode=0700,size={size_bytes}"))
+            .map_err(|_| Error::Invalid("tmpfs options".to_owned()))?;
+        rustix::mount::mount("tmpfs", dir, "tmpfs", flags, Some(options.as_c_str()))
+            .map_err(|e| Error::io("mount a tmpfs on", dir, e.into()))?;
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| Error::io("chmod", dir, e))?;
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! Delivered secrets on this runner: held on a tmpfs of the runner's own
+//! (`AgentConfig::secrets_dir`, outside the data dir), never on a disk.
+//!
+//! ```text
+//! SECRETS/ID/files/FILE   a file secret, mode 0400 (owned by root, the
+//!                         sandbox's user), the directory bind-mounted
+//!                         read-only at /run/secrets
+//! SECRETS/ID/env/VAR      an env secret, read into each command's env
+//! SECRETS/ID/exec/        the scratch files of the sandbox's commands
+//!                         (their process.json holds that env)
+//! ```
+//!
+//! Written at each launch from the values the server gives the runner of
+//! the placement (the current version of each), so a restarted runner
+//! still gives the commands of a container it adopts their env; removed
+//! with the sandbox's files. A tmpfs does not survive the host, and
+//! neither does a container.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use api::runners::SecretValues;
+use oci::config::SandboxId;
+use oci::{Error, Result};
+
+/// Largest tmpfs the secrets live on: 64 secrets of 64 KiB per sandbox,
+/// and command scratch files; only what is written is used.
+const TMPFS_BYTES: u64 = 256 << 20;
+
+#[derive(Debug, Clone)]
+pub(crate) struct SecretsDir {
+    root: PathBuf,
+}
+
+/// The default place: under `/run/roost`, named after the data dir, so
+/// runners sharing a host keep theirs apart and a restart finds its own.
+pub(crate) fn default_root(data_dir: &Path) -> PathBuf {
+    let name: String = data_dir
+        .to_string_lossy()
+        .trim_matches('/')
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    PathBuf::from("/run/roost/secrets").join(name)
+}
+
+impl SecretsDir {
+    pub(crate) fn new(root: PathBuf) -> SecretsDir {
+        SecretsDir { root }
+    }
+
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn sandbox(&self, id: &SandboxId) -> PathBuf {
+        self.root.join(id.as_str())
+    }
+
+    /// The sandbox's file secrets (what `/run/secrets` shows).
+    pub(crate) fn files(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox(id).join("files")
+    }
+
+    /// Where the sandbox's commands' scratch files go, if it has secrets.
+    pub(crate) fn scratch(&self, id: &SandboxId) -> Option<PathBuf> {
+        let dir = self.sandbox(id);
+        dir.is_dir().then(|| dir.join("exec"))
+    }
+
+    /// Writes what the server gave for `id`, replacing what was there.
+    pub(crate) fn deliver(&self, id: &SandboxId, values: &SecretValues) -> Result<PathBuf> {
+        oci::tmpfs::ensure(&self.root, TMPFS_BYTES)?;
+        self.remove(id)?;
+        let dir = self.sandbox(id);
+        for sub in ["files", "env", "exec"] {
+            let path = dir.join(sub);
+            std::fs::create_dir_all(&path).map_err(|e| Error::io("create directory", &path, e))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| Error::io("chmod", &path, e))?;
+        }
+        for secret in &values.secrets {
+            // The server checked both names at create; checked again here,
+            // as a path component must never climb out.
+            let (sub, name) = match (&secret.env, &secret.file) {
+                (Some(env), None) => ("env", env),
+                (None, Some(file)) => ("files", file),
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "secret {:?}: neither only env nor only file",
+                        secret.name
+                    )));
+                }
+            };
+            if name.is_empty() || name.starts_with('.') || name.contains('/') {
+                return Err(Error::Invalid(format!("secret place {name:?}")));
+            }
+            let path = dir.join(sub).join(name);
+            write_private(&path, secret.value.as_bytes())?;
+        }
+        // The mount's top: readable by the sandbox's user (root), no one else.
+        let files = self.files(id);
+        std::fs::set_permissions(&files, std::fs::Permissions::from_mode(0o500))
+            .map_err(|e| Error::io("chmod", &files, e))?;
+        Ok(files)
+    }
+
+    /// The env secrets of `id` (none if it has none or they are gone).
+    pub(crate) fn env(&self, id: &SandboxId) -> BTreeMap<String, String> {
+        let dir = self.sandbox(id).join("env");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return BTreeMap::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name().into_string().ok()?;
+                let value = std::fs::read_to_string(entry.path()).ok()?;
+                Some((name, value))
+            })
+            .collect()
+    }
+
+    /// Forgets everything delivered for `id`.
+    pub(crate) fn remove(&self, id: &SandboxId) -> Result<()> {
+        let dir = self.sandbox(id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(err) => Err(Error::io("remove", &dir, err)),
+        }
+    }
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o400)
+        .open(path)
+        .map_err(|e| Error::io("create", path, e))?;
+    file.write_all(bytes)
+        .map_err(|e| Error::io("write", path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_roots_differ_per_data_dir_and_stay_off_it() {
+        let a = default_root(Path::new("/var/lib/roost/runner"));
+        let b = default_root(Path::new("/var/lib/roost/runner2"));
+        assert_ne!(a, b);
+        assert!(a.starts_with("/run/roost/secrets"));
+        assert!(!a.starts_with("/var/lib/roost/runner"));
+    }
+}
