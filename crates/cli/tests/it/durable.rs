@@ -151,6 +151,35 @@ impl Fleet {
     }
 }
 
+/// Takes a snapshot of sandbox `id` and waits (up to a minute, long-polling)
+/// until it is `replicated`; returns the snapshot's id.
+pub(crate) async fn replicated_snapshot(api: &Api, id: &str) -> String {
+    let snapshot = api
+        .post(
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            json!({"durability": "replicated"}),
+        )
+        .await;
+    assert_eq!(snapshot.status, 201, "{snapshot:?}");
+    let snapshot_id = snapshot.str("id");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = api
+            .get(&format!(
+                "/v1/snapshots/{snapshot_id}?wait_for=replicated&timeout=10"
+            ))
+            .await;
+        let durability = &answer.body["durability"];
+        if durability == "replicated" {
+            return snapshot_id;
+        }
+        assert!(
+            durability != "failed" && Instant::now() < deadline,
+            "the snapshot did not replicate: {answer:?}"
+        );
+    }
+}
+
 /// The saved tree `root` of org `org_id` in the local store at `store_dir`,
 /// materialised into a fresh temp dir (read from the store itself, not
 /// through any runner).

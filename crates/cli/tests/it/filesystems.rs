@@ -332,23 +332,7 @@ async fn a_shared_workspace_keeps_private_across_runners_and_out_of_snapshots() 
 
     // A snapshot holds the private home only; a child without mounts
     // gets no shared file.
-    let snapshot = api
-        .post(
-            &format!("/v1/sandboxes/{id}/snapshots"),
-            json!({"durability": "replicated"}),
-        )
-        .await;
-    assert_eq!(snapshot.status, 201, "{snapshot:?}");
-    let snapshot_id = snapshot.str("id");
-    let replicated = api
-        .get(&format!(
-            "/v1/snapshots/{snapshot_id}?wait_for=replicated&timeout=20"
-        ))
-        .await;
-    assert_eq!(
-        replicated.body["durability"], "replicated",
-        "{replicated:?}"
-    );
+    let snapshot_id = crate::durable::replicated_snapshot(&api, &id).await;
     let child = create_settled(&api, json!({"from_snapshot": snapshot_id})).await;
     assert_eq!(child["state"], "running", "{child}");
     assert!(child.get("mounts").is_none(), "{child}");

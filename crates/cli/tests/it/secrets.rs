@@ -188,23 +188,7 @@ async fn a_delivered_secret_is_seen_by_the_sandbox_and_nowhere_else() {
     .await;
 
     // A snapshot, a save after the writes, a stop (securing), a start.
-    let snapshot = api
-        .post(
-            &format!("/v1/sandboxes/{id}/snapshots"),
-            json!({"durability": "replicated"}),
-        )
-        .await;
-    assert_eq!(snapshot.status, 201, "{snapshot:?}");
-    let snapshot_id = snapshot.str("id");
-    let replicated = api
-        .get(&format!(
-            "/v1/snapshots/{snapshot_id}?wait_for=replicated&timeout=20"
-        ))
-        .await;
-    assert_eq!(
-        replicated.body["durability"], "replicated",
-        "{replicated:?}"
-    );
+    let snapshot_id = crate::durable::replicated_snapshot(&api, &id).await;
     let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     assert!(
         eventually(Duration::from_secs(40), || async {
