@@ -231,6 +231,24 @@ impl Client {
         body: Option<Vec<u8>>,
         headers: &[(&str, &str)],
     ) -> Result<R, ClientError> {
+        let (url, status, bytes) = self.answer(method, segments, query, body, headers).await?;
+        serde_json::from_slice(bytes.as_ref()).map_err(|_| ClientError::Unexpected {
+            url,
+            status,
+            body: quote(bytes.as_ref()),
+        })
+    }
+
+    /// Sends a JSON request; a successful answer's URL (as shown in
+    /// errors), status and bytes, undecoded.
+    async fn answer(
+        &self,
+        method: Method,
+        segments: &[&str],
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> Result<(String, u16, impl AsRef<[u8]>), ClientError> {
         let url = self.url(segments, query)?;
         let shown = url.to_string();
         let body = body.map(|bytes| Body {
@@ -246,11 +264,7 @@ impl Client {
                 url: shown.clone(),
                 message: error_chain(e),
             })?;
-        serde_json::from_slice(&bytes).map_err(|_| ClientError::Unexpected {
-            url: shown,
-            status,
-            body: quote(&bytes),
-        })
+        Ok((shown, status, bytes))
     }
 
     async fn get<R: DeserializeOwned>(
@@ -1018,23 +1032,12 @@ impl Client {
         let body = serde_json::to_vec(request).map_err(|e| ClientError::Encode {
             message: e.to_string(),
         })?;
-        let url = self.url(&["v1", "runner", "sandboxes", sandbox_id, "secrets"], &[])?;
-        let shown = url.to_string();
-        let body = Body {
-            bytes: body,
-            content_type: "application/json",
-        };
-        let response = self.send(Method::POST, url, Some(body), &[]).await?;
-        let status = response.status().as_u16();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| ClientError::Unreachable {
-                url: shown.clone(),
-                message: error_chain(e),
-            })?;
-        serde_json::from_slice(&bytes).map_err(|_| ClientError::Unexpected {
-            url: shown,
+        let segments = ["v1", "runner", "sandboxes", sandbox_id, "secrets"];
+        let (url, status, bytes) = self
+            .answer(Method::POST, &segments, &[], Some(body), &[])
+            .await?;
+        serde_json::from_slice(bytes.as_ref()).map_err(|_| ClientError::Unexpected {
+            url,
             status,
             body: "(not shown: it may hold secret values)".to_owned(),
         })
