@@ -58,14 +58,29 @@ pub fn terminal_states_sql() -> String {
     SandboxState::sql_in(SandboxState::is_terminal)
 }
 
-/// Time-ordered ids: `PREFIX_` + 12 hex digits of milliseconds + 16 random
-/// hex digits, so ordering by id is ordering by creation (pagination).
+/// Time-ordered ids: `PREFIX_` + 12 hex digits of milliseconds + 16 hex
+/// digits, so ordering by id is ordering by creation (pagination, and
+/// lists a client reads back in the order it created them). Within one
+/// process ids are strictly increasing: a second id in the same
+/// millisecond (or after the clock stepped back) takes the previous one's
+/// tail plus one, as monotonic ULIDs do; otherwise the tail is random.
 pub fn new_id(prefix: &str) -> Result<String, ControlError> {
-    Ok(format!(
-        "{prefix}_{:012x}{}",
-        now_ms(),
-        crate::auth::random_hex(8)?
-    ))
+    static LAST: std::sync::Mutex<(u64, u64)> = std::sync::Mutex::new((0, 0));
+    let fresh = u64::from_str_radix(&crate::auth::random_hex(8)?, 16).unwrap_or(0);
+    let (ms, tail) = {
+        let mut last = LAST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = now_ms().max(0) as u64;
+        *last = if now > last.0 {
+            (now, fresh)
+        } else {
+            match last.1.checked_add(1) {
+                Some(tail) => (last.0, tail),
+                None => (last.0 + 1, fresh),
+            }
+        };
+        *last
+    };
+    Ok(format!("{prefix}_{ms:012x}{tail:016x}"))
 }
 
 pub fn rfc3339(ms: i64) -> String {
@@ -110,4 +125,17 @@ pub fn page<T>(
 /// Errors every sandbox endpoint shares.
 pub fn not_found(what: &str) -> ControlError {
     ControlError::new(ErrorCode::NotFound, format!("no such {what}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ids_made_in_one_millisecond_still_sort_in_creation_order() {
+        let ids: Vec<String> = (0..2000).map(|_| super::new_id("x").unwrap()).collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(ids, sorted);
+        sorted.dedup();
+        assert_eq!(sorted.len(), ids.len());
+    }
 }
