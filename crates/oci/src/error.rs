@@ -104,6 +104,15 @@ pub enum Error {
     )]
     AddressesExhausted { subnet: String, leases: usize },
 
+    /// The sandbox's agent refused a request (`code` is its stable code,
+    /// see [`crate::agent`]) or could not be reached (`unreachable`).
+    #[error("the agent of sandbox {id} refused: {code}: {message}")]
+    Agent {
+        id: String,
+        code: String,
+        message: String,
+    },
+
     /// A host file operation failed.
     #[error("could not {action} {path}: {source}")]
     Io {

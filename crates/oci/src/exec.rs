@@ -54,6 +54,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::agent::client::AgentExecution;
 use crate::error::{Error, Result};
 use crate::host::{read_lossy, write_file};
 use crate::runtime::Sandbox;
@@ -88,6 +89,9 @@ pub struct CommandSpec {
     /// holds its whole env); `None`: the bundle. A caller whose env
     /// carries secrets points it at a tmpfs, so no value reaches a disk.
     pub scratch_dir: Option<std::path::PathBuf>,
+    /// Whether the command reads a stdin the caller writes (through the
+    /// agent, [`crate::runtime::Sandbox::agent_stdin`]); else `/dev/null`.
+    pub stdin: bool,
 }
 
 impl CommandSpec {
@@ -99,6 +103,7 @@ impl CommandSpec {
             timeout: None,
             kill_grace: Duration::from_millis(KILL_GRACE_MS_DEFAULT),
             scratch_dir: None,
+            stdin: false,
         }
     }
 }
@@ -147,7 +152,8 @@ impl Outcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommandEnd {
     pub outcome: Outcome,
-    /// The runtime exec's own exit status, for the record.
+    /// The exit status as a shell shows it (128 + N for signal N): the
+    /// agent's wait status, or the runtime exec's own status.
     pub runtime_status: Option<i32>,
     pub elapsed: Duration,
 }
@@ -172,6 +178,10 @@ impl Signaller {
         (Signaller { sender }, receiver)
     }
 
+    pub(crate) fn from_sender(sender: mpsc::Sender<Signal>) -> Signaller {
+        Signaller { sender }
+    }
+
     /// Queues `signal` for delivery. Returns false when the command has
     /// already ended (or [`SIGNALS_QUEUED_MAX`] signals are still waiting).
     pub fn send(&self, signal: Signal) -> bool {
@@ -179,10 +189,48 @@ impl Signaller {
     }
 }
 
-/// A command that is running; [`Execution::wait`] drives it to its end.
-/// Dropping it unfinished kills the command's process group.
+/// A command that is running, through the sandbox's agent (every sandbox
+/// this crate creates has one) or, for a container started without one,
+/// through the runtime's exec; [`Execution::wait`] drives it to its end.
 #[derive(Debug)]
-pub struct Execution {
+pub enum Execution {
+    Agent(AgentExecution),
+    Runtime(RuntimeExecution),
+}
+
+impl Execution {
+    /// A handle to signal the command while [`Execution::wait`] runs.
+    pub fn signaller(&self) -> Signaller {
+        match self {
+            Execution::Agent(execution) => execution.signaller(),
+            Execution::Runtime(execution) => execution.signaller(),
+        }
+    }
+
+    /// The command's pid inside the sandbox, when the agent runs it.
+    pub fn pid(&self) -> Option<i32> {
+        match self {
+            Execution::Agent(execution) => execution.pid(),
+            Execution::Runtime(_) => None,
+        }
+    }
+
+    /// Drives the command to its end: streams output to `on_output` as it
+    /// comes (every chunk before this returns), delivers signals, enforces
+    /// the timeout, and tells the [`Outcome`].
+    pub async fn wait(self, on_output: impl FnMut(Stream, &[u8])) -> Result<CommandEnd> {
+        match self {
+            Execution::Agent(execution) => execution.wait(on_output).await,
+            Execution::Runtime(execution) => execution.wait(on_output).await,
+        }
+    }
+}
+
+/// A command run by the runtime's exec (`RUNTIME exec`): the fallback for
+/// containers started without an agent. Dropping it unfinished kills the
+/// command's process group.
+#[derive(Debug)]
+pub struct RuntimeExecution {
     sandbox: Sandbox,
     child: tokio::process::Child,
     signals: mpsc::Receiver<Signal>,
@@ -256,6 +304,8 @@ enum Origin {
 
 static EXEC_SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
+static ANONYMOUS_SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
 impl Sandbox {
     /// Starts `command` in the sandbox. Refused with [`Error::NotRunning`]
     /// (the command was never launched) unless the sandbox is running.
@@ -279,11 +329,36 @@ impl Sandbox {
     }
 
     /// [`Sandbox::exec`] without asking the runtime first, for a caller
-    /// that has just seen the sandbox running (the runner agent watches
-    /// each init's pidfd): one runtime call less per command. Should the
-    /// sandbox not be running after all, the runtime's exec fails and the
-    /// command ends [`Outcome::LaunchFailed`] with the runtime's message.
+    /// that has just seen the sandbox running. Through the agent when the
+    /// container has one (the command is forgotten by the agent once it
+    /// ended: nobody attaches to it again), else the runtime's exec.
     pub async fn exec_seen_running(&self, command: &CommandSpec) -> Result<Execution> {
+        if !self.has_agent() {
+            return Ok(Execution::Runtime(self.exec_with_runtime(command).await?));
+        }
+        let listing = match self.agent_listing().await {
+            Ok(listing) => listing,
+            // The init is gone (stopped): refused like the runtime's exec.
+            Err(err) => return Ok(Execution::Agent(self.unless_stopped(err, command).await?)),
+        };
+        let id = format!(
+            "anon-{}-{}",
+            std::process::id(),
+            ANONYMOUS_SEQUENCE.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut execution = self
+            .run_in_agent(&id, &listing.incarnation, command, [0, 0])
+            .await?;
+        execution.forget_at_end(id);
+        Ok(Execution::Agent(execution))
+    }
+
+    /// Runs `command` through the runtime's exec (`RUNTIME exec
+    /// --process=…`), the documented fallback: two runtime process starts
+    /// per command. Should the sandbox not be running, the runtime's exec
+    /// fails and the command ends [`Outcome::LaunchFailed`] with the
+    /// runtime's message.
+    pub async fn exec_with_runtime(&self, command: &CommandSpec) -> Result<RuntimeExecution> {
         let config_json = self.paths.config_json();
         let spec = Spec::load(&config_json).map_err(|e| Error::Spec {
             id: self.id.to_string(),
@@ -345,7 +420,7 @@ impl Sandbox {
                 }
             })?;
         let (sender, signals) = mpsc::channel(SIGNALS_QUEUED_MAX);
-        Ok(Execution {
+        Ok(RuntimeExecution {
             sandbox: self.clone(),
             child,
             signals,
@@ -387,8 +462,8 @@ async fn read_from<R: tokio::io::AsyncRead + Unpin>(
     }
 }
 
-impl Execution {
-    /// A handle to signal the command while [`Execution::wait`] runs.
+impl RuntimeExecution {
+    /// A handle to signal the command while [`RuntimeExecution::wait`] runs.
     pub fn signaller(&self) -> Signaller {
         self.signaller.clone()
     }
@@ -585,7 +660,7 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-impl Drop for Execution {
+impl Drop for RuntimeExecution {
     fn drop(&mut self) {
         if !self.finished {
             // Abandoned mid-run: end the command rather than leave it

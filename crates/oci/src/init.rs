@@ -77,6 +77,8 @@ use std::time::Duration;
 use rustix::process::{Pid, Signal, WaitOptions};
 use tokio::signal::unix::{Signal as SignalStream, SignalKind, signal};
 
+use crate::agent::AGENT_FD_FLAG;
+use crate::agent::server::Agent;
 use crate::lease::{self, LEASE_FLAG, Move};
 
 /// How the init's status lines start.
@@ -141,37 +143,61 @@ impl InitEnd {
 }
 
 /// Runs the init with `args` as given after the init's own name or
-/// subcommand: `[--lease-dir DIR] [--] [WORKLOAD ARGV…]`. Returns the
-/// init's exit status.
+/// subcommand: `[--lease-dir DIR] [--agent-fd N] [--] [WORKLOAD ARGV…]`.
+/// Returns the init's exit status.
 pub fn run_from_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     let mut args: Vec<OsString> = args.into_iter().collect();
     let mut lease_dir = None;
-    if args.first().is_some_and(|a| a == LEASE_FLAG) {
-        match args.get(1) {
-            Some(dir) => lease_dir = Some(PathBuf::from(dir)),
-            None => {
-                eprintln!("{STATUS_PREFIX} {LEASE_FLAG} needs a directory");
-                return ExitCode::from(126);
+    let mut agent_fd = None;
+    loop {
+        let flag = args.first().and_then(|a| a.to_str()).map(str::to_owned);
+        match flag.as_deref() {
+            Some(LEASE_FLAG) => match args.get(1) {
+                Some(dir) => lease_dir = Some(PathBuf::from(dir)),
+                None => {
+                    eprintln!("{STATUS_PREFIX} {LEASE_FLAG} needs a directory");
+                    return ExitCode::from(126);
+                }
+            },
+            Some(AGENT_FD_FLAG) => {
+                match args.get(1).and_then(|n| n.to_str()?.parse::<i32>().ok()) {
+                    Some(fd) if fd >= 3 => agent_fd = Some(fd),
+                    _ => {
+                        eprintln!(
+                            "{STATUS_PREFIX} {AGENT_FD_FLAG} needs a descriptor number from 3"
+                        );
+                        return ExitCode::from(126);
+                    }
+                }
             }
+            _ => break,
         }
         args.drain(..2);
     }
     if args.first().is_some_and(|a| a == "--") {
         args.remove(0);
     }
-    run(&args, lease_dir)
+    run(&args, lease_dir, agent_fd)
 }
 
 /// Runs the init: supervises `workload` (or idles when it is empty) until
-/// it ends, and with `lease_dir` watches the runner's lease (see the
-/// module docs). Never returns early on its own.
-pub fn run(workload: &[OsString], lease_dir: Option<PathBuf>) -> ExitCode {
+/// it ends, with `lease_dir` watches the runner's lease (see the module
+/// docs), and with `agent_fd` serves the sandbox's agent on that listening
+/// socket ([`crate::agent`]). Never returns early on its own.
+pub fn run(workload: &[OsString], lease_dir: Option<PathBuf>, agent_fd: Option<i32>) -> ExitCode {
     // Stopping "every other process" outside a pid namespace of its own
     // would stop the host's: the watch runs only as PID 1.
     if lease_dir.is_some() && rustix::process::getpid() != Pid::INIT {
         eprintln!("{STATUS_PREFIX} {LEASE_FLAG} is only for PID 1 of a sandbox");
         return ExitCode::from(126);
     }
+    let listener = match agent_fd.map(adopt_listener).transpose() {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("{STATUS_PREFIX} {AGENT_FD_FLAG}: {e}");
+            return ExitCode::from(126);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -183,8 +209,36 @@ pub fn run(workload: &[OsString], lease_dir: Option<PathBuf>) -> ExitCode {
             return ExitCode::from(126);
         }
     };
-    let code = runtime.block_on(supervise(workload, lease_dir.map(LeaseWatch::new)));
+    let agent = listener.map(|listener| {
+        let agent = Agent::new();
+        runtime.spawn(agent.clone().serve(listener));
+        agent
+    });
+    let code = runtime.block_on(supervise(
+        workload,
+        lease_dir.map(LeaseWatch::new),
+        agent.as_deref(),
+    ));
     ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1))
+}
+
+/// The listening socket the runtime passed as `fd`, made close-on-exec so
+/// that no command inherits it (a command holding it could accept the
+/// runner's connections in the agent's place).
+fn adopt_listener(fd: i32) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: the runtime hands this descriptor to the init and nothing
+    // else in this process owns it.
+    #[allow(unsafe_code)]
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)?;
+    let kind = rustix::fs::fstat(&owned)?;
+    if rustix::fs::FileType::from_raw_mode(kind.st_mode) != rustix::fs::FileType::Socket {
+        return Err(std::io::Error::other(format!(
+            "descriptor {fd} is not a socket"
+        )));
+    }
+    Ok(std::os::unix::net::UnixListener::from(owned))
 }
 
 const FORWARDED: [(SignalKind, Signal); 6] = [
@@ -196,7 +250,11 @@ const FORWARDED: [(SignalKind, Signal); 6] = [
     (SignalKind::user_defined2(), Signal::USR2),
 ];
 
-async fn supervise(workload: &[OsString], mut lease: Option<LeaseWatch>) -> i32 {
+async fn supervise(
+    workload: &[OsString],
+    mut lease: Option<LeaseWatch>,
+    agent: Option<&Agent>,
+) -> i32 {
     // Outside a container (not PID 1) orphans would escape to the real
     // init; becoming a subreaper keeps them ours. PID 1 already is one.
     if rustix::process::getpid() != Pid::INIT {
@@ -241,7 +299,7 @@ async fn supervise(workload: &[OsString], mut lease: Option<LeaseWatch>) -> i32 
     // froze meanwhile) must not run a moment.
     let mut lease_check = tokio::time::Instant::now();
     loop {
-        if let Some(end) = reap(child) {
+        if let Some(end) = reap(child, agent) {
             report(end);
             return end.exit_code();
         }
@@ -270,7 +328,7 @@ async fn supervise(workload: &[OsString], mut lease: Option<LeaseWatch>) -> i32 
                 let _ = rustix::process::kill_process(pid, number);
             }
             None if number == Signal::TERM || number == Signal::INT => {
-                reap(None);
+                reap(None, agent);
                 let end = InitEnd::Stopped {
                     signal: number.as_raw(),
                 };
@@ -430,13 +488,16 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Reaps every child that has ended; returns how the workload ended if it
-/// was among them.
-fn reap(workload: Option<Pid>) -> Option<InitEnd> {
+/// Reaps every child that has ended (handing commands' ends to the
+/// agent); returns how the workload ended if it was among them.
+fn reap(workload: Option<Pid>, agent: Option<&Agent>) -> Option<InitEnd> {
     let mut end = None;
     loop {
         match rustix::process::wait(WaitOptions::NOHANG) {
             Ok(Some((pid, status))) => {
+                if let Some(agent) = agent {
+                    agent.reaped(pid, status);
+                }
                 if Some(pid) == workload {
                     end = if let Some(signal) = status.terminating_signal() {
                         Some(InitEnd::WorkloadKilled { signal })

@@ -60,6 +60,7 @@
 //! # }
 //! ```
 
+pub mod agent;
 pub mod cgroup;
 pub mod config;
 mod error;
@@ -80,11 +81,12 @@ pub mod state;
 pub mod tmpfs;
 pub mod volumes;
 
+pub use agent::client::AgentExecution;
 pub use config::{
     InitProgram, Limits, Network, RootImage, SandboxConfig, SandboxId, SandboxPaths, SharedMount,
 };
 pub use error::{Error, Result};
-pub use exec::{CommandEnd, CommandSpec, Execution, Outcome, Signaller, Stream};
+pub use exec::{CommandEnd, CommandSpec, Execution, Outcome, RuntimeExecution, Signaller, Stream};
 pub use init::InitEnd;
 pub use network::{BridgeConfig, BridgeNetwork, Ipv4Subnet, Lease};
 pub use runtime::log::LaunchFailure;

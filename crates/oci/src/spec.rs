@@ -120,6 +120,9 @@ pub fn spec(config: &SandboxConfig, host: &HostSystem, cgroups_path: &str) -> Re
         args.push(crate::lease::LEASE_FLAG.to_owned());
         args.push(crate::lease::LEASE_PATH.to_owned());
     }
+    // The agent's listening socket, passed by the runtime (`--preserve-fds`).
+    args.push(crate::agent::AGENT_FD_FLAG.to_owned());
+    args.push(crate::agent::AGENT_FD.to_string());
     if !config.workload.is_empty() {
         args.push("--".to_owned());
         args.extend(config.workload.iter().cloned());

@@ -315,9 +315,22 @@ impl Runtime {
             let _ = sandbox.release_network().await;
             return Err(e);
         }
+        // The agent's socket: bound here, in the bundle the sandbox never
+        // sees, and handed to the init as fd 3 (crate::agent).
+        let listener = match bind_agent_socket(&bundle) {
+            Ok(listener) => listener,
+            Err(e) => {
+                let _ = crate::shared::unstage(paths);
+                let sandbox = self.sandbox(config.id.clone(), paths.clone());
+                let _ = sandbox.release_network().await;
+                return Err(e);
+            }
+        };
         let mut command = self.command(Some(&runtime_log));
+        pass_as_fd3(&mut command, &listener);
         command
             .arg("create")
+            .arg("--preserve-fds=1")
             .arg(flag("--bundle=", &bundle))
             .arg(flag("--pid-file=", &bundle.join("init.pid")))
             .arg(config.id.as_str())
@@ -327,6 +340,7 @@ impl Runtime {
             .stdout(status)
             .stderr(log);
         let outcome = command.status().await;
+        drop(listener);
         // A staging mount that would not go stays until `delete`, which
         // unstages before it removes anything.
         let _ = crate::shared::unstage(paths);
@@ -384,6 +398,44 @@ impl Runtime {
         }
         command.arg("--log-format=json");
         command
+    }
+}
+
+/// Binds the agent's socket in `bundle`, through the directory's
+/// descriptor (a socket path is bounded to 108 bytes; data dirs may be
+/// longer).
+fn bind_agent_socket(bundle: &Path) -> Result<std::os::unix::net::UnixListener> {
+    use std::os::fd::AsRawFd;
+    let directory = std::fs::File::open(bundle).map_err(|e| Error::io("open", bundle, e))?;
+    let path = format!(
+        "/proc/self/fd/{}/{}",
+        directory.as_raw_fd(),
+        crate::agent::SOCKET_NAME
+    );
+    std::os::unix::net::UnixListener::bind(&path)
+        .map_err(|e| Error::io("bind", bundle.join(crate::agent::SOCKET_NAME), e))
+}
+
+/// Makes `listener` fd 3 of the runtime's process (not close-on-exec), as
+/// `--preserve-fds=1` expects.
+fn pass_as_fd3(command: &mut tokio::process::Command, listener: &std::os::unix::net::UnixListener) {
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+    let raw = listener.as_raw_fd();
+    // SAFETY: between fork and exec, only fcntl and dup2 on descriptors
+    // the child owns; the target descriptor is never closed here (it is
+    // what the runtime inherits).
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(move || {
+            let target = crate::agent::AGENT_FD;
+            if raw == target {
+                rustix::io::fcntl_setfd(BorrowedFd::borrow_raw(raw), rustix::io::FdFlags::empty())?;
+            } else {
+                let mut fd3 = std::mem::ManuallyDrop::new(OwnedFd::from_raw_fd(target));
+                rustix::io::dup2(BorrowedFd::borrow_raw(raw), &mut fd3)?;
+            }
+            Ok(())
+        });
     }
 }
 

@@ -59,7 +59,7 @@ async fn an_imported_image_is_the_root_under_the_sandboxs_own_layer() {
     let cmdline = t.sh_ok("tr '\\0' ' ' < /proc/1/cmdline").await;
     assert_eq!(
         cmdline.trim(),
-        "/.roost/ld.so --library-path /.roost/lib /.roost/init"
+        "/.roost/ld.so --library-path /.roost/lib /.roost/init --agent-fd 3"
     );
     assert_eq!(
         t.sh_ok("echo \"$HOME\"; pwd").await,

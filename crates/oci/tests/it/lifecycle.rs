@@ -15,7 +15,7 @@ async fn init_is_pid_1_and_reaps_orphans() {
     assert!(state.init_pid.is_some());
 
     let cmdline = t.sh_ok("tr '\\0' ' ' < /proc/1/cmdline").await;
-    assert_eq!(cmdline.trim(), "/.roost/init");
+    assert_eq!(cmdline.trim(), "/.roost/init --agent-fd 3");
 
     // The shell exits at once, orphaning the sleep: the kernel re-parents
     // it to PID 1, which must reap it when it ends.

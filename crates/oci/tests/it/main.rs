@@ -4,6 +4,7 @@
 //!
 //! - `lifecycle`: PID 1 and reaping, the filesystem layout, pause/resume,
 //!   deaths and their causes, stop, delete.
+//! - `agent`: the in-sandbox agent: attach again, stdin, listings, hostile requests.
 //! - `exec`: command outcomes, output, env, cwd, timeout, signals.
 //! - `limits`: cgroup limits (memory → OOM, pids → fork bomb, cpu).
 //! - `network`: `bridge` (address, routes, NAT, isolation, leases,
@@ -13,6 +14,7 @@
 //!   binary.
 //! - `support`: temp sandboxes and a guard that force-deletes them.
 
+mod agent;
 mod exec;
 mod image;
 mod lifecycle;

@@ -1,0 +1,584 @@
+//! The runner's side of the agent protocol (see [`super`]): connect to a
+//! sandbox's agent, run or attach to a command, write its stdin, list and
+//! forget commands. A command run here ends in the same [`Outcome`]s as
+//! one run by the runtime's `exec` ([`crate::exec`]), told from a better
+//! witness: the agent reports the process's own wait status, so "killed
+//! by signal N" is no longer guessed from status 128 + N.
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::wire::{self, kind};
+use crate::error::{Error, Result};
+use crate::exec::{CommandEnd, CommandSpec, Outcome, SIGNALS_QUEUED_MAX, Signaller, Stream};
+use crate::runtime::Sandbox;
+use crate::runtime::log::LaunchFailure;
+use crate::signal::Signal;
+use crate::spec;
+use crate::state::Status;
+
+/// How long a connection to the agent may take: a sandbox whose init is
+/// frozen or gone must not hang the runner.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A command the agent knows, as listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentCommand {
+    pub id: String,
+    /// Its pid inside the sandbox.
+    pub pid: i32,
+    pub running: bool,
+    pub started_unix_ms: u64,
+}
+
+/// What the agent answered to a listing.
+#[derive(Clone, Debug)]
+pub struct Listing {
+    pub incarnation: String,
+    pub commands: Vec<AgentCommand>,
+}
+
+impl Sandbox {
+    /// Whether this container was started with an agent (containers from
+    /// before the agent existed run commands through the runtime's exec).
+    pub fn has_agent(&self) -> bool {
+        self.paths().bundle().join(super::SOCKET_NAME).exists()
+    }
+
+    fn agent_error(&self, code: &str, message: impl Into<String>) -> Error {
+        Error::Agent {
+            id: self.id().to_string(),
+            code: code.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// A connection to the agent. The path is reached through the bundle
+    /// directory's descriptor: a unix socket's path is bounded (108
+    /// bytes) and data dirs may be long.
+    async fn connect_agent(&self) -> Result<UnixStream> {
+        let bundle = self.paths().bundle();
+        let directory = std::fs::File::open(&bundle).map_err(|e| Error::io("open", &bundle, e))?;
+        let path = format!(
+            "/proc/self/fd/{}/{}",
+            directory.as_raw_fd(),
+            super::SOCKET_NAME
+        );
+        match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(&path)).await {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(e)) => Err(self.agent_error("unreachable", e.to_string())),
+            Err(_) => Err(self.agent_error("unreachable", "no answer within 5 s")),
+        }
+    }
+
+    /// One request, one answer frame (listing, forget, stdin close).
+    async fn agent_request(&self, first: u8, body: &Value) -> Result<Option<wire::Frame>> {
+        let stream = self.connect_agent().await?;
+        let (mut reader, mut writer) = stream.into_split();
+        let unreachable = |e: std::io::Error| self.agent_error("unreachable", e.to_string());
+        wire::write_json(&mut writer, first, body)
+            .await
+            .map_err(unreachable)?;
+        let answer = tokio::time::timeout(CONNECT_TIMEOUT, wire::read_frame(&mut reader))
+            .await
+            .map_err(|_| self.agent_error("unreachable", "no answer within 5 s"))?
+            .map_err(unreachable)?;
+        match answer {
+            Some(frame) if frame.kind == kind::ERROR => Err(self.refusal(&frame)),
+            other => Ok(other),
+        }
+    }
+
+    fn refusal(&self, frame: &wire::Frame) -> Error {
+        match frame.json() {
+            Ok(value) => self.agent_error(
+                value["code"].as_str().unwrap_or("unknown"),
+                value["message"].as_str().unwrap_or_default(),
+            ),
+            Err(e) => self.agent_error("bad_answer", e.to_string()),
+        }
+    }
+
+    /// The commands the agent knows, and its incarnation.
+    pub async fn agent_listing(&self) -> Result<Listing> {
+        let answer = self.agent_request(kind::LIST, &json!({})).await?;
+        let Some(frame) = answer.filter(|f| f.kind == kind::LISTING) else {
+            return Err(self.agent_error("bad_answer", "no listing"));
+        };
+        let value = frame
+            .json()
+            .map_err(|e| self.agent_error("bad_answer", e.to_string()))?;
+        let incarnation = value["incarnation"].as_str().unwrap_or_default().to_owned();
+        let commands = value["commands"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|item| {
+                        Some(AgentCommand {
+                            id: item["id"].as_str()?.to_owned(),
+                            pid: i32::try_from(item["pid"].as_i64()?).ok()?,
+                            running: item["running"].as_bool()?,
+                            started_unix_ms: item["started_unix_ms"].as_u64().unwrap_or(0),
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Listing {
+            incarnation,
+            commands,
+        })
+    }
+
+    /// Tells the agent the runner recorded `id`'s end.
+    pub async fn agent_forget(&self, id: &str) -> Result<()> {
+        self.agent_request(kind::FORGET, &json!({"id": id})).await?;
+        Ok(())
+    }
+
+    /// Runs `command` as `id` through the agent of `incarnation`, or
+    /// attaches to it if the agent already knows it, reading its output
+    /// from `from` (stdout, stderr). A command that could not start comes
+    /// back too: its [`AgentExecution::wait`] tells
+    /// [`Outcome::LaunchFailed`].
+    pub async fn run_in_agent(
+        &self,
+        id: &str,
+        incarnation: &str,
+        command: &CommandSpec,
+        from: [u64; 2],
+    ) -> Result<AgentExecution> {
+        let process = self.command_process(command)?;
+        let env: Vec<String> = process.env().clone().unwrap_or_default();
+        let request = json!({
+            "id": id,
+            "incarnation": incarnation,
+            "argv": command.argv,
+            "env": env,
+            "cwd": process.cwd().to_string_lossy(),
+            "stdin": command.stdin,
+            "stdout_from": from[0],
+            "stderr_from": from[1],
+        });
+        let oom_before = self.cgroup_counters().oom_kills.unwrap_or(0);
+        let stream = match self.connect_agent().await {
+            Ok(stream) => stream,
+            Err(err) => return self.unless_stopped(err, command).await,
+        };
+        let (mut reader, mut writer) = stream.into_split();
+        let unreachable = |e: std::io::Error| self.agent_error("unreachable", e.to_string());
+        wire::write_json(&mut writer, kind::RUN, &request)
+            .await
+            .map_err(unreachable)?;
+        let answer = tokio::time::timeout(CONNECT_TIMEOUT, wire::read_frame(&mut reader))
+            .await
+            .map_err(|_| self.agent_error("unreachable", "no answer within 5 s"))?
+            .map_err(unreachable)?
+            .ok_or_else(|| self.agent_error("unreachable", "the agent closed the connection"))?;
+        let mut execution = self.execution(Some((reader, writer)), command);
+        execution.oom_before = oom_before;
+        let value = answer
+            .json()
+            .map_err(|e| self.agent_error("bad_answer", e.to_string()))?;
+        execution.received = from;
+        match answer.kind {
+            kind::STARTED => {
+                execution.pid = value["pid"].as_i64().and_then(|p| i32::try_from(p).ok());
+                execution.fresh = value["fresh"].as_bool().unwrap_or(false);
+                // Attached again: the timeout counts from the launch (a
+                // start in the future is the sandbox's lie, read as now).
+                let age_ms =
+                    unix_ms().saturating_sub(value["started_unix_ms"].as_u64().unwrap_or(0));
+                let started = Instant::now()
+                    .checked_sub(Duration::from_millis(age_ms))
+                    .unwrap_or_else(Instant::now);
+                execution.started = started;
+                execution.timeout_at = command.timeout.map(|t| started + t);
+            }
+            kind::LAUNCH_FAILED => {
+                let failure = match value["failure"].as_str() {
+                    Some("bad_cwd") => LaunchFailure::BadCwd,
+                    Some("missing_executable") => LaunchFailure::MissingExecutable,
+                    Some("permission_denied") => LaunchFailure::PermissionDenied,
+                    _ => LaunchFailure::RuntimeRefused,
+                };
+                let message = value["message"].as_str().unwrap_or_default();
+                execution.launch_failure = Some(Outcome::LaunchFailed {
+                    failure,
+                    message: message.chars().take(1000).collect(),
+                });
+            }
+            kind::ERROR => return Err(self.refusal(&answer)),
+            other => {
+                return Err(self.agent_error("bad_answer", format!("frame kind {other}")));
+            }
+        }
+        Ok(execution)
+    }
+
+    fn execution(
+        &self,
+        connection: Option<(OwnedReadHalf, OwnedWriteHalf)>,
+        command: &CommandSpec,
+    ) -> AgentExecution {
+        let (sender, signals) = mpsc::channel(SIGNALS_QUEUED_MAX);
+        AgentExecution {
+            sandbox: self.clone(),
+            connection,
+            pid: None,
+            fresh: false,
+            launch_failure: None,
+            signals,
+            signaller: Signaller::from_sender(sender),
+            timeout_at: None,
+            kill_grace: command.kill_grace,
+            oom_before: 0,
+            started: Instant::now(),
+            received: [0, 0],
+            forget: None,
+        }
+    }
+
+    /// A command refused for want of a running sandbox: the agent cannot
+    /// be reached because the init is gone. Any other failure stays one.
+    pub(crate) async fn unless_stopped(
+        &self,
+        err: Error,
+        command: &CommandSpec,
+    ) -> Result<AgentExecution> {
+        let unreachable = matches!(&err, Error::Agent { code, .. } if code == "unreachable");
+        let running = matches!(
+            self.state().await,
+            Ok(Some(state)) if matches!(state.status, Status::Running | Status::Paused)
+        );
+        if !unreachable || running {
+            return Err(err);
+        }
+        let mut execution = self.execution(None, command);
+        execution.launch_failure = Some(Outcome::LaunchFailed {
+            failure: LaunchFailure::SandboxNotRunning,
+            message: format!("sandbox {} is not running: {err}", self.id()),
+        });
+        Ok(execution)
+    }
+
+    /// The command's process as the runtime's exec would have run it:
+    /// the sandbox's env under the command's, and its cwd.
+    fn command_process(&self, command: &CommandSpec) -> Result<oci_spec::runtime::Process> {
+        let config_json = self.paths().config_json();
+        let loaded = oci_spec::runtime::Spec::load(&config_json).map_err(|e| Error::Spec {
+            id: self.id().to_string(),
+            message: format!("reading {}: {e}", config_json.display()),
+        })?;
+        let base = loaded.process().as_ref().ok_or_else(|| Error::Spec {
+            id: self.id().to_string(),
+            message: format!("{} has no process", config_json.display()),
+        })?;
+        spec::exec_process(base, &command.argv, &command.env, command.cwd.as_deref())
+    }
+
+    /// Opens the stdin of command `id`: bytes written go to it in order.
+    pub async fn agent_stdin(&self, id: &str) -> Result<AgentStdin> {
+        let stream = self.connect_agent().await?;
+        let (reader, mut writer) = stream.into_split();
+        wire::write_json(&mut writer, kind::STDIN_OPEN, &json!({"id": id}))
+            .await
+            .map_err(|e| self.agent_error("unreachable", e.to_string()))?;
+        Ok(AgentStdin {
+            sandbox: self.clone(),
+            reader,
+            writer,
+        })
+    }
+}
+
+/// A command's stdin through the agent.
+pub struct AgentStdin {
+    sandbox: Sandbox,
+    reader: OwnedReadHalf,
+    writer: OwnedWriteHalf,
+}
+
+impl AgentStdin {
+    /// Writes `bytes` (in frames of at most the protocol's bound); waits
+    /// while the command does not read (back-pressure).
+    pub async fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        for chunk in bytes.chunks(wire::FRAME_BYTES_MAX) {
+            if let Err(e) = wire::write_frame(&mut self.writer, kind::STDIN_DATA, chunk).await {
+                return Err(self.refused_or(e).await);
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the stdin (the command reads end of file) and waits for the
+    /// agent to confirm.
+    pub async fn close(mut self) -> Result<()> {
+        if let Err(e) = wire::write_frame(&mut self.writer, kind::STDIN_CLOSE, b"").await {
+            return Err(self.refused_or(e).await);
+        }
+        match wire::read_frame(&mut self.reader).await {
+            Ok(Some(frame)) if frame.kind == kind::OK => Ok(()),
+            Ok(Some(frame)) if frame.kind == kind::ERROR => Err(self.sandbox.refusal(&frame)),
+            Ok(_) => Err(self
+                .sandbox
+                .agent_error("unreachable", "no answer to close")),
+            Err(e) => Err(self.sandbox.agent_error("unreachable", e.to_string())),
+        }
+    }
+
+    /// The agent's own refusal when it sent one before closing, else the
+    /// write's error.
+    async fn refused_or(&mut self, err: std::io::Error) -> Error {
+        match tokio::time::timeout(Duration::from_secs(1), wire::read_frame(&mut self.reader)).await
+        {
+            Ok(Ok(Some(frame))) if frame.kind == kind::ERROR => self.sandbox.refusal(&frame),
+            _ => self.sandbox.agent_error("unreachable", err.to_string()),
+        }
+    }
+}
+
+/// A command running in the agent; [`AgentExecution::wait`] drives it to
+/// its end. Dropped unfinished, the command runs on (the agent holds it:
+/// a later [`Sandbox::run_in_agent`] attaches again).
+#[derive(Debug)]
+pub struct AgentExecution {
+    sandbox: Sandbox,
+    /// `None` only for a command that never started (`launch_failure`).
+    connection: Option<(OwnedReadHalf, OwnedWriteHalf)>,
+    pid: Option<i32>,
+    fresh: bool,
+    launch_failure: Option<Outcome>,
+    signals: mpsc::Receiver<Signal>,
+    signaller: Signaller,
+    timeout_at: Option<Instant>,
+    kill_grace: Duration,
+    oom_before: u64,
+    started: Instant,
+    received: [u64; 2],
+    /// Forget the command in the agent once it ended (nobody will attach
+    /// to it again): the id.
+    forget: Option<String>,
+}
+
+enum Event {
+    Frame(std::io::Result<Option<wire::Frame>>),
+    Signal(Option<Signal>),
+    Timer,
+}
+
+/// How the agent said the process ended.
+#[derive(Clone, Copy)]
+enum Ended {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl AgentExecution {
+    /// The command's pid inside the sandbox (none when it never started).
+    pub fn pid(&self) -> Option<i32> {
+        self.pid
+    }
+
+    /// Has the agent forget the command once it ended.
+    pub fn forget_at_end(&mut self, id: String) {
+        self.forget = Some(id);
+    }
+
+    /// Whether this request started the command (not an attach).
+    pub fn fresh(&self) -> bool {
+        self.fresh
+    }
+
+    pub fn signaller(&self) -> Signaller {
+        self.signaller.clone()
+    }
+
+    /// Streams output to `on_output` (every chunk before this returns,
+    /// each acknowledged to the agent once `on_output` returned), delivers
+    /// signals, enforces the timeout, and tells the [`Outcome`].
+    pub async fn wait(mut self, mut on_output: impl FnMut(Stream, &[u8])) -> Result<CommandEnd> {
+        if let Some(outcome) = self.launch_failure.take() {
+            return Ok(CommandEnd {
+                outcome,
+                runtime_status: None,
+                elapsed: self.started.elapsed(),
+            });
+        }
+        let Some((mut reader, mut writer)) = self.connection.take() else {
+            return Err(self.sandbox.agent_error("unreachable", "no connection"));
+        };
+        let mut timed_out = false;
+        let mut kill_at: Option<Instant> = None;
+        let mut delivered: Vec<Signal> = Vec::new();
+        let mut signals_open = true;
+        let status = loop {
+            let next_timer = [self.timeout_at.filter(|_| !timed_out), kill_at]
+                .into_iter()
+                .flatten()
+                .min();
+            let event = tokio::select! {
+                frame = wire::read_frame(&mut reader) => Event::Frame(frame),
+                signal = self.signals.recv(), if signals_open => Event::Signal(signal),
+                () = sleep_until(next_timer), if next_timer.is_some() => Event::Timer,
+            };
+            let mut send: Option<Signal> = None;
+            match event {
+                Event::Frame(Ok(Some(frame))) => match frame.kind {
+                    kind::STDOUT | kind::STDERR => {
+                        let (stream, i) = if frame.kind == kind::STDOUT {
+                            (Stream::Stdout, 0)
+                        } else {
+                            (Stream::Stderr, 1)
+                        };
+                        on_output(stream, &frame.payload);
+                        self.received[i] += frame.payload.len() as u64;
+                        let ack = json!({"stdout": self.received[0], "stderr": self.received[1]});
+                        // A lost ack only keeps bytes in the agent longer.
+                        let _ = wire::write_json(&mut writer, kind::ACK, &ack).await;
+                    }
+                    kind::ENDED => {
+                        let value = frame.json().unwrap_or_default();
+                        let code = value["exit_code"]
+                            .as_i64()
+                            .and_then(|c| i32::try_from(c).ok());
+                        let signal = value["signal"].as_i64().and_then(|s| i32::try_from(s).ok());
+                        break match (code, signal) {
+                            (Some(code), _) => Some(Ended::Exited(code)),
+                            (None, Some(signal)) => Some(Ended::Signaled(signal)),
+                            (None, None) => None,
+                        };
+                    }
+                    kind::ERROR => return Err(self.sandbox.refusal(&frame)),
+                    other => {
+                        return Err(self
+                            .sandbox
+                            .agent_error("bad_answer", format!("frame kind {other}")));
+                    }
+                },
+                // The agent went away before the end: its init ended.
+                Event::Frame(Ok(None) | Err(_)) => break None,
+                Event::Signal(Some(signal)) => {
+                    delivered.push(signal);
+                    send = Some(signal);
+                }
+                Event::Signal(None) => signals_open = false,
+                Event::Timer => {
+                    let now = Instant::now();
+                    if !timed_out && self.timeout_at.is_some_and(|at| now >= at) {
+                        timed_out = true;
+                        send = Some(Signal::Term);
+                        kill_at = Some(now + self.kill_grace);
+                    } else if kill_at.is_some_and(|at| now >= at) {
+                        kill_at = None;
+                        send = Some(Signal::Kill);
+                    }
+                }
+            }
+            if let Some(signal) = send {
+                let body = json!({"signal": signal.number()});
+                let _ = wire::write_json(&mut writer, kind::SIGNAL, &body).await;
+            }
+        };
+        drop((reader, writer));
+        let elapsed = self.started.elapsed();
+        let runtime_status = match status {
+            Some(Ended::Exited(code)) => Some(code),
+            Some(Ended::Signaled(signal)) => Some(128 + signal),
+            None => None,
+        };
+        let outcome = self.classify(status, timed_out, &delivered).await?;
+        if let Some(id) = self.forget.take() {
+            let _ = self.sandbox.agent_forget(&id).await;
+        }
+        Ok(CommandEnd {
+            outcome,
+            runtime_status,
+            elapsed,
+        })
+    }
+
+    async fn classify(
+        &self,
+        status: Option<Ended>,
+        timed_out: bool,
+        delivered: &[Signal],
+    ) -> Result<Outcome> {
+        let alive = || async {
+            matches!(
+                self.sandbox.state().await,
+                Ok(Some(state)) if matches!(state.status, Status::Running | Status::Paused)
+            )
+        };
+        let oom_rose = || self.sandbox.cgroup_counters().oom_kills.unwrap_or(0) > self.oom_before;
+        let Some(status) = status else {
+            // No end from the agent: its init is gone (a stop or a death
+            // killed every process), or something killed the agent alone.
+            if alive().await {
+                return Err(self.sandbox.agent_error(
+                    "unreachable",
+                    "the agent closed the connection before the command ended",
+                ));
+            }
+            if timed_out {
+                return Ok(Outcome::TimedOut);
+            }
+            return Ok(if oom_rose() {
+                Outcome::ResourceExhausted
+            } else {
+                Outcome::Interrupted {
+                    signal: Signal::Kill,
+                }
+            });
+        };
+        if timed_out {
+            return Ok(Outcome::TimedOut);
+        }
+        match status {
+            Ended::Exited(code) => {
+                // A shell reporting its child's SIGKILL while the count rose.
+                if code == 128 + Signal::Kill.number() && oom_rose() {
+                    return Ok(Outcome::ResourceExhausted);
+                }
+                Ok(Outcome::Exited { code })
+            }
+            Ended::Signaled(number) => {
+                if let Some(signal) = delivered.iter().rev().find(|s| s.number() == number) {
+                    return Ok(Outcome::Interrupted { signal: *signal });
+                }
+                if number == Signal::Kill.number() {
+                    if oom_rose() {
+                        return Ok(Outcome::ResourceExhausted);
+                    }
+                    if !alive().await {
+                        return Ok(Outcome::Interrupted {
+                            signal: Signal::Kill,
+                        });
+                    }
+                }
+                Ok(Outcome::Exited { code: 128 + number })
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,219 @@
+//! The agent protocol's frames: `[kind: u8][length: u32, big-endian]
+//! [payload]`, the payload at most [`FRAME_BYTES_MAX`]. Control payloads
+//! are JSON objects (built and read through `serde_json::Value`, no
+//! derive); output and stdin payloads are raw bytes. A peer that sends a
+//! frame past the bound, or of an unknown kind where a control frame is
+//! expected, gets an error frame and the connection is closed: the agent
+//! runs inside the sandbox and the runner treats every frame as hostile.
+
+use std::io;
+
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The largest payload of one frame.
+pub const FRAME_BYTES_MAX: usize = 1024 * 1024;
+
+/// Frame kinds. Runner → agent below 64, agent → runner from 64.
+pub mod kind {
+    /// First frame of a command connection: run (or attach to) a command.
+    pub const RUN: u8 = 1;
+    /// Output taken (durably) up to these offsets: the agent frees it.
+    pub const ACK: u8 = 2;
+    /// Deliver a signal to the command's process group.
+    pub const SIGNAL: u8 = 3;
+    /// The runner recorded the command's end: the agent forgets it.
+    pub const FORGET: u8 = 4;
+    /// First frame of a stdin connection: which command.
+    pub const STDIN_OPEN: u8 = 5;
+    /// Bytes for the command's stdin.
+    pub const STDIN_DATA: u8 = 6;
+    /// Close the command's stdin (end of input).
+    pub const STDIN_CLOSE: u8 = 7;
+    /// First frame of a listing connection.
+    pub const LIST: u8 = 8;
+
+    /// The command runs: its pid (in the sandbox) and whether this
+    /// request started it.
+    pub const STARTED: u8 = 64;
+    /// Bytes of the command's stdout, in order from the asked offset.
+    pub const STDOUT: u8 = 65;
+    /// Bytes of the command's stderr, in order from the asked offset.
+    pub const STDERR: u8 = 66;
+    /// The command ended (after its last output frame).
+    pub const ENDED: u8 = 67;
+    /// The command could not start.
+    pub const LAUNCH_FAILED: u8 = 68;
+    /// A request refused: `{code, message}`; the connection then closes.
+    pub const ERROR: u8 = 69;
+    /// Done (stdin closed).
+    pub const OK: u8 = 70;
+    /// The listing's answer.
+    pub const LISTING: u8 = 71;
+}
+
+/// One frame as read.
+#[derive(Debug)]
+pub struct Frame {
+    pub kind: u8,
+    pub payload: Vec<u8>,
+}
+
+impl Frame {
+    /// The payload as a JSON object; an error names the frame.
+    pub fn json(&self) -> io::Result<Value> {
+        let value: Value = serde_json::from_slice(&self.payload)
+            .map_err(|e| invalid(format!("frame {} is not JSON: {e}", self.kind)))?;
+        if !value.is_object() {
+            return Err(invalid(format!("frame {} is not a JSON object", self.kind)));
+        }
+        Ok(value)
+    }
+}
+
+pub fn invalid(message: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message.into())
+}
+
+/// Reads one frame; `None` at a clean end between frames.
+pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> io::Result<Option<Frame>> {
+    let mut header = [0u8; 5];
+    let mut filled = 0;
+    while filled < header.len() {
+        let n = reader.read(&mut header[filled..]).await?;
+        if n == 0 {
+            return if filled == 0 {
+                Ok(None)
+            } else {
+                Err(io::ErrorKind::UnexpectedEof.into())
+            };
+        }
+        filled += n;
+    }
+    let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if length > FRAME_BYTES_MAX {
+        return Err(invalid(format!(
+            "a frame of {length} bytes is past the bound of {FRAME_BYTES_MAX}"
+        )));
+    }
+    let mut payload = vec![0u8; length];
+    reader.read_exact(&mut payload).await?;
+    Ok(Some(Frame {
+        kind: header[0],
+        payload,
+    }))
+}
+
+/// Writes one frame (header and payload in one write where it fits).
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    kind: u8,
+    payload: &[u8],
+) -> io::Result<()> {
+    if payload.len() > FRAME_BYTES_MAX {
+        return Err(invalid("frame payload past the bound"));
+    }
+    let mut bytes = Vec::with_capacity(5 + payload.len());
+    bytes.push(kind);
+    bytes.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    bytes.extend_from_slice(payload);
+    writer.write_all(&bytes).await
+}
+
+/// Writes a JSON control frame.
+pub async fn write_json<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    kind: u8,
+    value: &Value,
+) -> io::Result<()> {
+    write_frame(writer, kind, value.to_string().as_bytes()).await
+}
+
+/// An error frame: a stable code and a one-line message.
+pub async fn write_error<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    code: &str,
+    message: &str,
+) -> io::Result<()> {
+    let value = serde_json::json!({"code": code, "message": message});
+    write_json(writer, kind::ERROR, &value).await
+}
+
+/// `value[name]` as a string, or an error naming the field.
+pub fn text<'a>(value: &'a Value, name: &str) -> io::Result<&'a str> {
+    value[name]
+        .as_str()
+        .ok_or_else(|| invalid(format!("field {name:?} is not a string")))
+}
+
+/// `value[name]` as an unsigned integer (absent: 0).
+pub fn number(value: &Value, name: &str) -> io::Result<u64> {
+    match &value[name] {
+        Value::Null => Ok(0),
+        other => other
+            .as_u64()
+            .ok_or_else(|| invalid(format!("field {name:?} is not an unsigned integer"))),
+    }
+}
+
+/// `value[name]` as a list of strings (absent: empty).
+pub fn texts(value: &Value, name: &str) -> io::Result<Vec<String>> {
+    match &value[name] {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(items) => items
+            .iter()
+            .map(|item| {
+                item.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| invalid(format!("field {name:?} holds a non-string")))
+            })
+            .collect(),
+        _ => Err(invalid(format!("field {name:?} is not a list"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_round_trip_and_oversized_ones_are_refused() {
+        let mut bytes = Vec::new();
+        write_frame(&mut bytes, kind::STDOUT, b"hello")
+            .await
+            .expect("ok");
+        write_json(&mut bytes, kind::ACK, &serde_json::json!({"stdout": 5}))
+            .await
+            .expect("ok");
+        let mut reader = bytes.as_slice();
+        let first = read_frame(&mut reader)
+            .await
+            .expect("read")
+            .expect("a frame");
+        assert_eq!(
+            (first.kind, first.payload.as_slice()),
+            (kind::STDOUT, &b"hello"[..])
+        );
+        let second = read_frame(&mut reader)
+            .await
+            .expect("read")
+            .expect("a frame");
+        assert_eq!(
+            number(&second.json().expect("ok"), "stdout").expect("ok"),
+            5
+        );
+        assert!(read_frame(&mut reader).await.expect("ok").is_none());
+
+        let mut huge = vec![kind::STDIN_DATA];
+        huge.extend_from_slice(&(FRAME_BYTES_MAX as u32 + 1).to_be_bytes());
+        let err = read_frame(&mut huge.as_slice()).await.expect_err("refused");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        let torn = [kind::STDOUT, 0, 0];
+        assert!(read_frame(&mut torn.as_slice()).await.is_err());
+        let not_object = Frame {
+            kind: kind::RUN,
+            payload: b"[1]".to_vec(),
+        };
+        assert!(not_object.json().is_err());
+    }
+}
