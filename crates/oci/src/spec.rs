@@ -551,7 +551,10 @@ mod tests {
     fn process_and_isolation() {
         let value = json(&config());
         let process = &value["process"];
-        assert_eq!(process["args"], serde_json::json!(["/.roost/init", "init"]));
+        assert_eq!(
+            process["args"],
+            serde_json::json!(["/.roost/init", "init", "--agent-fd", "3"])
+        );
         assert_eq!(process["cwd"], "/workspace");
         assert_eq!(process["noNewPrivileges"], true);
         assert_eq!(process["user"]["uid"], 0);
@@ -670,7 +673,15 @@ mod tests {
         let value = json(&config);
         assert_eq!(
             value["process"]["args"],
-            serde_json::json!(["/.roost/init", "init", "--", "sleep", "5"])
+            serde_json::json!([
+                "/.roost/init",
+                "init",
+                "--agent-fd",
+                "3",
+                "--",
+                "sleep",
+                "5"
+            ])
         );
     }
 
@@ -696,6 +707,8 @@ mod tests {
                 "init",
                 "--lease-dir",
                 "/.roost/lease",
+                "--agent-fd",
+                "3",
                 "--",
                 "sleep",
                 "5"
