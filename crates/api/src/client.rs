@@ -2,6 +2,7 @@
 //! the runner (which speaks the runner protocol through the `runner_…`
 //! methods). It turns the error envelope into [`ClientError`].
 
+use crate::lifecycle::CommandState;
 use std::time::Duration;
 
 use reqwest::{Method, Url};
@@ -196,6 +197,15 @@ impl Client {
             url: shown.clone(),
             message: error_chain(e),
         })?;
+        Self::successful(response, shown).await
+    }
+
+    /// `response` if it is a 2xx; else its error envelope (or what it
+    /// was) as a [`ClientError`].
+    async fn successful(
+        response: reqwest::Response,
+        shown: String,
+    ) -> Result<reqwest::Response, ClientError> {
         let status = response.status().as_u16();
         if (200..300).contains(&status) {
             return Ok(response);
@@ -487,13 +497,18 @@ impl Client {
             .await
     }
 
+    /// A page of a sandbox's commands; `state`: only those in it.
     pub async fn list_commands(
         &self,
         sandbox_id: &str,
+        state: Option<CommandState>,
         limit: Option<u32>,
         cursor: Option<&str>,
     ) -> Result<CommandList, ClientError> {
         let mut query: Vec<(&str, String)> = Vec::new();
+        if let Some(state) = state {
+            query.push(("state", state.to_string()));
+        }
         if let Some(limit) = limit {
             query.push(("limit", limit.to_string()));
         }
@@ -502,6 +517,63 @@ impl Client {
         }
         self.get(&["v1", "sandboxes", sandbox_id, "commands"], &query)
             .await
+    }
+
+    /// Streams `body` to a command's stdin (created with `stdin: true`),
+    /// closing it after when `close`. No overall timeout: the stream lasts
+    /// as long as the command takes to read it. Returns how many bytes the
+    /// command's stdin took.
+    pub async fn send_stdin(
+        &self,
+        sandbox_id: &str,
+        command_id: &str,
+        body: reqwest::Body,
+        close: bool,
+    ) -> Result<u64, ClientError> {
+        let url = self.url(
+            &[
+                "v1",
+                "sandboxes",
+                sandbox_id,
+                "commands",
+                command_id,
+                "stdin",
+            ],
+            &[("close", close.to_string())],
+        )?;
+        let shown = url.to_string();
+        let response = self
+            .http
+            .post(url)
+            .bearer_auth(&self.token)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| ClientError::Unreachable {
+                url: shown.clone(),
+                message: error_chain(e),
+            })?;
+        let response = Self::successful(response, shown.clone()).await?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Unreachable {
+                url: shown.clone(),
+                message: error_chain(e),
+            })?;
+        #[derive(serde::Deserialize)]
+        struct Taken {
+            bytes: u64,
+        }
+        serde_json::from_slice::<Taken>(&bytes)
+            .map(|answer| answer.bytes)
+            .map_err(|_| ClientError::Unexpected {
+                url: shown,
+                status,
+                body: quote(&bytes),
+            })
     }
 
     pub async fn signal_command(

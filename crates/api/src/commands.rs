@@ -26,6 +26,11 @@ pub struct CreateCommandRequest {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 2_592_000)]
     pub timeout: Option<u64>,
+    /// Whether the command reads a stdin the client writes
+    /// (`POST …/commands/{command_id}/stdin`); otherwise it reads an empty
+    /// stdin (`/dev/null`).
+    #[serde(default)]
+    pub stdin: bool,
 }
 
 /// A command record. `state` is one of `queued`, `starting` (handed to the
@@ -53,6 +58,14 @@ pub struct Command {
     pub created_at: String,
     pub started_at: Option<String>,
     pub ended_at: Option<String>,
+    /// The command's pid inside the sandbox while its agent runs it
+    /// (reported with `running`); absent before, and for commands run by
+    /// the runtime's exec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// Whether the command reads a stdin the client writes.
+    #[serde(default)]
+    pub stdin: bool,
 }
 
 /// `GET /v1/sandboxes/{id}/commands`

@@ -6,6 +6,7 @@
 pub mod blocks;
 pub mod client;
 pub mod commands;
+pub mod data_path;
 pub mod deployment;
 mod error;
 pub mod failpoint;

@@ -36,6 +36,16 @@ pub struct RegisterRequest {
     #[schema(schema_with = crate::schema::capabilities)]
     pub capabilities: Vec<String>,
     pub capacity: Capacity,
+    /// Where this runner's data listener is (`http://HOST:PORT`), reached
+    /// by servers for streams (`api::data_path`); absent: no data path.
+    #[serde(default)]
+    #[schema(max_length = 512)]
+    pub data_url: Option<String>,
+    /// The key (64 hex digits) its data listener checks the servers'
+    /// per-request tokens with.
+    #[serde(default)]
+    #[schema(pattern = "^[0-9a-f]{64}$")]
+    pub data_key: Option<String>,
 }
 
 /// Total capacity of a runner; a sandbox's resources count against it.
@@ -343,6 +353,9 @@ pub struct CommandAssignment {
     pub signal: Option<String>,
     /// `starting` until the runner reports the command running.
     pub state: CommandState,
+    /// Whether the command reads a stdin its client writes.
+    #[serde(default)]
+    pub stdin: bool,
 }
 
 /// `POST /v1/runner/sandboxes/{id}/report`: an observed sandbox state.
@@ -385,4 +398,8 @@ pub struct CommandReport {
     pub signal: Option<String>,
     #[serde(default)]
     pub reason: Option<String>,
+    /// The command's pid inside the sandbox (with `running`, when the
+    /// sandbox's agent runs it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
 }

@@ -71,6 +71,10 @@ pub struct ExecArgs {
     /// waiting (read it later with `roost command output`).
     #[arg(long)]
     detach: bool,
+    /// Pass this process's stdin to the command (its end closes the
+    /// command's stdin), e.g. `tar c . | roost exec -i ID -- tar x`.
+    #[arg(short = 'i', long, conflicts_with = "detach")]
+    interactive: bool,
     #[command(flatten)]
     target: OrgTarget,
     /// The program and its arguments, after `--`.
@@ -105,10 +109,14 @@ pub enum CommandCommand {
         #[command(flatten)]
         target: OrgTarget,
     },
-    /// List a sandbox's commands, oldest first.
+    /// List a sandbox's commands, oldest first (PID: inside the sandbox,
+    /// while its agent runs the command).
     List {
         /// The sandbox.
         sandbox_id: String,
+        /// Only commands in this state, e.g. `running` (background work).
+        #[arg(long, value_name = "STATE")]
+        state: Option<CommandState>,
         /// Commands per page (1 to 200; the server's default is 50).
         #[arg(long, value_name = "N")]
         limit: Option<u32>,
@@ -163,6 +171,7 @@ pub async fn exec(args: ExecArgs) -> Result<ExitCode> {
         env: args.env.into_iter().collect::<BTreeMap<_, _>>(),
         cwd: args.cwd,
         timeout: args.timeout.map(seconds_rounded_up),
+        stdin: args.interactive,
     };
     let client = args.target.client()?;
     let sandbox_id = args.sandbox_id.as_str();
@@ -182,10 +191,19 @@ pub async fn exec(args: ExecArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let command_id = created.id.as_str();
-    if !args.target.json {
+    let feeding = async {
+        if args.interactive {
+            feed_stdin(&client, sandbox_id, command_id).await
+        } else {
+            Ok(())
+        }
+    };
+    if args.target.json {
+        feeding.await?;
+    } else {
         let stdout = pump(&client, sandbox_id, command_id, OutputStream::Stdout);
         let stderr = pump(&client, sandbox_id, command_id, OutputStream::Stderr);
-        tokio::try_join!(stdout, stderr)?;
+        tokio::try_join!(stdout, stderr, feeding)?;
     }
     let ended = wait_until_ended(&client, sandbox_id, command_id)
         .await
@@ -199,6 +217,37 @@ pub async fn exec(args: ExecArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::from(exit_status(&ended)))
+}
+
+/// Streams our stdin to the command's until it ends. A command that ended
+/// (or closed its stdin) before reading it all is not an error: its end
+/// says what happened.
+async fn feed_stdin(client: &Client, sandbox_id: &str, command_id: &str) -> Result<()> {
+    let stdin = tokio::io::stdin();
+    let chunks = futures::stream::unfold(stdin, |mut stdin| async move {
+        let mut buffer = vec![0u8; 256 * 1024];
+        match tokio::io::AsyncReadExt::read(&mut stdin, &mut buffer).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buffer.truncate(n);
+                Some((Ok::<_, std::io::Error>(buffer), stdin))
+            }
+            Err(err) => Some((Err(err), stdin)),
+        }
+    });
+    match client
+        .send_stdin(
+            sandbox_id,
+            command_id,
+            reqwest::Body::wrap_stream(chunks),
+            true,
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(err) if err.code() == Some(api::ErrorCode::InvalidState) => Ok(()),
+        Err(err) => Err(err).context("exec failed: sending stdin"),
+    }
 }
 
 /// `roost exec`'s exit status for an ended command (documented in its help).
@@ -317,10 +366,11 @@ pub fn run_command(command: CommandCommand) -> Result<ExitCode> {
             }
             CommandCommand::List {
                 sandbox_id,
+                state,
                 limit,
                 all,
                 target,
-            } => list(&sandbox_id, limit, all, &target).await,
+            } => list(&sandbox_id, state, limit, all, &target).await,
             CommandCommand::Output {
                 sandbox_id,
                 command_id,
@@ -402,6 +452,7 @@ async fn get(
 
 async fn list(
     sandbox_id: &str,
+    state: Option<CommandState>,
     limit: Option<u32>,
     all: bool,
     target: &OrgTarget,
@@ -411,7 +462,7 @@ async fn list(
         let client = &client;
         async move {
             let page = client
-                .list_commands(sandbox_id, limit, cursor.as_deref())
+                .list_commands(sandbox_id, state, limit, cursor.as_deref())
                 .await
                 .context("command list failed")?;
             Ok((page.commands, page.next_cursor))
@@ -439,6 +490,7 @@ async fn list(
                     or_dash(c.state_reason.as_deref()),
                     c.exit_code
                         .map_or_else(|| "-".to_owned(), |e| e.to_string()),
+                    c.pid.map_or_else(|| "-".to_owned(), |p| p.to_string()),
                     human_bytes(c.stdout_bytes),
                     human_bytes(c.stderr_bytes),
                     age(&c.created_at),
@@ -448,7 +500,7 @@ async fn list(
             .collect();
         print_table(
             &[
-                "ID", "STATE", "REASON", "EXIT", "STDOUT", "STDERR", "AGE", "ARGV",
+                "ID", "STATE", "REASON", "EXIT", "PID", "STDOUT", "STDERR", "AGE", "ARGV",
             ],
             &rows,
         );
@@ -595,6 +647,8 @@ mod tests {
             created_at: "2025-01-01T00:00:00.000Z".to_owned(),
             started_at: None,
             ended_at: None,
+            pid: None,
+            stdin: false,
         }
     }
 

@@ -73,6 +73,17 @@ pub struct RunnerArgs {
     /// the data dir].
     #[arg(long, value_name = "DIR")]
     secrets_dir: Option<PathBuf>,
+    /// Where the data listener listens: servers stream to this runner's
+    /// sandboxes there (a command's stdin), each request with a token
+    /// minted for it under this runner's key; `off`: no data path. Servers
+    /// must reach it: on a multi-host deployment, an address they can
+    /// dial, e.g. `0.0.0.0:7071` with --data-url.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    data_listen: String,
+    /// The URL servers reach the data listener at [default: http:// and
+    /// the address it bound].
+    #[arg(long, value_name = "URL")]
+    data_url: Option<String>,
 }
 
 /// How `roost runner` answers signals (after `--help`'s options).
@@ -179,6 +190,13 @@ pub fn run(args: RunnerArgs) -> Result<ExitCode> {
         }
     }
     config.secrets_dir = args.secrets_dir;
+    config.data_listen = match args.data_listen.as_str() {
+        "off" => None,
+        address => Some(address.parse().with_context(|| {
+            format!("--data-listen {address:?}: an address such as 0.0.0.0:7071, or off")
+        })?),
+    };
+    config.data_url = args.data_url;
     config.failpoint = api::failpoint::Failpoints::from_env();
     runtime()?.block_on(async move {
         // Listening replaces SIGUSR1's default action (the end of the

@@ -91,6 +91,6 @@ pub use init::InitEnd;
 pub use network::{BridgeConfig, BridgeNetwork, Ipv4Subnet, Lease};
 pub use runtime::log::LaunchFailure;
 pub use runtime::{Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind, Sandbox};
-pub use seam::{BoxFuture, Container, ContainerRuntime, RunningCommand};
+pub use seam::{BoxFuture, CommandStdin, Container, ContainerRuntime, RunningCommand};
 pub use signal::Signal;
 pub use state::{CgroupCounters, DeathCause, Observation, RuntimeState, Status};

@@ -65,6 +65,40 @@ pub trait Container: Send + Sync + std::fmt::Debug {
         &'a self,
         command: &'a CommandSpec,
     ) -> BoxFuture<'a, Result<Box<dyn RunningCommand>>>;
+    /// The incarnation of the container's agent; `None`: the container
+    /// has no agent (its commands go through the runtime's exec).
+    fn agent_incarnation(&self) -> BoxFuture<'_, Result<Option<String>>>;
+    /// Runs command `id` through the agent of `incarnation`, or attaches
+    /// to it when the agent knows it already, with output from `from`.
+    fn run_in_agent<'a>(
+        &'a self,
+        id: &'a str,
+        incarnation: &'a str,
+        command: &'a CommandSpec,
+        from: [u64; 2],
+    ) -> BoxFuture<'a, Result<Box<dyn RunningCommand>>>;
+    /// Tells the agent the end of `id` is recorded: it may drop it.
+    fn forget_command<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>>;
+    /// Opens the stdin of command `id` (run with one) for writing.
+    fn open_stdin<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn CommandStdin>>>;
+}
+
+/// A command's stdin, written through the sandbox's agent.
+pub trait CommandStdin: Send {
+    /// Writes `bytes`, waiting while the command does not read.
+    fn write<'a>(&'a mut self, bytes: &'a [u8]) -> BoxFuture<'a, Result<()>>;
+    /// Closes the stdin: the command reads end of file.
+    fn close(self: Box<Self>) -> BoxFuture<'static, Result<()>>;
+}
+
+impl CommandStdin for crate::agent::client::AgentStdin {
+    fn write<'a>(&'a mut self, bytes: &'a [u8]) -> BoxFuture<'a, Result<()>> {
+        Box::pin(crate::agent::client::AgentStdin::write(self, bytes))
+    }
+
+    fn close(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        Box::pin(crate::agent::client::AgentStdin::close(*self))
+    }
 }
 
 /// Output chunks as a command hands them over.
@@ -74,6 +108,8 @@ pub type OnOutput<'a> = Box<dyn FnMut(Stream, &[u8]) + Send + 'a>;
 pub trait RunningCommand: Send {
     /// Signals the command while [`RunningCommand::wait`] runs.
     fn signaller(&self) -> Signaller;
+    /// Its pid inside the sandbox, when known (the agent runs it).
+    fn pid(&self) -> Option<i32>;
     /// Drives the command to its end, handing output to `on_output`.
     fn wait<'a>(self: Box<Self>, on_output: OnOutput<'a>) -> BoxFuture<'a, Result<CommandEnd>>;
 }
@@ -164,11 +200,48 @@ impl Container for Sandbox {
             Ok(Box::new(execution) as Box<dyn RunningCommand>)
         })
     }
+
+    fn agent_incarnation(&self) -> BoxFuture<'_, Result<Option<String>>> {
+        Box::pin(async move {
+            if !self.has_agent() {
+                return Ok(None);
+            }
+            Ok(Some(self.agent_listing().await?.incarnation))
+        })
+    }
+
+    fn run_in_agent<'a>(
+        &'a self,
+        id: &'a str,
+        incarnation: &'a str,
+        command: &'a CommandSpec,
+        from: [u64; 2],
+    ) -> BoxFuture<'a, Result<Box<dyn RunningCommand>>> {
+        Box::pin(async move {
+            let execution = Sandbox::run_in_agent(self, id, incarnation, command, from).await?;
+            Ok(Box::new(Execution::Agent(execution)) as Box<dyn RunningCommand>)
+        })
+    }
+
+    fn forget_command<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.agent_forget(id))
+    }
+
+    fn open_stdin<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn CommandStdin>>> {
+        Box::pin(async move {
+            let stdin = self.agent_stdin(id).await?;
+            Ok(Box::new(stdin) as Box<dyn CommandStdin>)
+        })
+    }
 }
 
 impl RunningCommand for Execution {
     fn signaller(&self) -> Signaller {
         Execution::signaller(self)
+    }
+
+    fn pid(&self) -> Option<i32> {
+        Execution::pid(self)
     }
 
     fn wait<'a>(self: Box<Self>, on_output: OnOutput<'a>) -> BoxFuture<'a, Result<CommandEnd>> {

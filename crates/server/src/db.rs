@@ -30,6 +30,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (11, include_str!("../migrations/0011_observed.sql")),
     (12, include_str!("../migrations/0012_secrets.sql")),
     (13, include_str!("../migrations/0013_filesystems.sql")),
+    (14, include_str!("../migrations/0014_agent.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

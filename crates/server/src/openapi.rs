@@ -30,6 +30,7 @@ use utoipa::{Modify, OpenApi};
         crate::http::commands::list,
         crate::http::commands::output,
         crate::http::commands::signal,
+        crate::http::commands::stdin,
         crate::http::runner::register,
         crate::http::runner::heartbeat,
         crate::http::runner::assignments,

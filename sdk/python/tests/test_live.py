@@ -169,3 +169,29 @@ def test_mounts_reach_admission(roost_client: Roost, deployment: Deployment) -> 
         assert nowhere.value.missing == ["filesystem:team"]
     finally:
         deployment.admin("DELETE", f"/v1/admin/filesystems/team/orgs/{org_id}")
+
+
+def test_stdin_and_background_commands(roost_client: Roost, deployment: Deployment) -> None:
+    # Issue 15: bytes on a command's stdin through the data path (sync and
+    # async), and a background command listed running with its pid.
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    with roost_client.sandboxes.create(labels={"test": "stdin"}) as sandbox:
+        result = sandbox.exec(["sh", "-c", "wc -c; head -c 3 | od -An -tx1"], stdin=payload)
+        assert result.ok, result
+        assert result.stdout.split()[0] == str(len(payload)).encode()
+        background = sandbox.exec_stream(["sleep", "60"])
+        running = sandbox.commands.wait(background.command_id, "running", timeout=30)
+        listed = list(sandbox.commands.list(state="running"))
+        assert [c.id for c in listed] == [running.id]
+        assert listed[0].pid is not None and listed[0].pid > 1
+        sandbox.commands.signal(running.id, "TERM")
+        ended = sandbox.commands.wait(running.id, timeout=30)
+        assert ended.state == "interrupted"
+
+    async def scenario() -> bytes:
+        async with AsyncRoost(deployment.url, deployment.token) as client:
+            async with await client.sandboxes.create(labels={"test": "stdin-async"}) as sandbox:
+                result = await sandbox.exec("cat", stdin=b"through the async client")
+                return result.stdout
+
+    assert asyncio.run(scenario()) == b"through the async client"

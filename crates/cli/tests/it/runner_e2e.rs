@@ -515,7 +515,7 @@ async fn commands_end_honestly_and_the_sandbox_is_confined() {
     let lines: Vec<&str> = processes.lines().map(str::trim).collect();
     assert_eq!(
         lines.first(),
-        Some(&"1 /.roost/init init --lease-dir /.roost/lease"),
+        Some(&"1 /.roost/init init --lease-dir /.roost/lease --agent-fd 3"),
         "{processes}"
     );
     assert!(
@@ -743,7 +743,9 @@ async fn a_runner_restart_readopts_sandboxes_and_never_runs_a_command_twice() {
     let count = stack.home(&sid).join("count");
 
     // The runner dies (SIGKILL, at the failpoint) right after launching.
-    let body = json!({"argv": ["sh", "-c", "echo run >> /workspace/count"]});
+    // It outlives the runner: its output after the restart comes through
+    // the sandbox's agent, which held it.
+    let body = json!({"argv": ["sh", "-c", "echo run >> /workspace/count; echo started; sleep 1; echo finished; echo to-stderr >&2"]});
     let key = [("idempotency-key", "count-once")];
     let created = api
         .post_with(&format!("/v1/sandboxes/{sid}/commands"), body.clone(), &key)
@@ -762,15 +764,19 @@ async fn a_runner_restart_readopts_sandboxes_and_never_runs_a_command_twice() {
     .await;
     assert!(ran_once, "the launched command ran");
 
-    // Restarted, the runner re-adopts the container (same init) and, not
-    // knowing how the command ended, says so instead of running it again.
+    // Restarted, the runner re-adopts the container (same init) and
+    // attaches again to the command through the agent: it ends `exited`
+    // with all its output, and it ran once.
     stack.runner.restart(&[]);
     let command = wait_command(&api, &sid, &cid, "ended").await;
+    assert_eq!(state_of(&command), ("exited", None), "{command}");
+    assert_eq!(command["exit_code"], 0, "{command}");
+    assert!(command["pid"].as_i64().is_some_and(|p| p > 1), "{command}");
     assert_eq!(
-        state_of(&command),
-        ("unknown", Some("runner_restarted")),
-        "{command}"
+        output(&api, &sid, &cid, "stdout").await,
+        "started\nfinished\n"
     );
+    assert_eq!(output(&api, &sid, &cid, "stderr").await, "to-stderr\n");
     let retried = api
         .post_with(&format!("/v1/sandboxes/{sid}/commands"), body, &key)
         .await;
@@ -1018,4 +1024,248 @@ impl RunnerProcess {
     pub(crate) fn log_lines(&self) -> Vec<String> {
         self.logs.lock().expect("logs").clone()
     }
+}
+
+/// Issue 15, point 4: background work through the sandbox's agent. A
+/// running command is listed (`?state=running`, `roost command list
+/// --state running`) with its pid inside the sandbox, that pid is the
+/// command's process there, and a signal is delivered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_commands_are_listed_with_their_pid_and_a_signal_ends_them() {
+    let stack = Stack::start().await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    let commands = format!("/v1/sandboxes/{sid}/commands");
+    let created = api
+        .post(
+            &commands,
+            json!({"argv": ["sh", "-c", "echo ready; exec sleep 1000"]}),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let cid = created.str("id");
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pid = loop {
+        let page = api.get(&format!("{commands}?state=running")).await;
+        let pid = page.body["commands"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["id"] == cid.as_str())
+            .and_then(|c| c["pid"].as_i64());
+        if let Some(pid) = pid {
+            break pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never listed running with a pid: {page:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let cmdline = sh(&api, &sid, &format!("tr '\\0' ' ' < /proc/{pid}/cmdline")).await;
+    assert_eq!(cmdline.trim(), "sleep 1000", "pid {pid} is the command");
+
+    // The CLI lists it too, with the pid.
+    let output = Command::new(BIN)
+        .args(["command", "list", &sid, "--state", "running", "--json"])
+        .env("ROOST_URL", &api.url)
+        .env("ROOST_TOKEN", &api.token)
+        .output()
+        .expect("roost command list");
+    assert!(output.status.success(), "{output:?}");
+    let listed: Value = serde_json::from_slice(&output.stdout).expect("json");
+    let pids: Vec<i64> = listed["commands"]
+        .as_array()
+        .expect("commands")
+        .iter()
+        .filter_map(|c| c["pid"].as_i64())
+        .collect();
+    assert!(pids.contains(&pid), "{listed}");
+
+    // A signal ends it at once, and it leaves the running list.
+    let signalled = api
+        .post(
+            &format!("{commands}/{cid}/signal"),
+            json!({"signal": "TERM"}),
+        )
+        .await;
+    assert_eq!(signalled.status, 202, "{signalled:?}");
+    let ended = wait_command(&api, &sid, &cid, "ended").await;
+    assert_eq!(
+        state_of(&ended),
+        ("interrupted", Some("signal_requested")),
+        "{ended}"
+    );
+    let page = api.get(&format!("{commands}?state=running")).await;
+    assert_eq!(page.body["commands"], json!([]), "{page:?}");
+    let bogus = api.get(&format!("{commands}?state=asleep")).await;
+    assert_eq!(bogus.status, 400, "{bogus:?}");
+    assert_eq!(bogus.body["error"]["code"], "invalid_request");
+    stack.runner.assert_no_errors();
+}
+
+/// The runner's data listener URL, from its log.
+fn data_url(runner: &RunnerProcess) -> String {
+    runner
+        .log_lines()
+        .iter()
+        .filter(|l| l.contains("data listener bound"))
+        .find_map(|l| {
+            let value: Value = serde_json::from_str(l).ok()?;
+            value["fields"]["url"]
+                .as_str()
+                .or_else(|| value["url"].as_str())
+                .map(str::to_owned)
+        })
+        .expect("the runner logged its data listener")
+}
+
+/// Issue 15, points 2 and 6: a command's stdin, streamed from the client
+/// through the server and the data path to the sandbox's agent.
+/// `roost exec -i` pipes the local stdin (20 MiB arrive whole and in
+/// order; a tar of a tree unpacks in the sandbox). The runner's data
+/// listener takes nothing without a token minted for that request, and an
+/// org reaches only its own commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_streams_through_the_data_path_and_the_runner_refuses_what_no_server_minted() {
+    let stack = Stack::start().await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // 20 MiB of noise through `roost exec -i`: the sandbox's checksum is
+    // the local one.
+    let payload = dir.path().join("payload");
+    let bytes: Vec<u8> = (0..20u32 * 1024 * 1024)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&payload, &bytes).expect("payload");
+    let local = Command::new("sha256sum")
+        .arg(&payload)
+        .output()
+        .expect("sha256sum");
+    let local = String::from_utf8_lossy(&local.stdout)
+        .split_whitespace()
+        .next()
+        .expect("digest")
+        .to_owned();
+    let roost = |args: &[&str], stdin: Stdio| {
+        Command::new(BIN)
+            .args(args)
+            .env("ROOST_URL", &api.url)
+            .env("ROOST_TOKEN", &api.token)
+            .stdin(stdin)
+            .output()
+            .expect("roost")
+    };
+    let ran = roost(
+        &["exec", "-i", &sid, "--", "sha256sum"],
+        Stdio::from(std::fs::File::open(&payload).expect("open")),
+    );
+    assert!(ran.status.success(), "{ran:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&ran.stdout)
+            .split_whitespace()
+            .next(),
+        Some(local.as_str())
+    );
+
+    // A tree through tar, as the README shows it.
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("src/deep")).expect("tree");
+    std::fs::write(tree.join("src/deep/main.rs"), "fn main() {}\n").expect("file");
+    std::fs::write(tree.join("README"), "hello\n").expect("file");
+    let archive = dir.path().join("tree.tar");
+    let made = Command::new("tar")
+        .arg("cf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&tree)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(made.success());
+    let ran = roost(
+        &[
+            "exec",
+            "-i",
+            &sid,
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p /workspace/src && tar x -C /workspace/src && cat /workspace/src/src/deep/main.rs /workspace/src/README",
+        ],
+        Stdio::from(std::fs::File::open(&archive).expect("open")),
+    );
+    assert!(ran.status.success(), "{ran:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&ran.stdout),
+        "fn main() {}\nhello\n"
+    );
+
+    // Without `stdin: true` there is no stdin to write (409); after its
+    // end neither.
+    let commands = format!("/v1/sandboxes/{sid}/commands");
+    let created = api.post(&commands, json!({"argv": ["sleep", "30"]})).await;
+    let cid = created.str("id");
+    let refused = api.post_raw(&format!("{commands}/{cid}/stdin"), "x").await;
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.body["error"]["code"], "invalid_state");
+
+    // Another org sees no such command.
+    let (other, _) = crate::plane::new_org(&stack.plane.admin, "org-stdin", json!({})).await;
+    let hidden = other
+        .post_raw(&format!("{commands}/{cid}/stdin"), "x")
+        .await;
+    assert_eq!(hidden.status, 404, "{hidden:?}");
+
+    // The runner's data listener: no token, a forged one, one for another
+    // sandbox: 401, nothing written.
+    let url = format!(
+        "{}/v1/data/sandboxes/{sid}/commands/{cid}/stdin",
+        data_url(&stack.runner)
+    );
+    let http = reqwest::Client::new();
+    let no_token = http.post(&url).body("x").send().await.expect("send");
+    assert_eq!(no_token.status(), 401);
+    let key = api::data_path::new_key().expect("key");
+    let claims = api::data_path::DataClaims {
+        sandbox_id: sid.clone(),
+        epoch: 1,
+        op: "stdin".to_owned(),
+        command_id: Some(cid.clone()),
+        expires_unix_ms: u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("time")
+                .as_millis(),
+        )
+        .expect("ms")
+            + 30_000,
+    };
+    let forged = http
+        .post(&url)
+        .bearer_auth(api::data_path::mint(&key, &claims))
+        .body("x")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(forged.status(), 401);
+    let junk = http
+        .post(&url)
+        .bearer_auth("roost-data-v1.e30.00")
+        .body("x")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(junk.status(), 401);
+    api.post(
+        &format!("{commands}/{cid}/signal"),
+        json!({"signal": "KILL"}),
+    )
+    .await;
+    stack.runner.assert_no_errors();
 }

@@ -620,10 +620,11 @@ async fn exec_streams_output_as_it_arrives_and_exits_with_the_programs_code() {
     assert_eq!(
         rows[0],
         [
-            "ID", "STATE", "REASON", "EXIT", "STDOUT", "STDERR", "AGE", "ARGV"
+            "ID", "STATE", "REASON", "EXIT", "PID", "STDOUT", "STDERR", "AGE", "ARGV"
         ]
     );
-    assert_eq!(rows[1][..5], [command_id, "exited", "-", "3", "15"]);
+    // This runner reported no pid: `-`.
+    assert_eq!(rows[1][..6], [command_id, "exited", "-", "3", "-", "15"]);
 
     let out = roost.run(&["command", "output", id, command_id]).await;
     assert!(out.status.success(), "{out:?}");

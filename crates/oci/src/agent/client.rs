@@ -287,10 +287,18 @@ impl Sandbox {
     /// Opens the stdin of command `id`: bytes written go to it in order.
     pub async fn agent_stdin(&self, id: &str) -> Result<AgentStdin> {
         let stream = self.connect_agent().await?;
-        let (reader, mut writer) = stream.into_split();
+        let (mut reader, mut writer) = stream.into_split();
+        let unreachable = |e: std::io::Error| self.agent_error("unreachable", e.to_string());
         wire::write_json(&mut writer, kind::STDIN_OPEN, &json!({"id": id}))
             .await
-            .map_err(|e| self.agent_error("unreachable", e.to_string()))?;
+            .map_err(unreachable)?;
+        match tokio::time::timeout(CONNECT_TIMEOUT, wire::read_frame(&mut reader)).await {
+            Ok(Ok(Some(frame))) if frame.kind == kind::OK => {}
+            Ok(Ok(Some(frame))) if frame.kind == kind::ERROR => return Err(self.refusal(&frame)),
+            Ok(Ok(_)) => return Err(self.agent_error("bad_answer", "no answer to open")),
+            Ok(Err(e)) => return Err(unreachable(e)),
+            Err(_) => return Err(self.agent_error("unreachable", "no answer within 5 s")),
+        }
         Ok(AgentStdin {
             sandbox: self.clone(),
             reader,

@@ -30,8 +30,9 @@
 //!   `ENDED {signal}`. Meanwhile the runner may send `ACK {stdout,
 //!   stderr}` (what it has spooled: the agent frees it) and `SIGNAL
 //!   {signal}` (to the command's process group, never blocking).
-//! - `STDIN_OPEN {id}`, then `STDIN_DATA` frames and `STDIN_CLOSE`
-//!   (answered `OK`): the command's stdin, with back-pressure.
+//! - `STDIN_OPEN {id}` (answered `OK` once the stdin is this
+//!   connection's), then `STDIN_DATA` frames and `STDIN_CLOSE` (answered
+//!   `OK`): the command's stdin, with back-pressure.
 //! - `LIST {}`: `LISTING {incarnation, commands: [{id, pid, running,
 //!   started_unix_ms}]}`.
 //! - `FORGET {id}`: the runner recorded the command's end; the agent

@@ -467,6 +467,11 @@ impl Agent {
                 "the command has no open stdin, or another connection writes it",
             )
         })?;
+        // Opened: the writer may send.
+        if let Err(e) = wire::write_frame(writer, kind::OK, b"").await {
+            *command.stdin.lock().unwrap_or_else(|p| p.into_inner()) = Some(pipe);
+            return Err(e.into());
+        }
         loop {
             match wire::read_frame(&mut reader).await {
                 Ok(Some(frame)) if frame.kind == kind::STDIN_DATA => {

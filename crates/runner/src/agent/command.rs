@@ -64,7 +64,15 @@ pub(crate) async fn run(job: CommandJob) {
     };
     let end = match record {
         CommandRecord::Ended(end) => end,
-        CommandRecord::Launched => {
+        // Launched through the agent: ask it again (it attaches, or starts
+        // the command if it never received it; never twice).
+        CommandRecord::Launched {
+            incarnation: Some(incarnation),
+        } => match job.attach(&incarnation).await {
+            Ok(end) => end,
+            Err(Stopped) => return,
+        },
+        CommandRecord::Launched { incarnation: None } => {
             tracing::warn!(command_id = %id, "launched before a runner restart, end unknown: reporting unknown");
             unknown()
         }
@@ -77,6 +85,10 @@ pub(crate) async fn run(job: CommandJob) {
     };
     if let Err(err) = job.files.record_end(&id, &end) {
         tracing::warn!(command_id = %id, %err, "cannot record the command's end; reporting it anyway");
+    } else if let Err(err) = job.sandbox.forget_command(&id).await {
+        // The agent keeps the ended command until a later forget or its
+        // sandbox's end; nothing is run again for it.
+        tracing::debug!(command_id = %id, %err, "the agent did not take the forget");
     }
     let _ = job.report(&end).await;
 }
@@ -104,6 +116,7 @@ impl CommandJob {
             exit_code: end.exit_code,
             signal: end.signal.clone(),
             reason: end.reason.clone(),
+            pid: end.pid,
         };
         let result = self
             .shared
@@ -144,6 +157,7 @@ impl CommandJob {
         spec.cwd = assignment.cwd.clone();
         spec.timeout = assignment.timeout.map(Duration::from_secs);
         spec.kill_grace = self.shared.config.command_kill_grace;
+        spec.stdin = assignment.stdin;
         spec
     }
 
@@ -151,7 +165,23 @@ impl CommandJob {
     /// output, and returns the end to report.
     async fn launch(&self) -> Result<RecordedEnd, Stopped> {
         let id = self.command_id();
-        if let Err(err) = self.files.record_launch(id, self.assignment.epoch) {
+        // The worker starts command tasks only in a pass that saw the
+        // init alive; an agent that does not answer means the init is
+        // gone or wedged, and the command is not launched.
+        let incarnation = match self.sandbox.agent_incarnation().await {
+            Ok(incarnation) => incarnation,
+            Err(err) => {
+                tracing::warn!(command_id = %id, %err, "the sandbox's agent does not answer; not launching");
+                return Ok(RecordedEnd {
+                    reason: Some("sandbox_not_running".to_owned()),
+                    ..RecordedEnd::new(CommandState::NotLaunched)
+                });
+            }
+        };
+        if let Err(err) =
+            self.files
+                .record_launch(id, self.assignment.epoch, incarnation.as_deref())
+        {
             tracing::error!(command_id = %id, %err, "cannot record the launch; not launching");
             return Ok(RecordedEnd {
                 reason: Some("runner_error".to_owned()),
@@ -168,12 +198,27 @@ impl CommandJob {
                 });
             }
         };
-        // The worker starts command tasks only in a pass that saw the
-        // init alive (and watches its pidfd), so the runtime is not asked
-        // again before the exec.
-        let execution = match self.sandbox.exec_seen_running(&self.spec()).await {
+        let spec = self.spec();
+        let started = match &incarnation {
+            Some(incarnation) => {
+                self.sandbox
+                    .run_in_agent(id, incarnation, &spec, [0, 0])
+                    .await
+            }
+            // A container from before the agent: the runtime's exec.
+            None => self.sandbox.exec_seen_running(&spec).await,
+        };
+        let execution = match started {
             Ok(execution) => execution,
             Err(Error::NotRunning { .. } | Error::NotFound { .. }) => {
+                return Ok(RecordedEnd {
+                    reason: Some("sandbox_not_running".to_owned()),
+                    ..RecordedEnd::new(CommandState::NotLaunched)
+                });
+            }
+            // Another init answers now: the sandbox restarted under the
+            // command before it was sent.
+            Err(Error::Agent { code, .. }) if code == "incarnation_mismatch" => {
                 return Ok(RecordedEnd {
                     reason: Some("sandbox_not_running".to_owned()),
                     ..RecordedEnd::new(CommandState::NotLaunched)
@@ -191,7 +236,49 @@ impl CommandJob {
             .config
             .failpoint
             .hit("runner:after_command_launch");
+        self.drive(execution, spool).await
+    }
+
+    /// A command launched through the agent before this runner (re)started:
+    /// attached again from where its spool ends, driven to its end.
+    async fn attach(&self, incarnation: &str) -> Result<RecordedEnd, Stopped> {
+        let id = self.command_id();
+        let spool = match Spool::reopen(&self.files, id) {
+            Ok(spool) => Arc::new(spool),
+            Err(err) => {
+                tracing::error!(command_id = %id, %err, "cannot reopen the command's spool; its end is unknown");
+                return Ok(unknown());
+            }
+        };
+        let from = spool.lengths();
+        match self
+            .sandbox
+            .run_in_agent(id, incarnation, &self.spec(), from)
+            .await
+        {
+            Ok(execution) => {
+                tracing::info!(command_id = %id, "attached again to a command launched before a restart");
+                self.drive(execution, spool).await
+            }
+            // Another init, or none: the command may have run and died with
+            // the earlier one.
+            Err(err) => {
+                tracing::warn!(command_id = %id, %err, "cannot attach again to a launched command; its end is unknown");
+                Ok(unknown())
+            }
+        }
+    }
+
+    /// Drives a launched command to its end: output spooled and uploaded,
+    /// signals delivered, `running` reported (with its pid).
+    async fn drive(
+        &self,
+        execution: Box<dyn oci::RunningCommand>,
+        spool: Arc<Spool>,
+    ) -> Result<RecordedEnd, Stopped> {
+        let id = self.command_id();
         let signaller = execution.signaller();
+        let pid = execution.pid();
         let delivered: Mutex<Vec<Signal>> = Mutex::new(Vec::new());
         let mut uploader = Uploader::new(self, spool.clone());
         let fenced = Notify::new();
@@ -202,7 +289,10 @@ impl CommandJob {
                 callback_spool.append(stream, bytes)
             }));
             let running = async {
-                let report = RecordedEnd::new(CommandState::Running);
+                let report = RecordedEnd {
+                    pid,
+                    ..RecordedEnd::new(CommandState::Running)
+                };
                 if self.report(&report).await.is_err() {
                     fenced.notify_one();
                 }
@@ -374,6 +464,42 @@ impl Spool {
             broken: AtomicBool::new(false),
             more: Notify::new(),
         })
+    }
+
+    /// The spool of a command launched before a restart: appended to from
+    /// where it ends.
+    fn reopen(files: &CommandFiles, command_id: &str) -> Result<Spool, Error> {
+        let open = |name: &str| -> Result<(File, File, u64), Error> {
+            let path = files.output(command_id, name);
+            let writer = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(|e| Error::io("open", &path, e))?;
+            let length = writer
+                .metadata()
+                .map_err(|e| Error::io("inspect", &path, e))?
+                .len();
+            let reader = File::open(&path).map_err(|e| Error::io("open", &path, e))?;
+            Ok((writer, reader, length))
+        };
+        let (stdout, stdout_reader, stdout_length) = open("stdout")?;
+        let (stderr, stderr_reader, stderr_length) = open("stderr")?;
+        Ok(Spool {
+            files: [Mutex::new(stdout), Mutex::new(stderr)],
+            written: [AtomicU64::new(stdout_length), AtomicU64::new(stderr_length)],
+            readers: [stdout_reader, stderr_reader],
+            closed: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+            more: Notify::new(),
+        })
+    }
+
+    fn lengths(&self) -> [u64; 2] {
+        [
+            self.written[0].load(Ordering::SeqCst),
+            self.written[1].load(Ordering::SeqCst),
+        ]
     }
 
     fn append(&self, stream: Stream, bytes: &[u8]) {

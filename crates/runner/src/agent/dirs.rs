@@ -208,8 +208,9 @@ pub struct CommandFiles {
 pub enum CommandRecord {
     /// Never launched by this runner.
     New,
-    /// Launched (or about to be), end unknown to the data dir.
-    Launched,
+    /// Launched (or about to be), end unknown to the data dir; through
+    /// the agent of this incarnation, if through an agent.
+    Launched { incarnation: Option<String> },
     /// Ended, as recorded (not necessarily reported yet).
     Ended(RecordedEnd),
 }
@@ -221,6 +222,9 @@ pub struct RecordedEnd {
     pub exit_code: Option<i32>,
     pub signal: Option<String>,
     pub reason: Option<String>,
+    /// The command's pid in the sandbox (reported with `running`; not
+    /// part of the recorded line).
+    pub pid: Option<i32>,
 }
 
 impl RecordedEnd {
@@ -230,6 +234,7 @@ impl RecordedEnd {
             exit_code: None,
             signal: None,
             reason: None,
+            pid: None,
         }
     }
 
@@ -259,6 +264,7 @@ impl RecordedEnd {
             exit_code,
             signal: next(),
             reason: next(),
+            pid: None,
         })
     }
 }
@@ -301,17 +307,30 @@ impl CommandFiles {
             Err(e) => return Err(Error::io("read", &end, e)),
         }
         let launched = self.path(command_id, "launched");
-        match std::fs::symlink_metadata(&launched) {
-            Ok(_) => Ok(CommandRecord::Launched),
+        match std::fs::read_to_string(&launched) {
+            Ok(text) => Ok(CommandRecord::Launched {
+                incarnation: text
+                    .lines()
+                    .find_map(|line| line.strip_prefix("incarnation "))
+                    .map(str::to_owned),
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(CommandRecord::New),
-            Err(e) => Err(Error::io("inspect", &launched, e)),
+            Err(e) => Err(Error::io("read", &launched, e)),
         }
     }
 
     /// Records, durably, that `command_id` is being launched: the file and
     /// its directory entry are fsynced before this returns, so after any
     /// crash (even of the host) the command is known as possibly run.
-    pub fn record_launch(&self, command_id: &str, epoch: u64) -> Result<()> {
+    /// `incarnation`: the agent it is launched through (a restarted runner
+    /// asks that agent again: it attaches, or starts a command it never
+    /// received; see `oci::agent`).
+    pub fn record_launch(
+        &self,
+        command_id: &str,
+        epoch: u64,
+        incarnation: Option<&str>,
+    ) -> Result<()> {
         Self::check(command_id)?;
         if !self.dir.is_dir() {
             std::fs::create_dir_all(&self.dir)
@@ -326,7 +345,11 @@ impl CommandFiles {
             .create_new(true)
             .open(&path)
             .map_err(|e| Error::io("create", &path, e))?;
-        file.write_all(format!("epoch {epoch}\n").as_bytes())
+        let mut text = format!("epoch {epoch}\n");
+        if let Some(incarnation) = incarnation {
+            text.push_str(&format!("incarnation {incarnation}\n"));
+        }
+        file.write_all(text.as_bytes())
             .and_then(|()| file.sync_all())
             .map_err(|e| Error::io("write", &path, e))?;
         sync_dir(&self.dir)
@@ -417,12 +440,14 @@ mod tests {
                 exit_code: Some(-3),
                 signal: None,
                 reason: None,
+                pid: None,
             },
             RecordedEnd {
                 state: CommandState::Interrupted,
                 exit_code: None,
                 signal: Some("TERM".into()),
                 reason: Some("signal_requested".into()),
+                pid: None,
             },
             RecordedEnd::new(CommandState::Unknown),
         ];
@@ -440,13 +465,22 @@ mod tests {
         let id = SandboxId::new("sbx_1").expect("id");
         let files = data.commands(&id);
         assert_eq!(files.record("cmd_1").expect("record"), CommandRecord::New);
-        files.record_launch("cmd_1", 3).expect("launch");
+        files.record_launch("cmd_1", 3, None).expect("launch");
         assert_eq!(
             files.record("cmd_1").expect("record"),
-            CommandRecord::Launched
+            CommandRecord::Launched { incarnation: None }
         );
         // Launching twice is refused: the marker is created exclusively.
-        assert!(files.record_launch("cmd_1", 3).is_err());
+        assert!(files.record_launch("cmd_1", 3, None).is_err());
+        files
+            .record_launch("cmd_2", 3, Some("abc123"))
+            .expect("launch");
+        assert_eq!(
+            files.record("cmd_2").expect("record"),
+            CommandRecord::Launched {
+                incarnation: Some("abc123".to_owned())
+            }
+        );
         let end = RecordedEnd {
             exit_code: Some(0),
             ..RecordedEnd::new(CommandState::Exited)
@@ -456,7 +490,10 @@ mod tests {
             files.record("cmd_1").expect("record"),
             CommandRecord::Ended(end)
         );
-        assert_eq!(files.command_ids().expect("ids"), vec!["cmd_1".to_owned()]);
+        assert_eq!(
+            files.command_ids().expect("ids"),
+            vec!["cmd_1".to_owned(), "cmd_2".to_owned()]
+        );
         files.forget("cmd_1").expect("forget");
         assert_eq!(files.record("cmd_1").expect("record"), CommandRecord::New);
         assert!(files.record("../x").is_err());

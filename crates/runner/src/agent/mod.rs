@@ -79,6 +79,7 @@ mod assignment;
 mod clock;
 mod command;
 mod control;
+mod data;
 #[cfg(test)]
 mod fake_tests;
 mod fence;
@@ -224,6 +225,13 @@ pub struct AgentConfig {
     /// (outside the data dir; see `secrets`). `None`: under
     /// `/run/roost/secrets`, named after the data dir.
     pub secrets_dir: Option<PathBuf>,
+    /// Where the data listener listens (streams to sandboxes: stdin; see
+    /// `data`). `None`: no data path (streams are refused for sandboxes
+    /// here).
+    pub data_listen: Option<std::net::SocketAddr>,
+    /// The URL servers reach the data listener at, if not
+    /// `http://` + the address it listens on (behind NAT, a name).
+    pub data_url: Option<String>,
 }
 
 impl AgentConfig {
@@ -247,6 +255,8 @@ impl AgentConfig {
             filesystems: BTreeMap::new(),
             failpoint: Failpoints::none(),
             secrets_dir: None,
+            data_listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+            data_url: None,
         }
     }
 
@@ -346,6 +356,8 @@ pub(crate) struct Shared {
     /// The deployment's stop grace in ms, as the server answered the last
     /// registration (0: `config.stop_grace`).
     stop_grace_ms: AtomicU64,
+    /// The data listener's URL and key (hex), given at every registration.
+    pub(crate) data_path: Option<(String, String)>,
 }
 
 impl Shared {
@@ -517,12 +529,15 @@ fn register_request(shared: &Shared) -> RegisterRequest {
         labels: config.labels.clone(),
         capabilities: capabilities(&*shared.runtime, &shared.homes, &config.filesystems),
         capacity: config.capacity.clone(),
+        data_url: shared.data_path.as_ref().map(|(url, _)| url.clone()),
+        data_key: shared.data_path.as_ref().map(|(_, key)| key.clone()),
     }
 }
 
 /// Runs the agent until `shutdown` resolves. Sandboxes keep running when
-/// it returns (a restart re-adopts them); commands it was driving are
-/// killed, and reported `unknown` by the next run.
+/// it returns (a restart re-adopts them), and so do the commands their
+/// agents run: the next run attaches to them again (commands of a
+/// container without an agent are killed, and reported `unknown`).
 pub async fn run(
     config: AgentConfig,
     shutdown: impl std::future::Future<Output = ()>,
@@ -597,6 +612,30 @@ async fn run_agent(
         config.failpoint.clone(),
     )?;
     let clock: Arc<dyn Clock> = Arc::new(TokioClock);
+    // The data listener, bound before registering (its URL goes with the
+    // registration); it serves once `shared` exists.
+    let data_key = api::data_path::new_key()
+        .map_err(|e| oci::Error::io("make the data key", data.root(), e))?;
+    let (data_listener, data_path) = match config.data_listen {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| oci::Error::io("bind the data listener", address.to_string(), e))?;
+            let bound = listener
+                .local_addr()
+                .map_err(|e| oci::Error::io("bind the data listener", address.to_string(), e))?;
+            let url = config
+                .data_url
+                .clone()
+                .unwrap_or_else(|| format!("http://{bound}"));
+            tracing::info!(%url, "data listener bound");
+            (
+                Some(listener),
+                Some((url, api::data_path::key_hex(&data_key))),
+            )
+        }
+        None => (None, None),
+    };
     let shared = Arc::new(Shared {
         control: Arc::new(link),
         runner_id: Mutex::new(saved),
@@ -610,6 +649,14 @@ async fn run_agent(
         kept_syncing: Arc::new(AtomicBool::new(false)),
         reports_accepted: AtomicU64::new(0),
         stop_grace_ms: AtomicU64::new(0),
+        data_path,
+    });
+    let _data_server = data_listener.map(|listener| {
+        let plane = Arc::new(data::DataPlane {
+            shared: shared.clone(),
+            key: data_key,
+        });
+        AbortOnDrop(tokio::spawn(data::serve(plane, listener)))
     });
     tracing::info!(
         runtime = shared.runtime.name(),
@@ -882,4 +929,13 @@ fn spawn_worker(shared: &Arc<Shared>, id: SandboxId, assigned: Option<Assigned>)
     let (sender, receiver) = watch::channel(assigned);
     let task = tokio::spawn(sandbox::run(shared.clone(), id, receiver));
     WorkerHandle { sender, task }
+}
+
+/// A task that ends with the scope holding it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

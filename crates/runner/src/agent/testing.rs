@@ -553,6 +553,32 @@ impl Container for FakeContainer {
             }) as Box<dyn RunningCommand>)
         })
     }
+
+    /// The fake has no agent: its commands go the exec path.
+    fn agent_incarnation(&self) -> BoxFuture<'_, oci::Result<Option<String>>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn run_in_agent<'a>(
+        &'a self,
+        _id: &'a str,
+        _incarnation: &'a str,
+        command: &'a CommandSpec,
+        _from: [u64; 2],
+    ) -> BoxFuture<'a, oci::Result<Box<dyn RunningCommand>>> {
+        self.exec_seen_running(command)
+    }
+
+    fn forget_command<'a>(&'a self, _id: &'a str) -> BoxFuture<'a, oci::Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn open_stdin<'a>(
+        &'a self,
+        _id: &'a str,
+    ) -> BoxFuture<'a, oci::Result<Box<dyn oci::CommandStdin>>> {
+        Box::pin(async { Err(Error::Unsupported("the fake has no agent".to_owned())) })
+    }
 }
 
 struct FakeExec {
@@ -564,6 +590,10 @@ struct FakeExec {
 impl RunningCommand for FakeExec {
     fn signaller(&self) -> Signaller {
         self.signaller.clone()
+    }
+
+    fn pid(&self) -> Option<i32> {
+        None
     }
 
     fn wait<'a>(
@@ -1063,6 +1093,7 @@ fn shared_over(
         kept_syncing: Default::default(),
         reports_accepted: Default::default(),
         stop_grace_ms: Default::default(),
+        data_path: None,
     })
 }
 
@@ -1106,5 +1137,6 @@ pub(crate) fn command(id: &str, sandbox: &str, epoch: u64, argv: &[&str]) -> Com
         timeout: None,
         signal: None,
         state: CommandState::Starting,
+        stdin: false,
     }
 }

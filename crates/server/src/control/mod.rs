@@ -25,6 +25,7 @@
 pub mod admission;
 pub mod blocks;
 pub mod commands;
+pub mod data_path;
 pub mod deployment;
 pub mod drain;
 pub mod filesystems;

@@ -76,6 +76,7 @@ pub async fn register(
     if !(capacity.cpus.is_finite() && capacity.cpus >= 0.0) {
         return Err(limits::invalid("capacity.cpus", "a number of CPUs"));
     }
+    check_data_path(request)?;
     let now = now_ms();
     let lease_ms = state.config.lease_ttl.as_millis() as i64;
     let mut tx = state.db.write().await?;
@@ -94,6 +95,13 @@ pub async fn register(
             (id, Some(credential))
         }
     };
+    runners::set_data_path(
+        &mut tx,
+        &runner_id,
+        request.data_url.as_deref(),
+        request.data_key.as_deref(),
+    )
+    .await?;
     tx.commit().await?;
     tracing::info!(%runner_id, name = %request.name, "runner registered");
     // New capacity: place what has been waiting for it.
@@ -106,6 +114,38 @@ pub async fn register(
         freeze_after_ms: crate::freeze_after(state.config.lease_ttl).as_millis() as u64,
         stop_grace_ms: state.config.stop_grace.as_millis() as u64,
     })
+}
+
+/// A data path is a URL servers can dial (`http://` or `https://`, no
+/// credentials in it) and a key of the right length, both or neither.
+fn check_data_path(request: &RegisterRequest) -> Result<(), ControlError> {
+    match (&request.data_url, &request.data_key) {
+        (None, None) => Ok(()),
+        (Some(url), Some(key)) => {
+            let parsed = reqwest::Url::parse(url).ok().filter(|u| {
+                matches!(u.scheme(), "http" | "https")
+                    && u.host().is_some()
+                    && u.username().is_empty()
+                    && u.password().is_none()
+            });
+            if url.len() > 512 || parsed.is_none() {
+                return Err(limits::invalid(
+                    "data_url",
+                    "an http(s) URL of at most 512 bytes, without credentials",
+                ));
+            }
+            if api::data_path::parse_key(key).is_none()
+                || key.bytes().any(|b| b.is_ascii_uppercase())
+            {
+                return Err(limits::invalid("data_key", "64 lowercase hex digits"));
+            }
+            Ok(())
+        }
+        _ => Err(limits::invalid(
+            "data_url",
+            "data_url and data_key come together",
+        )),
+    }
 }
 
 /// What a runner's credential gets for any other runner's id: as if it
@@ -232,6 +272,7 @@ pub async fn read_assignments(
                 timeout: c.timeout_s.map(|t| t as u64),
                 signal: c.signal_requested.clone(),
                 state: c.state,
+                stdin: c.stdin,
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;
@@ -431,6 +472,14 @@ pub async fn report_command(
                 "the command changed meanwhile",
             ));
         }
+    }
+    if to == CommandState::Running
+        && let Some(pid) = report.pid
+    {
+        if pid <= 0 {
+            return Err(limits::invalid("pid", "a pid is positive"));
+        }
+        records::commands::set_pid(&mut tx, id, pid).await?;
     }
     let command = records::commands::load(&mut tx, id)
         .await?

@@ -110,7 +110,7 @@ pub async fn get(
     Ok(axum::Json(row.to_api()))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "at most 200; default 50"), ("cursor" = Option<String>, Query, pattern = "^(cmd_[0-9a-f]{1,64})?$", description = "the next_cursor of the previous page")), responses((status = 200, body = CommandList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "at most 200; default 50"), ("cursor" = Option<String>, Query, pattern = "^(cmd_[0-9a-f]{1,64})?$", description = "the next_cursor of the previous page"), ("state" = Option<CommandState>, Query, description = "only commands in this state, e.g. `running` (background work, with pids)")), responses((status = 200, body = CommandList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,
@@ -120,15 +120,21 @@ pub async fn list(
     visible_sandbox(&state, &org_id, &sandbox_id).await?;
     let mut limit = limits::LIST_LIMIT_DEFAULT;
     let mut cursor = String::new();
+    let mut only = None;
     for (name, value) in query {
         match name.as_str() {
             "limit" => limit = limits::list_limit(&value)?,
             "cursor" => cursor = limits::cursor(&value, "cmd")?,
+            "state" => {
+                only = Some(value.parse::<CommandState>().map_err(|_| {
+                    limits::invalid("state", format!("unknown command state {value:?}"))
+                })?)
+            }
             other => return Err(limits::invalid(other, "unknown query parameter")),
         }
     }
     let (commands, next_cursor) =
-        records::commands::list(&state.db.pool, &sandbox_id, &cursor, limit).await?;
+        records::commands::list(&state.db.pool, &sandbox_id, only, &cursor, limit).await?;
     Ok(axum::Json(CommandList {
         commands: commands.iter().map(CommandRow::to_api).collect(),
         next_cursor,
@@ -226,4 +232,40 @@ pub async fn signal(
     let command = control::commands::signal(&mut tx, &command, &request.signal).await?;
     tx.commit().await?;
     Ok((StatusCode::ACCEPTED, axum::Json(command.to_api())))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct StdinQuery {
+    /// Close the command's stdin after this body (default `true`); `false`
+    /// leaves it open for a later request.
+    close: Option<bool>,
+}
+
+/// Streams the body to a command's stdin (created with `stdin: true`),
+/// in order, at the pace the command reads it, through the data path to
+/// the runner holding the sandbox. Waits (up to 25 s) for a queued
+/// command to reach its runner. One writer at a time: a second request
+/// while one streams is 409, as is any after the stdin was closed or the
+/// command ended.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{command_id}/stdin", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id"), StdinQuery), request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "bytes for the command's stdin, any length"), responses((status = 200, description = "`{bytes, closed}`: how many bytes reached the command's stdin, and whether it is closed", body = Object), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn stdin(
+    State(state): State<AppState>,
+    OrgCaller(org_id): OrgCaller,
+    Path((sandbox_id, id)): Path<(String, String)>,
+    Query(query): Query<StdinQuery>,
+    body: Body,
+) -> Result<Response, ControlError> {
+    let stream = reqwest::Body::wrap_stream(body.into_data_stream());
+    let close = query.close.unwrap_or(true);
+    let relayed =
+        control::data_path::send_stdin(&state, &org_id, &sandbox_id, &id, close, stream).await?;
+    let status = StatusCode::from_u16(relayed.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut response = (status, Body::from(relayed.body)).into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
 }

@@ -87,6 +87,11 @@ pub fn router(state: AppState) -> Router {
             "/v1/sandboxes/{id}/commands/{command_id}/signal",
             post(commands::signal),
         )
+        .route(
+            "/v1/sandboxes/{id}/commands/{command_id}/stdin",
+            // Streamed through to the runner: no body limit here.
+            post(commands::stdin).layer(DefaultBodyLimit::disable()),
+        )
         .route("/v1/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/v1/snapshots", get(snapshots::list))
         .route(

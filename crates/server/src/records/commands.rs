@@ -31,9 +31,11 @@ pub struct CommandRow {
     pub created_at_ms: i64,
     pub started_at_ms: Option<i64>,
     pub ended_at_ms: Option<i64>,
+    pub pid: Option<i64>,
+    pub stdin: bool,
 }
 
-pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms";
+pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms, pid, stdin";
 
 impl CommandRow {
     pub fn from_row(row: &AnyRow) -> Result<CommandRow, sqlx::Error> {
@@ -56,6 +58,8 @@ impl CommandRow {
             created_at_ms: row.try_get("created_at_ms")?,
             started_at_ms: row.try_get("started_at_ms")?,
             ended_at_ms: row.try_get("ended_at_ms")?,
+            pid: row.try_get("pid")?,
+            stdin: row.try_get::<i64, _>("stdin")? != 0,
         })
     }
 
@@ -85,6 +89,8 @@ impl CommandRow {
             created_at: rfc3339(self.created_at_ms),
             started_at: self.started_at_ms.map(rfc3339),
             ended_at: self.ended_at_ms.map(rfc3339),
+            pid: self.pid.map(|p| p as i32),
+            stdin: self.stdin,
         }
     }
 }
@@ -159,7 +165,7 @@ pub async fn insert(
     request: &CreateCommandRequest,
 ) -> Result<CommandRow, sqlx::Error> {
     sqlx::query(&format!(
-        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL)"
+        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL, NULL, $9)"
     ))
     .bind(id)
     .bind(&sandbox.id)
@@ -169,6 +175,7 @@ pub async fn insert(
     .bind(&request.cwd)
     .bind(request.timeout.map(|t| t as i64))
     .bind(now_ms())
+    .bind(i64::from(request.stdin))
     .execute(&mut *tx.tx)
     .await?;
     if let Some(runner) = &sandbox.runner_id {
@@ -231,6 +238,17 @@ pub async fn set_observed(
     tx.changed(&current.id).await?;
     tx.changed(&format!("runner:{runner_id}")).await?;
     Ok(true)
+}
+
+/// The pid its runner reported for a running command (again after a
+/// runner restart: the same process, attached again).
+pub async fn set_pid(tx: &mut WriteTx, id: &str, pid: i32) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE commands SET pid = $1 WHERE id = $2 AND state = 'running'")
+        .bind(i64::from(pid))
+        .bind(id)
+        .execute(&mut *tx.tx)
+        .await?;
+    tx.changed(id).await
 }
 
 /// A queued command that will never start (`not_launched`, cancelled).
@@ -355,15 +373,17 @@ pub async fn visible(
 pub async fn list(
     pool: &AnyPool,
     sandbox_id: &str,
+    state: Option<CommandState>,
     cursor: &str,
     limit: usize,
 ) -> Result<(Vec<CommandRow>, Option<String>), sqlx::Error> {
     let rows = sqlx::query(&format!(
-        "SELECT {COMMAND_COLUMNS} FROM commands WHERE sandbox_id = $1 AND id > $2 ORDER BY id LIMIT {}",
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE sandbox_id = $1 AND id > $2 AND ($3 = '' OR state = $3) ORDER BY id LIMIT {}",
         limit + 1
     ))
     .bind(sandbox_id)
     .bind(cursor)
+    .bind(state.map_or("", |s| s.as_str()))
     .fetch_all(pool)
     .await?;
     let commands = rows

@@ -251,3 +251,33 @@ pub async fn records(pool: &AnyPool) -> Result<Vec<RunnerRecord>, sqlx::Error> {
     .await?;
     rows.iter().map(record_of).collect()
 }
+
+/// Records where the runner's data listener is and the key it checks
+/// tokens with (both as of its last registration).
+pub async fn set_data_path(
+    tx: &mut WriteTx,
+    id: &str,
+    url: Option<&str>,
+    key: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE runners SET data_url = $1, data_key = $2 WHERE id = $3")
+        .bind(url)
+        .bind(key)
+        .bind(id)
+        .execute(&mut *tx.tx)
+        .await?;
+    Ok(())
+}
+
+/// The runner's data URL and key, if it registered both.
+pub async fn data_path(pool: &AnyPool, id: &str) -> Result<Option<(String, String)>, sqlx::Error> {
+    let row: Option<(Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT data_url, data_key FROM runners WHERE id = $1")
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(match row {
+        Some((Some(url), Some(key))) => Some((url, key)),
+        _ => None,
+    })
+}

@@ -112,6 +112,8 @@ impl Plane {
                 cpus: 64.0,
                 pids: 1 << 20,
             },
+            data_url: None,
+            data_key: None,
         };
         // A runner registers again by its own credential, never a token.
         let registrant = match id {
@@ -339,6 +341,7 @@ async fn a_command_goes_from_queue_to_exit_through_its_runner() {
             reason: None,
             exit_code,
             signal: None,
+            pid: None,
         };
         let running = runner_protocol::report_command(
             &plane.state,

@@ -180,6 +180,7 @@ async fn a_runner_cannot_read_or_report_as_another_runner() {
             exit_code: None,
             signal: None,
             reason: None,
+            pid: None,
         };
         assert_eq!(
             refused(b.client.runner_report_command(&command.id, &report).await),
@@ -227,6 +228,7 @@ async fn a_runner_cannot_read_or_report_as_another_runner() {
         exit_code: None,
         signal: None,
         reason: None,
+        pid: None,
     };
     assert_eq!(
         refused(

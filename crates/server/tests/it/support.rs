@@ -107,5 +107,7 @@ pub fn register_request(name: &str) -> RegisterRequest {
             cpus: 64.0,
             pids: 1 << 20,
         },
+        data_url: None,
+        data_key: None,
     }
 }

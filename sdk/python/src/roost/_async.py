@@ -43,15 +43,21 @@ class _Transport:
             self.stats.requests += 1
             try:
                 response = await self._http.request(
-                    call.method, call.url, params=tuple(call.params) if call.params else None, json=call.body, headers=headers, timeout=timeout
+                    call.method,
+                    call.url,
+                    params=tuple(call.params) if call.params else None,
+                    json=call.body if call.content is None else None,
+                    content=call.content,
+                    headers=headers,
+                    timeout=timeout,
                 )
             except httpx.TransportError as error:
-                pause = self.retry.delay(attempt, started, None)
+                pause = None if call.once else self.retry.delay(attempt, started, None)
                 if pause is None:
                     raise TransportError(f"{call.method} {call.url}: {error!r} after {attempt} attempt(s)") from error
             else:
                 reply = Reply(response.status_code, response.headers, response.content, attempt)
-                if reply.status < 400 or not reply.retryable():
+                if reply.status < 400 or not reply.retryable() or call.once:
                     return reply
                 pause = self.retry.delay(attempt, started, core.retry_after(reply.headers))
                 if pause is None:
@@ -149,8 +155,12 @@ class AsyncCommands:
         self._t = transport
         self._id = sandbox_id
 
-    def list(self, *, limit: Optional[int] = None) -> AsyncPaginator[wire.Command]:
+    def list(self, *, state: Optional[str] = None, limit: Optional[int] = None) -> AsyncPaginator[wire.Command]:
+        """The sandbox's commands, oldest first; ``state="running"``: the
+        background ones (with their ``pid``)."""
         params: List[Tuple[str, Any]] = [] if limit is None else [("limit", limit)]
+        if state is not None:
+            params.append(("state", state))
         return AsyncPaginator(self._t, wire.LIST_COMMANDS, {"id": self._id}, params)
 
     async def get(self, command_id: str) -> wire.Command:
@@ -226,9 +236,10 @@ class AsyncSandbox:
         cwd: Optional[str] = None,
         timeout: Optional[float] = None,
         idempotency_key: Optional[str] = None,
+        stdin: Optional[bytes] = None,
     ) -> CommandResult:
-        body = core.command_body(command, env, cwd, timeout)
-        return await self._t.run(core.exec_command(self.id, body, idempotency_key, None))
+        body = core.command_body(command, env, cwd, timeout, stdin is not None)
+        return await self._t.run(core.exec_command(self.id, body, idempotency_key, None, stdin))
 
     async def exec_stream(
         self,

@@ -137,6 +137,11 @@ class Call:
     body: Optional[Dict[str, Any]] = None
     idempotency_key: Optional[str] = None
     read_timeout: Optional[float] = None
+    content: Optional[bytes] = None
+    """A raw body (instead of ``body``'s JSON)."""
+    once: bool = False
+    """Never retried: a second attempt could repeat what the first did
+    (bytes written to a command's stdin)."""
 
 
 @dataclass
@@ -292,6 +297,7 @@ def call(
     body: Optional[Dict[str, Any]] = None,
     key: Optional[str] = None,
     read_timeout: Optional[float] = None,
+    content: Optional[bytes] = None,
 ) -> Call:
     """A :class:`Call` of a declared operation (see :mod:`roost._wire`)."""
     op.check(dict(params or ()), body)
@@ -300,7 +306,9 @@ def call(
         # declares none (stop, start, delete, signal) the call is
         # idempotent by itself and the header is ignored.
         key = new_key()
-    return Call(op.method, op.url(**path), list(params) if params else None, body, key, read_timeout)
+    return Call(
+        op.method, op.url(**path), list(params) if params else None, body, key, read_timeout, content, op.once
+    )
 
 
 # ---- sandboxes ----------------------------------------------------------
@@ -430,11 +438,27 @@ def sandbox_events(sandbox_id: str) -> Op[List[wire.Event]]:
 # ---- commands -----------------------------------------------------------
 
 
+def send_stdin(sandbox_id: str, command_id: str, data: bytes, close: bool = True) -> Op[int]:
+    """Writes ``data`` to a command's stdin (created with ``stdin=True``),
+    closing it after unless ``close`` is false; returns the bytes taken.
+    Never retried: a repeat could write the bytes twice."""
+    reply = yield call(
+        wire.COMMAND_STDIN,
+        {"id": sandbox_id, "command_id": command_id},
+        params=[("close", "true" if close else "false")],
+        content=data,
+    )
+    reply.ok()
+    answer = reply.json()
+    return int(answer["bytes"]) if isinstance(answer, dict) else 0
+
+
 def command_body(
     command: Union[str, Sequence[str]],
     env: Optional[Mapping[str, str]],
     cwd: Optional[str],
     timeout: Optional[float],
+    stdin: bool = False,
 ) -> Dict[str, Any]:
     """A shell string runs under ``sh -c``; a sequence is the argv itself."""
     argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
@@ -445,6 +469,8 @@ def command_body(
         body["cwd"] = cwd
     if timeout is not None:
         body["timeout"] = max(1, math.ceil(timeout))
+    if stdin:
+        body["stdin"] = True
     return body
 
 
@@ -518,9 +544,21 @@ def read_all(sandbox_id: str, command_id: str, stream: str, length: int) -> Op[b
 
 
 def exec_command(
-    sandbox_id: str, body: Dict[str, Any], key: Optional[str], wait_timeout: Optional[float]
+    sandbox_id: str,
+    body: Dict[str, Any],
+    key: Optional[str],
+    wait_timeout: Optional[float],
+    stdin: Optional[bytes] = None,
 ) -> Op[CommandResult]:
     created = yield from create_command(sandbox_id, body, key)
+    if stdin is not None and not created.ended:
+        try:
+            yield from send_stdin(sandbox_id, created.id, stdin)
+        except ApiError as error:
+            # Ended (or closed its stdin) before reading it all: its end
+            # says what happened.
+            if error.code != "invalid_state":
+                raise
     ended = yield from wait_command(sandbox_id, created.id, "ended", wait_timeout)
     return (yield from collect(sandbox_id, ended))
 

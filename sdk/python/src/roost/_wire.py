@@ -133,6 +133,9 @@ class Command:
     epoch: Optional[int] = None
     started_at: Optional[str] = None
     ended_at: Optional[str] = None
+    pid: Optional[int] = None
+    """Its pid inside the sandbox while the sandbox's agent runs it."""
+    stdin: bool = False
 
     @property
     def ended(self) -> bool:
@@ -285,6 +288,8 @@ class Operation:
     """The model the success body is (``None``: raw bytes or a list wrapper)."""
     list_field: Optional[str] = None
     """For list answers: the array property holding ``response`` records."""
+    once: bool = False
+    """Never retried (a repeat could repeat its effect)."""
 
     def url(self, **path_args: str) -> str:
         return self.path.format(**{k: _segment(v) for k, v in path_args.items()})
@@ -336,7 +341,7 @@ SANDBOX_EVENTS = Operation("GET", "/v1/sandboxes/{id}/events", response=Event, l
 CREATE_COMMAND = Operation(
     "POST",
     "/v1/sandboxes/{id}/commands",
-    body={"argv": "array", "env": "object", "cwd": "string", "timeout": "integer"},
+    body={"argv": "array", "env": "object", "cwd": "string", "timeout": "integer", "stdin": "boolean"},
     idempotency_key=True,
     response=Command,
 )
@@ -344,8 +349,9 @@ GET_COMMAND = Operation(
     "GET", "/v1/sandboxes/{id}/commands/{command_id}", query=("wait_for", "timeout"), response=Command
 )
 LIST_COMMANDS = Operation(
-    "GET", "/v1/sandboxes/{id}/commands", query=("limit", "cursor"), response=Command, list_field="commands"
+    "GET", "/v1/sandboxes/{id}/commands", query=("limit", "cursor", "state"), response=Command, list_field="commands"
 )
+COMMAND_STDIN = Operation("POST", "/v1/sandboxes/{id}/commands/{command_id}/stdin", query=("close",), once=True)
 COMMAND_OUTPUT = Operation(
     "GET", "/v1/sandboxes/{id}/commands/{command_id}/output", query=("stream", "offset", "timeout")
 )

@@ -1,0 +1,209 @@
+//! The runner's data listener: streams for the sandboxes this runner
+//! holds (see `server::control::data_path` for the design). Every request
+//! carries a token a server minted for it with this runner's key
+//! (`api::data_path`); a request without one, with a forged or expired
+//! one, or for a sandbox this runner does not hold at the token's epoch
+//! is refused before anything of the sandbox is touched. Errors are the
+//! API's envelopes, so a server passes them on as they are.
+//!
+//! Routes:
+//! - `POST /v1/data/sandboxes/{id}/commands/{cmd}/stdin?close=BOOL`: the
+//!   body goes to the command's stdin through the sandbox's agent, in
+//!   order, with back-pressure; `close` ends the stdin after it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::ErrorCode;
+use api::data_path::{DataClaims, KEY_BYTES};
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+
+use super::Shared;
+use oci::config::SandboxId;
+
+/// How long a stdin request waits for the agent to know its command (the
+/// runner launches it just after the server handed it over).
+const LAUNCH_WAIT: Duration = Duration::from_secs(10);
+
+/// The data listener's state.
+pub(crate) struct DataPlane {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) key: [u8; KEY_BYTES],
+}
+
+/// A refusal, as the API's envelope.
+struct Refusal {
+    code: ErrorCode,
+    message: String,
+}
+
+fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        message: message.into(),
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let body = api::ErrorBody {
+            error: api::ErrorDetail {
+                code: self.code,
+                message: self.message,
+                details: serde_json::Value::Null,
+                request_id: String::new(),
+            },
+        };
+        let status =
+            StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+pub(crate) fn router(plane: Arc<DataPlane>) -> axum::Router {
+    axum::Router::new()
+        .route(
+            "/v1/data/sandboxes/{sandbox_id}/commands/{command_id}/stdin",
+            axum::routing::post(stdin),
+        )
+        .with_state(plane)
+}
+
+/// Serves `listener` until the runner stops.
+pub(crate) async fn serve(plane: Arc<DataPlane>, listener: tokio::net::TcpListener) {
+    if let Err(err) = axum::serve(listener, router(plane)).await {
+        tracing::error!(%err, "the data listener stopped");
+    }
+}
+
+impl DataPlane {
+    /// The claims of the request's token, if they allow `op` on this
+    /// command of a sandbox this runner holds at their epoch.
+    fn authorize(
+        &self,
+        headers: &HeaderMap,
+        op: &str,
+        sandbox_id: &str,
+        command_id: &str,
+    ) -> Result<DataClaims, Refusal> {
+        let token = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| refuse(ErrorCode::Unauthenticated, "a data token is required"))?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let claims = api::data_path::verify(&self.key, token, now)
+            .map_err(|err| refuse(ErrorCode::Unauthenticated, err.to_string()))?;
+        if claims.op != op
+            || claims.sandbox_id != sandbox_id
+            || claims.command_id.as_deref() != Some(command_id)
+        {
+            return Err(refuse(
+                ErrorCode::Unauthenticated,
+                "the data token is for another request",
+            ));
+        }
+        let held = self.held_epoch(sandbox_id);
+        if held != Some(claims.epoch) {
+            return Err(refuse(
+                ErrorCode::NotFound,
+                format!(
+                    "this runner does not hold sandbox {sandbox_id} at epoch {}",
+                    claims.epoch
+                ),
+            ));
+        }
+        Ok(claims)
+    }
+
+    /// The epoch this runner's container of the sandbox was launched for.
+    fn held_epoch(&self, sandbox_id: &str) -> Option<u64> {
+        let id = SandboxId::new(sandbox_id).ok()?;
+        let paths = self.shared.data.sandbox_paths(&id).ok()?;
+        std::fs::read_to_string(paths.dir().join("placement"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct StdinQuery {
+    #[serde(default)]
+    close: bool,
+}
+
+async fn stdin(
+    State(plane): State<Arc<DataPlane>>,
+    Path((sandbox_id, command_id)): Path<(String, String)>,
+    Query(query): Query<StdinQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    plane.authorize(&headers, "stdin", &sandbox_id, &command_id)?;
+    let id = SandboxId::new(&sandbox_id).map_err(|e| refuse(ErrorCode::NotFound, e.to_string()))?;
+    let paths = plane
+        .shared
+        .data
+        .sandbox_paths(&id)
+        .map_err(|e| refuse(ErrorCode::Internal, e.to_string()))?;
+    let container = plane.shared.runtime.container(id, paths);
+    let deadline = tokio::time::Instant::now() + LAUNCH_WAIT;
+    let mut writer = loop {
+        match container.open_stdin(&command_id).await {
+            Ok(writer) => break writer,
+            // Handed over but not launched yet: the runner is about to.
+            Err(oci::Error::Agent { code, .. })
+                if code == "unknown_command" && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(err) => return Err(agent_refusal(err)),
+        }
+    };
+    let mut stream = body.into_data_stream();
+    let mut written: u64 = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            refuse(
+                ErrorCode::InvalidRequest,
+                format!("the stdin body was cut: {e}"),
+            )
+        })?;
+        writer.write(&chunk).await.map_err(agent_refusal)?;
+        written += chunk.len() as u64;
+    }
+    if query.close {
+        writer.close().await.map_err(agent_refusal)?;
+    }
+    let answer = serde_json::json!({"bytes": written, "closed": query.close});
+    Ok((StatusCode::OK, axum::Json(answer)).into_response())
+}
+
+/// The agent's refusals as the API's codes.
+fn agent_refusal(err: oci::Error) -> Refusal {
+    match &err {
+        oci::Error::Agent { code, message, .. } => match code.as_str() {
+            "unknown_command" => refuse(
+                ErrorCode::NotFound,
+                format!("the command is not running here: {message}"),
+            ),
+            "stdin_unavailable" | "stdin_closed" => {
+                refuse(ErrorCode::InvalidState, message.clone())
+            }
+            "unreachable" => refuse(
+                ErrorCode::InvalidState,
+                format!("the sandbox is not running: {message}"),
+            ),
+            _ => refuse(ErrorCode::Internal, err.to_string()),
+        },
+        _ => refuse(ErrorCode::Internal, err.to_string()),
+    }
+}

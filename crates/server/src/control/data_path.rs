@@ -1,0 +1,169 @@
+//! Streams between a client and the runner holding its sandbox (the data
+//! path, DESIGN.md §1 and §3): a command's stdin today.
+//!
+//! Runners still dial out for control; for data, each runner listens on
+//! its own data address (given at registration, with a random key) and
+//! accepts only requests carrying a token a server minted for that very
+//! request with the runner's key (`api::data_path`). So any server of a
+//! deployment on one database serves any sandbox's streams, straight to
+//! its runner: no server forwards to another, and nothing on a runner
+//! takes an unauthenticated request. The org check is here, before a
+//! token exists: an org reaches only its own sandboxes.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use api::ErrorCode;
+use api::data_path::{DataClaims, TOKEN_LIFETIME_MS};
+use api::lifecycle::{CommandState, SandboxState};
+
+use super::AppState;
+use crate::db::now_ms;
+use crate::error::ControlError;
+use crate::records;
+
+/// How long a stream waits for a queued command to be handed to its
+/// runner before it is refused.
+pub const HANDOVER_WAIT: Duration = Duration::from_secs(25);
+
+/// Where a stream goes, and its credential.
+#[derive(Debug)]
+pub struct DataRoute {
+    /// The runner's data URL and the path under it.
+    pub url: String,
+    pub token: String,
+}
+
+fn client() -> &'static reqwest::Client {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap_or_default()
+    })
+}
+
+/// The route for `op` on the org's command: waits for a queued command
+/// to be handed over; refuses one that ended (409) and a sandbox whose
+/// runner has no data path (503).
+pub async fn command_route(
+    state: &AppState,
+    org_id: &str,
+    sandbox_id: &str,
+    command_id: &str,
+    op: &str,
+) -> Result<DataRoute, ControlError> {
+    let watch = state.db.hub.watch(command_id);
+    let command = crate::hub::wait_until(
+        &watch,
+        HANDOVER_WAIT,
+        || async {
+            records::commands::visible(&state.db.pool, org_id, sandbox_id, command_id)
+                .await?
+                .ok_or_else(|| records::not_found("command"))
+        },
+        |row| row.state != CommandState::Queued,
+    )
+    .await?;
+    if command.ended() {
+        return Err(ControlError::new(
+            ErrorCode::InvalidState,
+            format!("command {command_id} has ended ({})", command.state),
+        ));
+    }
+    if command.state == CommandState::Queued {
+        // Commands are handed only to running sandboxes.
+        return Err(ControlError::new(
+            ErrorCode::InvalidState,
+            format!("command {command_id} is still queued: its sandbox is not running"),
+        ));
+    }
+    let since = state.retained_since_ms();
+    let sandbox = records::sandboxes::visible(&state.db.pool, org_id, sandbox_id, since)
+        .await?
+        .ok_or_else(|| records::not_found("sandbox"))?;
+    let (Some(runner_id), Some(epoch)) = (&sandbox.runner_id, command.epoch) else {
+        return Err(ControlError::new(
+            ErrorCode::InvalidState,
+            format!("sandbox {sandbox_id} is not placed"),
+        ));
+    };
+    if sandbox.state != SandboxState::Running || sandbox.epoch != epoch {
+        return Err(ControlError::new(
+            ErrorCode::InvalidState,
+            format!("sandbox {sandbox_id} is {}, not running", sandbox.state),
+        ));
+    }
+    let Some((url, key)) = records::runners::data_path(&state.db.pool, runner_id).await? else {
+        return Err(ControlError::new(
+            ErrorCode::Unavailable,
+            format!("runner {runner_id} offers no data path (an older runner?)"),
+        ));
+    };
+    let Some(key) = api::data_path::parse_key(&key) else {
+        return Err(ControlError::new(
+            ErrorCode::Internal,
+            format!("runner {runner_id}'s data key is unreadable"),
+        ));
+    };
+    let claims = DataClaims {
+        sandbox_id: sandbox_id.to_owned(),
+        epoch: epoch as u64,
+        op: op.to_owned(),
+        command_id: Some(command_id.to_owned()),
+        expires_unix_ms: now_ms() as u64 + TOKEN_LIFETIME_MS,
+    };
+    Ok(DataRoute {
+        url: format!(
+            "{}/v1/data/sandboxes/{sandbox_id}/commands/{command_id}/{op}",
+            url.trim_end_matches('/')
+        ),
+        token: api::data_path::mint(&key, &claims),
+    })
+}
+
+/// What the runner answered: its status and body, passed on as they are
+/// (its errors are the API's envelopes, with stable codes).
+#[derive(Debug)]
+pub struct Relayed {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// Streams `body` to the org's command's stdin (closing it after, if
+/// `close`).
+pub async fn send_stdin(
+    state: &AppState,
+    org_id: &str,
+    sandbox_id: &str,
+    command_id: &str,
+    close: bool,
+    body: reqwest::Body,
+) -> Result<Relayed, ControlError> {
+    let route = command_route(state, org_id, sandbox_id, command_id, "stdin").await?;
+    let answer = client()
+        .post(&route.url)
+        .query(&[("close", close)])
+        .bearer_auth(&route.token)
+        .body(body)
+        .send()
+        .await
+        .map_err(|err| {
+            ControlError::new(
+                ErrorCode::Unavailable,
+                format!("the sandbox's runner is unreachable on its data path: {err}"),
+            )
+        })?;
+    let status = answer.status().as_u16();
+    let body = answer.bytes().await.map_err(|err| {
+        ControlError::new(
+            ErrorCode::Unavailable,
+            format!("the runner's answer was cut: {err}"),
+        )
+    })?;
+    Ok(Relayed {
+        status,
+        body: body.to_vec(),
+    })
+}
