@@ -266,7 +266,10 @@ function renderSignIn(message) {
     }
     sessionStorage.setItem(TOKEN_KEY, token);
     session = answer.session;
-    if (!location.hash || location.hash === "#/") location.hash = session.kind === "admin" ? "#/admin" : "#/sandboxes";
+    // Each kind of token has its own views: start at its home unless the
+    // address already names one of them.
+    const home = session.kind === "admin" ? "#/admin" : "#/sandboxes";
+    if (!location.hash.startsWith(home)) history.replaceState(null, "", home);
     route();
   } },
   el("h1", {}, "Sign in"),
