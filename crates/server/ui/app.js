@@ -17,7 +17,7 @@ const POLL_S = 20;
 // The sandbox states, as `api::lifecycle::SandboxState` spells them (a
 // server test checks this list against the OpenAPI document).
 export const SANDBOX_STATES = ["pending", "starting", "running", "stopping", "securing",
-  "stopped", "recovering", "deleting", "deleted", "failed", "terminated"];
+  "stopped", "recovering", "failed", "terminated", "deleting", "deleted"];
 
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
