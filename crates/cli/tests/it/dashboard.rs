@@ -261,3 +261,187 @@ async fn the_dashboard_follows_a_durable_sandbox_in_a_real_browser() {
         "{problems:#?}"
     );
 }
+
+/// The dashboard's benchmark (BENCHMARKS.md "Dashboard"; run by
+/// `bench/dashboard/run.sh`, not by the suite): an org with
+/// `ROOST_BENCH_SANDBOXES` sandboxes (default 10,000), the list's first
+/// paint and the page's transfer, then how long after the server records an
+/// event an open timeline shows it. Prints figures; asserts no timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: bench/dashboard/run.sh"]
+async fn benchmark() {
+    use crate::plane::{Plane, TestRunner};
+    let count: usize = std::env::var("ROOST_BENCH_SANDBOXES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let plane = Plane::start(&[]).await;
+    // Room for a few: the rest wait `pending` (no_capacity), as a busy
+    // fleet's would; nothing runs, the records are what is measured.
+    let runner = TestRunner::register(
+        &plane.server.url,
+        &plane.runner_token,
+        "bench",
+        "on_demand",
+        &["image:default", "network:none", "storage:standard"],
+        8,
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let per_task = count.div_ceil(8);
+    for task in 0..8 {
+        let org = plane.org.clone();
+        let n = per_task.min(count.saturating_sub(task * per_task));
+        tasks.spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..n {
+                let labels =
+                    json!({"team": format!("t{}", (task * per_task + i) % 100), "bench": "yes"});
+                let created = org.post("/v1/sandboxes", json!({"labels": labels})).await;
+                assert_eq!(created.status, 201, "{created:?}");
+                ids.push(created.str("id"));
+            }
+            ids
+        });
+    }
+    let mut ids = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        ids.extend(done.expect("joined"));
+        runner.heartbeat().await;
+    }
+    ids.sort();
+    println!(
+        "created {} sandboxes in {:.1} s",
+        ids.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    let mut browser = Browser::start();
+    // Marks, taken in the page, when the list's first row is in the
+    // document and painted (the next animation frame), and when each
+    // timeline row appears (wall clock, to compare with the server's `at`).
+    browser.call(
+        "Page.addScriptToEvaluateOnNewDocument",
+        json!({"source": r#"
+            window.__marks = {rows: {}};
+            new MutationObserver(() => {
+              if (!window.__marks.listShown && document.querySelector('#sandboxes tr[data-id]')) {
+                window.__marks.listShown = performance.now();
+                requestAnimationFrame(() => { window.__marks.listPainted = performance.now(); });
+              }
+              for (const r of document.querySelectorAll('#timeline tr[data-seq]')) {
+                const seq = r.getAttribute('data-seq');
+                if (!window.__marks.rows[seq]) window.__marks.rows[seq] = Date.now();
+              }
+            }).observe(document, {childList: true, subtree: true});
+        "#}),
+    );
+    let url = plane.server.url.clone();
+    browser.navigate(&format!("{url}/ui"));
+    sign_in(&mut browser, &plane.org.token);
+    browser.wait_for(
+        "the list",
+        "window.__marks.listPainted",
+        Duration::from_secs(60),
+    );
+
+    // Cold and warm loads of the signed-in page (the token is in the tab's
+    // session): navigation start to the first page of rows painted.
+    let mut paints = Vec::new();
+    let mut transfer = 0.0;
+    for _ in 0..5 {
+        browser.call("Page.reload", json!({"ignoreCache": true}));
+        let painted = browser.wait_for(
+            "the list after a reload",
+            "window.__marks && window.__marks.listPainted",
+            Duration::from_secs(60),
+        );
+        paints.push(painted.as_f64().expect("ms"));
+        let rows = browser.eval("document.querySelectorAll('#sandboxes tr[data-id]').length");
+        assert_eq!(rows, 50);
+        transfer = browser
+            .eval(
+                "performance.getEntriesByType('navigation').concat(performance.getEntriesByType('resource')).reduce((sum, e) => sum + e.transferSize, 0)",
+            )
+            .as_f64()
+            .expect("bytes");
+    }
+    paints.sort_by(f64::total_cmp);
+    println!(
+        "list first paint with {} sandboxes, ms (5 reloads, sorted): {paints:?}",
+        ids.len()
+    );
+    println!("page transfer (html, js, css, whoami, first page): {transfer} bytes");
+
+    // A filtered list (one label value in a hundred), the same way.
+    browser.eval("document.getElementById('filter-label').value = 'team=t42'; document.querySelector('form.filters').requestSubmit(); true");
+    browser.wait_for(
+        "the filtered list",
+        "[...document.querySelectorAll('#sandboxes tr[data-id]')].length > 0 && document.getElementById('list-status').textContent.includes('live')",
+        Duration::from_secs(60),
+    );
+
+    // An open timeline: stop and start a waiting sandbox in turn; each
+    // change is an event, shown when the long-poll answers.
+    let id = ids.last().expect("a sandbox").clone();
+    browser.eval(&format!(
+        "location.hash = '#/sandboxes/' + {}; true",
+        js(&id)
+    ));
+    browser.wait_for(
+        "the timeline",
+        "document.querySelectorAll('#timeline tr[data-seq]').length > 0",
+        Duration::from_secs(60),
+    );
+    let opened = plane
+        .org
+        .get(&format!("/v1/sandboxes/{id}/events"))
+        .await
+        .body["events"]
+        .as_array()
+        .expect("events")
+        .len();
+    for round in 0..20 {
+        let action = if round % 2 == 0 { "stop" } else { "start" };
+        let answer = plane
+            .org
+            .post(&format!("/v1/sandboxes/{id}/{action}"), json!({}))
+            .await;
+        assert_eq!(answer.status, 202, "{answer:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let events = plane
+        .org
+        .get(&format!("/v1/sandboxes/{id}/events"))
+        .await
+        .body;
+    let shown = browser.eval("window.__marks.rows");
+    let mut delays = Vec::new();
+    for event in events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .skip(opened)
+    {
+        let seq = event["seq"].to_string();
+        let at = humantime::parse_rfc3339(event["at"].as_str().expect("at")).expect("a time");
+        let at_ms = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as f64;
+        if let Some(seen) = shown[&seq].as_f64() {
+            delays.push(seen - at_ms);
+        }
+    }
+    delays.sort_by(f64::total_cmp);
+    let at = |q: f64| delays[((delays.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "event → timeline row, ms over {} events: p50 {:.0}, p90 {:.0}, max {:.0}",
+        delays.len(),
+        at(0.5),
+        at(0.9),
+        at(1.0)
+    );
+}
