@@ -133,7 +133,9 @@ pub fn not_found(what: &str) -> ControlError {
 mod tests {
     #[test]
     fn ids_made_in_one_millisecond_still_sort_in_creation_order() {
-        let ids: Vec<String> = (0..2000).map(|_| super::new_id("x").unwrap()).collect();
+        let ids: Vec<String> = (0..2000)
+            .map(|_| super::new_id("x").expect("an id"))
+            .collect();
         let mut sorted = ids.clone();
         sorted.sort();
         assert_eq!(ids, sorted);
