@@ -217,6 +217,29 @@ impl Browser {
         }
     }
 
+    /// Types `text` into the focused element, as a keyboard would.
+    pub fn type_text(&mut self, text: &str) {
+        self.call("Input.insertText", json!({"text": text}));
+    }
+
+    /// Presses a key (`Enter`, `Tab`, `Escape`) on the focused element.
+    pub fn press(&mut self, key: &str) {
+        let code = match key {
+            "Enter" => 13,
+            "Tab" => 9,
+            "Escape" => 27,
+            _ => panic!("no key code for {key}"),
+        };
+        let mut event = json!({"key": key, "code": key, "windowsVirtualKeyCode": code});
+        if key == "Enter" {
+            event["text"] = json!("\r");
+        }
+        for kind in ["keyDown", "keyUp"] {
+            event["type"] = json!(kind);
+            self.call("Input.dispatchKeyEvent", event.clone());
+        }
+    }
+
     /// The page's width and height in CSS pixels (a phone: `mobile`).
     pub fn viewport(&mut self, width: u32, height: u32, mobile: bool) {
         self.call(

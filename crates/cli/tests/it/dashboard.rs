@@ -64,8 +64,15 @@ async fn the_dashboard_follows_a_durable_sandbox_in_a_real_browser() {
     let mut browser = Browser::start();
     browser.navigate(&format!("{url}/ui"));
 
-    // A wrong token is refused, and nothing is kept.
-    sign_in(&mut browser, "roost_org_not_a_real_token");
+    // A wrong token is refused, and nothing is kept. By keyboard alone:
+    // the token field has the focus, Enter submits.
+    browser.wait_for(
+        "the sign-in form, focused",
+        "document.activeElement?.id === 'token'",
+        PATIENCE,
+    );
+    browser.type_text("roost_org_not_a_real_token");
+    browser.press("Enter");
     let refused = browser.wait_for(
         "the refusal",
         "(document.getElementById('signin-error') || {}).textContent.includes('refused') && document.getElementById('signin-error').textContent",
@@ -122,6 +129,26 @@ async fn the_dashboard_follows_a_durable_sandbox_in_a_real_browser() {
     );
     assert_eq!(browser.eval("document.querySelectorAll('img').length"), 0);
     assert_eq!(browser.eval("typeof window.__pwned"), "undefined");
+    assert_every_control_is_labelled(&mut browser);
+
+    // Filters: by label (the sandbox stays), by a state it is not in.
+    let filter = |label: &str, state: &str| {
+        format!(
+            "document.getElementById('filter-label').value = {}; document.getElementById('filter-state').value = {}; document.querySelector('form.filters').requestSubmit(); true",
+            js(label),
+            js(state)
+        )
+    };
+    browser.eval(&filter("team=agents", "running"));
+    browser.wait_for("the filtered list", &format!("!!{row}"), PATIENCE);
+    browser.eval(&filter("team=agents", "stopped"));
+    browser.wait_for(
+        "no match",
+        "document.querySelector('#sandboxes tbody')?.textContent === 'No sandboxes match.'",
+        PATIENCE,
+    );
+    browser.eval(&filter("", ""));
+    browser.wait_for("the whole list", &format!("!!{row}"), PATIENCE);
     browser.screenshot(&shots.join("sandboxes.png"));
 
     // A phone's width: still one readable card per sandbox.
@@ -251,6 +278,30 @@ async fn the_dashboard_follows_a_durable_sandbox_in_a_real_browser() {
     );
     let record = fleet.get(&id).await;
     assert_eq!(record["quarantined"], true, "{record}");
+    assert_every_control_is_labelled(&mut browser);
+
+    // Drain the runner, confirmed; then undrain it.
+    for (action, drain) in [("drain", "'drain'"), ("undrain", "null")] {
+        browser.eval(&format!(
+            "document.querySelector('#runners button[data-action={action}]').click(); true"
+        ));
+        browser.wait_for(
+            "the confirmation",
+            "document.getElementById('confirm').open",
+            PATIENCE,
+        );
+        browser.eval("document.getElementById('confirm-ok').click(); true");
+        let runners = fleet.plane.admin.clone();
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            let list = runners.get("/v1/admin/runners").await.body;
+            if list[0]["drain"].to_string() == drain.replace('\'', "\"") {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{action}: {list}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     browser.screenshot(&shots.join("admin.png"));
 
     let problems = browser.problems();
@@ -503,4 +554,14 @@ async fn benchmark() {
         at(0.9),
         at(1.0)
     );
+}
+
+/// Every form control of the view has a label (its accessible name), and
+/// every button says what it does.
+fn assert_every_control_is_labelled(browser: &mut Browser) {
+    let unlabelled = browser.eval(
+        "[...document.querySelectorAll('main input, main select')].filter(e => e.labels.length === 0).map(e => e.id || e.name)\
+         .concat([...document.querySelectorAll('button')].filter(b => !b.textContent.trim()).map(b => b.id || 'a button'))",
+    );
+    assert_eq!(unlabelled, json!([]), "controls without a name");
 }
