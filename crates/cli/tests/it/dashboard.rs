@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::browser::Browser;
 use crate::durable::Fleet;
@@ -281,7 +281,7 @@ async fn the_dashboard_follows_a_durable_sandbox_in_a_real_browser() {
     assert_every_control_is_labelled(&mut browser);
 
     // Drain the runner, confirmed; then undrain it.
-    for (action, drain) in [("drain", "'drain'"), ("undrain", "null")] {
+    for (action, drain) in [("drain", json!("drain")), ("undrain", Value::Null)] {
         browser.eval(&format!(
             "document.querySelector('#runners button[data-action={action}]').click(); true"
         ));
@@ -295,7 +295,7 @@ async fn the_dashboard_follows_a_durable_sandbox_in_a_real_browser() {
         let deadline = std::time::Instant::now() + PATIENCE;
         loop {
             let list = runners.get("/v1/admin/runners").await.body;
-            if list[0]["drain"].to_string() == drain.replace('\'', "\"") {
+            if list[0]["drain"] == drain {
                 break;
             }
             assert!(std::time::Instant::now() < deadline, "{action}: {list}");
