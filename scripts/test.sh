@@ -46,6 +46,15 @@ install_network_tools() {
     fi
 }
 
+# The dashboard's end-to-end test (crates/cli/tests/it/dashboard.rs) drives
+# a headless Chromium over the DevTools protocol.
+install_browser() {
+    if ! command -v chromium >/dev/null 2>&1; then
+        log "installing chromium from Debian"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    fi
+}
+
 # An S3-compatible server on loopback for the S3 backend tests.
 start_s3() {
     local port
@@ -121,6 +130,7 @@ python_sdk() {
 install_python_packages
 install_runtimes
 install_network_tools
+install_browser
 start_s3
 start_postgres
 

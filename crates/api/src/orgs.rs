@@ -42,3 +42,27 @@ pub struct Whoami {
     #[serde(default)]
     pub runner_id: Option<String>,
 }
+
+/// `GET /v1/admin/orgs`: every org, oldest first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct OrgList {
+    pub orgs: Vec<OrgUsage>,
+}
+
+/// An org's quotas and what it uses of them, counted as admission counts
+/// them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct OrgUsage {
+    pub org_id: String,
+    pub name: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// The limit on sandboxes wanted running (absent: none).
+    pub max_running: Option<u64>,
+    /// The limit on sandboxes held in any state but ended (absent: none).
+    pub max_total: Option<u64>,
+    /// Sandboxes counted against `max_running`.
+    pub running: u64,
+    /// Sandboxes counted against `max_total`.
+    pub total: u64,
+}

@@ -14,6 +14,11 @@ use tokio::sync::Notify;
 
 pub const PG_CHANNEL: &str = "roost_changes";
 
+/// The key woken by a change to any sandbox (its own key starts with
+/// `sbx_`), whatever its org: list waiters re-read and compare.
+pub const ANY_SANDBOX: &str = "sandboxes:any";
+const SANDBOX_ID_PREFIX: &str = "sbx_";
+
 #[derive(Clone, Default)]
 pub struct Hub {
     inner: Arc<Mutex<HashMap<String, Watched>>>,
@@ -47,7 +52,16 @@ impl Hub {
     }
 
     pub fn notify(&self, key: &str) {
-        if let Some(watched) = self.lock().get(key) {
+        let map = self.lock();
+        if let Some(watched) = map.get(key) {
+            watched.notify.notify_waiters();
+        }
+        // A change to any sandbox also wakes lists that watch for changes
+        // (`GET /v1/sandboxes` with `If-None-Match`): they re-read their
+        // page and answer only if it differs.
+        if key.starts_with(SANDBOX_ID_PREFIX)
+            && let Some(watched) = map.get(ANY_SANDBOX)
+        {
             watched.notify.notify_waiters();
         }
     }

@@ -9,6 +9,7 @@ use utoipa::{Modify, OpenApi};
     modifiers(&Security),
     paths(
         crate::http::admin::create_org,
+        crate::http::admin::list_orgs,
         crate::http::admin::create_runner_token,
         crate::http::admin::quarantine,
         crate::http::admin::release_quarantine,
@@ -84,6 +85,8 @@ use utoipa::{Modify, OpenApi};
         api::orgs::CreateOrgRequest,
         api::orgs::CreateOrgResponse,
         api::orgs::RunnerTokenResponse,
+        api::orgs::OrgList,
+        api::orgs::OrgUsage,
         api::filesystems::BindFilesystemRequest,
         api::filesystems::FilesystemBinding,
         api::filesystems::FilesystemBindingList,

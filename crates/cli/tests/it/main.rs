@@ -2,9 +2,11 @@
 //! against a local directory store and, where marked, the real
 //! S3-compatible server that `scripts/test.sh` starts on loopback.
 
+mod browser;
 mod commands;
 mod control;
 mod convergence;
+mod dashboard;
 mod durable;
 mod failover;
 mod fault_matrix;

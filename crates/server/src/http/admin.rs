@@ -1,4 +1,4 @@
-//! Admin endpoints: organisations, runner tokens, quarantine and
+//! Admin endpoints: organisations (and their quota use), runner tokens, quarantine and
 //! filesystem bindings.
 
 use axum::extract::State;
@@ -17,6 +17,17 @@ pub async fn create_org(
 ) -> Result<(StatusCode, axum::Json<CreateOrgResponse>), ControlError> {
     let created = crate::control::orgs::create(&state, &request).await?;
     Ok((StatusCode::CREATED, axum::Json(created)))
+}
+
+/// Every org with its quotas and what it uses of them (the dashboard's
+/// admin view).
+#[utoipa::path(get, path = "/v1/admin/orgs", tag = "admin", responses((status = 200, body = api::orgs::OrgList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn list_orgs(
+    State(state): State<AppState>,
+    _admin: AdminCaller,
+) -> Result<axum::Json<api::orgs::OrgList>, ControlError> {
+    let orgs = crate::records::orgs::usage(&state.db.pool).await?;
+    Ok(axum::Json(api::orgs::OrgList { orgs }))
 }
 
 #[utoipa::path(post, path = "/v1/admin/runner-tokens", tag = "admin", responses((status = 201, body = api::orgs::RunnerTokenResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]

@@ -13,6 +13,7 @@ pub mod runner;
 pub mod sandboxes;
 pub(crate) mod secrets;
 pub(crate) mod snapshots;
+pub mod ui;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
@@ -29,7 +30,10 @@ pub use crate::error::ControlError;
 
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/v1/admin/orgs", post(admin::create_org))
+        .route(
+            "/v1/admin/orgs",
+            post(admin::create_org).get(admin::list_orgs),
+        )
         .route("/v1/admin/runner-tokens", post(admin::create_runner_token))
         .route("/v1/admin/filesystems", get(admin::list_filesystems))
         .route(
@@ -146,6 +150,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/openapi.json", get(meta::openapi))
         .route("/metrics", get(meta::metrics))
         .route("/healthz", get(meta::health))
+        .route("/ui", get(ui::index))
+        .route("/ui/", get(ui::index))
+        .route("/ui/app.js", get(ui::app_js))
+        .route("/ui/style.css", get(ui::style_css))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(crate::REQUEST_BODY_BYTES_MAX))
         .layer(middleware::from_fn_with_state(state.clone(), observe))

@@ -1,5 +1,6 @@
 //! `/v1/sandboxes`: create (admission, quotas, idempotency, placement),
-//! read (long-pollable), list, stop, start, delete, events.
+//! read (long-pollable), list (long-pollable for a change of the page),
+//! stop, start, delete, events (long-pollable for the next one).
 
 use crate::control::{self, admission};
 use std::time::Duration;
@@ -110,12 +111,13 @@ pub async fn get(
     Ok(axum::Json(row.to_api()))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(("state" = Option<Vec<SandboxState>>, Query, explode, description = "repeatable: any of these states"), ("label" = Option<String>, Query, pattern = "^[a-z0-9._/-]{1,63}=.*$", description = "KEY=VALUE (repeatable in a request; every one must match)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "at most 200; default 50"), ("cursor" = Option<String>, Query, pattern = "^(sbx_[0-9a-f]{1,64})?$", description = "the next_cursor of the previous page")), responses((status = 200, body = SandboxList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(("state" = Option<Vec<SandboxState>>, Query, explode, description = "repeatable: any of these states"), ("label" = Option<String>, Query, pattern = "^[a-z0-9._/-]{1,63}=.*$", description = "KEY=VALUE (repeatable in a request; every one must match)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "at most 200; default 50"), ("cursor" = Option<String>, Query, pattern = "^(sbx_[0-9a-f]{1,64})?$", description = "the next_cursor of the previous page"), ("timeout" = Option<u64>, Query, minimum = 0, maximum = 25, description = "with If-None-Match: seconds to wait for the page to change, at most 25 (default 0)"), ("If-None-Match" = Option<String>, Header, description = "the ETag of the page as last read: answer 304 unless it changes (within `timeout`)")), responses((status = 200, body = SandboxList, headers(("ETag" = String, description = "the page's version: its sandboxes and their last changes"))), (status = 304, description = "the page is unchanged (If-None-Match) after `timeout`"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,
+    headers: HeaderMap,
     Query(query): Query<Vec<(String, String)>>,
-) -> Result<axum::Json<SandboxList>, ControlError> {
+) -> Result<Response, ControlError> {
     let mut filter = ListFilter {
         states: Vec::new(),
         labels: Vec::new(),
@@ -123,6 +125,7 @@ pub async fn list(
         limit: limits::LIST_LIMIT_DEFAULT,
         retained_since_ms: state.retained_since_ms(),
     };
+    let mut timeout = None;
     for (name, value) in query {
         match name.as_str() {
             "state" => {
@@ -140,25 +143,115 @@ pub async fn list(
             }
             "limit" => filter.limit = limits::list_limit(&value)?,
             "cursor" => filter.cursor = limits::cursor(&value, "sbx")?,
+            "timeout" => {
+                let seconds = value
+                    .parse()
+                    .map_err(|_| limits::invalid("timeout", "a number of seconds"))?;
+                timeout = Some(seconds);
+            }
             other => return Err(limits::invalid(other, "unknown query parameter")),
         }
     }
-    let (sandboxes, next_cursor) =
-        records::sandboxes::list(&state.db.pool, &org_id, &filter).await?;
-    Ok(axum::Json(SandboxList {
-        sandboxes: sandboxes.iter().map(SandboxRow::to_api).collect(),
-        next_cursor,
-    }))
+    // The version the caller holds; without one there is nothing to wait
+    // for, so the page is answered at once.
+    let known = headers
+        .get(axum::http::header::IF_NONE_MATCH)
+        .and_then(|value| value.to_str().ok())
+        .map(|value| value.trim().trim_start_matches("W/").to_owned());
+    let wait = match (&known, timeout) {
+        (Some(_), Some(seconds)) if seconds > 0 => wait_timeout(Some(seconds))?,
+        (_, Some(seconds)) => wait_timeout(Some(seconds)).map(|_| Duration::ZERO)?,
+        (_, None) => Duration::ZERO,
+    };
+    let watch = state.db.hub.watch(crate::hub::ANY_SANDBOX);
+    let (sandboxes, next_cursor, etag) = crate::hub::wait_until(
+        &watch,
+        wait,
+        || async {
+            let (rows, next) = records::sandboxes::list(&state.db.pool, &org_id, &filter).await?;
+            let etag = page_etag(&rows, next.as_deref());
+            Ok::<_, ControlError>((rows, next, etag))
+        },
+        |(_, _, etag)| known.as_deref() != Some(etag.as_str()),
+    )
+    .await?;
+    let mut response = if known.as_deref() == Some(etag.as_str()) {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        axum::Json(SandboxList {
+            sandboxes: sandboxes.iter().map(SandboxRow::to_api).collect(),
+            next_cursor,
+        })
+        .into_response()
+    };
+    if let Ok(value) = axum::http::HeaderValue::from_str(&etag) {
+        response
+            .headers_mut()
+            .insert(axum::http::header::ETAG, value);
+    }
+    Ok(response)
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/events", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")), responses((status = 200, body = EventList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+/// A page's version: which sandboxes it holds and when each last changed
+/// (every write to a sandbox row sets `updated_at_ms`; kept copies are
+/// their own column), and whether more follow. Figures computed at read
+/// time (a save's lag) are not in it: they change without a write.
+fn page_etag(rows: &[SandboxRow], next_cursor: Option<&str>) -> String {
+    let mut hasher = blake3::Hasher::new();
+    for row in rows {
+        hasher.update(row.id.as_bytes());
+        hasher.update(&row.updated_at_ms.to_le_bytes());
+        hasher.update(row.kept_copies.as_deref().unwrap_or("").as_bytes());
+        hasher.update(b"\0");
+    }
+    hasher.update(next_cursor.unwrap_or("").as_bytes());
+    let hash = hasher.finalize().to_hex();
+    format!("\"{}\"", &hash.as_str()[..32])
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Only events after this `seq` (default 0: the whole history).
+    #[serde(default)]
+    #[param(minimum = 0)]
+    after: u64,
+    /// Seconds to wait for an event after `after`, at most 25 (default 0:
+    /// answer at once, possibly with none).
+    #[param(minimum = 0, maximum = 25)]
+    timeout: Option<u64>,
+}
+
+/// The sandbox's history, oldest first; with `after` and `timeout`, a
+/// long-poll that answers as soon as a later event is recorded (an open
+/// timeline follows the sandbox this way).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/events", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id"), EventsQuery), responses((status = 200, body = EventList), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn events(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,
     Path(id): Path<String>,
+    Query(query): Query<EventsQuery>,
 ) -> Result<axum::Json<EventList>, ControlError> {
-    visible_sandbox(&state, &org_id, &id).await?;
-    let events = records::sandboxes::events(&state.db.pool, &id).await?;
+    // Past any seq there can be: nothing yet (the document sets no upper
+    // bound, so no valid value is refused).
+    let after = i64::try_from(query.after).unwrap_or(i64::MAX);
+    let timeout = match query.timeout {
+        None | Some(0) => Duration::ZERO,
+        Some(t) => wait_timeout(Some(t))?,
+    };
+    // Every event is written with a wake-up of its sandbox's key.
+    let watch = state.db.hub.watch(&id);
+    let events = crate::hub::wait_until(
+        &watch,
+        timeout,
+        || async {
+            Box::pin(visible_sandbox(&state, &org_id, &id)).await?;
+            Ok::<_, ControlError>(records::sandboxes::events(&state.db.pool, &id, after).await?)
+        },
+        |events| !events.is_empty(),
+    )
+    .await?;
     Ok(axum::Json(EventList { events }))
 }
 

@@ -10,6 +10,7 @@
 //! - [`runners`]: the runner row, its lease and drain.
 //! - [`kept`]: kept copies of homes on runners, and the record's list.
 //! - [`filesystems`]: which org may mount which shared filesystem.
+//! - [`orgs`]: orgs with their quotas and usage (read only here).
 //! - [`secrets`]: org secrets (sealed) and what each sandbox asked for.
 //! - [`observed`]: saves' history and the reads behind the deployment's
 //!   observed figures.
@@ -19,6 +20,7 @@ pub mod filesystems;
 pub mod images;
 pub mod kept;
 pub mod observed;
+pub mod orgs;
 pub mod runners;
 pub mod sandboxes;
 pub mod secrets;

@@ -325,7 +325,8 @@ struct Event<'a> {
     runner_id: Option<&'a str>,
 }
 
-/// Appends an event as the sandbox's next one (`seq` counts from 1).
+/// Appends an event as the sandbox's next one (`seq` counts from 1), and
+/// wakes the sandbox's waiters at commit.
 async fn append_event(
     tx: &mut WriteTx,
     sandbox_id: &str,
@@ -345,6 +346,9 @@ async fn append_event(
     .bind(event.runner_id)
     .execute(&mut *tx.tx)
     .await?;
+    // Every event wakes its sandbox's waiters: an open timeline
+    // (`GET …/events?after=`) answers at this commit.
+    tx.changed(sandbox_id).await?;
     Ok(())
 }
 
@@ -820,12 +824,18 @@ pub async fn list(
     Ok(super::page(sandboxes, filter.limit, |s| &s.id))
 }
 
-/// The sandbox's history, oldest first.
-pub async fn events(pool: &AnyPool, id: &str) -> Result<Vec<api::sandboxes::Event>, sqlx::Error> {
+/// The sandbox's history after event `after_seq` (0: all of it), oldest
+/// first.
+pub async fn events(
+    pool: &AnyPool,
+    id: &str,
+    after_seq: i64,
+) -> Result<Vec<api::sandboxes::Event>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT seq, at_ms, state, reason, message, epoch, runner_id FROM events WHERE sandbox_id = $1 ORDER BY seq",
+        "SELECT seq, at_ms, state, reason, message, epoch, runner_id FROM events WHERE sandbox_id = $1 AND seq > $2 ORDER BY seq",
     )
     .bind(id)
+    .bind(after_seq)
     .fetch_all(pool)
     .await?;
     rows.iter()

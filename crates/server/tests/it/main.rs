@@ -7,6 +7,8 @@
 //!   `Objects` conformance suite, and refuses what it must.
 //! - `control`: the control layer called directly (no HTTP), on SQLite
 //!   and PostgreSQL.
+//! - `dashboard`: what `/ui` needs: its files under a strict policy, the
+//!   events and list long-polls, the admin's orgs with quota use.
 //! - `deployment`: `GET /v1/deployment` with any token; README's
 //!   host-failure table is the API's defaults; every field has its unit.
 //! - `envelope`: every error is the JSON envelope, in the right order.
@@ -17,6 +19,7 @@
 
 mod blocks;
 mod control;
+mod dashboard;
 mod deployment;
 mod envelope;
 mod openapi;
