@@ -83,6 +83,7 @@
 
 pub mod client;
 pub mod files;
+pub mod files_client;
 pub mod server;
 pub mod wire;
 
