@@ -84,6 +84,16 @@ fn leftovers(dir: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A process's resident memory, from the host's /proc.
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
 fn mode_of(path: &Path) -> u32 {
     std::fs::symlink_metadata(path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -109,6 +119,13 @@ async fn a_50_mib_file_round_trips_with_its_mode_and_replaces_the_old_one_whole(
     assert_eq!(mode_of(&t.workspace.join("deep/er")), 0o755, "parents 0755");
     assert!(leftovers(&t.workspace.join("deep/er")).is_empty());
 
+    let init_pid = sandbox
+        .state()
+        .await
+        .expect("state")
+        .and_then(|s| s.init_pid)
+        .expect("the init's pid");
+    let rss_before = rss_kib(init_pid);
     let started = Instant::now();
     let (info, download) = sandbox
         .agent_read_file("/workspace/deep/er/big.bin", 0, None)
@@ -124,7 +141,9 @@ async fn a_50_mib_file_round_trips_with_its_mode_and_replaces_the_old_one_whole(
         .as_millis() as i64;
     assert!((now_ms - info.mtime_unix_ms).abs() < 600_000, "{info:?}");
     // The file work runs beside the command service, never in its way:
-    // a command runs while the download waits half read.
+    // a command runs while the download waits half read. And a reader
+    // that stops reading holds the agent back (a few chunks buffered, not
+    // the file): its memory stays flat.
     let mut download = download;
     let mut back = download
         .next_chunk()
@@ -132,6 +151,16 @@ async fn a_50_mib_file_round_trips_with_its_mode_and_replaces_the_old_one_whole(
         .expect("a chunk")
         .expect("bytes");
     assert_eq!(t.sh_ok("echo meanwhile").await, "meanwhile\n");
+    let mut samples = Vec::new();
+    for _ in 0..25 {
+        samples.push(rss_kib(init_pid));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let most = samples.iter().copied().max().unwrap_or(0);
+    assert!(
+        most < rss_before + 16 * 1024,
+        "the agent grew from {rss_before} KiB to {most} KiB while its reader paused"
+    );
     back.extend(read_all(download).await.expect("all bytes"));
     let download = started.elapsed();
     assert!(back == content, "the download differs");
