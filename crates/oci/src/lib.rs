@@ -82,6 +82,9 @@ pub mod tmpfs;
 pub mod volumes;
 
 pub use agent::client::AgentExecution;
+pub use agent::files_client::{
+    AgentDownload, FileEntry, FileInfo, FileKind, FileListing, FileWriter, TarSummary, TarWriter,
+};
 pub use config::{
     InitProgram, Limits, Network, RootImage, SandboxConfig, SandboxId, SandboxPaths, SharedMount,
 };

@@ -51,7 +51,7 @@ impl Sandbox {
         self.paths().bundle().join(super::SOCKET_NAME).exists()
     }
 
-    fn agent_error(&self, code: &str, message: impl Into<String>) -> Error {
+    pub(super) fn agent_error(&self, code: &str, message: impl Into<String>) -> Error {
         Error::Agent {
             id: self.id().to_string(),
             code: code.to_owned(),
@@ -62,7 +62,7 @@ impl Sandbox {
     /// A connection to the agent. The path is reached through the bundle
     /// directory's descriptor: a unix socket's path is bounded (108
     /// bytes) and data dirs may be long.
-    async fn connect_agent(&self) -> Result<UnixStream> {
+    pub(super) async fn connect_agent(&self) -> Result<UnixStream> {
         let bundle = self.paths().bundle();
         let directory = std::fs::File::open(&bundle).map_err(|e| Error::io("open", &bundle, e))?;
         let path = format!(
@@ -95,7 +95,7 @@ impl Sandbox {
         }
     }
 
-    fn refusal(&self, frame: &wire::Frame) -> Error {
+    pub(super) fn refusal(&self, frame: &wire::Frame) -> Error {
         match frame.json() {
             Ok(value) => self.agent_error(
                 value["code"].as_str().unwrap_or("unknown"),

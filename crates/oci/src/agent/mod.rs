@@ -1,5 +1,6 @@
 //! The sandbox's agent: commands as a fork and exec of the sandbox's own
-//! init, without a runtime process per command (DESIGN.md §4).
+//! init, without a runtime process per command (DESIGN.md §4), and the
+//! sandbox's files read and written from inside it ([`files`]).
 //!
 //! # The channel
 //!
@@ -14,7 +15,7 @@
 //! not inherit it. Everything the agent sends is still treated as hostile
 //! by the runner (it runs with the sandbox's privileges): frames are
 //! bounded ([`wire::FRAME_BYTES_MAX`]) and only ever describe the
-//! sandbox's own commands.
+//! sandbox's own commands and files.
 //!
 //! # The protocol
 //!
@@ -38,10 +39,38 @@
 //! - `FORGET {id}`: the runner recorded the command's end; the agent
 //!   drops it.
 //!
-//! Errors are `ERROR {code, message}` with a stable code
-//! (`bad_request`, `unknown_command`, `incarnation_mismatch`,
-//! `too_many_commands`, `offset_unavailable`, `stdin_unavailable`,
-//! `stdin_closed`), and the connection closes.
+//! - File requests ([`files`], executed by the agent inside the sandbox's
+//!   own mount namespace; paths absolute or relative to `/workspace`):
+//!   - `FILE_READ {path, offset, length?}`: `FILE_INFO {size, mode,
+//!     mtime_unix_ms, type}`, then `DATA` frames (at most 64 KiB each) from
+//!     `offset`, at most `length` bytes, then `DONE {size}`.
+//!   - `FILE_WRITE {path, mode?, parents}`, then the runner's `DATA`
+//!     frames and `DATA_END`: `DONE {size}` once the file is fsynced and
+//!     renamed into place.
+//!   - `FILE_LIST {path, depth?}`: `LISTING {entries: [{path, type, size,
+//!     mode, mtime_unix_ms, link_target?}]}` frames (each under the frame
+//!     bound), then `DONE {truncated, count}`.
+//!   - `FILE_REMOVE {path, recursive}`, `FILE_MOVE {from, to,
+//!     overwrite}`: `DONE {}`; `FILE_MKDIR {path, parents, mode?}`: `DONE
+//!     {created}`.
+//!   - `TAR_READ {path}`: `DATA` frames of a tar stream, then `DONE
+//!     {files, directories, symlinks, bytes, skipped}`.
+//!   - `TAR_WRITE {path}`, then the runner's `DATA` frames of a tar stream
+//!     and `DATA_END`: `DONE {files, directories, symlinks, bytes,
+//!     skipped}`.
+//!
+//! Errors are `ERROR {code, message}` with a stable code, and the
+//! connection closes. Commands: `bad_request`, `unknown_command`,
+//! `incarnation_mismatch`, `too_many_commands`, `offset_unavailable`,
+//! `stdin_unavailable`, `stdin_closed`. Files: `bad_request` (a path
+//! empty, over 4096 bytes, with a NUL byte or a `..` component; `/` or
+//! `/workspace` removed or moved; a malformed or hostile tar entry),
+//! `not_found`, `is_a_directory`, `not_a_directory`, `permission_denied`
+//! (read-only filesystems included), `offset_past_end`,
+//! `insufficient_storage` (`ENOSPC`, `EDQUOT`), `already_exists`,
+//! `directory_not_empty`, `cross_device`, `io_error`. A refusal in the
+//! middle of a download comes after some `DATA` frames: the download is
+//! incomplete.
 //!
 //! # At most once
 //!
@@ -54,6 +83,8 @@
 //! and its output is read from where the runner's spool ends.
 
 pub mod client;
+pub mod files;
+pub mod files_client;
 pub mod server;
 pub mod wire;
 

@@ -231,6 +231,17 @@ impl Agent {
             kind::STDIN_OPEN => self.serve_stdin(&first, reader, &mut writer).await,
             kind::LIST => self.serve_list(&mut writer).await,
             kind::FORGET => self.forget(&first),
+            kind::FILE_READ
+            | kind::FILE_WRITE
+            | kind::FILE_LIST
+            | kind::FILE_REMOVE
+            | kind::FILE_MOVE
+            | kind::FILE_MKDIR
+            | kind::TAR_READ
+            | kind::TAR_WRITE => {
+                super::files::serve(&first, reader, &mut writer).await;
+                Ok(())
+            }
             other => Err(refuse(
                 "bad_request",
                 format!("frame kind {other} cannot open a connection"),

@@ -14,7 +14,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// The largest payload of one frame.
 pub const FRAME_BYTES_MAX: usize = 1024 * 1024;
 
-/// Frame kinds. Runner → agent below 64, agent → runner from 64.
+/// Frame kinds. Runner → agent below 64, agent → runner from 64, but
+/// [`kind::DATA`]: a file's (or tar stream's) bytes, which flow the way
+/// the connection's request says.
 pub mod kind {
     /// First frame of a command connection: run (or attach to) a command.
     pub const RUN: u8 = 1;
@@ -32,6 +34,28 @@ pub mod kind {
     pub const STDIN_CLOSE: u8 = 7;
     /// First frame of a listing connection.
     pub const LIST: u8 = 8;
+    /// First frame of a file download: `{path, offset, length?}`.
+    pub const FILE_READ: u8 = 9;
+    /// First frame of a file upload: `{path, mode?, parents}`.
+    pub const FILE_WRITE: u8 = 10;
+    /// First frame of a file listing: `{path, depth?}`.
+    pub const FILE_LIST: u8 = 11;
+    /// First frame of a removal: `{path, recursive}`.
+    pub const FILE_REMOVE: u8 = 12;
+    /// First frame of a rename: `{from, to, overwrite}`.
+    pub const FILE_MOVE: u8 = 13;
+    /// First frame of a directory creation: `{path, parents, mode?}`.
+    pub const FILE_MKDIR: u8 = 14;
+    /// First frame of a directory download as a tar stream: `{path}`.
+    pub const TAR_READ: u8 = 15;
+    /// First frame of a tar stream unpacked under a directory: `{path}`.
+    pub const TAR_WRITE: u8 = 16;
+    /// Raw bytes of a file or a tar stream, either way: the runner's for
+    /// `FILE_WRITE` and `TAR_WRITE`, the agent's for `FILE_READ` and
+    /// `TAR_READ`.
+    pub const DATA: u8 = 17;
+    /// The runner's upload is complete (after its last `DATA` frame).
+    pub const DATA_END: u8 = 18;
 
     /// The command runs: its pid (in the sandbox) and whether this
     /// request started it.
@@ -48,8 +72,13 @@ pub mod kind {
     pub const ERROR: u8 = 69;
     /// Done (stdin closed).
     pub const OK: u8 = 70;
-    /// The listing's answer.
+    /// A listing's answer: the commands (`LIST`), or a part of the
+    /// entries (`FILE_LIST`, several frames then `DONE`).
     pub const LISTING: u8 = 71;
+    /// A file download's first answer: `{size, mode, mtime_unix_ms, type}`.
+    pub const FILE_INFO: u8 = 72;
+    /// A file operation is complete; its summary (for example `{size}`).
+    pub const DONE: u8 = 73;
 }
 
 /// One frame as read.

@@ -5,6 +5,8 @@
 //! - `lifecycle`: PID 1 and reaping, the filesystem layout, pause/resume,
 //!   deaths and their causes, stop, delete.
 //! - `agent`: the in-sandbox agent: attach again, stdin, listings, hostile requests.
+//! - `agent_files`: the agent's file operations: uploads, ranges, listings,
+//!   tar streams, symlinks and hostile tars, a full disk, bad paths.
 //! - `exec`: command outcomes, output, env, cwd, timeout, signals.
 //! - `limits`: cgroup limits (memory → OOM, pids → fork bomb, cpu).
 //! - `network`: `bridge` (address, routes, NAT, isolation, leases,
@@ -15,6 +17,7 @@
 //! - `support`: temp sandboxes and a guard that force-deletes them.
 
 mod agent;
+mod agent_files;
 mod exec;
 mod image;
 mod lifecycle;
