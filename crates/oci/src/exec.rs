@@ -92,6 +92,9 @@ pub struct CommandSpec {
     /// Whether the command reads a stdin the caller writes (through the
     /// agent, [`crate::runtime::Sandbox::agent_stdin`]); else `/dev/null`.
     pub stdin: bool,
+    /// A terminal of this many rows and columns (through the agent only):
+    /// the command's stdin, stdout and stderr, one output stream.
+    pub tty: Option<(u16, u16)>,
 }
 
 impl CommandSpec {
@@ -104,6 +107,7 @@ impl CommandSpec {
             kill_grace: Duration::from_millis(KILL_GRACE_MS_DEFAULT),
             scratch_dir: None,
             stdin: false,
+            tty: None,
         }
     }
 }

@@ -137,6 +137,13 @@ impl Sandbox {
         })
     }
 
+    /// Sets the size of command `id`'s terminal.
+    pub async fn agent_resize(&self, id: &str, rows: u16, cols: u16) -> Result<()> {
+        let body = json!({"id": id, "rows": rows, "cols": cols});
+        self.agent_request(kind::RESIZE, &body).await?;
+        Ok(())
+    }
+
     /// Tells the agent the runner recorded `id`'s end.
     pub async fn agent_forget(&self, id: &str) -> Result<()> {
         self.agent_request(kind::FORGET, &json!({"id": id})).await?;
@@ -164,6 +171,7 @@ impl Sandbox {
             "env": env,
             "cwd": process.cwd().to_string_lossy(),
             "stdin": command.stdin,
+            "tty": command.tty.map(|(rows, cols)| json!({"rows": rows, "cols": cols})),
             "stdout_from": from[0],
             "stderr_from": from[1],
         });

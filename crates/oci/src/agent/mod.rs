@@ -22,8 +22,10 @@
 //! A connection carries one request, named by its first frame
 //! ([`wire::kind`]):
 //!
-//! - `RUN {id, incarnation, argv, env, cwd, stdin, stdout_from,
-//!   stderr_from}`: start command `id`, or attach to it if the agent
+//! - `RUN {id, incarnation, argv, env, cwd, stdin, tty?: {rows, cols},
+//!   stdout_from, stderr_from}`: start command `id` (with `tty`, on a
+//!   terminal of its own, [`pty`]: one output stream, stdin through the
+//!   terminal), or attach to it if the agent
 //!   already knows it. The agent answers `STARTED {pid, fresh,
 //!   started_unix_ms}` (or `LAUNCH_FAILED {failure, message}`), then
 //!   streams `STDOUT`/`STDERR` frames from the asked offsets and, once the
@@ -38,6 +40,8 @@
 //!   started_unix_ms}]}`.
 //! - `FORGET {id}`: the runner recorded the command's end; the agent
 //!   drops it.
+//! - `RESIZE {id, rows, cols}`: the command's terminal's new size
+//!   (`no_terminal` for a command without one; 1 to 4096 each).
 //!
 //! - File requests ([`files`], executed by the agent inside the sandbox's
 //!   own mount namespace; paths absolute or relative to `/workspace`):
@@ -85,6 +89,7 @@
 pub mod client;
 pub mod files;
 pub mod files_client;
+pub mod pty;
 pub mod server;
 pub mod wire;
 

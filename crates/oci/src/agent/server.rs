@@ -32,6 +32,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::pty;
 use super::wire::{self, Frame, kind};
 
 /// Commands known at once (running, or ended and not yet forgotten).
@@ -125,7 +126,9 @@ struct Command {
     changed: watch::Sender<()>,
     /// The write end of the command's stdin, while it has one open and no
     /// connection holds it.
-    stdin: Mutex<Option<pipe::Sender>>,
+    stdin: Mutex<Option<Input>>,
+    /// The command's terminal, if it asked for one (resized on request).
+    terminal: Option<Arc<pty::Master>>,
 }
 
 impl Command {
@@ -231,6 +234,7 @@ impl Agent {
             kind::STDIN_OPEN => self.serve_stdin(&first, reader, &mut writer).await,
             kind::LIST => self.serve_list(&mut writer).await,
             kind::FORGET => self.forget(&first),
+            kind::RESIZE => self.resize(&first),
             kind::FILE_READ
             | kind::FILE_WRITE
             | kind::FILE_LIST
@@ -251,6 +255,27 @@ impl Agent {
             let _ = wire::write_error(&mut writer, refusal.code, &refusal.message).await;
         }
         let _ = writer.shutdown().await;
+    }
+
+    /// Sets the size of a command's terminal.
+    fn resize(&self, first: &Frame) -> Result<(), Refusal> {
+        let request = first.json()?;
+        let id = wire::text(&request, "id")?;
+        let (rows, cols) = pty::check_size(
+            wire::number(&request, "rows")?,
+            wire::number(&request, "cols")?,
+        )
+        .map_err(|message| refuse("bad_request", message))?;
+        let command = self
+            .find(id)
+            .ok_or_else(|| refuse("unknown_command", format!("no command {id:?}")))?;
+        let terminal = command
+            .terminal
+            .as_ref()
+            .ok_or_else(|| refuse("no_terminal", format!("command {id} has no terminal")))?;
+        terminal
+            .resize(rows, cols)
+            .map_err(|e| refuse("io_error", format!("cannot resize the terminal: {e}")))
     }
 
     /// Drops an ended command (a running one stays: the runner asked
@@ -358,6 +383,16 @@ impl Agent {
         let env = wire::texts(request, "env").map_err(|e| Launch::Refused(e.into()))?;
         let cwd = wire::text(request, "cwd").map_err(|e| Launch::Refused(e.into()))?;
         let with_stdin = request["stdin"].as_bool().unwrap_or(false);
+        let size = match &request["tty"] {
+            Value::Null => None,
+            tty => Some(
+                pty::check_size(
+                    wire::number(tty, "rows").map_err(|e| Launch::Refused(e.into()))?,
+                    wire::number(tty, "cols").map_err(|e| Launch::Refused(e.into()))?,
+                )
+                .map_err(|message| Launch::Refused(refuse("bad_request", message)))?,
+            ),
+        };
         let Some((program, args)) = argv.split_first() else {
             return Err(Launch::Refused(refuse("bad_request", "argv is empty")));
         };
@@ -396,21 +431,55 @@ impl Agent {
                 }
             }
         }
-        process
-            .stdin(if with_stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SAFETY: setsid is async-signal-safe and touches no memory. Its
-        // own session makes the command a process group leader, so a
-        // signal reaches the children that stayed in its group.
+        // A terminal: the slave is the command's stdin, stdout, stderr and
+        // controlling terminal; its input and output go through the master.
+        let terminal = match size {
+            Some((rows, cols)) => {
+                let (master, slave) = pty::open(rows, cols).map_err(|e| {
+                    Launch::Refused(refuse(
+                        "pty_unavailable",
+                        format!("cannot open a terminal: {e}"),
+                    ))
+                })?;
+                let copy = |fd: &OwnedFd| {
+                    fd.try_clone().map_err(|e| {
+                        Launch::Refused(refuse(
+                            "pty_unavailable",
+                            format!("cannot open a terminal: {e}"),
+                        ))
+                    })
+                };
+                process
+                    .stdin(Stdio::from(copy(&slave)?))
+                    .stdout(Stdio::from(copy(&slave)?))
+                    .stderr(Stdio::from(slave));
+                Some(Arc::new(master))
+            }
+            None => {
+                process
+                    .stdin(if with_stdin {
+                        Stdio::piped()
+                    } else {
+                        Stdio::null()
+                    })
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                None
+            }
+        };
+        let controlling = terminal.is_some();
+        // SAFETY: setsid and the TIOCSCTTY ioctl are async-signal-safe
+        // and touch no memory. Its own session makes the command a process
+        // group leader, so a signal reaches the children that stayed in
+        // its group; with a terminal, fd 0 becomes its controlling one.
         #[allow(unsafe_code)]
         unsafe {
-            process.pre_exec(|| {
+            process.pre_exec(move || {
                 rustix::process::setsid().map_err(io::Error::from)?;
+                if controlling {
+                    let stdin = std::os::fd::BorrowedFd::borrow_raw(0);
+                    rustix::process::ioctl_tiocsctty(stdin).map_err(io::Error::from)?;
+                }
                 Ok(())
             });
         }
@@ -432,10 +501,14 @@ impl Agent {
         })?;
         let pid = Pid::from_child(&child);
         let (changed, _) = watch::channel(());
-        let stdin = child
-            .stdin
-            .take()
-            .and_then(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)).ok());
+        let stdin = match &terminal {
+            Some(master) => Some(Input::Terminal(master.clone())),
+            None => child
+                .stdin
+                .take()
+                .and_then(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)).ok())
+                .map(Input::Pipe),
+        };
         let command = Arc::new(Command {
             id: id.to_owned(),
             pid,
@@ -443,15 +516,27 @@ impl Agent {
             progress: Mutex::new(Progress::default()),
             changed,
             stdin: Mutex::new(stdin),
+            terminal: terminal.clone(),
         });
         self.commands().insert(id.to_owned(), command.clone());
-        let outputs = [
-            child.stdout.take().map(OwnedFd::from),
-            child.stderr.take().map(OwnedFd::from),
-        ];
-        for (i, fd) in outputs.into_iter().enumerate() {
-            let pipe = fd.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
-            tokio::spawn(pump(command.clone(), i, pipe));
+        let outputs = match terminal {
+            // One stream: the terminal's (stderr stays empty).
+            Some(master) => [Some(Output::Terminal(master)), None],
+            None => [
+                child
+                    .stdout
+                    .take()
+                    .and_then(|s| pipe::Receiver::from_owned_fd(OwnedFd::from(s)).ok())
+                    .map(Output::Pipe),
+                child
+                    .stderr
+                    .take()
+                    .and_then(|s| pipe::Receiver::from_owned_fd(OwnedFd::from(s)).ok())
+                    .map(Output::Pipe),
+            ],
+        };
+        for (i, output) in outputs.into_iter().enumerate() {
+            tokio::spawn(pump(command.clone(), i, output));
         }
         Ok(command)
     }
@@ -494,6 +579,11 @@ impl Agent {
                     }
                 }
                 Ok(Some(frame)) if frame.kind == kind::STDIN_CLOSE => {
+                    // A terminal's end of input is its EOF character
+                    // (the master stays: it carries the output).
+                    if let Input::Terminal(master) = &pipe {
+                        let _ = master.write_all(b"\x04").await;
+                    }
                     drop(pipe);
                     wire::write_frame(writer, kind::OK, b"").await?;
                     return Ok(());
@@ -539,7 +629,37 @@ fn check_id(id: &str) -> Result<(), Refusal> {
 }
 
 /// Reads one stream of a command into its buffer while there is room.
-async fn pump(command: Arc<Command>, i: usize, pipe: Option<pipe::Receiver>) {
+/// Where a command's input goes: a pipe, or its terminal.
+enum Input {
+    Pipe(pipe::Sender),
+    Terminal(Arc<pty::Master>),
+}
+
+impl Input {
+    async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Input::Pipe(pipe) => pipe.write_all(bytes).await,
+            Input::Terminal(master) => master.write_all(bytes).await,
+        }
+    }
+}
+
+/// Where a stream of a command's output comes from.
+enum Output {
+    Pipe(pipe::Receiver),
+    Terminal(Arc<pty::Master>),
+}
+
+impl Output {
+    async fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Output::Pipe(pipe) => pipe.read(buffer).await,
+            Output::Terminal(master) => master.read(buffer).await,
+        }
+    }
+}
+
+async fn pump(command: Arc<Command>, i: usize, pipe: Option<Output>) {
     let mut changes = command.changed.subscribe();
     if let Some(mut pipe) = pipe {
         let mut chunk = vec![0u8; READ_CHUNK_BYTES];

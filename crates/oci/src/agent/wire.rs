@@ -34,6 +34,8 @@ pub mod kind {
     pub const STDIN_CLOSE: u8 = 7;
     /// First frame of a listing connection.
     pub const LIST: u8 = 8;
+    /// Set the size of a command's terminal: `{id, rows, cols}`.
+    pub const RESIZE: u8 = 19;
     /// First frame of a file download: `{path, offset, length?}`.
     pub const FILE_READ: u8 = 9;
     /// First frame of a file upload: `{path, mode?, parents}`.

@@ -211,3 +211,99 @@ async fn hostile_requests_get_a_code_and_the_agent_keeps_serving() {
     // Still serving.
     assert_eq!(t.sh_ok("echo fine").await, "fine\n");
 }
+
+/// A command on a terminal of its own (issue 15, point 3): it sees a tty
+/// of the asked size as its controlling terminal, reads input typed into
+/// it, sees a resize, and ends with its own status; sizes of 0 or 65535
+/// are refused by code.
+#[tokio::test]
+async fn a_terminal_command_reads_typed_input_and_follows_a_resize() {
+    let t = TestSandbox::start("tty", Limits::default()).await;
+    let sandbox = &t.sandbox;
+    let incarnation = sandbox.agent_listing().await.expect("listing").incarnation;
+    let script = "stty size; tty >/dev/null && echo on-a-tty; read line; echo \"got $line\"; \
+                  trap 'stty size; exit 5' WINCH; echo ready; while true; do sleep 0.05; done";
+    let mut command = CommandSpec::new(["sh", "-c", script]);
+    command.tty = Some((24, 80));
+    let execution = sandbox
+        .run_in_agent("cmd_tty", &incarnation, &command, [0, 0])
+        .await
+        .expect("run");
+    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let driving = tokio::spawn(execution.wait(move |stream, bytes| {
+        assert_eq!(stream, Stream::Stdout, "a terminal has one stream");
+        let _ = seen_tx.send(bytes.to_vec());
+    }));
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut wait_for = async |needle: &'static str, seen: &mut Vec<u8>| {
+        loop {
+            if String::from_utf8_lossy(seen).contains(needle) {
+                return;
+            }
+            let chunk = tokio::time::timeout_at(deadline, seen_rx.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("never saw {needle:?}: {}", String::from_utf8_lossy(seen))
+                })
+                .expect("output");
+            seen.extend(chunk);
+        }
+    };
+    wait_for("on-a-tty", &mut seen).await;
+    assert!(
+        String::from_utf8_lossy(&seen).contains("24 80"),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+    let mut stdin = sandbox.agent_stdin("cmd_tty").await.expect("stdin");
+    stdin.write(b"typed words\r").await.expect("type");
+    wait_for("ready", &mut seen).await;
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    assert!(text.contains("typed words"), "the terminal echoes: {text}");
+    assert!(text.contains("got typed words"), "{text}");
+    for (rows, cols) in [(0, 80), (24, 0), (65535, 80)] {
+        let refused = sandbox
+            .agent_resize("cmd_tty", rows, cols)
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(&refused, Error::Agent { code, .. } if code == "bad_request"),
+            "{refused}"
+        );
+    }
+    sandbox
+        .agent_resize("cmd_tty", 40, 120)
+        .await
+        .expect("resize");
+    let end = driving.await.expect("join").expect("an end");
+    while let Ok(chunk) = seen_rx.try_recv() {
+        seen.extend(chunk);
+    }
+    assert_eq!(end.outcome, Outcome::Exited { code: 5 });
+    assert!(
+        String::from_utf8_lossy(&seen).contains("40 120"),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+    // A command without a terminal cannot be resized.
+    let plain = sandbox
+        .run_in_agent(
+            "cmd_plain",
+            &incarnation,
+            &CommandSpec::new(["sleep", "5"]),
+            [0, 0],
+        )
+        .await
+        .expect("run");
+    let refused = sandbox
+        .agent_resize("cmd_plain", 10, 10)
+        .await
+        .expect_err("no terminal");
+    assert!(
+        matches!(&refused, Error::Agent { code, .. } if code == "no_terminal"),
+        "{refused}"
+    );
+    plain.signaller().send(oci::Signal::Kill);
+    drop(plain);
+}
