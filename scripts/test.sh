@@ -28,6 +28,8 @@ install_runtimes() {
     [ -x /bin/busybox ] || missing+=(busybox-static)
     # Durable homes live on btrfs (a loop-mounted image on other filesystems).
     command -v mkfs.btrfs >/dev/null 2>&1 || missing+=(btrfs-progs)
+    # `roost shell` is tested as a person uses it: inside tmux.
+    command -v tmux >/dev/null 2>&1 || missing+=(tmux)
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing ${missing[*]} from Debian"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -170,6 +170,24 @@ impl Client {
         Ok(url)
     }
 
+    /// The WebSocket URL (`ws://` or `wss://`) of `segments` on this server.
+    pub fn websocket_url(&self, segments: &[&str]) -> Result<String, ClientError> {
+        let mut url = self.url(segments, &[])?;
+        let scheme = if url.scheme() == "https" { "wss" } else { "ws" };
+        url.set_scheme(scheme)
+            .map_err(|()| ClientError::InvalidUrl {
+                url: self.base.clone(),
+                message: "no WebSocket URL for it".to_owned(),
+            })?;
+        Ok(url.to_string())
+    }
+
+    /// The token this client sends (for a request it does not make itself,
+    /// such as a WebSocket's upgrade).
+    pub fn bearer_token(&self) -> &str {
+        &self.token
+    }
+
     /// Sends the request; a 2xx response is returned, anything else
     /// becomes a [`ClientError`] (the envelope's code when there is one).
     async fn send(

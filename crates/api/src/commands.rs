@@ -31,6 +31,30 @@ pub struct CreateCommandRequest {
     /// stdin (`/dev/null`).
     #[serde(default)]
     pub stdin: bool,
+    /// A terminal for the command: its stdin, stdout and stderr (one output
+    /// stream, `stdout`), resizable (`POST …/resize`), attached over a
+    /// WebSocket (`GET …/attach`). Implies `stdin`.
+    #[serde(default)]
+    pub tty: Option<TtySize>,
+}
+
+/// A terminal's size: 1 to 4096 rows and columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TtySize {
+    #[schema(minimum = 1, maximum = 4096)]
+    pub rows: u16,
+    #[schema(minimum = 1, maximum = 4096)]
+    pub cols: u16,
+}
+
+impl TtySize {
+    /// The largest number of rows or columns.
+    pub const MAX: u16 = 4096;
+
+    pub fn is_valid(self) -> bool {
+        (1..=Self::MAX).contains(&self.rows) && (1..=Self::MAX).contains(&self.cols)
+    }
 }
 
 /// A command record. `state` is one of `queued`, `starting` (handed to the
@@ -66,6 +90,9 @@ pub struct Command {
     /// Whether the command reads a stdin the client writes.
     #[serde(default)]
     pub stdin: bool,
+    /// Its terminal's size at creation, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<TtySize>,
 }
 
 /// `GET /v1/sandboxes/{id}/commands`

@@ -356,6 +356,9 @@ pub struct CommandAssignment {
     /// Whether the command reads a stdin its client writes.
     #[serde(default)]
     pub stdin: bool,
+    /// The command's terminal, if it asked for one.
+    #[serde(default)]
+    pub tty: Option<crate::commands::TtySize>,
 }
 
 /// `POST /v1/runner/sandboxes/{id}/report`: an observed sandbox state.

@@ -75,6 +75,10 @@ pub struct ExecArgs {
     /// command's stdin), e.g. `tar c . | roost exec -i ID -- tar x`.
     #[arg(short = 'i', long, conflicts_with = "detach")]
     interactive: bool,
+    /// Run it on a terminal attached to this one (raw mode, size passed
+    /// on), as `roost shell` does; `-it` reads like docker's.
+    #[arg(short = 't', long, conflicts_with_all = ["detach", "json"])]
+    tty: bool,
     #[command(flatten)]
     target: OrgTarget,
     /// The program and its arguments, after `--`.
@@ -166,12 +170,25 @@ pub fn run_exec(args: ExecArgs) -> Result<ExitCode> {
 }
 
 pub async fn exec(args: ExecArgs) -> Result<ExitCode> {
+    if args.tty {
+        let client = args.target.client()?;
+        let env = args.env.into_iter().collect::<BTreeMap<_, _>>();
+        return crate::terminal::exec_on_terminal(
+            &client,
+            &args.sandbox_id,
+            args.argv,
+            env,
+            args.cwd,
+        )
+        .await;
+    }
     let request = CreateCommandRequest {
         argv: args.argv,
         env: args.env.into_iter().collect::<BTreeMap<_, _>>(),
         cwd: args.cwd,
         timeout: args.timeout.map(seconds_rounded_up),
         stdin: args.interactive,
+        tty: None,
     };
     let client = args.target.client()?;
     let sandbox_id = args.sandbox_id.as_str();
@@ -223,17 +240,11 @@ pub async fn exec(args: ExecArgs) -> Result<ExitCode> {
 /// (or closed its stdin) before reading it all is not an error: its end
 /// says what happened.
 async fn feed_stdin(client: &Client, sandbox_id: &str, command_id: &str) -> Result<()> {
-    let stdin = tokio::io::stdin();
-    let chunks = futures::stream::unfold(stdin, |mut stdin| async move {
-        let mut buffer = vec![0u8; 256 * 1024];
-        match tokio::io::AsyncReadExt::read(&mut stdin, &mut buffer).await {
-            Ok(0) => None,
-            Ok(n) => {
-                buffer.truncate(n);
-                Some((Ok::<_, std::io::Error>(buffer), stdin))
-            }
-            Err(err) => Some((Err(err), stdin)),
-        }
+    let mut stdin = crate::terminal::stdin_chunks();
+    let chunks = futures::stream::poll_fn(move |cx| {
+        stdin
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(Ok::<_, std::io::Error>))
     });
     match client
         .send_stdin(
@@ -251,7 +262,7 @@ async fn feed_stdin(client: &Client, sandbox_id: &str, command_id: &str) -> Resu
 }
 
 /// `roost exec`'s exit status for an ended command (documented in its help).
-fn exit_status(command: &Command) -> u8 {
+pub(crate) fn exit_status(command: &Command) -> u8 {
     match command.state {
         CommandState::Exited => command
             .exit_code
@@ -649,6 +660,7 @@ mod tests {
             ended_at: None,
             pid: None,
             stdin: false,
+            tty: None,
         }
     }
 

@@ -13,6 +13,7 @@ mod sandbox;
 mod secret;
 mod snapshot;
 mod store_admin;
+mod terminal;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -60,6 +61,8 @@ enum Command {
     /// Run a command in a sandbox, streaming its output; exits with its
     /// exit code.
     Exec(exec::ExecArgs),
+    /// An interactive shell (or ARGV) on a terminal in a sandbox.
+    Shell(terminal::ShellArgs),
     /// Inspect, read and signal the commands run in a sandbox.
     #[command(subcommand, name = "command")]
     Cmd(exec::CommandCommand),
@@ -117,6 +120,7 @@ fn main() -> std::process::ExitCode {
         Command::Snapshot(command) => snapshot::run(command),
         Command::Exec(args) => exec::run_exec(args),
         Command::Cmd(command) => exec::run_command(command),
+        Command::Shell(args) => terminal::run_shell(args),
         Command::Runner(args) => runner::run(args),
         Command::Up(args) => up::run(args),
         Command::Info(args) => info::run(args),
@@ -150,6 +154,7 @@ mod tests {
             "roost runner",
             "roost up",
             "roost exec",
+            "roost shell",
             "roost command output",
         ];
         let mut missing = Vec::new();

@@ -81,6 +81,13 @@ pub trait Container: Send + Sync + std::fmt::Debug {
     fn forget_command<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>>;
     /// Opens the stdin of command `id` (run with one) for writing.
     fn open_stdin<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn CommandStdin>>>;
+    /// Sets the size of command `id`'s terminal.
+    fn resize_terminal<'a>(
+        &'a self,
+        id: &'a str,
+        rows: u16,
+        cols: u16,
+    ) -> BoxFuture<'a, Result<()>>;
 }
 
 /// A command's stdin, written through the sandbox's agent.
@@ -232,6 +239,15 @@ impl Container for Sandbox {
             let stdin = self.agent_stdin(id).await?;
             Ok(Box::new(stdin) as Box<dyn CommandStdin>)
         })
+    }
+
+    fn resize_terminal<'a>(
+        &'a self,
+        id: &'a str,
+        rows: u16,
+        cols: u16,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.agent_resize(id, rows, cols))
     }
 }
 

@@ -239,8 +239,10 @@ async fn serve_connections(
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
+            // With upgrades: a terminal attaches over a WebSocket.
             let connection = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
             if let Err(err) = connection.await {
                 tracing::debug!(%err, "connection ended with an error");
             }

@@ -24,3 +24,4 @@ mod secrets;
 mod setid;
 mod store_admin;
 mod store_faults;
+mod terminal;

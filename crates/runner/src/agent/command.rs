@@ -158,6 +158,7 @@ impl CommandJob {
         spec.timeout = assignment.timeout.map(Duration::from_secs);
         spec.kill_grace = self.shared.config.command_kill_grace;
         spec.stdin = assignment.stdin;
+        spec.tty = assignment.tty.map(|tty| (tty.rows, tty.cols));
         spec
     }
 

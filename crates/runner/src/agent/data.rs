@@ -10,6 +10,8 @@
 //! - `POST /v1/data/sandboxes/{id}/commands/{cmd}/stdin?close=BOOL`: the
 //!   body goes to the command's stdin through the sandbox's agent, in
 //!   order, with back-pressure; `close` ends the stdin after it.
+//! - `POST /v1/data/sandboxes/{id}/commands/{cmd}/resize?rows=R&cols=C`:
+//!   the command's terminal's new size.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +72,10 @@ pub(crate) fn router(plane: Arc<DataPlane>) -> axum::Router {
             "/v1/data/sandboxes/{sandbox_id}/commands/{command_id}/stdin",
             axum::routing::post(stdin),
         )
+        .route(
+            "/v1/data/sandboxes/{sandbox_id}/commands/{command_id}/resize",
+            axum::routing::post(resize),
+        )
         .with_state(plane)
 }
 
@@ -122,6 +128,18 @@ impl DataPlane {
         Ok(claims)
     }
 
+    /// The container of a sandbox this runner holds.
+    fn container(&self, sandbox_id: &str) -> Result<Arc<dyn oci::Container>, Refusal> {
+        let id =
+            SandboxId::new(sandbox_id).map_err(|e| refuse(ErrorCode::NotFound, e.to_string()))?;
+        let paths = self
+            .shared
+            .data
+            .sandbox_paths(&id)
+            .map_err(|e| refuse(ErrorCode::Internal, e.to_string()))?;
+        Ok(self.shared.runtime.container(id, paths))
+    }
+
     /// The epoch this runner's container of the sandbox was launched for.
     fn held_epoch(&self, sandbox_id: &str) -> Option<u64> {
         let id = SandboxId::new(sandbox_id).ok()?;
@@ -148,13 +166,7 @@ async fn stdin(
     body: Body,
 ) -> Result<Response, Refusal> {
     plane.authorize(&headers, "stdin", &sandbox_id, &command_id)?;
-    let id = SandboxId::new(&sandbox_id).map_err(|e| refuse(ErrorCode::NotFound, e.to_string()))?;
-    let paths = plane
-        .shared
-        .data
-        .sandbox_paths(&id)
-        .map_err(|e| refuse(ErrorCode::Internal, e.to_string()))?;
-    let container = plane.shared.runtime.container(id, paths);
+    let container = plane.container(&sandbox_id)?;
     let deadline = tokio::time::Instant::now() + LAUNCH_WAIT;
     let mut writer = loop {
         match container.open_stdin(&command_id).await {
@@ -184,6 +196,28 @@ async fn stdin(
         writer.close().await.map_err(agent_refusal)?;
     }
     let answer = serde_json::json!({"bytes": written, "closed": query.close});
+    Ok((StatusCode::OK, axum::Json(answer)).into_response())
+}
+
+#[derive(serde::Deserialize)]
+struct ResizeQuery {
+    rows: u16,
+    cols: u16,
+}
+
+async fn resize(
+    State(plane): State<Arc<DataPlane>>,
+    Path((sandbox_id, command_id)): Path<(String, String)>,
+    Query(query): Query<ResizeQuery>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    plane.authorize(&headers, "resize", &sandbox_id, &command_id)?;
+    let container = plane.container(&sandbox_id)?;
+    container
+        .resize_terminal(&command_id, query.rows, query.cols)
+        .await
+        .map_err(agent_refusal)?;
+    let answer = serde_json::json!({"rows": query.rows, "cols": query.cols});
     Ok((StatusCode::OK, axum::Json(answer)).into_response())
 }
 

@@ -579,6 +579,15 @@ impl Container for FakeContainer {
     ) -> BoxFuture<'a, oci::Result<Box<dyn oci::CommandStdin>>> {
         Box::pin(async { Err(Error::Unsupported("the fake has no agent".to_owned())) })
     }
+
+    fn resize_terminal<'a>(
+        &'a self,
+        _id: &'a str,
+        _rows: u16,
+        _cols: u16,
+    ) -> BoxFuture<'a, oci::Result<()>> {
+        Box::pin(async { Err(Error::Unsupported("the fake has no agent".to_owned())) })
+    }
 }
 
 struct FakeExec {
@@ -1138,5 +1147,6 @@ pub(crate) fn command(id: &str, sandbox: &str, epoch: u64, argv: &[&str]) -> Com
         signal: None,
         state: CommandState::Starting,
         stdin: false,
+        tty: None,
     }
 }

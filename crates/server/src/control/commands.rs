@@ -18,6 +18,14 @@ pub fn validate(request: &CreateCommandRequest) -> Result<(), ControlError> {
     if let Some(cwd) = &request.cwd {
         limits::absolute_path("cwd", cwd)?;
     }
+    if let Some(tty) = request.tty
+        && !tty.is_valid()
+    {
+        return Err(limits::invalid(
+            "tty",
+            format!("1 to {} rows and columns", api::commands::TtySize::MAX),
+        ));
+    }
     if let Some(timeout) = request.timeout
         && (timeout == 0 || timeout > limits::COMMAND_TIMEOUT_SECONDS_MAX)
     {

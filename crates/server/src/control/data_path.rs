@@ -167,3 +167,82 @@ pub async fn send_stdin(
         body: body.to_vec(),
     })
 }
+
+/// Sets the size of the org's command's terminal.
+pub async fn resize(
+    state: &AppState,
+    org_id: &str,
+    sandbox_id: &str,
+    command_id: &str,
+    size: api::commands::TtySize,
+) -> Result<Relayed, ControlError> {
+    if !size.is_valid() {
+        return Err(crate::limits::invalid(
+            "rows",
+            format!("1 to {} rows and columns", api::commands::TtySize::MAX),
+        ));
+    }
+    let route = command_route(state, org_id, sandbox_id, command_id, "resize").await?;
+    let answer = client()
+        .post(&route.url)
+        .query(&[("rows", size.rows), ("cols", size.cols)])
+        .bearer_auth(&route.token)
+        .send()
+        .await
+        .map_err(unreachable)?;
+    relayed(answer).await
+}
+
+/// A command's stdin fed from a channel for as long as the sender lives
+/// (a terminal attached over a WebSocket): the stdin stays open after.
+pub async fn stdin_feed(
+    state: &AppState,
+    org_id: &str,
+    sandbox_id: &str,
+    command_id: &str,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<Vec<u8>>,
+        tokio::task::JoinHandle<Result<Relayed, ControlError>>,
+    ),
+    ControlError,
+> {
+    let route = command_route(state, org_id, sandbox_id, command_id, "stdin").await?;
+    let (sender, mut receiver) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+    let body = futures::stream::poll_fn(move |cx| {
+        receiver
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(Ok::<_, std::io::Error>))
+    });
+    let request = client()
+        .post(&route.url)
+        .query(&[("close", false)])
+        .bearer_auth(&route.token)
+        .body(reqwest::Body::wrap_stream(body));
+    let task = tokio::spawn(async move {
+        let answer = request.send().await.map_err(unreachable)?;
+        relayed(answer).await
+    });
+    Ok((sender, task))
+}
+
+fn unreachable(err: reqwest::Error) -> ControlError {
+    ControlError::new(
+        ErrorCode::Unavailable,
+        format!("the sandbox's runner is unreachable on its data path: {err}"),
+    )
+}
+
+async fn relayed(answer: reqwest::Response) -> Result<Relayed, ControlError> {
+    let status = answer.status().as_u16();
+    let body = answer.bytes().await.map_err(|err| {
+        ControlError::new(
+            ErrorCode::Unavailable,
+            format!("the runner's answer was cut: {err}"),
+        )
+    })?;
+    Ok(Relayed {
+        status,
+        body: body.to_vec(),
+    })
+}

@@ -273,6 +273,7 @@ pub async fn read_assignments(
                 signal: c.signal_requested.clone(),
                 state: c.state,
                 stdin: c.stdin,
+                tty: c.tty,
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;

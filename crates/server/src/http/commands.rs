@@ -16,7 +16,7 @@ use crate::idempotency;
 use crate::limits;
 use crate::records::commands::Stream;
 use crate::records::{self, CommandRow, not_found};
-use api::commands::{Command, CommandList, CreateCommandRequest, SignalRequest};
+use api::commands::{Command, CommandList, CreateCommandRequest, SignalRequest, TtySize};
 
 /// Most output bytes one read returns.
 const OUTPUT_READ_BYTES_MAX: usize = 1024 * 1024;
@@ -268,4 +268,187 @@ pub async fn stdin(
         HeaderValue::from_static("application/json"),
     );
     Ok(response)
+}
+
+/// Sets the size of a command's terminal (created with `tty`): the
+/// command gets SIGWINCH. 409 for a command without a terminal or not
+/// running.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{command_id}/resize", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id")), request_body = TtySize, responses((status = 200, description = "`{rows, cols}`: the terminal's size now", body = Object), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn resize(
+    State(state): State<AppState>,
+    OrgCaller(org_id): OrgCaller,
+    Path((sandbox_id, id)): Path<(String, String)>,
+    Json(size): Json<TtySize>,
+) -> Result<Response, ControlError> {
+    let relayed = control::data_path::resize(&state, &org_id, &sandbox_id, &id, size).await?;
+    Ok(relayed_response(relayed))
+}
+
+fn relayed_response(relayed: control::data_path::Relayed) -> Response {
+    let status = StatusCode::from_u16(relayed.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut response = (status, Body::from(relayed.body)).into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AttachQuery {
+    /// The first byte of output to send (reconnect from where you were).
+    #[serde(default)]
+    #[param(minimum = 0)]
+    offset: u64,
+}
+
+/// Attaches to a command over a WebSocket: output (stdout; a terminal's
+/// only stream) from `offset` as binary messages; binary messages from the
+/// client are its stdin (the command needs `stdin` or `tty`); a text
+/// message `{"type":"resize","rows":R,"cols":C}` resizes its terminal, and
+/// `{"type":"eof"}` closes its stdin. Once it ended and every byte was
+/// sent, one text message `{"type":"exit","state":…,"exit_code":…,
+/// "signal":…,"state_reason":…}` and the close. Leaving never stops the
+/// command: attach again from the offset you had.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{command_id}/attach", tag = "commands", params(("id" = String, Path, description = "sandbox id"), ("command_id" = String, Path, description = "command id"), AttachQuery), responses((status = 101, description = "switching to the WebSocket protocol"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn attach(
+    State(state): State<AppState>,
+    OrgCaller(org_id): OrgCaller,
+    Path((sandbox_id, id)): Path<(String, String)>,
+    Query(query): Query<AttachQuery>,
+    upgrade: axum::extract::ws::WebSocketUpgrade,
+) -> Result<Response, ControlError> {
+    // Refused before the upgrade: another org's command is 404.
+    Box::pin(visible_command(&state, &org_id, &sandbox_id, &id)).await?;
+    Ok(upgrade.on_upgrade(move |socket| async move {
+        attach_session(state, org_id, sandbox_id, id, query.offset, socket).await;
+    }))
+}
+
+async fn attach_session(
+    state: AppState,
+    org_id: String,
+    sandbox_id: String,
+    id: String,
+    offset: u64,
+    socket: axum::extract::ws::WebSocket,
+) {
+    use axum::extract::ws::Message;
+    use futures::{SinkExt, StreamExt};
+    let (mut sink, mut incoming) = socket.split();
+    let output = async {
+        let mut offset = offset as i64;
+        let watch = state.db.hub.watch(&id);
+        loop {
+            let command = crate::hub::wait_until(
+                &watch,
+                std::time::Duration::from_secs(25),
+                || visible_command(&state, &org_id, &sandbox_id, &id),
+                |c| c.ended() || Stream::Stdout.length_of(c) > offset,
+            )
+            .await?;
+            let length = Stream::Stdout.length_of(&command);
+            if offset < length {
+                let data = records::commands::read_output(
+                    &state.db.pool,
+                    &id,
+                    Stream::Stdout,
+                    offset,
+                    OUTPUT_READ_BYTES_MAX,
+                )
+                .await?;
+                offset += data.len() as i64;
+                if sink.send(Message::Binary(data.into())).await.is_err() {
+                    return Ok(());
+                }
+                continue;
+            }
+            if command.ended() {
+                let exit = serde_json::json!({
+                    "type": "exit",
+                    "state": command.state.as_str(),
+                    "state_reason": command.state_reason,
+                    "exit_code": command.exit_code,
+                    "signal": command.signal,
+                });
+                let _ = sink.send(Message::Text(exit.to_string().into())).await;
+                let _ = sink.close().await;
+                return Ok::<(), ControlError>(());
+            }
+        }
+    };
+    let input = async {
+        let mut feed: Option<tokio::sync::mpsc::Sender<Vec<u8>>> = None;
+        while let Some(Ok(message)) = incoming.next().await {
+            match message {
+                Message::Binary(bytes) => {
+                    if feed.is_none() {
+                        match control::data_path::stdin_feed(&state, &org_id, &sandbox_id, &id)
+                            .await
+                        {
+                            Ok((sender, _task)) => feed = Some(sender),
+                            Err(err) => {
+                                tracing::debug!(?err, "attach: no stdin for the command");
+                                continue;
+                            }
+                        }
+                    }
+                    if let Some(sender) = &feed
+                        && sender.send(bytes.to_vec()).await.is_err()
+                    {
+                        feed = None;
+                    }
+                }
+                Message::Text(text) => {
+                    let Ok(control_message) = serde_json::from_str::<serde_json::Value>(&text)
+                    else {
+                        continue;
+                    };
+                    match control_message["type"].as_str() {
+                        Some("resize") => {
+                            let size = TtySize {
+                                rows: control_message["rows"].as_u64().unwrap_or(0).min(65535)
+                                    as u16,
+                                cols: control_message["cols"].as_u64().unwrap_or(0).min(65535)
+                                    as u16,
+                            };
+                            if let Err(err) =
+                                control::data_path::resize(&state, &org_id, &sandbox_id, &id, size)
+                                    .await
+                            {
+                                tracing::debug!(?err, "attach: resize refused");
+                            }
+                        }
+                        Some("eof") => {
+                            // The open feed ends; its stdin is closed by
+                            // an empty closing write.
+                            feed = None;
+                            let _ = control::data_path::send_stdin(
+                                &state,
+                                &org_id,
+                                &sandbox_id,
+                                &id,
+                                true,
+                                reqwest::Body::from(Vec::new()),
+                            )
+                            .await;
+                        }
+                        _ => {}
+                    }
+                }
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+    };
+    tokio::select! {
+        result = output => {
+            if let Err(err) = result {
+                tracing::debug!(?err, "attach: output ended");
+            }
+        }
+        () = input => {}
+    }
 }

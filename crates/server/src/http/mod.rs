@@ -92,6 +92,14 @@ pub fn router(state: AppState) -> Router {
             post(commands::signal),
         )
         .route(
+            "/v1/sandboxes/{id}/commands/{command_id}/resize",
+            post(commands::resize),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands/{command_id}/attach",
+            get(commands::attach),
+        )
+        .route(
             "/v1/sandboxes/{id}/commands/{command_id}/stdin",
             // Streamed through to the runner: no body limit here.
             post(commands::stdin).layer(DefaultBodyLimit::disable()),

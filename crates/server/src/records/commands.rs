@@ -33,9 +33,10 @@ pub struct CommandRow {
     pub ended_at_ms: Option<i64>,
     pub pid: Option<i64>,
     pub stdin: bool,
+    pub tty: Option<api::commands::TtySize>,
 }
 
-pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms, pid, stdin";
+pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms, pid, stdin, tty";
 
 impl CommandRow {
     pub fn from_row(row: &AnyRow) -> Result<CommandRow, sqlx::Error> {
@@ -60,6 +61,9 @@ impl CommandRow {
             ended_at_ms: row.try_get("ended_at_ms")?,
             pid: row.try_get("pid")?,
             stdin: row.try_get::<i64, _>("stdin")? != 0,
+            tty: row
+                .try_get::<Option<String>, _>("tty")?
+                .and_then(|text| serde_json::from_str(&text).ok()),
         })
     }
 
@@ -91,6 +95,7 @@ impl CommandRow {
             ended_at: self.ended_at_ms.map(rfc3339),
             pid: self.pid.map(|p| p as i32),
             stdin: self.stdin,
+            tty: self.tty,
         }
     }
 }
@@ -165,7 +170,7 @@ pub async fn insert(
     request: &CreateCommandRequest,
 ) -> Result<CommandRow, sqlx::Error> {
     sqlx::query(&format!(
-        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL, NULL, $9)"
+        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL, NULL, $9, $10)"
     ))
     .bind(id)
     .bind(&sandbox.id)
@@ -175,7 +180,8 @@ pub async fn insert(
     .bind(&request.cwd)
     .bind(request.timeout.map(|t| t as i64))
     .bind(now_ms())
-    .bind(i64::from(request.stdin))
+    .bind(i64::from(request.stdin || request.tty.is_some()))
+    .bind(request.tty.map(|tty| serde_json::to_string(&tty).unwrap_or_default()))
     .execute(&mut *tx.tx)
     .await?;
     if let Some(runner) = &sandbox.runner_id {

@@ -1,0 +1,271 @@
+//! `roost shell` as a person uses it (issue 15, point 3): inside tmux, with
+//! keys sent and the screen read back: a prompt, typed commands and an
+//! interactive program's answers, a window resize reaching the sandbox's
+//! terminal, and the shell's exit status becoming roost's.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::harness::BIN;
+use crate::runner_e2e::Stack;
+
+/// A tmux server of this test's own (its socket name), killed when done.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn run(&self, args: &[&str]) -> String {
+        let output = Command::new("tmux")
+            .arg("-L")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("tmux (scripts/test.sh installs it)");
+        assert!(output.status.success(), "tmux {args:?}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn screen(&self) -> String {
+        self.run(&["capture-pane", "-p", "-t", "t"])
+    }
+
+    /// Waits until the screen shows `needle`.
+    fn wait_for(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let screen = self.screen();
+            if screen.contains(needle) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never saw {needle:?} on the screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "t"];
+        args.extend_from_slice(keys);
+        self.run(&args);
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .arg("-L")
+            .arg(&self.socket)
+            .arg("kill-server")
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roost_shell_in_tmux_is_a_real_terminal() {
+    let stack = Stack::start_full(&[], &[]).await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    assert!(Path::new(BIN).exists());
+    let tmux = Tmux {
+        socket: format!("roost-test-{}", std::process::id()),
+    };
+    let shell = format!(
+        "env ROOST_URL={} ROOST_TOKEN={} {BIN} shell {sid} --env PS1='roost$ ' -- sh",
+        api.url, api.token
+    );
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "t",
+        "-x",
+        "100",
+        "-y",
+        "30",
+        &shell,
+    ]);
+    // The pane stays after roost exits, with its status readable.
+    tmux.run(&["set-option", "-t", "t", "remain-on-exit", "on"]);
+    tmux.wait_for("roost$");
+
+    // Typed at the prompt; the shell's own arithmetic answers.
+    tmux.keys(&["echo $((6*7))", "Enter"]);
+    tmux.wait_for("42");
+    // An interactive program reads a line typed on the terminal.
+    tmux.keys(&["read name; echo \"hello, $name\"", "Enter"]);
+    tmux.keys(&["world", "Enter"]);
+    tmux.wait_for("hello, world");
+    // It is a terminal, and it has the window's size; a resize follows.
+    tmux.keys(&["tty; stty size", "Enter"]);
+    tmux.wait_for("30 100");
+    tmux.run(&["resize-window", "-t", "t", "-x", "120", "-y", "40"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        tmux.keys(&["stty size", "Enter"]);
+        std::thread::sleep(Duration::from_millis(300));
+        if tmux.screen().contains("40 120") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the resize never reached the sandbox:\n{}",
+            tmux.screen()
+        );
+    }
+    // Ctrl-C goes to the sandbox (raw mode), not to roost.
+    tmux.keys(&["sleep 100", "Enter"]);
+    std::thread::sleep(Duration::from_millis(300));
+    tmux.keys(&["C-c"]);
+    tmux.keys(&["echo after-interrupt", "Enter"]);
+    tmux.wait_for("after-interrupt\n");
+    // The shell's exit status is roost's.
+    tmux.keys(&["exit 3", "Enter"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let dead = tmux.run(&[
+            "display-message",
+            "-p",
+            "-t",
+            "t",
+            "#{pane_dead} #{pane_dead_status}",
+        ]);
+        if dead.trim() == "1 3" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "roost shell did not exit 3: {dead}\n{}",
+            tmux.screen()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The command's record says so too, with its terminal.
+    let commands = api.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    let shell_record = &commands.body["commands"][0];
+    assert_eq!(shell_record["state"], "exited", "{commands:?}");
+    assert_eq!(shell_record["exit_code"], 3);
+    assert_eq!(shell_record["tty"], json!({"rows": 30, "cols": 100}));
+    stack.runner.assert_no_errors();
+}
+
+/// Reads a WebSocket until `needle` arrived (binary output, in order) or
+/// the exit message; returns the bytes and the exit message, if any.
+async fn read_socket<S>(socket: &mut S, needle: Option<&str>) -> (String, Option<serde_json::Value>)
+where
+    S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    use futures::StreamExt;
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if needle.is_some_and(|n| text.contains(n)) {
+            return (text, None);
+        }
+        let message = tokio::time::timeout_at(deadline, socket.next())
+            .await
+            .unwrap_or_else(|_| panic!("nothing more on the socket; so far {text:?}"));
+        match message {
+            Some(Ok(Message::Binary(bytes))) => text.push_str(&String::from_utf8_lossy(&bytes)),
+            Some(Ok(Message::Text(exit))) => {
+                return (text, serde_json::from_str(&exit).ok());
+            }
+            Some(Ok(_)) => {}
+            None | Some(Err(_)) => return (text, None),
+        }
+    }
+}
+
+async fn connect(
+    api: &crate::plane::Api,
+    path: &str,
+) -> Result<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    tokio_tungstenite::tungstenite::Error,
+> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let url = format!("{}{path}", api.url.replacen("http://", "ws://", 1));
+    let mut request = url.into_client_request().expect("request");
+    request.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", api.token).parse().expect("header"),
+    );
+    tokio_tungstenite::connect_async(request)
+        .await
+        .map(|(socket, _)| socket)
+}
+
+/// Issue 15, points 3 and 4: a command attached over a WebSocket is
+/// attached again from an offset (nothing repeated), another org cannot
+/// attach, and when the sandbox stops the stream ends at once with the
+/// command's honest end, never hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_resumes_from_its_offset_and_ends_with_the_commands_end() {
+    let stack = Stack::start_full(&[], &[]).await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    let commands = format!("/v1/sandboxes/{sid}/commands");
+    let created = api
+        .post(
+            &commands,
+            json!({"argv": ["sh", "-c", "echo one; read line; echo two; exec sleep 1000"], "stdin": true}),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let cid = created.str("id");
+    let attach = format!("{commands}/{cid}/attach");
+
+    let mut first = connect(&api, &format!("{attach}?offset=0"))
+        .await
+        .expect("attach");
+    let (seen, _) = read_socket(&mut first, Some("one\n")).await;
+    assert_eq!(seen, "one\n");
+    // Input over the socket reaches the command's stdin.
+    {
+        use futures::SinkExt;
+        first
+            .send(Message::Binary(b"go\n".to_vec().into()))
+            .await
+            .expect("send");
+    }
+    let (seen, _) = read_socket(&mut first, Some("two\n")).await;
+    assert_eq!(seen, "two\n");
+    drop(first);
+
+    // Again from byte 4: only what came after "one\n".
+    let mut again = connect(&api, &format!("{attach}?offset=4"))
+        .await
+        .expect("attach");
+    let (seen, _) = read_socket(&mut again, Some("two\n")).await;
+    assert_eq!(seen, "two\n");
+
+    // Another org: refused before any upgrade.
+    let (other, _) = crate::plane::new_org(&stack.plane.admin, "org-attach", json!({})).await;
+    let refused = connect(&other, &format!("{attach}?offset=0")).await;
+    match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status().as_u16(), 404)
+        }
+        other => panic!("another org attached: {:?}", other.map(|_| ())),
+    }
+
+    // The sandbox stops: the stream ends with the command's end.
+    let stopped = api
+        .post(&format!("/v1/sandboxes/{sid}/stop"), json!({}))
+        .await;
+    assert_eq!(stopped.status, 202, "{stopped:?}");
+    let (_, exit) = read_socket(&mut again, None).await;
+    let exit = exit.expect("an exit message before the close");
+    assert_eq!(exit["type"], "exit");
+    assert_eq!(exit["state"], "interrupted", "{exit}");
+    assert_eq!(exit["state_reason"], "sandbox_stopped", "{exit}");
+    stack.runner.assert_no_errors();
+}
