@@ -1269,3 +1269,71 @@ async fn stdin_streams_through_the_data_path_and_the_runner_refuses_what_no_serv
     .await;
     stack.runner.assert_no_errors();
 }
+
+/// Issue 15, point 6: on a deployment of two servers on one PostgreSQL,
+/// the server a client happens to reach serves its streams, whichever
+/// server the runner talks to: stdin through `roost exec -i` and an
+/// attach, both through the second server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_server_of_a_deployment_serves_any_sandboxs_streams() {
+    let database = crate::plane::postgres_database("streams");
+    let plane = Plane::start_with(&[], &[], Some(&database)).await;
+    let dir = tempfile::Builder::new()
+        .prefix("roost-streams-")
+        .tempdir()
+        .expect("tempdir");
+    let runner = RunnerProcess::start(
+        &plane.server.url,
+        &plane.runner_token,
+        &dir.path().join("runner"),
+        &[],
+    );
+    let second = crate::plane::start_server(&dir.path().join("b"), Some(&database));
+    let via_second = Api::new(&second.url, &plane.org.token);
+
+    let created = plane.org.post("/v1/sandboxes", json!({})).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let sid = created.str("id");
+    let running = wait_sandbox(&plane.org, &sid, "running").await;
+    assert_eq!(running["runner_id"], runner.runner_id.as_str());
+
+    // stdin through the second server, which the runner never dials.
+    let ran = Command::new(BIN)
+        .args(["exec", "-i", &sid, "--", "sh", "-c", "tr a-z A-Z"])
+        .env("ROOST_URL", &second.url)
+        .env("ROOST_TOKEN", &plane.org.token)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(b"through the other server\n")?;
+            child.wait_with_output()
+        })
+        .expect("roost exec -i");
+    assert!(ran.status.success(), "{ran:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&ran.stdout),
+        "THROUGH THE OTHER SERVER\n"
+    );
+
+    // And a command's stdin written through the second server's API.
+    let commands = format!("/v1/sandboxes/{sid}/commands");
+    let created = via_second
+        .post(&commands, json!({"argv": ["wc", "-c"], "stdin": true}))
+        .await;
+    let cid = created.str("id");
+    let written = via_second
+        .post_raw(&format!("{commands}/{cid}/stdin"), "12345")
+        .await;
+    assert_eq!(written.status, 200, "{written:?}");
+    assert_eq!(written.body["bytes"], 5);
+    let ended = wait_command(&plane.org, &sid, &cid, "ended").await;
+    assert_eq!(state_of(&ended), ("exited", None), "{ended}");
+    assert_eq!(output(&plane.org, &sid, &cid, "stdout").await.trim(), "5");
+    runner.assert_no_errors();
+}
