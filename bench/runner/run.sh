@@ -125,10 +125,15 @@ print("| measurement | n | p50 ms | p99 ms | peer (runc alone) p50 / p99 ms | ro
 print("|---|---|---|---|---|---|")
 print(f"| create → running | {c['n']} | {c['p50']} | {c['p99']} | create + start: {pc['p50']} / {pc['p99']} | {ratio(c['p50'], pc['p50'])} |")
 print(f"| exec round trip (`true`) | {e['n']} | {e['p50']} | {e['p99']} | `runc exec`: {pe['p50']} / {pe['p99']} | {ratio(e['p50'], pe['p50'])} |")
+if "first_byte" in r:
+    f = r["first_byte"]
+    print(f"| first output byte of `echo` over an attach | {f['n']} | {f['p50']} | {f['p99']} | `runc exec`'s round trip: {pe['p50']} / {pe['p99']} | {ratio(f['p50'], pe['p50'])} |")
 ac, ae = a["create_to_running"], a["exec_true"]
 print(f"| {a['sandboxes']} at once: create → running, each | {ac['n']} | {ac['p50']} | {ac['p99']} | | |")
 print(f"| {a['sandboxes']} at once: `true` in each, each | {ae['n']} | {ae['p50']} | {ae['p99']} | | |")
 print(f"| {a['sandboxes']} at once: until all run | 1 | {a['all_running_ms']} | | runc create + start, {a['sandboxes']} at once: {p['runc_at_once_all_running_ms']} | {ratio(a['all_running_ms'], p['runc_at_once_all_running_ms'])} |")
+if "idle_agent_rss_kib" in r:
+    print(f"\nAn idle sandbox's init (its agent): {r['idle_agent_rss_kib']} KiB resident.")
 print(f"\n{a['sandboxes']} sandboxes at once: all running after {a['all_running_ms']} ms; one `true` in each, all ended after {a['all_executed_ms']} ms (load average then: {a['loadavg']}).")
 print("\n```json\n" + json.dumps(r, indent=2) + "\n```")
 PY

@@ -11,6 +11,11 @@
 //!   running sandbox;
 //! - `at_once`: N sandboxes created at the same moment: each one's create →
 //!   running, and the time until all run; then one `true` in each, at once;
+//! - `first_byte`: `POST …/commands {"argv":["echo","hi"]}`, then a
+//!   WebSocket attach (`GET …/attach`), until its first output byte
+//!   arrives, one at a time;
+//! - `idle_agent_rss_kib`: the resident memory of an idle sandbox's init
+//!   (its agent), from `/proc/PID/status`;
 //! - `peer`: the same container config run by `runc` directly, each
 //!   measurement right after roost's: `runc create` + `runc start` (the
 //!   floor under create → running), `runc exec ID true` (the floor under an
@@ -147,6 +152,37 @@ async fn exec_true(client: &Client, sandbox_id: &str) -> Result<Duration> {
         command.exit_code
     );
     Ok(started.elapsed())
+}
+
+/// `echo hi` created, then attached over a WebSocket: until the first
+/// output byte arrives.
+async fn first_byte(client: &Client, url: &str, token: &str, sandbox_id: &str) -> Result<Duration> {
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let started = Instant::now();
+    let request = CreateCommandRequest {
+        argv: vec!["echo".to_owned(), "hi".to_owned()],
+        ..CreateCommandRequest::default()
+    };
+    let command = client.create_command(sandbox_id, &request, None).await?;
+    let ws = format!(
+        "{}/v1/sandboxes/{sandbox_id}/commands/{}/attach",
+        url.replacen("http://", "ws://", 1),
+        command.id
+    );
+    let mut upgrade = ws.into_client_request()?;
+    upgrade
+        .headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse()?);
+    let (mut socket, _) = tokio_tungstenite::connect_async(upgrade).await?;
+    loop {
+        match socket.next().await {
+            Some(Ok(Message::Binary(bytes))) if !bytes.is_empty() => return Ok(started.elapsed()),
+            Some(Ok(_)) => {}
+            other => bail!("the attach ended before any output: {other:?}"),
+        }
+    }
 }
 
 fn runc(root: &Path, args: &[&str]) -> Result<()> {
@@ -328,6 +364,22 @@ async fn main() -> Result<()> {
         peer_exec.push(peer.exec_true(&peer_exec_id)?);
     }
     peer.delete(&peer_exec_id)?;
+
+    eprintln!("first output byte over an attach, {} one at a time", args.execs);
+    let mut first_bytes = Vec::new();
+    for _ in 0..args.execs {
+        first_bytes.push(first_byte(&client, &args.url, &args.token, &exec_sandbox).await?);
+    }
+    let init_pid = std::fs::read_to_string(sandbox_dir.join("bundle/init.pid"))
+        .context("the sandbox's init.pid")?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", init_pid.trim()))
+        .context("the init's /proc status")?;
+    let idle_agent_rss_kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .context("VmRSS of the init")?;
     delete(&client, &exec_sandbox).await?;
 
     eprintln!("{} sandboxes at once (and runc alone)", args.at_once);
@@ -366,6 +418,8 @@ async fn main() -> Result<()> {
     let report = json!({
         "create_to_running": summary(&create),
         "exec_true": summary(&exec),
+        "first_byte": summary(&first_bytes),
+        "idle_agent_rss_kib": idle_agent_rss_kib,
         "at_once": {
             "sandboxes": args.at_once,
             "all_running_ms": ms(all_running),

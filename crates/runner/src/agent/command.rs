@@ -36,7 +36,9 @@ use oci::signal::Signal;
 /// Largest output chunk one upload carries (the server takes bodies up to
 /// 1 MiB).
 const UPLOAD_CHUNK_BYTES_MAX: usize = 256 * 1024;
-/// How long output waits to be batched with more before it is uploaded.
+/// Uploads of a command's output are at least this far apart (output
+/// arriving sooner waits to go with more); the first after a quiet spell
+/// goes at once.
 const UPLOAD_BATCH_MS: u64 = 20;
 
 /// Everything a command task needs.
@@ -545,11 +547,20 @@ impl<'a> Uploader<'a> {
 
     /// Uploads as output arrives until the spool is closed.
     async fn run_while_open(&mut self) -> Result<(), Stopped> {
+        let batch = Duration::from_millis(UPLOAD_BATCH_MS);
+        let mut last_upload: Option<tokio::time::Instant> = None;
         while !self.spool.closed.load(Ordering::SeqCst) {
             self.spool.more.notified().await;
-            // A little batching: chatty output in fewer requests.
-            tokio::time::sleep(Duration::from_millis(UPLOAD_BATCH_MS)).await;
+            // A little batching for chatty output (fewer requests), but
+            // output after a quiet spell (a prompt, a keystroke's echo)
+            // goes at once.
+            if let Some(at) = last_upload
+                && at.elapsed() < batch
+            {
+                tokio::time::sleep_until(at + batch).await;
+            }
             self.upload_available().await?;
+            last_upload = Some(tokio::time::Instant::now());
         }
         Ok(())
     }
