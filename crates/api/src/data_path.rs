@@ -41,6 +41,10 @@ pub struct DataClaims {
     /// The command it is for, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command_id: Option<String>,
+    /// What else it is for, if anything: for `filesystem.check`, the
+    /// filesystem and directory as `ID/SUBPATH`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
     pub expires_unix_ms: u64,
 }
 
@@ -129,6 +133,7 @@ mod tests {
             epoch: 3,
             op: "stdin".to_owned(),
             command_id: Some("cmd_1".to_owned()),
+            subject: None,
             expires_unix_ms,
         }
     }

@@ -104,8 +104,10 @@ pub struct Mount {
     #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     pub filesystem: String,
     /// A directory of the filesystem, relative to its root (empty: the
-    /// root). It must exist on the runner: a missing one fails the
-    /// sandbox (`mount_source_missing`), nothing is created. No `..`.
+    /// root). It must exist: a missing one is refused at create (`422
+    /// unsupported_capability` naming it, nothing created) when a runner
+    /// offering the filesystem can be asked; should it go missing later,
+    /// the sandbox fails at launch (`mount_source_missing`). No `..`.
     #[serde(default)]
     #[schema(max_length = 4096)]
     pub subpath: String,

@@ -365,7 +365,10 @@ async fn main() -> Result<()> {
     }
     peer.delete(&peer_exec_id)?;
 
-    eprintln!("first output byte over an attach, {} one at a time", args.execs);
+    eprintln!(
+        "first output byte over an attach, {} one at a time",
+        args.execs
+    );
     let mut first_bytes = Vec::new();
     for _ in 0..args.execs {
         first_bytes.push(first_byte(&client, &args.url, &args.token, &exec_sandbox).await?);

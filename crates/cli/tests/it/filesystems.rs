@@ -147,39 +147,82 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
     assert_eq!(api.post("/v1/sandboxes", overlapping).await.status, 400);
     assert_eq!(sandbox_count(&api).await, 0);
 
-    // A subdirectory that does not exist: the sandbox fails with a stable
-    // reason naming it; nothing is created on the filesystem.
-    let missing = create_settled(
-        &api,
-        json!({"mounts": [{"filesystem": "team", "subpath": "nope", "path": "/mnt/x"}]}),
-    )
-    .await;
-    assert_eq!(missing["state"], "failed", "{missing}");
-    assert_eq!(missing["state_reason"], "mount_source_missing", "{missing}");
+    // A subdirectory that does not exist: refused at create (422, naming
+    // it; a runner offering the filesystem was asked), nothing created.
+    let missing = api
+        .post(
+            "/v1/sandboxes",
+            json!({"mounts": [{"filesystem": "team", "subpath": "nope", "path": "/mnt/x"}]}),
+        )
+        .await;
+    assert_eq!(missing.status, 422, "{missing:?}");
+    assert_eq!(missing.body["error"]["code"], "unsupported_capability");
+    assert_eq!(
+        missing.body["error"]["details"]["missing"],
+        json!(["directory:team/nope"])
+    );
     assert!(
-        missing["state_message"]
+        missing.body["error"]["message"]
             .as_str()
             .unwrap_or("")
             .contains("nope"),
-        "{missing}"
+        "{missing:?}"
     );
+    assert_eq!(sandbox_count(&api).await, 0);
     assert!(!shared.path().join("nope").exists());
-    // A symlink out of the filesystem is not followed.
+    // A symlink out of the filesystem is not followed: refused at create.
     for escape in ["escape", "up"] {
-        let out = create_settled(
-            &api,
-            json!({"mounts": [{"filesystem": "team", "subpath": escape, "path": "/mnt/x"}]}),
-        )
-        .await;
-        assert_eq!(out["state"], "failed", "{out}");
+        let out = api
+            .post(
+                "/v1/sandboxes",
+                json!({"mounts": [{"filesystem": "team", "subpath": escape, "path": "/mnt/x"}]}),
+            )
+            .await;
+        assert_eq!(out.status, 400, "{escape}: {out:?}");
         assert!(
-            out["state_message"]
+            out.body["error"]["message"]
                 .as_str()
                 .unwrap_or("")
                 .contains("outside"),
-            "{out}"
+            "{out:?}"
         );
     }
+    assert_eq!(sandbox_count(&api).await, 0);
+    // A directory that goes away after the create: the runner checks
+    // again at launch, and the sandbox fails naming it.
+    std::fs::create_dir(shared.path().join("gone")).expect("mkdir gone");
+    let going = create_settled(
+        &api,
+        json!({"mounts": [{"filesystem": "team", "subpath": "gone", "path": "/mnt/x"}]}),
+    )
+    .await;
+    assert_eq!(going["state"], "running", "{going}");
+    let gid = going["id"].as_str().expect("id").to_owned();
+    api.post(&format!("/v1/sandboxes/{gid}/stop"), json!({}))
+        .await;
+    assert_eq!(
+        wait_sandbox(&api, &gid, "stopped").await["state"],
+        "stopped"
+    );
+    std::fs::remove_dir(shared.path().join("gone")).expect("rmdir gone");
+    api.post(&format!("/v1/sandboxes/{gid}/start"), json!({}))
+        .await;
+    let failed = wait_sandbox(&api, &gid, "failed").await;
+    assert_eq!(failed["state_reason"], "mount_source_missing", "{failed}");
+    assert!(
+        failed["state_message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("gone"),
+        "{failed}"
+    );
+    assert!(!shared.path().join("gone").exists());
+    let deleted = api.delete(&format!("/v1/sandboxes/{gid}")).await;
+    assert_eq!(deleted.status, 202, "{deleted:?}");
+    assert_eq!(
+        wait_sandbox(&api, &gid, "deleted").await["state"],
+        "deleted"
+    );
 
     // Two sandboxes on two runners (the first's runner drained meanwhile,
     // so the second lands on the other), one at /mnt/team, one owning

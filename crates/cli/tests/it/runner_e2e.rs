@@ -1237,6 +1237,7 @@ async fn stdin_streams_through_the_data_path_and_the_runner_refuses_what_no_serv
         epoch: 1,
         op: "stdin".to_owned(),
         command_id: Some(cid.clone()),
+        subject: None,
         expires_unix_ms: u64::try_from(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

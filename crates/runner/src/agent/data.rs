@@ -12,6 +12,9 @@
 //!   order, with back-pressure; `close` ends the stdin after it.
 //! - `POST /v1/data/sandboxes/{id}/commands/{cmd}/resize?rows=R&cols=C`:
 //!   the command's terminal's new size.
+//! - `POST /v1/data/filesystems/check?filesystem=ID&subpath=P`: whether
+//!   the directory exists in a shared filesystem this runner declares
+//!   (200, 404 missing, 400 leading outside it), for admission.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,6 +79,10 @@ pub(crate) fn router(plane: Arc<DataPlane>) -> axum::Router {
             "/v1/data/sandboxes/{sandbox_id}/commands/{command_id}/resize",
             axum::routing::post(resize),
         )
+        .route(
+            "/v1/data/filesystems/check",
+            axum::routing::post(check_filesystem),
+        )
         .with_state(plane)
 }
 
@@ -96,16 +103,7 @@ impl DataPlane {
         sandbox_id: &str,
         command_id: &str,
     ) -> Result<DataClaims, Refusal> {
-        let token = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| refuse(ErrorCode::Unauthenticated, "a data token is required"))?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let claims = api::data_path::verify(&self.key, token, now)
-            .map_err(|err| refuse(ErrorCode::Unauthenticated, err.to_string()))?;
+        let claims = self.verified(headers)?;
         if claims.op != op
             || claims.sandbox_id != sandbox_id
             || claims.command_id.as_deref() != Some(command_id)
@@ -126,6 +124,21 @@ impl DataPlane {
             ));
         }
         Ok(claims)
+    }
+
+    /// The claims of the request's token, if this runner's key signed it
+    /// and it has not expired.
+    fn verified(&self, headers: &HeaderMap) -> Result<DataClaims, Refusal> {
+        let token = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| refuse(ErrorCode::Unauthenticated, "a data token is required"))?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        api::data_path::verify(&self.key, token, now)
+            .map_err(|err| refuse(ErrorCode::Unauthenticated, err.to_string()))
     }
 
     /// The container of a sandbox this runner holds.
@@ -219,6 +232,50 @@ async fn resize(
         .map_err(agent_refusal)?;
     let answer = serde_json::json!({"rows": query.rows, "cols": query.cols});
     Ok((StatusCode::OK, axum::Json(answer)).into_response())
+}
+
+#[derive(serde::Deserialize)]
+struct CheckQuery {
+    filesystem: String,
+    subpath: String,
+}
+
+async fn check_filesystem(
+    State(plane): State<Arc<DataPlane>>,
+    Query(query): Query<CheckQuery>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    let claims = plane.verified(&headers)?;
+    let subject = format!("{}/{}", query.filesystem, query.subpath);
+    if claims.op != "filesystem.check" || claims.subject.as_deref() != Some(subject.as_str()) {
+        return Err(refuse(
+            ErrorCode::Unauthenticated,
+            "the data token is for another request",
+        ));
+    }
+    let Some(root) = plane.shared.config.filesystems.get(&query.filesystem) else {
+        return Err(refuse(
+            ErrorCode::NotFound,
+            format!("this runner has no filesystem {}", query.filesystem),
+        ));
+    };
+    let mount = oci::SharedMount {
+        name: query.filesystem.clone(),
+        root: root.clone(),
+        subpath: query.subpath.clone(),
+        destination: "/mnt/check".to_owned(),
+        read_only: true,
+    };
+    match oci::shared::open_beneath(&mount) {
+        Ok(_) => Ok((
+            StatusCode::OK,
+            axum::Json(serde_json::json!({"exists": true})),
+        )
+            .into_response()),
+        Err(oci::Error::MountSourceMissing(message)) => Err(refuse(ErrorCode::NotFound, message)),
+        Err(oci::Error::Invalid(message)) => Err(refuse(ErrorCode::InvalidRequest, message)),
+        Err(err) => Err(refuse(ErrorCode::Internal, err.to_string())),
+    }
 }
 
 /// The agent's refusals as the API's codes.

@@ -112,6 +112,7 @@ pub async fn command_route(
         epoch: epoch as u64,
         op: op.to_owned(),
         command_id: Some(command_id.to_owned()),
+        subject: None,
         expires_unix_ms: now_ms() as u64 + TOKEN_LIFETIME_MS,
     };
     Ok(DataRoute {
@@ -245,4 +246,86 @@ async fn relayed(answer: reqwest::Response) -> Result<Relayed, ControlError> {
         status,
         body: body.to_vec(),
     })
+}
+
+/// How many runners offering a filesystem are asked whether a directory
+/// exists before the create goes on unchecked (the runner then checks at
+/// launch, `mount_source_missing`).
+const MOUNT_CHECK_RUNNERS_MAX: usize = 3;
+
+/// Refuses a create whose shared mounts name a directory that does not
+/// exist (422, naming it; nothing created), asking a live runner that
+/// offers the filesystem over its data path. Called before the create's
+/// transaction: no network call is made while it holds the database.
+pub async fn check_mount_sources(
+    state: &AppState,
+    org_id: &str,
+    mounts: &[api::sandboxes::Mount],
+) -> Result<(), ControlError> {
+    for mount in mounts.iter().filter(|m| !m.subpath.is_empty()) {
+        // Only the org's own filesystems are looked into: for any other,
+        // admission refuses the binding and no runner is asked anything.
+        if !records::filesystems::is_bound(&state.db.pool, &mount.filesystem, org_id).await? {
+            continue;
+        }
+        let capability = format!("filesystem:{}", mount.filesystem);
+        let runners =
+            records::runners::live_data_paths(&state.db.pool, &capability, now_ms()).await?;
+        for (runner_id, url, key) in runners.into_iter().take(MOUNT_CHECK_RUNNERS_MAX) {
+            let Some(key) = api::data_path::parse_key(&key) else {
+                continue;
+            };
+            let subject = format!("{}/{}", mount.filesystem, mount.subpath);
+            let claims = DataClaims {
+                sandbox_id: String::new(),
+                epoch: 0,
+                op: "filesystem.check".to_owned(),
+                command_id: None,
+                subject: Some(subject.clone()),
+                expires_unix_ms: now_ms() as u64 + TOKEN_LIFETIME_MS,
+            };
+            let answer = client()
+                .post(format!(
+                    "{}/v1/data/filesystems/check",
+                    url.trim_end_matches('/')
+                ))
+                .query(&[
+                    ("filesystem", &mount.filesystem),
+                    ("subpath", &mount.subpath),
+                ])
+                .bearer_auth(api::data_path::mint(&key, &claims))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await;
+            match answer.map(|a| a.status().as_u16()) {
+                Ok(200) => break,
+                Ok(404) => {
+                    return Err(ControlError::new(
+                        ErrorCode::UnsupportedCapability,
+                        format!(
+                            "shared filesystem {} has no directory {:?} (it must exist; nothing was created)",
+                            mount.filesystem, mount.subpath
+                        ),
+                    )
+                    .with_details(serde_json::json!({
+                        "missing": [format!("directory:{subject}")],
+                    })));
+                }
+                Ok(400) => {
+                    return Err(crate::limits::invalid(
+                        "mounts.subpath",
+                        format!(
+                            "{:?} leads outside filesystem {}",
+                            mount.subpath, mount.filesystem
+                        ),
+                    ));
+                }
+                // That runner could not say: ask another.
+                other => {
+                    tracing::debug!(%runner_id, ?other, "a runner could not check a shared directory");
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -35,6 +35,7 @@ pub async fn create(
         return Ok(replayed);
     }
     let mut row = admission::prepare(&state, &org_id, &mut request)?;
+    control::data_path::check_mount_sources(&state, &org_id, &request.mounts).await?;
     let id = row.id.clone();
     let mut tx = state.db.write().await?;
     admission::admit(&state, &mut tx, &mut row, &request).await?;

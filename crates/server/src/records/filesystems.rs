@@ -72,6 +72,22 @@ pub async fn binding(
     row.as_ref().map(binding_of).transpose()
 }
 
+/// Whether `filesystem` is bound to the org (a read outside any
+/// transaction: admission checks again inside its own).
+pub async fn is_bound(
+    pool: &sqlx::AnyPool,
+    filesystem: &str,
+    org_id: &str,
+) -> Result<bool, sqlx::Error> {
+    let row =
+        sqlx::query("SELECT 1 FROM filesystem_bindings WHERE filesystem_id = $1 AND org_id = $2")
+            .bind(filesystem)
+            .bind(org_id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.is_some())
+}
+
 /// Removes the binding; the one removed, if there was one. Sandboxes that
 /// mount the filesystem keep it until they are deleted.
 pub async fn unbind(

@@ -281,3 +281,25 @@ pub async fn data_path(pool: &AnyPool, id: &str) -> Result<Option<(String, Strin
         _ => None,
     })
 }
+
+/// Live runners offering `capability` that have a data path: id, URL, key.
+pub async fn live_data_paths(
+    pool: &AnyPool,
+    capability: &str,
+    now_ms: i64,
+) -> Result<Vec<(String, String, String)>, sqlx::Error> {
+    let rows: Vec<(String, String, String, String)> = sqlx::query_as(
+        "SELECT id, capabilities, data_url, data_key FROM runners WHERE state = 'live' AND lease_expires_at_ms > $1 AND data_url IS NOT NULL AND data_key IS NOT NULL ORDER BY id",
+    )
+    .bind(now_ms)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter(|(_, capabilities, _, _)| {
+            serde_json::from_str::<Vec<String>>(capabilities)
+                .is_ok_and(|offered| offered.iter().any(|c| c == capability))
+        })
+        .map(|(id, _, url, key)| (id, url, key))
+        .collect())
+}
