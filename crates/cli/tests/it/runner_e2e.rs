@@ -119,7 +119,7 @@ impl RunnerProcess {
     }
 
     /// The init's host pid, as runc reports it.
-    fn init_pid(&self, sandbox_id: &str) -> i32 {
+    pub(crate) fn init_pid(&self, sandbox_id: &str) -> i32 {
         let output = Command::new("runc")
             .arg(format!("--root={}", self.runtime_root().display()))
             .args(["state", sandbox_id])

@@ -269,3 +269,41 @@ async fn an_attach_resumes_from_its_offset_and_ends_with_the_commands_end() {
     assert_eq!(exit["state_reason"], "sandbox_stopped", "{exit}");
     stack.runner.assert_no_errors();
 }
+
+/// Issue 15, point 4: when the sandbox dies under an attached command
+/// (its init killed from the host), the stream ends promptly with the
+/// command's honest end, it does not hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_ends_when_its_sandbox_dies() {
+    let stack = Stack::start_full(&[], &[]).await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    let commands = format!("/v1/sandboxes/{sid}/commands");
+    let created = api
+        .post(
+            &commands,
+            json!({"argv": ["sh", "-c", "echo up; exec sleep 1000"], "tty": {"rows": 24, "cols": 80}}),
+        )
+        .await;
+    let cid = created.str("id");
+    let mut socket = connect(&api, &format!("{commands}/{cid}/attach"))
+        .await
+        .expect("attach");
+    let (seen, _) = read_socket(&mut socket, Some("up")).await;
+    assert!(seen.contains("up"), "{seen:?}");
+    let pid = stack.runner.init_pid(&sid);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the init");
+    let (_, exit) = read_socket(&mut socket, None).await;
+    let exit = exit.expect("an exit message before the close");
+    assert_eq!(exit["type"], "exit");
+    let state = exit["state"].as_str().unwrap_or("");
+    assert!(
+        ["interrupted", "unknown"].contains(&state),
+        "an honest end for a command whose sandbox died: {exit}"
+    );
+}
