@@ -307,3 +307,45 @@ async fn an_attach_ends_when_its_sandbox_dies() {
         "an honest end for a command whose sandbox died: {exit}"
     );
 }
+
+/// An attached client sending a message past the bound (1 MiB) loses its
+/// connection; the server and the command go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_attach_message_closes_that_connection_only() {
+    use futures::SinkExt;
+    let stack = Stack::start_full(&[], &[]).await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    let commands = format!("/v1/sandboxes/{sid}/commands");
+    let created = api
+        .post(
+            &commands,
+            json!({"argv": ["sh", "-c", "echo up; read line; echo \"read $line\""], "stdin": true}),
+        )
+        .await;
+    let cid = created.str("id");
+    let attach = format!("{commands}/{cid}/attach");
+    let mut socket = connect(&api, &attach).await.expect("attach");
+    let (seen, _) = read_socket(&mut socket, Some("up")).await;
+    assert_eq!(seen, "up\n");
+    let _ = socket
+        .send(Message::Binary(vec![b'x'; 2 * 1024 * 1024].into()))
+        .await;
+    let (_, exit) = read_socket(&mut socket, None).await;
+    assert!(
+        exit.is_none(),
+        "the connection closed without an end: {exit:?}"
+    );
+    // Attached again: the command still runs and takes a normal line.
+    let mut again = connect(&api, &format!("{attach}?offset=3"))
+        .await
+        .expect("attach");
+    again
+        .send(Message::Binary(b"fine\n".to_vec().into()))
+        .await
+        .expect("send");
+    let (seen, exit) = read_socket(&mut again, None).await;
+    assert_eq!(seen, "read fine\n");
+    assert_eq!(exit.expect("its end")["state"], "exited");
+}

@@ -294,6 +294,9 @@ fn relayed_response(relayed: control::data_path::Relayed) -> Response {
     response
 }
 
+/// The largest WebSocket message an attached client may send.
+const ATTACH_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
+
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -322,6 +325,12 @@ pub async fn attach(
 ) -> Result<Response, ControlError> {
     // Refused before the upgrade: another org's command is 404.
     Box::pin(visible_command(&state, &org_id, &sandbox_id, &id)).await?;
+    // A message is at most what one stdin write takes: a client cannot
+    // make the server hold more per connection than that and the feed's
+    // bounded queue.
+    let upgrade = upgrade
+        .max_message_size(ATTACH_MESSAGE_BYTES_MAX)
+        .max_frame_size(ATTACH_MESSAGE_BYTES_MAX);
     Ok(upgrade.on_upgrade(move |socket| async move {
         attach_session(state, org_id, sandbox_id, id, query.offset, socket).await;
     }))
