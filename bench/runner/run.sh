@@ -133,7 +133,7 @@ print(f"| {a['sandboxes']} at once: create → running, each | {ac['n']} | {ac['
 print(f"| {a['sandboxes']} at once: `true` in each, each | {ae['n']} | {ae['p50']} | {ae['p99']} | | |")
 print(f"| {a['sandboxes']} at once: until all run | 1 | {a['all_running_ms']} | | runc create + start, {a['sandboxes']} at once: {p['runc_at_once_all_running_ms']} | {ratio(a['all_running_ms'], p['runc_at_once_all_running_ms'])} |")
 if "idle_agent_rss_kib" in r:
-    print(f"\nAn idle sandbox's init (its agent): {r['idle_agent_rss_kib']} KiB resident.")
+    print(f"\nAn idle sandbox's init (its agent): {r['idle_agent_rss_kib']} KiB resident, of which {r.get('idle_agent_anon_kib', '?')} KiB its own (anonymous); proportional set size {r.get('idle_agent_pss_kib', '?')} KiB.")
 print(f"\n{a['sandboxes']} sandboxes at once: all running after {a['all_running_ms']} ms; one `true` in each, all ended after {a['all_executed_ms']} ms (load average then: {a['loadavg']}).")
 print("\n```json\n" + json.dumps(r, indent=2) + "\n```")
 PY

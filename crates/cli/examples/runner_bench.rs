@@ -238,10 +238,14 @@ impl Peer {
         }
         // ...and no lease for its init to watch (it would stop the peer's
         // processes once the copied deadline passed).
-        if let Some(args) = config["process"]["args"].as_array_mut()
-            && let Some(at) = args.iter().position(|arg| arg == "--lease-dir")
-        {
-            args.drain(at..(at + 2).min(args.len()));
+        // ...and no agent (runc alone passes it no socket; `runc exec` is
+        // what the peer measures).
+        if let Some(args) = config["process"]["args"].as_array_mut() {
+            for flag in ["--lease-dir", "--agent-fd"] {
+                if let Some(at) = args.iter().position(|arg| arg == flag) {
+                    args.drain(at..(at + 2).min(args.len()));
+                }
+            }
         }
         Ok(Peer {
             scratch,
@@ -377,12 +381,19 @@ async fn main() -> Result<()> {
         .context("the sandbox's init.pid")?;
     let status = std::fs::read_to_string(format!("/proc/{}/status", init_pid.trim()))
         .context("the init's /proc status")?;
-    let idle_agent_rss_kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
-        .context("VmRSS of the init")?;
+    let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", init_pid.trim()))
+        .context("the init's smaps_rollup")?;
+    let kib = |text: &str, field: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse().ok())
+    };
+    let idle_agent_rss_kib = kib(&status, "VmRSS:").context("VmRSS of the init")?;
+    // What one more sandbox costs: its own pages (anonymous), and its
+    // share of the binary's pages that every init maps (Pss).
+    let idle_agent_anon_kib = kib(&status, "RssAnon:").context("RssAnon of the init")?;
+    let idle_agent_pss_kib = kib(&rollup, "Pss:").context("Pss of the init")?;
     delete(&client, &exec_sandbox).await?;
 
     eprintln!("{} sandboxes at once (and runc alone)", args.at_once);
@@ -423,6 +434,8 @@ async fn main() -> Result<()> {
         "exec_true": summary(&exec),
         "first_byte": summary(&first_bytes),
         "idle_agent_rss_kib": idle_agent_rss_kib,
+        "idle_agent_anon_kib": idle_agent_anon_kib,
+        "idle_agent_pss_kib": idle_agent_pss_kib,
         "at_once": {
             "sandboxes": args.at_once,
             "all_running_ms": ms(all_running),
