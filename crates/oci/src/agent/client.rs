@@ -26,6 +26,9 @@ use crate::state::Status;
 /// How long a connection to the agent may take: a sandbox whose init is
 /// frozen or gone must not hang the runner.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an init that closed its agent's connections may still be
+/// reported running by the runtime (dead, not yet reaped).
+const INIT_GONE_GRACE: Duration = Duration::from_secs(5);
 
 /// A command the agent knows, as listed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -537,11 +540,17 @@ impl AgentExecution {
         let Some(status) = status else {
             // No end from the agent: its init is gone (a stop or a death
             // killed every process), or something killed the agent alone.
-            if alive().await {
-                return Err(self.sandbox.agent_error(
-                    "unreachable",
-                    "the agent closed the connection before the command ended",
-                ));
+            // The runtime may still call a just-dead init running for a
+            // moment (until it is reaped): look again before concluding.
+            let deadline = Instant::now() + INIT_GONE_GRACE;
+            while alive().await {
+                if Instant::now() >= deadline {
+                    return Err(self.sandbox.agent_error(
+                        "unreachable",
+                        "the agent closed the connection before the command ended",
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
             if timed_out {
                 return Ok(Outcome::TimedOut);
