@@ -165,6 +165,59 @@ impl Backend for LocalBackend {
         }
     }
 
+    /// One open and positioned reads, never the whole file.
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        use std::os::unix::fs::FileExt;
+        let file = match fs::File::open(self.path(key)?) {
+            Ok(file) => file,
+            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(err) => return Err(local_error(&self.root, key, err)),
+        };
+        let len = usize::try_from(len).map_err(|_| Error::Backend {
+            op: "get",
+            key: key.to_owned(),
+            message: format!("range of {len} bytes"),
+        })?;
+        let mut out = vec![0u8; len];
+        let mut read = 0;
+        while read < len {
+            match file.read_at(&mut out[read..], offset + read as u64) {
+                Ok(0) => break,
+                Ok(n) => read += n,
+                Err(err) if err.kind() == ErrorKind::Interrupted => {}
+                Err(err) => return Err(local_error(&self.root, key, err)),
+            }
+        }
+        out.truncate(read);
+        Ok(Some(out))
+    }
+
+    /// Stops at the first file found.
+    fn any_under(&self, prefix: &str) -> Result<bool> {
+        let mut stack = vec![self.path(prefix.trim_end_matches('/'))?];
+        while let Some(dir) = stack.pop() {
+            let entries = match fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(err) if err.kind() == ErrorKind::NotFound => continue,
+                Err(err) => return Err(local_error(&self.root, prefix, err)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| local_error(&self.root, prefix, e))?;
+                if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+                    continue;
+                }
+                match entry.file_type() {
+                    Ok(kind) if kind.is_dir() => stack.push(entry.path()),
+                    Ok(kind) if kind.is_file() => return Ok(true),
+                    Ok(_) => {}
+                    Err(err) if err.kind() == ErrorKind::NotFound => {}
+                    Err(err) => return Err(local_error(&self.root, prefix, err)),
+                }
+            }
+        }
+        Ok(false)
+    }
+
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
         keys.iter()
             .map(|key| match fs::symlink_metadata(self.path(key)?) {

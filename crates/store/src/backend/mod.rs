@@ -70,6 +70,35 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Bytes `offset .. offset + len` of the object at `key`: fewer when
+    /// the object ends sooner (the caller, which knows how long it should
+    /// be, says what is wrong), `None` when it does not exist. Packs are
+    /// read this way: many objects of one pack in one read.
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        Ok(self.get(key)?.map(|bytes| {
+            let start = usize::try_from(offset).map_or(bytes.len(), |o| o.min(bytes.len()));
+            let end = usize::try_from(offset.saturating_add(len))
+                .map_or(bytes.len(), |e| e.min(bytes.len()));
+            bytes[start..end].to_vec()
+        }))
+    }
+
+    /// Several ranges `(key, offset, len)`, each as [`Backend::get_range`]
+    /// answers it, in order. The default reads one after another; S3 sends
+    /// several at once.
+    fn get_ranges(&self, ranges: &[(String, u64, u64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        ranges
+            .iter()
+            .map(|(key, offset, len)| self.get_range(key, *offset, *len))
+            .collect()
+    }
+
+    /// Whether any object's key starts with `prefix` (which ends in `/`).
+    /// Errors are errors, never `false`.
+    fn any_under(&self, prefix: &str) -> Result<bool> {
+        Ok(!self.list(prefix)?.is_empty())
+    }
+
     /// For each key, whether it exists. Errors are errors, never `false`.
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>>;
 
