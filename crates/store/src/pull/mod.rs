@@ -257,12 +257,12 @@ impl Materializer<'_> {
         prefetched: &Prefetched,
     ) -> Result<Vec<u8>> {
         if let Some(stored) = prefetched.get(object) {
-            return block::decode(&object.digest, stored).or_else(|err| {
+            return block::decode(&object.digest, stored).map_err(|err| {
                 // Read it once more on its own: the store's own read says
                 // what is wrong where it knows more (a truncated pack).
                 match self.objects.get(self.org, object) {
-                    Err(precise) => Err(precise.at(rel)),
-                    Ok(_) => Err(err.at(rel)),
+                    Err(precise) => precise.at(rel),
+                    Ok(_) => err.at(rel),
                 }
             });
         }
