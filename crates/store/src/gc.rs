@@ -482,12 +482,13 @@ fn rewrite_round(
     if chosen.is_empty() {
         return Ok(Vec::new());
     }
-    // Survivors per org, read a pack at a time.
-    let mut survivors: HashMap<OrgId, Vec<(ObjectId, Vec<u8>)>> = HashMap::new();
-    // Survivors keep the age of the oldest pack they come from.
-    let mut born: HashMap<OrgId, SystemTime> = HashMap::new();
+    // Survivors per org, read a pack at a time and written a pack's worth
+    // at a time (memory: about a pack per org), each new pack keeping the
+    // age of the oldest pack its objects come from.
+    let mut pending: HashMap<OrgId, Survivors> = HashMap::new();
+    let mut written: Vec<Pack> = Vec::new();
     let mut dropped: Vec<(OrgId, ObjectId)> = Vec::new();
-    let mut gone: Vec<usize> = Vec::new();
+    let mut skipped: Vec<usize> = Vec::new();
     for i in &chosen {
         let pack = &current[*i];
         lock.refresh_if_due()?;
@@ -501,35 +502,36 @@ fn rewrite_round(
             Vec::new()
         } else {
             match store.read_pack(&pack.org, &pack.index.pack)? {
-                Some(bytes) => bytes,
+                Some(bytes) if bytes.len() as u64 == pack.index.pack_bytes => bytes,
                 // Another gc rewrote it first: its survivors are there.
                 None => {
-                    gone.push(*i);
+                    skipped.push(*i);
+                    continue;
+                }
+                // Truncated: left as it is, for `store verify` to name.
+                Some(bytes) => {
+                    tracing::warn!(org = %pack.org, pack = %pack.index.pack, bytes = bytes.len(), expected = pack.index.pack_bytes, "truncated pack left as it is");
+                    report.packs_refused += 1;
+                    skipped.push(*i);
                     continue;
                 }
             }
         };
-        if !keep.is_empty() {
-            let oldest = born.entry(pack.org.clone()).or_insert(pack.modified);
-            *oldest = (*oldest).min(pack.modified);
-        }
+        let survivors = pending
+            .entry(pack.org.clone())
+            .or_insert_with(|| Survivors {
+                objects: Vec::new(),
+                bytes: 0,
+                born: pack.modified,
+            });
+        survivors.born = survivors.born.min(pack.modified);
         for entry in &keep {
             let range = entry.offset as usize..(entry.offset + u64::from(entry.length)) as usize;
-            let stored = bytes.get(range).ok_or_else(|| Error::Corrupt {
-                digest: entry.object.digest,
-                path: None,
-                reason: crate::Corruption::Frame(format!(
-                    "pack {} is {} bytes, its index says {} (truncated pack)",
-                    pack.index.pack,
-                    bytes.len(),
-                    pack.index.pack_bytes
-                )),
-            })?;
             report.bytes_copied += u64::from(entry.length);
+            survivors.bytes += u64::from(entry.length);
             survivors
-                .entry(pack.org.clone())
-                .or_default()
-                .push((entry.object, stored.to_vec()));
+                .objects
+                .push((entry.object, bytes[range].to_vec()));
         }
         for entry in &pack.index.entries {
             if rule(&pack.org, &entry.object) {
@@ -537,33 +539,33 @@ fn rewrite_round(
                 report.bytes_deleted += u64::from(entry.length);
             }
         }
-    }
-    let mut written: Vec<Pack> = Vec::new();
-    for (org, objects) in &survivors {
-        let refs: Vec<(ObjectId, &[u8])> =
-            objects.iter().map(|(o, b)| (*o, b.as_slice())).collect();
-        let oldest = born.get(org).copied();
-        for index in store.write_packs(org, &refs, oldest)? {
-            written.push(Pack {
-                org: org.clone(),
-                index,
-                modified: oldest.unwrap_or_else(SystemTime::now),
-            });
+        if survivors.bytes >= crate::pack::PACK_BYTES_MAX
+            && let Some(full) = pending.remove(&pack.org)
+        {
+            written.extend(full.write(store, &pack.org)?);
         }
+    }
+    for (org, survivors) in pending {
+        written.extend(survivors.write(store, &org)?);
         lock.refresh_if_due()?;
     }
     report.packs_written += written.len() as u64;
     store.sync()?;
     let old: Vec<(OrgId, PackId)> = chosen
         .iter()
-        .filter(|i| !gone.contains(i))
+        .filter(|i| !skipped.contains(i))
         .map(|i| (current[*i].org.clone(), current[*i].index.pack))
         .collect();
     old.par_iter()
         .try_for_each(|(org, pack)| store.delete_pack(org, pack))?;
     report.packs_deleted += old.len() as u64;
     report.deleted += dropped.len() as u64;
-    let chosen_set: HashSet<usize> = chosen.iter().copied().collect();
+    // A skipped pack stays in `current`, as it is.
+    let chosen_set: HashSet<usize> = chosen
+        .iter()
+        .filter(|i| !skipped.contains(i))
+        .copied()
+        .collect();
     let mut kept: Vec<Pack> = current
         .drain(..)
         .enumerate()
@@ -573,6 +575,36 @@ fn rewrite_round(
     kept.extend(written);
     *current = kept;
     Ok(dropped)
+}
+
+/// Survivors of rewritten packs waiting to be written.
+struct Survivors {
+    objects: Vec<(ObjectId, Vec<u8>)>,
+    bytes: u64,
+    /// The oldest pack they come from.
+    born: SystemTime,
+}
+
+impl Survivors {
+    fn write(self, store: &Store, org: &OrgId) -> Result<Vec<Pack>> {
+        if self.objects.is_empty() {
+            return Ok(Vec::new());
+        }
+        let refs: Vec<(ObjectId, &[u8])> = self
+            .objects
+            .iter()
+            .map(|(o, b)| (*o, b.as_slice()))
+            .collect();
+        Ok(store
+            .write_packs(org, &refs, Some(self.born))?
+            .into_iter()
+            .map(|index| Pack {
+                org: org.clone(),
+                index,
+                modified: self.born,
+            })
+            .collect())
+    }
 }
 
 /// Height of each condemned tree among condemned trees. A corrupt or
