@@ -570,3 +570,59 @@ fn an_index_naming_another_orgs_pack_is_refused() {
         report.errors
     );
 }
+
+/// The gc/push race on packs: b pushes content a has just dropped, and a
+/// gc runs between b's upload and its commit, rewriting the mixed packs
+/// (live objects copied, a's old ones dropped, some of which b found
+/// present and relies on). b's commit finds them gone under the commit
+/// lock, uploads them again and commits a whole home (or says
+/// `CommitRaced`, and a retry does).
+#[test]
+fn a_push_relying_on_objects_a_pack_rewrite_drops_uploads_them_again() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let store = Store::new(Arc::clone(&backend));
+    let acme = org("acme");
+    let old = many_files("src", 40, 800);
+    let mut new = old.clone();
+    for (path, content) in new.iter_mut().step_by(2) {
+        content.extend_from_slice(path.as_bytes());
+    }
+    let old_dir = home_dir(&refs(&old));
+    push(&store, &acme, &home("a"), old_dir.path()).expect("push a (old)");
+    push(&store, &acme, &home("a"), home_dir(&refs(&new)).path()).expect("push a (new)");
+
+    let reports = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&reports);
+    let gc_store = Store::new(Arc::clone(&backend));
+    let mut options = crate::support::push_options();
+    options.before_commit = Some(Box::new(move || {
+        let report = gc::gc(&gc_store, Duration::ZERO).expect("gc between upload and commit");
+        seen.lock().expect("lock").push(report);
+    }));
+    let b_dir = home_dir(&refs(&old));
+    let raced = store::push::push(
+        &store,
+        &acme,
+        &home("b"),
+        b_dir.path(),
+        &options,
+        &store::progress::NoProgress,
+    );
+    let report = reports.lock().expect("lock")[0].clone();
+    assert!(
+        report.deleted > 0 && report.packs_written > 0,
+        "gc rewrote mixed packs: {report:?}"
+    );
+    match raced {
+        Ok(_) => {}
+        Err(Error::CommitRaced) => {
+            push(&store, &acme, &home("b"), b_dir.path()).expect("the retry commits");
+        }
+        Err(other) => panic!("unexpected {other}"),
+    }
+    assert_verify_ok(&store);
+    assert_present_trees_are_complete(&store);
+    let dest = tempdir();
+    pull(&Store::new(backend), &acme, &home("b"), dest.path()).expect("pull b");
+    assert_eq!(contents(dest.path()), contents(b_dir.path()));
+}
