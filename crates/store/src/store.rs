@@ -115,6 +115,10 @@ pub struct Store {
     /// One listing-and-merge at a time, so an older listing is never
     /// applied over a newer one.
     refreshing: Mutex<()>,
+    /// A local directory keeping copies of pack indexes read (immutable,
+    /// so a copy never goes stale; each is checked like the original):
+    /// a new process reads the org's index from disk, not the store.
+    index_cache: Option<std::path::PathBuf>,
 }
 
 /// An org's pack index: every object of every pack index read, by name.
@@ -195,6 +199,67 @@ impl Store {
             packing: true,
             packs: Mutex::new(HashMap::new()),
             refreshing: Mutex::new(()),
+            index_cache: None,
+        }
+    }
+
+    /// This store keeping copies of the pack indexes it reads under `dir`
+    /// (one directory per store: the caller names it). Losing the copies
+    /// costs reading the indexes from the store again; a copy that does
+    /// not decode (checksum, org, pack) is read again from the store.
+    pub fn with_index_cache(self, dir: std::path::PathBuf) -> Store {
+        Store {
+            index_cache: Some(dir),
+            ..self
+        }
+    }
+
+    fn cached_index_path(&self, org: &OrgId, pack: &PackId) -> Option<std::path::PathBuf> {
+        self.index_cache
+            .as_ref()
+            .map(|dir| dir.join(org.as_str()).join(format!("{pack}.idx")))
+    }
+
+    /// An index from the local cache, if there and sound.
+    fn cached_index(&self, org: &OrgId, pack: &PackId) -> Option<PackIndex> {
+        let bytes = std::fs::read(self.cached_index_path(org, pack)?).ok()?;
+        crate::pack::decode_index(org, pack, &bytes).ok()
+    }
+
+    /// Keeps a copy of an index read from the store; a failure only costs
+    /// a later read.
+    fn cache_index(&self, org: &OrgId, pack: &PackId, bytes: &[u8]) {
+        let Some(path) = self.cached_index_path(org, pack) else {
+            return;
+        };
+        let write = || -> std::io::Result<()> {
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            let temp = path.with_extension(format!("tmp.{}", std::process::id()));
+            std::fs::write(&temp, bytes)?;
+            std::fs::rename(&temp, &path)
+        };
+        if let Err(err) = write() {
+            tracing::debug!(%err, path = %path.display(), "pack index not cached");
+        }
+    }
+
+    /// Removes cached copies of indexes whose packs are gone.
+    fn prune_index_cache(&self, org: &OrgId, listed: &HashSet<PackId>) {
+        let Some(dir) = self.index_cache.as_ref().map(|d| d.join(org.as_str())) else {
+            return;
+        };
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let gone = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".idx"))
+                .and_then(|id| id.parse::<PackId>().ok())
+                .is_some_and(|pack| !listed.contains(&pack));
+            if gone {
+                let _ = std::fs::remove_file(entry.path());
+            }
         }
     }
 
@@ -315,18 +380,31 @@ impl Store {
                 .collect();
             (rebuild, wanted)
         };
-        let keys: Vec<String> = wanted
+        let mut indexes = Vec::new();
+        let mut uncached = Vec::new();
+        for pack in wanted {
+            match self.cached_index(org, &pack) {
+                Some(index) => indexes.push(index),
+                None => uncached.push(pack),
+            }
+        }
+        if rebuild {
+            self.prune_index_cache(org, &listed_set);
+        }
+        let keys: Vec<String> = uncached
             .iter()
             .map(|pack| Self::pack_key(org, pack, PackPart::Index))
             .collect();
         let fetched = self.backend.get_batch(&keys)?;
-        let mut indexes = Vec::new();
         let mut refused = Vec::new();
-        for (pack, bytes) in wanted.iter().zip(fetched) {
+        for (pack, bytes) in uncached.iter().zip(fetched) {
             // Gone since the listing: removed by a gc, like one unlisted.
             let Some(bytes) = bytes else { continue };
             match crate::pack::decode_index(org, pack, &bytes) {
-                Ok(index) => indexes.push(index),
+                Ok(index) => {
+                    self.cache_index(org, pack, &bytes);
+                    indexes.push(index);
+                }
                 Err(reason) => {
                     tracing::warn!(%org, %pack, %reason, "pack index refused; its objects count as absent");
                     refused.push(*pack);

@@ -626,3 +626,44 @@ fn a_push_relying_on_objects_a_pack_rewrite_drops_uploads_them_again() {
     pull(&Store::new(backend), &acme, &home("b"), dest.path()).expect("pull b");
     assert_eq!(contents(dest.path()), contents(b_dir.path()));
 }
+
+/// The org's index from the local copies of pack indexes: a new process
+/// with the cache reads no index from the store; with the cache lost, it
+/// reads them again (and keeps them again); a damaged copy is read again
+/// from the store, never trusted.
+#[test]
+fn the_index_cache_serves_a_new_process_and_is_rebuilt_when_lost() {
+    let double = Double::new(Arc::new(MemoryBackend::default()));
+    let acme = org("acme");
+    let src = home_dir(&refs(&many_files("f", 200, 1000)));
+    let root = push(&Store::new(double.clone()), &acme, &home("h"), src.path())
+        .expect("push")
+        .root
+        .expect("root");
+    let packs = packs_of(double.as_ref(), &acme).len();
+    let cache = tempdir();
+    let index_reads = |expected: usize, what: &str| {
+        double.arm(Faults::default());
+        let store = Store::new(double.clone()).with_index_cache(cache.path().join("store"));
+        assert!(
+            store
+                .missing(&acme, &[ObjectId::tree(root)])
+                .expect("missing")
+                .is_empty()
+        );
+        let read: usize = double.get_batches().iter().sum();
+        assert_eq!(read, expected, "{what}");
+    };
+    index_reads(packs, "a first process reads every index");
+    index_reads(0, "the next reads them from the cache");
+    std::fs::remove_dir_all(cache.path().join("store")).expect("lose the cache");
+    index_reads(packs, "a lost cache is rebuilt from the store");
+    let copy = std::fs::read_dir(cache.path().join("store/acme"))
+        .expect("cached")
+        .next()
+        .expect("a copy")
+        .expect("entry")
+        .path();
+    std::fs::write(&copy, b"damaged").expect("damage");
+    index_reads(1, "a damaged copy is read again");
+}
