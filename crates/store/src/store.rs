@@ -822,13 +822,17 @@ impl Objects for Store {
         Ok(out)
     }
 
-    /// Packs make a batch one read per pack.
+    /// Where a request is a round trip (S3), a batch is a ranged read per
+    /// pack; a local directory reads single objects faster, in parallel.
     fn reads_in_batches(&self) -> bool {
-        true
+        self.backend.reads_in_batches()
     }
 
     fn upload_batch_limits(&self) -> (u64, usize) {
-        if self.packing {
+        if self.packing && self.backend.reads_in_batches() {
+            // Requests cost: a pack's full size, half the PUTs.
+            (crate::pack::PACK_BYTES_MAX, crate::pack::PACK_OBJECTS_MAX)
+        } else if self.packing {
             (
                 crate::pack::UPLOAD_PACK_BYTES,
                 crate::pack::PACK_OBJECTS_MAX,

@@ -61,11 +61,13 @@ pub trait Backend: Send + Sync {
         keys.iter().map(|key| self.get(key)).collect()
     }
 
-    /// Whether [`Backend::get_batch`] saves round trips over one `get` per
-    /// object: what a [`crate::Store`] over it answers for
-    /// [`crate::Objects::reads_in_batches`], which steers pull. None of
-    /// the three backends does (pull's parallel directories keep S3 busy);
-    /// the tests' wrapper says so to drive pull's batched path.
+    /// Whether a request costs a round trip (S3), so that reading many
+    /// objects (a pack's neighbours) in one ranged read and writing larger
+    /// packs pay: what a [`crate::Store`] over it answers for
+    /// [`crate::Objects::reads_in_batches`], which steers pull. A local
+    /// directory does not (pull's parallel reads of single objects, each a
+    /// positioned read of an open pack, are faster there); the tests'
+    /// wrapper says so to drive pull's batched path.
     fn reads_in_batches(&self) -> bool {
         false
     }

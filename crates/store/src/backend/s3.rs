@@ -159,9 +159,7 @@ impl Backend for S3Backend {
         self.runtime.block_on(self.get_async(key))
     }
 
-    /// Several GETs at once (the block service hands out batches). Pull
-    /// still fetches object by object from S3 directly: its parallel
-    /// directories already keep requests in flight.
+    /// Several GETs at once (the block service hands out batches).
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
         self.runtime.block_on(
             futures::stream::iter(keys)
@@ -198,6 +196,11 @@ impl Backend for S3Backend {
                 Some(Err(err)) => Err(backend_error("list", prefix, err)),
             }
         })
+    }
+
+    /// A request is a round trip: read packs in ranges of many objects.
+    fn reads_in_batches(&self) -> bool {
+        true
     }
 
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
