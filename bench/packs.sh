@@ -19,6 +19,7 @@
 #   env ROOST_OLD_BIN  a roost from before packs (optional)
 #   env BENCH_DIR      scratch (default /tmp/roost-packs-bench), wiped
 #   env AWS_*          the S3 server (source /work/testenv/env or scripts/test.sh's)
+#   env S3_ONLY=1      only the S3 phase, on the data an earlier run left
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -37,8 +38,9 @@ done
 for t in restic tar /usr/bin/time python3; do
   command -v "$t" >/dev/null || { echo "packs.sh: missing $t" >&2; exit 1; }
 done
-rm -rf "$BENCH_DIR"; mkdir -p "$BENCH_DIR"
-RES=$BENCH_DIR/results.txt; : >"$RES"
+if [ -z "${S3_ONLY:-}" ]; then rm -rf "$BENCH_DIR"; fi
+mkdir -p "$BENCH_DIR"
+RES=$BENCH_DIR/results.txt; [ -n "${S3_ONLY:-}" ] || : >"$RES"
 export RESTIC_PASSWORD=bench ROOST_HOME_EXCLUDES= ROOST_STATE_DIR=$BENCH_DIR/state
 log() { echo "[$(date +%T)] $*" >&2; }
 
@@ -77,7 +79,7 @@ s3() {
   local ds=$1 src=$2 port=39177
   python3 "$HERE/s3_count_proxy.py" $port "${AWS_ENDPOINT_URL#http://}" &
   local proxy=$!
-  sleep 1
+  for _ in $(seq 50); do curl -s "http://127.0.0.1:$port/__counts" >/dev/null && break; sleep 0.2; done
   local url="s3://${ROOST_TEST_S3_BUCKET:-roost-test}/packs-bench-$ds-$$"
   curl -s -X POST "http://127.0.0.1:$port/__reset" >/dev/null
   AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ALLOW_HTTP=true \
@@ -90,6 +92,11 @@ s3() {
   kill $proxy; rm -rf "$BENCH_DIR/$ds.s3out" "$BENCH_DIR/fresh-state"
 }
 
+if [ -n "${S3_ONLY:-}" ]; then
+  # env S3_ONLY=1: only the S3 phase, on the data sets an earlier run left.
+  for ds in python gen; do s3 "$ds" "$BENCH_DIR/$ds"; done
+  exit 0
+fi
 log "generating the home ($FILES files, $SIZE)"
 python3 "$HERE/gen_home.py" "$BENCH_DIR/gen" --files "$FILES" --size "$SIZE" --seed 1 >/dev/null
 mkdir -p "$BENCH_DIR/python"
