@@ -65,19 +65,28 @@ struct Opened {
 
 impl Target {
     fn open(&self) -> Result<Opened> {
+        // The pack indexes this store's packs carry, kept per store URL.
+        let cache = self
+            .state_dir()?
+            .join("pack-indexes")
+            .join(&store::Digest::of(self.store.as_bytes()).to_hex()[..32]);
         Ok(Opened {
             org: self.org.parse()?,
             home: self.home.parse()?,
-            store: Store::open(&self.store)?,
+            store: Store::open(&self.store)?.with_index_cache(cache),
         })
+    }
+
+    fn state_dir(&self) -> Result<PathBuf> {
+        match &self.state_dir {
+            Some(dir) => Ok(dir.clone()),
+            None => default_state_dir(),
+        }
     }
 
     /// The index for `dir`, named by a hash of its absolute path.
     fn index_path(&self, dir: &Path) -> Result<PathBuf> {
-        let state_dir = match &self.state_dir {
-            Some(dir) => dir.clone(),
-            None => default_state_dir()?,
-        };
+        let state_dir = self.state_dir()?;
         let absolute =
             std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
         let name = store::Digest::of(absolute.as_os_str().as_encoded_bytes()).to_hex();

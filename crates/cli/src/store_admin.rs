@@ -1,4 +1,4 @@
-//! `roost store gc|verify|stats`: maintenance over a whole store.
+//! `roost store gc|verify|stats|repack`: maintenance over a whole store.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -36,6 +36,14 @@ pub enum StoreCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Move objects stored one per file (stores from before packs) into
+    /// packs, online: pushes, pulls and gc may run meanwhile.
+    Repack {
+        #[arg(long, value_name = "URL")]
+        store: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run(command: StoreCommand) -> Result<ExitCode> {
@@ -51,6 +59,12 @@ pub fn run(command: StoreCommand) -> Result<ExitCode> {
                     "kept_young": report.kept_young,
                     "deleted": report.deleted,
                     "bytes_deleted": report.bytes_deleted,
+                    "packs": report.packs,
+                    "packs_deleted": report.packs_deleted,
+                    "packs_written": report.packs_written,
+                    "bytes_copied": report.bytes_copied,
+                    "dead_kept": report.dead_kept,
+                    "packs_refused": report.packs_refused,
                 }));
             } else {
                 println!(
@@ -74,6 +88,7 @@ pub fn run(command: StoreCommand) -> Result<ExitCode> {
                     "ok": report.ok(),
                     "roots": report.roots,
                     "objects_checked": report.objects_checked,
+                    "packs_checked": report.packs_checked,
                     "errors": report.errors,
                 }));
             } else {
@@ -81,9 +96,10 @@ pub fn run(command: StoreCommand) -> Result<ExitCode> {
                     println!("error: {error}");
                 }
                 println!(
-                    "verify: {} homes, {} objects checked, {}",
+                    "verify: {} homes, {} objects and {} packs checked, {}",
                     report.roots,
                     report.objects_checked,
+                    report.packs_checked,
                     if report.ok() {
                         "ok".to_owned()
                     } else {
@@ -113,26 +129,65 @@ pub fn run(command: StoreCommand) -> Result<ExitCode> {
                             "stored_bytes": o.stored_bytes,
                             "logical_bytes": o.logical_bytes,
                             "dedup_ratio": o.dedup_ratio,
+                            "packs": o.packs,
+                            "loose": o.loose,
+                            "dead_bytes": o.dead_bytes,
+                            "repack_candidates": o.repack_candidates,
+                            "packs_refused": o.packs_refused,
                         })
                     })
                     .collect();
                 print_json(&json!({ "orgs": orgs }));
             } else {
                 println!(
-                    "{:<24} {:>6} {:>10} {:>12} {:>12} {:>7}",
-                    "ORG", "HOMES", "OBJECTS", "STORED", "LOGICAL", "RATIO"
+                    "{:<24} {:>6} {:>10} {:>12} {:>12} {:>7} {:>6} {:>10} {:>8}",
+                    "ORG",
+                    "HOMES",
+                    "OBJECTS",
+                    "STORED",
+                    "LOGICAL",
+                    "RATIO",
+                    "PACKS",
+                    "DEAD",
+                    "REPACK"
                 );
                 for o in &orgs {
                     println!(
-                        "{:<24} {:>6} {:>10} {:>12} {:>12} {:>6.1}x",
+                        "{:<24} {:>6} {:>10} {:>12} {:>12} {:>6.1}x {:>6} {:>10} {:>8}",
                         o.org,
                         o.homes,
                         o.objects,
                         human_bytes(o.stored_bytes),
                         human_bytes(o.logical_bytes),
-                        o.dedup_ratio
+                        o.dedup_ratio,
+                        o.packs,
+                        human_bytes(o.dead_bytes),
+                        o.repack_candidates
                     );
                 }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StoreCommand::Repack { store, json } => {
+            let store = Store::open(&store)?;
+            let report = store::gc::repack_loose(&store).context("repack failed")?;
+            if json {
+                print_json(&json!({
+                    "objects_moved": report.objects_moved,
+                    "bytes_moved": report.bytes_moved,
+                    "packs_written": report.packs_written,
+                    "corrupt": report.corrupt,
+                }));
+            } else {
+                for corrupt in &report.corrupt {
+                    println!("left in place: {corrupt}");
+                }
+                println!(
+                    "repack: {} objects ({}) moved into {} packs",
+                    report.objects_moved,
+                    human_bytes(report.bytes_moved),
+                    report.packs_written
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -16,6 +16,7 @@ pub mod gc;
 pub mod ids;
 pub mod index;
 pub mod objects;
+pub mod pack;
 pub mod progress;
 pub mod pull;
 pub mod push;

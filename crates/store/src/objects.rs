@@ -47,6 +47,17 @@ pub trait Objects: Send + Sync {
     fn reads_in_batches(&self) -> bool {
         false
     }
+
+    /// How much one [`Objects::put_batch`] should carry, in bytes and
+    /// objects: push's batches. The block service takes a request's worth
+    /// ([`crate::push::UPLOAD_BATCH_BYTES_MAX`]); a store writing packs
+    /// takes a pack's worth, so a batch is one pack.
+    fn upload_batch_limits(&self) -> (u64, usize) {
+        (
+            crate::push::UPLOAD_BATCH_BYTES_MAX,
+            crate::push::UPLOAD_BATCH_OBJECTS_MAX,
+        )
+    }
 }
 
 /// The objects a tree names directly: its subtrees and its files' blocks.

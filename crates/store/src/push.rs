@@ -561,6 +561,7 @@ fn upload_missing(
         .collect();
     progress.phase("uploading", Some(block_sizes.iter().sum()));
     let threads = rayon::current_num_threads();
+    let limits = objects.upload_batch_limits();
     let uploaded_bytes = AtomicU64::new(0);
     let put = |batch: &[(ObjectId, Vec<u8>)]| -> Result<()> {
         let refs: Vec<(ObjectId, &[u8])> = batch
@@ -573,7 +574,7 @@ fn upload_missing(
         Ok(())
     };
     // Blocks name nothing: any batch may go up alongside any other.
-    batch_ranges(&block_sizes, threads)
+    batch_ranges(&block_sizes, threads, limits)
         .into_par_iter()
         .try_for_each(|range| -> Result<()> {
             let mut batch = Vec::with_capacity(range.len());
@@ -618,7 +619,7 @@ fn upload_missing(
             }
             put(&batch)
         };
-        let ranges = batch_ranges(&sizes, parallel);
+        let ranges = batch_ranges(&sizes, parallel, limits);
         if parallel > 1 {
             ranges.into_par_iter().try_for_each(encode)
         } else {
@@ -647,19 +648,21 @@ fn upload_missing(
 const OBJECT_WEIGHT_BYTES: u64 = 512;
 
 /// Splits items of the given sizes into consecutive ranges (batches) of at
-/// most [`UPLOAD_BATCH_BYTES_MAX`] bytes (a larger item alone) and
-/// [`UPLOAD_BATCH_OBJECTS_MAX`] items, each at most about a `parallel`th
+/// most `bytes_max` bytes (a larger item alone) and `objects_max` items
+/// ([`Objects::upload_batch_limits`]), each at most about a `parallel`th
 /// of the work, so that every thread has some.
-fn batch_ranges(sizes: &[u64], parallel: usize) -> Vec<std::ops::Range<usize>> {
+fn batch_ranges(
+    sizes: &[u64],
+    parallel: usize,
+    (bytes_max, objects_max): (u64, usize),
+) -> Vec<std::ops::Range<usize>> {
     let weight = |size: u64| size + OBJECT_WEIGHT_BYTES;
     let total: u64 = sizes.iter().map(|&size| weight(size)).sum();
     let share = total.div_ceil(parallel.max(1) as u64);
     let mut ranges = Vec::new();
     let (mut start, mut bytes, mut weighed) = (0, 0, 0);
     for (i, &size) in sizes.iter().enumerate() {
-        if i > start
-            && (bytes + size > UPLOAD_BATCH_BYTES_MAX || i - start == UPLOAD_BATCH_OBJECTS_MAX)
-        {
+        if i > start && (bytes + size > bytes_max || i - start == objects_max) {
             ranges.push(start..i);
             (start, bytes, weighed) = (i, 0, 0);
         }
@@ -695,8 +698,10 @@ mod tests {
     use super::*;
 
     /// `expected`: each batch as (start, end).
+    const LIMITS: (u64, usize) = (UPLOAD_BATCH_BYTES_MAX, UPLOAD_BATCH_OBJECTS_MAX);
+
     fn check(sizes: &[u64], parallel: usize, expected: &[(usize, usize)]) {
-        let ranges: Vec<(usize, usize)> = batch_ranges(sizes, parallel)
+        let ranges: Vec<(usize, usize)> = batch_ranges(sizes, parallel, LIMITS)
             .into_iter()
             .map(|r| (r.start, r.end))
             .collect();
@@ -720,13 +725,13 @@ mod tests {
         check(&[1, 1, 9 * MIB], 1, &[(0, 2), (2, 3)]);
         // Count bound.
         let many = vec![1; UPLOAD_BATCH_OBJECTS_MAX * 2 + 1];
-        let ranges = batch_ranges(&many, 1);
+        let ranges = batch_ranges(&many, 1, LIMITS);
         assert_eq!(ranges.len(), 3);
         assert!(ranges.iter().all(|r| r.len() <= UPLOAD_BATCH_OBJECTS_MAX));
         // Every item in exactly one batch, in order.
         let sizes: Vec<u64> = (0..5000).map(|i| (i * 7919) % (3 * MIB)).collect();
         for parallel in [1, 2, 3, 16] {
-            let ranges = batch_ranges(&sizes, parallel);
+            let ranges = batch_ranges(&sizes, parallel, LIMITS);
             assert!(ranges.len() >= parallel);
             let mut next = 0;
             for range in &ranges {

@@ -723,9 +723,9 @@ async fn a_server_on_an_s3_store_secures_homes_there_and_wakes_them_elsewhere() 
     .await
     .expect("list");
     assert!(
-        objects.iter().any(|o| o.key.contains("/blocks/"))
-            && objects.iter().any(|o| o.key.contains("/trees/")),
-        "no blocks and trees in {}: {objects:?}",
+        objects.iter().any(|o| o.key.ends_with(".pack"))
+            && objects.iter().any(|o| o.key.ends_with(".idx")),
+        "no packs of objects in {}: {objects:?}",
         bucket.store
     );
 
@@ -1184,10 +1184,22 @@ async fn a_home_with_a_corrupt_object_fails_naming_the_object_not_a_setting() {
     // The block holding work.txt is damaged in the store.
     let org: store::OrgId = fleet.plane.org_id.parse().expect("org id");
     let block = store::store::ObjectId::block(store::Digest::of(content.as_bytes()));
-    let key = store::Store::object_key(&org, &block);
-    let object = fleet.store_path().join(&key);
-    assert!(object.is_file(), "no object at {}", object.display());
-    std::fs::write(&object, b"\x00garbage").expect("damage the object");
+    // In the pack that holds it: its bytes there become garbage.
+    let store_dir = fleet.store_path().to_owned();
+    let at = store::Store::open(store_dir.to_str().expect("utf-8"))
+        .expect("the store")
+        .locate(&org, &block)
+        .expect("locate")
+        .expect("the block is in a pack");
+    let pack = store_dir.join(store::Store::pack_key(
+        &org,
+        &at.pack,
+        store::store::PackPart::Data,
+    ));
+    let mut bytes = std::fs::read(&pack).expect("read the pack");
+    let range = at.offset as usize..(at.offset + u64::from(at.length)) as usize;
+    bytes[range].fill(0);
+    std::fs::write(&pack, bytes).expect("damage the object");
 
     // Woken on another runner, which must fetch it.
     fleet.runner("b");

@@ -197,9 +197,15 @@ fn corrupted_block_is_detected_and_never_becomes_a_file() {
         write(&src.join("dir/precious.bin"), &content);
         env.push(&src, "acme", "h");
         let store = Store::open(&env.store).expect("open");
-        let key = Store::object_key(&org(), &ObjectId::block(Digest::of(&content)));
+        // The block's last stored byte, in the pack that holds it.
+        let object = ObjectId::block(Digest::of(&content));
+        let at = store
+            .locate(&org(), &object)
+            .expect("locate")
+            .expect("packed");
+        let key = Store::pack_key(&org(), &at.pack, store::store::PackPart::Data);
         let mut stored = store.backend().get(&key).expect("get").expect("present");
-        let last = stored.len() - 1;
+        let last = (at.offset + u64::from(at.length) - 1) as usize;
         stored[last] ^= 0xff;
         store.backend().put(&key, &stored).expect("put");
         // Into an existing directory: it stays (pull makes it match the

@@ -183,6 +183,13 @@ fn push_killed_at_random_points_keeps_the_previous_root() {
     env.pull(&dest, "acme", "h");
     assert_same_tree(&src, &dest);
     assert!(n(&finished, "files") >= 201);
+    // Packs the kills tore (a pack without its index) are collected, and
+    // nothing the home names goes with them.
+    gc(&env, "0s");
+    verify_ok(&env);
+    let after_gc = env.path("after-gc");
+    env.pull(&after_gc, "acme", "h");
+    assert_same_tree(&src, &after_gc);
 }
 
 #[test]
@@ -258,8 +265,10 @@ fn full_store_disk_fails_cleanly_and_keeps_the_previous_root() {
     let stderr = String::from_utf8_lossy(&failed.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(
-        stderr.contains("No space left on device") && stderr.contains(&store),
-        "{stderr}"
+        stderr.contains("No space left on device")
+            && stderr.contains(&store)
+            && stderr.contains("/packs/"),
+        "the failed pack write is named: {stderr}"
     );
     let dest = env.path("dest");
     let pulled = env.json(&[
@@ -276,4 +285,70 @@ fn full_store_disk_fails_cleanly_and_keeps_the_previous_root() {
     ]);
     assert_eq!(pulled["root"], first["root"]);
     assert!(dest.join("small.txt").exists() && !dest.join("big.bin").exists());
+}
+
+/// Issue 18, migration: a store written one file per object (as before
+/// packs) keeps working with this binary, and `roost store repack` moves
+/// its objects into packs online: afterwards no object has a file of its
+/// own, the home pulls whole, verify is clean, and stats counts the packs.
+#[test]
+fn repack_moves_a_store_from_before_packs_into_packs() {
+    let env = Env::new(Backend::Local);
+    let src = env.path("src");
+    for i in 0..50 {
+        write(&src.join(format!("d{}/f{i}", i % 5)), &bytes(i, 3000));
+    }
+    // Written as a store before packs wrote it: a file per object.
+    let legacy =
+        store::Store::unpacked(store::backend::open(&env.store).expect("open the store backend"));
+    let pushed = store::push::push(
+        &legacy,
+        &"acme".parse().expect("org"),
+        &"h".parse().expect("home"),
+        &src,
+        &store::push::PushOptions::new(env.store.clone()),
+        &store::progress::NoProgress,
+    )
+    .expect("push one object per file");
+    let loose_files = || {
+        let mut count = 0;
+        let mut stack = vec![std::path::PathBuf::from(&env.store).join("orgs/acme")];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).expect("read_dir") {
+                let path = entry.expect("entry").path();
+                let name = path
+                    .file_name()
+                    .expect("name")
+                    .to_string_lossy()
+                    .into_owned();
+                if path.is_dir() && (name == "blocks" || name == "trees" || name.len() == 2) {
+                    stack.push(path);
+                } else if path.is_file() && name.len() == 64 {
+                    count += 1;
+                }
+            }
+        }
+        count
+    };
+    let before = loose_files();
+    assert!(before > 50, "{before} objects in their own files");
+    let stats = env.json(&["store", "stats", "--store", &env.store, "--json"]);
+    assert_eq!(stats["orgs"][0]["loose"], before, "{stats}");
+
+    let repack = env.json(&["store", "repack", "--store", &env.store, "--json"]);
+    assert_eq!(repack["objects_moved"], before, "{repack}");
+    assert_eq!(loose_files(), 0);
+    verify_ok(&env);
+    let dest = env.path("dest");
+    let pulled = env.pull(&dest, "acme", "h");
+    assert_eq!(pulled["root"], pushed.root.expect("root").to_string());
+    assert_same_tree(&src, &dest);
+    let stats = env.json(&["store", "stats", "--store", &env.store, "--json"]);
+    let org = &stats["orgs"][0];
+    assert_eq!(org["loose"], 0, "{stats}");
+    assert!(org["packs"].as_u64().expect("packs") >= 1, "{stats}");
+    assert_eq!(org["objects"], before, "{stats}");
+    // Nothing to collect: moving is not deleting.
+    let swept = gc(&env, "0s");
+    assert_eq!(n(&swept, "deleted"), 0, "{swept}");
 }

@@ -347,3 +347,70 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
     }
     names
 }
+
+/// Issue 18, point 6: a first push through the block service ends in a
+/// few large files of the store (packs and their indexes), not a file per
+/// object, and reads back whole through the batched fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_through_the_block_service_is_stored_in_packs() {
+    let store_root = tempfile::tempdir().expect("temp dir");
+    let store_dir = store_root.path().join("store");
+    let server = TestServer::start_with_store(Some(&store_dir)).await;
+    let (client, org) = server.org("acme").await;
+    let objects = RemoteBackend::new(client, tokio::runtime::Handle::current());
+    let home = tempfile::tempdir().expect("temp dir");
+    for i in 0..2000 {
+        let dir = home.path().join(format!("d{}", i % 40));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join(format!("f{i}")), format!("small file {i}\n")).expect("write");
+    }
+    let home_path = home.path().to_owned();
+    let pulled = tempfile::tempdir().expect("temp dir");
+    let pulled_path = pulled.path().join("home");
+    let store_seen = store_dir.clone();
+    tokio::task::spawn_blocking(move || {
+        let upload = store::push::upload_tree(
+            &objects,
+            &org,
+            &home_path,
+            &store::push::UploadOptions::everything(),
+            &store::progress::NoProgress,
+        )
+        .expect("upload");
+        let uploaded = upload.report.blocks_uploaded + upload.report.trees_uploaded;
+        assert_eq!(upload.report.blocks_uploaded, 2000);
+        let files = walk(&store_seen.join("orgs"));
+        assert!(
+            files
+                .iter()
+                .all(|name| name.ends_with(".pack") || name.ends_with(".idx")),
+            "every object in a pack: {files:?}"
+        );
+        assert!(
+            files.len() <= 20,
+            "{} files for {uploaded} objects",
+            files.len()
+        );
+        let root = upload.root();
+        let listed = store::pull::materialize(
+            &objects,
+            &org,
+            "h",
+            &root,
+            &pulled_path,
+            &store::pull::PullOptions {
+                cache: None,
+                fill_cache: false,
+                index_path: None,
+                store_id: "test".to_owned(),
+                index_dev: None,
+            },
+            &store::progress::NoProgress,
+        )
+        .expect("pull through the batched fetch");
+        assert_eq!(listed.files, 2000);
+    })
+    .await
+    .expect("the checks pass");
+    drop(server);
+}

@@ -19,7 +19,16 @@ const TEMP_PREFIX: &str = ".tmp.";
 pub struct LocalBackend {
     root: PathBuf,
     temp_counter: AtomicU64,
+    /// Files opened for ranged reads (packs), kept open: reading many
+    /// objects of a pack costs one `openat`, not one per object. Forgotten
+    /// when this backend puts or deletes the key; a file another process
+    /// removed still reads as it was (packs are immutable, every read is
+    /// verified), so this only ever serves bytes that were stored.
+    open_files: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<fs::File>>>,
 }
+
+/// Files kept open for ranged reads at most (then all are closed).
+const OPEN_FILES_MAX: usize = 256;
 
 /// A local store's failures are file errors: they name the file (a full
 /// disk or a permission problem is then plain to see), not "unreachable".
@@ -37,6 +46,7 @@ impl LocalBackend {
         Ok(LocalBackend {
             root,
             temp_counter: AtomicU64::new(0),
+            open_files: std::sync::Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -66,6 +76,11 @@ impl LocalBackend {
 
     fn write_new(&self, key: &str, data: &[u8], durable: bool) -> Result<()> {
         let path = self.path(key)?;
+        // A file put again is read anew.
+        self.open_files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
         let temp = self.temp_path(&path);
         let write = |temp: &Path| -> std::io::Result<()> {
             let mut file = fs::File::create(temp)?;
@@ -165,6 +180,76 @@ impl Backend for LocalBackend {
         }
     }
 
+    /// One open and positioned reads, never the whole file.
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        use std::os::unix::fs::FileExt;
+        let cached = self
+            .open_files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned();
+        let file = match cached {
+            Some(file) => file,
+            None => {
+                let file = match fs::File::open(self.path(key)?) {
+                    Ok(file) => std::sync::Arc::new(file),
+                    Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
+                    Err(err) => return Err(local_error(&self.root, key, err)),
+                };
+                let mut open = self.open_files.lock().unwrap_or_else(|p| p.into_inner());
+                if open.len() >= OPEN_FILES_MAX {
+                    open.clear();
+                }
+                open.insert(key.to_owned(), std::sync::Arc::clone(&file));
+                file
+            }
+        };
+        let len = usize::try_from(len).map_err(|_| Error::Backend {
+            op: "get",
+            key: key.to_owned(),
+            message: format!("range of {len} bytes"),
+        })?;
+        let mut out = vec![0u8; len];
+        let mut read = 0;
+        while read < len {
+            match file.read_at(&mut out[read..], offset + read as u64) {
+                Ok(0) => break,
+                Ok(n) => read += n,
+                Err(err) if err.kind() == ErrorKind::Interrupted => {}
+                Err(err) => return Err(local_error(&self.root, key, err)),
+            }
+        }
+        out.truncate(read);
+        Ok(Some(out))
+    }
+
+    /// Stops at the first file found.
+    fn any_under(&self, prefix: &str) -> Result<bool> {
+        let mut stack = vec![self.path(prefix.trim_end_matches('/'))?];
+        while let Some(dir) = stack.pop() {
+            let entries = match fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(err) if err.kind() == ErrorKind::NotFound => continue,
+                Err(err) => return Err(local_error(&self.root, prefix, err)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| local_error(&self.root, prefix, e))?;
+                if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+                    continue;
+                }
+                match entry.file_type() {
+                    Ok(kind) if kind.is_dir() => stack.push(entry.path()),
+                    Ok(kind) if kind.is_file() => return Ok(true),
+                    Ok(_) => {}
+                    Err(err) if err.kind() == ErrorKind::NotFound => {}
+                    Err(err) => return Err(local_error(&self.root, prefix, err)),
+                }
+            }
+        }
+        Ok(false)
+    }
+
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
         keys.iter()
             .map(|key| match fs::symlink_metadata(self.path(key)?) {
@@ -191,6 +276,10 @@ impl Backend for LocalBackend {
     }
 
     fn delete(&self, key: &str) -> Result<()> {
+        self.open_files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
         match fs::remove_file(self.path(key)?) {
             Ok(()) => Ok(()),
             Err(err) if err.kind() == ErrorKind::NotFound => Ok(()),

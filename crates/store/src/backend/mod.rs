@@ -61,13 +61,44 @@ pub trait Backend: Send + Sync {
         keys.iter().map(|key| self.get(key)).collect()
     }
 
-    /// Whether [`Backend::get_batch`] saves round trips over one `get` per
-    /// object: what a [`crate::Store`] over it answers for
-    /// [`crate::Objects::reads_in_batches`], which steers pull. None of
-    /// the three backends does (pull's parallel directories keep S3 busy);
-    /// the tests' wrapper says so to drive pull's batched path.
+    /// Whether a request costs a round trip (S3), so that reading many
+    /// objects (a pack's neighbours) in one ranged read and writing larger
+    /// packs pay: what a [`crate::Store`] over it answers for
+    /// [`crate::Objects::reads_in_batches`], which steers pull. A local
+    /// directory does not (pull's parallel reads of single objects, each a
+    /// positioned read of an open pack, are faster there); the tests'
+    /// wrapper says so to drive pull's batched path.
     fn reads_in_batches(&self) -> bool {
         false
+    }
+
+    /// Bytes `offset .. offset + len` of the object at `key`: fewer when
+    /// the object ends sooner (the caller, which knows how long it should
+    /// be, says what is wrong), `None` when it does not exist. Packs are
+    /// read this way: many objects of one pack in one read.
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        Ok(self.get(key)?.map(|bytes| {
+            let start = usize::try_from(offset).map_or(bytes.len(), |o| o.min(bytes.len()));
+            let end = usize::try_from(offset.saturating_add(len))
+                .map_or(bytes.len(), |e| e.min(bytes.len()));
+            bytes[start..end].to_vec()
+        }))
+    }
+
+    /// Several ranges `(key, offset, len)`, each as [`Backend::get_range`]
+    /// answers it, in order. The default reads one after another; S3 sends
+    /// several at once.
+    fn get_ranges(&self, ranges: &[(String, u64, u64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        ranges
+            .iter()
+            .map(|(key, offset, len)| self.get_range(key, *offset, *len))
+            .collect()
+    }
+
+    /// Whether any object's key starts with `prefix` (which ends in `/`).
+    /// Errors are errors, never `false`.
+    fn any_under(&self, prefix: &str) -> Result<bool> {
+        Ok(!self.list(prefix)?.is_empty())
     }
 
     /// For each key, whether it exists. Errors are errors, never `false`.

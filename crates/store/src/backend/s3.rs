@@ -104,6 +104,29 @@ impl S3Backend {
         }
     }
 
+    /// A ranged GET. A range that starts past the object's end reads
+    /// nothing (S3 refuses it; the caller, knowing the length it expected,
+    /// names the truncation).
+    async fn get_range_async(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        let options = object_store::GetOptions {
+            range: Some(object_store::GetRange::Bounded(offset..offset + len.max(1))),
+            ..Default::default()
+        };
+        match self.client.get_opts(&self.path(key), options).await {
+            Ok(result) => match result.bytes().await {
+                Ok(bytes) => Ok(Some(bytes[..bytes.len().min(len as usize)].to_vec())),
+                Err(err) => Err(backend_error("get", key, err)),
+            },
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err @ object_store::Error::Generic { .. })
+                if err.to_string().contains("416") || err.to_string().contains("Range") =>
+            {
+                Ok(Some(Vec::new()))
+            }
+            Err(err) => Err(backend_error("get", key, err)),
+        }
+    }
+
     fn meta(&self, meta: object_store::ObjectMeta) -> ObjectMeta {
         let full = meta.location.to_string();
         ObjectMeta {
@@ -136,9 +159,7 @@ impl Backend for S3Backend {
         self.runtime.block_on(self.get_async(key))
     }
 
-    /// Several GETs at once (the block service hands out batches). Pull
-    /// still fetches object by object from S3 directly: its parallel
-    /// directories already keep requests in flight.
+    /// Several GETs at once (the block service hands out batches).
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
         self.runtime.block_on(
             futures::stream::iter(keys)
@@ -146,6 +167,40 @@ impl Backend for S3Backend {
                 .buffered(GET_CONCURRENCY_MAX)
                 .try_collect(),
         )
+    }
+
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        self.runtime
+            .block_on(self.get_range_async(key, offset, len))
+    }
+
+    /// One ranged GET per range, several at once.
+    fn get_ranges(&self, ranges: &[(String, u64, u64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.runtime.block_on(
+            futures::stream::iter(ranges)
+                .map(|(key, offset, len)| self.get_range_async(key, *offset, *len))
+                .buffered(GET_CONCURRENCY_MAX)
+                .try_collect(),
+        )
+    }
+
+    /// One LIST request, whatever lies under the prefix.
+    fn any_under(&self, prefix: &str) -> Result<bool> {
+        self.runtime.block_on(async {
+            let mut listing = self
+                .client
+                .list(Some(&self.path(prefix.trim_end_matches('/'))));
+            match listing.next().await {
+                None => Ok(false),
+                Some(Ok(_)) => Ok(true),
+                Some(Err(err)) => Err(backend_error("list", prefix, err)),
+            }
+        })
+    }
+
+    /// A request is a round trip: read packs in ranges of many objects.
+    fn reads_in_batches(&self) -> bool {
+        true
     }
 
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {

@@ -184,7 +184,7 @@ pub fn materialize(
         source: e.into(),
     })?;
     let cache = match &options.cache {
-        Some(dir) => Some(Store::new(Arc::new(LocalBackend::open(dir)?))),
+        Some(dir) => Some(Store::unpacked(Arc::new(LocalBackend::open(dir)?))),
         None => None,
     };
     let old_index = options
@@ -257,7 +257,14 @@ impl Materializer<'_> {
         prefetched: &Prefetched,
     ) -> Result<Vec<u8>> {
         if let Some(stored) = prefetched.get(object) {
-            return block::decode(&object.digest, stored).map_err(|e| e.at(rel));
+            return block::decode(&object.digest, stored).map_err(|err| {
+                // Read it once more on its own: the store's own read says
+                // what is wrong where it knows more (a truncated pack).
+                match self.objects.get(self.org, object) {
+                    Err(precise) => precise.at(rel),
+                    Ok(_) => err.at(rel),
+                }
+            });
         }
         if let Some(cache) = &self.cache
             && let Ok(stored) = cache.get_encoded(self.org, object)
@@ -322,13 +329,8 @@ impl Materializer<'_> {
             .map_err(|e| e.at(rel))?;
         let mut prefetched = Prefetched::with_capacity(objects.len());
         for (object, stored) in objects.into_iter().zip(fetched) {
-            let stored = stored.ok_or_else(|| {
-                Error::MissingObject {
-                    digest: object.digest,
-                    path: None,
-                }
-                .at(rel)
-            })?;
+            // Absent: its own read, where it is used, names it at its path.
+            let Some(stored) = stored else { continue };
             self.downloaded(&object, &stored);
             prefetched.insert(object, stored);
         }

@@ -29,6 +29,8 @@ pub fn conformance(backend: &dyn Backend) {
     put_durable_replaces(backend);
     second_put_of_a_key_is_fine(backend);
     put_batch_stores_every_object(backend);
+    ranged_reads_return_what_is_there(backend);
+    any_under_answers_whether_a_prefix_holds_anything(backend);
     backend.sync().expect("sync");
 }
 
@@ -247,6 +249,51 @@ fn put_batch_stores_every_object(backend: &dyn Backend) {
         assert_eq!(backend.get(key).expect("get").as_ref(), Some(data), "{key}");
     }
     assert_eq!(backend.list("batch/").expect("list").len(), objects.len());
+}
+
+/// Packs are read in ranges: the bytes asked for, fewer where the object
+/// ends sooner (a truncated pack), nothing past its end, `None` when it is
+/// absent; several ranges in one call answer in order.
+fn ranged_reads_return_what_is_there(backend: &dyn Backend) {
+    let data = pseudo_random(100_000, 7);
+    backend.put("range/pack", &data).expect("put");
+    let read = |offset: u64, len: u64| {
+        backend
+            .get_range("range/pack", offset, len)
+            .expect("get_range")
+            .expect("present")
+    };
+    assert_eq!(read(0, 10), data[..10]);
+    assert_eq!(read(54_321, 1000), data[54_321..55_321]);
+    assert_eq!(read(99_990, 100), data[99_990..], "cut at the end");
+    assert_eq!(read(100_000, 10), Vec::<u8>::new(), "past the end");
+    assert_eq!(
+        backend.get_range("range/absent", 0, 10).expect("get_range"),
+        None
+    );
+    let many = backend
+        .get_ranges(&[
+            ("range/pack".to_owned(), 5, 5),
+            ("range/absent".to_owned(), 0, 1),
+            ("range/pack".to_owned(), 90_000, 10_000),
+        ])
+        .expect("get_ranges");
+    assert_eq!(
+        many,
+        vec![
+            Some(data[5..10].to_vec()),
+            None,
+            Some(data[90_000..].to_vec())
+        ]
+    );
+}
+
+fn any_under_answers_whether_a_prefix_holds_anything(backend: &dyn Backend) {
+    assert!(!backend.any_under("nothing-here/").expect("any_under"));
+    backend.put("some/deep/er/key", b"x").expect("put");
+    assert!(backend.any_under("some/").expect("any_under"));
+    assert!(backend.any_under("some/deep/").expect("any_under"));
+    assert!(!backend.any_under("some/other/").expect("any_under"));
 }
 
 #[test]

@@ -11,6 +11,9 @@
 //! - `setid`: no setuid or setgid bit is pushed, accepted or pulled.
 //! - `fuzz`: property-based fuzzing of the tree decoder and block frames
 //!   (hostile bytes from a store or a client), bounded in cases.
+//! - `packs`: the pack layout: objects read from either layout and moved
+//!   into packs, ranged reads, gc rewriting packs, and packs or indexes
+//!   that are truncated, lie, are missing or belong to another org.
 //! - `support`: temp homes, directory snapshots and a backend test double
 //!   that records calls and injects faults.
 //!
@@ -21,5 +24,6 @@ mod bounds;
 mod engine;
 mod fuzz;
 mod objects;
+mod packs;
 mod setid;
 mod support;

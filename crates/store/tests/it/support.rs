@@ -16,7 +16,7 @@ use store::excludes::Excludes;
 use store::progress::NoProgress;
 use store::pull::{PullOptions, PullReport};
 use store::push::{PushOptions, PushReport};
-use store::store::{KeyKind, ObjectId, ObjectKind, parse_key};
+use store::store::{KeyKind, ObjectId, ObjectKind, PackPart, parse_key};
 use store::tree::EntryKind;
 use store::{Digest, Error, HomeName, OrgId, Result, Store};
 
@@ -244,14 +244,44 @@ pub fn reachable(store: &Store, org: &OrgId, root: Digest) -> HashSet<ObjectId> 
     out
 }
 
+/// Every object present in the store, by the key it would have on its
+/// own (`Store::object_key`): those under their own keys and those in a
+/// pack whose index and bytes are both there.
 pub fn object_keys(backend: &dyn Backend) -> HashSet<String> {
-    backend
+    let listed: Vec<String> = backend
         .list(Store::orgs_prefix())
         .expect("list the store")
         .into_iter()
-        .filter(|meta| matches!(parse_key(&meta.key), Some(KeyKind::Object { .. })))
         .map(|meta| meta.key)
-        .collect()
+        .collect();
+    let all: HashSet<&str> = listed.iter().map(String::as_str).collect();
+    let mut out = HashSet::new();
+    for key in &listed {
+        match parse_key(key) {
+            Some(KeyKind::Object { .. }) => {
+                out.insert(key.clone());
+            }
+            Some(KeyKind::Pack {
+                org,
+                pack,
+                part: PackPart::Index,
+            }) => {
+                if !all.contains(Store::pack_key(&org, &pack, PackPart::Data).as_str()) {
+                    continue;
+                }
+                let bytes = backend.get(key).expect("read an index").expect("listed");
+                let index = store::pack::decode_index(&org, &pack, &bytes).expect("a sound index");
+                out.extend(
+                    index
+                        .entries
+                        .iter()
+                        .map(|entry| Store::object_key(&org, &entry.object)),
+                );
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// The invariant the pruned missing-check relies on: every tree object in
@@ -286,6 +316,30 @@ pub fn assert_present_trees_are_complete(store: &Store) {
     }
 }
 
+/// Flips the last byte of an object's stored bytes, in its pack or under
+/// its own key: the object no longer decodes to its name.
+pub fn corrupt_stored(store: &Store, org: &OrgId, object: &ObjectId) {
+    let (key, at) = match store.locate(org, object).expect("locate") {
+        Some(at) => (
+            Store::pack_key(org, &at.pack, PackPart::Data),
+            (at.offset + u64::from(at.length) - 1) as usize,
+        ),
+        None => {
+            let key = Store::object_key(org, object);
+            let len = store
+                .backend()
+                .get(&key)
+                .expect("get")
+                .expect("stored")
+                .len();
+            (key, len - 1)
+        }
+    };
+    let mut bytes = store.backend().get(&key).expect("get").expect("stored");
+    bytes[at] ^= 0x55;
+    store.backend().put(&key, &bytes).expect("corrupt");
+}
+
 pub fn assert_verify_ok(store: &Store) {
     let report = store::gc::verify(store).expect("verify runs");
     assert!(report.ok(), "verify found errors: {:#?}", report.errors);
@@ -302,7 +356,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Faults {
     /// Fail the n-th `list` call (1-based).
     pub fail_list_call: Option<u64>,
-    /// Fail the n-th `get` (1-based) of this exact key.
+    /// Fail the n-th read (1-based) of this exact key: a `get` of it, or,
+    /// for an object's own key, a ranged read of a pack that covers it.
     pub fail_get: Option<(String, u64)>,
     /// Let this many deletes succeed, then fail every later one.
     pub fail_delete_after: Option<u64>,
@@ -311,20 +366,23 @@ pub struct Faults {
     pub refuse_incomplete_trees: bool,
     /// Every `get` takes this long (a slow store: a long gc mark).
     pub get_delay: Option<Duration>,
-    /// The n-th `exists` call (1-based) answers this long after it looked:
-    /// a slow answer that is stale by the time it arrives.
+    /// The n-th existence check (1-based: an `exists` call or a listing of
+    /// an org's packs) answers this long after it looked: a slow answer
+    /// that is stale by the time it arrives.
     pub delay_exists_call: Option<(u64, Duration)>,
 }
 
 #[derive(Default)]
 struct Counters {
     lists: u64,
+    pack_listings: u64,
+    packs_written: Vec<usize>,
+    ranged_reads: u64,
     gets: HashMap<String, u64>,
     single_gets: u64,
     deletes: u64,
     exists_batches: Vec<usize>,
     exists_calls: u64,
-    put_batches: Vec<usize>,
     get_batches: Vec<usize>,
 }
 
@@ -396,10 +454,120 @@ impl Double {
         lock(&self.counters).exists_batches.clone()
     }
 
-    /// Sizes of the `put_batch` calls since the last `arm` (a lone `put`
-    /// counts as a batch of one).
-    pub fn put_batches(&self) -> Vec<usize> {
-        lock(&self.counters).put_batches.clone()
+    /// Objects in each pack written since the last `arm` (counted when
+    /// its index is put).
+    pub fn packs_written(&self) -> Vec<usize> {
+        lock(&self.counters).packs_written.clone()
+    }
+
+    /// Existence checks since the last `arm`: `exists` calls and listings
+    /// of an org's packs (how a store that writes packs answers one).
+    pub fn existence_checks(&self) -> u64 {
+        lock(&self.counters).exists_calls
+    }
+
+    /// Ranged reads (`get_range`, or one range of `get_ranges`) since the
+    /// last `arm`.
+    pub fn ranged_reads(&self) -> u64 {
+        lock(&self.counters).ranged_reads
+    }
+
+    /// Listings of an org's packs since the last `arm`.
+    pub fn pack_listings(&self) -> u64 {
+        lock(&self.counters).pack_listings
+    }
+
+    /// The objects a read of `len` bytes at `offset` of `key` covers, by
+    /// their own keys: the key itself unless it is a pack.
+    fn objects_read(&self, key: &str, offset: u64, len: u64) -> Vec<String> {
+        let Some(KeyKind::Pack {
+            org,
+            pack,
+            part: PackPart::Data,
+        }) = parse_key(key)
+        else {
+            return vec![key.to_owned()];
+        };
+        let Ok(Some(bytes)) = self
+            .inner
+            .get(&Store::pack_key(&org, &pack, PackPart::Index))
+        else {
+            return Vec::new();
+        };
+        let Ok(index) = store::pack::decode_index(&org, &pack, &bytes) else {
+            return Vec::new();
+        };
+        index
+            .entries
+            .iter()
+            .filter(|e| e.offset < offset + len && e.offset + u64::from(e.length) > offset)
+            .map(|e| Store::object_key(&org, &e.object))
+            .collect()
+    }
+
+    /// A ranged read, counted (and failed, and slowed) per object it covers.
+    fn range_counted(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        lock(&self.counters).ranged_reads += 1;
+        let faults = lock(&self.faults).clone();
+        for object in self.objects_read(key, offset, len) {
+            let nth = {
+                let mut counters = lock(&self.counters);
+                let count = counters.gets.entry(object.clone()).or_default();
+                *count += 1;
+                *count
+            };
+            if let Some((fail_key, fail_nth)) = &faults.fail_get
+                && *fail_key == object
+                && *fail_nth == nth
+            {
+                return Err(injected("get", &object));
+            }
+        }
+        if let Some(delay) = faults.get_delay {
+            std::thread::sleep(delay);
+        }
+        self.inner.get_range(key, offset, len)
+    }
+
+    /// A pack's index being put: counts its objects and, under
+    /// `refuse_incomplete_trees`, refuses a tree whose children are
+    /// neither stored nor earlier in the pack.
+    fn check_pack(&self, key: &str, data: &[u8]) -> Result<()> {
+        let Some(KeyKind::Pack {
+            org,
+            pack,
+            part: PackPart::Index,
+        }) = parse_key(key)
+        else {
+            return Ok(());
+        };
+        let index = store::pack::decode_index(&org, &pack, data).expect("a sound index");
+        lock(&self.counters).packs_written.push(index.entries.len());
+        if !lock(&self.faults).refuse_incomplete_trees {
+            return Ok(());
+        }
+        let bytes = self
+            .inner
+            .get(&Store::pack_key(&org, &pack, PackPart::Data))?
+            .expect("the pack is put before its index");
+        let mut present = object_keys(self.inner.as_ref());
+        for entry in &index.entries {
+            let stored = &bytes[entry.offset as usize..][..entry.length as usize];
+            if entry.object.kind == ObjectKind::Tree {
+                let plain = store::block::decode(&entry.object.digest, stored)?;
+                let tree = store::tree::Tree::decode(&entry.object.digest, &plain)?;
+                for child in store::objects::children(&tree) {
+                    if !present.contains(&Store::object_key(&org, &child)) {
+                        return Err(Error::IncompleteTree {
+                            root: entry.object.digest,
+                            missing: 1,
+                        });
+                    }
+                }
+            }
+            present.insert(Store::object_key(&org, &entry.object));
+        }
+        Ok(())
     }
 
     /// A read of `key`, counted per key, failing where `fail_get` says.
@@ -457,9 +625,11 @@ impl Backend for Double {
     }
 
     fn put_batch(&self, objects: &[(String, &[u8])]) -> Result<()> {
-        lock(&self.counters).put_batches.push(objects.len());
         if lock(&self.faults).refuse_incomplete_trees {
             self.check_trees(objects)?;
+        }
+        for (key, data) in objects {
+            self.check_pack(key, data)?;
         }
         self.inner.put_batch(objects)
     }
@@ -484,6 +654,23 @@ impl Backend for Double {
 
     fn reads_in_batches(&self) -> bool {
         self.reads_in_batches
+    }
+
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        lock(&self.counters).single_gets += 1;
+        self.range_counted(key, offset, len)
+    }
+
+    fn get_ranges(&self, ranges: &[(String, u64, u64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        let objects: usize = ranges
+            .iter()
+            .map(|(key, offset, len)| self.objects_read(key, *offset, *len).len())
+            .sum();
+        lock(&self.counters).get_batches.push(objects);
+        ranges
+            .iter()
+            .map(|(key, offset, len)| self.range_counted(key, *offset, *len))
+            .collect()
     }
 
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
@@ -512,7 +699,24 @@ impl Backend for Double {
         if lock(&self.faults).fail_list_call == Some(nth) {
             return Err(injected("list", prefix));
         }
-        self.inner.list(prefix)
+        if !prefix.ends_with("/packs/") {
+            return self.inner.list(prefix);
+        }
+        // An org's packs listed: a store's existence check.
+        let nth = {
+            let mut counters = lock(&self.counters);
+            counters.pack_listings += 1;
+            counters.exists_calls += 1;
+            counters.exists_calls
+        };
+        let listed = self.inner.list(prefix)?;
+        let delayed_call = lock(&self.faults).delay_exists_call;
+        if let Some((delayed, delay)) = delayed_call
+            && delayed == nth
+        {
+            std::thread::sleep(delay);
+        }
+        Ok(listed)
     }
 
     fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {

@@ -1,0 +1,669 @@
+//! Packs (issue 18): where objects are written, how they are read (either
+//! layout, ranged reads), how gc rewrites packs, and what happens to packs
+//! and indexes that are truncated, lie, are missing or belong elsewhere.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use store::backend::{Backend, MemoryBackend};
+use store::gc;
+use store::pack::{PackId, PackIndex};
+use store::store::{KeyKind, ObjectId, PackPart, parse_key};
+use store::{Error, Objects, OrgId, Store};
+
+use crate::support::{
+    Double, Faults, assert_present_trees_are_complete, assert_verify_ok, contents, home, home_dir,
+    object_keys, org, pull, push, reachable, tempdir,
+};
+
+/// Every pack of `org` in the backend, with its index.
+fn packs_of(backend: &dyn Backend, org: &OrgId) -> Vec<PackIndex> {
+    let mut out = Vec::new();
+    for meta in backend.list(&Store::packs_prefix(org)).expect("list") {
+        if let Some(KeyKind::Pack {
+            pack,
+            part: PackPart::Index,
+            ..
+        }) = parse_key(&meta.key)
+        {
+            let bytes = backend.get(&meta.key).expect("get").expect("listed");
+            out.push(store::pack::decode_index(org, &pack, &bytes).expect("a sound index"));
+        }
+    }
+    out
+}
+
+/// Keys of objects stored one per key (the layout before packs).
+fn loose_keys(backend: &dyn Backend) -> Vec<String> {
+    backend
+        .list(Store::orgs_prefix())
+        .expect("list")
+        .into_iter()
+        .filter(|meta| matches!(parse_key(&meta.key), Some(KeyKind::Object { .. })))
+        .map(|meta| meta.key)
+        .collect()
+}
+
+fn many_files(prefix: &str, count: usize, bytes: usize) -> Vec<(String, Vec<u8>)> {
+    (0..count)
+        .map(|i| {
+            let mut content = format!("{prefix} file {i} ").into_bytes();
+            // Distinct, barely compressible content of about `bytes`.
+            let mut x = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            while content.len() < bytes {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                content.push(x as u8);
+            }
+            (format!("{prefix}/d{}/f{i}", i % 7), content)
+        })
+        .collect()
+}
+
+fn refs(files: &[(String, Vec<u8>)]) -> Vec<(&str, &[u8])> {
+    files
+        .iter()
+        .map(|(path, content)| (path.as_str(), content.as_slice()))
+        .collect()
+}
+
+/// A push writes packs, not a key per object: a few packs for hundreds of
+/// objects, every object found through the index.
+#[test]
+fn a_push_writes_a_few_packs_and_no_key_per_object() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let store = Store::new(Arc::clone(&backend));
+    let acme = org("acme");
+    let files = many_files("src", 600, 3000);
+    let src = home_dir(&refs(&files));
+    let report = push(&store, &acme, &home("h"), src.path()).expect("push");
+    assert!(
+        loose_keys(backend.as_ref()).is_empty(),
+        "no object under its own key"
+    );
+    let packs = packs_of(backend.as_ref(), &acme);
+    let packed: usize = packs.iter().map(|p| p.entries.len()).sum();
+    assert_eq!(
+        packed as u64,
+        report.blocks_uploaded + report.trees_uploaded,
+        "every uploaded object is in exactly one pack"
+    );
+    assert!(
+        packs.len() <= 6,
+        "{} packs for {packed} objects",
+        packs.len()
+    );
+    let dest = tempdir();
+    pull(&Store::new(backend), &acme, &home("h"), dest.path()).expect("pull");
+    assert_eq!(contents(dest.path()), contents(src.path()));
+}
+
+/// Migration: a store written one key per object keeps working. A push
+/// into it finds the old objects present (no upload) and writes only new
+/// ones, in packs; pull reads both layouts; `repack_loose` moves the old
+/// objects into packs while the homes stay readable and verify stays
+/// clean.
+#[test]
+fn old_stores_read_in_either_layout_and_repack_moves_them_online() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let acme = org("acme");
+    let old_files = many_files("old", 120, 2000);
+    let old_src = home_dir(&refs(&old_files));
+    let legacy = Store::unpacked(Arc::clone(&backend));
+    push(&legacy, &acme, &home("a"), old_src.path()).expect("push, one key per object");
+    let loose_before = loose_keys(backend.as_ref());
+    assert!(!loose_before.is_empty() && packs_of(backend.as_ref(), &acme).is_empty());
+
+    // The same files plus new ones, through a store that writes packs.
+    let mut both = old_files.clone();
+    both.extend(many_files("new", 30, 2000));
+    let both_src = home_dir(&refs(&both));
+    let store = Store::new(Arc::clone(&backend));
+    let report = push(&store, &acme, &home("b"), both_src.path()).expect("push");
+    assert_eq!(
+        report.blocks_uploaded, 30,
+        "old blocks found in the old layout"
+    );
+    assert_eq!(
+        loose_keys(backend.as_ref()),
+        loose_before,
+        "new writes go to packs"
+    );
+    for (name, src) in [("a", &old_src), ("b", &both_src)] {
+        let dest = tempdir();
+        pull(
+            &Store::new(Arc::clone(&backend)),
+            &acme,
+            &home(name),
+            dest.path(),
+        )
+        .expect("pull");
+        assert_eq!(contents(dest.path()), contents(src.path()), "home {name}");
+    }
+
+    let objects_before = object_keys(backend.as_ref());
+    // A reader that loaded the index before the move still reads after it.
+    let reader = Store::new(Arc::clone(&backend));
+    let root = reader
+        .read_home(&acme, &home("a"))
+        .expect("read")
+        .expect("a");
+    let reached: Vec<ObjectId> = reachable(&reader, &acme, root).into_iter().collect();
+    let moved = gc::repack_loose(&store).expect("repack");
+    assert_eq!(moved.objects_moved as usize, loose_before.len());
+    assert!(moved.corrupt.is_empty());
+    assert!(
+        loose_keys(backend.as_ref()).is_empty(),
+        "every old object moved"
+    );
+    assert_eq!(
+        object_keys(backend.as_ref()),
+        objects_before,
+        "nothing lost or added"
+    );
+    assert!(reader.missing(&acme, &reached).expect("missing").is_empty());
+    for object in &reached {
+        reader
+            .get_object(&acme, object)
+            .expect("reads after the move");
+    }
+    assert_verify_ok(&store);
+    assert_present_trees_are_complete(&store);
+    // A fresh gc of a store that moved finds nothing to delete.
+    let swept = gc::gc(&store, gc::DEFAULT_GRACE).expect("gc");
+    assert_eq!(swept.deleted, 0, "{swept:?}");
+}
+
+/// A batch of objects from one pack is one ranged read, not one per
+/// object.
+#[test]
+fn a_batch_reads_each_pack_in_one_ranged_read() {
+    let double = Double::new(Arc::new(MemoryBackend::default()));
+    let store = Store::new(double.clone());
+    let acme = org("acme");
+    let files = many_files("f", 300, 1500);
+    let src = home_dir(&refs(&files));
+    let root = push(&store, &acme, &home("h"), src.path())
+        .expect("push")
+        .root
+        .expect("root");
+    let objects: Vec<ObjectId> = reachable(&store, &acme, root).into_iter().collect();
+    let packs = packs_of(double.as_ref(), &acme).len() as u64;
+    double.arm(Faults::default());
+    let fresh = Store::new(double.clone());
+    let read = fresh.get_batch(&acme, &objects).expect("batch");
+    assert!(read.iter().all(Option::is_some));
+    for (object, stored) in objects.iter().zip(&read) {
+        store::block::decode(&object.digest, stored.as_deref().expect("read")).expect("verifies");
+    }
+    assert!(
+        double.ranged_reads() <= packs,
+        "{} ranged reads for {} objects in {packs} packs",
+        double.ranged_reads(),
+        objects.len()
+    );
+    assert_eq!(double.single_gets(), 0);
+}
+
+/// gc rewrites a pack once enough of it is dead (or it is small), keeps a
+/// large mostly-live pack as it is, and stats reports packs, dead bytes
+/// and candidates.
+#[test]
+fn gc_rewrites_packs_past_the_dead_share_and_leaves_mostly_live_ones() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let store = Store::new(Arc::clone(&backend));
+    let acme = org("acme");
+    // 2.4 MB of blocks, barely compressible: a large pack.
+    let mut files = many_files("f", 400, 6000);
+    let src = tempdir();
+    let write = |files: &[(String, Vec<u8>)]| {
+        let _ = std::fs::remove_dir_all(src.path());
+        crate::support::write_files(src.path(), &refs(files));
+    };
+    write(&files);
+    push(&store, &acme, &home("h"), src.path()).expect("push");
+    // 5% of the files change: their old blocks are dead, below the share.
+    for (path, content) in files.iter_mut().step_by(20) {
+        content.extend_from_slice(path.as_bytes());
+    }
+    write(&files);
+    push(&store, &acme, &home("h"), src.path()).expect("push");
+    let stats = gc::stats(&store).expect("stats");
+    assert_eq!(stats.len(), 1);
+    assert!(stats[0].packs >= 2 && stats[0].dead_bytes > 0, "{stats:?}");
+    let swept = gc::gc(&store, Duration::ZERO).expect("gc");
+    assert_eq!(
+        swept.dead_kept, 20,
+        "dead blocks below the share stay: {swept:?}"
+    );
+    assert!(
+        swept.packs_deleted >= 1,
+        "the old trees' pack went: {swept:?}"
+    );
+    assert_verify_ok(&store);
+
+    // Half the files change: their pack passes the share and is rewritten.
+    for (path, content) in files.iter_mut().step_by(2) {
+        content.extend_from_slice(path.as_bytes());
+    }
+    write(&files);
+    push(&store, &acme, &home("h"), src.path()).expect("push");
+    let before = gc::stats(&store).expect("stats");
+    assert!(before[0].repack_candidates >= 1, "{before:?}");
+    let swept = gc::gc(&store, Duration::ZERO).expect("gc");
+    assert!(
+        swept.packs_written >= 1 && swept.bytes_copied > 0,
+        "{swept:?}"
+    );
+    assert!(swept.deleted >= 200, "{swept:?}");
+    let after = gc::stats(&store).expect("stats");
+    assert!(
+        after[0].dead_bytes < before[0].dead_bytes,
+        "{before:?} {after:?}"
+    );
+    assert_verify_ok(&store);
+    assert_present_trees_are_complete(&store);
+    let dest = tempdir();
+    pull(&store, &acme, &home("h"), dest.path()).expect("pull");
+    assert_eq!(contents(dest.path()), contents(src.path()));
+}
+
+/// A reader whose index names a pack gc has since rewritten reads the
+/// object from the new pack (it lists the packs again), never fails.
+#[test]
+fn a_reader_whose_pack_was_rewritten_finds_the_new_one() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let store = Store::new(Arc::clone(&backend));
+    let acme = org("acme");
+    // Files to keep and to drop, interleaved: every blocks pack holds both.
+    let files: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| {
+            let name = if i % 2 == 0 { "keep" } else { "go" };
+            (format!("{name}{i}.txt"), format!("{name} {i}").into_bytes())
+        })
+        .collect();
+    let keep = home_dir(&refs(&files));
+    push(&store, &acme, &home("h"), keep.path()).expect("push");
+    for (path, _) in files.iter().skip(1).step_by(2) {
+        std::fs::remove_file(keep.path().join(path)).expect("rm");
+    }
+    push(&store, &acme, &home("h"), keep.path()).expect("push");
+    let reader = Store::new(Arc::clone(&backend));
+    let root = reader
+        .read_home(&acme, &home("h"))
+        .expect("read")
+        .expect("h");
+    let live: Vec<ObjectId> = reachable(&reader, &acme, root).into_iter().collect();
+    let swept = gc::gc(&store, Duration::ZERO).expect("gc");
+    assert!(swept.packs_written >= 1, "a pack was rewritten: {swept:?}");
+    for object in &live {
+        reader
+            .get_object(&acme, object)
+            .expect("read from the new pack");
+    }
+    let dest = tempdir();
+    pull(&reader, &acme, &home("h"), dest.path()).expect("pull");
+    assert_eq!(contents(dest.path()), contents(keep.path()));
+}
+
+/// The first (only) pack holding `object`, as (pack, its index).
+fn pack_holding(store: &Store, org: &OrgId, object: &ObjectId) -> PackId {
+    store
+        .locate(org, object)
+        .expect("locate")
+        .expect("packed")
+        .pack
+}
+
+/// A truncated pack: pull fails naming the object's path and the pack,
+/// verify names the object and the pack; nothing is written as data.
+#[test]
+fn a_truncated_pack_is_named_by_pull_and_verify() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let store = Store::new(Arc::clone(&backend));
+    let acme = org("acme");
+    let src = home_dir(&[("a.txt", b"first file"), ("b.bin", &[3u8; 5000])]);
+    let root = push(&store, &acme, &home("h"), src.path())
+        .expect("push")
+        .root
+        .expect("root");
+    let tree = store.get_tree(&acme, &root).expect("root");
+    let Some(store::tree::EntryKind::File { blocks }) = tree
+        .entries
+        .iter()
+        .find(|e| e.name == b"b.bin")
+        .map(|e| e.kind.clone())
+    else {
+        panic!("b.bin is a file");
+    };
+    let block = ObjectId::block(blocks[0]);
+    let pack = pack_holding(&store, &acme, &block);
+    let key = Store::pack_key(&acme, &pack, PackPart::Data);
+    let bytes = backend.get(&key).expect("get").expect("pack");
+    backend
+        .put(&key, &bytes[..bytes.len() - 2])
+        .expect("truncate");
+
+    let fresh = Store::new(Arc::clone(&backend));
+    let dest = tempdir();
+    let err = pull(&fresh, &acme, &home("h"), dest.path()).expect_err("truncated");
+    let message = err.to_string();
+    assert!(
+        matches!(err, Error::Corrupt { .. })
+            && message.contains("truncated pack")
+            && message.contains(&pack.to_hex())
+            && message.contains("b.bin"),
+        "{message}"
+    );
+    assert!(!dest.path().join("b.bin").exists());
+    let report = gc::verify(&fresh).expect("verify runs");
+    let name = block.digest.to_hex();
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| e.contains(&pack.to_hex()) && e.contains(&name)),
+        "{:?}",
+        report.errors
+    );
+    assert!(
+        report.errors.iter().any(|e| e.contains("b.bin")),
+        "{:?}",
+        report.errors
+    );
+}
+
+/// Rewrites `pack`'s index with `lie` applied (a valid checksum: a lie,
+/// not a torn write).
+fn lie_in_index(backend: &dyn Backend, org: &OrgId, pack: &PackId, lie: impl Fn(&mut PackIndex)) {
+    let key = Store::pack_key(org, pack, PackPart::Index);
+    let bytes = backend.get(&key).expect("get").expect("index");
+    let mut index = store::pack::decode_index(org, pack, &bytes).expect("sound");
+    lie(&mut index);
+    backend
+        .put(&key, &store::pack::encode_index(org, &index))
+        .expect("put");
+}
+
+/// An index that lies (an offset past the pack's end, overlapping ranges)
+/// is refused: its objects count as absent (a missing-check says so, so a
+/// push that needs them uploads them again), nothing is read through it,
+/// gc keeps the pack, and verify names the pack and the object of the lie.
+#[test]
+fn lying_indexes_are_refused_and_nothing_is_read_through_them() {
+    for lie in ["past the end", "overlapping"] {
+        let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+        let store = Store::new(Arc::clone(&backend));
+        let acme = org("acme");
+        let files = many_files("f", 20, 500);
+        let src = home_dir(&refs(&files));
+        let root = push(&store, &acme, &home("h"), src.path())
+            .expect("push")
+            .root
+            .expect("root");
+        let objects: Vec<ObjectId> = reachable(&store, &acme, root).into_iter().collect();
+        let packs = packs_of(backend.as_ref(), &acme);
+        let blocks_pack = packs
+            .iter()
+            .max_by_key(|p| p.entries.len())
+            .expect("a pack");
+        assert!(blocks_pack.entries.len() >= 2);
+        let victim = blocks_pack.entries[1].object;
+        lie_in_index(
+            backend.as_ref(),
+            &acme,
+            &blocks_pack.pack,
+            |index| match lie {
+                "past the end" => index.entries[1].offset = index.pack_bytes + 10,
+                _ => index.entries[1].offset -= 1,
+            },
+        );
+
+        let fresh = Store::new(Arc::clone(&backend));
+        let missing = fresh.missing(&acme, &objects).expect("missing");
+        assert!(
+            missing.contains(&victim),
+            "{lie}: the lying pack's objects are absent"
+        );
+        let report = gc::verify(&fresh).expect("verify runs");
+        assert!(
+            report
+                .errors
+                .iter()
+                .any(|e| e.contains(&blocks_pack.pack.to_hex())
+                    && e.contains("index refused")
+                    && e.contains(&victim.digest.to_hex())),
+            "{lie}: {:?}",
+            report.errors
+        );
+        // gc keeps what it cannot read; a push repairs the home.
+        let swept = gc::gc(&fresh, Duration::ZERO).expect("gc");
+        assert_eq!(swept.packs_refused, 1, "{lie}: {swept:?}");
+        assert!(
+            backend
+                .head(&Store::pack_key(&acme, &blocks_pack.pack, PackPart::Data))
+                .expect("head")
+                .is_some(),
+            "{lie}: gc removed a pack it could not read"
+        );
+        // Nothing is read through it: the home's objects there are missing
+        // (a hole `verify` names, as for any lost object), never data.
+        let dest = tempdir();
+        match pull(
+            &Store::new(Arc::clone(&backend)),
+            &acme,
+            &home("h"),
+            dest.path(),
+        ) {
+            Err(Error::MissingObject { path: Some(_), .. }) => {}
+            other => panic!("{lie}: expected a missing object at a path, got {other:?}"),
+        }
+    }
+}
+
+/// A pack without its index (a writer killed between the two, or an index
+/// lost): its objects are absent, so the next push uploads them again
+/// and commits a whole home; gc removes the torn pack once it is older
+/// than the grace period, and keeps it while it is younger.
+#[test]
+fn a_pack_without_its_index_is_invisible_and_collected_when_old() {
+    let inner = Arc::new(MemoryBackend::default());
+    let backend: Arc<dyn Backend> = inner.clone();
+    let store = Store::new(Arc::clone(&backend));
+    let acme = org("acme");
+    let src = home_dir(&[("a.txt", b"alpha"), ("b.txt", b"beta")]);
+    push(&store, &acme, &home("h"), src.path()).expect("push");
+    // Every index gone: the home points at objects no one can find.
+    let torn: Vec<PackId> = packs_of(backend.as_ref(), &acme)
+        .iter()
+        .map(|p| p.pack)
+        .collect();
+    for pack in &torn {
+        backend
+            .delete(&Store::pack_key(&acme, pack, PackPart::Index))
+            .expect("delete index");
+    }
+    let fresh = Store::new(Arc::clone(&backend));
+    let dest = tempdir();
+    assert!(matches!(
+        pull(&fresh, &acme, &home("h"), dest.path()),
+        Err(Error::MissingObject { .. })
+    ));
+    let again = push(&fresh, &acme, &home("h"), src.path()).expect("the next push recovers");
+    assert!(again.blocks_uploaded == 2 || again.unchanged, "{again:?}");
+    // The pointer already named this root: the push found it unchanged
+    // and uploaded nothing, so a push of another home uploads the objects.
+    push(&fresh, &acme, &home("h2"), src.path()).expect("push");
+    let dest = tempdir();
+    pull(
+        &Store::new(Arc::clone(&backend)),
+        &acme,
+        &home("h"),
+        dest.path(),
+    )
+    .expect("pull");
+    assert_eq!(contents(dest.path()), contents(src.path()));
+
+    let kept = gc::gc(&fresh, gc::DEFAULT_GRACE).expect("gc");
+    assert_eq!(
+        kept.packs_deleted, 0,
+        "a young torn pack may be a writer's: {kept:?}"
+    );
+    let swept = gc::gc(&fresh, Duration::ZERO).expect("gc");
+    assert!(swept.packs_deleted >= torn.len() as u64, "{swept:?}");
+    for pack in &torn {
+        assert!(
+            backend
+                .head(&Store::pack_key(&acme, pack, PackPart::Data))
+                .expect("head")
+                .is_none()
+        );
+    }
+    assert_verify_ok(&fresh);
+}
+
+/// An index copied into another org's prefix (naming that org's pack)
+/// is refused there: no org reads another's objects through it.
+#[test]
+fn an_index_naming_another_orgs_pack_is_refused() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let store = Store::new(Arc::clone(&backend));
+    let (acme, evil) = (org("acme"), org("evil"));
+    let src = home_dir(&[("secret.txt", b"acme's secret")]);
+    let root = push(&store, &acme, &home("h"), src.path())
+        .expect("push")
+        .root
+        .expect("root");
+    let objects: Vec<ObjectId> = reachable(&store, &acme, root).into_iter().collect();
+    for index in packs_of(backend.as_ref(), &acme) {
+        for part in [PackPart::Data, PackPart::Index] {
+            let bytes = backend
+                .get(&Store::pack_key(&acme, &index.pack, part))
+                .expect("get")
+                .expect("present");
+            backend
+                .put(&Store::pack_key(&evil, &index.pack, part), &bytes)
+                .expect("copy");
+        }
+    }
+    let fresh = Store::new(Arc::clone(&backend));
+    let mut missing = fresh.missing(&evil, &objects).expect("missing");
+    missing.sort();
+    let mut all = objects.clone();
+    all.sort();
+    assert_eq!(
+        missing, all,
+        "evil sees acme's objects through a copied index"
+    );
+    assert!(matches!(
+        fresh.get_object(&evil, &ObjectId::tree(root)),
+        Err(Error::MissingObject { .. })
+    ));
+    let report = gc::verify(&fresh).expect("verify");
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| e.starts_with("evil: pack") && e.contains("org \"acme\"")),
+        "{:?}",
+        report.errors
+    );
+}
+
+/// The gc/push race on packs: b pushes content a has just dropped, and a
+/// gc runs between b's upload and its commit, rewriting the mixed packs
+/// (live objects copied, a's old ones dropped, some of which b found
+/// present and relies on). b's commit finds them gone under the commit
+/// lock, uploads them again and commits a whole home (or says
+/// `CommitRaced`, and a retry does).
+#[test]
+fn a_push_relying_on_objects_a_pack_rewrite_drops_uploads_them_again() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let store = Store::new(Arc::clone(&backend));
+    let acme = org("acme");
+    let old = many_files("src", 40, 800);
+    let mut new = old.clone();
+    for (path, content) in new.iter_mut().step_by(2) {
+        content.extend_from_slice(path.as_bytes());
+    }
+    let old_dir = home_dir(&refs(&old));
+    push(&store, &acme, &home("a"), old_dir.path()).expect("push a (old)");
+    push(&store, &acme, &home("a"), home_dir(&refs(&new)).path()).expect("push a (new)");
+
+    let reports = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&reports);
+    let gc_store = Store::new(Arc::clone(&backend));
+    let mut options = crate::support::push_options();
+    options.before_commit = Some(Box::new(move || {
+        let report = gc::gc(&gc_store, Duration::ZERO).expect("gc between upload and commit");
+        seen.lock().expect("lock").push(report);
+    }));
+    let b_dir = home_dir(&refs(&old));
+    let raced = store::push::push(
+        &store,
+        &acme,
+        &home("b"),
+        b_dir.path(),
+        &options,
+        &store::progress::NoProgress,
+    );
+    let report = reports.lock().expect("lock")[0].clone();
+    assert!(
+        report.deleted > 0 && report.packs_written > 0,
+        "gc rewrote mixed packs: {report:?}"
+    );
+    match raced {
+        Ok(_) => {}
+        Err(Error::CommitRaced) => {
+            push(&store, &acme, &home("b"), b_dir.path()).expect("the retry commits");
+        }
+        Err(other) => panic!("unexpected {other}"),
+    }
+    assert_verify_ok(&store);
+    assert_present_trees_are_complete(&store);
+    let dest = tempdir();
+    pull(&Store::new(backend), &acme, &home("b"), dest.path()).expect("pull b");
+    assert_eq!(contents(dest.path()), contents(b_dir.path()));
+}
+
+/// The org's index from the local copies of pack indexes: a new process
+/// with the cache reads no index from the store; with the cache lost, it
+/// reads them again (and keeps them again); a damaged copy is read again
+/// from the store, never trusted.
+#[test]
+fn the_index_cache_serves_a_new_process_and_is_rebuilt_when_lost() {
+    let double = Double::new(Arc::new(MemoryBackend::default()));
+    let acme = org("acme");
+    let src = home_dir(&refs(&many_files("f", 200, 1000)));
+    let root = push(&Store::new(double.clone()), &acme, &home("h"), src.path())
+        .expect("push")
+        .root
+        .expect("root");
+    let packs = packs_of(double.as_ref(), &acme).len();
+    let cache = tempdir();
+    let index_reads = |expected: usize, what: &str| {
+        double.arm(Faults::default());
+        let store = Store::new(double.clone()).with_index_cache(cache.path().join("store"));
+        assert!(
+            store
+                .missing(&acme, &[ObjectId::tree(root)])
+                .expect("missing")
+                .is_empty()
+        );
+        let read: usize = double.get_batches().iter().sum();
+        assert_eq!(read, expected, "{what}");
+    };
+    index_reads(packs, "a first process reads every index");
+    index_reads(0, "the next reads them from the cache");
+    std::fs::remove_dir_all(cache.path().join("store")).expect("lose the cache");
+    index_reads(packs, "a lost cache is rebuilt from the store");
+    let copy = std::fs::read_dir(cache.path().join("store/acme"))
+        .expect("cached")
+        .next()
+        .expect("a copy")
+        .expect("entry")
+        .path();
+    std::fs::write(&copy, b"damaged").expect("damage");
+    index_reads(1, "a damaged copy is read again");
+}
