@@ -573,6 +573,20 @@ impl Client {
                 message: error_chain(e),
             })?;
         let response = Self::successful(response, shown.clone()).await?;
+        #[derive(serde::Deserialize)]
+        struct Taken {
+            bytes: u64,
+        }
+        Self::decoded::<Taken>(response, shown)
+            .await
+            .map(|answer| answer.bytes)
+    }
+
+    /// A successful answer's JSON body as `R`.
+    async fn decoded<R: DeserializeOwned>(
+        response: reqwest::Response,
+        shown: String,
+    ) -> Result<R, ClientError> {
         let status = response.status().as_u16();
         let bytes = response
             .bytes()
@@ -581,17 +595,11 @@ impl Client {
                 url: shown.clone(),
                 message: error_chain(e),
             })?;
-        #[derive(serde::Deserialize)]
-        struct Taken {
-            bytes: u64,
-        }
-        serde_json::from_slice::<Taken>(&bytes)
-            .map(|answer| answer.bytes)
-            .map_err(|_| ClientError::Unexpected {
-                url: shown,
-                status,
-                body: quote(&bytes),
-            })
+        serde_json::from_slice::<R>(&bytes).map_err(|_| ClientError::Unexpected {
+            url: shown,
+            status,
+            body: quote(&bytes),
+        })
     }
 
     pub async fn signal_command(
@@ -786,25 +794,13 @@ impl Client {
             content_type: "application/octet-stream",
         };
         let response = self.send(Method::PUT, url, Some(body), &[]).await?;
-        let status = response.status().as_u16();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| ClientError::Unreachable {
-                url: shown.clone(),
-                message: error_chain(e),
-            })?;
         #[derive(serde::Deserialize)]
         struct Length {
             length: u64,
         }
-        serde_json::from_slice::<Length>(&bytes)
+        Self::decoded::<Length>(response, shown)
+            .await
             .map(|answer| answer.length)
-            .map_err(|_| ClientError::Unexpected {
-                url: shown,
-                status,
-                body: quote(&bytes),
-            })
     }
 
     /// `POST /v1/runner/sandboxes/{id}/saves`: how a save went.

@@ -150,23 +150,8 @@ pub async fn send_stdin(
         .body(body)
         .send()
         .await
-        .map_err(|err| {
-            ControlError::new(
-                ErrorCode::Unavailable,
-                format!("the sandbox's runner is unreachable on its data path: {err}"),
-            )
-        })?;
-    let status = answer.status().as_u16();
-    let body = answer.bytes().await.map_err(|err| {
-        ControlError::new(
-            ErrorCode::Unavailable,
-            format!("the runner's answer was cut: {err}"),
-        )
-    })?;
-    Ok(Relayed {
-        status,
-        body: body.to_vec(),
-    })
+        .map_err(unreachable)?;
+    relayed(answer).await
 }
 
 /// Sets the size of the org's command's terminal.
