@@ -10,6 +10,8 @@
 //! - `POST /v1/data/sandboxes/{id}/commands/{cmd}/stdin?close=BOOL`: the
 //!   body goes to the command's stdin through the sandbox's agent, in
 //!   order, with back-pressure; `close` ends the stdin after it.
+//! - `/v1/data/sandboxes/{id}/files…`: the sandbox's files through its
+//!   agent (`data_files`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +72,7 @@ pub(crate) fn router(plane: Arc<DataPlane>) -> axum::Router {
             "/v1/data/sandboxes/{sandbox_id}/commands/{command_id}/stdin",
             axum::routing::post(stdin),
         )
+        .merge(super::data_files::routes())
         .with_state(plane)
 }
 
@@ -90,6 +93,32 @@ impl DataPlane {
         sandbox_id: &str,
         command_id: &str,
     ) -> Result<DataClaims, Refusal> {
+        self.authorize_for(headers, op, sandbox_id, Some(command_id))
+    }
+
+    /// The claims of the request's token, if they allow `op` on a sandbox
+    /// this runner holds at their epoch, for no command (the files
+    /// routes, `data_files`): a refusal as its code and message.
+    pub(super) fn authorize_sandbox(
+        &self,
+        headers: &HeaderMap,
+        op: &str,
+        sandbox_id: &str,
+    ) -> Result<DataClaims, (ErrorCode, String)> {
+        self.authorize_for(headers, op, sandbox_id, None)
+            .map_err(|refusal| (refusal.code, refusal.message))
+    }
+
+    /// The claims of the request's token, if they allow exactly `op` on
+    /// `command_id` (or no command) of a sandbox this runner holds at
+    /// their epoch.
+    fn authorize_for(
+        &self,
+        headers: &HeaderMap,
+        op: &str,
+        sandbox_id: &str,
+        command_id: Option<&str>,
+    ) -> Result<DataClaims, Refusal> {
         let token = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -102,7 +131,7 @@ impl DataPlane {
             .map_err(|err| refuse(ErrorCode::Unauthenticated, err.to_string()))?;
         if claims.op != op
             || claims.sandbox_id != sandbox_id
-            || claims.command_id.as_deref() != Some(command_id)
+            || claims.command_id.as_deref() != command_id
         {
             return Err(refuse(
                 ErrorCode::Unauthenticated,
