@@ -459,7 +459,7 @@ pub async fn tar_read(
 /// are cleared; device nodes, fifos and sockets are skipped and counted.
 /// A refused or broken stream leaves what was unpacked before it (never a
 /// partly written file); a full disk is 507.
-#[utoipa::path(put, path = "/v1/sandboxes/{id}/files/tar", tag = "files", params(("id" = String, Path, description = "sandbox id"), PathQuery), request_body(content = Vec<u8>, content_type = "application/x-tar", description = "a tar stream (ustar, GNU or PAX), any length"), responses(
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files/tar", tag = "files", params(("id" = String, Path, description = "sandbox id"), PathQuery), request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "a tar stream (ustar, GNU or PAX), any length; sent as `application/x-tar` or `application/octet-stream` (the type is not checked)"), responses(
     (status = 200, body = TarSummary),
     (status = 400, description = "`invalid_request`: a bad path, or a malformed or hostile tar entry", body = api::ErrorBody),
     (status = 404, description = "`not_found`: no such sandbox (or another org's)", body = api::ErrorBody),
