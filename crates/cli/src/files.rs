@@ -26,6 +26,8 @@ const CHUNK_BYTES: usize = 256 * 1024;
 /// Chunks in flight between a tar thread and the request (back-pressure:
 /// the thread blocks once this many wait).
 const CHUNKS_QUEUED: usize = 8;
+/// How much of a download is gathered before one write to disk.
+const WRITE_BUFFER_BYTES: usize = 1 << 20;
 /// The suffix of a download in progress, beside its destination.
 const PART_SUFFIX: &str = ".roost-part";
 
@@ -614,16 +616,15 @@ async fn get_file(
     local: &Path,
 ) -> Result<()> {
     let resumed = request.resume && download.offset > 0;
-    let mut file = if resumed {
-        tokio::fs::OpenOptions::new().append(true).open(part).await
+    let file = if resumed {
+        std::fs::OpenOptions::new().append(true).open(part)
     } else {
-        tokio::fs::File::create(part).await
+        std::fs::File::create(part)
     }
     .with_context(|| format!("cannot write {}", part.display()))?;
     if resumed {
         let have = file
             .metadata()
-            .await
             .with_context(|| format!("cannot read {}", part.display()))?
             .len();
         if have != download.offset {
@@ -634,19 +635,34 @@ async fn get_file(
             );
         }
     }
+    // The disk's side on a blocking thread, fed through a bounded channel:
+    // writes in large pieces, never a thread hand-off per network chunk.
+    let (sender, mut receiver) = mpsc::channel::<bytes::Bytes>(CHUNKS_QUEUED);
+    let writing = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let mut out = std::io::BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
+        while let Some(chunk) = receiver.blocking_recv() {
+            out.write_all(&chunk)?;
+        }
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()
+    });
     let bar = Bar::new(request.json);
     bar.phase("download", download.length);
-    while let Some(chunk) = next(&mut download, request).await? {
-        file.write_all(&chunk)
-            .await
-            .with_context(|| format!("cannot write {}", part.display()))?;
-        bar.advance(chunk.len() as u64);
+    let fed: Result<()> = async {
+        while let Some(chunk) = next(&mut download, request).await? {
+            bar.advance(chunk.len() as u64);
+            if sender.send(chunk).await.is_err() {
+                // The writer stopped: its error says why.
+                break;
+            }
+        }
+        Ok(())
     }
+    .await;
     bar.finish();
-    file.sync_all()
-        .await
-        .with_context(|| format!("cannot write {}", part.display()))?;
-    drop(file);
+    drop(sender);
+    let written = writing.await.context("the writing thread failed")?;
+    fed?;
+    written.with_context(|| format!("cannot write {}", part.display()))?;
     // A whole file gets the sandbox's permission bits (never setuid,
     // setgid or sticky); a range is only bytes.
     if request.range.is_none()

@@ -475,7 +475,9 @@ async fn a_directory_of_two_thousand_files_goes_through_the_tar_path_both_ways()
 /// 507 `insufficient_storage`, through the API and the CLI, and leaves
 /// nothing under the final name: a new file is absent, a replaced one
 /// keeps its old content, no temporary file stays behind; the tar path
-/// answers the same.
+/// answers the same. Regression: a refusal sent before the body was all
+/// read reached the client as a reset connection (503 at the server)
+/// instead of its code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_is_507_and_leaves_nothing_under_the_final_name() {
     let stack = Stack::start_full(&[], &[]).await;
@@ -504,6 +506,29 @@ async fn a_full_disk_is_507_and_leaves_nothing_under_the_final_name() {
     )
     .await;
     answer.assert_error(507, "insufficient_storage");
+    // A refusal before any byte is taken (no such directory; another
+    // org's sandbox) still reaches the client whole, however large the
+    // body it did not want.
+    let body = std::fs::read(&big).expect("read");
+    let early = send(
+        &api,
+        reqwest::Method::PUT,
+        &format!("/v1/sandboxes/{sid}/files?path=/workspace/no/such/dir/x"),
+        Some(body.clone()),
+        &[],
+    )
+    .await;
+    early.assert_error(404, "not_found");
+    let (other, _) = crate::plane::new_org(&stack.plane.admin, "org-full", json!({})).await;
+    let hidden = send(
+        &other,
+        reqwest::Method::PUT,
+        &format!("/v1/sandboxes/{sid}/files/tar?path=/workspace"),
+        Some(body),
+        &[],
+    )
+    .await;
+    hidden.assert_error(404, "not_found");
     assert_eq!(
         sh(&api, &sid, "ls -a /dev/shm; cat /dev/shm/kept.txt").await,
         ".\n..\nkept.txt\nold\n"

@@ -29,13 +29,14 @@ use api::files::{
     DirectoryMade, FileEntry, FileList, FileMoved, FileRemoved, FileType, FileWritten,
     MkdirRequest, MoveRequest, TarSummary, ops,
 };
-use axum::body::Body;
+use axum::body::{Body, BodyDataStream};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::StreamExt;
+use oci::agent::files::DATA_BYTES_MAX;
 use oci::agent::files_client::{FileKind, FileListing};
 use oci::config::SandboxId;
 use oci::{Container, FileDownload};
@@ -231,15 +232,50 @@ impl Sink<'_> {
     }
 }
 
-/// Sends a request body to an agent upload, chunk by chunk (each written
-/// before the next is read: back-pressure to the client).
-async fn send_body(body: Body, mut sink: Sink<'_>) -> Result<(), Refusal> {
-    let mut stream = body.into_data_stream();
+/// How long a refused upload's body is still read (and dropped) so that
+/// the refusal reaches the server: a connection closed with unread bytes
+/// is reset, and a reset can destroy the answer before it is read.
+const DRAIN_TIME_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Sends a request body to an agent upload, gathered into frames of the
+/// agent's largest size (a network chunk is often a few KiB; each frame
+/// costs the agent a wake-up and a write), each written before more of
+/// the body is read: back-pressure to the client.
+async fn send_body(stream: &mut BodyDataStream, mut sink: Sink<'_>) -> Result<(), Refusal> {
+    let mut gathered: Vec<u8> = Vec::with_capacity(DATA_BYTES_MAX);
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| bad_request(format!("the request body was cut: {e}")))?;
-        sink.write(&chunk).await.map_err(agent_refusal)?;
+        let mut rest = &chunk[..];
+        while !rest.is_empty() {
+            let room = DATA_BYTES_MAX - gathered.len();
+            let (taken, left) = rest.split_at(room.min(rest.len()));
+            gathered.extend_from_slice(taken);
+            rest = left;
+            if gathered.len() == DATA_BYTES_MAX {
+                sink.write(&gathered).await.map_err(agent_refusal)?;
+                gathered.clear();
+            }
+        }
+    }
+    if !gathered.is_empty() {
+        sink.write(&gathered).await.map_err(agent_refusal)?;
     }
     Ok(())
+}
+
+/// `answer`, but a refusal only once the rest of the body was read and
+/// dropped (at most [`DRAIN_TIME_MAX`]).
+async fn after_draining(
+    mut stream: BodyDataStream,
+    answer: Result<Response, Refusal>,
+) -> Result<Response, Refusal> {
+    if answer.is_err() {
+        let _ = tokio::time::timeout(DRAIN_TIME_MAX, async {
+            while let Some(Ok(_)) = stream.next().await {}
+        })
+        .await;
+    }
+    answer
 }
 
 #[derive(serde::Deserialize)]
@@ -352,7 +388,19 @@ async fn write(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refusal> {
-    let container = container(&plane, &headers, ops::WRITE, &sandbox_id)?;
+    let mut stream = body.into_data_stream();
+    let answer = write_file(&plane, &sandbox_id, query, &headers, &mut stream).await;
+    after_draining(stream, answer).await
+}
+
+async fn write_file(
+    plane: &DataPlane,
+    sandbox_id: &str,
+    query: WriteQuery,
+    headers: &HeaderMap,
+    stream: &mut BodyDataStream,
+) -> Result<Response, Refusal> {
+    let container = container(plane, headers, ops::WRITE, sandbox_id)?;
     let mode = query
         .mode
         .as_deref()
@@ -368,7 +416,7 @@ async fn write(
         .map_err(agent_refusal)?;
     // On any failure `upload` drops unfinished: the agent removes what it
     // wrote, and the path keeps its old content (or stays absent).
-    send_body(body, Sink::File(&mut upload)).await?;
+    send_body(stream, Sink::File(&mut upload)).await?;
     let size = upload.finish().await.map_err(agent_refusal)?;
     let status = if existed {
         StatusCode::OK
@@ -511,19 +559,24 @@ async fn tar_write(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refusal> {
-    let container = container(&plane, &headers, ops::TAR_WRITE, &sandbox_id)?;
-    let mut upload = container
-        .tar_write(&query.path)
-        .await
-        .map_err(agent_refusal)?;
-    send_body(body, Sink::Tar(&mut upload)).await?;
-    let summary = upload.finish().await.map_err(agent_refusal)?;
-    let summary = TarSummary {
-        files: summary.files,
-        directories: summary.directories,
-        symlinks: summary.symlinks,
-        bytes: summary.bytes,
-        skipped: summary.skipped,
-    };
-    Ok(json(StatusCode::OK, &summary))
+    let mut stream = body.into_data_stream();
+    let answer = async {
+        let container = container(&plane, &headers, ops::TAR_WRITE, &sandbox_id)?;
+        let mut upload = container
+            .tar_write(&query.path)
+            .await
+            .map_err(agent_refusal)?;
+        send_body(&mut stream, Sink::Tar(&mut upload)).await?;
+        let summary = upload.finish().await.map_err(agent_refusal)?;
+        let summary = TarSummary {
+            files: summary.files,
+            directories: summary.directories,
+            symlinks: summary.symlinks,
+            bytes: summary.bytes,
+            skipped: summary.skipped,
+        };
+        Ok(json(StatusCode::OK, &summary))
+    }
+    .await;
+    after_draining(stream, answer).await
 }

@@ -86,6 +86,23 @@ async fn refusal(answer: reqwest::Response) -> ControlError {
     }
 }
 
+/// How long a refused upload's body is still read (and dropped) so that
+/// the refusal reaches the client: a connection closed with unread bytes
+/// is reset, and a reset can destroy the answer before it is read.
+const DRAIN_TIME_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `error`, once the rest of `body` was read and dropped (at most
+/// [`DRAIN_TIME_MAX`]).
+async fn drained(body: Body, error: ControlError) -> ControlError {
+    use futures::StreamExt;
+    let mut stream = body.into_data_stream();
+    let _ = tokio::time::timeout(DRAIN_TIME_MAX, async {
+        while let Some(Ok(_)) = stream.next().await {}
+    })
+    .await;
+    error
+}
+
 /// A refusal response; 416 says the file's size as `Content-Range` wants.
 fn refused(error: ControlError) -> Response {
     let size = error
@@ -236,11 +253,20 @@ pub async fn write(
     Query(query): Query<WriteQuery>,
     body: Body,
 ) -> Result<Response, ControlError> {
-    let route = route(&state, &org_id, &sandbox_id, ops::WRITE, "", &[&query.path]).await?;
+    let checked = async {
+        let route = route(&state, &org_id, &sandbox_id, ops::WRITE, "", &[&query.path]).await?;
+        if let Some(mode) = &query.mode {
+            api::files::parse_mode(mode)
+                .map_err(|message| ControlError::new(ErrorCode::InvalidRequest, message))?;
+        }
+        Ok(route)
+    };
+    let route = match checked.await {
+        Ok(route) => route,
+        Err(error) => return Err(drained(body, error).await),
+    };
     let mut runner_query = vec![("path", query.path.clone())];
     if let Some(mode) = &query.mode {
-        api::files::parse_mode(mode)
-            .map_err(|message| ControlError::new(ErrorCode::InvalidRequest, message))?;
         runner_query.push(("mode", mode.clone()));
     }
     runner_query.push(("parents", query.parents.unwrap_or(false).to_string()));
@@ -473,7 +499,7 @@ pub async fn tar_write(
     Query(query): Query<PathQuery>,
     body: Body,
 ) -> Result<Response, ControlError> {
-    let route = route(
+    let checked = route(
         &state,
         &org_id,
         &sandbox_id,
@@ -481,7 +507,11 @@ pub async fn tar_write(
         "/tar",
         &[&query.path],
     )
-    .await?;
+    .await;
+    let route = match checked {
+        Ok(route) => route,
+        Err(error) => return Err(drained(body, error).await),
+    };
     let runner_query = [("path", query.path.clone())];
     let stream = reqwest::Body::wrap_stream(body.into_data_stream());
     let answer = data_path::relay(
