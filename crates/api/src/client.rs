@@ -22,6 +22,9 @@ use crate::sandboxes::{CreateSandboxRequest, EventList, QuarantineRequest, Sandb
 use crate::snapshots::{CreateSnapshotRequest, SalvageRequest, Snapshot, SnapshotList};
 use crate::{ErrorBody, ErrorCode};
 
+mod files;
+pub use files::{FileDownload, FileRange};
+
 /// Longest a single request may take, long-polls (at most 25 s on the
 /// server) included: a server that stops answering fails the call instead
 /// of hanging it.

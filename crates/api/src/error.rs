@@ -25,6 +25,9 @@ pub enum ErrorCode {
     /// still missing; retry once space is freed (507).
     InsufficientStorage,
     Internal,
+    /// A byte range that starts past a file's end (416; `details.size` is
+    /// the file's size).
+    RangeNotSatisfiable,
 }
 
 impl ErrorCode {
@@ -44,6 +47,7 @@ impl ErrorCode {
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::Internal => "internal",
+            ErrorCode::RangeNotSatisfiable => "range_not_satisfiable",
         }
     }
 
@@ -63,6 +67,7 @@ impl ErrorCode {
             ErrorCode::Unavailable => 503,
             ErrorCode::InsufficientStorage => 507,
             ErrorCode::Internal => 500,
+            ErrorCode::RangeNotSatisfiable => 416,
         }
     }
 }
@@ -108,6 +113,7 @@ mod tests {
             ErrorCode::QuotaExceeded,
             ErrorCode::Unavailable,
             ErrorCode::Internal,
+            ErrorCode::RangeNotSatisfiable,
         ] {
             assert_eq!(
                 serde_json::to_value(code).ok(),

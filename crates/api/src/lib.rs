@@ -10,6 +10,7 @@ pub mod data_path;
 pub mod deployment;
 mod error;
 pub mod failpoint;
+pub mod files;
 pub mod filesystems;
 pub mod images;
 pub mod lifecycle;

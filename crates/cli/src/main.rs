@@ -4,6 +4,7 @@
 mod control;
 mod credentials;
 mod exec;
+mod files;
 mod home;
 mod image;
 mod info;
@@ -66,6 +67,10 @@ enum Command {
     /// Inspect, read and signal the commands run in a sandbox.
     #[command(subcommand, name = "command")]
     Cmd(exec::CommandCommand),
+    /// Move files into and out of a running sandbox, list, remove, rename
+    /// and make them (its own agent does it, inside the sandbox).
+    #[command(subcommand)]
+    Files(files::FilesCommand),
     /// Run the agent on a host: register with the control plane and run
     /// the sandboxes it places here.
     Runner(runner::RunnerArgs),
@@ -121,6 +126,7 @@ fn main() -> std::process::ExitCode {
         Command::Exec(args) => exec::run_exec(args),
         Command::Cmd(command) => exec::run_command(command),
         Command::Shell(args) => terminal::run_shell(args),
+        Command::Files(command) => files::run(command),
         Command::Runner(args) => runner::run(args),
         Command::Up(args) => up::run(args),
         Command::Info(args) => info::run(args),

@@ -95,5 +95,6 @@ pub use network::{BridgeConfig, BridgeNetwork, Ipv4Subnet, Lease};
 pub use runtime::log::LaunchFailure;
 pub use runtime::{Runtime, RuntimeChoice, RuntimeConfig, RuntimeKind, Sandbox};
 pub use seam::{BoxFuture, CommandStdin, Container, ContainerRuntime, RunningCommand};
+pub use seam::{FileDownload, FileUpload, TarUpload};
 pub use signal::Signal;
 pub use state::{CgroupCounters, DeathCause, Observation, RuntimeState, Status};

@@ -15,6 +15,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::agent::files_client::{
+    AgentDownload, FileInfo, FileListing, FileWriter, TarSummary, TarWriter,
+};
 use crate::config::{SandboxConfig, SandboxId, SandboxPaths};
 use crate::error::Result;
 use crate::exec::{CommandEnd, CommandSpec, Execution, Signaller, Stream};
@@ -88,6 +91,99 @@ pub trait Container: Send + Sync + std::fmt::Debug {
         rows: u16,
         cols: u16,
     ) -> BoxFuture<'a, Result<()>>;
+    /// Reads file `path` in the sandbox through its agent, from `offset`,
+    /// at most `length` bytes (to the end without).
+    fn read_file<'a>(
+        &'a self,
+        path: &'a str,
+        offset: u64,
+        length: Option<u64>,
+    ) -> BoxFuture<'a, Result<(FileInfo, Box<dyn FileDownload>)>>;
+    /// Writes file `path` in the sandbox through its agent (in place only
+    /// once whole).
+    fn write_file<'a>(
+        &'a self,
+        path: &'a str,
+        mode: Option<u32>,
+        parents: bool,
+    ) -> BoxFuture<'a, Result<Box<dyn FileUpload>>>;
+    /// Lists `path` in the sandbox, `depth` levels down.
+    fn list_files<'a>(&'a self, path: &'a str, depth: u32) -> BoxFuture<'a, Result<FileListing>>;
+    /// Removes `path` in the sandbox (a non-empty directory with `recursive`).
+    fn remove_file<'a>(&'a self, path: &'a str, recursive: bool) -> BoxFuture<'a, Result<()>>;
+    /// Renames `from` to `to` in the sandbox.
+    fn move_file<'a>(
+        &'a self,
+        from: &'a str,
+        to: &'a str,
+        overwrite: bool,
+    ) -> BoxFuture<'a, Result<()>>;
+    /// Makes directory `path` in the sandbox; whether it was made.
+    fn make_dir<'a>(
+        &'a self,
+        path: &'a str,
+        parents: bool,
+        mode: Option<u32>,
+    ) -> BoxFuture<'a, Result<bool>>;
+    /// Directory `path` of the sandbox as a tar stream.
+    fn tar_read<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Box<dyn FileDownload>>>;
+    /// Unpacks a tar stream under directory `path` of the sandbox.
+    fn tar_write<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Box<dyn TarUpload>>>;
+}
+
+/// Bytes of a sandbox's file (or a directory's tar stream) coming from its
+/// agent.
+pub trait FileDownload: Send {
+    /// The next bytes, or `None` once all came.
+    fn next_chunk(&mut self) -> BoxFuture<'_, Result<Option<Vec<u8>>>>;
+    /// A tar stream's summary, once it is complete.
+    fn tar_summary(&self) -> Option<TarSummary>;
+}
+
+/// A file being written in a sandbox through its agent; dropped before
+/// `finish`, it is abandoned (nothing under its name changes).
+pub trait FileUpload: Send {
+    /// Writes `bytes`, waiting while the agent writes what came before.
+    fn write<'a>(&'a mut self, bytes: &'a [u8]) -> BoxFuture<'a, Result<()>>;
+    /// Puts the file in place; its size.
+    fn finish(self: Box<Self>) -> BoxFuture<'static, Result<u64>>;
+}
+
+/// A tar stream being unpacked in a sandbox through its agent.
+pub trait TarUpload: Send {
+    fn write<'a>(&'a mut self, bytes: &'a [u8]) -> BoxFuture<'a, Result<()>>;
+    /// Ends the stream: what was unpacked.
+    fn finish(self: Box<Self>) -> BoxFuture<'static, Result<TarSummary>>;
+}
+
+impl FileDownload for AgentDownload {
+    fn next_chunk(&mut self) -> BoxFuture<'_, Result<Option<Vec<u8>>>> {
+        Box::pin(AgentDownload::next_chunk(self))
+    }
+
+    fn tar_summary(&self) -> Option<TarSummary> {
+        AgentDownload::tar_summary(self)
+    }
+}
+
+impl FileUpload for FileWriter {
+    fn write<'a>(&'a mut self, bytes: &'a [u8]) -> BoxFuture<'a, Result<()>> {
+        Box::pin(FileWriter::write(self, bytes))
+    }
+
+    fn finish(self: Box<Self>) -> BoxFuture<'static, Result<u64>> {
+        Box::pin(FileWriter::finish(*self))
+    }
+}
+
+impl TarUpload for TarWriter {
+    fn write<'a>(&'a mut self, bytes: &'a [u8]) -> BoxFuture<'a, Result<()>> {
+        Box::pin(TarWriter::write(self, bytes))
+    }
+
+    fn finish(self: Box<Self>) -> BoxFuture<'static, Result<TarSummary>> {
+        Box::pin(TarWriter::finish(*self))
+    }
 }
 
 /// A command's stdin, written through the sandbox's agent.
@@ -248,6 +344,70 @@ impl Container for Sandbox {
         cols: u16,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(self.agent_resize(id, rows, cols))
+    }
+
+    fn read_file<'a>(
+        &'a self,
+        path: &'a str,
+        offset: u64,
+        length: Option<u64>,
+    ) -> BoxFuture<'a, Result<(FileInfo, Box<dyn FileDownload>)>> {
+        Box::pin(async move {
+            let (info, download) = self.agent_read_file(path, offset, length).await?;
+            Ok((info, Box::new(download) as Box<dyn FileDownload>))
+        })
+    }
+
+    fn write_file<'a>(
+        &'a self,
+        path: &'a str,
+        mode: Option<u32>,
+        parents: bool,
+    ) -> BoxFuture<'a, Result<Box<dyn FileUpload>>> {
+        Box::pin(async move {
+            let writer = self.agent_write_file(path, mode, parents).await?;
+            Ok(Box::new(writer) as Box<dyn FileUpload>)
+        })
+    }
+
+    fn list_files<'a>(&'a self, path: &'a str, depth: u32) -> BoxFuture<'a, Result<FileListing>> {
+        Box::pin(self.agent_list(path, depth))
+    }
+
+    fn remove_file<'a>(&'a self, path: &'a str, recursive: bool) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.agent_remove(path, recursive))
+    }
+
+    fn move_file<'a>(
+        &'a self,
+        from: &'a str,
+        to: &'a str,
+        overwrite: bool,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.agent_move(from, to, overwrite))
+    }
+
+    fn make_dir<'a>(
+        &'a self,
+        path: &'a str,
+        parents: bool,
+        mode: Option<u32>,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.agent_mkdir(path, parents, mode))
+    }
+
+    fn tar_read<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Box<dyn FileDownload>>> {
+        Box::pin(async move {
+            let download = self.agent_tar_read(path).await?;
+            Ok(Box::new(download) as Box<dyn FileDownload>)
+        })
+    }
+
+    fn tar_write<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Box<dyn TarUpload>>> {
+        Box::pin(async move {
+            let writer = self.agent_tar_write(path).await?;
+            Ok(Box::new(writer) as Box<dyn TarUpload>)
+        })
     }
 }
 

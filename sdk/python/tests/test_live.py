@@ -14,9 +14,13 @@ import roost
 from roost import (
     AsyncRoost,
     IdempotencyConflict,
+    InsufficientStorage,
+    InvalidRequest,
+    InvalidState,
     NotFound,
     Quarantined,
     QuotaExceeded,
+    RangeNotSatisfiable,
     RetryPolicy,
     Roost,
     UnsupportedCapability,
@@ -193,5 +197,51 @@ def test_stdin_and_background_commands(roost_client: Roost, deployment: Deployme
             async with await client.sandboxes.create(labels={"test": "stdin-async"}) as sandbox:
                 result = await sandbox.exec("cat", stdin=b"through the async client")
                 return result.stdout
+
+    assert asyncio.run(scenario()) == b"through the async client"
+
+
+def test_files_written_read_listed_moved_and_removed(roost_client: Roost, deployment: Deployment) -> None:
+    # Issue 15, point 5: a sandbox's files through its agent (sync and async).
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    with roost_client.sandboxes.create(labels={"test": "files"}) as sandbox:
+        files = sandbox.files
+        written = files.write("data/blob.bin", payload)
+        assert (written.path, written.size) == ("data/blob.bin", len(payload))
+        assert files.read("/workspace/data/blob.bin") == payload
+        assert files.read("data/blob.bin", offset=256, length=3) == bytes([0, 1, 2])
+        assert files.read("data/blob.bin", offset=len(payload) - 2) == bytes([254, 255])
+        with pytest.raises(RangeNotSatisfiable) as past:
+            files.read("data/blob.bin", offset=len(payload))
+        assert past.value.size == len(payload)
+        files.write("tool.sh", "#!/bin/sh\necho tool\n", mode="0755")
+        assert sandbox.exec("./tool.sh").stdout == b"tool\n"
+        assert files.mkdir("a/b", parents=True) is True
+        assert files.mkdir("a/b", parents=True) is False
+        files.move("tool.sh", "a/b/tool.sh")
+        listing = files.list("/workspace", depth=3)
+        assert not listing.truncated
+        by_path = {entry.path: entry for entry in listing.entries}
+        assert by_path["/workspace/a/b/tool.sh"].mode == "0755"
+        assert by_path["/workspace/a/b/tool.sh"].type == "file"
+        assert by_path["/workspace/data"].type == "directory"
+        assert by_path["/workspace/data/blob.bin"].size == len(payload)
+        with pytest.raises(InvalidState):
+            files.remove("a")  # not empty
+        files.remove("a", recursive=True)
+        with pytest.raises(NotFound):
+            files.read("a/b/tool.sh")
+        with pytest.raises(InvalidRequest):
+            files.read("../etc/passwd")
+        with pytest.raises(InsufficientStorage):
+            files.write("/dev/shm/too-big", b"x" * (65 << 20))  # /dev/shm is 64 MiB
+        assert [e.path for e in files.list("/dev/shm").entries] == []
+
+    async def scenario() -> bytes:
+        async with AsyncRoost(deployment.url, deployment.token) as client:
+            async with await client.sandboxes.create(labels={"test": "files-async"}) as sandbox:
+                await sandbox.files.write("notes.txt", "through the async client")
+                assert [e.path for e in (await sandbox.files.list()).entries] == ["/workspace/notes.txt"]
+                return await sandbox.files.read("notes.txt")
 
     assert asyncio.run(scenario()) == b"through the async client"

@@ -114,6 +114,8 @@ def test_every_operation_and_field_the_sdk_uses_is_in_the_openapi_document(deplo
             assert (name, "query") in parameters, f"{where}: no query parameter {name}"
         for name in [segment[1:-1] for segment in op.path.split("/") if segment.startswith("{")]:
             assert (name, "path") in parameters, f"{where}: no path parameter {name}"
+        for name in op.headers:
+            assert (name, "header") in parameters, f"{where}: no header {name}"
         if op.idempotency_key:
             assert ("Idempotency-Key", "header") in parameters, f"{where}: no Idempotency-Key header"
         if op.body is not None:

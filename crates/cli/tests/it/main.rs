@@ -10,6 +10,7 @@ mod dashboard;
 mod durable;
 mod failover;
 mod fault_matrix;
+mod files;
 mod filesystems;
 mod harness;
 mod home;

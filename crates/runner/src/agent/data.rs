@@ -15,6 +15,8 @@
 //! - `POST /v1/data/filesystems/check?filesystem=ID&subpath=P`: whether
 //!   the directory exists in a shared filesystem this runner declares
 //!   (200, 404 missing, 400 leading outside it), for admission.
+//! - `/v1/data/sandboxes/{id}/files…`: the sandbox's files through its
+//!   agent (`data_files`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,6 +85,7 @@ pub(crate) fn router(plane: Arc<DataPlane>) -> axum::Router {
             "/v1/data/filesystems/check",
             axum::routing::post(check_filesystem),
         )
+        .merge(super::data_files::routes())
         .with_state(plane)
 }
 
@@ -103,10 +106,36 @@ impl DataPlane {
         sandbox_id: &str,
         command_id: &str,
     ) -> Result<DataClaims, Refusal> {
+        self.authorize_for(headers, op, sandbox_id, Some(command_id))
+    }
+
+    /// The claims of the request's token, if they allow `op` on a sandbox
+    /// this runner holds at their epoch, for no command (the files
+    /// routes, `data_files`): a refusal as its code and message.
+    pub(super) fn authorize_sandbox(
+        &self,
+        headers: &HeaderMap,
+        op: &str,
+        sandbox_id: &str,
+    ) -> Result<DataClaims, (ErrorCode, String)> {
+        self.authorize_for(headers, op, sandbox_id, None)
+            .map_err(|refusal| (refusal.code, refusal.message))
+    }
+
+    /// The claims of the request's token, if they allow exactly `op` on
+    /// `command_id` (or no command) of a sandbox this runner holds at
+    /// their epoch.
+    fn authorize_for(
+        &self,
+        headers: &HeaderMap,
+        op: &str,
+        sandbox_id: &str,
+        command_id: Option<&str>,
+    ) -> Result<DataClaims, Refusal> {
         let claims = self.verified(headers)?;
         if claims.op != op
             || claims.sandbox_id != sandbox_id
-            || claims.command_id.as_deref() != Some(command_id)
+            || claims.command_id.as_deref() != command_id
         {
             return Err(refuse(
                 ErrorCode::Unauthenticated,

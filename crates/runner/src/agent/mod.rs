@@ -80,6 +80,7 @@ mod clock;
 mod command;
 mod control;
 mod data;
+mod data_files;
 #[cfg(test)]
 mod fake_tests;
 mod fence;

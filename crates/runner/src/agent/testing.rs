@@ -26,6 +26,7 @@ use api::runners::{
     KeptCopyReport, PreemptRequest, RegisterRequest, RegisterResponse, RunnerRecord,
     SandboxAssignment, SandboxReport, SaveReport, SnapshotReport,
 };
+use oci::agent::files_client::{FileInfo, FileListing};
 use oci::config::{InitProgram, SandboxConfig, SandboxId, SandboxPaths};
 use oci::exec::{CommandEnd, CommandSpec, Outcome, Signaller, Stream};
 use oci::seam::{BoxFuture, Container, ContainerRuntime, RunningCommand};
@@ -588,6 +589,76 @@ impl Container for FakeContainer {
     ) -> BoxFuture<'a, oci::Result<()>> {
         Box::pin(async { Err(Error::Unsupported("the fake has no agent".to_owned())) })
     }
+    fn read_file<'a>(
+        &'a self,
+        _path: &'a str,
+        _offset: u64,
+        _length: Option<u64>,
+    ) -> BoxFuture<'a, oci::Result<(FileInfo, Box<dyn oci::FileDownload>)>> {
+        Box::pin(async { Err(no_agent_files()) })
+    }
+
+    fn write_file<'a>(
+        &'a self,
+        _path: &'a str,
+        _mode: Option<u32>,
+        _parents: bool,
+    ) -> BoxFuture<'a, oci::Result<Box<dyn oci::FileUpload>>> {
+        Box::pin(async { Err(no_agent_files()) })
+    }
+
+    fn list_files<'a>(
+        &'a self,
+        _path: &'a str,
+        _depth: u32,
+    ) -> BoxFuture<'a, oci::Result<FileListing>> {
+        Box::pin(async { Err(no_agent_files()) })
+    }
+
+    fn remove_file<'a>(
+        &'a self,
+        _path: &'a str,
+        _recursive: bool,
+    ) -> BoxFuture<'a, oci::Result<()>> {
+        Box::pin(async { Err(no_agent_files()) })
+    }
+
+    fn move_file<'a>(
+        &'a self,
+        _from: &'a str,
+        _to: &'a str,
+        _overwrite: bool,
+    ) -> BoxFuture<'a, oci::Result<()>> {
+        Box::pin(async { Err(no_agent_files()) })
+    }
+
+    fn make_dir<'a>(
+        &'a self,
+        _path: &'a str,
+        _parents: bool,
+        _mode: Option<u32>,
+    ) -> BoxFuture<'a, oci::Result<bool>> {
+        Box::pin(async { Err(no_agent_files()) })
+    }
+
+    fn tar_read<'a>(
+        &'a self,
+        _path: &'a str,
+    ) -> BoxFuture<'a, oci::Result<Box<dyn oci::FileDownload>>> {
+        Box::pin(async { Err(no_agent_files()) })
+    }
+
+    fn tar_write<'a>(
+        &'a self,
+        _path: &'a str,
+    ) -> BoxFuture<'a, oci::Result<Box<dyn oci::TarUpload>>> {
+        Box::pin(async { Err(no_agent_files()) })
+    }
+}
+
+/// The fake's containers have no agent, so no file operations.
+fn no_agent_files() -> Error {
+    Error::Unsupported("the fake has no agent".to_owned())
 }
 
 struct FakeExec {

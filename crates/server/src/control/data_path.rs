@@ -1,5 +1,6 @@
 //! Streams between a client and the runner holding its sandbox (the data
-//! path, DESIGN.md §1 and §3): a command's stdin today.
+//! path, DESIGN.md §1 and §3): a command's stdin, and a sandbox's files
+//! (`files_route`, `relay`).
 //!
 //! Runners still dial out for control; for data, each runner listens on
 //! its own data address (given at registration, with a random key) and
@@ -313,4 +314,109 @@ pub async fn check_mount_sources(
         }
     }
     Ok(())
+}
+
+/// The route to the files of the org's sandbox (`api::files::ops`, no
+/// command): the sandbox must be running on a runner with a data path.
+/// Another org's sandbox, or one past retention, is 404; one not running
+/// 409; a runner without a data path 503. `suffix` follows `…/files`
+/// (`""`, `/list`, `/tar`…).
+pub async fn files_route(
+    state: &AppState,
+    org_id: &str,
+    sandbox_id: &str,
+    op: &str,
+    suffix: &str,
+) -> Result<DataRoute, ControlError> {
+    let since = state.retained_since_ms();
+    let sandbox = records::sandboxes::visible(&state.db.pool, org_id, sandbox_id, since)
+        .await?
+        .ok_or_else(|| records::not_found("sandbox"))?;
+    let runner_id = match (&sandbox.runner_id, sandbox.state) {
+        (Some(runner_id), SandboxState::Running) => runner_id,
+        _ => {
+            return Err(ControlError::new(
+                ErrorCode::InvalidState,
+                format!(
+                    "sandbox {sandbox_id} is {}, not running: its files are reachable only while it runs",
+                    sandbox.state
+                ),
+            ));
+        }
+    };
+    let (url, key) = runner_data_path(state, runner_id).await?;
+    let claims = DataClaims {
+        sandbox_id: sandbox_id.to_owned(),
+        epoch: sandbox.epoch as u64,
+        op: op.to_owned(),
+        command_id: None,
+        subject: None,
+        expires_unix_ms: now_ms() as u64 + TOKEN_LIFETIME_MS,
+    };
+    Ok(DataRoute {
+        url: format!(
+            "{}/v1/data/sandboxes/{sandbox_id}/files{suffix}",
+            url.trim_end_matches('/')
+        ),
+        token: api::data_path::mint(&key, &claims),
+    })
+}
+
+/// A runner's data URL and key.
+async fn runner_data_path(
+    state: &AppState,
+    runner_id: &str,
+) -> Result<(String, [u8; api::data_path::KEY_BYTES]), ControlError> {
+    let Some((url, key)) = records::runners::data_path(&state.db.pool, runner_id).await? else {
+        return Err(ControlError::new(
+            ErrorCode::Unavailable,
+            format!("runner {runner_id} offers no data path (an older runner?)"),
+        ));
+    };
+    let Some(key) = api::data_path::parse_key(&key) else {
+        return Err(ControlError::new(
+            ErrorCode::Internal,
+            format!("runner {runner_id}'s data key is unreadable"),
+        ));
+    };
+    Ok((url, key))
+}
+
+/// A request body for the runner: streamed, or JSON.
+#[derive(Debug)]
+pub enum RelayBody {
+    None,
+    Json(Vec<u8>),
+    Stream(reqwest::Body),
+}
+
+/// Sends a request on `route` with `query` and `body`; the runner's
+/// answer as it comes: its status and headers, the body still to read
+/// (streamed on by the caller, never buffered whole here). Its errors are
+/// the API's envelopes.
+pub async fn relay(
+    route: &DataRoute,
+    method: reqwest::Method,
+    query: &[(&str, String)],
+    body: RelayBody,
+) -> Result<reqwest::Response, ControlError> {
+    let mut request = client()
+        .request(method, &route.url)
+        .query(query)
+        .bearer_auth(&route.token);
+    request = match body {
+        RelayBody::None => request,
+        RelayBody::Json(bytes) => request
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(bytes),
+        RelayBody::Stream(stream) => request
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(stream),
+    };
+    request.send().await.map_err(|err| {
+        ControlError::new(
+            ErrorCode::Unavailable,
+            format!("the sandbox's runner is unreachable on its data path: {err}"),
+        )
+    })
 }

@@ -5,6 +5,7 @@ pub(crate) mod admin;
 pub(crate) mod blocks;
 pub mod commands;
 pub(crate) mod drain;
+pub(crate) mod files;
 pub(crate) mod homes;
 pub(crate) mod images;
 pub(crate) mod kept;
@@ -103,6 +104,23 @@ pub fn router(state: AppState) -> Router {
             "/v1/sandboxes/{id}/commands/{command_id}/stdin",
             // Streamed through to the runner: no body limit here.
             post(commands::stdin).layer(DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/v1/sandboxes/{id}/files",
+            // Streamed through to the runner: no body limit here.
+            get(files::read)
+                .put(files::write)
+                .delete(files::remove)
+                .layer(DefaultBodyLimit::disable()),
+        )
+        .route("/v1/sandboxes/{id}/files/list", get(files::list))
+        .route("/v1/sandboxes/{id}/files/move", post(files::rename))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .route(
+            "/v1/sandboxes/{id}/files/tar",
+            get(files::tar_read)
+                .put(files::tar_write)
+                .layer(DefaultBodyLimit::disable()),
         )
         .route("/v1/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/v1/snapshots", get(snapshots::list))

@@ -501,3 +501,120 @@ checks.positive_data_acceptance.enabled = false
         );
     }
 }
+
+/// Issue 15, point 5: the file API is in the document with every
+/// parameter (paths with their pattern, `Range`, `depth`'s bounds,
+/// `mode`'s digits), every status it answers and its error code, and
+/// `range_not_satisfiable` among the codes; only an org token reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_api_states_its_parameters_statuses_and_errors() {
+    let server = TestServer::start().await;
+    let doc = document(&server).await;
+    let files = "/v1/sandboxes/{id}/files";
+    let statuses = |method: &str, path: &str| -> Vec<String> {
+        doc["paths"][path][method]["responses"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{method} {path} has no responses"))
+            .keys()
+            .cloned()
+            .collect()
+    };
+    for (method, path, expected) in [
+        (
+            "get",
+            files.to_owned(),
+            &["200", "206", "400", "404", "409", "416"][..],
+        ),
+        (
+            "put",
+            files.to_owned(),
+            &["200", "201", "400", "404", "409", "507"],
+        ),
+        ("delete", files.to_owned(), &["200", "400", "404", "409"]),
+        (
+            "get",
+            format!("{files}/list"),
+            &["200", "400", "404", "409"],
+        ),
+        (
+            "post",
+            format!("{files}/move"),
+            &["200", "400", "404", "409"],
+        ),
+        (
+            "post",
+            format!("{files}/mkdir"),
+            &["200", "201", "400", "404", "409"],
+        ),
+        ("get", format!("{files}/tar"), &["200", "400", "404", "409"]),
+        (
+            "put",
+            format!("{files}/tar"),
+            &["200", "400", "404", "409", "507"],
+        ),
+    ] {
+        let answered = statuses(method, &path);
+        for status in expected {
+            assert!(
+                answered.iter().any(|s| s == status),
+                "{method} {path} does not state {status}: {answered:?}"
+            );
+        }
+        assert!(answered.iter().any(|s| s == "4XX"), "{method} {path}");
+        let operation = &doc["paths"][path.as_str()][method];
+        assert_eq!(schemes(operation), ["org_token"], "{method} {path}");
+    }
+    for (method, path) in [
+        ("get", files.to_owned()),
+        ("put", files.to_owned()),
+        ("delete", files.to_owned()),
+        ("get", format!("{files}/list")),
+        ("get", format!("{files}/tar")),
+        ("put", format!("{files}/tar")),
+    ] {
+        let given = parameter(&doc, method, &path, "path");
+        assert_eq!(given["required"], true, "{method} {path}: {given}");
+        assert_eq!(
+            given["schema"]["pattern"],
+            api::files::PATH_PATTERN,
+            "{method} {path}: {given}"
+        );
+    }
+    let range = parameter(&doc, "get", files, "Range");
+    assert_eq!(range["in"], "header", "{range}");
+    let depth = &parameter(&doc, "get", &format!("{files}/list"), "depth")["schema"];
+    assert_eq!(depth["minimum"], 1, "{depth}");
+    assert_eq!(depth["maximum"], api::files::LIST_DEPTH_MAX, "{depth}");
+    let mode = &parameter(&doc, "put", files, "mode")["schema"];
+    assert_eq!(mode["pattern"], api::files::MODE_PATTERN, "{mode}");
+    for name in ["mode", "parents"] {
+        parameter(&doc, "put", files, name);
+    }
+    parameter(&doc, "delete", files, "recursive");
+    let headers = &doc["paths"][files]["get"]["responses"]["206"]["headers"];
+    for name in [
+        "Content-Range",
+        "Content-Length",
+        "Last-Modified",
+        "x-roost-mode",
+    ] {
+        assert!(headers[name].is_object(), "206 states no {name}: {headers}");
+    }
+    let codes = strings(&doc["components"]["schemas"]["ErrorCode"]["enum"]);
+    assert!(codes.contains(&"range_not_satisfiable"), "{codes:?}");
+    assert!(codes.contains(&"insufficient_storage"), "{codes:?}");
+    let entry = &doc["components"]["schemas"]["FileEntry"]["properties"];
+    for field in ["path", "type", "size", "mode", "modified_at", "link_target"] {
+        assert!(
+            entry[field].is_object(),
+            "FileEntry has no {field}: {entry}"
+        );
+    }
+    let mkdir_mode = property(&doc, "MkdirRequest", "mode");
+    assert!(
+        mkdir_mode
+            .to_string()
+            .contains(api::files::MODE_PATTERN.replace('\\', "\\\\").as_str()),
+        "{mkdir_mode}"
+    );
+}

@@ -142,6 +142,8 @@ class Call:
     once: bool = False
     """Never retried: a second attempt could repeat what the first did
     (bytes written to a command's stdin)."""
+    headers: Optional[Tuple[Tuple[str, str], ...]] = None
+    """Request headers the operation declares (``Range``)."""
 
 
 @dataclass
@@ -298,16 +300,25 @@ def call(
     key: Optional[str] = None,
     read_timeout: Optional[float] = None,
     content: Optional[bytes] = None,
+    headers: Optional[Mapping[str, str]] = None,
 ) -> Call:
     """A :class:`Call` of a declared operation (see :mod:`roost._wire`)."""
-    op.check(dict(params or ()), body)
+    op.check(dict(params or ()), body, headers)
     if op.method != "GET" and key is None:
         # Every mutation carries a key for all its attempts; where the API
         # declares none (stop, start, delete, signal) the call is
         # idempotent by itself and the header is ignored.
         key = new_key()
     return Call(
-        op.method, op.url(**path), list(params) if params else None, body, key, read_timeout, content, op.once
+        op.method,
+        op.url(**path),
+        list(params) if params else None,
+        body,
+        key,
+        read_timeout,
+        content,
+        op.once,
+        tuple(headers.items()) if headers else None,
     )
 
 
@@ -679,6 +690,70 @@ def delete_secret(name: str) -> Op[Optional[wire.SecretRecord]]:
         return None  # an earlier attempt deleted it
     secret: wire.SecretRecord = record(wire.DELETE_SECRET, reply)
     return secret
+
+
+# ---- files ----------------------------------------------------------------
+
+
+def write_file(
+    sandbox_id: str, path: str, data: Union[bytes, str], mode: Optional[str], parents: bool
+) -> Op[wire.FileWritten]:
+    """Writes ``data`` to ``path`` in the sandbox: in place only once whole
+    (a retry writes the same bytes again, which is harmless)."""
+    params: List[Tuple[str, Union[str, int]]] = [("path", path), ("parents", "true" if parents else "false")]
+    if mode is not None:
+        params.append(("mode", mode))
+    content = data.encode() if isinstance(data, str) else bytes(data)
+    reply = yield call(wire.WRITE_FILE, {"id": sandbox_id}, params=params, content=content)
+    written: wire.FileWritten = record(wire.WRITE_FILE, reply)
+    return written
+
+
+def read_file(sandbox_id: str, path: str, offset: Optional[int], length: Optional[int]) -> Op[bytes]:
+    """``path``'s bytes; from ``offset`` and at most ``length`` of them when
+    given (:class:`RangeNotSatisfiable` when ``offset`` is at or past the end)."""
+    headers: Optional[Dict[str, str]] = None
+    if offset is not None or length is not None:
+        start = offset or 0
+        if length is not None and length <= 0:
+            return b""
+        end = "" if length is None else str(start + length - 1)
+        headers = {"Range": f"bytes={start}-{end}"}
+    reply = yield call(wire.READ_FILE, {"id": sandbox_id}, params=[("path", path)], headers=headers)
+    return reply.ok().content
+
+
+def list_files(sandbox_id: str, path: str, depth: int) -> Op[wire.FileList]:
+    reply = yield call(wire.LIST_FILES, {"id": sandbox_id}, params=[("path", path), ("depth", depth)])
+    listing: wire.FileList = record(wire.LIST_FILES, reply)
+    return listing
+
+
+def remove_file(sandbox_id: str, path: str, recursive: bool) -> Op[Optional[wire.FileRemoved]]:
+    """A retried removal whose first attempt went through gets 404: then
+    success (``None``)."""
+    params: List[Tuple[str, Union[str, int]]] = [("path", path), ("recursive", "true" if recursive else "false")]
+    reply = yield call(wire.REMOVE_FILE, {"id": sandbox_id}, params=params)
+    if isinstance(reply.error(), NotFound) and reply.attempts > 1:
+        return None
+    removed: wire.FileRemoved = record(wire.REMOVE_FILE, reply)
+    return removed
+
+
+def move_file(sandbox_id: str, source: str, destination: str, overwrite: bool) -> Op[None]:
+    body = {"from": source, "to": destination, "overwrite": overwrite}
+    reply = yield call(wire.MOVE_FILE, {"id": sandbox_id}, body=body)
+    reply.ok()
+    return None
+
+
+def make_directory(sandbox_id: str, path: str, parents: bool, mode: Optional[str]) -> Op[wire.DirectoryMade]:
+    body: Dict[str, Any] = {"path": path, "parents": parents}
+    if mode is not None:
+        body["mode"] = mode
+    reply = yield call(wire.MAKE_DIRECTORY, {"id": sandbox_id}, body=body)
+    made: wire.DirectoryMade = record(wire.MAKE_DIRECTORY, reply)
+    return made
 
 
 def get_record(op: wire.Operation, path: Mapping[str, str]) -> Op[Any]:

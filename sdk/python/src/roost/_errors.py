@@ -170,6 +170,17 @@ class InternalError(ApiError):
     code = "internal"
 
 
+class RangeNotSatisfiable(ApiError):
+    """A read starting at or past a file's end; ``size`` is the file's."""
+
+    code = "range_not_satisfiable"
+
+    @property
+    def size(self) -> Optional[int]:
+        value = self.details.get("size")
+        return None if value is None else int(value)
+
+
 _BY_CODE: Dict[str, Type[ApiError]] = {
     cls.code: cls
     for cls in (
@@ -187,6 +198,7 @@ _BY_CODE: Dict[str, Type[ApiError]] = {
         Unavailable,
         InsufficientStorage,
         InternalError,
+        RangeNotSatisfiable,
     )
 }
 

@@ -30,6 +30,8 @@ class _Transport:
 
     def send(self, call: Call) -> Reply:
         headers = {"Idempotency-Key": call.idempotency_key} if call.idempotency_key else None
+        if call.headers:
+            headers = {**(headers or {}), **dict(call.headers)}
         timeout = self._timeout if call.read_timeout is None else self._long_timeout(call.read_timeout)
         started = time.monotonic()
         attempt = 0
@@ -185,6 +187,44 @@ class Commands:
         return self._t.run(core.signal_command(self._id, command_id, signal))
 
 
+class Files:
+    """A running sandbox's files, read and written by its own agent inside
+    it (paths absolute, or relative to ``/workspace``)."""
+
+    def __init__(self, transport: _Transport, sandbox_id: str):
+        self._t = transport
+        self._id = sandbox_id
+
+    def write(
+        self, path: str, data: Union[bytes, str], *, mode: Optional[str] = None, parents: bool = True
+    ) -> wire.FileWritten:
+        """Writes ``data`` (``str``: UTF-8) to ``path``, in place only once
+        whole; ``mode`` in octal (``"0755"``), missing parents made unless
+        ``parents`` is false. :class:`InsufficientStorage` on a full disk."""
+        return self._t.run(core.write_file(self._id, path, data, mode, parents))
+
+    def read(self, path: str, *, offset: Optional[int] = None, length: Optional[int] = None) -> bytes:
+        """``path``'s bytes (or ``length`` of them from ``offset``)."""
+        return self._t.run(core.read_file(self._id, path, offset, length))
+
+    def list(self, path: str = ".", depth: int = 1) -> wire.FileList:
+        """``path``'s entries, ``depth`` levels down (1 to 16), sorted by path."""
+        return self._t.run(core.list_files(self._id, path, depth))
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file, a symlink, or a directory (non-empty: ``recursive``)."""
+        self._t.run(core.remove_file(self._id, path, recursive))
+
+    def move(self, source: str, destination: str, *, overwrite: bool = False) -> None:
+        """Renames ``source`` to ``destination`` (replacing it only with ``overwrite``)."""
+        self._t.run(core.move_file(self._id, source, destination, overwrite))
+
+    def mkdir(self, path: str, *, parents: bool = False, mode: Optional[str] = None) -> bool:
+        """Makes a directory; whether it was made (with ``parents`` an existing one is fine)."""
+        made = self._t.run(core.make_directory(self._id, path, parents, mode))
+        return made.created
+
+
 class Sandbox:
     """A handle on one sandbox. As a context manager it deletes the
     sandbox on exit unless ``delete_on_exit`` is false (or :meth:`keep`)."""
@@ -194,6 +234,7 @@ class Sandbox:
         self.record = record
         self.delete_on_exit = delete_on_exit
         self.commands = Commands(transport, record.id)
+        self.files = Files(transport, record.id)
 
     @property
     def id(self) -> str:

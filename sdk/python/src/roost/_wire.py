@@ -18,7 +18,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, Ty
 
 __all__ = [
     "Command",
+    "DirectoryMade",
     "Event",
+    "FileEntry",
+    "FileList",
+    "FileRemoved",
+    "FileWritten",
     "Image",
     "KeptCopy",
     "Mount",
@@ -195,6 +200,49 @@ class Event:
     runner_id: Optional[str] = None
 
 
+@dataclass(frozen=True)
+class FileEntry:
+    """One entry of a sandbox's directory (a symlink is itself, never
+    followed): ``type`` is file, directory, symlink or other; ``mode`` the
+    permission bits in octal (``"0644"``)."""
+
+    path: str
+    type: str
+    size: int
+    mode: str
+    modified_at: str
+    link_target: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class FileList:
+    """A listing sorted by path; ``truncated`` past 10,000 entries."""
+
+    entries: List[FileEntry]
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class FileWritten:
+    """A file now in place in the sandbox, whole."""
+
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class FileRemoved:
+    path: str
+
+
+@dataclass(frozen=True)
+class DirectoryMade:
+    """``created`` is false when the directory existed (with ``parents``)."""
+
+    path: str
+    created: bool
+
+
 #: The end states of a command (DESIGN.md §4); ``unknown`` means "possibly run".
 COMMAND_END_STATES = frozenset(
     [
@@ -230,6 +278,11 @@ MODELS: Tuple[type, ...] = (
     Image,
     SecretRecord,
     Event,
+    FileEntry,
+    FileList,
+    FileWritten,
+    FileRemoved,
+    DirectoryMade,
 )
 
 
@@ -290,15 +343,25 @@ class Operation:
     """For list answers: the array property holding ``response`` records."""
     once: bool = False
     """Never retried (a repeat could repeat its effect)."""
+    headers: Tuple[str, ...] = ()
+    """Request headers the SDK sets (besides authorization and the key)."""
 
     def url(self, **path_args: str) -> str:
         return self.path.format(**{k: _segment(v) for k, v in path_args.items()})
 
-    def check(self, params: Optional[Mapping[str, Any]], body: Optional[Mapping[str, Any]]) -> None:
-        """Refuses a parameter or field this operation does not declare."""
+    def check(
+        self,
+        params: Optional[Mapping[str, Any]],
+        body: Optional[Mapping[str, Any]],
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        """Refuses a parameter, field or header this operation does not declare."""
         for name in params or ():
             if name not in self.query:
                 raise AssertionError(f"{self.method} {self.path} has no query parameter {name!r}")
+        for name in headers or ():
+            if name not in self.headers:
+                raise AssertionError(f"{self.method} {self.path} has no header {name!r}")
         for name in body or ():
             if self.body is None or name not in self.body:
                 raise AssertionError(f"{self.method} {self.path} has no body field {name!r}")
@@ -375,6 +438,24 @@ GET_IMAGE = Operation("GET", "/v1/images/{name}", response=Image)
 SET_SECRET = Operation("PUT", "/v1/secrets/{name}", body={"value": "string"}, response=SecretRecord)
 LIST_SECRETS = Operation("GET", "/v1/secrets", response=SecretRecord, list_field="secrets")
 DELETE_SECRET = Operation("DELETE", "/v1/secrets/{name}", response=SecretRecord)
+WRITE_FILE = Operation("PUT", "/v1/sandboxes/{id}/files", query=("path", "mode", "parents"), response=FileWritten)
+READ_FILE = Operation("GET", "/v1/sandboxes/{id}/files", query=("path",), headers=("Range",))
+LIST_FILES = Operation("GET", "/v1/sandboxes/{id}/files/list", query=("path", "depth"), response=FileList)
+REMOVE_FILE = Operation("DELETE", "/v1/sandboxes/{id}/files", query=("path", "recursive"), response=FileRemoved)
+# A repeated move or mkdir would fail on what the first did: never retried.
+MOVE_FILE = Operation(
+    "POST",
+    "/v1/sandboxes/{id}/files/move",
+    body={"from": "string", "to": "string", "overwrite": "boolean"},
+    once=True,
+)
+MAKE_DIRECTORY = Operation(
+    "POST",
+    "/v1/sandboxes/{id}/files/mkdir",
+    body={"path": "string", "parents": "boolean", "mode": "string"},
+    response=DirectoryMade,
+    once=True,
+)
 
 #: Every operation the SDK calls (checked against the OpenAPI document).
 OPERATIONS: Tuple[Operation, ...] = (
@@ -399,4 +480,10 @@ OPERATIONS: Tuple[Operation, ...] = (
     SET_SECRET,
     LIST_SECRETS,
     DELETE_SECRET,
+    WRITE_FILE,
+    READ_FILE,
+    LIST_FILES,
+    REMOVE_FILE,
+    MOVE_FILE,
+    MAKE_DIRECTORY,
 )
