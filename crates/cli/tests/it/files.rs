@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::harness::BIN;
 use crate::plane::Api;
-use crate::runner_e2e::{RunnerProcess, Stack, sh, wait_sandbox};
+use crate::runner_e2e::{Stack, data_url, sh, wait_sandbox};
 
 /// `roost ARGS` against the stack's server with the org's token.
 fn roost(api: &Api, args: &[&str]) -> Output {
@@ -113,22 +113,6 @@ fn header<'a>(answer: &'a crate::plane::Answer, name: &str) -> &'a str {
         .get(name)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_else(|| panic!("no {name} in {answer:?}"))
-}
-
-/// The runner's data listener URL, from its log.
-fn data_url(runner: &RunnerProcess) -> String {
-    runner
-        .log_lines()
-        .iter()
-        .filter(|l| l.contains("data listener bound"))
-        .find_map(|l| {
-            let value: Value = serde_json::from_str(l).ok()?;
-            value["fields"]["url"]
-                .as_str()
-                .or_else(|| value["url"].as_str())
-                .map(str::to_owned)
-        })
-        .expect("the runner logged its data listener")
 }
 
 /// Issue 15, point 5: 200 MiB up and back down through `roost files`

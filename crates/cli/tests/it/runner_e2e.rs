@@ -1107,7 +1107,7 @@ async fn background_commands_are_listed_with_their_pid_and_a_signal_ends_them() 
 }
 
 /// The runner's data listener URL, from its log.
-fn data_url(runner: &RunnerProcess) -> String {
+pub(crate) fn data_url(runner: &RunnerProcess) -> String {
     runner
         .log_lines()
         .iter()
