@@ -8,7 +8,7 @@ use std::time::Duration;
 use reqwest::{Method, Url};
 use serde::de::DeserializeOwned;
 
-use super::{Client, ClientError, error_chain, quote};
+use super::{Client, ClientError, error_chain};
 use crate::files::{
     DirectoryMade, FileList, FileMoved, FileRemoved, FileWritten, MkdirRequest, MoveRequest,
     TarSummary,
@@ -176,18 +176,7 @@ impl Client {
     ) -> Result<(u16, R), ClientError> {
         let (shown, response) = self.files_request(method, url, body, &[]).await?;
         let status = response.status().as_u16();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| ClientError::Unreachable {
-                url: shown.clone(),
-                message: error_chain(e),
-            })?;
-        let record = serde_json::from_slice(&bytes).map_err(|_| ClientError::Unexpected {
-            url: shown,
-            status,
-            body: quote(&bytes),
-        })?;
+        let record = Self::decoded(response, shown).await?;
         Ok((status, record))
     }
 
