@@ -468,6 +468,35 @@ impl Client {
         .await
     }
 
+    /// `PATCH /v1/sandboxes/{id}`: the idle policy.
+    pub async fn update_sandbox(
+        &self,
+        id: &str,
+        request: &crate::sandboxes::UpdateSandboxRequest,
+    ) -> Result<Sandbox, ClientError> {
+        let body = serde_json::to_vec(request).map_err(|e| ClientError::Encode {
+            message: e.to_string(),
+        })?;
+        self.call(
+            Method::PATCH,
+            &["v1", "sandboxes", id],
+            &[],
+            Some(body),
+            &[],
+        )
+        .await
+    }
+
+    /// `POST /v1/sandboxes/{id}/keepalive`.
+    pub async fn keepalive(&self, id: &str) -> Result<Sandbox, ClientError> {
+        self.post(
+            &["v1", "sandboxes", id, "keepalive"],
+            &serde_json::json!({}),
+            &[],
+        )
+        .await
+    }
+
     pub async fn delete_sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
         self.delete(&["v1", "sandboxes", id]).await
     }

@@ -93,6 +93,11 @@ pub struct Command {
     /// Its terminal's size at creation, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tty: Option<TtySize>,
+    /// It was created while its sandbox was not running (asleep, stopped,
+    /// stopping) and waited for the sandbox to wake; the sandbox's
+    /// `starting` event names it.
+    #[serde(default)]
+    pub waited_for_wake: bool,
 }
 
 /// `GET /v1/sandboxes/{id}/commands`

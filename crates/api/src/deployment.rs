@@ -33,6 +33,14 @@ pub struct Configured {
     /// Seconds: the longest save interval a create may ask for
     /// (`--save-interval-max`).
     pub save_interval_max_s: f64,
+    /// Seconds without activity before a running sandbox sleeps, unless
+    /// its create asks otherwise (`--idle-timeout`; 0: never).
+    pub idle_timeout_s: f64,
+    /// Seconds: the shortest idle timeout a sandbox may ask for other than
+    /// 0 (`--idle-timeout-min`).
+    pub idle_timeout_min_s: f64,
+    /// Seconds: the longest (`--idle-timeout-max`).
+    pub idle_timeout_max_s: f64,
     /// Seconds a runner's lease lasts after the server received its
     /// heartbeat (`--lease-ttl`).
     pub lease_ttl_s: f64,

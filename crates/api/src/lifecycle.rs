@@ -233,6 +233,39 @@ impl SandboxState {
 pub const STARTING_WAIT_REASONS: &[&str] = &["store_unreachable", "store_full"];
 
 wire_enum! {
+    /// What keeps a sandbox awake, and nothing else (README "Idle
+    /// sandboxes"): each moves `last_activity_at` and, while the sandbox
+    /// runs, its `idle_deadline`. Processes the sandbox starts by itself
+    /// (a daemon left behind by a command that ended), network traffic
+    /// and reads of the record are not activity.
+    Activity {
+        /// The sandbox was created.
+        Created = "created",
+        /// It began running (a create, start or wake): idleness counts
+        /// from here, not from the request.
+        Started = "started",
+        /// A command was created in it.
+        Command = "command",
+        /// A command was still running when the deadline came: a command
+        /// keeps its sandbox awake for as long as it runs.
+        CommandRunning = "command_running",
+        /// A command ended: idleness counts from its end.
+        CommandEnded = "command_ended",
+        /// A command's stdin was written or closed.
+        Stdin = "stdin",
+        /// A command was attached to (a WebSocket opened: its output
+        /// streamed, its terminal used) or its terminal resized. Reading a
+        /// command's output page by page is not activity in itself: the
+        /// command it streams keeps the sandbox awake while it runs.
+        Attach = "attach",
+        /// A file API call.
+        Files = "files",
+        /// `POST /v1/sandboxes/{id}/keepalive`.
+        Keepalive = "keepalive",
+    }
+}
+
+wire_enum! {
     /// What a request asked for; only runners' reports change `state`.
     DesiredState {
         Running = "running",

@@ -293,7 +293,9 @@ pub struct SnapshotAssignment {
 pub struct SaveReport {
     pub runner_id: String,
     pub epoch: u64,
-    /// `progress`, `completed` or `failed`.
+    /// `progress`, `completed`, `failed`, or `unchanged` (a scheduled
+    /// save found the home exactly as `root`, the last completed save:
+    /// nothing was uploaded or is to be committed).
     pub outcome: String,
     #[serde(default)]
     pub root: Option<String>,

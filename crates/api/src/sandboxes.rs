@@ -63,6 +63,31 @@ pub struct CreateSandboxRequest {
     /// A snapshot (`snp_…`, replicated) whose files the new home starts with.
     #[serde(default)]
     pub from_snapshot: Option<String>,
+    /// Seconds without activity (README "Idle sandboxes") after which the
+    /// running sandbox goes to sleep: an ordinary stop, `state_reason:
+    /// idle` (a durable home is secured first). `0`: never. Within the
+    /// deployment's bounds; default: the deployment's
+    /// (`GET /v1/deployment`, `idle`).
+    #[serde(default)]
+    pub idle_timeout_s: Option<u64>,
+    /// A command sent while the sandbox is stopped (asleep or stopped by
+    /// hand) starts it under the same id and runs once it is running
+    /// (default `true`); `false`: refused with 409 `invalid_state`.
+    #[serde(default)]
+    pub auto_wake: Option<bool>,
+}
+
+/// `PATCH /v1/sandboxes/{id}`: changes the idle policy (idempotent: the
+/// same body twice leaves the same record). Absent fields stay as they
+/// are; unknown fields are refused.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSandboxRequest {
+    /// As at create; the deadline moves to the last activity plus this.
+    #[serde(default)]
+    pub idle_timeout_s: Option<u64>,
+    #[serde(default)]
+    pub auto_wake: Option<bool>,
 }
 
 pub fn default_image() -> String {
@@ -191,6 +216,28 @@ pub struct Sandbox {
     /// the retention window.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kept_copies: Vec<KeptCopy>,
+    /// Seconds without activity before it sleeps; `0`: never.
+    #[serde(default)]
+    pub idle_timeout_s: u64,
+    /// A command sent while it is stopped starts it.
+    #[serde(default = "yes")]
+    pub auto_wake: bool,
+    /// RFC 3339: its last activity (README "Idle sandboxes").
+    #[serde(default)]
+    pub last_activity_at: Option<String>,
+    /// What that activity was.
+    #[serde(default)]
+    #[schema(value_type = Option<crate::lifecycle::Activity>)]
+    pub last_activity: Option<String>,
+    /// RFC 3339: when it goes to sleep unless something happens first; set
+    /// only while `running` with a timeout (a running command moves it on
+    /// when it comes).
+    #[serde(default)]
+    pub idle_deadline: Option<String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// What a `recovering` sandbox's home will be restored from: its last
@@ -243,9 +290,16 @@ pub struct SaveStatus {
     pub bytes_pending: Option<u64>,
     /// The root tree of the last completed save.
     pub root: Option<String>,
+    /// RFC 3339: when a scheduled save last found the home exactly as the
+    /// last completed save left it, and so uploaded and committed nothing
+    /// (a parked sandbox). `last_completed_at` does not move for it;
+    /// `safe_until` does.
+    #[serde(default)]
+    pub last_unchanged_at: Option<String>,
     /// RFC 3339: everything written to the home before this instant is in
-    /// a completed save (the last one's capture time); null until a save
-    /// completes. It only moves forward, with each completed save.
+    /// a completed save (the last one's capture time, or a later
+    /// `last_unchanged_at`); null until a save completes. It only moves
+    /// forward.
     #[serde(default)]
     pub safe_until: Option<String>,
     /// Seconds of work a host failure would cost at this moment: since

@@ -60,6 +60,16 @@ pub struct ServerArgs {
     save_interval_min: std::time::Duration,
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     save_interval_max: std::time::Duration,
+    /// How long a running sandbox may go without activity before it
+    /// sleeps (an ordinary stop, `state_reason: idle`), unless its create
+    /// asks otherwise: 0 (never) or within --idle-timeout-min and
+    /// --idle-timeout-max. README "Idle sandboxes" lists what is activity.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    idle_timeout: std::time::Duration,
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    idle_timeout_min: std::time::Duration,
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    idle_timeout_max: std::time::Duration,
     /// How long a stop waits between SIGTERM and SIGKILL of a sandbox's
     /// workload (runners take it from the server).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -317,6 +327,9 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     config.save_interval = args.save_interval;
     config.save_interval_min = args.save_interval_min;
     config.save_interval_max = args.save_interval_max;
+    config.idle_timeout = args.idle_timeout;
+    config.idle_timeout_min = args.idle_timeout_min;
+    config.idle_timeout_max = args.idle_timeout_max;
     config.stop_grace = args.stop_grace;
     config.retention = args.retention;
     config.lease_ttl = args.lease_ttl;

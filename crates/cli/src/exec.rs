@@ -196,6 +196,10 @@ pub async fn exec(args: ExecArgs) -> Result<ExitCode> {
         .create_command(sandbox_id, &request, args.idempotency_key.as_deref())
         .await
         .context("exec failed")?;
+    if created.waited_for_wake && !args.target.json {
+        // The sandbox was asleep (or stopped): it starts first.
+        eprintln!("roost: waking sandbox {sandbox_id}…");
+    }
     if args.detach {
         if args.target.json {
             print_record(&created)?;
@@ -661,6 +665,7 @@ mod tests {
             pid: None,
             stdin: false,
             tty: None,
+            waited_for_wake: false,
         }
     }
 

@@ -109,6 +109,28 @@ pub enum SandboxCommand {
         #[command(flatten)]
         target: OrgTarget,
     },
+    /// Change a sandbox's idle policy (absent flags stay as they are).
+    Set {
+        /// The sandbox's id.
+        id: String,
+        /// Sleep after this long without activity (e.g. `15m`; `0`:
+        /// never; within the deployment's bounds).
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        idle_timeout: Option<Duration>,
+        /// Whether a command sent while it is stopped starts it.
+        #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+        auto_wake: Option<bool>,
+        #[command(flatten)]
+        target: OrgTarget,
+    },
+    /// Count as activity now: the running sandbox's idle deadline moves on
+    /// (a stopped one is not woken: send a command or start it).
+    Keepalive {
+        /// The sandbox's id.
+        id: String,
+        #[command(flatten)]
+        target: OrgTarget,
+    },
     /// Delete a sandbox and release everything it holds.
     Delete {
         /// The sandbox's id.
@@ -242,6 +264,13 @@ pub struct CreateArgs {
     /// Start the home as a snapshot's files (`snp_…`, replicated).
     #[arg(long, value_name = "SNAPSHOT_ID")]
     from_snapshot: Option<String>,
+    /// Sleep after this long without activity (e.g. `15m`; `0`: never;
+    /// default: the deployment's, see `roost info`).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    idle_timeout: Option<Duration>,
+    /// Refuse commands while stopped instead of waking (409).
+    #[arg(long)]
+    no_auto_wake: bool,
     /// Makes the create safe to retry: the same key with the same request
     /// returns the sandbox the first one made, never a second sandbox.
     #[arg(long, value_name = "KEY")]
@@ -392,6 +421,41 @@ pub fn run(command: SandboxCommand) -> Result<ExitCode> {
                 };
                 list(query, all, &target).await
             }
+            SandboxCommand::Set {
+                id,
+                idle_timeout,
+                auto_wake,
+                target,
+            } => {
+                let request = api::sandboxes::UpdateSandboxRequest {
+                    idle_timeout_s: idle_timeout.map(seconds_rounded_up),
+                    auto_wake,
+                };
+                let sandbox = target
+                    .client()?
+                    .update_sandbox(&id, &request)
+                    .await
+                    .context("sandbox set failed")?;
+                print_sandbox(&sandbox, &target)?;
+                Ok(ExitCode::SUCCESS)
+            }
+            SandboxCommand::Keepalive { id, target } => {
+                let sandbox = target
+                    .client()?
+                    .keepalive(&id)
+                    .await
+                    .context("keepalive failed")?;
+                if target.json {
+                    print_record(&sandbox)?;
+                } else {
+                    println!(
+                        "sandbox {} sleeps at {} unless active again",
+                        sandbox.id,
+                        sandbox.idle_deadline.as_deref().unwrap_or("- (never)")
+                    );
+                }
+                Ok(ExitCode::SUCCESS)
+            }
             SandboxCommand::Stop { id, target } => {
                 let sandbox = target
                     .client()?
@@ -476,6 +540,8 @@ async fn create(args: CreateArgs) -> Result<ExitCode> {
         secrets: secrets_of(&args.secret_env, &args.secret_file),
         save_interval_s: args.save_interval.map(seconds_rounded_up),
         from_snapshot: args.from_snapshot,
+        idle_timeout_s: args.idle_timeout.map(seconds_rounded_up),
+        auto_wake: args.no_auto_wake.then_some(false),
     };
     let client = args.target.client()?;
     let created = client
@@ -738,6 +804,32 @@ fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
                     api::deployment::seconds_text(save.at_risk_s.round())
                 ),
             },
+        ),
+        (
+            "idle",
+            if sandbox.idle_timeout_s == 0 {
+                "never sleeps".to_owned()
+            } else {
+                format!(
+                    "sleeps after {} without activity{}",
+                    api::deployment::seconds_text(sandbox.idle_timeout_s as f64),
+                    match &sandbox.idle_deadline {
+                        Some(at) => format!(" (at {at})"),
+                        None => String::new(),
+                    }
+                )
+            },
+        ),
+        (
+            "last activity",
+            match (&sandbox.last_activity, &sandbox.last_activity_at) {
+                (Some(what), Some(at)) => format!("{what}, {}", time_and_age(Some(at))),
+                _ => "-".to_owned(),
+            },
+        ),
+        (
+            "auto wake",
+            if sandbox.auto_wake { "yes" } else { "no" }.to_owned(),
         ),
         ("from snapshot", or_dash(sandbox.from_snapshot.as_deref())),
         (

@@ -135,6 +135,9 @@ pub async fn attached(
         .create_command(sandbox_id, &request, None)
         .await
         .context("shell failed")?;
+    if created.waited_for_wake {
+        eprintln!("roost: waking sandbox {sandbox_id}…\r");
+    }
     let command_id = created.id.clone();
     let url = client
         .websocket_url(&[

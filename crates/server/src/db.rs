@@ -31,6 +31,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (12, include_str!("../migrations/0012_secrets.sql")),
     (13, include_str!("../migrations/0013_filesystems.sql")),
     (14, include_str!("../migrations/0014_agent.sql")),
+    (15, include_str!("../migrations/0015_idle.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

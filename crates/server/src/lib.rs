@@ -16,7 +16,7 @@ pub mod http;
 pub mod hub;
 mod idempotency;
 mod limits;
-mod metrics;
+pub mod metrics;
 mod openapi;
 pub mod reconcile;
 pub mod records;
@@ -68,6 +68,12 @@ pub struct Config {
     pub save_interval: Duration,
     pub save_interval_min: Duration,
     pub save_interval_max: Duration,
+    /// How long a running sandbox may go without activity before it
+    /// sleeps, unless its create asks otherwise: 0 (never) or within
+    /// `idle_timeout_min..=idle_timeout_max`.
+    pub idle_timeout: Duration,
+    pub idle_timeout_min: Duration,
+    pub idle_timeout_max: Duration,
     /// Between a stop's SIGTERM and its SIGKILL of a workload; runners take
     /// it from the server when they register.
     pub stop_grace: Duration,
@@ -78,6 +84,11 @@ pub struct Config {
     /// (`ROOST_FAILPOINT`), e.g. `after_commit:create_sandbox`.
     pub failpoint: api::failpoint::Failpoints,
 }
+
+/// A sandbox sleeps after half an hour without activity unless asked
+/// otherwise: long enough for an agent's longest think, short enough that
+/// a forgotten sandbox does not hold a runner all day.
+pub const DEFAULT_IDLE_TIMEOUT_S: u64 = 1800;
 
 impl Config {
     pub fn new(listen: SocketAddr, data_dir: PathBuf) -> Config {
@@ -96,6 +107,9 @@ impl Config {
             save_interval: Duration::from_secs(300),
             save_interval_min: Duration::from_secs(10),
             save_interval_max: Duration::from_secs(24 * 3600),
+            idle_timeout: Duration::from_secs(DEFAULT_IDLE_TIMEOUT_S),
+            idle_timeout_min: Duration::from_secs(10),
+            idle_timeout_max: Duration::from_secs(7 * 24 * 3600),
             stop_grace: Duration::from_secs(10),
             secret_key: control::secrets::SecretKeySource::None,
             failpoint: api::failpoint::Failpoints::none(),

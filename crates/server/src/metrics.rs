@@ -121,6 +121,30 @@ pub struct Metrics {
     block_objects_in: AtomicU64,
     block_objects_out: AtomicU64,
     homes: Mutex<Homes>,
+    idle: Mutex<Idle>,
+}
+
+/// Sleeping and waking (README "Idle sandboxes").
+struct Idle {
+    /// Sandboxes come to rest `stopped`, by the reason of that state.
+    sleeps: BTreeMap<String, u64>,
+    /// Wakes, by what woke the sandbox.
+    wakes: BTreeMap<String, u64>,
+    /// Sleep decisions this server took.
+    decisions: u64,
+    /// From a command sent to a sleeping sandbox to the command started.
+    wake_seconds: Histogram,
+}
+
+impl Default for Idle {
+    fn default() -> Idle {
+        Idle {
+            sleeps: BTreeMap::new(),
+            wakes: BTreeMap::new(),
+            decisions: 0,
+            wake_seconds: Histogram::new(BUCKETS),
+        }
+    }
 }
 
 impl Metrics {
@@ -205,6 +229,33 @@ impl Metrics {
             &mut homes.wake_bytes_other
         };
         histogram.observe(downloaded_bytes as f64);
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Idle> {
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A sandbox came to rest `stopped` for `reason` (`idle`, …).
+    pub fn slept(&self, reason: &str) {
+        *self.idle().sleeps.entry(reason.to_owned()).or_default() += 1;
+    }
+
+    /// A sandbox was woken by `trigger` (`command`).
+    pub fn woken(&self, trigger: &str) {
+        *self.idle().wakes.entry(trigger.to_owned()).or_default() += 1;
+    }
+
+    /// This server decided a sandbox goes to sleep.
+    pub fn idle_decided(&self) {
+        self.idle().decisions += 1;
+    }
+
+    /// A command that woke (or waited for the wake of) its sandbox started
+    /// `seconds` after it was sent.
+    pub fn wake_latency(&self, seconds: f64) {
+        self.idle().wake_seconds.observe(seconds);
     }
 
     /// A lease watcher pass held off recovery: too much of the fleet lost
@@ -375,6 +426,37 @@ impl Metrics {
             .wake_bytes_other
             .render(&mut out, "roost_wake_downloaded_bytes", "runner=\"other\"");
         drop(homes);
+        let idle = self.idle();
+        let _ = writeln!(
+            out,
+            "# HELP roost_sleeps_total Sandboxes come to rest stopped, by state_reason (idle: went to sleep without activity; stop_requested: stopped by hand)."
+        );
+        let _ = writeln!(out, "# TYPE roost_sleeps_total counter");
+        for (reason, count) in &idle.sleeps {
+            let _ = writeln!(out, "roost_sleeps_total{{reason=\"{reason}\"}} {count}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP roost_wakes_total Stopped sandboxes woken, by what woke them."
+        );
+        let _ = writeln!(out, "# TYPE roost_wakes_total counter");
+        for (trigger, count) in &idle.wakes {
+            let _ = writeln!(out, "roost_wakes_total{{trigger=\"{trigger}\"}} {count}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP roost_idle_sleep_decisions_total Sleep decisions this server took at an idle deadline."
+        );
+        let _ = writeln!(out, "# TYPE roost_idle_sleep_decisions_total counter");
+        let _ = writeln!(out, "roost_idle_sleep_decisions_total {}", idle.decisions);
+        let _ = writeln!(
+            out,
+            "# HELP roost_wake_latency_seconds From a command sent to a sleeping sandbox to the command started."
+        );
+        let _ = writeln!(out, "# TYPE roost_wake_latency_seconds histogram");
+        idle.wake_seconds
+            .render(&mut out, "roost_wake_latency_seconds", "");
+        drop(idle);
         let _ = writeln!(
             out,
             "# HELP roost_save_lag_seconds_max The longest time since a running durable home's last completed save."

@@ -1,5 +1,5 @@
 //! Reconcilers: the lease watcher, the scheduler for waiting sandboxes,
-//! TTL expiry and retention. Every server runs them; each step is a
+//! TTL expiry, idle sleep and retention. Every server runs them; each step is a
 //! conditional update inside a transaction, so servers running the same
 //! step at once do it once (the loser's update matches no row).
 
@@ -37,6 +37,7 @@ pub async fn pass(state: &AppState, watch_leases: bool) -> Result<(), ControlErr
         expire_leases(state).await?;
     }
     expire_ttls(state).await?;
+    crate::control::idle::sleep_due(state, now_ms()).await?;
     schedule_pending(state).await?;
     apply_retention(state).await?;
     crate::control::snapshots::expire(state).await?;

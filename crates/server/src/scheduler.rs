@@ -159,6 +159,24 @@ pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sql
             }
             _ => None,
         };
+        // A wake says what woke it, then what it comes back from.
+        let message = match (sandbox.desired_reason.as_deref(), &sandbox.desired_message) {
+            (Some(crate::control::idle::WOKEN_BY_COMMAND), Some(woken))
+                if sandbox.state == SandboxState::Pending =>
+            {
+                let from = match (sandbox.storage_class, message) {
+                    (_, Some(restoring)) => restoring,
+                    (StorageClass::Durable, None) => {
+                        "no save completed yet: the home starts empty".to_owned()
+                    }
+                    (StorageClass::Standard, None) => {
+                        format!("the home is on runner {} as it was left", runner.id)
+                    }
+                };
+                Some(format!("{woken}; {from}"))
+            }
+            _ => message,
+        };
         let placed = set_sandbox_state(
             tx,
             sandbox,

@@ -245,9 +245,28 @@ async fn commands_are_idempotent_signalled_and_refused_on_a_stopped_sandbox() {
         "handed over, never confirmed"
     );
     assert_eq!(state(not_yet).await, "not_launched");
+    // A stopped sandbox whose auto_wake is off refuses commands; with it on
+    // (the default) a command wakes it and waits for it.
+    let patch = |auto_wake: bool| {
+        let org = plane.org.clone();
+        let path = format!("/v1/sandboxes/{sid}");
+        async move {
+            let body = serde_json::to_vec(&json!({"auto_wake": auto_wake})).expect("json");
+            org.send(reqwest::Method::PATCH, &path, Some(body), &[])
+                .await
+                .expect("PATCH")
+        }
+    };
+    assert_eq!(patch(false).await.body["auto_wake"], false);
     plane
         .org
         .post(&commands, json!({"argv": ["true"]}))
         .await
         .assert_error(409, "invalid_state");
+    assert_eq!(patch(true).await.body["auto_wake"], true);
+    let woken = plane.org.post(&commands, json!({"argv": ["true"]})).await;
+    assert_eq!(woken.status, 201, "{woken:?}");
+    assert_eq!(woken.body["waited_for_wake"], true, "{woken:?}");
+    let sandbox = plane.org.get(&format!("/v1/sandboxes/{sid}")).await.body;
+    assert_eq!(sandbox["desired"], "running", "{sandbox}");
 }

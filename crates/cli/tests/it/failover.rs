@@ -290,13 +290,15 @@ impl Cluster {
         sandbox
     }
 
-    /// Waits until the last completed save is after now.
+    /// Waits until the home as of now is in a completed save: `safe_until`
+    /// (a completed save's capture, or a later save's finding that nothing
+    /// changed since) is after now.
     async fn wait_saved(&self, id: &str) -> Value {
         let since = now_ms();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let sandbox = self.get(id).await;
-            if let Some(saved) = sandbox["save"]["last_completed_at"].as_str()
+            if let Some(saved) = sandbox["save"]["safe_until"].as_str()
                 && parse_ms(saved) > since
             {
                 return sandbox;

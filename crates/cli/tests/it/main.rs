@@ -15,6 +15,7 @@ mod filesystems;
 mod harness;
 mod home;
 mod hostile;
+mod idle;
 mod images;
 mod leases;
 mod plane;

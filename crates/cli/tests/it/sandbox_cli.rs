@@ -859,6 +859,10 @@ async fn api_errors_print_one_line_naming_the_call_and_the_code() {
         "{bad_signal}"
     );
     roost.json(&["sandbox", "stop", id, "--json"]).await;
+    let set = roost
+        .json(&["sandbox", "set", id, "--auto-wake", "false", "--json"])
+        .await;
+    assert_eq!(set["auto_wake"], false, "{set}");
     let stopped = roost.error(&["exec", id, "--", "true"]).await;
     assert!(
         stopped.starts_with("roost: error: exec failed: invalid_state (409)"),

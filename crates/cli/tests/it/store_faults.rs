@@ -361,10 +361,17 @@ async fn through_save_securing_and_wake(fault: Fault, mut fleet: Fleet) {
     }
 
     // (b) Securing.
-    let stopping = now_rfc3339();
     api.post(&format!("/v1/sandboxes/{saving}/stop"), json!({}))
         .await;
-    let securing = wait_save_failing(&api, &saving, fault.error_says(), &stopping).await;
+    // A scheduled save may still fail while the workload stops; the
+    // securing's own attempt fails next, saying the same.
+    let securing = eventually(Duration::from_secs(40), || async {
+        let sandbox = api.get(&format!("/v1/sandboxes/{saving}")).await.body;
+        sandbox["state"] == "securing"
+    })
+    .await;
+    assert!(securing, "not securing: {}", fleet.get(&saving).await);
+    let securing = wait_save_failing(&api, &saving, fault.error_says(), &now_rfc3339()).await;
     assert_eq!(securing["state"], "securing", "{securing}");
     let home_on_a = fleet.runners[a]
         .data_dir

@@ -48,7 +48,7 @@ use api::runners::{SandboxAssignment, SaveReport, SnapshotReport, WakeReport};
 use store::excludes::Excludes;
 use store::index::KeyRule;
 use store::pull::{PullOptions, materialize};
-use store::push::{PushReport, Upload, UploadOptions, upload_tree};
+use store::push::{PushReport, Since, Upload, UploadOptions, upload_tree};
 use store::{Digest, OrgId};
 
 use super::control::ControlPlane;
@@ -137,6 +137,19 @@ pub(crate) struct Homes {
     /// secured nor reported `stopped`) at that point of a stop's securing.
     /// (`runner:save_mid_upload` fires in any upload, securing included.)
     failpoint: Failpoints,
+    /// The tree each durable home running here is known to equal as of its
+    /// restore or last completed save: a scheduled save that finds the
+    /// home still so uploads and commits nothing (a parked sandbox). Only
+    /// in memory: after a restart the next save is a whole one.
+    saved_roots: std::sync::Mutex<std::collections::HashMap<String, Digest>>,
+}
+
+/// What an upload of a home knows from before: its file index (hashing
+/// only what changed) and the tree it was last saved as, if known.
+struct HomeIndex<'a> {
+    path: PathBuf,
+    home: &'a str,
+    unchanged_from: Option<Digest>,
 }
 
 /// An upload's bytes still to send (for the record's `save.bytes_pending`)
@@ -240,7 +253,23 @@ impl Homes {
             cache,
             excludes,
             failpoint,
+            saved_roots: Default::default(),
         })
+    }
+
+    fn saved_roots(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Digest>> {
+        self.saved_roots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Remembers that the home of `id` is `root` (restored, or saved).
+    fn saved_as(&self, id: &str, root: Option<Digest>) {
+        let mut roots = self.saved_roots();
+        match root {
+            Some(root) => roots.insert(id.to_owned(), root),
+            None => roots.remove(id),
+        };
     }
 
     /// Whether running homes can be saved crash-consistently here (what
@@ -351,6 +380,7 @@ impl Homes {
                 let _ = std::fs::remove_file(&restoring);
             }
             let _ = std::fs::remove_file(&secured);
+            self.saved_as(&id, None);
             return Ok((home, None));
         };
         let woke = |downloaded_bytes: u64| {
@@ -359,14 +389,15 @@ impl Homes {
                 from_own_copy: existed,
             })
         };
-        if secured_root.trim() == root {
-            // About to run again: from here on the home may differ.
-            let _ = std::fs::remove_file(&secured);
-            return Ok((home, woke(0)));
-        }
         let digest: Digest = root
             .parse()
             .map_err(|_| Error::Invalid(format!("home root {root:?} is not a digest")))?;
+        if secured_root.trim() == root {
+            // About to run again: from here on the home may differ.
+            let _ = std::fs::remove_file(&secured);
+            self.saved_as(&id, Some(digest));
+            return Ok((home, woke(0)));
+        }
         let org = Self::org(&sandbox.org_id)?;
         let store = control.blocks();
         let options = PullOptions {
@@ -415,6 +446,7 @@ impl Homes {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("remove", &restoring, e).into()),
         }
+        self.saved_as(&id, Some(digest));
         tracing::info!(
             sandbox_id = %id,
             root = %digest,
@@ -437,6 +469,7 @@ impl Homes {
         runner_id: &str,
         dir: PathBuf,
         observed_at: SystemTime,
+        unchanged_from: Option<Digest>,
     ) -> Result<PushReport> {
         let (org, id) = (sandbox.org_id.as_str(), sandbox.sandbox_id.as_str());
         let pending = Arc::new(AtomicU64::new(0));
@@ -481,7 +514,11 @@ impl Homes {
                 control,
                 org,
                 dir,
-                Some(self.index_path(id)),
+                Some(HomeIndex {
+                    path: self.index_path(id),
+                    home: id,
+                    unchanged_from,
+                }),
                 observed_at,
                 progress,
             )
@@ -500,12 +537,25 @@ impl Homes {
         control: &Arc<dyn ControlPlane>,
         org: &str,
         dir: PathBuf,
-        index_path: Option<PathBuf>,
+        index: Option<HomeIndex<'_>>,
         observed_at: SystemTime,
         progress: UploadProgress,
     ) -> Result<PushReport> {
         let org = Self::org(org)?;
         let store = control.blocks();
+        let index_path = index.as_ref().map(|index| index.path.clone());
+        // A scan that finds the home exactly as this root uploads nothing
+        // and says so (`PushReport::unchanged`).
+        let since = match index.and_then(|index| Some((index.home, index.unchanged_from?))) {
+            Some((id, root)) => Some(Since {
+                store_id: "control-plane".to_owned(),
+                home: id
+                    .parse()
+                    .map_err(|_| Error::Invalid(format!("sandbox id {id:?} is not a home name")))?,
+                root: Some(root),
+            }),
+            None => None,
+        };
         let options = UploadOptions {
             excludes: self.excludes.clone(),
             index_path,
@@ -513,7 +563,7 @@ impl Homes {
                 dev: Some(INDEX_DEV),
                 observed_at_ns: Some(ms_since_epoch(observed_at).saturating_mul(1_000_000)),
             },
-            since: None,
+            since,
         };
         blocking("uploading the home", move || {
             let uploaded = upload_tree(&store, &org, &dir, &options, &progress);
@@ -567,6 +617,43 @@ impl Homes {
                 Err(Refusal::Fenced(message)) => Err(SaveFailure::Fenced(message)),
                 Err(Refusal::Refused(err)) | Ok(err) => Err(SaveFailure::Failed(format!(
                     "the server did not commit the save: {err}"
+                ))),
+            },
+        }
+    }
+
+    /// Tells the server a scheduled save found the home exactly as `root`,
+    /// its last completed save. False when the server's last completed
+    /// save is another root (the caller commits this one instead).
+    async fn report_unchanged(
+        control: &Arc<dyn ControlPlane>,
+        sandbox: &SandboxAssignment,
+        runner_id: &str,
+        root: Digest,
+        captured_at: SystemTime,
+    ) -> Result<bool, SaveFailure> {
+        let report = SaveReport {
+            runner_id: runner_id.to_owned(),
+            epoch: sandbox.epoch,
+            outcome: "unchanged".to_owned(),
+            root: Some(root.to_hex()),
+            captured_at_ms: Some(ms_since_epoch(captured_at)),
+            bytes_pending: None,
+            error: None,
+            snapshot_ms: None,
+            uploaded_bytes: Some(0),
+            securing: false,
+        };
+        match control
+            .runner_report_save(&sandbox.sandbox_id, &report)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(err) => match refusal(err) {
+                Err(Refusal::Fenced(message)) => Err(SaveFailure::Fenced(message)),
+                Err(Refusal::Refused(_)) => Ok(false),
+                Ok(err) => Err(SaveFailure::Failed(format!(
+                    "the server did not take the save: {err}"
                 ))),
             },
         }
@@ -631,6 +718,7 @@ impl Homes {
         let snapshot = self.volumes.snapshot(&id, &name)?;
         self.failpoint.hit("runner:save_before_upload");
         let result = async {
+            let last = self.saved_roots().get(&id).copied();
             let report = self
                 .upload(
                     control,
@@ -638,11 +726,22 @@ impl Homes {
                     runner_id,
                     snapshot.path.clone(),
                     captured_at,
+                    last,
                 )
                 .await?;
             let root = report
                 .root
                 .ok_or_else(|| Error::Invalid("the upload gave no root".to_owned()))?;
+            if report.unchanged && Some(root) == last {
+                // Parked: nothing changed since the last completed save.
+                // The server records when that was found (`safe_until`
+                // moves on, `last_completed_at` does not); should it not
+                // take it (its root is another), a whole commit follows.
+                if Self::report_unchanged(control, sandbox, runner_id, root, captured_at).await? {
+                    tracing::debug!(sandbox_id = %id, %root, "home unchanged since its last save");
+                    return Ok(());
+                }
+            }
             self.failpoint.hit("runner:save_before_commit");
             Self::commit(
                 control,
@@ -655,6 +754,7 @@ impl Homes {
             )
             .await?;
             self.failpoint.hit("runner:save_after_commit");
+            self.saved_as(&id, Some(root));
             tracing::info!(
                 sandbox_id = %id,
                 %root,
@@ -693,8 +793,11 @@ impl Homes {
         }
         self.failpoint.hit("runner:secure_before_upload");
         let captured_at = SystemTime::now();
+        // A home unchanged since its last save uploads nothing; it is
+        // committed all the same (the stop's securing must say so).
+        let last = self.saved_roots().get(&id).copied();
         let report = self
-            .upload(control, sandbox, runner_id, home, captured_at)
+            .upload(control, sandbox, runner_id, home, captured_at, last)
             .await?;
         let root = report
             .root
@@ -780,7 +883,7 @@ impl Homes {
         let result = async {
             send(report("local", None, Some(captured_at), None)).await?;
             let uploaded = self
-                .upload(control, sandbox, runner_id, dir.clone(), captured_at)
+                .upload(control, sandbox, runner_id, dir.clone(), captured_at, None)
                 .await?;
             let root = uploaded
                 .root

@@ -380,6 +380,15 @@ pub fn prepare(
         home: records::HomeColumns::default(),
         kept_copies: None,
         mounts: "[]".to_owned(),
+        idle: records::sandboxes::IdleColumns {
+            timeout_s: super::idle::timeout_s(state, request.idle_timeout_s)?,
+            auto_wake: request.auto_wake.unwrap_or(true),
+            last_activity_at_ms: Some(now),
+            last_activity: Some(api::lifecycle::Activity::Created.as_str().to_owned()),
+            deadline_ms: None,
+        },
+        desired_reason: None,
+        desired_message: None,
     };
 
     row.home.save_interval_s = save_interval(state, request)?;

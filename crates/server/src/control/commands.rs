@@ -4,8 +4,9 @@
 
 use api::ErrorCode;
 use api::commands::CreateCommandRequest;
-use api::lifecycle::{CommandState, DesiredState};
+use api::lifecycle::{Activity, CommandState, DesiredState, SandboxState};
 
+use super::{AppState, idle};
 use crate::db::WriteTx;
 use crate::error::ControlError;
 use crate::limits;
@@ -40,16 +41,24 @@ pub fn validate(request: &CreateCommandRequest) -> Result<(), ControlError> {
     Ok(())
 }
 
-/// Queues a command in the org's sandbox (loaded in `tx`; its visibility
-/// already checked by the caller).
+/// Queues a command in the org's sandbox (its visibility already checked
+/// by the caller). A sandbox that is not running nor on its way (asleep,
+/// stopped by hand, stopping) is woken first unless its `auto_wake` is
+/// off; the command then waits queued, marked `waited_for_wake`, and runs
+/// once the sandbox does.
 pub async fn create(
+    state: &AppState,
     tx: &mut WriteTx,
     org_id: &str,
     sandbox_id: &str,
     request: &CreateCommandRequest,
 ) -> Result<CommandRow, ControlError> {
     validate(request)?;
-    let sandbox = records::load_sandbox(tx, sandbox_id)
+    // The activity first: its row lock orders this command with a sleep
+    // decision on another server (a command arriving at the deadline either
+    // cancels the sleep or sees it, and wakes the sandbox).
+    idle::touch(tx, org_id, sandbox_id, Activity::Command).await?;
+    let mut sandbox = records::load_sandbox(tx, sandbox_id)
         .await?
         .filter(|s| s.org_id == org_id)
         .ok_or_else(|| not_found("sandbox"))?;
@@ -59,17 +68,30 @@ pub async fn create(
             "the sandbox is quarantined by an administrator",
         ));
     }
-    if sandbox.desired != DesiredState::Running || sandbox.state.is_terminal() {
+    if sandbox.state.is_terminal()
+        || matches!(
+            sandbox.desired,
+            DesiredState::Deleted | DesiredState::Terminated
+        )
+    {
         return Err(ControlError::new(
             ErrorCode::InvalidState,
             format!(
-                "the sandbox is {} (desired {}): start it before running commands",
+                "the sandbox is {} (desired {}): it cannot run commands",
                 sandbox.state, sandbox.desired
             ),
         ));
     }
     let id = records::new_id("cmd")?;
-    Ok(records::commands::insert(tx, &id, &sandbox, request).await?)
+    let woke = idle::needs_wake(&sandbox);
+    if woke {
+        sandbox = idle::wake_for_command(state, tx, &sandbox, &id).await?;
+    }
+    // It waits for a wake: its own, or one another command began.
+    let waits = woke
+        || (sandbox.state != SandboxState::Running
+            && sandbox.desired_reason.as_deref() == Some(idle::WOKEN_BY_COMMAND));
+    Ok(records::commands::insert(tx, &id, &sandbox, request, waits).await?)
 }
 
 /// A signal name a command may be sent (checked before the command is

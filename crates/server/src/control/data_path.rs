@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use api::ErrorCode;
 use api::data_path::{DataClaims, TOKEN_LIFETIME_MS};
-use api::lifecycle::{CommandState, SandboxState};
+use api::lifecycle::{Activity, CommandState, SandboxState};
 
 use super::AppState;
 use crate::db::now_ms;
@@ -55,6 +55,13 @@ pub async fn command_route(
     command_id: &str,
     op: &str,
 ) -> Result<DataRoute, ControlError> {
+    // Writing to a command (stdin, its terminal) is activity.
+    let activity = if op == "stdin" {
+        Activity::Stdin
+    } else {
+        Activity::Attach
+    };
+    super::idle::record(state, org_id, sandbox_id, activity).await?;
     let watch = state.db.hub.watch(command_id);
     let command = crate::hub::wait_until(
         &watch,
@@ -328,6 +335,7 @@ pub async fn files_route(
     op: &str,
     suffix: &str,
 ) -> Result<DataRoute, ControlError> {
+    super::idle::record(state, org_id, sandbox_id, Activity::Files).await?;
     let since = state.retained_since_ms();
     let sandbox = records::sandboxes::visible(&state.db.pool, org_id, sandbox_id, since)
         .await?

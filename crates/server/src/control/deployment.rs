@@ -63,6 +63,9 @@ fn configured(config: &Config) -> Configured {
         save_interval_s: config.save_interval.as_secs_f64(),
         save_interval_min_s: config.save_interval_min.as_secs_f64(),
         save_interval_max_s: config.save_interval_max.as_secs_f64(),
+        idle_timeout_s: config.idle_timeout.as_secs_f64(),
+        idle_timeout_min_s: config.idle_timeout_min.as_secs_f64(),
+        idle_timeout_max_s: config.idle_timeout_max.as_secs_f64(),
         lease_ttl_s: lease.as_secs_f64(),
         // What `register` answers runners.
         heartbeat_interval_s: (lease / 3).as_secs_f64(),

@@ -30,6 +30,7 @@ pub mod deployment;
 pub mod drain;
 pub mod filesystems;
 pub mod home_store;
+pub mod idle;
 pub mod images;
 pub mod kept;
 pub mod orgs;

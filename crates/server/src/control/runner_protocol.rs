@@ -4,7 +4,7 @@
 //! epoch is not the sandbox's current placement is `fenced` and changes
 //! nothing.
 
-use api::lifecycle::{CommandState, DesiredState, SandboxState, StorageClass};
+use api::lifecycle::{Activity, CommandState, DesiredState, SandboxState, StorageClass};
 use std::collections::BTreeMap;
 
 use sqlx::Row;
@@ -330,6 +330,8 @@ pub async fn report_sandbox(
         crate::control::drain::drain_reason(&row, report.state, runner.drain.as_deref());
     // What a wake cost, counted once the move to `running` is committed.
     let mut woke = None;
+    // Why it came to rest `stopped`, counted likewise.
+    let mut sleep_reason: Option<String> = None;
     let restated = report
         .reason
         .as_deref()
@@ -344,6 +346,10 @@ pub async fn report_sandbox(
                 "the sandbox changed meanwhile; read the assignments and report again",
             ));
         }
+        // A wake that must wait for the store does not keep its commands
+        // waiting with it: they end now, saying why (the sandbox goes on
+        // trying, and its record says so).
+        records::commands::end_queued(&mut tx, id, &format!("sandbox_{reason}")).await?;
     } else if row.state != report.state {
         if !row.state.runner_may_report(report.state, row.desired) {
             return Err(ControlError::new(
@@ -357,9 +363,19 @@ pub async fn report_sandbox(
         // A deleted sandbox no longer holds anything on its runner.
         let runner_drain = runner.drain.clone();
         let runner = (report.state != SandboxState::Deleted).then_some(report.runner_id.as_str());
+        // A stop for idleness says so in every state it goes through (the
+        // runner only knows it was asked to stop).
+        let asleep = report.reason.as_deref() == Some("stop_requested")
+            && row.desired == DesiredState::Stopped
+            && row.desired_reason.as_deref() == Some(super::idle::IDLE);
+        let reason = match drain_reason {
+            Some(drain) => Some(drain),
+            None if asleep => Some(super::idle::IDLE),
+            None => report.reason.as_deref(),
+        };
         let to = Transition {
             state: report.state,
-            reason: drain_reason.or(report.reason.as_deref()),
+            reason,
             message: message.as_deref(),
         };
         if !set_sandbox_state(&mut tx, &row, to, runner, row.epoch).await? {
@@ -391,9 +407,23 @@ pub async fn report_sandbox(
                 (_, Some("stop_requested")) => Some(("start_requested", "stopped; started again")),
                 _ => None,
             };
+            // Started again by a command's wake: its events say so.
+            let again = again.map(|(reason, message)| match row.desired_reason.as_deref() {
+                Some(super::idle::WOKEN_BY_COMMAND) if reason == "start_requested" => {
+                    (super::idle::WOKEN_BY_COMMAND, message)
+                }
+                _ => (reason, message),
+            });
             if let Some((reason, message)) = again {
                 crate::control::placement::place_again(&mut tx, id, reason, message).await?;
+            } else {
+                // Resting `stopped` with nothing to start it again: what
+                // waited for it to run will not.
+                records::commands::end_queued(&mut tx, id, "sandbox_stopped").await?;
             }
+        }
+        if report.state == SandboxState::Stopped {
+            sleep_reason = reason.map(str::to_owned);
         }
     }
     let record = load_sandbox(&mut tx, id)
@@ -404,6 +434,9 @@ pub async fn report_sandbox(
         state
             .metrics
             .woke(wake.downloaded_bytes, wake.from_own_copy);
+    }
+    if let Some(reason) = sleep_reason {
+        state.metrics.slept(&reason);
     }
     Ok(record)
 }
@@ -449,6 +482,7 @@ pub async fn report_command(
     let mut tx = state.db.write().await?;
     let command = runner_command(&mut tx, id, &report.runner_id, report.epoch).await?;
     let to = report.state;
+    let mut wake_latency = None;
     if command.state != to {
         if !command.state.runner_may_report(to) {
             return Err(ControlError::new(
@@ -473,6 +507,15 @@ pub async fn report_command(
                 "the command changed meanwhile",
             ));
         }
+        if to.is_end() {
+            // Idleness counts from a command's end.
+            let now = now_ms();
+            records::activity::touch_row(&mut tx, &command.sandbox_id, Activity::CommandEnded, now)
+                .await?;
+        }
+        if to == CommandState::Running && command.waited_for_wake {
+            wake_latency = Some(now_ms() - command.created_at_ms);
+        }
     }
     if to == CommandState::Running
         && let Some(pid) = report.pid
@@ -486,6 +529,9 @@ pub async fn report_command(
         .await?
         .ok_or_else(|| not_found("command"))?;
     tx.commit().await?;
+    if let Some(ms) = wake_latency {
+        state.metrics.wake_latency(ms.max(0) as f64 / 1000.0);
+    }
     Ok(command)
 }
 

@@ -21,7 +21,7 @@ pub async fn reload(tx: &mut WriteTx, id: &str) -> Result<SandboxRow, ControlErr
 
 /// Loads the caller's sandbox inside a write transaction, refusing a
 /// quarantined one.
-async fn load_mutable(
+pub async fn load_mutable(
     state: &AppState,
     tx: &mut WriteTx,
     org_id: &str,
@@ -87,20 +87,50 @@ pub async fn start(
     id: &str,
 ) -> Result<SandboxRow, ControlError> {
     let row = load_mutable(state, tx, org_id, id).await?;
+    let why = Why {
+        reason: "start_requested",
+        message: None,
+    };
+    resume(state, tx, &row, &why).await
+}
+
+/// Why a sandbox is wanted running again: a start, or a wake (the reason
+/// and message its events carry).
+pub struct Why {
+    pub reason: &'static str,
+    /// What woke it (`woken by command cmd_…`); none for a start.
+    pub message: Option<String>,
+}
+
+/// Wants the sandbox (loaded in `tx`, the caller's) running again, placing
+/// it if it needs compute: what `start` does, for any cause.
+pub async fn resume(
+    state: &AppState,
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    why: &Why,
+) -> Result<SandboxRow, ControlError> {
+    let id = row.id.as_str();
     if row.state.is_terminal()
         || row.desired == DesiredState::Deleted
         || row.desired == DesiredState::Terminated
     {
-        return Err(invalid_state(&row, "start"));
+        return Err(invalid_state(row, "start"));
     }
     // Stopped while wanted running (the workload ended itself) also needs
     // compute again.
     let needs_compute = row.state == SandboxState::Stopped;
     if row.desired != DesiredState::Running || needs_compute {
-        check_quotas(state, tx, org_id, false).await?;
+        check_quotas(state, tx, &row.org_id, false).await?;
         if row.desired != DesiredState::Running {
-            records::sandboxes::set_desired(tx, &row, DesiredState::Running, "start_requested")
-                .await?;
+            records::sandboxes::set_desired_saying(
+                tx,
+                row,
+                DesiredState::Running,
+                why.reason,
+                why.message.as_deref().unwrap_or("desired running"),
+            )
+            .await?;
         }
         // A sandbox recovering while nobody wanted it running (its runner
         // was lost during a stop) is placed now, from its last save.
@@ -117,8 +147,8 @@ pub async fn start(
                 .flatten();
             let to = Transition {
                 state: SandboxState::Pending,
-                reason: Some("start_requested"),
-                message: None,
+                reason: Some(why.reason),
+                message: why.message.as_deref(),
             };
             set_sandbox_state(tx, &row, to, keep, row.epoch).await?;
             let row = reload(tx, id).await?;

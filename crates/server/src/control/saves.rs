@@ -66,6 +66,15 @@ pub async fn report_save(
     let mut committed_root = None;
     match report.outcome.as_str() {
         "progress" | "failed" => {}
+        "unchanged" => {
+            let root = parse_root(report.root.as_deref())?;
+            if row.home.root.as_deref() != Some(root.to_hex().as_str()) {
+                return Err(ControlError::new(
+                    ErrorCode::InvalidState,
+                    "only the last completed save can be found unchanged: this root is not it",
+                ));
+            }
+        }
         "completed" => {
             let root = parse_root(report.root.as_deref())?;
             // 2. Complete in the store, and pinned.
@@ -75,7 +84,7 @@ pub async fn report_save(
         other => {
             return Err(limits::invalid(
                 "outcome",
-                format!("{other:?}: use progress, completed or failed"),
+                format!("{other:?}: use progress, completed, unchanged or failed"),
             ));
         }
     }
@@ -95,6 +104,10 @@ pub async fn report_save(
             root: root.to_hex(),
             captured_at_ms: report.captured_at_ms.unwrap_or(now),
         },
+        ("unchanged", _) => SaveOutcome::Unchanged {
+            root: report.root.clone().unwrap_or_default(),
+            captured_at_ms: report.captured_at_ms.unwrap_or(now),
+        },
         ("failed", _) => SaveOutcome::Failed {
             error: error.unwrap_or_else(|| "save failed".to_owned()),
             bytes_pending: report.bytes_pending.map(|b| b as i64),
@@ -104,7 +117,14 @@ pub async fn report_save(
         },
     };
     let epoch = report.epoch as i64;
+    let unchanged = report.outcome == "unchanged";
     let updated = record_save(&mut tx, id, epoch, &report.runner_id, outcome).await?;
+    if !updated && unchanged {
+        return Err(ControlError::new(
+            ErrorCode::InvalidState,
+            "the home's last completed save is no longer this root",
+        ));
+    }
     if !updated {
         return Err(fenced(
             "the placement moved on while the save was committed",

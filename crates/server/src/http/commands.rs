@@ -1,7 +1,7 @@
 //! `/v1/sandboxes/{id}/commands`: a record per exec, handed to the runner
 //! through its assignments; output kept and readable while it runs.
 
-use api::lifecycle::CommandState;
+use api::lifecycle::{Activity, CommandState};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -52,7 +52,8 @@ pub async fn create(
     let mut tx = state.db.write().await?;
     // A sandbox past its retention window takes no commands.
     visible_sandbox(&state, &org_id, &sandbox_id).await?;
-    let command = control::commands::create(&mut tx, &org_id, &sandbox_id, &request).await?;
+    let command =
+        control::commands::create(&state, &mut tx, &org_id, &sandbox_id, &request).await?;
     let id = command.id.clone();
     let record = command.to_api();
     let replayed = idempotency::commit_created(tx, &state.db, key.as_ref(), &record, &id).await?;
@@ -325,6 +326,7 @@ pub async fn attach(
 ) -> Result<Response, ControlError> {
     // Refused before the upgrade: another org's command is 404.
     Box::pin(visible_command(&state, &org_id, &sandbox_id, &id)).await?;
+    control::idle::record(&state, &org_id, &sandbox_id, Activity::Attach).await?;
     // A message is at most what one stdin write takes: a client cannot
     // make the server hold more per connection than that and the feed's
     // bounded queue.

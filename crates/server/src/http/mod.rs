@@ -54,9 +54,12 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             "/v1/sandboxes/{id}",
-            get(sandboxes::get).delete(sandboxes::delete),
+            get(sandboxes::get)
+                .patch(sandboxes::update)
+                .delete(sandboxes::delete),
         )
         .route("/v1/sandboxes/{id}/stop", post(sandboxes::stop))
+        .route("/v1/sandboxes/{id}/keepalive", post(sandboxes::keepalive))
         .route(
             "/v1/sandboxes/{id}/kept/{copy}/discard",
             post(kept::discard),

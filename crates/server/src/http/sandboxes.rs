@@ -1,6 +1,7 @@
 //! `/v1/sandboxes`: create (admission, quotas, idempotency, placement),
 //! read (long-pollable), list (long-pollable for a change of the page),
-//! stop, start, delete, events (long-pollable for the next one).
+//! stop, start, delete, events (long-pollable for the next one), the idle
+//! policy and keepalive.
 
 use crate::control::{self, admission};
 use std::time::Duration;
@@ -17,7 +18,7 @@ use crate::limits;
 use crate::records::sandboxes::ListFilter;
 use crate::records::{self, SandboxRow, not_found};
 use api::lifecycle::SandboxState;
-use api::sandboxes::{CreateSandboxRequest, EventList, Sandbox, SandboxList};
+use api::sandboxes::{CreateSandboxRequest, EventList, Sandbox, SandboxList, UpdateSandboxRequest};
 
 pub const LONG_POLL_SECONDS_MAX: u64 = 25;
 
@@ -284,6 +285,34 @@ pub async fn delete(
     id: Path<String>,
 ) -> Result<(StatusCode, axum::Json<Sandbox>), ControlError> {
     change(state, caller, id, Change::Delete).await
+}
+
+/// Changes the idle policy; see `control::idle::update`.
+#[utoipa::path(patch, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")), request_body = UpdateSandboxRequest, responses((status = 200, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn update(
+    State(state): State<AppState>,
+    OrgCaller(org_id): OrgCaller,
+    Path(id): Path<String>,
+    Json(request): Json<UpdateSandboxRequest>,
+) -> Result<axum::Json<Sandbox>, ControlError> {
+    let mut tx = state.db.write().await?;
+    let record = control::idle::update(&state, &mut tx, &org_id, &id, &request).await?;
+    tx.commit().await?;
+    Ok(axum::Json(record.to_api()))
+}
+
+/// Activity that keeps a running sandbox awake (it does not wake a stopped
+/// one: 409); see `control::idle::keepalive`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/keepalive", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")), responses((status = 200, body = Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn keepalive(
+    State(state): State<AppState>,
+    OrgCaller(org_id): OrgCaller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Sandbox>, ControlError> {
+    let mut tx = state.db.write().await?;
+    let record = control::idle::keepalive(&state, &mut tx, &org_id, &id).await?;
+    tx.commit().await?;
+    Ok(axum::Json(record.to_api()))
 }
 
 enum Change {

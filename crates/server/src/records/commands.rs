@@ -9,7 +9,7 @@ use sqlx::any::AnyRow;
 use super::{json_map, parse_column, rfc3339};
 use crate::db::{WriteTx, now_ms};
 use api::commands::{Command, CreateCommandRequest};
-use api::lifecycle::{CommandState, SandboxState};
+use api::lifecycle::{CommandState, DesiredState, SandboxState};
 
 #[derive(Clone, Debug)]
 pub struct CommandRow {
@@ -34,9 +34,11 @@ pub struct CommandRow {
     pub pid: Option<i64>,
     pub stdin: bool,
     pub tty: Option<api::commands::TtySize>,
+    /// Created while its sandbox was not running: it waited for a wake.
+    pub waited_for_wake: bool,
 }
 
-pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms, pid, stdin, tty";
+pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms, pid, stdin, tty, waited_for_wake";
 
 impl CommandRow {
     pub fn from_row(row: &AnyRow) -> Result<CommandRow, sqlx::Error> {
@@ -64,6 +66,7 @@ impl CommandRow {
             tty: row
                 .try_get::<Option<String>, _>("tty")?
                 .and_then(|text| serde_json::from_str(&text).ok()),
+            waited_for_wake: row.try_get::<i64, _>("waited_for_wake")? != 0,
         })
     }
 
@@ -96,6 +99,7 @@ impl CommandRow {
             pid: self.pid.map(|p| p as i32),
             stdin: self.stdin,
             tty: self.tty,
+            waited_for_wake: self.waited_for_wake,
         }
     }
 }
@@ -126,14 +130,30 @@ pub(super) async fn end_commands_for(
     let now = now_ms();
     let reason = format!("sandbox_{state}");
     let mut ids: Vec<String> = Vec::new();
+    // A queued command that waits for its sandbox to wake never started: it
+    // waits while the sandbox is wanted running and may still run (a wake
+    // under way, a stop that a command arriving meanwhile turned round, a
+    // recovery of a waking sandbox), and runs once it does.
+    let (desired,): (String,) = sqlx::query_as("SELECT desired FROM sandboxes WHERE id = $1")
+        .bind(sandbox_id)
+        .fetch_one(&mut *tx.tx)
+        .await?;
+    // Only commands that came to wait for a wake do: one queued in a
+    // running sandbox whose host is lost ends `not_launched`, as it did.
+    let queued_wait = !state.is_terminal() && desired == DesiredState::Running.as_str();
     for (from, to) in [
         (CommandState::Queued, CommandState::NotLaunched),
         (CommandState::Starting, CommandState::Unknown),
         (CommandState::Running, running),
     ] {
-        let rows = sqlx::query(
-            "UPDATE commands SET state = $1, state_reason = $2, ended_at_ms = $3 WHERE sandbox_id = $4 AND state = $5 RETURNING id",
-        )
+        let keep_waiting = if from == CommandState::Queued && queued_wait {
+            " AND waited_for_wake = 0"
+        } else {
+            ""
+        };
+        let rows = sqlx::query(&format!(
+            "UPDATE commands SET state = $1, state_reason = $2, ended_at_ms = $3 WHERE sandbox_id = $4 AND state = $5{keep_waiting} RETURNING id",
+        ))
         .bind(to.as_str())
         .bind(&reason)
         .bind(now)
@@ -149,6 +169,29 @@ pub(super) async fn end_commands_for(
         tx.changed(&id).await?;
     }
     Ok(())
+}
+
+/// Ends the sandbox's queued commands (`not_launched`, `reason`): they
+/// were waiting for it to run, and it will not (a wake that cannot go on,
+/// a sandbox resting `stopped` that nothing starts again).
+pub async fn end_queued(
+    tx: &mut WriteTx,
+    sandbox_id: &str,
+    reason: &str,
+) -> Result<usize, sqlx::Error> {
+    let rows = sqlx::query(
+        "UPDATE commands SET state = 'not_launched', state_reason = $1, ended_at_ms = $2 WHERE sandbox_id = $3 AND state = 'queued' RETURNING id",
+    )
+    .bind(reason)
+    .bind(now_ms())
+    .bind(sandbox_id)
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    for row in &rows {
+        let id: String = row.try_get("id")?;
+        tx.changed(&id).await?;
+    }
+    Ok(rows.len())
 }
 
 /// The command as this transaction sees it.
@@ -168,9 +211,10 @@ pub async fn insert(
     id: &str,
     sandbox: &super::SandboxRow,
     request: &CreateCommandRequest,
+    waits_for_wake: bool,
 ) -> Result<CommandRow, sqlx::Error> {
     sqlx::query(&format!(
-        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL, NULL, $9, $10)"
+        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL, NULL, $9, $10, $11)"
     ))
     .bind(id)
     .bind(&sandbox.id)
@@ -182,6 +226,7 @@ pub async fn insert(
     .bind(now_ms())
     .bind(i64::from(request.stdin || request.tty.is_some()))
     .bind(request.tty.map(|tty| serde_json::to_string(&tty).unwrap_or_default()))
+    .bind(i64::from(waits_for_wake))
     .execute(&mut *tx.tx)
     .await?;
     if let Some(runner) = &sandbox.runner_id {

@@ -5,6 +5,7 @@
 //!
 //! - [`sandboxes`]: the sandbox row, its state changes and their events.
 //! - [`commands`]: the command row and every command write.
+//! - [`activity`]: what keeps a sandbox awake, and the sleep decision.
 //! - [`snapshots`]: the snapshot row.
 //! - [`images`]: the image row.
 //! - [`runners`]: the runner row, its lease and drain.
@@ -15,6 +16,7 @@
 //! - [`observed`]: saves' history and the reads behind the deployment's
 //!   observed figures.
 
+pub mod activity;
 pub mod commands;
 pub mod filesystems;
 pub mod images;

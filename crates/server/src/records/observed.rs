@@ -183,8 +183,9 @@ pub fn timings(events: &[EventPoint], since_ms: i64) -> Timings {
 /// live on a runner.
 pub async fn at_risk_ms_max(pool: &AnyPool, now_ms: i64) -> Result<i64, sqlx::Error> {
     let rows = sqlx::query(&format!(
-        "SELECT state, home_saved_at_ms, created_at_ms FROM sandboxes
+        "SELECT state, {} AS safe_until_ms, created_at_ms FROM sandboxes
          WHERE save_interval_s IS NOT NULL AND state IN {}",
+        super::sandboxes::SAFE_UNTIL_SQL,
         SandboxState::sql_in(SandboxState::runner_at_work)
     ))
     .fetch_all(pool)
@@ -192,7 +193,7 @@ pub async fn at_risk_ms_max(pool: &AnyPool, now_ms: i64) -> Result<i64, sqlx::Er
     let mut max = 0;
     for row in &rows {
         let state: SandboxState = parse_column(row, "state")?;
-        let saved: Option<i64> = row.try_get("home_saved_at_ms")?;
+        let saved: Option<i64> = row.try_get("safe_until_ms")?;
         let created: i64 = row.try_get("created_at_ms")?;
         max = max.max(super::sandboxes::at_risk_ms(state, saved, created, now_ms));
     }

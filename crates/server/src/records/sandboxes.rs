@@ -47,6 +47,25 @@ pub struct SandboxRow {
     /// Shared filesystems mounted (JSON `api::sandboxes::Mount`s, with
     /// `read_only` as enforced); set at create, never changed.
     pub mounts: String,
+    pub idle: IdleColumns,
+    /// The reason `desired` was last set with (`idle`, `woken_by_command`…),
+    /// and its event's message.
+    pub desired_reason: Option<String>,
+    pub desired_message: Option<String>,
+}
+
+/// When a sandbox goes to sleep, and what last kept it awake.
+#[derive(Clone, Debug, Default)]
+pub struct IdleColumns {
+    /// Seconds without activity before it sleeps; 0: never.
+    pub timeout_s: i64,
+    /// A command sent while it is stopped starts it.
+    pub auto_wake: bool,
+    pub last_activity_at_ms: Option<i64>,
+    /// One of [`Activity`]'s names.
+    pub last_activity: Option<String>,
+    /// Set only while `running` with a timeout.
+    pub deadline_ms: Option<i64>,
 }
 
 /// A sandbox's home in the store and how saving it goes (durable
@@ -64,9 +83,12 @@ pub struct HomeColumns {
     pub save_error: Option<String>,
     pub save_bytes_pending: Option<i64>,
     pub from_snapshot: Option<String>,
+    /// When a scheduled save last found the home exactly as `root` (nothing
+    /// uploaded): the home was safe up to then too.
+    pub unchanged_at_ms: Option<i64>,
 }
 
-pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, state_message, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies, mounts";
+pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, state_message, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies, mounts, idle_timeout_s, auto_wake, last_activity_at_ms, last_activity, idle_deadline_ms, desired_reason, desired_message, home_unchanged_at_ms";
 
 impl SandboxRow {
     pub fn from_row(row: &AnyRow) -> Result<SandboxRow, sqlx::Error> {
@@ -103,9 +125,19 @@ impl SandboxRow {
                 save_error: row.try_get("save_error")?,
                 save_bytes_pending: row.try_get("save_bytes_pending")?,
                 from_snapshot: row.try_get("from_snapshot")?,
+                unchanged_at_ms: row.try_get("home_unchanged_at_ms")?,
             },
             kept_copies: row.try_get("kept_copies")?,
             mounts: row.try_get("mounts")?,
+            idle: IdleColumns {
+                timeout_s: row.try_get("idle_timeout_s")?,
+                auto_wake: row.try_get::<i64, _>("auto_wake")? != 0,
+                last_activity_at_ms: row.try_get("last_activity_at_ms")?,
+                last_activity: row.try_get("last_activity")?,
+                deadline_ms: row.try_get("idle_deadline_ms")?,
+            },
+            desired_reason: row.try_get("desired_reason")?,
+            desired_message: row.try_get("desired_message")?,
         })
     }
 
@@ -153,6 +185,11 @@ impl SandboxRow {
                 .as_deref()
                 .and_then(|text| serde_json::from_str(text).ok())
                 .unwrap_or_default(),
+            idle_timeout_s: self.idle.timeout_s.max(0) as u64,
+            auto_wake: self.idle.auto_wake,
+            last_activity_at: self.idle.last_activity_at_ms.map(rfc3339),
+            last_activity: self.idle.last_activity.clone(),
+            idle_deadline: self.idle.deadline_ms.map(rfc3339),
         }
     }
 
@@ -196,7 +233,8 @@ impl SandboxRow {
     /// interval (counted from creation before the first), else `ok`.
     pub fn save_status(&self, now: i64) -> Option<api::sandboxes::SaveStatus> {
         let interval_s = self.home.save_interval_s?;
-        let since = self.home.saved_at_ms.unwrap_or(self.created_at_ms);
+        let safe_until = self.safe_until_ms();
+        let since = safe_until.unwrap_or(self.created_at_ms);
         let state = if self.home.save_error.is_some() {
             "failing"
         } else if self.state == SandboxState::Running && now - since > 2 * interval_s * 1000 {
@@ -212,11 +250,18 @@ impl SandboxRow {
             last_error: self.home.save_error.clone(),
             bytes_pending: self.home.save_bytes_pending.map(|b| b.max(0) as u64),
             root: self.home.root.clone(),
-            safe_until: self.home.saved_at_ms.map(rfc3339),
-            at_risk_s: at_risk_ms(self.state, self.home.saved_at_ms, self.created_at_ms, now)
-                as f64
-                / 1000.0,
+            last_unchanged_at: self.home.unchanged_at_ms.map(rfc3339),
+            safe_until: safe_until.map(rfc3339),
+            at_risk_s: at_risk_ms(self.state, safe_until, self.created_at_ms, now) as f64 / 1000.0,
         })
+    }
+
+    /// Everything written before this instant is in the last completed
+    /// save: its capture, or later when a scheduled save since found the
+    /// home unchanged (a parked sandbox).
+    pub fn safe_until_ms(&self) -> Option<i64> {
+        let saved = self.home.saved_at_ms?;
+        Some(self.home.unchanged_at_ms.map_or(saved, |at| at.max(saved)))
     }
 }
 
@@ -292,6 +337,17 @@ pub async fn set_sandbox_state(
     .await?;
     if updated.rows_affected() == 0 {
         return Ok(false);
+    }
+    if to.state == SandboxState::Running {
+        // Idleness counts from when it runs (a wake's restore is no idle
+        // time); `started` is the activity that begins it.
+        super::activity::touch_row(tx, &current.id, api::lifecycle::Activity::Started, now).await?;
+    } else if current.state == SandboxState::Running {
+        // Only a running sandbox has a deadline to sleep at.
+        sqlx::query("UPDATE sandboxes SET idle_deadline_ms = NULL WHERE id = $1")
+            .bind(&current.id)
+            .execute(&mut *tx.tx)
+            .await?;
     }
     if let Some(runner_id) = runner_id {
         sqlx::query("UPDATE sandboxes SET last_runner_id = $1 WHERE id = $2")
@@ -389,7 +445,7 @@ pub async fn insert(
         .as_deref()
         .unwrap_or(row.state.usual_reason());
     sqlx::query(&format!(
-        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33)"
+        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41)"
     ))
     .bind(&row.id)
     .bind(&row.org_id)
@@ -424,6 +480,14 @@ pub async fn insert(
     .bind(&row.home.from_snapshot)
     .bind(&row.kept_copies)
     .bind(&row.mounts)
+    .bind(row.idle.timeout_s)
+    .bind(i64::from(row.idle.auto_wake))
+    .bind(row.idle.last_activity_at_ms)
+    .bind(&row.idle.last_activity)
+    .bind(row.idle.deadline_ms)
+    .bind(&row.desired_reason)
+    .bind(&row.desired_message)
+    .bind(row.home.unchanged_at_ms)
     .execute(&mut *tx.tx)
     .await?;
     for (key, value) in labels {
@@ -454,13 +518,28 @@ pub async fn set_desired(
     desired: DesiredState,
     reason: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE sandboxes SET desired = $1, updated_at_ms = $2 WHERE id = $3")
-        .bind(desired.as_str())
-        .bind(now_ms())
-        .bind(&row.id)
-        .execute(&mut *tx.tx)
-        .await?;
-    note(tx, row, reason, &format!("desired {desired}"), None).await
+    set_desired_saying(tx, row, desired, reason, &format!("desired {desired}")).await
+}
+
+/// [`set_desired`], with the event's message (what woke a sandbox).
+pub async fn set_desired_saying(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    desired: DesiredState,
+    reason: &str,
+    message: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE sandboxes SET desired = $1, desired_reason = $2, desired_message = $3, updated_at_ms = $4 WHERE id = $5",
+    )
+    .bind(desired.as_str())
+    .bind(reason)
+    .bind(message)
+    .bind(now_ms())
+    .bind(&row.id)
+    .execute(&mut *tx.tx)
+    .await?;
+    note(tx, row, reason, message, None).await
 }
 
 /// Why a sandbox still waits for a runner (its state unchanged), recorded
@@ -587,6 +666,12 @@ pub enum SaveOutcome {
     Progress {
         bytes_pending: Option<i64>,
     },
+    /// A scheduled save found the home exactly as `root`, the last
+    /// completed save, at `captured_at_ms`: nothing uploaded or committed.
+    Unchanged {
+        root: String,
+        captured_at_ms: i64,
+    },
 }
 
 /// Records a save attempt's outcome. False when the placement moved on
@@ -635,6 +720,19 @@ pub async fn record_save(
         )
         .bind(now)
         .bind(bytes_pending),
+        // Guarded by the root too: only the last completed save can be
+        // found unchanged.
+        SaveOutcome::Unchanged {
+            root,
+            captured_at_ms,
+        } => sqlx::query(
+            "UPDATE sandboxes SET home_unchanged_at_ms = $1, save_attempt_at_ms = $2,
+             save_error = NULL, save_bytes_pending = 0
+             WHERE home_root = $3 AND id = $4 AND epoch = $5 AND runner_id = $6",
+        )
+        .bind(captured_at_ms.min(now))
+        .bind(now)
+        .bind(root),
     };
     let updated = query
         .bind(id.to_owned())
@@ -860,13 +958,16 @@ pub async fn count_by_state(pool: &AnyPool) -> Result<Vec<(String, i64)>, sqlx::
         .await
 }
 
-/// For each running durable sandbox: when its home was last saved (or it
-/// was created), and its save interval in seconds.
+/// [`SandboxRow::safe_until_ms`] in SQL.
+pub const SAFE_UNTIL_SQL: &str = "CASE WHEN home_unchanged_at_ms > home_saved_at_ms THEN home_unchanged_at_ms ELSE home_saved_at_ms END";
+
+/// For each running durable sandbox: until when its home is known saved
+/// (or when it was created), and its save interval in seconds.
 pub async fn save_lags(pool: &AnyPool) -> Result<Vec<(i64, i64)>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT COALESCE(home_saved_at_ms, created_at_ms), save_interval_s FROM sandboxes
-         WHERE state = 'running' AND save_interval_s IS NOT NULL",
-    )
+    sqlx::query_as(&format!(
+        "SELECT COALESCE({SAFE_UNTIL_SQL}, created_at_ms), save_interval_s FROM sandboxes
+         WHERE state = 'running' AND save_interval_s IS NOT NULL"
+    ))
     .fetch_all(pool)
     .await
 }

@@ -40,6 +40,8 @@ async fn planes_with(name: &str, store: bool) -> Vec<Plane> {
         let listen = "127.0.0.1:0".parse().expect("an address");
         let mut config = server::Config::new(listen, data.path().join("server"));
         config.database_url = url;
+        // Idle timeouts of a second or two keep the idle tests short.
+        config.idle_timeout_min = std::time::Duration::from_secs(1);
         if store {
             config.store_url = Some(data.path().join("store").display().to_string());
         }
@@ -322,7 +324,7 @@ async fn a_command_goes_from_queue_to_exit_through_its_runner() {
         let request = serde_json::from_value(serde_json::json!({ "argv": ["true"] }))
             .expect("a command request");
         let mut tx = plane.state.db.write().await.expect("tx");
-        let queued = commands::create(&mut tx, &org, &row.id, &request)
+        let queued = commands::create(&plane.state, &mut tx, &org, &row.id, &request)
             .await
             .expect("queued");
         tx.commit().await.expect("commit");
@@ -1270,5 +1272,620 @@ async fn a_runner_lost_after_its_securing_committed_leaves_the_sandbox_stopped_a
             }
             plane.register(Some(&runner), 4).await;
         }
+    }
+}
+
+// Issue 16: sleeping when idle, waking on use.
+
+impl Plane {
+    /// A sandbox (durable when asked) with `idle_s` as its idle timeout,
+    /// placed on `runner` and reported running there.
+    async fn running_with_idle(
+        &self,
+        org: &str,
+        runner: &str,
+        durable: bool,
+        idle_s: u64,
+    ) -> SandboxRow {
+        let mut request = create_request();
+        if durable {
+            request.storage_class = "durable".to_owned();
+        }
+        request.idle_timeout_s = Some(idle_s);
+        let mut row = admission::prepare(&self.state, org, &mut request).expect("in bounds");
+        let mut tx = self.state.db.write().await.expect("tx");
+        admission::admit(&self.state, &mut tx, &mut row, &request)
+            .await
+            .expect("admitted");
+        let row = sandboxes::reload(&mut tx, &row.id).await.expect("reload");
+        tx.commit().await.expect("commit");
+        assert_eq!(row.runner_id.as_deref(), Some(runner), "placed");
+        self.report(&row, runner, SandboxState::Running)
+            .await
+            .expect("running")
+    }
+
+    async fn command(
+        &self,
+        org: &str,
+        id: &str,
+    ) -> Result<server::records::CommandRow, server::control::ControlError> {
+        let request = serde_json::from_value(serde_json::json!({ "argv": ["true"] }))
+            .expect("a command request");
+        let mut tx = self.state.db.write().await?;
+        let command = commands::create(&self.state, &mut tx, org, id, &request).await?;
+        tx.commit().await?;
+        Ok(command)
+    }
+
+    async fn load_command(&self, id: &str) -> server::records::CommandRow {
+        let mut tx = self.state.db.write().await.expect("tx");
+        server::records::commands::load(&mut tx, id)
+            .await
+            .expect("read")
+            .expect("the command")
+    }
+
+    /// The runner's report of `row`'s state with `reason`, as a runner
+    /// stopping for a desired `stopped` says (`stop_requested`).
+    async fn report_why(
+        &self,
+        row: &SandboxRow,
+        runner: &str,
+        state: SandboxState,
+        reason: &str,
+    ) -> Result<SandboxRow, server::control::ControlError> {
+        let report = SandboxReport {
+            runner_id: runner.to_owned(),
+            epoch: row.epoch as u64,
+            state,
+            reason: Some(reason.to_owned()),
+            message: None,
+            wake: None,
+        };
+        runner_protocol::report_sandbox(&self.state, &row.id, &report).await
+    }
+
+    /// The runner stops the sandbox as asked: `stopping`, then `securing`
+    /// and a committed save for a durable one, then `stopped`.
+    async fn runner_stops(&self, org: &str, row: &SandboxRow, runner: &str) -> SandboxRow {
+        let mut row = self
+            .report_why(row, runner, SandboxState::Stopping, "stop_requested")
+            .await
+            .expect("stopping");
+        if row.storage_class == api::lifecycle::StorageClass::Durable {
+            row = self
+                .report_why(&row, runner, SandboxState::Securing, "stop_requested")
+                .await
+                .expect("securing");
+            let root = self.upload_home(org, "last words\n");
+            self.commit_save(&row, runner, &root, true)
+                .await
+                .expect("secured");
+        }
+        self.report_why(&row, runner, SandboxState::Stopped, "stop_requested")
+            .await
+            .expect("stopped")
+    }
+
+    /// Commands handed to `runner` now, by id.
+    async fn handed(&self, runner: &str) -> Vec<String> {
+        runner_protocol::read_assignments(&self.state, runner)
+            .await
+            .expect("assignments")
+            .commands
+            .into_iter()
+            .map(|c| c.command_id)
+            .collect()
+    }
+
+    async fn event_messages(&self, id: &str) -> Vec<(String, Option<String>, Option<String>)> {
+        sqlx::query_as(
+            "SELECT state, reason, message FROM events WHERE sandbox_id = $1 ORDER BY seq",
+        )
+        .bind(id)
+        .fetch_all(&self.state.db.pool)
+        .await
+        .expect("events")
+    }
+}
+
+/// Issue 16, points 1, 3, 4 and 6: at its deadline an idle sandbox goes to
+/// sleep (an ordinary stop, `idle` on the desired change and every state
+/// it goes through); a command sent while it sleeps wakes it under the
+/// same id, on the runner that held it, and runs once it is running; the
+/// events name the command and the save it comes back from.
+#[tokio::test]
+async fn an_idle_sandbox_sleeps_and_a_command_wakes_it_where_it_was() {
+    for plane in planes_with("idlewake", true).await {
+        let org = plane.org("org_i", None).await;
+        let runner = plane.runner(4).await;
+        for durable in [false, true] {
+            let row = plane.running_with_idle(&org, &runner, durable, 2).await;
+            let record = row.to_api();
+            assert_eq!(record.idle_timeout_s, 2);
+            assert_eq!(record.last_activity.as_deref(), Some("started"));
+            let deadline = row
+                .idle
+                .deadline_ms
+                .expect("a running sandbox has a deadline");
+            assert_eq!(
+                deadline,
+                row.idle.last_activity_at_ms.expect("an activity") + 2_000
+            );
+            // Not before the deadline.
+            let slept = server::control::idle::sleep_due(&plane.state, deadline - 1)
+                .await
+                .expect("the idle pass");
+            assert_eq!(slept, 0);
+            assert_eq!(plane.load(&row.id).await.desired, DesiredState::Running);
+            // At it.
+            let slept = server::control::idle::sleep_due(&plane.state, deadline)
+                .await
+                .expect("the idle pass");
+            assert_eq!(slept, 1, "{}", plane.engine());
+            let asleep = plane.load(&row.id).await;
+            assert_eq!(asleep.desired, DesiredState::Stopped);
+            assert_eq!(asleep.desired_reason.as_deref(), Some("idle"));
+            assert_eq!(asleep.idle.deadline_ms, None);
+            let stopped = plane.runner_stops(&org, &asleep, &runner).await;
+            assert_eq!(stopped.state, SandboxState::Stopped);
+            assert_eq!(stopped.state_reason.as_deref(), Some("idle"));
+            let events = plane.event_messages(&row.id).await;
+            for state in ["stopping", "stopped"] {
+                assert!(
+                    events
+                        .iter()
+                        .any(|(s, reason, _)| s == state && reason.as_deref() == Some("idle")),
+                    "{state} says idle: {events:?}"
+                );
+            }
+            // A second pass finds nothing: an asleep sandbox is not due.
+            let again = server::control::idle::sleep_due(&plane.state, i64::MAX / 2)
+                .await
+                .expect("the idle pass");
+            assert_eq!(again, 0);
+
+            let command = plane.command(&org, &row.id).await.expect("woken");
+            assert!(command.waited_for_wake);
+            assert_eq!(command.state, CommandState::Queued);
+            let waking = plane.load(&row.id).await;
+            assert_eq!(waking.id, row.id, "the same sandbox");
+            assert_eq!(waking.desired, DesiredState::Running);
+            assert_eq!(waking.state, SandboxState::Starting, "placed at once");
+            assert_eq!(
+                waking.runner_id.as_deref(),
+                Some(runner.as_str()),
+                "where it was"
+            );
+            let events = plane.event_messages(&row.id).await;
+            let (_, reason, message) = events
+                .iter()
+                .rev()
+                .find(|(state, _, _)| state == "starting")
+                .expect("a starting event");
+            assert_eq!(reason.as_deref(), Some("placed"));
+            let message = message.clone().unwrap_or_default();
+            assert!(
+                message.contains(&format!("woken by command {}", command.id)),
+                "{message}"
+            );
+            if durable {
+                let root = waking.home.root.clone().expect("a secured root");
+                assert!(message.contains(&root[..16]), "names the save: {message}");
+            }
+            assert!(
+                events.iter().any(|(state, reason, _)| state == "pending"
+                    && reason.as_deref() == Some("woken_by_command")),
+                "{events:?}"
+            );
+            // Not handed over before the sandbox runs; then exactly once.
+            assert!(!plane.handed(&runner).await.contains(&command.id));
+            let running = plane
+                .report(&waking, &runner, SandboxState::Running)
+                .await
+                .expect("running");
+            assert!(plane.handed(&runner).await.contains(&command.id));
+            let report = CommandReport {
+                runner_id: runner.clone(),
+                epoch: running.epoch as u64,
+                state: CommandState::Running,
+                reason: None,
+                exit_code: None,
+                signal: None,
+                pid: None,
+            };
+            runner_protocol::report_command(&plane.state, &command.id, &report)
+                .await
+                .expect("started");
+        }
+        let metrics = plane.state.metrics.render(
+            &[],
+            0,
+            &server::metrics::SaveLag {
+                max_seconds: 0.0,
+                delayed: 0,
+            },
+            0.0,
+        );
+        for line in [
+            "roost_sleeps_total{reason=\"idle\"} 2",
+            "roost_wakes_total{trigger=\"command\"} 2",
+            "roost_idle_sleep_decisions_total 2",
+            "roost_wake_latency_seconds_count 2",
+        ] {
+            assert!(metrics.contains(line), "{line} in {metrics}");
+        }
+    }
+}
+
+/// Issue 16, point 3 and "a command arriving exactly at the deadline": in
+/// either order, and at once, the command runs and is never lost: before
+/// the decision it cancels the sleep; after it, it wakes the sandbox
+/// (which stops, then starts again for it).
+#[tokio::test]
+async fn a_command_at_the_deadline_cancels_the_sleep_or_wakes_the_sandbox() {
+    for plane in planes_with("idledeadline", true).await {
+        let org = plane.org("org_d", None).await;
+        let runner = plane.runner(8).await;
+        // The command first: the sleep is no longer due.
+        let row = plane.running_with_idle(&org, &runner, true, 1).await;
+        let deadline = row.idle.deadline_ms.expect("a deadline");
+        let first = plane.command(&org, &row.id).await.expect("queued");
+        assert!(!first.waited_for_wake);
+        let slept = server::control::idle::sleep_due(&plane.state, deadline)
+            .await
+            .expect("the idle pass");
+        assert_eq!(slept, 0);
+        assert_eq!(plane.load(&row.id).await.desired, DesiredState::Running);
+        assert_eq!(plane.handed(&runner).await, vec![first.id.clone()]);
+
+        // The sleep first: the command wakes what is stopping.
+        let row = plane.running_with_idle(&org, &runner, false, 1).await;
+        let deadline = row.idle.deadline_ms.expect("a deadline");
+        let slept = server::control::idle::sleep_due(&plane.state, deadline)
+            .await
+            .expect("the idle pass");
+        assert_eq!(slept, 1);
+        let second = plane.command(&org, &row.id).await.expect("queued");
+        assert!(second.waited_for_wake);
+        let woken = plane.load(&row.id).await;
+        assert_eq!(woken.desired, DesiredState::Running);
+        // The runner was already stopping it: it finishes, and the sandbox
+        // starts again for the command, which waited all along.
+        let stopped = plane.runner_stops(&org, &woken, &runner).await;
+        assert_eq!(
+            plane.load_command(&second.id).await.state,
+            CommandState::Queued,
+            "still waiting"
+        );
+        let again = plane.load(&stopped.id).await;
+        assert_eq!(again.state, SandboxState::Starting, "placed again");
+        plane
+            .report(&again, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        assert!(plane.handed(&runner).await.contains(&second.id));
+
+        // At once, many times: whichever wins, no command ends unrun.
+        for _ in 0..5 {
+            let row = plane.running_with_idle(&org, &runner, false, 1).await;
+            let deadline = row.idle.deadline_ms.expect("a deadline");
+            let (slept, command) = tokio::join!(
+                server::control::idle::sleep_due(&plane.state, deadline),
+                plane.command(&org, &row.id)
+            );
+            slept.expect("the idle pass");
+            let command = command.expect("queued");
+            let now = plane.load(&row.id).await;
+            assert_eq!(now.desired, DesiredState::Running, "{}", plane.engine());
+            if now.state == SandboxState::Running {
+                assert!(plane.handed(&runner).await.contains(&command.id));
+            } else {
+                plane.runner_stops(&org, &now, &runner).await;
+                let again = plane.load(&row.id).await;
+                plane
+                    .report(&again, &runner, SandboxState::Running)
+                    .await
+                    .expect("running");
+                assert!(plane.handed(&runner).await.contains(&command.id));
+            }
+            plane
+                .change(&org, &row.id, "delete")
+                .await
+                .expect("deleted");
+        }
+    }
+}
+
+/// Issue 16: "two commands racing to wake the same sandbox (one wake, both
+/// run once)".
+#[tokio::test]
+async fn two_commands_racing_to_wake_a_sandbox_make_one_wake_and_both_run_once() {
+    for plane in planes_with("idlerace", true).await {
+        let org = plane.org("org_r", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.running_with_idle(&org, &runner, true, 1).await;
+        plane.change(&org, &row.id, "stop").await.expect("stop");
+        let row = plane.load(&row.id).await;
+        plane.runner_stops(&org, &row, &runner).await;
+        let (a, b) = tokio::join!(plane.command(&org, &row.id), plane.command(&org, &row.id));
+        let (a, b) = (a.expect("queued"), b.expect("queued"));
+        assert!(a.waited_for_wake && b.waited_for_wake);
+        let events = plane.event_messages(&row.id).await;
+        let wakes = events
+            .iter()
+            .filter(|(_, reason, _)| reason.as_deref() == Some("woken_by_command"))
+            .count();
+        // The desired change and the move to `pending`, once.
+        assert_eq!(wakes, 2, "one wake: {events:?}");
+        let waking = plane.load(&row.id).await;
+        plane
+            .report(&waking, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        let mut handed = plane.handed(&runner).await;
+        handed.sort();
+        let mut both = vec![a.id.clone(), b.id.clone()];
+        both.sort();
+        assert_eq!(handed, both);
+        // Handed over once: a second read hands nothing new, and both are
+        // `starting` under the one epoch.
+        for id in [&a.id, &b.id] {
+            let command = plane.load_command(id).await;
+            assert_eq!(command.state, CommandState::Starting);
+            assert_eq!(command.epoch, Some(waking.epoch));
+        }
+    }
+}
+
+/// Issue 16, points 1, 2 and the bad input: the idle timeout's bounds (400
+/// naming the field and them), a policy change moving the deadline, a
+/// keepalive (activity; 404 once deleted, 409 on a stopped sandbox, which
+/// it does not wake), `auto_wake: false` (409), and a running command
+/// keeping its sandbox awake until it ends.
+#[tokio::test]
+async fn the_idle_policy_keepalive_and_running_commands_decide_when_a_sandbox_sleeps() {
+    for plane in planes_with("idlepolicy", true).await {
+        let org = plane.org("org_p", None).await;
+        let runner = plane.runner(4).await;
+        for bad in [u64::MAX, 604_801] {
+            let mut request = create_request();
+            request.idle_timeout_s = Some(bad);
+            let refused =
+                admission::prepare(&plane.state, &org, &mut request).expect_err("refused");
+            assert_eq!(refused.code, ErrorCode::InvalidRequest);
+            assert!(
+                refused.message.contains("idle_timeout_s") && refused.message.contains("604800"),
+                "{}",
+                refused.message
+            );
+        }
+        let row = plane.running_with_idle(&org, &runner, false, 30).await;
+        let update = |timeout: Option<u64>, auto_wake: Option<bool>| {
+            let request = api::sandboxes::UpdateSandboxRequest {
+                idle_timeout_s: timeout,
+                auto_wake,
+            };
+            let (state, org, id) = (plane.state.clone(), org.clone(), row.id.clone());
+            async move {
+                let mut tx = state.db.write().await?;
+                let row =
+                    server::control::idle::update(&state, &mut tx, &org, &id, &request).await?;
+                tx.commit().await?;
+                Ok::<_, server::control::ControlError>(row)
+            }
+        };
+        let refused = update(Some(0x7fff_ffff_ffff_fffe), None).await;
+        assert_eq!(code(refused), ErrorCode::InvalidRequest);
+        let changed = update(Some(5), None).await.expect("changed");
+        let activity = changed.idle.last_activity_at_ms.expect("an activity");
+        assert_eq!(changed.idle.deadline_ms, Some(activity + 5_000));
+        // The same body twice: the same record.
+        let again = update(Some(5), None).await.expect("changed");
+        assert_eq!(again.idle.deadline_ms, changed.idle.deadline_ms);
+        let never = update(Some(0), None).await.expect("never");
+        assert_eq!(never.idle.deadline_ms, None);
+        update(Some(5), None).await.expect("back");
+
+        // Keepalive: activity.
+        let mut tx = plane.state.db.write().await.expect("tx");
+        let kept = server::control::idle::keepalive(&plane.state, &mut tx, &org, &row.id)
+            .await
+            .expect("kept alive");
+        tx.commit().await.expect("commit");
+        assert_eq!(kept.idle.last_activity.as_deref(), Some("keepalive"));
+        assert!(kept.idle.deadline_ms >= changed.idle.deadline_ms);
+
+        // A running command keeps it awake until it ends.
+        let command = plane.command(&org, &row.id).await.expect("queued");
+        plane.handed(&runner).await;
+        let report = |state, exit_code| CommandReport {
+            runner_id: runner.clone(),
+            epoch: row.epoch as u64,
+            state,
+            reason: None,
+            exit_code,
+            signal: None,
+            pid: None,
+        };
+        runner_protocol::report_command(
+            &plane.state,
+            &command.id,
+            &report(CommandState::Running, None),
+        )
+        .await
+        .expect("running");
+        let deadline = plane
+            .load(&row.id)
+            .await
+            .idle
+            .deadline_ms
+            .expect("a deadline");
+        let slept = server::control::idle::sleep_due(&plane.state, deadline)
+            .await
+            .expect("the idle pass");
+        assert_eq!(slept, 0, "a running command keeps it awake");
+        let busy = plane.load(&row.id).await;
+        assert_eq!(busy.idle.last_activity.as_deref(), Some("command_running"));
+        assert!(busy.idle.deadline_ms > Some(deadline));
+        runner_protocol::report_command(
+            &plane.state,
+            &command.id,
+            &report(CommandState::Exited, Some(0)),
+        )
+        .await
+        .expect("exited");
+        let ended = plane.load(&row.id).await;
+        assert_eq!(ended.idle.last_activity.as_deref(), Some("command_ended"));
+        let slept = server::control::idle::sleep_due(
+            &plane.state,
+            ended.idle.deadline_ms.expect("a deadline"),
+        )
+        .await
+        .expect("the idle pass");
+        assert_eq!(slept, 1, "idle once the command ended");
+
+        // A keepalive does not wake a stopped sandbox; auto_wake off refuses.
+        let stopped = plane
+            .runner_stops(&org, &plane.load(&row.id).await, &runner)
+            .await;
+        let mut tx = plane.state.db.write().await.expect("tx");
+        let refused =
+            server::control::idle::keepalive(&plane.state, &mut tx, &org, &stopped.id).await;
+        drop(tx);
+        assert_eq!(code(refused), ErrorCode::InvalidState);
+        update(None, Some(false)).await.expect("auto_wake off");
+        let refused = plane.command(&org, &row.id).await;
+        assert_eq!(code(refused), ErrorCode::InvalidState);
+        assert_eq!(
+            plane.load(&row.id).await.state,
+            SandboxState::Stopped,
+            "not woken"
+        );
+        plane
+            .change(&org, &row.id, "delete")
+            .await
+            .expect("deleted");
+        let mut tx = plane.state.db.write().await.expect("tx");
+        let gone = server::control::idle::keepalive(&plane.state, &mut tx, &org, &row.id).await;
+        assert_eq!(code(gone), ErrorCode::NotFound);
+    }
+}
+
+/// Issue 16: "a wake of a sandbox whose home store is unreachable (the
+/// command ends not_launched with a reason, the sandbox's record says
+/// why)", and "a host lost while a sandbox is waking (recovered as today,
+/// the queued command runs once)".
+#[tokio::test]
+async fn a_wake_that_waits_for_the_store_ends_its_command_and_one_whose_host_is_lost_runs_it_once()
+{
+    for plane in planes_with("idlefaults", true).await {
+        let org = plane.org("org_f", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.running_with_idle(&org, &runner, true, 1).await;
+        plane.change(&org, &row.id, "stop").await.expect("stop");
+        plane
+            .runner_stops(&org, &plane.load(&row.id).await, &runner)
+            .await;
+        let command = plane.command(&org, &row.id).await.expect("woken");
+        let waking = plane.load(&row.id).await;
+        plane
+            .report_why(
+                &waking,
+                &runner,
+                SandboxState::Starting,
+                "store_unreachable",
+            )
+            .await
+            .expect("waiting for the store");
+        let ended = plane.load_command(&command.id).await;
+        assert_eq!(ended.state, CommandState::NotLaunched);
+        assert_eq!(
+            ended.state_reason.as_deref(),
+            Some("sandbox_store_unreachable")
+        );
+        let record = plane.load(&row.id).await;
+        assert_eq!(record.state, SandboxState::Starting);
+        assert_eq!(record.state_reason.as_deref(), Some("store_unreachable"));
+
+        // Another sandbox: its runner is lost while it wakes.
+        let row = plane.running_with_idle(&org, &runner, true, 1).await;
+        plane.change(&org, &row.id, "stop").await.expect("stop");
+        plane
+            .runner_stops(&org, &plane.load(&row.id).await, &runner)
+            .await;
+        let command = plane.command(&org, &row.id).await.expect("woken");
+        assert_eq!(plane.load(&row.id).await.state, SandboxState::Starting);
+        plane.lose(&runner).await;
+        let lost = plane.load(&row.id).await;
+        assert_eq!(lost.state, SandboxState::Recovering, "recovered as today");
+        assert_eq!(
+            plane.load_command(&command.id).await.state,
+            CommandState::Queued,
+            "the command still waits"
+        );
+        let other = plane.runner(4).await;
+        server::reconcile::schedule_pending(&plane.state)
+            .await
+            .expect("scheduled");
+        let placed = plane.load(&row.id).await;
+        assert_eq!(placed.runner_id.as_deref(), Some(other.as_str()));
+        plane
+            .report(&placed, &other, SandboxState::Running)
+            .await
+            .expect("running");
+        assert_eq!(plane.handed(&other).await, vec![command.id.clone()]);
+    }
+}
+
+/// Issue 16, point 5: a scheduled save that found the home as its last
+/// completed save is recorded as such: `safe_until` moves on,
+/// `last_completed_at` does not; only the last completed save's root can
+/// be found unchanged.
+#[tokio::test]
+async fn a_parked_home_found_unchanged_moves_safe_until_and_nothing_else() {
+    for plane in planes_with("parked", true).await {
+        let org = plane.org("org_k", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.running_with_idle(&org, &runner, true, 0).await;
+        let root = plane.upload_home(&org, "parked\n");
+        let saved = plane
+            .commit_save(&row, &runner, &root, false)
+            .await
+            .expect("saved");
+        let before = saved.to_api().save.expect("a save status");
+        let unchanged = |root: &str, at: i64| api::runners::SaveReport {
+            runner_id: runner.clone(),
+            epoch: row.epoch as u64,
+            outcome: "unchanged".to_owned(),
+            root: Some(root.to_owned()),
+            captured_at_ms: Some(at),
+            bytes_pending: None,
+            error: None,
+            snapshot_ms: None,
+            uploaded_bytes: Some(0),
+            securing: false,
+        };
+        let later = saved.home.saved_at_ms.expect("saved") + 60_000;
+        let parked =
+            server::control::saves::report_save(&plane.state, &row.id, &unchanged(&root, later))
+                .await
+                .expect("taken");
+        let after = parked.to_api().save.expect("a save status");
+        assert_eq!(after.last_completed_at, before.last_completed_at);
+        assert_eq!(after.root, before.root);
+        // Recorded as found (never later than the server's clock).
+        assert!(after.last_unchanged_at.is_some(), "{after:?}");
+        assert!(
+            after.last_unchanged_at >= before.last_completed_at,
+            "{after:?}"
+        );
+        assert_eq!(after.safe_until, after.last_unchanged_at);
+        let other = plane.upload_home(&org, "not the last save\n");
+        let refused =
+            server::control::saves::report_save(&plane.state, &row.id, &unchanged(&other, later))
+                .await;
+        assert_eq!(code(refused), ErrorCode::InvalidState);
     }
 }

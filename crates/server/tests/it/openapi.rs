@@ -426,6 +426,14 @@ include-path = "/v1/sandboxes"
 include-method = "POST"
 checks.positive_data_acceptance.enabled = false
 
+# An idle timeout is checked against the deployment's bounds
+# (`--idle-timeout-min`, `--idle-timeout-max`), which a schema cannot
+# state: a valid number may be refused (400 naming them).
+[[operations]]
+include-path = "/v1/sandboxes/{{id}}"
+include-method = "PATCH"
+checks.positive_data_acceptance.enabled = false
+
 # An `offset` past the output written so far is refused (400 naming the
 # length): how much output exists is the command's state, not the
 # request's shape.
