@@ -155,8 +155,7 @@ fn backup(args: BackupArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let at = SystemTime::now();
     let backups = args.dest.join("backups");
-    std::fs::create_dir_all(&backups)
-        .with_context(|| format!("making {}", backups.display()))?;
+    std::fs::create_dir_all(&backups).with_context(|| format!("making {}", backups.display()))?;
     let store_to = match &args.store_to {
         Some(url) => url.clone(),
         None => args.dest.join("store").display().to_string(),
@@ -225,7 +224,10 @@ fn backup(args: BackupArgs) -> Result<ExitCode> {
             "store_copied": copied.bytes_copied,
         },
     });
-    write_synced(&partial.join("manifest.json"), manifest.to_string().as_bytes())?;
+    write_synced(
+        &partial.join("manifest.json"),
+        manifest.to_string().as_bytes(),
+    )?;
     let done = backups.join(stamp(at));
     std::fs::rename(&partial, &done).with_context(|| format!("renaming to {}", done.display()))?;
     sync_dir(&backups)?;
@@ -464,11 +466,7 @@ fn report_check(
             roots.images.len(),
             checked.trees,
             checked.blocks,
-            if deep {
-                "read and verified"
-            } else {
-                "present"
-            },
+            if deep { "read and verified" } else { "present" },
             if ok {
                 "ok".to_owned()
             } else {
@@ -624,8 +622,8 @@ pub fn run_restore(args: RestoreArgs) -> Result<ExitCode> {
             .map_err(|f| anyhow::anyhow!("{} failed: {}", f.command, f.said("; ")))?;
     }
     // 3. The store, then the pins of every root the records name.
-    let source =
-        Store::open(&backup_store).with_context(|| format!("opening the backup's store {backup_store}"))?;
+    let source = Store::open(&backup_store)
+        .with_context(|| format!("opening the backup's store {backup_store}"))?;
     let copied = copy_stores(&source, &target, args.json).context("store copy failed")?;
     let db = runtime
         .block_on(records::connect(&database))

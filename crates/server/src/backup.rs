@@ -126,7 +126,12 @@ pub fn pin_roots(store: &store::Store, roots: &RecordRoots) -> Result<u64, Strin
     let pins = roots
         .sandboxes
         .iter()
-        .map(|r| (r, crate::control::home_store::home_names(&r.id).map(|(h, _)| h)))
+        .map(|r| {
+            (
+                r,
+                crate::control::home_store::home_names(&r.id).map(|(h, _)| h),
+            )
+        })
         .chain(
             roots
                 .snapshots
