@@ -452,3 +452,74 @@ fn a_restore_into_a_target_that_is_not_empty_is_refused_unless_forced() {
     forced.extend(["--force", "--json"]);
     assert_eq!(roost_json(&forced)["ok"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgresql_deployment_is_backed_up_with_pg_dump_and_restored_into_an_empty_database() {
+    let env = Env::new(Backend::Local);
+    let database = crate::plane::postgres_database("backup_src");
+    let plane =
+        crate::plane::Plane::start_with(&["--store", &env.store], &[], Some(&database)).await;
+    let dest = env.path("dest");
+    let data_dir = env.path("unused-data");
+    let backup = roost_json(&[
+        "admin",
+        "backup",
+        utf8(&dest),
+        "--data-dir",
+        utf8(&data_dir),
+        "--database",
+        &database,
+        "--store",
+        &env.store,
+        "--json",
+    ]);
+    assert_eq!(backup["records"]["engine"], "postgres", "{backup}");
+    let path = Path::new(backup["path"].as_str().expect("path")).to_owned();
+    assert!(
+        std::fs::metadata(path.join("records.pgdump"))
+            .expect("dump")
+            .len()
+            > 0
+    );
+
+    // Not into the database it came from; into an empty one, yes.
+    let refused = roost(
+        &[
+            "admin",
+            "restore",
+            utf8(&dest),
+            "--data-dir",
+            utf8(&data_dir),
+            "--database",
+            &database,
+            "--store",
+            utf8(&env.path("store2")),
+        ],
+        &[],
+    );
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("has tables"));
+    let target = crate::plane::postgres_database("backup_dst");
+    let restored = roost_json(&[
+        "admin",
+        "restore",
+        utf8(&dest),
+        "--data-dir",
+        utf8(&data_dir),
+        "--database",
+        &target,
+        "--store",
+        utf8(&env.path("store2")),
+        "--json",
+    ]);
+    assert_eq!(restored["ok"], true, "{restored}");
+    // The org the plane made is in the restored records.
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&target).await.expect("connect");
+    let (orgs,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM orgs WHERE id = $1")
+        .bind(&plane.org_id)
+        .fetch_one(&mut conn)
+        .await
+        .expect("count");
+    assert_eq!(orgs, 1);
+}
