@@ -79,11 +79,14 @@ impl CopyReport {
     }
 }
 
+/// Called between a copied pack's bytes and its index.
+pub type PackHook<'a> = dyn Fn(&OrgId, &PackId) + Sync + 'a;
+
 /// Hooks into a copy: progress, and the point between a pack's bytes and
 /// its index (crash tests kill the process there).
 pub struct CopyOptions<'a> {
     pub progress: &'a dyn Progress,
-    pub after_pack_data: Option<&'a (dyn Fn(&OrgId, &PackId) + Sync)>,
+    pub after_pack_data: Option<&'a PackHook<'a>>,
 }
 
 /// The source as listed.
@@ -290,7 +293,7 @@ fn copy_packs(
             }
         }
     }
-    for ((org, pack), _) in &source.packs {
+    for (org, pack) in source.packs.keys() {
         if target_keys.contains(&Store::pack_key(org, pack, PackPart::Index)) {
             // Counted as skipped objects: read from the target's own index.
             if let Some(Ok(index)) = to.read_pack_index(org, pack)? {

@@ -124,6 +124,53 @@ async fn a_deployment_lost_whole_comes_back_from_its_backup_with_every_file() {
         "--json",
     ]);
     assert_eq!(check["ok"], true, "{check}");
+    // The same records against a store that lost its pack indexes: every
+    // root reported by kind and id, exit 1.
+    let broken = work.path().join("broken");
+    let copied = Command::new("cp")
+        .args(["-a", utf8(&store_dir), utf8(&broken)])
+        .status()
+        .expect("cp");
+    assert!(copied.success());
+    for org in walk(&broken.join("orgs")) {
+        let packs = broken.join("orgs").join(org).join("packs");
+        for file in walk(&packs).iter().filter(|f| f.ends_with(".idx")) {
+            std::fs::remove_file(packs.join(file)).expect("remove an index");
+        }
+    }
+    let output = roost(
+        &[
+            "admin",
+            "check",
+            "--data-dir",
+            utf8(&data_dir),
+            "--store",
+            utf8(&broken),
+            "--json",
+        ],
+        &[],
+    );
+    assert!(!output.status.success());
+    let report: Value = serde_json::from_slice(&output.stdout).expect("json");
+    let named: Vec<(String, String)> = report["incomplete"]
+        .as_array()
+        .expect("incomplete")
+        .iter()
+        .map(|i| {
+            (
+                i["kind"].as_str().unwrap_or("").to_owned(),
+                i["id"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        named.contains(&("sandbox".to_owned(), id.clone())),
+        "{report}"
+    );
+    assert!(
+        named.contains(&("snapshot".to_owned(), snapshot.clone())),
+        "{report}"
+    );
 
     // A fresh server on the restored data dir and store, a fresh runner.
     let listen = url.strip_prefix("http://").expect("http url").to_owned();
@@ -522,4 +569,48 @@ async fn a_postgresql_deployment_is_backed_up_with_pg_dump_and_restored_into_an_
         .await
         .expect("count");
     assert_eq!(orgs, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_whose_records_name_a_tree_the_store_lacks_writes_no_backup_and_names_it() {
+    let env = Env::new(Backend::Local);
+    let data_dir = records_of(&env);
+    pushed_store(&env, 1);
+    // An image row naming a tree that is in no store (as if gc had taken
+    // it between the records copy and the store copy).
+    let absent = "ab".repeat(32);
+    {
+        use sqlx::Connection;
+        let url = format!("sqlite://{}", data_dir.join("roost.db").display());
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
+        sqlx::query(
+            "INSERT INTO images (org_id, name, root, files, logical_bytes, created_at_ms, updated_at_ms)
+             VALUES ('acme', 'ghost', $1, 0, 0, 0, 0)",
+        )
+        .bind(&absent)
+        .execute(&mut conn)
+        .await
+        .expect("insert");
+    }
+    let dest = env.path("dest");
+    let output = roost(
+        &[
+            "admin",
+            "backup",
+            utf8(&dest),
+            "--data-dir",
+            utf8(&data_dir),
+            "--store",
+            &env.store,
+        ],
+        &[],
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("backup_incomplete"), "{stderr}");
+    assert!(
+        stderr.contains("image ghost") && stderr.contains(&absent),
+        "{stderr}"
+    );
+    assert!(walk(&dest.join("backups")).is_empty(), "no backup written");
 }
