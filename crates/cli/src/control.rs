@@ -164,6 +164,18 @@ pub enum AdminCommand {
     /// declare (`roost runner --filesystem ID=PATH`).
     #[command(subcommand)]
     Filesystem(AdminFilesystemCommand),
+    /// Back up a running deployment into DEST: the records (an online,
+    /// consistent copy), then the store (incremental), every root of the
+    /// records checked whole in the copy. Reads the data dir, database and
+    /// store directly (no server call).
+    Backup(crate::backup::BackupArgs),
+    /// Bring a deployment back from a backup into an empty data dir (or
+    /// database) and store, then check it.
+    Restore(crate::backup::RestoreArgs),
+    /// Check that every durable sandbox's last completed save, every
+    /// snapshot's and every image's tree is whole in the store; reports
+    /// each one that is not.
+    Check(crate::backup::CheckArgs),
 }
 
 #[derive(Subcommand)]
@@ -356,6 +368,13 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
 }
 
 pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
+    // These run their own blocking work (store copies, database dumps).
+    let command = match command {
+        AdminCommand::Backup(args) => return crate::backup::run_backup(args),
+        AdminCommand::Restore(args) => return crate::backup::run_restore(args),
+        AdminCommand::Check(args) => return crate::backup::run_check(args),
+        command => command,
+    };
     runtime()?.block_on(async move {
         match command {
             AdminCommand::Org(OrgCommand::Create {
@@ -466,6 +485,9 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                 runner_action(&id, &target, json, "undrain").await?;
             }
             AdminCommand::Filesystem(command) => admin_filesystem(command).await?,
+            AdminCommand::Backup(_) | AdminCommand::Restore(_) | AdminCommand::Check(_) => {
+                unreachable!("run before the runtime starts")
+            }
             AdminCommand::Sandbox(AdminSandboxCommand::Release { id, target, json }) => {
                 let sandbox = target
                     .client()?

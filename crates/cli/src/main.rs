@@ -1,6 +1,7 @@
 //! The `roost` binary: parses the command line and hands each subcommand
 //! to its module. No logic lives here.
 
+mod backup;
 mod control;
 mod credentials;
 mod exec;

@@ -9,6 +9,7 @@
 //! `idempotency`, `limits`, `metrics`, `openapi`.
 
 pub mod auth;
+pub mod backup;
 pub mod control;
 pub mod db;
 mod error;
@@ -176,12 +177,10 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         path: config.data_dir.clone(),
         source,
     })?;
-    let database_url = config.database_url.clone().unwrap_or_else(|| {
-        format!(
-            "sqlite://{}?mode=rwc",
-            config.data_dir.join("roost.db").display()
-        )
-    });
+    let database_url = config
+        .database_url
+        .clone()
+        .unwrap_or_else(|| backup::default_database_url(&config.data_dir));
     let store = match &config.store_url {
         Some(url) => Some(Arc::new(
             store::Store::open(url).map_err(|e| ServerError::Store(e.to_string()))?,

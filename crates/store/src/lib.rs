@@ -9,6 +9,8 @@
 
 pub mod backend;
 pub mod block;
+pub mod check;
+pub mod copy;
 pub mod digest;
 mod error;
 pub mod excludes;

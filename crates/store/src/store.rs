@@ -548,6 +548,53 @@ impl Store {
         self.backend.get(&Self::pack_key(org, pack, PackPart::Data))
     }
 
+    /// A pack's index file as stored, unchecked (`None`: absent): what a
+    /// copy into another store ([`crate::copy`]) checks, then writes as is.
+    pub fn read_pack_index_bytes(&self, org: &OrgId, pack: &PackId) -> Result<Option<Vec<u8>>> {
+        self.backend
+            .get(&Self::pack_key(org, pack, PackPart::Index))
+    }
+
+    /// Writes the bytes of a pack copied whole from another store. Its
+    /// index goes after, through [`Store::put_pack_index`], once these
+    /// bytes are synced: until then the pack does not count as present.
+    pub fn put_pack_data(&self, org: &OrgId, pack: &PackId, bytes: &[u8]) -> Result<()> {
+        self.backend
+            .put(&Self::pack_key(org, pack, PackPart::Data), bytes)
+    }
+
+    /// Writes a copied pack's index (its checked `index`, as `bytes`):
+    /// from here on its objects are present.
+    pub fn put_pack_index(&self, org: &OrgId, index: &PackIndex, bytes: &[u8]) -> Result<()> {
+        self.backend
+            .put(&Self::pack_key(org, &index.pack, PackPart::Index), bytes)?;
+        self.packs().entry(org.clone()).or_default().add(index);
+        Ok(())
+    }
+
+    /// Objects stored under their own keys (stores from before packs), as
+    /// stored and unchecked, in order; `None` where absent.
+    pub fn get_loose_batch(
+        &self,
+        org: &OrgId,
+        objects: &[ObjectId],
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        let keys: Vec<String> = objects.iter().map(|o| Self::object_key(org, o)).collect();
+        self.backend.get_batch(&keys)
+    }
+
+    /// Stores checked objects under their own keys, in order: a copy of a
+    /// store from before packs keeps its layout.
+    pub fn put_loose_batch(&self, org: &OrgId, objects: &[(ObjectId, &[u8])]) -> Result<()> {
+        let batch: Vec<(String, &[u8])> = objects
+            .iter()
+            .map(|(object, stored)| (Self::object_key(org, object), *stored))
+            .collect();
+        self.backend.put_batch(&batch)?;
+        self.packs().entry(org.clone()).or_default().loose = Some(true);
+        Ok(())
+    }
+
     /// Removes a pack: its index first (its objects vanish together), then
     /// its bytes. Only gc calls it.
     pub(crate) fn delete_pack(&self, org: &OrgId, pack: &PackId) -> Result<()> {

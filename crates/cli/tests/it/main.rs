@@ -2,6 +2,7 @@
 //! against a local directory store and, where marked, the real
 //! S3-compatible server that `scripts/test.sh` starts on loopback.
 
+mod backup;
 mod browser;
 mod commands;
 mod control;

@@ -20,7 +20,7 @@ use store::HomeName;
 
 /// The store home that holds an image's tree. Image names allow more
 /// characters than home names, so the home is named by a hash of it.
-fn image_home(name: &str) -> Result<HomeName, ControlError> {
+pub(crate) fn image_home(name: &str) -> Result<HomeName, ControlError> {
     let hash = blake3::hash(name.as_bytes()).to_hex();
     format!("image-{}", &hash[..32])
         .parse()

@@ -76,7 +76,7 @@ pub async fn expire(state: &AppState) -> Result<u64, sqlx::Error> {
 /// Longest deadline a snapshot may be given, in seconds.
 const DEADLINE_SECONDS_MAX: u64 = 24 * 3600;
 /// The store home that pins a snapshot's tree.
-fn snapshot_home(id: &str) -> Result<HomeName, ControlError> {
+pub(crate) fn snapshot_home(id: &str) -> Result<HomeName, ControlError> {
     id.parse()
         .map_err(|_| ControlError::new(ErrorCode::Internal, "internal error"))
 }

@@ -13,10 +13,12 @@
 //! - [`filesystems`]: which org may mount which shared filesystem.
 //! - [`orgs`]: orgs with their quotas and usage (read only here).
 //! - [`secrets`]: org secrets (sealed) and what each sandbox asked for.
+//! - [`backup`]: the roots a backup of the store must carry (a read).
 //! - [`observed`]: saves' history and the reads behind the deployment's
 //!   observed figures.
 
 pub mod activity;
+pub mod backup;
 pub mod commands;
 pub mod filesystems;
 pub mod images;

@@ -14,6 +14,8 @@
 //! - `packs`: the pack layout: objects read from either layout and moved
 //!   into packs, ranged reads, gc rewriting packs, and packs or indexes
 //!   that are truncated, lie, are missing or belong to another org.
+//! - `copy`: one store copied into another (verified, incremental,
+//!   resumable, corrupt source objects reported) and root checks.
 //! - `support`: temp homes, directory snapshots and a backend test double
 //!   that records calls and injects faults.
 //!
@@ -21,6 +23,7 @@
 
 mod backend;
 mod bounds;
+mod copy;
 mod engine;
 mod fuzz;
 mod objects;
