@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod control;
 pub mod db;
+pub mod e2b;
 mod error;
 pub mod http;
 pub mod hub;
