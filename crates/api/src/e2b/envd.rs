@@ -156,17 +156,9 @@ pub struct UpdateRequest {
 /// `process.ProcessInput`: a `oneof` of stdin or terminal bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessInput {
-    #[serde(
-        default,
-        with = "opt_base64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "opt_base64", skip_serializing_if = "Option::is_none")]
     pub stdin: Option<Vec<u8>>,
-    #[serde(
-        default,
-        with = "opt_base64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "opt_base64", skip_serializing_if = "Option::is_none")]
     pub pty: Option<Vec<u8>>,
 }
 
@@ -225,7 +217,9 @@ impl<'de> Deserialize<'de> for Signal {
                 "SIGNAL_SIGKILL" => Signal::Kill,
                 "SIGNAL_UNSPECIFIED" => Signal::Unspecified,
                 other => {
-                    return Err(serde::de::Error::custom(format!("unknown signal {other:?}")));
+                    return Err(serde::de::Error::custom(format!(
+                        "unknown signal {other:?}"
+                    )));
                 }
             },
             serde_json::Value::Number(n) => match n.as_i64() {
@@ -288,23 +282,11 @@ pub struct EndEvent {
 /// `process.ProcessEvent.DataEvent`: a `oneof` of the three outputs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DataEvent {
-    #[serde(
-        default,
-        with = "opt_base64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "opt_base64", skip_serializing_if = "Option::is_none")]
     pub stdout: Option<Vec<u8>>,
-    #[serde(
-        default,
-        with = "opt_base64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "opt_base64", skip_serializing_if = "Option::is_none")]
     pub stderr: Option<Vec<u8>>,
-    #[serde(
-        default,
-        with = "opt_base64",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "opt_base64", skip_serializing_if = "Option::is_none")]
     pub pty: Option<Vec<u8>>,
 }
 

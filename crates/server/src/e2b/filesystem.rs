@@ -78,10 +78,17 @@ pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> Respon
         Err(response) => return response,
     };
     let since = state.retained_since_ms();
-    match crate::records::sandboxes::visible(&state.db.pool, &caller.org_id, &caller.sandbox_id, since)
-        .await
+    match crate::records::sandboxes::visible(
+        &state.db.pool,
+        &caller.org_id,
+        &caller.sandbox_id,
+        since,
+    )
+    .await
     {
-        Ok(Some(row)) if row.state == SandboxState::Running => StatusCode::NO_CONTENT.into_response(),
+        Ok(Some(row)) if row.state == SandboxState::Running => {
+            StatusCode::NO_CONTENT.into_response()
+        }
         Ok(Some(row)) => http_error(
             StatusCode::BAD_GATEWAY,
             format!(
@@ -197,7 +204,11 @@ pub async fn write(
                 Ok(None) => break,
                 Err(err) => return http_error(StatusCode::BAD_REQUEST, err.to_string()),
             };
-            let Some(path) = query.path.clone().or(part.filename).filter(|p| !p.is_empty())
+            let Some(path) = query
+                .path
+                .clone()
+                .or(part.filename)
+                .filter(|p| !p.is_empty())
             else {
                 return http_error(StatusCode::BAD_REQUEST, "a part names no file path");
             };
@@ -303,7 +314,9 @@ pub async fn call(
             }
             "ListDir" => {
                 let request: ListDirRequest = unary(body).await?;
-                list_dir(&state, &caller, &request).await.map(|m| connect_unary_ok(&m))
+                list_dir(&state, &caller, &request)
+                    .await
+                    .map(|m| connect_unary_ok(&m))
             }
             "MakeDir" => {
                 let request: PathRequest = unary(body).await?;
@@ -337,9 +350,9 @@ pub async fn call(
 }
 
 async fn unary<T: DeserializeOwned>(body: Body) -> Result<T, connect::Error> {
-    let bytes = axum::body::to_bytes(body, 1024 * 1024)
-        .await
-        .map_err(|e| connect::Error::new(Code::InvalidArgument, format!("the request body: {e}")))?;
+    let bytes = axum::body::to_bytes(body, 1024 * 1024).await.map_err(|e| {
+        connect::Error::new(Code::InvalidArgument, format!("the request body: {e}"))
+    })?;
     let bytes: &[u8] = if bytes.is_empty() { b"{}" } else { &bytes };
     serde_json::from_slice(bytes).map_err(|e| {
         connect::Error::new(Code::InvalidArgument, format!("the request message: {e}"))
@@ -427,7 +440,11 @@ pub fn entry_info(entry: &FileEntry) -> EntryInfo {
 
 /// A path's own entry: from its parent's listing (roost lists a directory
 /// by its entries, not itself).
-async fn stat(state: &AppState, caller: &EnvdCaller, path: &str) -> Result<EntryInfo, connect::Error> {
+async fn stat(
+    state: &AppState,
+    caller: &EnvdCaller,
+    path: &str,
+) -> Result<EntryInfo, connect::Error> {
     let path = checked(path)?;
     if path == "/" {
         return Ok(EntryInfo {
@@ -454,10 +471,7 @@ async fn stat(state: &AppState, caller: &EnvdCaller, path: &str) -> Result<Entry
         .find(|e| e.path == path)
         .map(entry_info)
         .ok_or_else(|| {
-            connect::Error::new(
-                Code::NotFound,
-                format!("no such file or directory: {path}"),
-            )
+            connect::Error::new(Code::NotFound, format!("no such file or directory: {path}"))
         })
 }
 

@@ -149,10 +149,7 @@ pub struct ApiKeyCaller {
 impl FromRequestParts<AppState> for ApiKeyCaller {
     type Rejection = E2bError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, E2bError> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, E2bError> {
         let token = parts
             .headers
             .get("x-api-key")
@@ -185,7 +182,9 @@ async fn org_of(state: &AppState, token: Option<&str>) -> Result<String, E2bErro
             "missing or unknown API key (E2B_API_KEY must be a roost org token)",
         )
     };
-    let token = token.filter(|t| !t.is_empty()).ok_or_else(unauthenticated)?;
+    let token = token
+        .filter(|t| !t.is_empty())
+        .ok_or_else(unauthenticated)?;
     match Box::pin(auth::authenticate(&state.db, token)).await? {
         Some(Principal::Org { org_id }) => Ok(org_id),
         Some(_) => Err(E2bError::new(
@@ -205,7 +204,10 @@ pub struct EnvdCaller {
 }
 
 impl EnvdCaller {
-    async fn from_parts(parts: &Parts, state: &AppState) -> Result<EnvdCaller, (StatusCode, String)> {
+    async fn from_parts(
+        parts: &Parts,
+        state: &AppState,
+    ) -> Result<EnvdCaller, (StatusCode, String)> {
         Self::from_headers(&parts.headers, state).await
     }
 
@@ -265,7 +267,11 @@ pub fn connect_unary_ok(message: &impl serde::Serialize) -> Response {
 /// A stream that ends at once with `error` (a streaming call is answered
 /// 200 with the error in its end message).
 pub fn connect_stream_error(error: connect::Error) -> Response {
-    let mut response = (StatusCode::OK, Body::from(connect::end_envelope(Some(error)))).into_response();
+    let mut response = (
+        StatusCode::OK,
+        Body::from(connect::end_envelope(Some(error))),
+    )
+        .into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(connect::STREAM_JSON),

@@ -233,7 +233,9 @@ mod tests {
     #[tokio::test]
     async fn a_cut_body_is_an_error() {
         let body = body();
-        let cut = vec![Ok::<_, String>(Bytes::copy_from_slice(&body[..body.len() - 20]))];
+        let cut = vec![Ok::<_, String>(Bytes::copy_from_slice(
+            &body[..body.len() - 20],
+        ))];
         let mut reader = Multipart::new(futures::stream::iter(cut), "XyZ");
         let mut outcome = Ok(());
         while outcome.is_ok() {

@@ -181,8 +181,10 @@ pub fn command_request(
         cwd: process.cwd.clone().filter(|c| !c.is_empty()),
         // The call's deadline ends the process, as envd ends it with the
         // call: here the command's own timeout (`timed_out`).
-        timeout: deadline_ms
-            .map(|ms| ms.div_ceil(1000).clamp(1, crate::limits::COMMAND_TIMEOUT_SECONDS_MAX)),
+        timeout: deadline_ms.map(|ms| {
+            ms.div_ceil(1000)
+                .clamp(1, crate::limits::COMMAND_TIMEOUT_SECONDS_MAX)
+        }),
         stdin: request.stdin.unwrap_or(false) || tty.is_some(),
         tty,
     })
@@ -262,10 +264,15 @@ async fn pump(
             .map_err(|_| None::<connect::Error>)
     };
     let load = || async {
-        records::commands::visible(&state.db.pool, &caller.org_id, &caller.sandbox_id, command_id)
-            .await
-            .map_err(ControlError::from)?
-            .ok_or_else(|| records::not_found("command"))
+        records::commands::visible(
+            &state.db.pool,
+            &caller.org_id,
+            &caller.sandbox_id,
+            command_id,
+        )
+        .await
+        .map_err(ControlError::from)?
+        .ok_or_else(|| records::not_found("command"))
     };
     let watch = state.db.hub.watch(command_id);
     // The start event carries the pid: wait until the agent reported it
@@ -370,7 +377,10 @@ pub fn end_event(command: &CommandRow) -> EndEvent {
             status: state.as_str().to_owned(),
             error: Some(format!(
                 "the command ended {state} ({}){}: roost's state, not an exit code",
-                command.state_reason.as_deref().unwrap_or("no reason recorded"),
+                command
+                    .state_reason
+                    .as_deref()
+                    .unwrap_or("no reason recorded"),
                 signal
                     .as_deref()
                     .map(|s| format!(", signal {s}"))
@@ -434,7 +444,10 @@ async fn by_selector(
     latest.ok_or_else(|| {
         error(
             Code::NotFound,
-            format!("process with pid {pid} not found in sandbox {}", caller.sandbox_id),
+            format!(
+                "process with pid {pid} not found in sandbox {}",
+                caller.sandbox_id
+            ),
         )
     })
 }
@@ -501,7 +514,10 @@ async fn send_input(
     request: SendInputRequest,
 ) -> Result<Response, connect::Error> {
     let command = by_selector(state, caller, request.process.as_ref(), true).await?;
-    let bytes = request.input.map(|i| i.bytes().to_vec()).unwrap_or_default();
+    let bytes = request
+        .input
+        .map(|i| i.bytes().to_vec())
+        .unwrap_or_default();
     let relayed = control::data_path::send_stdin(
         state,
         &caller.org_id,
@@ -660,13 +676,76 @@ mod tests {
         )
         .unwrap();
         let request = command_request(&pty, None).unwrap();
-        assert_eq!(request.tty, Some(TtySize { rows: 30, cols: 100 }));
+        assert_eq!(
+            request.tty,
+            Some(TtySize {
+                rows: 30,
+                cols: 100
+            })
+        );
         assert!(request.stdin);
         assert_eq!(request.timeout, None);
         let tagged: StartRequest =
             serde_json::from_str(r#"{"process":{"cmd":"x"},"tag":"t"}"#).unwrap();
-        assert_eq!(command_request(&tagged, None).unwrap_err().code, Code::Unimplemented);
+        assert_eq!(
+            command_request(&tagged, None).unwrap_err().code,
+            Code::Unimplemented
+        );
         let empty: StartRequest = serde_json::from_str(r#"{}"#).unwrap();
-        assert_eq!(command_request(&empty, None).unwrap_err().code, Code::InvalidArgument);
+        assert_eq!(
+            command_request(&empty, None).unwrap_err().code,
+            Code::InvalidArgument
+        );
+    }
+
+    fn command(state: CommandState, exit_code: Option<i64>, signal: Option<&str>) -> CommandRow {
+        CommandRow {
+            id: "cmd_1".into(),
+            sandbox_id: "sbx_1".into(),
+            org_id: "org".into(),
+            argv: "[]".into(),
+            env: "{}".into(),
+            cwd: None,
+            timeout_s: None,
+            state,
+            state_reason: Some("runner_lost".into()),
+            exit_code,
+            signal: signal.map(str::to_owned),
+            signal_requested: None,
+            epoch: Some(1),
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            created_at_ms: 0,
+            started_at_ms: None,
+            ended_at_ms: None,
+            pid: Some(5),
+            stdin: false,
+            tty: None,
+        }
+    }
+
+    #[test]
+    fn only_exited_has_an_exit_code() {
+        let end = end_event(&command(CommandState::Exited, Some(3), None));
+        assert_eq!((end.exit_code, end.exited, end.error), (3, true, None));
+        let end = end_event(&command(CommandState::Exited, None, Some("KILL")));
+        assert_eq!((end.exit_code, end.exited), (-1, false));
+        assert!(end.error.unwrap().contains("KILL"));
+        for state in [
+            CommandState::InfrastructureLost,
+            CommandState::TimedOut,
+            CommandState::Interrupted,
+            CommandState::Unknown,
+            CommandState::NotLaunched,
+        ] {
+            let end = end_event(&command(state, None, None));
+            assert_eq!((end.exit_code, end.exited), (-1, false), "{state}");
+            assert_eq!(end.status, state.as_str());
+            let error = end.error.unwrap();
+            assert!(
+                error.contains(state.as_str()) && error.contains("runner_lost"),
+                "{error}"
+            );
+        }
     }
 }

@@ -181,7 +181,9 @@ fn detail(row: &SandboxRow, state: E2bState, token: Option<&str>) -> SandboxDeta
         started_at: rfc3339(row.created_at_ms),
         end_at: rfc3339(end),
         envd_version: ENVD_VERSION.to_owned(),
-        cpu_count: row.millicpus.map_or(0, |m| (m.max(0) as u64).div_ceil(1000)),
+        cpu_count: row
+            .millicpus
+            .map_or(0, |m| (m.max(0) as u64).div_ceil(1000)),
         memory_mb: row.memory_mib.map_or(0, |m| m.max(0) as u64),
         disk_size_mb: 0,
         state,
@@ -294,7 +296,11 @@ pub async fn create(
         }
     };
     let row = until_running(&state, &org_id, &id).await?;
-    Ok((StatusCode::CREATED, axum::Json(created(&row, &caller.token))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(created(&row, &caller.token)),
+    )
+        .into_response())
 }
 
 /// The sandbox id of a replayed create's stored answer (roost's record).
@@ -557,10 +563,7 @@ fn check_timeout(timeout: u64) -> Result<(), E2bError> {
         return Err(E2bError::new(
             StatusCode::BAD_REQUEST,
             ErrorCode::InvalidRequest.as_str(),
-            format!(
-                "timeout: 1 to {} seconds",
-                crate::limits::TTL_SECONDS_MAX
-            ),
+            format!("timeout: 1 to {} seconds", crate::limits::TTL_SECONDS_MAX),
         ));
     }
     Ok(())
@@ -706,19 +709,30 @@ mod tests {
         assert_eq!(request.network, "none");
         assert_eq!(request.labels["team"], "a");
         assert_eq!(request.env["X"], "1");
-        let body: NewSandbox =
-            serde_json::from_str(r#"{"templateID":"my-image","timeout":60,"allow_internet_access":true}"#)
-                .unwrap();
+        let body: NewSandbox = serde_json::from_str(
+            r#"{"templateID":"my-image","timeout":60,"allow_internet_access":true}"#,
+        )
+        .unwrap();
         let request = translate(&body, false).unwrap();
         assert_eq!(
-            (request.image.as_str(), request.ttl, request.network.as_str()),
+            (
+                request.image.as_str(),
+                request.ttl,
+                request.network.as_str()
+            ),
             ("my-image", Some(60), "bridge")
         );
         for (body, named) in [
             (r#"{"templateID":"base","autoPause":true}"#, "autoPause"),
-            (r#"{"templateID":"base","autoResume":{"enabled":true}}"#, "autoResume"),
+            (
+                r#"{"templateID":"base","autoResume":{"enabled":true}}"#,
+                "autoResume",
+            ),
             (r#"{"templateID":"base","mcp":{"x":{}}}"#, "mcp"),
-            (r#"{"templateID":"base","volumeMounts":[{"name":"v","path":"/v"}]}"#, "volumeMounts"),
+            (
+                r#"{"templateID":"base","volumeMounts":[{"name":"v","path":"/v"}]}"#,
+                "volumeMounts",
+            ),
             (r#"{"templateID":"base","fancy":1}"#, "fancy"),
         ] {
             let body: NewSandbox = serde_json::from_str(body).unwrap();
@@ -738,7 +752,10 @@ mod tests {
     fn metadata_queries_decode() {
         assert_eq!(
             url_pairs("team=a&x=y%20z"),
-            vec![("team".to_owned(), "a".to_owned()), ("x".to_owned(), "y z".to_owned())]
+            vec![
+                ("team".to_owned(), "a".to_owned()),
+                ("x".to_owned(), "y z".to_owned())
+            ]
         );
         assert_eq!(percent_decode("a%3Db"), "a=b");
         assert_eq!(percent_decode("100%"), "100%");
