@@ -177,16 +177,16 @@ mod tests {
             let mut frames = Vec::new();
             for part in [&bytes[..cut], &bytes[cut..]] {
                 decoder.push(part);
-                while let Some(frame) = decoder.next_frame().unwrap() {
+                while let Some(frame) = decoder.next_frame().expect("in a test") {
                     frames.push(frame);
                 }
             }
-            decoder.finish().unwrap();
+            decoder.finish().expect("in a test");
             assert_eq!(frames.len(), 2, "cut at {cut}");
             assert_eq!(frames[0], (0, br#"{"a":1}"#.to_vec()));
             assert_eq!(frames[1].0, FLAG_END_STREAM);
-            let end: EndStream = serde_json::from_slice(&frames[1].1).unwrap();
-            assert_eq!(end.error.unwrap().code, Code::NotFound);
+            let end: EndStream = serde_json::from_slice(&frames[1].1).expect("in a test");
+            assert_eq!(end.error.expect("in a test").code, Code::NotFound);
         }
     }
 
@@ -206,11 +206,11 @@ mod tests {
         assert_eq!(decoder.next_frame(), Ok(None));
         assert_eq!(decoder.finish(), Err(FrameError::Truncated));
         assert_eq!(
-            serde_json::to_value(Error::new(Code::InvalidArgument, "x")).unwrap()["code"],
+            serde_json::to_value(Error::new(Code::InvalidArgument, "x")).expect("in a test")["code"],
             "invalid_argument"
         );
         assert_eq!(
-            serde_json::to_value(EndStream::default()).unwrap(),
+            serde_json::to_value(EndStream::default()).expect("in a test"),
             serde_json::json!({})
         );
     }

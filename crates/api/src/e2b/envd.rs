@@ -407,29 +407,31 @@ mod tests {
         let start: StartRequest = serde_json::from_str(
             r#"{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"],"envs":{"A":"1"},"cwd":"/tmp"},"stdin":false,"unknownField":1}"#,
         )
-        .unwrap();
-        let process = start.process.unwrap();
+        .expect("in a test");
+        let process = start.process.expect("in a test");
         assert_eq!(process.args, ["-l", "-c", "echo hi"]);
         assert_eq!(process.cwd.as_deref(), Some("/tmp"));
         assert_eq!(start.stdin, Some(false));
         let input: SendInputRequest =
-            serde_json::from_str(r#"{"process":{"pid":"42"},"input":{"stdin":"aGk="}}"#).unwrap();
-        assert_eq!(input.process.unwrap().pid, Some(42));
-        assert_eq!(input.input.unwrap().bytes(), b"hi");
+            serde_json::from_str(r#"{"process":{"pid":"42"},"input":{"stdin":"aGk="}}"#)
+                .expect("in a test");
+        assert_eq!(input.process.expect("in a test").pid, Some(42));
+        assert_eq!(input.input.expect("in a test").bytes(), b"hi");
         let signal: SendSignalRequest =
-            serde_json::from_str(r#"{"process":{"pid":7},"signal":"SIGNAL_SIGKILL"}"#).unwrap();
+            serde_json::from_str(r#"{"process":{"pid":7},"signal":"SIGNAL_SIGKILL"}"#)
+                .expect("in a test");
         assert_eq!(signal.signal, Signal::Kill);
         let signal: SendSignalRequest =
-            serde_json::from_str(r#"{"process":{"pid":7},"signal":15}"#).unwrap();
+            serde_json::from_str(r#"{"process":{"pid":7},"signal":15}"#).expect("in a test");
         assert_eq!(signal.signal, Signal::Term);
         let update: UpdateRequest =
             serde_json::from_str(r#"{"process":{"pid":7},"pty":{"size":{"cols":80,"rows":24}}}"#)
-                .unwrap();
+                .expect("in a test");
         assert_eq!(
-            update.pty.unwrap().size.unwrap(),
+            update.pty.expect("in a test").size.expect("in a test"),
             PtySize { cols: 80, rows: 24 }
         );
-        let list: ListDirRequest = serde_json::from_str(r#"{"path":"/tmp"}"#).unwrap();
+        let list: ListDirRequest = serde_json::from_str(r#"{"path":"/tmp"}"#).expect("in a test");
         assert_eq!(list.depth, 0);
     }
 
@@ -442,7 +444,7 @@ mod tests {
             }),
         };
         assert_eq!(
-            serde_json::to_value(&data).unwrap(),
+            serde_json::to_value(&data).expect("in a test"),
             serde_json::json!({"event": {"data": {"stdout": "aGkK"}}})
         );
         let end = EventResponse {
@@ -454,14 +456,14 @@ mod tests {
             }),
         };
         assert_eq!(
-            serde_json::to_value(&end).unwrap(),
+            serde_json::to_value(&end).expect("in a test"),
             serde_json::json!({"event": {"end": {"exitCode": -1, "exited": false, "status": "infrastructure_lost", "error": "host lost"}}})
         );
         let start = EventResponse {
             event: ProcessEvent::Start(StartEvent { pid: 12 }),
         };
         assert_eq!(
-            serde_json::to_value(&start).unwrap(),
+            serde_json::to_value(&start).expect("in a test"),
             serde_json::json!({"event": {"start": {"pid": 12}}})
         );
     }
@@ -481,7 +483,7 @@ mod tests {
             symlink_target: None,
             is_symlink: false,
         };
-        let value = serde_json::to_value(&entry).unwrap();
+        let value = serde_json::to_value(&entry).expect("in a test");
         assert_eq!(value["type"], "FILE_TYPE_FILE");
         assert_eq!(value["size"], "5");
         assert_eq!(value["permissions"], "rw-r--r--");

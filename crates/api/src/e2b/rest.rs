@@ -173,11 +173,11 @@ mod tests {
             r#"{"templateID":"base","timeout":60,"autoPause":false,"metadata":{"a":"b"},
                 "envVars":{"X":"1"},"somethingNew":true}"#,
         )
-        .unwrap();
+        .expect("in a test");
         assert_eq!(body.template_id, "base");
         assert_eq!(body.timeout, Some(60));
         assert_eq!(body.auto_pause, Some(false));
-        assert_eq!(body.env_vars.unwrap()["X"], "1");
+        assert_eq!(body.env_vars.expect("in a test")["X"], "1");
         assert_eq!(
             body.rest.keys().collect::<Vec<_>>(),
             vec![&"somethingNew".to_owned()]
@@ -195,7 +195,7 @@ mod tests {
             traffic_access_token: None,
             domain: None,
         };
-        let value = serde_json::to_value(&created).unwrap();
+        let value = serde_json::to_value(&created).expect("in a test");
         for field in [
             "templateID",
             "sandboxID",
@@ -206,6 +206,9 @@ mod tests {
             assert!(value.get(field).is_some(), "{field}");
         }
         assert_eq!(State::parse("paused"), Some(State::Paused));
-        assert_eq!(serde_json::to_value(State::Running).unwrap(), "running");
+        assert_eq!(
+            serde_json::to_value(State::Running).expect("in a test"),
+            "running"
+        );
     }
 }

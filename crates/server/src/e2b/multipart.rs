@@ -207,9 +207,9 @@ mod tests {
             .collect();
         let mut reader = Multipart::new(futures::stream::iter(chunks), "XyZ");
         let mut parts = Vec::new();
-        while let Some(part) = reader.next_part().await.unwrap() {
+        while let Some(part) = reader.next_part().await.expect("in a test") {
             let mut data = Vec::new();
-            while let Some(chunk) = reader.next_chunk().await.unwrap() {
+            while let Some(chunk) = reader.next_chunk().await.expect("in a test") {
                 data.extend(chunk);
             }
             parts.push((part, data));

@@ -532,6 +532,13 @@ async fn send_input(
     Ok(connect_unary_ok(&Empty {}))
 }
 
+/// An open stdin (`control::data_path::stdin_feed`): its sender, and the
+/// relay's answer once the sender is dropped.
+type StdinFeed = (
+    tokio::sync::mpsc::Sender<Vec<u8>>,
+    tokio::task::JoinHandle<Result<control::data_path::Relayed, ControlError>>,
+);
+
 /// A client stream: a start naming the process, then its input.
 async fn stream_input(
     state: &AppState,
@@ -540,10 +547,7 @@ async fn stream_input(
 ) -> Result<Response, connect::Error> {
     let mut decoder = connect::Decoder::default();
     let mut chunks = body.into_data_stream();
-    let mut feed: Option<(
-        tokio::sync::mpsc::Sender<Vec<u8>>,
-        tokio::task::JoinHandle<Result<control::data_path::Relayed, ControlError>>,
-    )> = None;
+    let mut feed: Option<StdinFeed> = None;
     let mut ended = false;
     while !ended {
         let Some(chunk) = chunks.next().await else {
@@ -664,8 +668,8 @@ mod tests {
         let start: StartRequest = serde_json::from_str(
             r#"{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"],"envs":{"A":"1"},"cwd":""},"stdin":false}"#,
         )
-        .unwrap();
-        let request = command_request(&start, Some(60_000)).unwrap();
+        .expect("in a test");
+        let request = command_request(&start, Some(60_000)).expect("in a test");
         assert_eq!(request.argv, ["/bin/bash", "-l", "-c", "echo hi"]);
         assert_eq!(request.env["A"], "1");
         assert_eq!(request.cwd, None);
@@ -674,8 +678,8 @@ mod tests {
         let pty: StartRequest = serde_json::from_str(
             r#"{"process":{"cmd":"/bin/bash","args":["-i"]},"pty":{"size":{"cols":100,"rows":30}}}"#,
         )
-        .unwrap();
-        let request = command_request(&pty, None).unwrap();
+        .expect("in a test");
+        let request = command_request(&pty, None).expect("in a test");
         assert_eq!(
             request.tty,
             Some(TtySize {
@@ -686,14 +690,14 @@ mod tests {
         assert!(request.stdin);
         assert_eq!(request.timeout, None);
         let tagged: StartRequest =
-            serde_json::from_str(r#"{"process":{"cmd":"x"},"tag":"t"}"#).unwrap();
+            serde_json::from_str(r#"{"process":{"cmd":"x"},"tag":"t"}"#).expect("in a test");
         assert_eq!(
-            command_request(&tagged, None).unwrap_err().code,
+            command_request(&tagged, None).expect_err("refused").code,
             Code::Unimplemented
         );
-        let empty: StartRequest = serde_json::from_str(r#"{}"#).unwrap();
+        let empty: StartRequest = serde_json::from_str(r#"{}"#).expect("in a test");
         assert_eq!(
-            command_request(&empty, None).unwrap_err().code,
+            command_request(&empty, None).expect_err("refused").code,
             Code::InvalidArgument
         );
     }
@@ -730,7 +734,7 @@ mod tests {
         assert_eq!((end.exit_code, end.exited, end.error), (3, true, None));
         let end = end_event(&command(CommandState::Exited, None, Some("KILL")));
         assert_eq!((end.exit_code, end.exited), (-1, false));
-        assert!(end.error.unwrap().contains("KILL"));
+        assert!(end.error.expect("in a test").contains("KILL"));
         for state in [
             CommandState::InfrastructureLost,
             CommandState::TimedOut,
@@ -741,7 +745,7 @@ mod tests {
             let end = end_event(&command(state, None, None));
             assert_eq!((end.exit_code, end.exited), (-1, false), "{state}");
             assert_eq!(end.status, state.as_str());
-            let error = end.error.unwrap();
+            let error = end.error.expect("in a test");
             assert!(
                 error.contains(state.as_str()) && error.contains("runner_lost"),
                 "{error}"

@@ -701,8 +701,8 @@ mod tests {
         let body: NewSandbox = serde_json::from_str(
             r#"{"templateID":"base","metadata":{"team":"a"},"envVars":{"X":"1"}}"#,
         )
-        .unwrap();
-        let request = translate(&body, true).unwrap();
+        .expect("in a test");
+        let request = translate(&body, true).expect("in a test");
         assert_eq!(request.image, "default");
         assert_eq!(request.ttl, Some(DEFAULT_TIMEOUT_S));
         assert_eq!(request.storage_class, "durable");
@@ -712,8 +712,8 @@ mod tests {
         let body: NewSandbox = serde_json::from_str(
             r#"{"templateID":"my-image","timeout":60,"allow_internet_access":true}"#,
         )
-        .unwrap();
-        let request = translate(&body, false).unwrap();
+        .expect("in a test");
+        let request = translate(&body, false).expect("in a test");
         assert_eq!(
             (
                 request.image.as_str(),
@@ -735,8 +735,8 @@ mod tests {
             ),
             (r#"{"templateID":"base","fancy":1}"#, "fancy"),
         ] {
-            let body: NewSandbox = serde_json::from_str(body).unwrap();
-            let refused = translate(&body, true).unwrap_err();
+            let body: NewSandbox = serde_json::from_str(body).expect("in a test");
+            let refused = translate(&body, true).expect_err("refused");
             assert_eq!(refused.status, StatusCode::BAD_REQUEST);
             assert!(refused.message.contains(named), "{}", refused.message);
         }
@@ -744,8 +744,8 @@ mod tests {
         let body: NewSandbox = serde_json::from_str(
             r#"{"templateID":"base","autoPause":false,"autoResume":{"enabled":false},"mcp":null}"#,
         )
-        .unwrap();
-        translate(&body, true).unwrap();
+        .expect("in a test");
+        translate(&body, true).expect("in a test");
     }
 
     #[test]
