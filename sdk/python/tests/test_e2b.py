@@ -161,3 +161,15 @@ def test_errors_are_e2bs_and_name_what_roost_refuses(e2b_env: None, deployment: 
     with pytest.raises(SandboxException) as missing:
         Sandbox.create(template="no-such-image-" + uuid.uuid4().hex[:6])
     assert "no-such-image" in str(missing.value)
+
+
+def test_a_terminal_is_created_resized_and_typed_into(sandbox: Sandbox) -> None:
+    from e2b import PtySize
+
+    output: list[bytes] = []
+    terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
+    sandbox.pty.resize(terminal.pid, PtySize(rows=30, cols=100))
+    sandbox.pty.send_stdin(terminal.pid, b"stty size; exit\n")
+    result = terminal.wait(on_pty=lambda data: output.append(bytes(data)))
+    assert result.exit_code == 0
+    assert b"30 100" in b"".join(output)
