@@ -124,6 +124,12 @@ python_sdk() {
         log "installing httpx, pytest and mypy into $venv from PyPI"
         "$venv/bin/pip" install --quiet 'httpx>=0.24,<1' pytest mypy
     fi
+    # E2B's SDK, pinned: sdk/python/tests/test_e2b.py drives roost's
+    # E2B-compatible API (`/e2b`) with the real client.
+    if ! "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("e2b") != "2.63.0")' 2>/dev/null; then
+        log "installing e2b==2.63.0 into $venv from PyPI"
+        "$venv/bin/pip" install --quiet 'e2b==2.63.0'
+    fi
     "$venv/bin/pip" install --quiet --no-index --no-deps --force-reinstall ./sdk/python
     (cd sdk/python && "$venv/bin/mypy" --strict src tests bench)
     (cd sdk/python && ROOST_BIN="$target/debug/roost" "$venv/bin/pytest" -q tests)

@@ -8,6 +8,7 @@ pub mod client;
 pub mod commands;
 pub mod data_path;
 pub mod deployment;
+pub mod e2b;
 mod error;
 pub mod failpoint;
 pub mod files;

@@ -12,6 +12,7 @@ pub mod auth;
 pub mod backup;
 pub mod control;
 pub mod db;
+pub mod e2b;
 mod error;
 pub mod http;
 pub mod hub;

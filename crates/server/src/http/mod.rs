@@ -183,6 +183,7 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/", get(ui::index))
         .route("/ui/app.js", get(ui::app_js))
         .route("/ui/style.css", get(ui::style_css))
+        .nest("/e2b", crate::e2b::router())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(crate::REQUEST_BODY_BYTES_MAX))
         .layer(middleware::from_fn_with_state(state.clone(), observe))

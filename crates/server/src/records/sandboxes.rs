@@ -971,3 +971,22 @@ pub async fn save_lags(pool: &AnyPool) -> Result<Vec<(i64, i64)>, sqlx::Error> {
     .fetch_all(pool)
     .await
 }
+
+/// Sets when a sandbox's TTL expires (E2B's `set_timeout`: the sandbox
+/// ends `timeout` seconds from now, however long it has lived), with an
+/// event saying so.
+pub async fn set_expires_at(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    expires_at_ms: i64,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE sandboxes SET expires_at_ms = $1, updated_at_ms = $2 WHERE id = $3")
+        .bind(expires_at_ms)
+        .bind(now_ms())
+        .bind(&row.id)
+        .execute(&mut *tx.tx)
+        .await?;
+    let message = format!("expires at {}", super::rfc3339(expires_at_ms));
+    note(tx, row, reason, &message, None).await
+}

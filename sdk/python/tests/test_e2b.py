@@ -1,0 +1,193 @@
+"""E2B's own SDK (the `e2b` package from PyPI, pinned in scripts/test.sh)
+against a real `roost up` (issue 24): a harness written for E2B switches by
+setting E2B_API_URL and E2B_SANDBOX_URL, with a roost org token as its
+E2B_API_KEY."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Iterator
+
+import pytest
+
+from conftest import Deployment, wait_until
+
+e2b = pytest.importorskip("e2b")
+
+from e2b import (  # noqa: E402
+    AuthenticationException,
+    CommandExitException,
+    FileNotFoundException,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+    SandboxState,
+)
+
+
+@pytest.fixture(scope="module")
+def e2b_env(deployment: Deployment) -> Iterator[None]:
+    """The two variables (and the key) a harness sets to use roost."""
+    names = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN", "E2B_DEBUG")
+    previous = {name: os.environ.get(name) for name in names}
+    os.environ["E2B_API_URL"] = deployment.url + "/e2b"
+    os.environ["E2B_SANDBOX_URL"] = deployment.url + "/e2b/envd"
+    os.environ["E2B_API_KEY"] = deployment.token
+    os.environ.pop("E2B_DOMAIN", None)
+    os.environ.pop("E2B_DEBUG", None)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture
+def sandbox(e2b_env: None) -> Iterator[Sandbox]:
+    sbx = Sandbox.create(timeout=600)
+    try:
+        yield sbx
+    finally:
+        sbx.kill()
+
+
+def test_create_run_output_and_exit_code(sandbox: Sandbox) -> None:
+    assert sandbox.is_running()
+    result = sandbox.commands.run("echo out; echo err >&2; echo $GREETING", envs={"GREETING": "hi"})
+    assert result.exit_code == 0
+    assert result.stdout == "out\nhi\n"
+    assert result.stderr == "err\n"
+    with pytest.raises(CommandExitException) as failed:
+        sandbox.commands.run("echo before; exit 3")
+    assert failed.value.exit_code == 3
+    assert failed.value.stdout == "before\n"
+
+
+def test_background_command_is_reconnected_with_all_its_output(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run(
+        "for i in 1 2 3; do echo line$i; sleep 0.5; done", background=True
+    )
+    assert handle.pid > 0
+    running = [p.pid for p in sandbox.commands.list()]
+    assert handle.pid in running
+    handle.disconnect()
+    again = sandbox.commands.connect(handle.pid)
+    result = again.wait()
+    assert result.exit_code == 0
+    # roost keeps a command's output: a reconnect gets it from the start.
+    assert result.stdout == "line1\nline2\nline3\n"
+
+
+def test_a_killed_command_shows_its_end_not_a_clean_exit_code(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("sleep 60", background=True)
+    assert sandbox.commands.kill(handle.pid)
+    with pytest.raises(CommandExitException) as ended:
+        handle.wait()
+    assert ended.value.exit_code == -1
+    assert ended.value.error and "KILL" in ended.value.error
+
+
+def test_stdin_reaches_the_command(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("head -c 5", background=True, stdin=True)
+    sandbox.commands.send_stdin(handle.pid, "hello")
+    result = handle.wait()
+    assert result.stdout == "hello"
+
+
+def test_binary_file_round_trip_and_filesystem_calls(sandbox: Sandbox) -> None:
+    # Every byte value, CRLFs and something like a multipart delimiter.
+    data = bytes(range(256)) * 64 + b"\r\n--boundary\r\n" + os.urandom(4096)
+    info = sandbox.files.write("/workspace/dir/blob.bin", data)
+    assert info.path == "/workspace/dir/blob.bin"
+    assert bytes(sandbox.files.read("/workspace/dir/blob.bin", format="bytes")) == data
+    entry = sandbox.files.get_info("/workspace/dir/blob.bin")
+    assert entry.size == len(data)
+    assert [e.name for e in sandbox.files.list("/workspace/dir")] == ["blob.bin"]
+    assert sandbox.files.make_dir("/workspace/made")
+    assert not sandbox.files.make_dir("/workspace/made")
+    sandbox.files.rename("/workspace/dir/blob.bin", "/workspace/made/moved.bin")
+    assert sandbox.files.exists("/workspace/made/moved.bin")
+    assert not sandbox.files.exists("/workspace/dir/blob.bin")
+    sandbox.files.remove("/workspace/made")
+    assert not sandbox.files.exists("/workspace/made")
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.read("/workspace/nothing-here")
+
+
+def test_pause_and_resume_keep_the_home_and_the_id(e2b_env: None) -> None:
+    sbx = Sandbox.create(timeout=600)
+    try:
+        sbx.files.write("/workspace/kept.txt", "still here")
+        assert sbx.pause()
+        assert sbx.get_info().state == SandboxState.PAUSED
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        assert sbx.sandbox_id in [s.sandbox_id for s in paused]
+        resumed = Sandbox.connect(sbx.sandbox_id)
+        assert resumed.sandbox_id == sbx.sandbox_id
+        assert resumed.get_info().state == SandboxState.RUNNING
+        assert resumed.files.read("/workspace/kept.txt") == "still here"
+        assert resumed.commands.run("cat /workspace/kept.txt").stdout == "still here"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+
+
+def test_auto_pause_sleeps_an_idle_sandbox_and_connect_resumes_it_with_its_home(e2b_env: None) -> None:
+    # roost's auto-pause is sleep on idle: `timeout` seconds without
+    # activity (10 s, the deployment's shortest), then paused, home secured.
+    sbx = Sandbox.create(timeout=10, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.files.write("/workspace/asleep.txt", "kept while asleep")
+        wait_until(
+            lambda: sbx.get_info().state == SandboxState.PAUSED,
+            what="the idle sandbox paused",
+            timeout=60,
+        )
+        resumed = Sandbox.connect(sbx.sandbox_id)
+        assert resumed.sandbox_id == sbx.sandbox_id
+        assert resumed.commands.run("cat /workspace/asleep.txt").stdout == "kept while asleep"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+
+
+def test_list_kill_and_metadata(e2b_env: None) -> None:
+    tag = uuid.uuid4().hex[:8]
+    sbx = Sandbox.create(timeout=600, metadata={"run": tag})
+    listed = Sandbox.list(query=SandboxQuery(metadata={"run": tag})).next_items()
+    assert [s.sandbox_id for s in listed] == [sbx.sandbox_id]
+    assert listed[0].metadata == {"run": tag}
+    assert listed[0].state == SandboxState.RUNNING
+    sbx.set_timeout(900)
+    assert sbx.kill()
+    wait_until(
+        lambda: sbx.sandbox_id
+        not in [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"run": tag})).next_items()],
+        what="the killed sandbox gone from the list",
+    )
+    assert not Sandbox.kill(sbx.sandbox_id)
+
+
+def test_errors_are_e2bs_and_name_what_roost_refuses(e2b_env: None, deployment: Deployment) -> None:
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="roost_org_" + "0" * 64)
+    with pytest.raises(SandboxException) as refused:
+        Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True})
+    assert "autoResume" in str(refused.value)
+    with pytest.raises(SandboxException) as missing:
+        Sandbox.create(template="no-such-image-" + uuid.uuid4().hex[:6])
+    assert "no-such-image" in str(missing.value)
+
+
+def test_a_terminal_is_created_resized_and_typed_into(sandbox: Sandbox) -> None:
+    from e2b import PtySize
+
+    output: list[bytes] = []
+    terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
+    sandbox.pty.resize(terminal.pid, PtySize(rows=30, cols=100))
+    sandbox.pty.send_stdin(terminal.pid, b"stty size; exit\n")
+    result = terminal.wait(on_pty=lambda data: output.append(bytes(data)))
+    assert result.exit_code == 0
+    assert b"30 100" in b"".join(output)
