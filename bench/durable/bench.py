@@ -74,11 +74,11 @@ class Bench:
     def json(self, *args):
         return json.loads(self.roost(*args, "--json"))
 
-    def start_server(self, lease=("--lease-ttl", "3s")):
+    def start_server(self, lease=("--lease-ttl", "3s"), extra=()):
         data = self.work / "server"
         proc = subprocess.Popen(
             [str(BIN), "server", "--listen", "127.0.0.1:0", "--data-dir", str(data),
-             "--store", str(self.work / "store"), *lease, "--save-interval-min", "1s"],
+             "--store", str(self.work / "store"), *lease, "--save-interval-min", "1s", *extra],
             stdout=subprocess.PIPE, stderr=open(self.work / "server.log", "w"), text=True)
         self.procs.append(proc)
         url = proc.stdout.readline().split()[-1]

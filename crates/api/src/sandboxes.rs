@@ -225,7 +225,15 @@ pub struct Sandbox {
     /// RFC 3339: its last activity (README "Idle sandboxes").
     #[serde(default)]
     pub last_activity_at: Option<String>,
-    /// What that activity was.
+    /// What that activity was, one of exactly these (nothing else keeps a
+    /// sandbox awake): `created`; `started` (it began running: idleness
+    /// counts from there); `command` (a command created); `command_running`
+    /// (a command still queued or running at the deadline: a command keeps
+    /// its sandbox awake while it runs); `command_ended`; `stdin` (a
+    /// command's stdin written or closed); `attach` (a command attached or
+    /// its terminal resized); `files` (a file API call); `keepalive`. Not
+    /// activity: processes the sandbox runs by itself after their command
+    /// ended, network traffic, reads of records, events or output.
     #[serde(default)]
     #[schema(value_type = Option<crate::lifecycle::Activity>)]
     pub last_activity: Option<String>,

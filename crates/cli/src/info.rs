@@ -55,6 +55,23 @@ fn print_text(d: &Deployment) {
                 .map_or_else(|| "no ceiling".to_owned(), |n| n.to_string()),
         ),
         (
+            "idle sandboxes sleep after",
+            if c.idle_timeout_s == 0.0 {
+                format!(
+                    "never by default (a sandbox may ask for {} to {})",
+                    seconds_text(c.idle_timeout_min_s),
+                    seconds_text(c.idle_timeout_max_s)
+                )
+            } else {
+                format!(
+                    "{} without activity by default (a sandbox may ask for 0, never, or {} to {})",
+                    seconds_text(c.idle_timeout_s),
+                    seconds_text(c.idle_timeout_min_s),
+                    seconds_text(c.idle_timeout_max_s)
+                )
+            },
+        ),
+        (
             "durable loss at most",
             format!(
                 "{} (save interval {} + 2 × longest recent save {})",
