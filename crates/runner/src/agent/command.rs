@@ -285,6 +285,9 @@ impl CommandJob {
         let delivered: Mutex<Vec<Signal>> = Mutex::new(Vec::new());
         let mut uploader = Uploader::new(self, spool.clone());
         let fenced = Notify::new();
+        // Output goes up only once `running` is recorded: a reader never
+        // sees bytes of a command the record still calls `starting`.
+        let (reported, mut running_recorded) = tokio::sync::watch::channel(false);
 
         let drive = async {
             let callback_spool = spool.clone();
@@ -298,6 +301,8 @@ impl CommandJob {
                 };
                 if self.report(&report).await.is_err() {
                     fenced.notify_one();
+                } else {
+                    let _ = reported.send(true);
                 }
             };
             let (ended, ()) = tokio::join!(waited, running);
@@ -306,6 +311,9 @@ impl CommandJob {
         };
         let signals = self.forward_signals(&signaller, &delivered);
         let uploads = async {
+            if running_recorded.wait_for(|recorded| *recorded).await.is_err() {
+                return std::future::pending::<()>().await;
+            }
             if uploader.run_while_open().await.is_err() {
                 fenced.notify_one();
             }
