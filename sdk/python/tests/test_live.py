@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, List
+from datetime import datetime, timedelta
+from typing import Any, List, Optional
 
 import pytest
 
@@ -26,7 +27,7 @@ from roost import (
     UnsupportedCapability,
 )
 
-from conftest import Deployment
+from conftest import Deployment, wait_until
 
 
 def test_client_finds_what_roost_up_saved(deployment: Deployment) -> None:
@@ -245,3 +246,122 @@ def test_files_written_read_listed_moved_and_removed(roost_client: Roost, deploy
                 return await sandbox.files.read("notes.txt")
 
     assert asyncio.run(scenario()) == b"through the async client"
+
+
+def _at(value: Optional[str]) -> datetime:
+    """An RFC 3339 instant of a record (``2026-01-02T03:04:05.678Z``)."""
+    assert value is not None
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%f%z")
+
+
+def test_idle_policy_round_trip_keepalive_and_refusals(roost_client: Roost) -> None:
+    # Issue 16, point 1: the idle policy on create and changed later (absent
+    # fields stay), the activity fields, a keepalive moving the deadline.
+    with roost_client.sandboxes.create(idle_timeout_s=600, auto_wake=False, labels={"test": "idle"}) as sandbox:
+        record = sandbox.refresh()
+        assert (record.idle_timeout_s, record.auto_wake) == (600, False)
+        assert record.last_activity in ("created", "started"), record
+        assert _at(record.idle_deadline) == _at(record.last_activity_at) + timedelta(seconds=600), record
+
+        longer = sandbox.update(idle_timeout_s=1200)
+        assert (longer.idle_timeout_s, longer.auto_wake) == (1200, False)  # auto_wake not sent: kept
+        assert _at(longer.idle_deadline) == _at(longer.last_activity_at) + timedelta(seconds=1200)
+        assert sandbox.record is longer
+        waking = roost_client.sandboxes.update(sandbox.id, auto_wake=True)
+        assert (waking.idle_timeout_s, waking.auto_wake) == (1200, True)
+        assert waking.idle_deadline == longer.idle_deadline  # no activity: the same deadline
+
+        kept = sandbox.keepalive()
+        assert kept.last_activity == "keepalive"
+        assert _at(kept.last_activity_at) > _at(longer.last_activity_at)
+        assert _at(kept.idle_deadline) == _at(kept.last_activity_at) + timedelta(seconds=1200)
+        assert _at(kept.idle_deadline) > _at(longer.idle_deadline)
+        again = roost_client.sandboxes.keepalive(sandbox.id)
+        assert _at(again.idle_deadline) >= _at(kept.idle_deadline)
+
+        never = sandbox.update(idle_timeout_s=0)
+        assert never.idle_timeout_s == 0 and never.idle_deadline is None
+
+        # Out of the deployment's bounds (`roost up`: 10 s to 7 days): 400
+        # naming the field, on update and on create; nothing changed.
+        with pytest.raises(InvalidRequest) as short:
+            sandbox.update(idle_timeout_s=5)
+        assert short.value.status == 400 and short.value.details.get("field") == "idle_timeout_s"
+        assert "idle_timeout_s" in short.value.message and short.value.request_id
+        assert sandbox.refresh().idle_timeout_s == 0
+        with pytest.raises(InvalidRequest) as long:
+            roost_client.sandboxes.create(idle_timeout_s=10**9, wait=False)
+        assert long.value.details.get("field") == "idle_timeout_s"
+
+        # Stopped: a keepalive does not wake it (409), nor, with auto_wake
+        # off, does a command.
+        sandbox.update(auto_wake=False)
+        assert sandbox.stop(wait=True, timeout=120).state == "stopped"
+        with pytest.raises(InvalidState) as asleep:
+            sandbox.keepalive()
+        assert asleep.value.status == 409 and asleep.value.request_id
+        with pytest.raises(InvalidState):
+            roost_client.sandboxes.keepalive(sandbox.id)
+        with pytest.raises(InvalidState) as refused:
+            sandbox.exec("true")
+        assert refused.value.status == 409
+        assert sandbox.refresh().state == "stopped"
+
+
+def test_an_idle_sandbox_sleeps_and_exec_wakes_it(roost_client: Roost) -> None:
+    # Issue 16, points 3 and 4: with nothing running it goes to sleep on its
+    # own at the deployment's shortest timeout; a command wakes it under the
+    # same id, its record saying it waited for the wake.
+    with roost_client.sandboxes.create(idle_timeout_s=10, labels={"test": "sleep"}) as sandbox:
+        assert sandbox.exec("echo before-sleep > note.txt").ok
+        asleep = sandbox.wait("stopped", timeout=120)  # a long-poll: not activity
+        assert (asleep.state, asleep.state_reason, asleep.desired) == ("stopped", "idle", "stopped"), asleep
+        assert asleep.idle_deadline is None and asleep.auto_wake
+        assert any(e.state == "stopped" and e.reason == "idle" for e in sandbox.events())
+
+        result = sandbox.exec("cat note.txt")
+        assert result.ok and result.stdout == b"before-sleep\n", result
+        assert result.command.waited_for_wake
+        awake = sandbox.refresh()
+        assert (awake.id, awake.state) == (asleep.id, "running")
+        assert [c.waited_for_wake for c in sandbox.commands.list()] == [False, True]
+
+
+def test_a_parked_durable_sandbox_saves_nothing(roost_client: Roost) -> None:
+    # Issue 16, point 5: a durable home that did not change since its last
+    # completed save is not stored again; the save record says so.
+    with roost_client.sandboxes.create(
+        storage_class="durable", save_interval_s=10, idle_timeout_s=0, labels={"test": "parked"}
+    ) as sandbox:
+        assert sandbox.exec("echo parked > note.txt").ok
+
+        def parked() -> Any:
+            save = sandbox.refresh().save
+            assert save is not None
+            return save if save.last_unchanged_at is not None and save.last_completed_at is not None else None
+
+        save = wait_until(parked, timeout=180, what="a save that found the home unchanged")
+        assert _at(save.last_unchanged_at) > _at(save.last_completed_at)
+        assert save.state == "ok"
+
+
+def test_async_client_idle_surface(deployment: Deployment) -> None:
+    async def scenario() -> List[Any]:
+        async with AsyncRoost(deployment.url, deployment.token) as client:
+            async with await client.sandboxes.create(idle_timeout_s=300, auto_wake=False) as sandbox:
+                created = await sandbox.refresh()
+                updated = await sandbox.update(idle_timeout_s=900)
+                same = await client.sandboxes.update(sandbox.id, auto_wake=True)
+                kept = await sandbox.keepalive()
+                again = await client.sandboxes.keepalive(sandbox.id)
+                with pytest.raises(InvalidRequest) as bad:
+                    await client.sandboxes.update(sandbox.id, idle_timeout_s=10**9)
+                return [created, updated, same, kept, again, bad.value]
+
+    created, updated, same, kept, again, bad = asyncio.run(scenario())
+    assert (created.idle_timeout_s, created.auto_wake) == (300, False)
+    assert (updated.idle_timeout_s, updated.auto_wake) == (900, False)
+    assert (same.idle_timeout_s, same.auto_wake) == (900, True)
+    assert kept.last_activity == again.last_activity == "keepalive"
+    assert _at(kept.idle_deadline) == _at(kept.last_activity_at) + timedelta(seconds=900)
+    assert bad.details.get("field") == "idle_timeout_s"

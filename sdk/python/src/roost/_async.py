@@ -261,6 +261,21 @@ class AsyncSandbox:
         self.record = await self._t.run(core.sandbox_action(wire.START_SANDBOX, self.id))
         return await self.wait("running", timeout) if wait else self.record
 
+    async def update(self, *, idle_timeout_s: Optional[int] = None, auto_wake: Optional[bool] = None) -> wire.Sandbox:
+        """Changes the idle policy; what is not given stays as it is.
+        ``idle_timeout_s``: 0 (never) or within the deployment's bounds
+        (:class:`InvalidRequest` naming the field otherwise); the deadline
+        moves to the last activity plus it."""
+        self.record = await self._t.run(core.update_sandbox(self.id, idle_timeout_s, auto_wake))
+        return self.record
+
+    async def keepalive(self) -> wire.Sandbox:
+        """Counts as activity now: the running sandbox's ``idle_deadline``
+        moves on. It does not wake a stopped one (:class:`InvalidState`;
+        a command does)."""
+        self.record = await self._t.run(core.sandbox_action(wire.KEEPALIVE_SANDBOX, self.id))
+        return self.record
+
     async def delete(self) -> None:
         deleted = await self._t.run(core.delete_sandbox(self.id))
         if deleted is not None:
@@ -340,6 +355,8 @@ class AsyncSandboxes:
         from_snapshot: Optional[str] = None,
         mounts: Optional[Sequence[Union[wire.Mount, Mapping[str, Any]]]] = None,
         secrets: Optional[Sequence[Mapping[str, str]]] = None,
+        idle_timeout_s: Optional[int] = None,
+        auto_wake: Optional[bool] = None,
         wait: bool = True,
         timeout: Optional[float] = 120.0,
         delete_on_exit: bool = True,
@@ -358,6 +375,8 @@ class AsyncSandboxes:
             from_snapshot=from_snapshot,
             mounts=mounts,
             secrets=secrets,
+            idle_timeout_s=idle_timeout_s,
+            auto_wake=auto_wake,
         )
         record = await self._t.run(core.create_sandbox(body, idempotency_key))
         sandbox = AsyncSandbox(self._t, record, delete_on_exit)
@@ -392,6 +411,16 @@ class AsyncSandboxes:
 
     async def start(self, sandbox_id: str) -> wire.Sandbox:
         return await self._t.run(core.sandbox_action(wire.START_SANDBOX, sandbox_id))
+
+    async def update(
+        self, sandbox_id: str, *, idle_timeout_s: Optional[int] = None, auto_wake: Optional[bool] = None
+    ) -> wire.Sandbox:
+        """Changes a sandbox's idle policy (see :meth:`AsyncSandbox.update`)."""
+        return await self._t.run(core.update_sandbox(sandbox_id, idle_timeout_s, auto_wake))
+
+    async def keepalive(self, sandbox_id: str) -> wire.Sandbox:
+        """Activity that keeps a running sandbox awake (see :meth:`AsyncSandbox.keepalive`)."""
+        return await self._t.run(core.sandbox_action(wire.KEEPALIVE_SANDBOX, sandbox_id))
 
     async def delete(self, sandbox_id: str) -> Optional[wire.Sandbox]:
         return await self._t.run(core.delete_sandbox(sandbox_id))

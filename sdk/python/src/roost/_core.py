@@ -306,8 +306,8 @@ def call(
     op.check(dict(params or ()), body, headers)
     if op.method != "GET" and key is None:
         # Every mutation carries a key for all its attempts; where the API
-        # declares none (stop, start, delete, signal) the call is
-        # idempotent by itself and the header is ignored.
+        # declares none (stop, start, delete, signal, update, keepalive)
+        # the call is idempotent by itself and the header is ignored.
         key = new_key()
     return Call(
         op.method,
@@ -345,6 +345,8 @@ def sandbox_body(
     from_snapshot: Optional[str],
     mounts: Optional[Sequence[Union[wire.Mount, Mapping[str, Any]]]] = None,
     secrets: Optional[Sequence[Mapping[str, str]]] = None,
+    idle_timeout_s: Optional[int] = None,
+    auto_wake: Optional[bool] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     for name, value in (
@@ -355,6 +357,8 @@ def sandbox_body(
         ("placement", placement),
         ("save_interval_s", save_interval_s),
         ("from_snapshot", from_snapshot),
+        ("idle_timeout_s", idle_timeout_s),
+        ("auto_wake", auto_wake),
     ):
         if value is not None:
             body[name] = value
@@ -427,6 +431,19 @@ def list_page(
 def sandbox_action(op: wire.Operation, sandbox_id: str) -> Op[wire.Sandbox]:
     reply = yield call(op, {"id": sandbox_id})
     sandbox: wire.Sandbox = record(op, reply)
+    return sandbox
+
+
+def update_sandbox(sandbox_id: str, idle_timeout_s: Optional[int], auto_wake: Optional[bool]) -> Op[wire.Sandbox]:
+    """A new idle policy: only the fields given are sent (the others stay
+    as they are); idempotent, so a retried attempt is harmless."""
+    body: Dict[str, Any] = {}
+    if idle_timeout_s is not None:
+        body["idle_timeout_s"] = idle_timeout_s
+    if auto_wake is not None:
+        body["auto_wake"] = auto_wake
+    reply = yield call(wire.UPDATE_SANDBOX, {"id": sandbox_id}, body=body)
+    sandbox: wire.Sandbox = record(wire.UPDATE_SANDBOX, reply)
     return sandbox
 
 

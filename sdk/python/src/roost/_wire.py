@@ -75,6 +75,10 @@ class SaveStatus:
     last_error: Optional[str] = None
     bytes_pending: Optional[int] = None
     root: Optional[str] = None
+    last_unchanged_at: Optional[str] = None
+    """When a scheduled save last found the home as the last completed
+    save left it and so stored nothing (a parked sandbox);
+    ``last_completed_at`` does not move for it."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,18 @@ class Sandbox:
     from_snapshot: Optional[str] = None
     kept_copies: List[KeptCopy] = field(default_factory=list)
     mounts: List[Mount] = field(default_factory=list)
+    idle_timeout_s: int = 0
+    """Seconds without activity before it goes to sleep (an ordinary stop,
+    ``state_reason`` ``idle``); ``0``: never."""
+    auto_wake: bool = True
+    """A command sent while it is stopped starts it (under the same id)."""
+    last_activity_at: Optional[str] = None
+    last_activity: Optional[str] = None
+    """What that activity was: created, started, command, command_running,
+    command_ended, stdin, attach, files or keepalive."""
+    idle_deadline: Optional[str] = None
+    """When it goes to sleep unless something happens first (only while
+    ``running`` with a timeout)."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,9 @@ class Command:
     pid: Optional[int] = None
     """Its pid inside the sandbox while the sandbox's agent runs it."""
     stdin: bool = False
+    waited_for_wake: bool = False
+    """Created while its sandbox was not running (asleep, stopped,
+    stopping): it waited for the sandbox to wake, then ran."""
 
     @property
     def ended(self) -> bool:
@@ -389,6 +408,8 @@ CREATE_SANDBOX = Operation(
         "from_snapshot": "string",
         "mounts": "array",
         "secrets": "array",
+        "idle_timeout_s": "integer",
+        "auto_wake": "boolean",
     },
     idempotency_key=True,
     response=Sandbox,
@@ -400,6 +421,14 @@ LIST_SANDBOXES = Operation(
 STOP_SANDBOX = Operation("POST", "/v1/sandboxes/{id}/stop", response=Sandbox)
 START_SANDBOX = Operation("POST", "/v1/sandboxes/{id}/start", response=Sandbox)
 DELETE_SANDBOX = Operation("DELETE", "/v1/sandboxes/{id}", response=Sandbox)
+# The idle policy: absent fields stay as they are; the same body twice
+# leaves the same record, so a retry is harmless.
+UPDATE_SANDBOX = Operation(
+    "PATCH", "/v1/sandboxes/{id}", body={"idle_timeout_s": "integer", "auto_wake": "boolean"}, response=Sandbox
+)
+# Activity that keeps a running sandbox awake (409 on a stopped one: it
+# does not wake it); a repeat only moves the deadline again.
+KEEPALIVE_SANDBOX = Operation("POST", "/v1/sandboxes/{id}/keepalive", response=Sandbox)
 SANDBOX_EVENTS = Operation("GET", "/v1/sandboxes/{id}/events", response=Event, list_field="events")
 CREATE_COMMAND = Operation(
     "POST",
@@ -465,6 +494,8 @@ OPERATIONS: Tuple[Operation, ...] = (
     STOP_SANDBOX,
     START_SANDBOX,
     DELETE_SANDBOX,
+    UPDATE_SANDBOX,
+    KEEPALIVE_SANDBOX,
     SANDBOX_EVENTS,
     CREATE_COMMAND,
     GET_COMMAND,
