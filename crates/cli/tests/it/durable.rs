@@ -118,6 +118,25 @@ impl Fleet {
         }
     }
 
+    /// Waits until everything written to the home before `after` (RFC
+    /// 3339) is in a completed save: `save.safe_until` is past it (a save
+    /// that finds the home unchanged moves it without a new commit).
+    pub(crate) async fn wait_safe_after(&self, id: &str, after: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let sandbox = self.get(id).await;
+            let safe = sandbox["save"]["safe_until"].as_str().unwrap_or("");
+            if safe > after {
+                return sandbox;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nothing written before {after} is known saved: {sandbox}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Object GETs the block service answered (runners' downloads).
     async fn downloads(&self) -> u64 {
         block_downloads(self.api()).await
@@ -359,7 +378,7 @@ async fn a_running_save_brings_the_home_back_after_its_host_dies() {
         .expect("time")
         .to_owned();
     let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
-    let saved = fleet.wait_saved_after(&id, &now.max(written)).await;
+    let saved = fleet.wait_safe_after(&id, &now.max(written)).await;
     // A save completed without error. (`delayed` may show by the time the
     // record is read on a loaded machine: the runner can freeze for want
     // of a timely heartbeat and skip a 1 s interval; that is honest, and
@@ -943,7 +962,7 @@ async fn a_home_nested_too_deep_fails_its_own_saves_and_a_neighbour_keeps_saving
     );
     sh(api, &neighbour, "echo still here > /workspace/n.txt").await;
     let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
-    let saved = fleet.wait_saved_after(&neighbour, &now).await;
+    let saved = fleet.wait_safe_after(&neighbour, &now).await;
     assert!(saved["save"]["last_error"].is_null(), "{saved}");
     assert_eq!(saved["state"], "running", "{saved}");
     assert_eq!(fleet.get(&hostile).await["state"], "running");

@@ -193,7 +193,9 @@ async fn a_delivered_secret_is_seen_by_the_sandbox_and_nowhere_else() {
     assert!(
         eventually(Duration::from_secs(40), || async {
             let sandbox = api.get(&format!("/v1/sandboxes/{id}")).await.body;
-            sandbox["save"]["last_completed_at"].as_str().unwrap_or("") > now.as_str()
+            // A completed save holds the writes as of `safe_until`
+            // (a later save may find the home unchanged and commit nothing).
+            sandbox["save"]["safe_until"].as_str().unwrap_or("") > now.as_str()
         })
         .await,
         "no save completed after the writes"

@@ -311,7 +311,11 @@ impl CommandJob {
         };
         let signals = self.forward_signals(&signaller, &delivered);
         let uploads = async {
-            if running_recorded.wait_for(|recorded| *recorded).await.is_err() {
+            if running_recorded
+                .wait_for(|recorded| *recorded)
+                .await
+                .is_err()
+            {
                 return std::future::pending::<()>().await;
             }
             if uploader.run_while_open().await.is_err() {
