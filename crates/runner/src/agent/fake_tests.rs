@@ -1312,3 +1312,41 @@ async fn a_stop_waits_the_grace_the_server_answered_at_registration() {
         "what the deployment publishes is what its runners do"
     );
 }
+
+/// Issue 16: an asleep sandbox (stopped as wanted, its container gone)
+/// costs the runner nothing per second: its worker waits for an
+/// assignment change, with no resync timer asking the runtime about it.
+#[tokio::test]
+async fn a_sandbox_at_rest_is_not_polled() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add(ID, Status::Running);
+    let (assign, _task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Stopped, SandboxState::Running),
+    );
+    agent
+        .control
+        .wait_until("stopped reported", |r| reported(r, SandboxState::Stopped))
+        .await;
+    assign.send_replace(Some(sandbox_only(
+        DesiredState::Stopped,
+        SandboxState::Stopped,
+    )));
+    settle().await;
+    let before = agent.runtime.observations();
+    agent.clock.run_for(ms(120_000), ms(1_000)).await;
+    assert_eq!(
+        agent.runtime.observations(),
+        before,
+        "an asleep sandbox was polled"
+    );
+    // An assignment change still reaches it at once.
+    assign.send_replace(Some(sandbox_only(
+        DesiredState::Deleted,
+        SandboxState::Stopped,
+    )));
+    agent
+        .control
+        .wait_until("deleted reported", |r| reported(r, SandboxState::Deleted))
+        .await;
+}

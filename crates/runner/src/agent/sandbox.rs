@@ -367,12 +367,22 @@ pub(crate) async fn run(
             return;
         };
         let pause = match worker.pass(&current, fresh).await {
+            // At rest (stopped as wanted, no container): nothing to look
+            // at until the assignment changes. No timer per asleep
+            // sandbox: a sleeping fleet costs the runner nothing.
+            Next::Idle if worker.at_rest(&current.sandbox) => None,
             Next::Idle => {
                 backoff = Backoff::new();
-                Duration::from_secs(RESYNC_SECONDS)
+                Some(Duration::from_secs(RESYNC_SECONDS))
             }
-            Next::Retry => backoff.next(),
-            Next::RetryIn(pause) => pause,
+            Next::Retry => Some(backoff.next()),
+            Next::RetryIn(pause) => Some(pause),
+        };
+        let timer = async {
+            match pause {
+                Some(pause) => worker.shared.clock.sleep(pause).await,
+                None => std::future::pending().await,
+            }
         };
         let watcher = async {
             match worker.watcher.as_mut() {
@@ -400,12 +410,22 @@ pub(crate) async fn run(
             () = watcher => {
                 worker.watcher = None;
             }
-            () = worker.shared.clock.sleep(pause) => {}
+            () = timer => {}
         }
     }
 }
 
 impl Worker {
+    /// Stopped as its record wants, with no container and nothing
+    /// watched: only an assignment change gives it anything to do.
+    fn at_rest(&self, sandbox: &SandboxAssignment) -> bool {
+        sandbox.desired == DesiredState::Stopped
+            && sandbox.state == SandboxState::Stopped
+            && self.last_seen == Some(Seen::Missing)
+            && self.watcher.is_none()
+            && self.commands.is_empty()
+    }
+
     /// The assignment as of now. Assignments asked for before this
     /// worker's last report was accepted can still show the state before
     /// it (a long-poll answered while the report was on its way): acting on
@@ -1080,6 +1100,10 @@ impl Worker {
         self.settle_commands().await;
         // The container goes; its root directory and the home stay.
         self.handle.delete().await.map_err(Step::Local)?;
+        // Nothing runs here for it any more: its lease is not renewed with
+        // every heartbeat (an asleep fleet costs the runner nothing); a
+        // launch holds it again.
+        self.release_lease().await;
         // Its secrets go with it: the next launch fetches them again.
         self.forget_secrets();
         if sandbox.storage_class == StorageClass::Durable {

@@ -187,6 +187,8 @@ struct RuntimeInner {
     launch_faults: VecDeque<Error>,
     pause_fault: Option<PauseFault>,
     execs: VecDeque<ExecScript>,
+    /// How many times a container's state was asked for.
+    observations: u64,
 }
 
 /// A container runtime that keeps its containers in memory.
@@ -208,6 +210,11 @@ impl FakeRuntime {
 
     fn changed(&self) {
         self.version.send_modify(|v| *v += 1);
+    }
+
+    /// How many times any container's state was asked for so far.
+    pub(crate) fn observations(&self) -> u64 {
+        lock(&self.inner).observations
     }
 
     fn record(&self, call: Call) {
@@ -405,6 +412,7 @@ impl Container for FakeContainer {
 
     fn observe(&self) -> BoxFuture<'_, oci::Result<Observation>> {
         Box::pin(async move {
+            lock(&self.runtime.inner).observations += 1;
             Ok(match self.status() {
                 None => Observation::Missing,
                 Some((Status::Created, _)) => Observation::Created { init_pid: None },
