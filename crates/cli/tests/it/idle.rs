@@ -42,6 +42,41 @@ async fn an_idle_durable_sandbox_sleeps_and_roost_exec_wakes_it_elsewhere_with_i
     let record = fleet.get(&id).await;
     assert_eq!(record["last_activity"], "files", "{record}");
     assert!(record["idle_deadline"].is_string(), "{record}");
+    // Writing a command's stdin, and resizing its terminal, are activity.
+    let reader = api
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"argv": ["cat"], "stdin": true}),
+        )
+        .await;
+    assert_eq!(reader.status, 201, "{reader:?}");
+    let fed = api
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{id}/commands/{}/stdin?close=true", reader.str("id")),
+            Some(b"fed\n".to_vec()),
+            &[],
+        )
+        .await
+        .expect("stdin");
+    assert_eq!(fed.status, 200, "{fed:?}");
+    assert_eq!(fleet.get(&id).await["last_activity"], "stdin");
+    let terminal = api
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"argv": ["sh", "-c", "sleep 5"], "tty": {"rows": 24, "cols": 80}}),
+        )
+        .await;
+    assert_eq!(terminal.status, 201, "{terminal:?}");
+    crate::runner_e2e::wait_command(api, &id, &terminal.str("id"), "running").await;
+    let resized = api
+        .post(
+            &format!("/v1/sandboxes/{id}/commands/{}/resize", terminal.str("id")),
+            json!({"rows": 30, "cols": 100}),
+        )
+        .await;
+    assert_eq!(resized.status, 200, "{resized:?}");
+    assert_eq!(fleet.get(&id).await["last_activity"], "attach");
 
     let asleep = wait_sandbox(api, &id, "stopped").await;
     assert_eq!(asleep["state"], "stopped", "{asleep}");
