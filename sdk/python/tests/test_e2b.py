@@ -135,7 +135,20 @@ def test_pause_and_resume_keep_the_home_and_the_id(e2b_env: None) -> None:
         Sandbox.kill(sbx.sandbox_id)
 
 
-def test_auto_pause_sleeps_an_idle_sandbox_and_connect_resumes_it_with_its_home(e2b_env: None) -> None:
+def _roost_view(deployment: Deployment, sandbox_id: str) -> str:
+    """The sandbox's commands and events as roost records them (for a
+    failure's message: what ended a command E2B saw exit -1)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {deployment.token}"}
+    commands = httpx.get(f"{deployment.url}/v1/sandboxes/{sandbox_id}/commands", headers=headers).text
+    events = httpx.get(f"{deployment.url}/v1/sandboxes/{sandbox_id}/events", headers=headers).text
+    return f"commands: {commands}\nevents: {events}"
+
+
+def test_auto_pause_sleeps_an_idle_sandbox_and_connect_resumes_it_with_its_home(
+    e2b_env: None, deployment: Deployment
+) -> None:
     # roost's auto-pause is sleep on idle: `timeout` seconds without
     # activity (10 s, the deployment's shortest), then paused, home secured.
     sbx = Sandbox.create(timeout=10, lifecycle={"on_timeout": "pause"})
@@ -148,7 +161,11 @@ def test_auto_pause_sleeps_an_idle_sandbox_and_connect_resumes_it_with_its_home(
         )
         resumed = Sandbox.connect(sbx.sandbox_id)
         assert resumed.sandbox_id == sbx.sandbox_id
-        assert resumed.commands.run("cat /workspace/asleep.txt").stdout == "kept while asleep"
+        try:
+            ran = resumed.commands.run("cat /workspace/asleep.txt")
+        except CommandExitException as ended:
+            raise AssertionError(f"{ended.error!r}; {_roost_view(deployment, sbx.sandbox_id)}") from ended
+        assert ran.stdout == "kept while asleep"
     finally:
         Sandbox.kill(sbx.sandbox_id)
 

@@ -53,7 +53,10 @@ async fn an_idle_durable_sandbox_sleeps_and_roost_exec_wakes_it_elsewhere_with_i
     let fed = api
         .send(
             reqwest::Method::POST,
-            &format!("/v1/sandboxes/{id}/commands/{}/stdin?close=true", reader.str("id")),
+            &format!(
+                "/v1/sandboxes/{id}/commands/{}/stdin?close=true",
+                reader.str("id")
+            ),
             Some(b"fed\n".to_vec()),
             &[],
         )

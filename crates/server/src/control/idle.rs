@@ -138,8 +138,27 @@ pub fn needs_wake(row: &SandboxRow) -> bool {
     row.desired != DesiredState::Running || row.state == SandboxState::Stopped
 }
 
+/// Whether a stop of the sandbox is decided but not done: it is wanted
+/// stopped and its runner still holds its compute (it may not have read
+/// the stop yet). A command must not reach that runner now: it waits for
+/// the stop to finish, then wakes the sandbox (`resume_waiting_wake`).
+pub fn stop_under_way(row: &SandboxRow) -> bool {
+    row.desired == DesiredState::Stopped
+        && row.runner_id.is_some()
+        && matches!(
+            row.state,
+            SandboxState::Starting
+                | SandboxState::Running
+                | SandboxState::Stopping
+                | SandboxState::Securing
+        )
+}
+
 /// Wakes the sandbox for `command_id` (in the caller's transaction), or
-/// refuses as `invalid_state` when its `auto_wake` is off.
+/// refuses as `invalid_state` when its `auto_wake` is off. While a stop is
+/// under way the wake waits for it (the command stays queued): the runner
+/// may be acting on the stop already, and a command handed over now would
+/// be cut short by it.
 pub async fn wake_for_command(
     state: &AppState,
     tx: &mut WriteTx,
@@ -156,6 +175,15 @@ pub async fn wake_for_command(
         )
         .with_details(serde_json::json!({ "state": row.state, "desired": row.desired })));
     }
+    if stop_under_way(row) {
+        records::sandboxes::note_wake_requested(
+            tx,
+            row,
+            &format!("command {command_id} arrived while the sandbox stops: it starts again once the stop is done"),
+        )
+        .await?;
+        return reload(tx, &row.id).await;
+    }
     let why = Why {
         reason: WOKEN_BY_COMMAND,
         message: Some(format!("woken by command {command_id}")),
@@ -163,6 +191,46 @@ pub async fn wake_for_command(
     let woken = resume(state, tx, row, &why).await?;
     state.metrics.woken("command");
     Ok(woken)
+}
+
+/// After a stop ended (`stopped`, or `recovering` once its runner was
+/// lost) with commands still waiting for a wake: the sandbox wakes for
+/// them now. Should the wake be refused (a quota), they end
+/// `not_launched` saying why; nothing else of the caller's change is
+/// undone.
+pub async fn resume_waiting_wake(
+    state: &AppState,
+    tx: &mut WriteTx,
+    sandbox_id: &str,
+) -> Result<(), ControlError> {
+    let row = reload(tx, sandbox_id).await?;
+    if row.desired == DesiredState::Running || row.state.is_terminal() {
+        return Ok(());
+    }
+    let Some(command_id) = records::commands::first_waiting_for_wake(tx, sandbox_id).await? else {
+        return Ok(());
+    };
+    if !row.idle.auto_wake {
+        records::commands::end_queued(tx, sandbox_id, "auto_wake_off").await?;
+        return Ok(());
+    }
+    let why = Why {
+        reason: WOKEN_BY_COMMAND,
+        message: Some(format!(
+            "woken by command {command_id}, which arrived while it stopped"
+        )),
+    };
+    match resume(state, tx, &row, &why).await {
+        Ok(_) => {
+            state.metrics.woken("command");
+            Ok(())
+        }
+        Err(refused) if refused.code == ErrorCode::QuotaExceeded => {
+            records::commands::end_queued(tx, sandbox_id, "wake_refused_quota").await?;
+            Ok(())
+        }
+        Err(other) => Err(other),
+    }
 }
 
 /// The idle pass: every sandbox whose deadline passed by `now` is decided

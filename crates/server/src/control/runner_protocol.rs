@@ -424,6 +424,10 @@ pub async fn report_sandbox(
         }
         if report.state == SandboxState::Stopped {
             sleep_reason = reason.map(str::to_owned);
+            // A command that arrived while it stopped wakes it now.
+            if row.desired != DesiredState::Running {
+                super::idle::resume_waiting_wake(state, &mut tx, id).await?;
+            }
         }
     }
     let record = load_sandbox(&mut tx, id)

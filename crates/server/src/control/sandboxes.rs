@@ -64,6 +64,9 @@ pub async fn stop(
     if row.state.is_terminal() || row.desired == DesiredState::Deleted {
         return Err(invalid_state(&row, "stop"));
     }
+    // A stop asked after a command that waits for a wake is the last word:
+    // the command never runs.
+    records::commands::end_queued_waiting(tx, id, "stop_requested").await?;
     if row.desired != DesiredState::Stopped {
         records::sandboxes::set_desired(tx, &row, DesiredState::Stopped, "stop_requested").await?;
         if row.runner_id.is_none() && row.state.awaits_placement() {

@@ -671,9 +671,12 @@ async fn resume_inner(
         }
         Some(E2bState::Running) => {}
         Some(E2bState::Paused) => {
-            // Stopping first: a start now would race the stop it follows.
+            // The stop first, whether or not its runner has begun it: a
+            // start now would race it, and a command sent right after the
+            // answer could reach the runner as it stops.
             let row = settle(&state, &org_id, &id, |row| {
-                !matches!(row.state, SandboxState::Stopping | SandboxState::Securing)
+                !control::idle::stop_under_way(row)
+                    && !matches!(row.state, SandboxState::Stopping | SandboxState::Securing)
             })
             .await?;
             let mut tx = state.db.write().await?;

@@ -9,7 +9,7 @@ use sqlx::any::AnyRow;
 use super::{json_map, parse_column, rfc3339};
 use crate::db::{WriteTx, now_ms};
 use api::commands::{Command, CreateCommandRequest};
-use api::lifecycle::{CommandState, DesiredState, SandboxState};
+use api::lifecycle::{CommandState, SandboxState};
 
 #[derive(Clone, Debug)]
 pub struct CommandRow {
@@ -131,16 +131,13 @@ pub(super) async fn end_commands_for(
     let reason = format!("sandbox_{state}");
     let mut ids: Vec<String> = Vec::new();
     // A queued command that waits for its sandbox to wake never started: it
-    // waits while the sandbox is wanted running and may still run (a wake
-    // under way, a stop that a command arriving meanwhile turned round, a
-    // recovery of a waking sandbox), and runs once it does.
-    let (desired,): (String,) = sqlx::query_as("SELECT desired FROM sandboxes WHERE id = $1")
-        .bind(sandbox_id)
-        .fetch_one(&mut *tx.tx)
-        .await?;
-    // Only commands that came to wait for a wake do: one queued in a
+    // waits while the sandbox may still run (a wake under way, a stop it
+    // arrived during, a recovery of a waking sandbox), and runs once it does.
+    // Only commands that came to wait for a wake do (whether the wake has
+    // begun, desired `running`, or waits for a stop to finish, desired
+    // `stopped`: `control::idle::resume_waiting_wake`); one queued in a
     // running sandbox whose host is lost ends `not_launched`, as it did.
-    let queued_wait = !state.is_terminal() && desired == DesiredState::Running.as_str();
+    let queued_wait = !state.is_terminal();
     for (from, to) in [
         (CommandState::Queued, CommandState::NotLaunched),
         (CommandState::Starting, CommandState::Unknown),
@@ -192,6 +189,42 @@ pub async fn end_queued(
         tx.changed(&id).await?;
     }
     Ok(rows.len())
+}
+
+/// Ends the sandbox's commands queued for a wake (`not_launched`,
+/// `reason`): a stop asked after them.
+pub async fn end_queued_waiting(
+    tx: &mut WriteTx,
+    sandbox_id: &str,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    let rows = sqlx::query(
+        "UPDATE commands SET state = 'not_launched', state_reason = $1, ended_at_ms = $2 WHERE sandbox_id = $3 AND state = 'queued' AND waited_for_wake = 1 RETURNING id",
+    )
+    .bind(reason)
+    .bind(now_ms())
+    .bind(sandbox_id)
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    for row in &rows {
+        let id: String = row.try_get("id")?;
+        tx.changed(&id).await?;
+    }
+    Ok(())
+}
+
+/// The oldest command of the sandbox still queued for a wake, if any.
+pub async fn first_waiting_for_wake(
+    tx: &mut WriteTx,
+    sandbox_id: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let row: Option<(String,)> = sqlx::query_as(
+        "SELECT id FROM commands WHERE sandbox_id = $1 AND state = 'queued' AND waited_for_wake = 1 ORDER BY id LIMIT 1",
+    )
+    .bind(sandbox_id)
+    .fetch_optional(&mut *tx.tx)
+    .await?;
+    Ok(row.map(|(id,)| id))
 }
 
 /// The command as this transaction sees it.

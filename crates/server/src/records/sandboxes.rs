@@ -542,6 +542,16 @@ pub async fn set_desired_saying(
     note(tx, row, reason, message, None).await
 }
 
+/// A command asked for a wake while the sandbox stops: said in its
+/// history (the state and desired unchanged until the stop is done).
+pub async fn note_wake_requested(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    message: &str,
+) -> Result<(), sqlx::Error> {
+    note(tx, row, "wake_requested", message, None).await
+}
+
 /// Why a sandbox still waits for a runner (its state unchanged), recorded
 /// with an event when the reason changes. Guarded by the state it was
 /// read in.

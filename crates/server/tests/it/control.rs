@@ -1550,9 +1550,18 @@ async fn a_command_at_the_deadline_cancels_the_sleep_or_wakes_the_sandbox() {
         let second = plane.command(&org, &row.id).await.expect("queued");
         assert!(second.waited_for_wake);
         let woken = plane.load(&row.id).await;
-        assert_eq!(woken.desired, DesiredState::Running);
-        // The runner was already stopping it: it finishes, and the sandbox
-        // starts again for the command, which waited all along.
+        // The runner may be stopping it already: the stop goes on, and the
+        // command is not handed to a runner that is stopping the sandbox
+        // (it would be cut short); the wake waits for the stop.
+        assert_eq!(woken.desired, DesiredState::Stopped);
+        assert!(!plane.handed(&runner).await.contains(&second.id));
+        let events = plane.event_messages(&row.id).await;
+        assert!(
+            events
+                .iter()
+                .any(|(_, reason, _)| reason.as_deref() == Some("wake_requested")),
+            "{events:?}"
+        );
         let stopped = plane.runner_stops(&org, &woken, &runner).await;
         assert_eq!(
             plane.load_command(&second.id).await.state,
@@ -1578,10 +1587,13 @@ async fn a_command_at_the_deadline_cancels_the_sleep_or_wakes_the_sandbox() {
             slept.expect("the idle pass");
             let command = command.expect("queued");
             let now = plane.load(&row.id).await;
-            assert_eq!(now.desired, DesiredState::Running, "{}", plane.engine());
-            if now.state == SandboxState::Running {
+            if now.desired == DesiredState::Running {
+                // The command came first: no sleep.
                 assert!(plane.handed(&runner).await.contains(&command.id));
             } else {
+                // The sleep came first: the command waits for it, then wakes it.
+                assert!(command.waited_for_wake, "{}", plane.engine());
+                assert!(!plane.handed(&runner).await.contains(&command.id));
                 plane.runner_stops(&org, &now, &runner).await;
                 let again = plane.load(&row.id).await;
                 plane
