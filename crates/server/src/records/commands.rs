@@ -176,9 +176,20 @@ pub async fn end_queued(
     sandbox_id: &str,
     reason: &str,
 ) -> Result<usize, sqlx::Error> {
-    let rows = sqlx::query(
-        "UPDATE commands SET state = 'not_launched', state_reason = $1, ended_at_ms = $2 WHERE sandbox_id = $3 AND state = 'queued' RETURNING id",
-    )
+    end_queued_matching(tx, sandbox_id, reason, "").await
+}
+
+/// What [`end_queued`] and [`end_queued_waiting`] share: `only` narrows
+/// the commands (fixed SQL, never input).
+async fn end_queued_matching(
+    tx: &mut WriteTx,
+    sandbox_id: &str,
+    reason: &str,
+    only: &'static str,
+) -> Result<usize, sqlx::Error> {
+    let rows = sqlx::query(&format!(
+        "UPDATE commands SET state = 'not_launched', state_reason = $1, ended_at_ms = $2 WHERE sandbox_id = $3 AND state = 'queued'{only} RETURNING id",
+    ))
     .bind(reason)
     .bind(now_ms())
     .bind(sandbox_id)
@@ -198,19 +209,9 @@ pub async fn end_queued_waiting(
     sandbox_id: &str,
     reason: &str,
 ) -> Result<(), sqlx::Error> {
-    let rows = sqlx::query(
-        "UPDATE commands SET state = 'not_launched', state_reason = $1, ended_at_ms = $2 WHERE sandbox_id = $3 AND state = 'queued' AND waited_for_wake = 1 RETURNING id",
-    )
-    .bind(reason)
-    .bind(now_ms())
-    .bind(sandbox_id)
-    .fetch_all(&mut *tx.tx)
-    .await?;
-    for row in &rows {
-        let id: String = row.try_get("id")?;
-        tx.changed(&id).await?;
-    }
-    Ok(())
+    end_queued_matching(tx, sandbox_id, reason, " AND waited_for_wake = 1")
+        .await
+        .map(drop)
 }
 
 /// The oldest command of the sandbox still queued for a wake, if any.
