@@ -1690,6 +1690,21 @@ async fn the_idle_policy_keepalive_and_running_commands_decide_when_a_sandbox_sl
         };
         let refused = update(Some(0x7fff_ffff_ffff_fffe), None).await;
         assert_eq!(code(refused), ErrorCode::InvalidRequest);
+        // Another org's sandbox is not there, for a change or a keepalive.
+        let other = plane.org("org_p_other", None).await;
+        let mut tx = plane.state.db.write().await.expect("tx");
+        let request = api::sandboxes::UpdateSandboxRequest {
+            idle_timeout_s: Some(60),
+            auto_wake: Some(false),
+        };
+        let foreign =
+            server::control::idle::update(&plane.state, &mut tx, &other, &row.id, &request).await;
+        assert_eq!(code(foreign), ErrorCode::NotFound);
+        let foreign =
+            server::control::idle::keepalive(&plane.state, &mut tx, &other, &row.id).await;
+        assert_eq!(code(foreign), ErrorCode::NotFound);
+        drop(tx);
+        assert_eq!(plane.load(&row.id).await.idle.timeout_s, 30, "unchanged");
         let changed = update(Some(5), None).await.expect("changed");
         let activity = changed.idle.last_activity_at_ms.expect("an activity");
         assert_eq!(changed.idle.deadline_ms, Some(activity + 5_000));
