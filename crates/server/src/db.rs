@@ -32,6 +32,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (13, include_str!("../migrations/0013_filesystems.sql")),
     (14, include_str!("../migrations/0014_agent.sql")),
     (15, include_str!("../migrations/0015_idle.sql")),
+    (16, include_str!("../migrations/0016_counts.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +59,8 @@ pub struct Db {
 pub struct WriteTx {
     pub tx: Transaction<'static, Any>,
     changed: Vec<String>,
+    /// Changes to the kept counts, written at commit (`records::counts`).
+    pub counts: crate::records::counts::Pending,
     hub: Hub,
     engine: Engine,
     _writer: Option<OwnedMutexGuard<()>>,
@@ -76,7 +79,19 @@ impl WriteTx {
         Ok(())
     }
 
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
+    /// A sandbox row's counted fields went from `before` to `after`
+    /// (`None`: no row); the counts follow at commit.
+    pub fn count(
+        &mut self,
+        before: Option<&crate::records::counts::Counted>,
+        after: Option<&crate::records::counts::Counted>,
+    ) {
+        self.counts.change(before, after);
+    }
+
+    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+        // The counts last: see `records::counts` (no deadlock, short holds).
+        crate::records::counts::flush(&mut self).await?;
         self.tx.commit().await?;
         for key in &self.changed {
             self.hub.notify(key);
@@ -109,6 +124,7 @@ impl Db {
         Ok(WriteTx {
             tx,
             changed: Vec::new(),
+            counts: Default::default(),
             hub: self.hub.clone(),
             engine: self.engine,
             _writer: writer,

@@ -3,12 +3,11 @@
 //! runner the sandbox last ran on (its home and blocks are there), then
 //! spot before on-demand for `spot_first`, then the emptiest runner.
 
-use api::lifecycle::{Placement, SandboxState, StorageClass};
-use sqlx::Row;
-
 use crate::db::{WriteTx, now_ms};
+use crate::records::counts::{Usage, all_runner_usage, runner_usage};
 use crate::records::runners::{RunnerRow, all_runners};
-use crate::records::{SandboxRow, Transition, compute_states_sql, set_sandbox_state};
+use crate::records::{SandboxRow, Transition, set_sandbox_state};
+use api::lifecycle::{Placement, SandboxState, StorageClass};
 
 /// What a sandbox needs from a runner, each named as `details.missing`
 /// names it when no runner offers it.
@@ -51,6 +50,14 @@ impl Needs {
         }
     }
 
+    /// Whether it fits on `runner` next to what `used` there.
+    pub fn fits(&self, runner: &RunnerRow, used: &Usage) -> bool {
+        used.sandboxes < runner.capacity_sandboxes
+            && used.memory_mib + self.memory_mib <= runner.capacity_memory_mib
+            && used.millicpus + self.millicpus <= runner.capacity_millicpus
+            && used.pids + self.pids <= runner.capacity_pids
+    }
+
     /// What `runner` lacks, by name; empty if it can run the sandbox at all
     /// (ignoring what is in use right now).
     pub fn missing_on(&self, runner: &RunnerRow) -> Vec<String> {
@@ -90,8 +97,8 @@ pub enum Placed {
 
 /// Places `sandbox` (in `pending` or `recovering`, no runner) if a runner
 /// fits, moving it to `starting` with a bumped epoch. The runner's row is
-/// locked (an UPDATE) before its usage is counted, so servers placing at
-/// once never overfill it.
+/// locked (an UPDATE) before its kept usage (`records::counts`) is read,
+/// so servers placing at once never overfill it.
 pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sqlx::Error> {
     let now = now_ms();
     let needs = Needs::of(sandbox);
@@ -106,9 +113,16 @@ pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sql
             _ => return Ok(Placed::HomeLost),
         }
     }
+    // A first filter on committed usage skips full runners without a
+    // round trip each; the one chosen is checked again under its lock.
+    let usage = all_runner_usage(tx).await?;
     let mut candidates: Vec<&RunnerRow> = runners
         .iter()
         .filter(|r| r.is_live(now) && r.drain.is_none() && needs.missing_on(r).is_empty())
+        .filter(|r| {
+            let used = usage.get(&r.id).copied().unwrap_or_default();
+            needs.fits(r, &used)
+        })
         .filter(|r| home_runner.is_none_or(|home| r.id == home))
         .collect();
     let last = sandbox.last_runner_id.as_deref();
@@ -130,19 +144,9 @@ pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sql
         if locked.rows_affected() == 0 {
             continue;
         }
-        let usage = sqlx::query(&format!(
-            "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(memory_mib), 0) AS BIGINT) AS memory, CAST(COALESCE(SUM(millicpus), 0) AS BIGINT) AS cpus, CAST(COALESCE(SUM(pids), 0) AS BIGINT) AS pids
-             FROM sandboxes WHERE runner_id = $1 AND state IN {}",
-            compute_states_sql()
-        ))
-        .bind(&runner.id)
-        .fetch_one(&mut *tx.tx)
-        .await?;
-        let fits = usage.try_get::<i64, _>("n")? < runner.capacity_sandboxes
-            && usage.try_get::<i64, _>("memory")? + needs.memory_mib <= runner.capacity_memory_mib
-            && usage.try_get::<i64, _>("cpus")? + needs.millicpus <= runner.capacity_millicpus
-            && usage.try_get::<i64, _>("pids")? + needs.pids <= runner.capacity_pids;
-        if !fits {
+        // Its kept usage, now that no other placement on it can commit.
+        let usage = runner_usage(tx, &runner.id).await?;
+        if !needs.fits(runner, &usage) {
             continue;
         }
         // The events tell what a recovered (or moved) home comes back from.

@@ -13,7 +13,7 @@ use super::AppState;
 use crate::db::{WriteTx, now_ms};
 use crate::error::ControlError;
 use crate::limits;
-use crate::records::{self, SandboxRow, held_states_sql, running_quota_states_sql};
+use crate::records::{self, SandboxRow};
 use crate::scheduler::{self, Needs, Placed};
 
 /// Defaults written into the record, so it shows the limits enforced.
@@ -307,19 +307,9 @@ pub async fn check_quotas(
     sqlx::query("UPDATE admission SET creates = creates + 1 WHERE id = 1")
         .execute(&mut *tx.tx)
         .await?;
-    let (running_states, held_states) = (running_quota_states_sql(), held_states_sql());
-    let counts = sqlx::query(&format!(
-        "SELECT
-            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired = 'running' AND state IN {running_states}) AS running,
-            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired <> 'deleted' AND state IN {held_states}) AS total,
-            (SELECT COUNT(*) FROM sandboxes WHERE desired = 'running' AND state IN {running_states}) AS fleet"
-    ))
-    .bind(org_id)
-    .fetch_one(&mut *tx.tx)
-    .await?;
-    let running: i64 = counts.try_get("running")?;
-    let total: i64 = counts.try_get("total")?;
-    let fleet: i64 = counts.try_get("fleet")?;
+    // Kept counts (`records::counts`): a few rows, however many sandboxes.
+    let (running, total) = records::counts::quota(tx, &format!("org:{org_id}")).await?;
+    let (fleet, _) = records::counts::quota(tx, "fleet").await?;
     if let Some(limit) = max_total.filter(|&limit| new && total >= limit) {
         state.metrics.quota_rejected("sandboxes.total");
         return Err(quota_exceeded("sandboxes.total", limit, total, 60));

@@ -1889,3 +1889,133 @@ async fn a_parked_home_found_unchanged_moves_safe_until_and_nothing_else() {
         assert_eq!(code(refused), ErrorCode::InvalidState);
     }
 }
+
+/// The kept counts (`records::counts`) as `roost admin counts` checks them:
+/// no drift, or the test fails naming what drifted.
+async fn assert_no_drift(plane: &Plane, step: &str) {
+    let (scopes, drift) = server::records::counts::drift(&plane.state.db.pool)
+        .await
+        .expect("the counts check runs");
+    assert!(
+        drift.is_empty(),
+        "{} after {step}: {drift:?}",
+        plane.engine()
+    );
+    assert!(scopes > 0, "{step}: nothing compared");
+}
+
+#[tokio::test]
+async fn kept_counts_follow_every_change_and_the_check_finds_no_drift() {
+    for plane in planes("counts").await {
+        let org = plane.org("org_c", Some(100)).await;
+        let small = plane.runner(2).await;
+        let big = plane.runner(50).await;
+        assert_no_drift(&plane, "registering").await;
+        // Creates at once, across the two runners.
+        let plane = std::sync::Arc::new(plane);
+        let mut creates = Vec::new();
+        for _ in 0..8 {
+            let (plane, org) = (plane.clone(), org.clone());
+            creates.push(tokio::spawn(async move { plane.create(&org).await }));
+        }
+        let mut rows = Vec::new();
+        for create in creates {
+            rows.push(create.await.expect("joined").expect("admitted"));
+        }
+        assert_no_drift(&plane, "creates").await;
+        let on_small: Vec<&SandboxRow> = rows
+            .iter()
+            .filter(|r| r.runner_id.as_deref() == Some(&small))
+            .collect();
+        assert!(on_small.len() <= 2, "the small runner was overfilled");
+        // Running, then stopped, started again, deleted.
+        let running = plane
+            .report(
+                &rows[0],
+                rows[0].runner_id.as_deref().expect("placed"),
+                SandboxState::Running,
+            )
+            .await
+            .expect("reported running");
+        assert_no_drift(&plane, "a report").await;
+        plane
+            .change(&org, &running.id, "stop")
+            .await
+            .expect("stopped");
+        assert_no_drift(&plane, "a stop").await;
+        let runner = running.runner_id.clone().expect("placed");
+        let stopping = plane.load(&running.id).await;
+        plane
+            .report(&stopping, &runner, SandboxState::Stopped)
+            .await
+            .expect("reported stopped");
+        assert_no_drift(&plane, "stopped").await;
+        plane
+            .change(&org, &running.id, "start")
+            .await
+            .expect("started");
+        assert_no_drift(&plane, "a start").await;
+        plane
+            .change(&org, &rows[1].id, "delete")
+            .await
+            .expect("deleted");
+        assert_no_drift(&plane, "a delete").await;
+        // A lost runner: its sandboxes fail and release its capacity.
+        plane.lose(&small).await;
+        assert_no_drift(&plane, "a lost runner").await;
+        let usage: Option<(i64,)> =
+            sqlx::query_as("SELECT sandboxes FROM runner_usage WHERE runner_id = $1")
+                .bind(&small)
+                .fetch_optional(&plane.state.db.pool)
+                .await
+                .expect("usage");
+        assert!(usage.is_none_or(|(n,)| n == 0), "{usage:?}");
+        // TTL and retention passes.
+        server::reconcile::pass(&plane.state, true)
+            .await
+            .expect("a pass");
+        assert_no_drift(&plane, "a reconcile pass").await;
+        let _ = big;
+        // The check does find drift: a count changed behind its back.
+        sqlx::query("UPDATE sandbox_counts SET running = running + 1 WHERE scope = 'fleet' AND slot = (SELECT MIN(slot) FROM sandbox_counts WHERE scope = 'fleet')")
+            .execute(&plane.state.db.pool)
+            .await
+            .expect("tampered");
+        let (_, drift) = server::records::counts::drift(&plane.state.db.pool)
+            .await
+            .expect("the check runs");
+        assert_eq!(drift.len(), 1, "{drift:?}");
+        assert_eq!(
+            (drift[0].scope.as_str(), drift[0].count.as_str()),
+            ("fleet", "running")
+        );
+    }
+}
+
+#[tokio::test]
+async fn admission_and_placement_read_the_kept_counts_not_the_sandboxes() {
+    for plane in planes("counts_read").await {
+        let org = plane.org("org_k", Some(2)).await;
+        let runner = plane.runner(2).await;
+        plane.create(&org).await.expect("admitted");
+        // Said full by the kept rows alone: refused, though one sandbox
+        // exists; and a runner said full takes nothing.
+        sqlx::query("INSERT INTO sandbox_counts (scope, slot, running, held) VALUES ('org:org_k', 99, 1, 0)")
+            .execute(&plane.state.db.pool)
+            .await
+            .expect("a count row");
+        assert_eq!(code(plane.create(&org).await), ErrorCode::QuotaExceeded);
+        sqlx::query("DELETE FROM sandbox_counts WHERE slot = 99")
+            .execute(&plane.state.db.pool)
+            .await
+            .expect("removed");
+        sqlx::query("UPDATE runner_usage SET sandboxes = sandboxes + 1 WHERE runner_id = $1")
+            .bind(&runner)
+            .execute(&plane.state.db.pool)
+            .await
+            .expect("usage");
+        let waiting = plane.create(&org).await.expect("admitted");
+        assert_eq!(waiting.state, SandboxState::Pending, "{}", plane.engine());
+        assert_eq!(waiting.state_reason.as_deref(), Some("no_capacity"));
+    }
+}
