@@ -43,6 +43,6 @@ GROUP BY runner_id;
 -- TTL deadline (while one may still be due) and by end (until retention
 -- deletes them), deleted sandboxes whose home is still pinned.
 CREATE INDEX runners_by_lease ON runners (state, lease_expires_at_ms);
-CREATE INDEX sandboxes_ttl_due ON sandboxes (expires_at_ms) WHERE expires_at_ms IS NOT NULL AND desired NOT IN ('terminated', 'deleted');
-CREATE INDEX sandboxes_retention_due ON sandboxes (ended_at_ms) WHERE ended_at_ms IS NOT NULL AND desired <> 'deleted';
-CREATE INDEX sandboxes_homes_to_release ON sandboxes (id) WHERE state = 'deleted' AND home_root IS NOT NULL
+CREATE INDEX sandboxes_ttl_due ON sandboxes (expires_at_ms) WHERE expires_at_ms IS NOT NULL AND desired NOT IN ('terminated', 'deleted') AND state NOT IN ('failed', 'terminated', 'deleted');
+CREATE INDEX sandboxes_retention_due ON sandboxes (state, ended_at_ms) WHERE ended_at_ms IS NOT NULL AND desired <> 'deleted';
+CREATE INDEX sandboxes_homes_to_release ON sandboxes (state, home_root) WHERE home_root IS NOT NULL

@@ -48,6 +48,9 @@ pub struct Db {
     pub url: String,
     /// Wakes long-poll waiters when a record they watch changes.
     pub hub: Hub,
+    /// Tokens verified lately (`auth::TokenCache`): most requests
+    /// authenticate without a query.
+    pub tokens: Arc<crate::auth::TokenCache>,
     /// SQLite has one writer: taking turns in-process turns would-be
     /// `SQLITE_BUSY` upgrades into a short queue. PostgreSQL needs none.
     sqlite_writer: Arc<Mutex<()>>,
@@ -176,6 +179,7 @@ impl Db {
             engine,
             url: url.to_owned(),
             hub: Hub::default(),
+            tokens: Arc::default(),
             sqlite_writer: Arc::new(Mutex::new(())),
         })
     }

@@ -177,6 +177,25 @@ pub async fn holds_org(pool: &AnyPool, runner_id: &str, org_id: &str) -> Result<
     Ok(salvage.is_some())
 }
 
+/// Live runners whose lease ends before `before_ms`, soonest first: id and
+/// lease end (an indexed range, `runners_by_lease`).
+pub async fn silent(pool: &AnyPool, before_ms: i64) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as(SILENT_SQL)
+        .bind(before_ms)
+        .fetch_all(pool)
+        .await
+}
+
+pub const SILENT_SQL: &str = "SELECT id, lease_expires_at_ms FROM runners WHERE state = 'live' AND lease_expires_at_ms < $1 ORDER BY lease_expires_at_ms";
+
+/// How many runners are live (read only when some lease expired).
+pub async fn count_live(pool: &AnyPool) -> Result<usize, sqlx::Error> {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM runners WHERE state = 'live'")
+        .fetch_one(pool)
+        .await?;
+    Ok(n.max(0) as usize)
+}
+
 /// Extends a live runner's lease. False once the lease watcher has
 /// declared it lost: an expired lease stays expired.
 pub async fn renew_lease(tx: &mut WriteTx, id: &str, until_ms: i64) -> Result<bool, sqlx::Error> {

@@ -2019,3 +2019,116 @@ async fn admission_and_placement_read_the_kept_counts_not_the_sandboxes() {
         assert_eq!(waiting.state_reason.as_deref(), Some("no_capacity"));
     }
 }
+
+#[tokio::test]
+async fn every_pass_reads_only_what_is_due_through_an_index() {
+    // SQLite's plans (PostgreSQL picks by table statistics): no pass's
+    // read of what is due scans a whole table.
+    let plane = planes("due").await.remove(0);
+    for (pass, sql, index) in server::reconcile::due_queries() {
+        let plan: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .bind(0_i64)
+                .bind(0_i64)
+                .fetch_all(&plane.state.db.pool)
+                .await
+                .unwrap_or_else(|err| panic!("{pass}: {err}"));
+        let steps: Vec<&str> = plan.iter().map(|(_, _, _, step)| step.as_str()).collect();
+        assert!(
+            steps.iter().all(|step| !step.starts_with("SCAN")),
+            "the {pass} pass scans: {steps:?}"
+        );
+        assert!(
+            steps
+                .iter()
+                .any(|step| step.contains(&format!("INDEX {index} "))),
+            "the {pass} pass does not use {index}: {steps:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_verified_token_costs_no_query_until_its_cache_entry_ages_out() {
+    use server::auth::{self, Principal};
+    for plane in planes("tokens").await {
+        let db = &plane.state.db;
+        let org = plane.org("org_t", None).await;
+        let token = auth::new_token("org").expect("a token");
+        // Unknown tokens are not remembered: a token made afterwards (on
+        // any server) works at once.
+        assert_eq!(auth::authenticate(db, &token).await.expect("read"), None);
+        auth::store_token(db, &token, "org", Some(&org))
+            .await
+            .expect("stored");
+        let principal = Principal::Org {
+            org_id: org.clone(),
+        };
+        assert_eq!(
+            auth::authenticate(db, &token).await.expect("read"),
+            Some(principal.clone())
+        );
+        // Removed from the records behind this server's back (as another
+        // server would): still trusted from the cache, for at most the TTL.
+        sqlx::query("DELETE FROM tokens WHERE hash = $1")
+            .bind(auth::hash_token(&token))
+            .execute(&db.pool)
+            .await
+            .expect("deleted");
+        assert_eq!(
+            auth::authenticate(db, &token).await.expect("cached"),
+            Some(principal.clone()),
+            "{}: the cache answered without the database",
+            plane.engine()
+        );
+        let deadline = std::time::Instant::now() + auth::TOKEN_CACHE_TTL * 3;
+        loop {
+            if auth::authenticate(db, &token)
+                .await
+                .expect("read")
+                .is_none()
+            {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a removed token was still trusted after {:?}",
+                auth::TOKEN_CACHE_TTL * 3
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        // On the server that removes one: at once.
+        let second = auth::new_token("org").expect("a token");
+        auth::store_token(db, &second, "org", Some(&org))
+            .await
+            .expect("stored");
+        assert!(
+            auth::authenticate(db, &second)
+                .await
+                .expect("read")
+                .is_some()
+        );
+        sqlx::query("DELETE FROM tokens WHERE hash = $1")
+            .bind(auth::hash_token(&second))
+            .execute(&db.pool)
+            .await
+            .expect("deleted");
+        db.tokens.forget(&auth::hash_token(&second));
+        assert_eq!(auth::authenticate(db, &second).await.expect("read"), None);
+    }
+}
+
+#[tokio::test]
+async fn one_lost_runner_among_hundreds_is_the_only_one_declared_lost() {
+    for plane in planes("many_runners").await {
+        let mut runners = Vec::new();
+        for _ in 0..300 {
+            runners.push(plane.runner(4).await);
+        }
+        plane.lose(&runners[150]).await;
+        let lost: Vec<(String,)> = sqlx::query_as("SELECT id FROM runners WHERE state <> 'live'")
+            .fetch_all(&plane.state.db.pool)
+            .await
+            .expect("runners");
+        assert_eq!(lost, vec![(runners[150].clone(),)], "{}", plane.engine());
+    }
+}
