@@ -51,6 +51,8 @@ pub struct Db {
     /// Tokens verified lately (`auth::TokenCache`): most requests
     /// authenticate without a query.
     pub tokens: Arc<crate::auth::TokenCache>,
+    /// Runners as lately read, for placement (`scheduler::RunnerView`).
+    pub runner_view: Arc<crate::scheduler::RunnerView>,
     /// SQLite has one writer: taking turns in-process turns would-be
     /// `SQLITE_BUSY` upgrades into a short queue. PostgreSQL needs none.
     sqlite_writer: Arc<Mutex<()>>,
@@ -64,6 +66,11 @@ pub struct WriteTx {
     changed: Vec<String>,
     /// Changes to the kept counts, written at commit (`records::counts`).
     pub counts: crate::records::counts::Pending,
+    /// The runners as this server last read them (`scheduler::RunnerView`).
+    pub runner_view: Arc<crate::scheduler::RunnerView>,
+    /// A runner's row changed what placement reads (registration, drain):
+    /// the view is cleared at commit.
+    pub runners_changed: bool,
     hub: Hub,
     engine: Engine,
     _writer: Option<OwnedMutexGuard<()>>,
@@ -96,6 +103,9 @@ impl WriteTx {
         // The counts last: see `records::counts` (no deadlock, short holds).
         crate::records::counts::flush(&mut self).await?;
         self.tx.commit().await?;
+        if self.runners_changed {
+            self.runner_view.clear();
+        }
         for key in &self.changed {
             self.hub.notify(key);
         }
@@ -128,6 +138,8 @@ impl Db {
             tx,
             changed: Vec::new(),
             counts: Default::default(),
+            runner_view: self.runner_view.clone(),
+            runners_changed: false,
             hub: self.hub.clone(),
             engine: self.engine,
             _writer: writer,
@@ -180,6 +192,7 @@ impl Db {
             url: url.to_owned(),
             hub: Hub::default(),
             tokens: Arc::default(),
+            runner_view: Arc::default(),
             sqlite_writer: Arc::new(Mutex::new(())),
         })
     }

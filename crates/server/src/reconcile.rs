@@ -34,7 +34,9 @@ pub async fn run(state: AppState) {
 
 pub async fn pass(state: &AppState, watch_leases: bool) -> Result<(), ControlError> {
     if watch_leases {
+        let started = std::time::Instant::now();
         expire_leases(state).await?;
+        state.metrics.lease_watched(started.elapsed());
     }
     expire_ttls(state).await?;
     crate::control::idle::sleep_due(state, now_ms()).await?;

@@ -254,11 +254,19 @@ async fn check_admissible(
     sandbox.mounts = serde_json::to_string(&mounts).unwrap_or_else(|_| "[]".to_owned());
     super::secrets::check_request(state, tx, &sandbox.org_id, &request.secrets).await?;
     let needs = Needs::of(sandbox);
-    let runners = records::runners::all_runners(tx).await?;
-    let best = runners
-        .iter()
-        .map(|r| needs.missing_on(r))
-        .min_by_key(Vec::len);
+    // The runners as lately read; a refusal is checked against a read now.
+    let mut best = None;
+    for max_age in [scheduler::RUNNER_VIEW_TTL, std::time::Duration::ZERO] {
+        let view = scheduler::RunnerView::read(tx, max_age).await?;
+        best = view
+            .runners
+            .iter()
+            .map(|r| needs.missing_on(r))
+            .min_by_key(Vec::len);
+        if best.as_ref().is_some_and(Vec::is_empty) {
+            break;
+        }
+    }
     match best {
         None => Err(unsupported(
             vec!["runner".to_owned()],

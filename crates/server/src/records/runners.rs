@@ -99,6 +99,7 @@ pub async fn register_new(
     .bind(credential_hash)
     .execute(&mut *tx.tx)
     .await?;
+    tx.runners_changed = true;
     Ok(())
 }
 
@@ -129,6 +130,7 @@ pub async fn register_again(
     .bind(id)
     .execute(&mut *tx.tx)
     .await?;
+    tx.runners_changed = true;
     Ok(updated.rows_affected() > 0)
 }
 
@@ -228,6 +230,7 @@ pub async fn set_drain(tx: &mut WriteTx, id: &str, drain: Option<&str>) -> Resul
         .bind(id)
         .execute(&mut *tx.tx)
         .await?;
+    tx.runners_changed = true;
     Ok(())
 }
 
