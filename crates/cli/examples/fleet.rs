@@ -76,8 +76,15 @@ impl Stats {
     }
 
     fn error(&self, kind: &str, err: &dyn std::fmt::Display) {
+        // Grouped by what went wrong: without the request id or the URL.
         let mut text = err.to_string();
-        text.truncate(120);
+        if let Some(at) = text.find(" (request ") {
+            text.truncate(at);
+        }
+        if let Some(at) = text.find(" at http") {
+            text.truncate(at);
+        }
+        text.truncate(80);
         let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
         *errors.entry(format!("{kind}: {text}")).or_default() += 1;
     }

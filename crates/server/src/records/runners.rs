@@ -210,6 +210,31 @@ pub async fn renew_lease(tx: &mut WriteTx, id: &str, until_ms: i64) -> Result<bo
     Ok(renewed.rows_affected() > 0)
 }
 
+/// [`renew_lease`] as a transaction of its own. On PostgreSQL one
+/// statement, committed by itself (a heartbeat is the most frequent write
+/// of a fleet: one round trip instead of three); on SQLite through the
+/// one writer.
+pub async fn renew_lease_alone(
+    db: &crate::db::Db,
+    id: &str,
+    until_ms: i64,
+) -> Result<bool, sqlx::Error> {
+    if db.engine == crate::db::Engine::Postgres {
+        let renewed = sqlx::query(
+            "UPDATE runners SET lease_expires_at_ms = $1 WHERE id = $2 AND state = 'live'",
+        )
+        .bind(until_ms)
+        .bind(id)
+        .execute(&db.pool)
+        .await?;
+        return Ok(renewed.rows_affected() > 0);
+    }
+    let mut tx = db.write().await?;
+    let renewed = renew_lease(&mut tx, id, until_ms).await?;
+    tx.commit().await?;
+    Ok(renewed)
+}
+
 /// Declares a live runner whose lease ended before `cutoff_ms` lost.
 /// False if it renewed meanwhile (or was already lost).
 pub async fn mark_lost(tx: &mut WriteTx, id: &str, cutoff_ms: i64) -> Result<bool, sqlx::Error> {
