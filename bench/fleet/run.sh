@@ -65,6 +65,8 @@ PIDS=() DBS=()
 pg() { psql "$PG_BASE" -qtAc "$1"; }
 cleanup() {
   local pid db
+  # (TERM for the proxy: a background job of a script ignores SIGINT.)
+  [ -z "${PROXY:-}" ] || kill -TERM "$PROXY" 2>/dev/null || true
   for pid in "${PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   for db in "${DBS[@]}"; do pg "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true; done

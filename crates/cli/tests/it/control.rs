@@ -259,3 +259,54 @@ fn every_answer_and_its_log_lines_carry_one_request_id() {
         }
     }
 }
+
+/// `roost admin counts`: the kept counts against the records, exact after
+/// creates through the API; a count changed behind the server's back is
+/// named, and the command exits 1.
+#[test]
+fn admin_counts_finds_no_drift_after_creates_and_names_one_made_behind_its_back() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data_dir = tmp.path().join("data");
+    let server = start_server(&data_dir, None);
+    let admin_token = server.admin_token.clone().expect("admin token");
+    let org = json_of(&admin(
+        &server.url,
+        &admin_token,
+        &["org", "create", "counted", "--max-running", "5", "--json"],
+    ));
+    let org_token = org["token"].as_str().expect("org token").to_owned();
+    for _ in 0..3 {
+        // No runner: admitted, then refused as unsupported, or waiting;
+        // either way the counts must match the records.
+        let _ = post(
+            &format!("{}/v1/sandboxes", server.url),
+            &org_token,
+            r#"{"image": "default"}"#,
+        );
+    }
+    let checked = json_of(&admin(&server.url, &admin_token, &["counts", "--json"]));
+    assert_eq!(checked["drift"], serde_json::json!([]), "{checked}");
+    // Behind the server's back: the fleet said to run one more.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        use sqlx::Connection;
+        let url = format!("sqlite://{}", data_dir.join("roost.db").display());
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
+        sqlx::query(
+            "INSERT INTO sandbox_counts (scope, slot, running, held) VALUES ('fleet', 99, 1, 0)",
+        )
+        .execute(&mut conn)
+        .await
+        .expect("tampered");
+    });
+    let output = admin(&server.url, &admin_token, &["counts"]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("drift: fleet running: kept 1, recomputed 0"),
+        "{text}"
+    );
+}
