@@ -2132,3 +2132,27 @@ async fn one_lost_runner_among_hundreds_is_the_only_one_declared_lost() {
         assert_eq!(lost, vec![(runners[150].clone(),)], "{}", plane.engine());
     }
 }
+
+#[tokio::test]
+async fn a_burst_of_runners_registering_at_once_all_get_in() {
+    for plane in planes("burst").await {
+        let plane = std::sync::Arc::new(plane);
+        let mut registering = Vec::new();
+        for _ in 0..200 {
+            let plane = plane.clone();
+            registering.push(tokio::spawn(async move { plane.runner(4).await }));
+        }
+        let mut ids = Vec::new();
+        for task in registering {
+            ids.push(task.await.expect("registered"));
+        }
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 200, "{}", plane.engine());
+        // And they take work at once: a create lands on one of them.
+        let org = plane.org("org_b", None).await;
+        let placed = plane.create(&org).await.expect("admitted");
+        assert!(ids.contains(placed.runner_id.as_ref().expect("placed")));
+        assert_no_drift(&plane, "a burst").await;
+    }
+}
