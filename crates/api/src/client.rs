@@ -727,6 +727,11 @@ impl Client {
         self.post(&["v1", "runner", "preempt"], request, &[]).await
     }
 
+    /// `GET /v1/admin/counts` (admin token): the kept counts checked.
+    pub async fn admin_counts(&self) -> Result<crate::orgs::CountsCheck, ClientError> {
+        self.get(&["v1", "admin", "counts"], &[]).await
+    }
+
     /// `GET /v1/admin/runners` (admin token).
     pub async fn admin_runners(&self) -> Result<Vec<RunnerRecord>, ClientError> {
         self.get(&["v1", "admin", "runners"], &[]).await

@@ -66,3 +66,26 @@ pub struct OrgUsage {
     /// Sandboxes counted against `max_total`.
     pub total: u64,
 }
+
+/// `GET /v1/admin/counts`: the kept counts (each org's and the fleet's
+/// quota counts, each runner's usage) recomputed from the sandboxes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CountsCheck {
+    /// How many scopes (`fleet`, `org:ID`, `runner:ID`) were compared.
+    pub scopes: u64,
+    /// Every count whose kept value differs from the records' (empty:
+    /// exact).
+    pub drift: Vec<CountDrift>,
+}
+
+/// One kept count that differs from the records.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CountDrift {
+    /// `fleet`, `org:ID` or `runner:ID`.
+    pub scope: String,
+    /// `running`, `held` (quota scopes); `sandboxes`, `memory_mib`,
+    /// `millicpus`, `pids` (runners).
+    pub count: String,
+    pub kept: i64,
+    pub recomputed: i64,
+}

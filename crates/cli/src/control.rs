@@ -172,6 +172,15 @@ pub enum AdminCommand {
     /// Bring a deployment back from a backup into an empty data dir (or
     /// database) and store, then check it.
     Restore(crate::backup::RestoreArgs),
+    /// Recompute the kept counts (each org's and the fleet's quota counts,
+    /// each runner's usage) from the sandboxes and report any drift; exit 1
+    /// on drift.
+    Counts {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
     /// Check that every durable sandbox's last completed save, every
     /// snapshot's and every image's tree is whole in the store; reports
     /// each one that is not.
@@ -485,6 +494,35 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                 runner_action(&id, &target, json, "undrain").await?;
             }
             AdminCommand::Filesystem(command) => admin_filesystem(command).await?,
+            AdminCommand::Counts { target, json } => {
+                let checked = target
+                    .client()?
+                    .admin_counts()
+                    .await
+                    .context("counts check failed")?;
+                if json {
+                    print_record(&checked)?;
+                } else {
+                    for d in &checked.drift {
+                        println!(
+                            "drift: {} {}: kept {}, recomputed {}",
+                            d.scope, d.count, d.kept, d.recomputed
+                        );
+                    }
+                    println!(
+                        "counts: {} scopes compared, {}",
+                        checked.scopes,
+                        if checked.drift.is_empty() {
+                            "exact".to_owned()
+                        } else {
+                            format!("{} counts drifted", checked.drift.len())
+                        }
+                    );
+                }
+                if !checked.drift.is_empty() {
+                    return Ok(ExitCode::from(1));
+                }
+            }
             AdminCommand::Backup(_) | AdminCommand::Restore(_) | AdminCommand::Check(_) => {
                 unreachable!("run before the runtime starts")
             }

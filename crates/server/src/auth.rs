@@ -59,11 +59,78 @@ pub async fn store_token(
     Ok(())
 }
 
+/// How long a server trusts a token it verified without asking the
+/// database again: the delay after which a token removed from the records
+/// is refused by every server (on the server that removes it, at once:
+/// [`TokenCache::forget`]). Unknown tokens are never cached, so a new
+/// token works at once everywhere.
+pub const TOKEN_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Most tokens one server remembers (a runner's credential each, plus
+/// orgs'): about 200 bytes each.
+pub const TOKEN_CACHE_ENTRIES_MAX: usize = 65_536;
+
+/// Verified tokens by hash, each trusted for [`TOKEN_CACHE_TTL`]: an
+/// authenticated request costs no database round trip for its token.
+#[derive(Default)]
+pub struct TokenCache {
+    entries: std::sync::Mutex<std::collections::HashMap<String, (Principal, std::time::Instant)>>,
+}
+
+impl TokenCache {
+    fn get(&self, hash: &str) -> Option<Principal> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .get(hash)
+            .filter(|(_, at)| at.elapsed() < TOKEN_CACHE_TTL)
+            .map(|(principal, _)| principal.clone())
+    }
+
+    fn put(&self, hash: String, principal: Principal) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.len() >= TOKEN_CACHE_ENTRIES_MAX {
+            // Bounded: the stale go first, and if all are fresh, all go
+            // (each costs one query to come back).
+            entries.retain(|_, (_, at)| at.elapsed() < TOKEN_CACHE_TTL);
+            if entries.len() >= TOKEN_CACHE_ENTRIES_MAX {
+                entries.clear();
+            }
+        }
+        entries.insert(hash, (principal, std::time::Instant::now()));
+    }
+
+    /// Forgets a token (by its hash) on this server at once: what removes
+    /// a token from the records calls it.
+    pub fn forget(&self, hash: &str) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.remove(hash);
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sqlx::Error> {
     let hash = hash_token(token);
+    if let Some(principal) = db.tokens.get(&hash) {
+        return Ok(Some(principal));
+    }
+    let principal = authenticate_uncached(db, &hash).await?;
+    if let Some(principal) = &principal {
+        db.tokens.put(hash, principal.clone());
+    }
+    Ok(principal)
+}
+
+async fn authenticate_uncached(db: &Db, hash: &str) -> Result<Option<Principal>, sqlx::Error> {
     let row: Option<(String, Option<String>)> =
         sqlx::query_as("SELECT kind, org_id FROM tokens WHERE hash = $1")
-            .bind(&hash)
+            .bind(hash)
             .fetch_optional(&db.pool)
             .await?;
     let principal = row.and_then(|(kind, org_id)| match (kind.as_str(), org_id) {
@@ -75,7 +142,7 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
     if principal.is_some() {
         return Ok(principal);
     }
-    let runner = crate::records::runners::by_credential(&db.pool, &hash).await?;
+    let runner = crate::records::runners::by_credential(&db.pool, hash).await?;
     Ok(runner.map(|runner_id| Principal::Runner { runner_id }))
 }
 

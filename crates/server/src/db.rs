@@ -32,6 +32,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (13, include_str!("../migrations/0013_filesystems.sql")),
     (14, include_str!("../migrations/0014_agent.sql")),
     (15, include_str!("../migrations/0015_idle.sql")),
+    (16, include_str!("../migrations/0016_counts.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +48,11 @@ pub struct Db {
     pub url: String,
     /// Wakes long-poll waiters when a record they watch changes.
     pub hub: Hub,
+    /// Tokens verified lately (`auth::TokenCache`): most requests
+    /// authenticate without a query.
+    pub tokens: Arc<crate::auth::TokenCache>,
+    /// Runners as lately read, for placement (`scheduler::RunnerView`).
+    pub runner_view: Arc<crate::scheduler::RunnerView>,
     /// SQLite has one writer: taking turns in-process turns would-be
     /// `SQLITE_BUSY` upgrades into a short queue. PostgreSQL needs none.
     sqlite_writer: Arc<Mutex<()>>,
@@ -58,6 +64,13 @@ pub struct Db {
 pub struct WriteTx {
     pub tx: Transaction<'static, Any>,
     changed: Vec<String>,
+    /// Changes to the kept counts, written at commit (`records::counts`).
+    pub counts: crate::records::counts::Pending,
+    /// The runners as this server last read them (`scheduler::RunnerView`).
+    pub runner_view: Arc<crate::scheduler::RunnerView>,
+    /// A runner's row changed what placement reads (registration, drain):
+    /// the view is cleared at commit.
+    pub runners_changed: bool,
     hub: Hub,
     engine: Engine,
     _writer: Option<OwnedMutexGuard<()>>,
@@ -76,8 +89,23 @@ impl WriteTx {
         Ok(())
     }
 
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
+    /// A sandbox row's counted fields went from `before` to `after`
+    /// (`None`: no row); the counts follow at commit.
+    pub fn count(
+        &mut self,
+        before: Option<&crate::records::counts::Counted>,
+        after: Option<&crate::records::counts::Counted>,
+    ) {
+        self.counts.change(before, after);
+    }
+
+    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+        // The counts last: see `records::counts` (no deadlock, short holds).
+        crate::records::counts::flush(&mut self).await?;
         self.tx.commit().await?;
+        if self.runners_changed {
+            self.runner_view.clear();
+        }
         for key in &self.changed {
             self.hub.notify(key);
         }
@@ -109,6 +137,9 @@ impl Db {
         Ok(WriteTx {
             tx,
             changed: Vec::new(),
+            counts: Default::default(),
+            runner_view: self.runner_view.clone(),
+            runners_changed: false,
             hub: self.hub.clone(),
             engine: self.engine,
             _writer: writer,
@@ -160,6 +191,8 @@ impl Db {
             engine,
             url: url.to_owned(),
             hub: Hub::default(),
+            tokens: Arc::default(),
+            runner_view: Arc::default(),
             sqlite_writer: Arc::new(Mutex::new(())),
         })
     }

@@ -116,6 +116,10 @@ pub struct Metrics {
     quota_rejections: Mutex<BTreeMap<String, u64>>,
     lease_expiries: AtomicU64,
     lease_holds: AtomicU64,
+    /// The lease watcher's passes on this server: the last one's and the
+    /// longest one's duration, in microseconds.
+    lease_watch_last_us: AtomicU64,
+    lease_watch_max_us: AtomicU64,
     block_bytes_in: AtomicU64,
     block_bytes_out: AtomicU64,
     block_objects_in: AtomicU64,
@@ -258,6 +262,13 @@ impl Metrics {
         self.idle().wake_seconds.observe(seconds);
     }
 
+    /// A lease watcher pass took `elapsed`.
+    pub fn lease_watched(&self, elapsed: Duration) {
+        let us = elapsed.as_micros().min(u128::from(u64::MAX)) as u64;
+        self.lease_watch_last_us.store(us, Ordering::Relaxed);
+        self.lease_watch_max_us.fetch_max(us, Ordering::Relaxed);
+    }
+
     /// A lease watcher pass held off recovery: too much of the fleet lost
     /// its lease at once.
     pub fn lease_held(&self) {
@@ -365,6 +376,22 @@ impl Metrics {
             "roost_lease_holds_total {}",
             self.lease_holds.load(Ordering::Relaxed)
         );
+        for (name, help, value) in [
+            (
+                "roost_lease_watch_last_seconds",
+                "How long this server's last lease watcher pass took.",
+                &self.lease_watch_last_us,
+            ),
+            (
+                "roost_lease_watch_max_seconds",
+                "The longest lease watcher pass this server ran.",
+                &self.lease_watch_max_us,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} gauge");
+            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed) as f64 / 1e6);
+        }
         let _ = writeln!(
             out,
             "# HELP roost_block_bytes_total Stored object bytes through the block service."

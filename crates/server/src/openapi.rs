@@ -10,6 +10,7 @@ use utoipa::{Modify, OpenApi};
     paths(
         crate::http::admin::create_org,
         crate::http::admin::list_orgs,
+        crate::http::admin::counts,
         crate::http::admin::create_runner_token,
         crate::http::admin::quarantine,
         crate::http::admin::release_quarantine,
@@ -99,6 +100,8 @@ use utoipa::{Modify, OpenApi};
         api::orgs::RunnerTokenResponse,
         api::orgs::OrgList,
         api::orgs::OrgUsage,
+        api::orgs::CountsCheck,
+        api::orgs::CountDrift,
         api::filesystems::BindFilesystemRequest,
         api::filesystems::FilesystemBinding,
         api::filesystems::FilesystemBindingList,

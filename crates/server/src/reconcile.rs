@@ -34,7 +34,9 @@ pub async fn run(state: AppState) {
 
 pub async fn pass(state: &AppState, watch_leases: bool) -> Result<(), ControlError> {
     if watch_leases {
+        let started = std::time::Instant::now();
         expire_leases(state).await?;
+        state.metrics.lease_watched(started.elapsed());
     }
     expire_ttls(state).await?;
     crate::control::idle::sleep_due(state, now_ms()).await?;
@@ -54,11 +56,10 @@ pub async fn release_deleted_homes(state: &AppState) -> Result<(), ControlError>
     let Some(store) = state.store.clone() else {
         return Ok(());
     };
-    let rows: Vec<(String, String)> = sqlx::query_as(&format!(
-        "SELECT id, org_id FROM sandboxes WHERE state = 'deleted' AND home_root IS NOT NULL LIMIT {BATCH}"
-    ))
-    .fetch_all(&state.db.pool)
-    .await?;
+    let rows: Vec<(String, String)> = sqlx::query_as(&homes_to_release_sql())
+        .bind(BATCH)
+        .fetch_all(&state.db.pool)
+        .await?;
     for (id, org_id) in rows {
         let (committed, next) = crate::control::home_store::home_names(&id)?;
         let org = crate::control::home_store::store_org(&org_id)?;
@@ -77,6 +78,58 @@ pub async fn release_deleted_homes(state: &AppState) -> Result<(), ControlError>
         tx.commit().await?;
     }
     Ok(())
+}
+
+/// Deleted sandboxes whose store home is still pinned (`$1`: batch).
+fn homes_to_release_sql() -> String {
+    "SELECT id, org_id FROM sandboxes WHERE state = 'deleted' AND home_root IS NOT NULL LIMIT $1"
+        .to_owned()
+}
+
+/// Sandboxes waiting for a runner (`$1`: batch).
+fn waiting_sql() -> String {
+    format!(
+        "SELECT id FROM sandboxes WHERE state IN {} AND desired = 'running' ORDER BY id LIMIT $1",
+        SandboxState::sql_in(SandboxState::awaits_placement)
+    )
+}
+
+/// Sandboxes whose TTL is due (`$1`: now, `$2`: batch); the terms match
+/// the partial index `sandboxes_ttl_due`'s, so only due ones are read.
+fn ttl_due_sql() -> String {
+    format!(
+        "SELECT id FROM sandboxes WHERE expires_at_ms <= $1 AND desired NOT IN ('terminated', 'deleted') AND state NOT IN {} LIMIT $2",
+        terminal_states_sql()
+    )
+}
+
+/// Ended sandboxes past retention, not yet deleted (`$1`: cutoff, `$2`:
+/// batch); index `sandboxes_retention_due`.
+fn retention_due_sql() -> String {
+    format!(
+        "SELECT id FROM sandboxes WHERE ended_at_ms < $1 AND state IN {} AND desired <> 'deleted' LIMIT $2",
+        SandboxState::sql_in(|s| s.is_terminal() && s != SandboxState::Deleted)
+    )
+}
+
+/// Every pass's read of what is due, by name, with the index that bounds
+/// it to what is due: what the tests check the plans against.
+pub fn due_queries() -> Vec<(&'static str, String, &'static str)> {
+    vec![
+        (
+            "lease watcher",
+            crate::records::runners::SILENT_SQL.to_owned(),
+            "runners_by_lease",
+        ),
+        ("ttl", ttl_due_sql(), "sandboxes_ttl_due"),
+        ("retention", retention_due_sql(), "sandboxes_retention_due"),
+        ("scheduling", waiting_sql(), "sandboxes_by_state_desired"),
+        (
+            "deleted homes",
+            homes_to_release_sql(),
+            "sandboxes_homes_to_release",
+        ),
+    ]
 }
 
 /// Whether `silent` of `live` runners going quiet at once looks
@@ -168,18 +221,6 @@ async fn hold_for_mass_loss(
 pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
     let now = now_ms();
     let cutoff = now - state.config.fence_margin.as_millis() as i64;
-    let live: Vec<(String, i64)> =
-        sqlx::query_as("SELECT id, lease_expires_at_ms FROM runners WHERE state = 'live'")
-            .fetch_all(&state.db.pool)
-            .await?;
-    let expired: Vec<(String, i64)> = live
-        .iter()
-        .filter(|(_, expires)| *expires < cutoff)
-        .cloned()
-        .collect();
-    if expired.is_empty() {
-        return end_mass_loss_hold(state).await;
-    }
     // The share counts every runner already past its freeze point (no
     // answered heartbeat for two thirds of a lease), not only those past
     // lease and margin: runners cut off together expire up to a heartbeat
@@ -187,11 +228,20 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
     let lease_ms = state.config.lease_ttl.as_millis() as i64;
     let silent_before =
         now + lease_ms - crate::freeze_after(state.config.lease_ttl).as_millis() as i64;
-    let silent = live
+    // Only runners past their freeze point are read (indexed by lease
+    // expiry): a healthy fleet of any size costs this pass one empty range.
+    let silent = crate::records::runners::silent(&state.db.pool, silent_before).await?;
+    let expired: Vec<(String, i64)> = silent
         .iter()
-        .filter(|(_, expires)| *expires < silent_before)
-        .count();
-    if hold_for_mass_loss(state, live.len(), silent, now).await? {
+        .filter(|(_, expires)| *expires < cutoff)
+        .cloned()
+        .collect();
+    if expired.is_empty() {
+        return end_mass_loss_hold(state).await;
+    }
+    let live = crate::records::runners::count_live(&state.db.pool).await?;
+    let silent = silent.len();
+    if hold_for_mass_loss(state, live, silent, now).await? {
         return Ok(());
     }
     for (runner_id, expired_at) in expired {
@@ -302,13 +352,10 @@ pub fn lost_runner_verdict(sandbox: &SandboxRow, secured: bool) -> SandboxState 
 
 /// Places sandboxes waiting for a runner.
 pub async fn schedule_pending(state: &AppState) -> Result<(), ControlError> {
-    let waiting: Vec<(String,)> = sqlx::query_as(&format!(
-        "SELECT id FROM sandboxes WHERE state IN {} AND desired = 'running' ORDER BY id LIMIT $1",
-        SandboxState::sql_in(SandboxState::awaits_placement)
-    ))
-    .bind(BATCH)
-    .fetch_all(&state.db.pool)
-    .await?;
+    let waiting: Vec<(String,)> = sqlx::query_as(&waiting_sql())
+        .bind(BATCH)
+        .fetch_all(&state.db.pool)
+        .await?;
     for (id,) in waiting {
         let mut tx = state.db.write().await?;
         let Some(row) = load_sandbox(&mut tx, &id).await? else {
@@ -327,14 +374,11 @@ pub async fn schedule_pending(state: &AppState) -> Result<(), ControlError> {
 /// terminated at once; a running one when its runner reports it ended.
 async fn expire_ttls(state: &AppState) -> Result<(), ControlError> {
     let now = now_ms();
-    let expired: Vec<(String,)> = sqlx::query_as(&format!(
-        "SELECT id FROM sandboxes WHERE expires_at_ms <= $1 AND desired NOT IN ('terminated', 'deleted') AND state NOT IN {} LIMIT $2",
-        terminal_states_sql()
-    ))
-    .bind(now)
-    .bind(BATCH)
-    .fetch_all(&state.db.pool)
-    .await?;
+    let expired: Vec<(String,)> = sqlx::query_as(&ttl_due_sql())
+        .bind(now)
+        .bind(BATCH)
+        .fetch_all(&state.db.pool)
+        .await?;
     for (id,) in expired {
         let mut tx = state.db.write().await?;
         let Some(row) = load_sandbox(&mut tx, &id).await? else {
@@ -370,14 +414,11 @@ async fn expire_ttls(state: &AppState) -> Result<(), ControlError> {
 async fn apply_retention(state: &AppState) -> Result<(), ControlError> {
     let cutoff = state.retained_since_ms();
     // Ended but not released: everything terminal except `deleted`.
-    let ended: Vec<(String,)> = sqlx::query_as(&format!(
-        "SELECT id FROM sandboxes WHERE ended_at_ms < $1 AND state IN {} AND desired <> 'deleted' LIMIT $2",
-        SandboxState::sql_in(|s| s.is_terminal() && s != SandboxState::Deleted)
-    ))
-    .bind(cutoff)
-    .bind(BATCH)
-    .fetch_all(&state.db.pool)
-    .await?;
+    let ended: Vec<(String,)> = sqlx::query_as(&retention_due_sql())
+        .bind(cutoff)
+        .bind(BATCH)
+        .fetch_all(&state.db.pool)
+        .await?;
     for (id,) in ended {
         let mut tx = state.db.write().await?;
         let Some(row) = load_sandbox(&mut tx, &id).await? else {

@@ -259,3 +259,158 @@ fn every_answer_and_its_log_lines_carry_one_request_id() {
         }
     }
 }
+
+/// `roost admin counts`: the kept counts against the records, exact after
+/// creates through the API; a count changed behind the server's back is
+/// named, and the command exits 1.
+#[test]
+fn admin_counts_finds_no_drift_after_creates_and_names_one_made_behind_its_back() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data_dir = tmp.path().join("data");
+    let server = start_server(&data_dir, None);
+    let admin_token = server.admin_token.clone().expect("admin token");
+    let org = json_of(&admin(
+        &server.url,
+        &admin_token,
+        &["org", "create", "counted", "--max-running", "5", "--json"],
+    ));
+    let org_token = org["token"].as_str().expect("org token").to_owned();
+    for _ in 0..3 {
+        // No runner: admitted, then refused as unsupported, or waiting;
+        // either way the counts must match the records.
+        let _ = post(
+            &format!("{}/v1/sandboxes", server.url),
+            &org_token,
+            r#"{"image": "default"}"#,
+        );
+    }
+    let checked = json_of(&admin(&server.url, &admin_token, &["counts", "--json"]));
+    assert_eq!(checked["drift"], serde_json::json!([]), "{checked}");
+    // Behind the server's back: the fleet said to run one more.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        use sqlx::Connection;
+        let url = format!("sqlite://{}", data_dir.join("roost.db").display());
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
+        sqlx::query(
+            "INSERT INTO sandbox_counts (scope, slot, running, held) VALUES ('fleet', 99, 1, 0)",
+        )
+        .execute(&mut conn)
+        .await
+        .expect("tampered");
+    });
+    let output = admin(&server.url, &admin_token, &["counts"]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("drift: fleet running: kept 1, recomputed 0"),
+        "{text}"
+    );
+}
+
+/// A server killed (SIGKILL) while creates and a runner's reports go
+/// through it: the other carries on, and the kept counts are exact.
+#[test]
+fn a_server_killed_under_load_leaves_the_kept_counts_exact() {
+    let database = postgres_database("counts_kill");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let a = start_server(&tmp.path().join("a"), Some(&database));
+    let mut b = start_server(&tmp.path().join("b"), Some(&database));
+    let admin_token = a.admin_token.clone().expect("a bootstraps the admin token");
+    let org = json_of(&admin(
+        &a.url,
+        &admin_token,
+        &["org", "create", "killed", "--max-running", "1000", "--json"],
+    ));
+    let org_token = org["token"].as_str().expect("org token").to_owned();
+    let runner_token = json_of(&admin(&a.url, &admin_token, &["runner-token", "--json"]))["token"]
+        .as_str()
+        .expect("runner token")
+        .to_owned();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let created = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (urls, org_token2) = ((a.url.clone(), b.url.clone()), org_token.clone());
+    let load = runtime.spawn({
+        let created = created.clone();
+        async move {
+            let http = reqwest::Client::new();
+            let register = serde_json::json!({
+                "name": "r", "placement_class": "on_demand",
+                "capabilities": ["image:default", "network:none", "storage:standard"],
+                "capacity": {"sandboxes": 1000, "memory_mib": 1048576, "cpus": 1000, "pids": 10000000},
+            });
+            let registered: Value = http
+                .post(format!("{}/v1/runner/register", urls.1))
+                .bearer_auth(&runner_token)
+                .json(&register)
+                .send()
+                .await
+                .expect("register")
+                .json()
+                .await
+                .expect("json");
+            let (runner_id, credential) = (
+                registered["runner_id"].as_str().expect("id").to_owned(),
+                registered["runner_token"].as_str().expect("credential").to_owned(),
+            );
+            // Creates through b, each reported running through b, until b
+            // is gone; then through a.
+            for i in 0..60 {
+                let url = if i % 2 == 0 { &urls.1 } else { &urls.0 };
+                let Ok(response) = http
+                    .post(format!("{url}/v1/sandboxes"))
+                    .bearer_auth(&org_token2)
+                    .json(&serde_json::json!({"image": "default"}))
+                    .send()
+                    .await
+                else {
+                    continue;
+                };
+                let Ok(sandbox) = response.json::<Value>().await else {
+                    continue;
+                };
+                created.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let (Some(id), Some(epoch)) = (sandbox["id"].as_str(), sandbox["epoch"].as_u64())
+                else {
+                    continue;
+                };
+                let report = serde_json::json!({"runner_id": runner_id, "epoch": epoch, "state": "running"});
+                let _ = http
+                    .post(format!("{url}/v1/runner/sandboxes/{id}/report"))
+                    .bearer_auth(&credential)
+                    .json(&report)
+                    .send()
+                    .await;
+                if i % 3 == 0 {
+                    let _ = http
+                        .delete(format!("{url}/v1/sandboxes/{id}"))
+                        .bearer_auth(&org_token2)
+                        .send()
+                        .await;
+                }
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while created.load(std::sync::atomic::Ordering::SeqCst) < 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no creates went through"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    b.child.kill().expect("SIGKILL b");
+    let _ = b.child.wait();
+    runtime.block_on(load).expect("the load ran");
+    assert!(created.load(std::sync::atomic::Ordering::SeqCst) > 20);
+    let checked = json_of(&admin(&a.url, &admin_token, &["counts", "--json"]));
+    assert_eq!(checked["drift"], serde_json::json!([]), "{checked}");
+    drop(org_token);
+}

@@ -13,7 +13,7 @@ use super::AppState;
 use crate::db::{WriteTx, now_ms};
 use crate::error::ControlError;
 use crate::limits;
-use crate::records::{self, SandboxRow, held_states_sql, running_quota_states_sql};
+use crate::records::{self, SandboxRow};
 use crate::scheduler::{self, Needs, Placed};
 
 /// Defaults written into the record, so it shows the limits enforced.
@@ -254,11 +254,19 @@ async fn check_admissible(
     sandbox.mounts = serde_json::to_string(&mounts).unwrap_or_else(|_| "[]".to_owned());
     super::secrets::check_request(state, tx, &sandbox.org_id, &request.secrets).await?;
     let needs = Needs::of(sandbox);
-    let runners = records::runners::all_runners(tx).await?;
-    let best = runners
-        .iter()
-        .map(|r| needs.missing_on(r))
-        .min_by_key(Vec::len);
+    // The runners as lately read; a refusal is checked against a read now.
+    let mut best = None;
+    for max_age in [scheduler::RUNNER_VIEW_TTL, std::time::Duration::ZERO] {
+        let view = scheduler::RunnerView::read(tx, max_age).await?;
+        best = view
+            .runners
+            .iter()
+            .map(|r| needs.missing_on(r))
+            .min_by_key(Vec::len);
+        if best.as_ref().is_some_and(Vec::is_empty) {
+            break;
+        }
+    }
     match best {
         None => Err(unsupported(
             vec!["runner".to_owned()],
@@ -307,19 +315,9 @@ pub async fn check_quotas(
     sqlx::query("UPDATE admission SET creates = creates + 1 WHERE id = 1")
         .execute(&mut *tx.tx)
         .await?;
-    let (running_states, held_states) = (running_quota_states_sql(), held_states_sql());
-    let counts = sqlx::query(&format!(
-        "SELECT
-            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired = 'running' AND state IN {running_states}) AS running,
-            (SELECT COUNT(*) FROM sandboxes WHERE org_id = $1 AND desired <> 'deleted' AND state IN {held_states}) AS total,
-            (SELECT COUNT(*) FROM sandboxes WHERE desired = 'running' AND state IN {running_states}) AS fleet"
-    ))
-    .bind(org_id)
-    .fetch_one(&mut *tx.tx)
-    .await?;
-    let running: i64 = counts.try_get("running")?;
-    let total: i64 = counts.try_get("total")?;
-    let fleet: i64 = counts.try_get("fleet")?;
+    // Kept counts (`records::counts`): a few rows, however many sandboxes.
+    let (running, total) = records::counts::quota(tx, &format!("org:{org_id}")).await?;
+    let (fleet, _) = records::counts::quota(tx, "fleet").await?;
     if let Some(limit) = max_total.filter(|&limit| new && total >= limit) {
         state.metrics.quota_rejected("sandboxes.total");
         return Err(quota_exceeded("sandboxes.total", limit, total, 60));

@@ -30,6 +30,28 @@ pub async fn list_orgs(
     Ok(axum::Json(api::orgs::OrgList { orgs }))
 }
 
+/// The kept counts recomputed from the records: each one that differs.
+/// A scan of every sandbox (a check, never on a request's path).
+#[utoipa::path(get, path = "/v1/admin/counts", tag = "admin", responses((status = 200, body = api::orgs::CountsCheck), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn counts(
+    State(state): State<AppState>,
+    _admin: AdminCaller,
+) -> Result<axum::Json<api::orgs::CountsCheck>, ControlError> {
+    let (scopes, drift) = crate::records::counts::drift(&state.db.pool).await?;
+    Ok(axum::Json(api::orgs::CountsCheck {
+        scopes: scopes as u64,
+        drift: drift
+            .into_iter()
+            .map(|d| api::orgs::CountDrift {
+                scope: d.scope,
+                count: d.count,
+                kept: d.stored,
+                recomputed: d.recomputed,
+            })
+            .collect(),
+    }))
+}
+
 #[utoipa::path(post, path = "/v1/admin/runner-tokens", tag = "admin", responses((status = 201, body = api::orgs::RunnerTokenResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create_runner_token(
     State(state): State<AppState>,

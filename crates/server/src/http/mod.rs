@@ -36,6 +36,7 @@ pub fn router(state: AppState) -> Router {
             post(admin::create_org).get(admin::list_orgs),
         )
         .route("/v1/admin/runner-tokens", post(admin::create_runner_token))
+        .route("/v1/admin/counts", get(admin::counts))
         .route("/v1/admin/filesystems", get(admin::list_filesystems))
         .route(
             "/v1/admin/filesystems/{id}/orgs/{org}",

@@ -11,6 +11,8 @@
 //! - [`runners`]: the runner row, its lease and drain.
 //! - [`kept`]: kept copies of homes on runners, and the record's list.
 //! - [`filesystems`]: which org may mount which shared filesystem.
+//! - [`counts`]: quota counts and runner usage kept as rows, and their
+//!   drift check.
 //! - [`orgs`]: orgs with their quotas and usage (read only here).
 //! - [`secrets`]: org secrets (sealed) and what each sandbox asked for.
 //! - [`backup`]: the roots a backup of the store must carry (a read).
@@ -20,6 +22,7 @@
 pub mod activity;
 pub mod backup;
 pub mod commands;
+pub mod counts;
 pub mod filesystems;
 pub mod images;
 pub mod kept;

@@ -4,19 +4,18 @@
 use sqlx::AnyPool;
 use sqlx::Row;
 
-use super::{held_states_sql, rfc3339, running_quota_states_sql};
+use super::rfc3339;
 
 /// Every org, oldest first, with its usage counted as `admission` counts
 /// it (running: wanted running in a running state; total: held, not being
-/// deleted). One statement: the counts are grouped, not one query per org.
+/// deleted), read from the kept counts (`records::counts`).
 pub async fn usage(pool: &AnyPool) -> Result<Vec<api::orgs::OrgUsage>, sqlx::Error> {
-    let (running_states, held_states) = (running_quota_states_sql(), held_states_sql());
-    let rows = sqlx::query(&format!(
+    let rows = sqlx::query(
         "SELECT o.id, o.name, o.max_running, o.max_total, o.created_at_ms,
-            (SELECT COUNT(*) FROM sandboxes s WHERE s.org_id = o.id AND s.desired = 'running' AND s.state IN {running_states}) AS running,
-            (SELECT COUNT(*) FROM sandboxes s WHERE s.org_id = o.id AND s.desired <> 'deleted' AND s.state IN {held_states}) AS total
-         FROM orgs o ORDER BY o.created_at_ms, o.id"
-    ))
+            (SELECT CAST(COALESCE(SUM(c.running), 0) AS BIGINT) FROM sandbox_counts c WHERE c.scope = 'org:' || o.id) AS running,
+            (SELECT CAST(COALESCE(SUM(c.held), 0) AS BIGINT) FROM sandbox_counts c WHERE c.scope = 'org:' || o.id) AS total
+         FROM orgs o ORDER BY o.created_at_ms, o.id",
+    )
     .fetch_all(pool)
     .await?;
     rows.iter()

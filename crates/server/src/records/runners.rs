@@ -99,6 +99,7 @@ pub async fn register_new(
     .bind(credential_hash)
     .execute(&mut *tx.tx)
     .await?;
+    tx.runners_changed = true;
     Ok(())
 }
 
@@ -129,6 +130,7 @@ pub async fn register_again(
     .bind(id)
     .execute(&mut *tx.tx)
     .await?;
+    tx.runners_changed = true;
     Ok(updated.rows_affected() > 0)
 }
 
@@ -177,6 +179,25 @@ pub async fn holds_org(pool: &AnyPool, runner_id: &str, org_id: &str) -> Result<
     Ok(salvage.is_some())
 }
 
+/// Live runners whose lease ends before `before_ms`, soonest first: id and
+/// lease end (an indexed range, `runners_by_lease`).
+pub async fn silent(pool: &AnyPool, before_ms: i64) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as(SILENT_SQL)
+        .bind(before_ms)
+        .fetch_all(pool)
+        .await
+}
+
+pub const SILENT_SQL: &str = "SELECT id, lease_expires_at_ms FROM runners WHERE state = 'live' AND lease_expires_at_ms < $1 ORDER BY lease_expires_at_ms";
+
+/// How many runners are live (read only when some lease expired).
+pub async fn count_live(pool: &AnyPool) -> Result<usize, sqlx::Error> {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM runners WHERE state = 'live'")
+        .fetch_one(pool)
+        .await?;
+    Ok(n.max(0) as usize)
+}
+
 /// Extends a live runner's lease. False once the lease watcher has
 /// declared it lost: an expired lease stays expired.
 pub async fn renew_lease(tx: &mut WriteTx, id: &str, until_ms: i64) -> Result<bool, sqlx::Error> {
@@ -187,6 +208,31 @@ pub async fn renew_lease(tx: &mut WriteTx, id: &str, until_ms: i64) -> Result<bo
             .execute(&mut *tx.tx)
             .await?;
     Ok(renewed.rows_affected() > 0)
+}
+
+/// [`renew_lease`] as a transaction of its own. On PostgreSQL one
+/// statement, committed by itself (a heartbeat is the most frequent write
+/// of a fleet: one round trip instead of three); on SQLite through the
+/// one writer.
+pub async fn renew_lease_alone(
+    db: &crate::db::Db,
+    id: &str,
+    until_ms: i64,
+) -> Result<bool, sqlx::Error> {
+    if db.engine == crate::db::Engine::Postgres {
+        let renewed = sqlx::query(
+            "UPDATE runners SET lease_expires_at_ms = $1 WHERE id = $2 AND state = 'live'",
+        )
+        .bind(until_ms)
+        .bind(id)
+        .execute(&db.pool)
+        .await?;
+        return Ok(renewed.rows_affected() > 0);
+    }
+    let mut tx = db.write().await?;
+    let renewed = renew_lease(&mut tx, id, until_ms).await?;
+    tx.commit().await?;
+    Ok(renewed)
 }
 
 /// Declares a live runner whose lease ended before `cutoff_ms` lost.
@@ -209,6 +255,7 @@ pub async fn set_drain(tx: &mut WriteTx, id: &str, drain: Option<&str>) -> Resul
         .bind(id)
         .execute(&mut *tx.tx)
         .await?;
+    tx.runners_changed = true;
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use sqlx::AnyPool;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use super::counts::Counted;
 use super::{json_map, parse_column, rfc3339};
 use crate::db::{WriteTx, now_ms};
 use api::lifecycle::{DesiredState, Network, Placement, SandboxState, StorageClass};
@@ -318,9 +319,11 @@ pub async fn set_sandbox_state(
     };
     // Every state carries a reason: the one given, else its usual one.
     let reason = to.reason.unwrap_or(to.state.usual_reason());
+    // The row's `desired` comes back as locked by this update, so the
+    // counts see exactly what changed (state and runner are guarded).
     let updated = sqlx::query(
         "UPDATE sandboxes SET state = $1, state_reason = $2, runner_id = $3, epoch = $4, updated_at_ms = $5, ended_at_ms = $6, state_message = $11
-         WHERE id = $7 AND state = $8 AND epoch = $9 AND COALESCE(runner_id, '') = $10",
+         WHERE id = $7 AND state = $8 AND epoch = $9 AND COALESCE(runner_id, '') = $10 RETURNING desired",
     )
     .bind(to.state.as_str())
     .bind(reason)
@@ -333,11 +336,19 @@ pub async fn set_sandbox_state(
     .bind(current.epoch)
     .bind(current.runner_id.as_deref().unwrap_or(""))
     .bind(to.message)
-    .execute(&mut *tx.tx)
+    .fetch_optional(&mut *tx.tx)
     .await?;
-    if updated.rows_affected() == 0 {
+    let Some(updated) = updated else {
         return Ok(false);
-    }
+    };
+    let mut before = Counted::of(current);
+    before.desired = parse_column(&updated, "desired")?;
+    let after = Counted {
+        state: to.state,
+        runner_id: runner_id.map(str::to_owned),
+        ..before.clone()
+    };
+    tx.count(Some(&before), Some(&after));
     if to.state == SandboxState::Running {
         // Idleness counts from when it runs (a wake's restore is no idle
         // time); `started` is the activity that begins it.
@@ -506,8 +517,34 @@ pub async fn insert(
         runner_id: None,
     };
     append_event(tx, &row.id, row.created_at_ms, event).await?;
+    tx.count(None, Some(&Counted::of(row)));
     tx.changed(&row.id).await?;
     Ok(())
+}
+
+/// Locks the sandbox's row (an update that changes nothing) and returns
+/// what it counts toward as of now: what a write that does not guard on
+/// the counted fields changes them from.
+async fn lock_counted(tx: &mut WriteTx, id: &str) -> Result<Option<Counted>, sqlx::Error> {
+    let row = sqlx::query(
+        "UPDATE sandboxes SET desired = desired WHERE id = $1
+         RETURNING org_id, state, desired, runner_id, memory_mib, millicpus, pids",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx.tx)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    Ok(Some(Counted {
+        org_id: row.try_get("org_id")?,
+        state: parse_column(&row, "state")?,
+        desired: parse_column(&row, "desired")?,
+        runner_id: row.try_get("runner_id")?,
+        memory_mib: row.try_get::<Option<i64>, _>("memory_mib")?.unwrap_or(0),
+        millicpus: row.try_get::<Option<i64>, _>("millicpus")?.unwrap_or(0),
+        pids: row.try_get::<Option<i64>, _>("pids")?.unwrap_or(0),
+    }))
 }
 
 /// What the sandbox's org (or a rule acting for it: a TTL, retention)
@@ -529,6 +566,7 @@ pub async fn set_desired_saying(
     reason: &str,
     message: &str,
 ) -> Result<(), sqlx::Error> {
+    let before = lock_counted(tx, &row.id).await?;
     sqlx::query(
         "UPDATE sandboxes SET desired = $1, desired_reason = $2, desired_message = $3, updated_at_ms = $4 WHERE id = $5",
     )
@@ -539,6 +577,13 @@ pub async fn set_desired_saying(
     .bind(&row.id)
     .execute(&mut *tx.tx)
     .await?;
+    if let Some(before) = before {
+        let after = Counted {
+            desired,
+            ..before.clone()
+        };
+        tx.count(Some(&before), Some(&after));
+    }
     note(tx, row, reason, message, None).await
 }
 
@@ -631,10 +676,18 @@ pub async fn release_runner(
     row: &SandboxRow,
     message: &str,
 ) -> Result<(), sqlx::Error> {
+    let before = lock_counted(tx, &row.id).await?;
     sqlx::query("UPDATE sandboxes SET runner_id = NULL WHERE id = $1")
         .bind(&row.id)
         .execute(&mut *tx.tx)
         .await?;
+    if let Some(before) = before {
+        let after = Counted {
+            runner_id: None,
+            ..before.clone()
+        };
+        tx.count(Some(&before), Some(&after));
+    }
     note(tx, row, "node_lost", message, row.runner_id.as_deref()).await
 }
 
@@ -843,7 +896,8 @@ pub async fn forget_home(tx: &mut WriteTx, id: &str) -> Result<(), sqlx::Error> 
 }
 
 /// Removes deleted sandboxes (and, by cascade, their history) that ended
-/// before `cutoff_ms`.
+/// before `cutoff_ms`. A `deleted` row counts toward nothing
+/// (`records::counts`), so no count changes.
 pub async fn purge_deleted(tx: &mut WriteTx, cutoff_ms: i64) -> Result<(), sqlx::Error> {
     sqlx::query("DELETE FROM sandboxes WHERE state = 'deleted' AND ended_at_ms < $1")
         .bind(cutoff_ms)

@@ -1916,3 +1916,270 @@ async fn a_parked_home_found_unchanged_moves_safe_until_and_nothing_else() {
         assert_eq!(code(refused), ErrorCode::InvalidState);
     }
 }
+
+/// The kept counts (`records::counts`) as `roost admin counts` checks them:
+/// no drift, or the test fails naming what drifted.
+async fn assert_no_drift(plane: &Plane, step: &str) {
+    let (scopes, drift) = server::records::counts::drift(&plane.state.db.pool)
+        .await
+        .expect("the counts check runs");
+    assert!(
+        drift.is_empty(),
+        "{} after {step}: {drift:?}",
+        plane.engine()
+    );
+    assert!(scopes > 0, "{step}: nothing compared");
+}
+
+#[tokio::test]
+async fn kept_counts_follow_every_change_and_the_check_finds_no_drift() {
+    for plane in planes("counts").await {
+        let org = plane.org("org_c", Some(100)).await;
+        let small = plane.runner(2).await;
+        let big = plane.runner(50).await;
+        assert_no_drift(&plane, "registering").await;
+        // Creates at once, across the two runners.
+        let plane = std::sync::Arc::new(plane);
+        let mut creates = Vec::new();
+        for _ in 0..8 {
+            let (plane, org) = (plane.clone(), org.clone());
+            creates.push(tokio::spawn(async move { plane.create(&org).await }));
+        }
+        let mut rows = Vec::new();
+        for create in creates {
+            rows.push(create.await.expect("joined").expect("admitted"));
+        }
+        assert_no_drift(&plane, "creates").await;
+        let on_small: Vec<&SandboxRow> = rows
+            .iter()
+            .filter(|r| r.runner_id.as_deref() == Some(&small))
+            .collect();
+        assert!(on_small.len() <= 2, "the small runner was overfilled");
+        // Running, then stopped, started again, deleted.
+        let running = plane
+            .report(
+                &rows[0],
+                rows[0].runner_id.as_deref().expect("placed"),
+                SandboxState::Running,
+            )
+            .await
+            .expect("reported running");
+        assert_no_drift(&plane, "a report").await;
+        plane
+            .change(&org, &running.id, "stop")
+            .await
+            .expect("stopped");
+        assert_no_drift(&plane, "a stop").await;
+        let runner = running.runner_id.clone().expect("placed");
+        let stopping = plane.load(&running.id).await;
+        plane
+            .report(&stopping, &runner, SandboxState::Stopped)
+            .await
+            .expect("reported stopped");
+        assert_no_drift(&plane, "stopped").await;
+        plane
+            .change(&org, &running.id, "start")
+            .await
+            .expect("started");
+        assert_no_drift(&plane, "a start").await;
+        plane
+            .change(&org, &rows[1].id, "delete")
+            .await
+            .expect("deleted");
+        assert_no_drift(&plane, "a delete").await;
+        // A lost runner: its sandboxes fail and release its capacity.
+        plane.lose(&small).await;
+        assert_no_drift(&plane, "a lost runner").await;
+        let usage: Option<(i64,)> =
+            sqlx::query_as("SELECT sandboxes FROM runner_usage WHERE runner_id = $1")
+                .bind(&small)
+                .fetch_optional(&plane.state.db.pool)
+                .await
+                .expect("usage");
+        assert!(usage.is_none_or(|(n,)| n == 0), "{usage:?}");
+        // TTL and retention passes.
+        server::reconcile::pass(&plane.state, true)
+            .await
+            .expect("a pass");
+        assert_no_drift(&plane, "a reconcile pass").await;
+        let _ = big;
+        // The check does find drift: a count changed behind its back.
+        sqlx::query("UPDATE sandbox_counts SET running = running + 1 WHERE scope = 'fleet' AND slot = (SELECT MIN(slot) FROM sandbox_counts WHERE scope = 'fleet')")
+            .execute(&plane.state.db.pool)
+            .await
+            .expect("tampered");
+        let (_, drift) = server::records::counts::drift(&plane.state.db.pool)
+            .await
+            .expect("the check runs");
+        assert_eq!(drift.len(), 1, "{drift:?}");
+        assert_eq!(
+            (drift[0].scope.as_str(), drift[0].count.as_str()),
+            ("fleet", "running")
+        );
+    }
+}
+
+#[tokio::test]
+async fn admission_and_placement_read_the_kept_counts_not_the_sandboxes() {
+    for plane in planes("counts_read").await {
+        let org = plane.org("org_k", Some(2)).await;
+        let runner = plane.runner(2).await;
+        plane.create(&org).await.expect("admitted");
+        // Said full by the kept rows alone: refused, though one sandbox
+        // exists; and a runner said full takes nothing.
+        sqlx::query("INSERT INTO sandbox_counts (scope, slot, running, held) VALUES ('org:org_k', 99, 1, 0)")
+            .execute(&plane.state.db.pool)
+            .await
+            .expect("a count row");
+        assert_eq!(code(plane.create(&org).await), ErrorCode::QuotaExceeded);
+        sqlx::query("DELETE FROM sandbox_counts WHERE slot = 99")
+            .execute(&plane.state.db.pool)
+            .await
+            .expect("removed");
+        sqlx::query("UPDATE runner_usage SET sandboxes = sandboxes + 1 WHERE runner_id = $1")
+            .bind(&runner)
+            .execute(&plane.state.db.pool)
+            .await
+            .expect("usage");
+        let waiting = plane.create(&org).await.expect("admitted");
+        assert_eq!(waiting.state, SandboxState::Pending, "{}", plane.engine());
+        assert_eq!(waiting.state_reason.as_deref(), Some("no_capacity"));
+    }
+}
+
+#[tokio::test]
+async fn every_pass_reads_only_what_is_due_through_an_index() {
+    // SQLite's plans (PostgreSQL picks by table statistics): no pass's
+    // read of what is due scans a whole table.
+    let plane = planes("due").await.remove(0);
+    for (pass, sql, index) in server::reconcile::due_queries() {
+        let plan: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .bind(0_i64)
+                .bind(0_i64)
+                .fetch_all(&plane.state.db.pool)
+                .await
+                .unwrap_or_else(|err| panic!("{pass}: {err}"));
+        let steps: Vec<&str> = plan.iter().map(|(_, _, _, step)| step.as_str()).collect();
+        assert!(
+            steps.iter().all(|step| !step.starts_with("SCAN")),
+            "the {pass} pass scans: {steps:?}"
+        );
+        assert!(
+            steps
+                .iter()
+                .any(|step| step.contains(&format!("INDEX {index} "))),
+            "the {pass} pass does not use {index}: {steps:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_verified_token_costs_no_query_until_its_cache_entry_ages_out() {
+    use server::auth::{self, Principal};
+    for plane in planes("tokens").await {
+        let db = &plane.state.db;
+        let org = plane.org("org_t", None).await;
+        let token = auth::new_token("org").expect("a token");
+        // Unknown tokens are not remembered: a token made afterwards (on
+        // any server) works at once.
+        assert_eq!(auth::authenticate(db, &token).await.expect("read"), None);
+        auth::store_token(db, &token, "org", Some(&org))
+            .await
+            .expect("stored");
+        let principal = Principal::Org {
+            org_id: org.clone(),
+        };
+        assert_eq!(
+            auth::authenticate(db, &token).await.expect("read"),
+            Some(principal.clone())
+        );
+        // Removed from the records behind this server's back (as another
+        // server would): still trusted from the cache, for at most the TTL.
+        sqlx::query("DELETE FROM tokens WHERE hash = $1")
+            .bind(auth::hash_token(&token))
+            .execute(&db.pool)
+            .await
+            .expect("deleted");
+        assert_eq!(
+            auth::authenticate(db, &token).await.expect("cached"),
+            Some(principal.clone()),
+            "{}: the cache answered without the database",
+            plane.engine()
+        );
+        let deadline = std::time::Instant::now() + auth::TOKEN_CACHE_TTL * 3;
+        loop {
+            if auth::authenticate(db, &token)
+                .await
+                .expect("read")
+                .is_none()
+            {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a removed token was still trusted after {:?}",
+                auth::TOKEN_CACHE_TTL * 3
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        // On the server that removes one: at once.
+        let second = auth::new_token("org").expect("a token");
+        auth::store_token(db, &second, "org", Some(&org))
+            .await
+            .expect("stored");
+        assert!(
+            auth::authenticate(db, &second)
+                .await
+                .expect("read")
+                .is_some()
+        );
+        sqlx::query("DELETE FROM tokens WHERE hash = $1")
+            .bind(auth::hash_token(&second))
+            .execute(&db.pool)
+            .await
+            .expect("deleted");
+        db.tokens.forget(&auth::hash_token(&second));
+        assert_eq!(auth::authenticate(db, &second).await.expect("read"), None);
+    }
+}
+
+#[tokio::test]
+async fn one_lost_runner_among_hundreds_is_the_only_one_declared_lost() {
+    for plane in planes("many_runners").await {
+        let mut runners = Vec::new();
+        for _ in 0..300 {
+            runners.push(plane.runner(4).await);
+        }
+        plane.lose(&runners[150]).await;
+        let lost: Vec<(String,)> = sqlx::query_as("SELECT id FROM runners WHERE state <> 'live'")
+            .fetch_all(&plane.state.db.pool)
+            .await
+            .expect("runners");
+        assert_eq!(lost, vec![(runners[150].clone(),)], "{}", plane.engine());
+    }
+}
+
+#[tokio::test]
+async fn a_burst_of_runners_registering_at_once_all_get_in() {
+    for plane in planes("burst").await {
+        let plane = std::sync::Arc::new(plane);
+        let mut registering = Vec::new();
+        for _ in 0..200 {
+            let plane = plane.clone();
+            registering.push(tokio::spawn(async move { plane.runner(4).await }));
+        }
+        let mut ids = Vec::new();
+        for task in registering {
+            ids.push(task.await.expect("registered"));
+        }
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 200, "{}", plane.engine());
+        // And they take work at once: a create lands on one of them.
+        let org = plane.org("org_b", None).await;
+        let placed = plane.create(&org).await.expect("admitted");
+        assert!(ids.contains(placed.runner_id.as_ref().expect("placed")));
+        assert_no_drift(&plane, "a burst").await;
+    }
+}
