@@ -107,14 +107,9 @@ pub async fn touch(
     id: &str,
     activity: Activity,
 ) -> Result<(), ControlError> {
-    let owner: Option<(String,)> = sqlx::query_as("SELECT org_id FROM sandboxes WHERE id = $1")
-        .bind(id)
-        .fetch_optional(&mut *tx.tx)
-        .await?;
-    if owner.is_none_or(|(owner,)| owner != org_id) {
+    if !activity::touch_org_row(tx, org_id, id, activity, now_ms()).await? {
         return Err(records::not_found("sandbox"));
     }
-    activity::touch_row(tx, id, activity, now_ms()).await?;
     Ok(())
 }
 

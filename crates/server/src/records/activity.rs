@@ -19,16 +19,46 @@ pub async fn touch_row(
     activity: Activity,
     now: i64,
 ) -> Result<bool, sqlx::Error> {
-    let updated = sqlx::query(
+    touch(tx, sandbox_id, None, activity, now).await
+}
+
+/// [`touch_row`] of the org's sandbox only, in the same one statement:
+/// false when there is no such sandbox of that org.
+pub async fn touch_org_row(
+    tx: &mut WriteTx,
+    org_id: &str,
+    sandbox_id: &str,
+    activity: Activity,
+    now: i64,
+) -> Result<bool, sqlx::Error> {
+    touch(tx, sandbox_id, Some(org_id), activity, now).await
+}
+
+async fn touch(
+    tx: &mut WriteTx,
+    sandbox_id: &str,
+    org_id: Option<&str>,
+    activity: Activity,
+    now: i64,
+) -> Result<bool, sqlx::Error> {
+    let of_org = if org_id.is_some() {
+        " AND org_id = $4"
+    } else {
+        ""
+    };
+    let sql = format!(
         "UPDATE sandboxes SET last_activity_at_ms = $1, last_activity = $2,
          idle_deadline_ms = CASE WHEN state = 'running' AND idle_timeout_s > 0 THEN $1 + idle_timeout_s * 1000 ELSE NULL END
-         WHERE id = $3",
-    )
-    .bind(now)
-    .bind(activity.as_str())
-    .bind(sandbox_id)
-    .execute(&mut *tx.tx)
-    .await?;
+         WHERE id = $3{of_org}"
+    );
+    let mut query = sqlx::query(&sql)
+        .bind(now)
+        .bind(activity.as_str())
+        .bind(sandbox_id);
+    if let Some(org_id) = org_id {
+        query = query.bind(org_id);
+    }
+    let updated = query.execute(&mut *tx.tx).await?;
     Ok(updated.rows_affected() > 0)
 }
 
