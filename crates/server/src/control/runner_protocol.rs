@@ -426,7 +426,7 @@ pub async fn report_sandbox(
             sleep_reason = reason.map(str::to_owned);
             // A command that arrived while it stopped wakes it now.
             if row.desired != DesiredState::Running {
-                super::idle::resume_waiting_wake(state, &mut tx, id).await?;
+                super::idle::resume_after_stop(state, &mut tx, id).await?;
             }
         }
     }

@@ -135,7 +135,7 @@ pub(super) async fn end_commands_for(
     // arrived during, a recovery of a waking sandbox), and runs once it does.
     // Only commands that came to wait for a wake do (whether the wake has
     // begun, desired `running`, or waits for a stop to finish, desired
-    // `stopped`: `control::idle::resume_waiting_wake`); one queued in a
+    // `stopped`: `control::idle::resume_after_stop`); one queued in a
     // running sandbox whose host is lost ends `not_launched`, as it did.
     let queued_wait = !state.is_terminal();
     for (from, to) in [
