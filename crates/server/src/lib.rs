@@ -159,6 +159,8 @@ pub async fn serve(
         admin_token,
     });
     if state.db.engine == db::Engine::Postgres {
+        // Other servers' writes are unseen until the listener is in place.
+        state.db.hub.set_complete(false);
         tokio::spawn(hub::listen_postgres(
             state.db.url.clone(),
             state.db.hub.clone(),

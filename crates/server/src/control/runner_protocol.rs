@@ -282,6 +282,7 @@ pub async fn read_assignments(
     let body = serde_json::to_vec(&(&sandboxes, &commands, &kept)).unwrap_or_default();
     Ok(Assignments {
         etag: blake3::hash(&body).to_hex()[..32].to_owned(),
+        unchanged: false,
         sandboxes,
         commands,
         kept,
