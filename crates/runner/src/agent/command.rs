@@ -191,10 +191,22 @@ impl CommandJob {
             }
         };
         tracing::debug!(command_id = %id, "hop: agent incarnation read");
-        if let Err(err) =
-            self.files
-                .record_launch(id, self.assignment.epoch, incarnation.as_deref())
-        {
+        // The marker's fsyncs on a blocking thread: with many commands
+        // starting at once, they would otherwise hold the runtime's few
+        // workers (and every report and upload on them) for their length.
+        let marker = {
+            let (files, id, epoch) = (self.files.clone(), id.to_owned(), self.assignment.epoch);
+            let incarnation = incarnation.clone();
+            tokio::task::spawn_blocking(move || {
+                files.record_launch(&id, epoch, incarnation.as_deref())
+            })
+        };
+        let spec = self.spec();
+        let recorded = match marker.await {
+            Ok(recorded) => recorded,
+            Err(err) => Err(Error::Invalid(format!("the launch record's thread: {err}"))),
+        };
+        if let Err(err) = recorded {
             tracing::error!(command_id = %id, %err, "cannot record the launch; not launching");
             return Ok(RecordedEnd {
                 reason: Some("runner_error".to_owned()),
@@ -212,7 +224,6 @@ impl CommandJob {
             }
         };
         tracing::debug!(command_id = %id, "hop: launch recorded");
-        let spec = self.spec();
         let started = match &incarnation {
             Some(incarnation) => {
                 self.sandbox
