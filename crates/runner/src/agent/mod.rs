@@ -819,7 +819,10 @@ async fn assignments_loop(
         .await;
         let err = match answer {
             Ok(Ok(assignments)) => {
-                tracing::debug!(commands = assignments.commands.len(), "hop: assignments read");
+                tracing::debug!(
+                    commands = assignments.commands.len(),
+                    "hop: assignments read"
+                );
                 backoff = Backoff::new();
                 etag = assignments.etag.clone();
                 dispatch(shared, assignments, reports_before, workers, first)?;
