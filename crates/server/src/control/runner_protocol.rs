@@ -512,8 +512,7 @@ pub async fn report_command(
             signal: report.signal.as_deref(),
             pid: if ran { report.pid } else { None },
         };
-        let updated =
-            records::commands::set_observed(&mut tx, &command, &report.runner_id, observed).await?;
+        let updated = records::commands::set_observed(&mut tx, &command, observed).await?;
         if !updated {
             return Err(ControlError::new(
                 ErrorCode::InvalidState,

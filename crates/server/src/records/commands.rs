@@ -299,14 +299,15 @@ pub struct Observed<'a> {
 }
 
 /// Moves a command to what its runner observed, guarded by the state it
-/// was read in (false: it changed meanwhile, nothing written). An end
-/// wakes the runner (the command leaves its assignments); `running` does
-/// not: nothing the runner does depends on it, and its re-read would
-/// hold the write lock while the command's end is being reported.
+/// was read in (false: it changed meanwhile, nothing written). It wakes
+/// the command's waiters, not the runner's assignments: the runner already
+/// knows what it reported, and learns that the command left its
+/// assignments (then removes its files) on its next read, which the next
+/// change or the long-poll's timeout brings. A re-read per report would
+/// hold the write lock while other commands' reports wait for it.
 pub async fn set_observed(
     tx: &mut WriteTx,
     current: &CommandRow,
-    runner_id: &str,
     to: Observed<'_>,
 ) -> Result<bool, sqlx::Error> {
     let now = now_ms();
@@ -330,9 +331,6 @@ pub async fn set_observed(
         return Ok(false);
     }
     tx.changed(&current.id).await?;
-    if to.state.is_end() {
-        tx.changed(&format!("runner:{runner_id}")).await?;
-    }
     Ok(true)
 }
 
