@@ -22,8 +22,8 @@ HOPS = [
     ('agent incarnation read (LIST)', 'agent incarnation read'),
     ('launch record fsynced', 'launch recorded'),
     ('started in the agent (RUN → STARTED)', 'started in the agent'),
+    ('`running` reported (a command still running after 5 ms)', 'reported running'),
     ('ended in the agent', 'ended in the agent'),
-    ('`running` reported', 'reported running'),
     ('end reported', 'reported exited'),
     ('client long-poll answered', 'client ended'),
 ]
