@@ -410,7 +410,9 @@ pub struct CommandReport {
     #[serde(default)]
     pub reason: Option<String>,
     /// The command's pid inside the sandbox (with `running`, when the
-    /// sandbox's agent runs it).
+    /// sandbox's agent runs it; with an end reported straight from
+    /// `starting`, a command that ended before its `running` report went
+    /// out: it is recorded started and ended at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
 }

@@ -1422,3 +1422,39 @@ async fn an_unchanged_answer_leaves_every_sandbox_as_it_was() {
         .wait_until("stopped reported", |r| reported(r, SandboxState::Stopped))
         .await;
 }
+
+#[tokio::test]
+async fn a_command_that_ends_at_once_without_output_is_reported_once_with_its_pid() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.next_exec(ExecScript {
+        output: Vec::new(),
+        outcome: Outcome::Exited { code: 0 },
+    });
+    let (_assign, _task) = with_command(&agent, &["true"]);
+    agent.control.wait_until("the command's end", ended).await;
+    let reports = agent.control.command_reports();
+    let seen: Vec<_> = reports.iter().map(|r| (r.state, r.pid)).collect();
+    // One report: the server records it started and ended at once.
+    assert_eq!(
+        seen,
+        [(CommandState::Exited, Some(super::testing::FAKE_PID))]
+    );
+    // One that cannot start carries no pid: it never ran.
+    let agent = self::agent(Failpoints::none());
+    agent.runtime.next_exec(ExecScript {
+        output: Vec::new(),
+        outcome: Outcome::LaunchFailed {
+            failure: LaunchFailure::MissingExecutable,
+            message: "no such file".to_owned(),
+        },
+    });
+    let (_assign, _task) = with_command(&agent, &["nope"]);
+    agent.control.wait_until("the command's end", ended).await;
+    let seen: Vec<_> = agent
+        .control
+        .command_reports()
+        .iter()
+        .map(|r| (r.state, r.pid))
+        .collect();
+    assert_eq!(seen, [(CommandState::LaunchFailed, None)]);
+}

@@ -833,6 +833,10 @@ async fn assignments_loop(
                 continue;
             }
             Ok(Ok(assignments)) => {
+                tracing::debug!(
+                    commands = assignments.commands.len(),
+                    "hop: assignments read"
+                );
                 backoff = Backoff::new();
                 etag = assignments.etag.clone();
                 dispatch(shared, assignments, reports_before, workers, first)?;

@@ -675,13 +675,16 @@ struct FakeExec {
     _signals: tokio::sync::mpsc::Receiver<Signal>,
 }
 
+/// The pid every fake command has in its sandbox.
+pub(crate) const FAKE_PID: i32 = 4242;
+
 impl RunningCommand for FakeExec {
     fn signaller(&self) -> Signaller {
         self.signaller.clone()
     }
 
     fn pid(&self) -> Option<i32> {
-        None
+        Some(FAKE_PID)
     }
 
     fn wait<'a>(

@@ -498,14 +498,22 @@ pub async fn report_command(
         if to == CommandState::Exited && report.exit_code.is_none() {
             return Err(limits::invalid("exit_code", "an exited command has one"));
         }
+        if let Some(pid) = report.pid
+            && pid <= 0
+        {
+            return Err(limits::invalid("pid", "a pid is positive"));
+        }
+        // An end straight from `starting` with a pid: it started and ended
+        // before its `running` report went out; both are recorded here.
+        let ran = to.is_end() && command.state == CommandState::Starting && report.pid.is_some();
         let observed = Observed {
             state: to,
             reason: report.reason.as_deref(),
             exit_code: report.exit_code.map(i64::from),
             signal: report.signal.as_deref(),
+            pid: if ran { report.pid } else { None },
         };
-        let updated =
-            records::commands::set_observed(&mut tx, &command, &report.runner_id, observed).await?;
+        let updated = records::commands::set_observed(&mut tx, &command, observed).await?;
         if !updated {
             return Err(ControlError::new(
                 ErrorCode::InvalidState,
@@ -518,7 +526,7 @@ pub async fn report_command(
             records::activity::touch_row(&mut tx, &command.sandbox_id, Activity::CommandEnded, now)
                 .await?;
         }
-        if to == CommandState::Running && command.waited_for_wake {
+        if (to == CommandState::Running || ran) && command.waited_for_wake {
             wake_latency = Some(now_ms() - command.created_at_ms);
         }
     }

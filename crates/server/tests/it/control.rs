@@ -2286,3 +2286,97 @@ async fn a_start_during_a_stop_waits_for_it_and_a_command_after_it_runs_once() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_command_that_ends_before_its_running_report_is_recorded_started_and_ended_at_once() {
+    for plane in planes("ended_at_once").await {
+        let org = plane.org("org_e", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.create(&org).await.expect("admitted");
+        let row = plane
+            .report(&row, &runner, SandboxState::Starting)
+            .await
+            .expect("starting");
+        let row = plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        let queue = |argv: &str| {
+            let plane = &plane;
+            let org = org.clone();
+            let id = row.id.clone();
+            let argv = argv.to_owned();
+            async move {
+                let request = serde_json::from_value(serde_json::json!({ "argv": [argv] }))
+                    .expect("a command request");
+                let mut tx = plane.state.db.write().await.expect("tx");
+                let queued = commands::create(&plane.state, &mut tx, &org, &id, &request)
+                    .await
+                    .expect("queued");
+                tx.commit().await.expect("commit");
+                queued
+            }
+        };
+        let quick = queue("true").await;
+        let missing = queue("nonexistent").await;
+        let assignments = runner_protocol::read_assignments(&plane.state, &runner)
+            .await
+            .expect("assignments");
+        assert_eq!(assignments.commands.len(), 2);
+        let report = |state, exit_code, reason: Option<&str>, pid| CommandReport {
+            runner_id: runner.clone(),
+            epoch: row.epoch as u64,
+            state,
+            reason: reason.map(str::to_owned),
+            exit_code,
+            signal: None,
+            pid,
+        };
+        // Its end straight from `starting`, with its pid: it ran.
+        let ended = runner_protocol::report_command(
+            &plane.state,
+            &quick.id,
+            &report(CommandState::Exited, Some(0), None, Some(42)),
+        )
+        .await
+        .expect("exited");
+        assert_eq!(
+            (ended.state, ended.exit_code, ended.pid),
+            (CommandState::Exited, Some(0), Some(42)),
+            "{}",
+            plane.engine()
+        );
+        let (started, end) = (
+            ended.started_at_ms.expect("recorded started"),
+            ended.ended_at_ms.expect("recorded ended"),
+        );
+        assert!(ended.created_at_ms <= started && started <= end);
+        // A command that never started ends without a start or a pid.
+        let failed = runner_protocol::report_command(
+            &plane.state,
+            &missing.id,
+            &report(
+                CommandState::LaunchFailed,
+                None,
+                Some("executable_not_found"),
+                None,
+            ),
+        )
+        .await
+        .expect("launch_failed");
+        assert_eq!(failed.state, CommandState::LaunchFailed);
+        assert_eq!((failed.started_at_ms, failed.pid), (None, None));
+        // A pid with an end is a pid: zero or less is refused.
+        let third = queue("true").await;
+        runner_protocol::read_assignments(&plane.state, &runner)
+            .await
+            .expect("assignments");
+        let refused = runner_protocol::report_command(
+            &plane.state,
+            &third.id,
+            &report(CommandState::Exited, Some(0), None, Some(0)),
+        )
+        .await;
+        assert_eq!(code(refused), ErrorCode::InvalidRequest);
+    }
+}
