@@ -277,14 +277,32 @@ impl MergedIndex {
         if to <= from {
             return Ok(None);
         }
-        let mut bytes = vec![0u8; ((to - from) as usize) * ENTRY_BYTES];
-        self.file
-            .read_exact_at(&mut bytes, self.entries_at + from * ENTRY_BYTES as u64)?;
-        let entries: Vec<&[u8]> = bytes.chunks_exact(ENTRY_BYTES).collect();
-        let at = entries.partition_point(|entry| entry[..KEY_BYTES] < key[..]);
-        let Some(entry) = entries.get(at).filter(|e| e[..KEY_BYTES] == key[..]) else {
-            return Ok(None);
+        let n = (to - from) as usize;
+        // One block (the usual case) is read onto the stack.
+        let mut block = [0u8; SAMPLE_EVERY as usize * ENTRY_BYTES];
+        let mut blocks = Vec::new();
+        let bytes: &mut [u8] = if n <= SAMPLE_EVERY as usize {
+            &mut block[..n * ENTRY_BYTES]
+        } else {
+            blocks.resize(n * ENTRY_BYTES, 0);
+            &mut blocks
         };
+        self.file
+            .read_exact_at(bytes, self.entries_at + from * ENTRY_BYTES as u64)?;
+        let entry_at = |i: usize| &bytes[i * ENTRY_BYTES..(i + 1) * ENTRY_BYTES];
+        let (mut low, mut high) = (0, n);
+        while low < high {
+            let middle = (low + high) / 2;
+            if entry_at(middle)[..KEY_BYTES] < key[..] {
+                low = middle + 1;
+            } else {
+                high = middle;
+            }
+        }
+        if low == n || entry_at(low)[..KEY_BYTES] != key[..] {
+            return Ok(None);
+        }
+        let entry = entry_at(low);
         let slot = u32::from_le_bytes(entry[33..37].try_into().expect("4 bytes"));
         let pack = *self.packs.get(slot as usize).ok_or_else(|| {
             std::io::Error::new(

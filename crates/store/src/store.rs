@@ -115,8 +115,9 @@ const RANGE_BYTES_MAX: u64 = 16 * 1024 * 1024;
 /// merge rewrites the whole file (49 bytes an object), so at 100 million
 /// objects one merge per 131,072 new objects writes ~5 GB.
 pub const OVERLAY_OBJECTS_MAX: usize = 128 * 1024;
-/// Pack indexes fetched from the store per request while refreshing.
-const INDEX_FETCH_BATCH: usize = 64;
+/// Pack indexes fetched from the store per request while refreshing
+/// (a full pack's index is ~720 KiB: at most ~12 MiB held at once).
+const INDEX_FETCH_BATCH: usize = 16;
 
 pub struct Store {
     backend: Arc<dyn Backend>,
