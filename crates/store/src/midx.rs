@@ -189,7 +189,7 @@ impl MergedIndex {
                 }
                 previous = Some(order);
                 fanout[entry[0] as usize] += 1;
-                if at % SAMPLE_EVERY == 0 {
+                if at.is_multiple_of(SAMPLE_EVERY) {
                     samples.push(prefix_of(entry));
                 }
                 at += 1;
@@ -607,7 +607,7 @@ fn write_merged(
         bytes[45..49].copy_from_slice(&entry.length.to_le_bytes());
         out.write_all(&bytes)?;
         fanout[entry.key[0] as usize] += 1;
-        if count % SAMPLE_EVERY == 0 {
+        if count.is_multiple_of(SAMPLE_EVERY) {
             samples.push(prefix_of(&entry.key));
         }
         count += 1;

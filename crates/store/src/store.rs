@@ -180,6 +180,9 @@ struct OrgPacks {
     listed: bool,
     /// Whether this process looked for the org's merged file yet.
     opened: bool,
+    /// Whether writing the merged file failed (an unwritable cache): the
+    /// index then stays whole in the overlay, unbounded.
+    cache_failed: bool,
     merged: Option<Arc<MergedIndex>>,
     /// Objects of `overlay_packs`, by name (one pack per object).
     overlay: HashMap<ObjectId, Location>,
@@ -515,17 +518,18 @@ impl Store {
             }
         }
         let listed_set: HashSet<PackId> = listed.iter().copied().collect();
-        let (opened, mut merged, overlay_packs, overlay_len, refused) = {
+        let (opened, cache_failed, mut merged, overlay_packs, overlay_len, refused) = {
             let packs = self.packs();
             match packs.get(org) {
                 Some(s) => (
                     s.opened,
+                    s.cache_failed,
                     s.merged.clone(),
                     s.overlay_packs.clone(),
                     s.overlay.len(),
                     s.refused.clone(),
                 ),
-                None => (false, None, HashSet::new(), 0, HashSet::new()),
+                None => (false, false, None, HashSet::new(), 0, HashSet::new()),
             }
         };
         if !opened {
@@ -544,55 +548,55 @@ impl Store {
             .filter(|pack| !in_merged(pack) && !refused.contains(pack))
             .copied()
             .collect();
-        let mut merging = !gone.is_empty()
-            || (merged.is_none() && !unmerged.is_empty())
-            || overlay_len > self.overlay_max;
+        let new: Vec<PackId> = unmerged
+            .iter()
+            .filter(|pack| !overlay_packs.contains(pack))
+            .copied()
+            .collect();
         let mut newly_refused = Vec::new();
+        if cache_failed && !gone.is_empty() {
+            return self.index_in_memory(org, &listed, &refused, newly_refused);
+        }
+        let mut merging = !cache_failed
+            && (!gone.is_empty()
+                || (merged.is_none() && !new.is_empty())
+                || overlay_len > self.overlay_max);
         let mut fresh: Vec<PackIndex> = Vec::new();
         if !merging {
-            let new: Vec<PackId> = unmerged
-                .iter()
-                .filter(|pack| !overlay_packs.contains(pack))
-                .copied()
-                .collect();
             let mut entries = overlay_len;
             self.for_each_index(org, &new, true, &mut newly_refused, |index| {
                 entries += index.entries.len();
                 fresh.push(index);
-                merging = entries > self.overlay_max;
+                merging = !cache_failed && entries > self.overlay_max;
                 Ok(!merging)
             })?;
         }
         let mut packs_merged = None;
         if merging {
-            let dir = self.org_index_dir(org);
-            let io = |source| Error::Io {
-                path: dir.clone(),
-                source,
-            };
-            let mut builder = midx::Builder::new(&dir).map_err(io)?;
-            let mut done = HashSet::new();
-            for index in fresh.drain(..) {
-                done.insert(index.pack);
-                builder.add(&index).map_err(io)?;
+            let fresh = std::mem::take(&mut fresh);
+            let merge = self.merge_listed(
+                org,
+                merged.as_deref(),
+                fresh,
+                &unmerged,
+                &listed_set,
+                &mut newly_refused,
+            )?;
+            match merge {
+                Ok(built) => {
+                    self.prune_index_cache(org, |pack, age| {
+                        built.has_pack(pack)
+                            || gone.contains(pack)
+                            || (!listed_set.contains(pack) && age > self.lock_timing.stale)
+                    });
+                    packs_merged = Some(Arc::new(built));
+                }
+                Err(err) => {
+                    let dir = self.org_index_dir(org);
+                    tracing::warn!(%org, %err, dir = %dir.display(), "cannot write the merged pack index; this process keeps the org's index in memory");
+                    return self.index_in_memory(org, &listed, &refused, newly_refused);
+                }
             }
-            let rest: Vec<PackId> = unmerged
-                .iter()
-                .filter(|pack| !done.contains(pack))
-                .copied()
-                .collect();
-            self.for_each_index(org, &rest, false, &mut newly_refused, |index| {
-                builder.add(&index).map_err(io)?;
-                Ok(true)
-            })?;
-            let keep = |pack: &PackId| listed_set.contains(pack);
-            let built = builder.finish(org, merged.as_deref(), &keep).map_err(io)?;
-            self.prune_index_cache(org, |pack, age| {
-                built.has_pack(pack)
-                    || gone.contains(pack)
-                    || (!listed_set.contains(pack) && age > self.lock_timing.stale)
-            });
-            packs_merged = Some(Arc::new(built));
         }
         let mut packs = self.packs();
         let state = packs.entry(org.clone()).or_default();
@@ -635,6 +639,85 @@ impl Store {
             overlay_packs: state.overlay_packs.len(),
             overlay_objects: state.overlay.len(),
         }
+    }
+
+    /// Merges the org's merged file (its entries of packs still listed)
+    /// with the indexes of `fresh` and of the other `unmerged` packs into
+    /// a new merged file. The outer error is the store's; the inner one
+    /// the local cache's (the caller then keeps the index in memory).
+    fn merge_listed(
+        &self,
+        org: &OrgId,
+        merged: Option<&MergedIndex>,
+        fresh: Vec<PackIndex>,
+        unmerged: &[PackId],
+        listed: &HashSet<PackId>,
+        refused: &mut Vec<PackId>,
+    ) -> Result<std::io::Result<MergedIndex>> {
+        let mut builder = match midx::Builder::new(&self.org_index_dir(org)) {
+            Ok(builder) => builder,
+            Err(err) => return Ok(Err(err)),
+        };
+        let mut failed = None;
+        let mut done = HashSet::new();
+        for index in fresh {
+            done.insert(index.pack);
+            if let Err(err) = builder.add(&index) {
+                return Ok(Err(err));
+            }
+        }
+        let rest: Vec<PackId> = unmerged
+            .iter()
+            .filter(|pack| !done.contains(pack))
+            .copied()
+            .collect();
+        self.for_each_index(org, &rest, false, refused, |index| {
+            if let Err(err) = builder.add(&index) {
+                failed = Some(err);
+            }
+            Ok(failed.is_none())
+        })?;
+        if let Some(err) = failed {
+            return Ok(Err(err));
+        }
+        let keep = |pack: &PackId| listed.contains(pack);
+        Ok(builder.finish(org, merged, &keep))
+    }
+
+    /// The org's whole index in memory (every listed pack's entries in the
+    /// overlay, no merged file), for a process that cannot write its index
+    /// cache: correct, but about 80 bytes an object, as before merged
+    /// files. This process does not try the cache again.
+    fn index_in_memory(
+        &self,
+        org: &OrgId,
+        listed: &[PackId],
+        refused: &HashSet<PackId>,
+        mut newly_refused: Vec<PackId>,
+    ) -> Result<()> {
+        let wanted: Vec<PackId> = listed
+            .iter()
+            .filter(|pack| !refused.contains(pack))
+            .copied()
+            .collect();
+        let mut indexes = Vec::new();
+        self.for_each_index(org, &wanted, false, &mut newly_refused, |index| {
+            indexes.push(index);
+            Ok(true)
+        })?;
+        let mut packs = self.packs();
+        let state = packs.entry(org.clone()).or_default();
+        state.merged = None;
+        state.overlay.clear();
+        state.overlay_packs.clear();
+        for index in &indexes {
+            state.add(index);
+        }
+        state.cache_failed = true;
+        state.opened = true;
+        state.listed = true;
+        state.refused.extend(newly_refused);
+        Ok(())
     }
 
     /// Where a packed object is, listing the org's packs first if this
@@ -765,13 +848,13 @@ impl Store {
         // index is kept locally until merged, so a later process need not
         // read it from the store.
         self.cache_index(org, &pack, &index_bytes);
-        let overlay = {
+        let merge_due = {
             let mut packs = self.packs();
             let state = packs.entry(org.clone()).or_default();
             state.add(&index);
-            state.overlay.len()
+            !state.cache_failed && state.overlay.len() > self.overlay_max
         };
-        if overlay > self.overlay_max {
+        if merge_due {
             self.refresh_packs(org)?;
         }
         Ok(index)

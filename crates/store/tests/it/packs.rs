@@ -1014,3 +1014,32 @@ fn the_overlay_is_merged_into_the_file_once_past_its_bound() {
     assert_located(&store, &acme, &written);
     assert_located(&cached(), &acme, &written);
 }
+
+/// A cache directory that cannot be written (here a file stands where it
+/// should be) costs memory, never answers: the index stays whole in
+/// memory, as before merged files, and pushes and pulls work.
+#[test]
+fn an_unwritable_index_cache_keeps_the_index_in_memory() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let acme = org("acme");
+    let written = write_in_packs(
+        &Store::new(Arc::clone(&backend)),
+        &acme,
+        &small_objects("w", 300),
+        30,
+    );
+    let blocked = tempdir();
+    let not_a_dir = blocked.path().join("cache");
+    std::fs::write(&not_a_dir, b"a file").expect("file");
+    let store = Store::new(Arc::clone(&backend)).with_index_cache(not_a_dir.clone());
+    assert_located(&store, &acme, &written);
+    let stats = store.index_stats(&acme);
+    assert_eq!((stats.merged_entries, stats.overlay_objects), (0, 300));
+
+    let src = home_dir(&refs(&many_files("u", 30, 500)));
+    push(&store, &acme, &home("h"), src.path()).expect("push");
+    let dest = tempdir();
+    pull(&store, &acme, &home("h"), dest.path()).expect("pull");
+    assert_eq!(contents(dest.path()), contents(src.path()));
+    assert_eq!(std::fs::read(&not_a_dir).expect("still a file"), b"a file");
+}
