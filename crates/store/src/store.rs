@@ -23,8 +23,9 @@
 //! index cache ([`crate::midx`]: every entry sorted by object, searched by
 //! positioned reads; 0.125 bytes an object in memory for its sparse key
 //! table, 16 bytes a pack), plus an overlay in memory of the packs listed
-//! or written since that file was merged (about 80 bytes an object, at
-//! most [`OVERLAY_OBJECTS_MAX`] objects before it is merged into the file).
+//! or written since that file was merged (a hash map: 73 bytes a slot, 1
+//! to 2 slots an object, at most [`OVERLAY_OBJECTS_MAX`] objects before
+//! it is merged into the file: ~19 MiB at most).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -111,9 +112,9 @@ const RANGE_BYTES_MAX: u64 = 16 * 1024 * 1024;
 
 /// Objects an org's in-memory overlay holds at most (packs listed or
 /// written since its merged index file was written) before they are
-/// merged into the file: ~10 MiB of memory at ~80 bytes an entry, while a
-/// merge rewrites the whole file (49 bytes an object), so at 100 million
-/// objects one merge per 131,072 new objects writes ~5 GB.
+/// merged into the file: ~19 MiB of memory (262,144 slots of 73 bytes),
+/// while a merge rewrites the whole file (49 bytes an object), so at 100
+/// million objects one merge per 131,072 new objects writes ~5 GB.
 pub const OVERLAY_OBJECTS_MAX: usize = 128 * 1024;
 /// Pack indexes fetched from the store per request while refreshing
 /// (a full pack's index is ~720 KiB: at most ~12 MiB held at once).
@@ -506,18 +507,8 @@ impl Store {
     fn refresh_packs(&self, org: &OrgId) -> Result<()> {
         let lock = self.refresh_lock(org);
         let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
-        let mut listed: Vec<PackId> = Vec::new();
-        for meta in self.backend.list(&Self::packs_prefix(org))? {
-            if let Some(KeyKind::Pack {
-                pack,
-                part: PackPart::Index,
-                ..
-            }) = parse_key(&meta.key)
-            {
-                listed.push(pack);
-            }
-        }
-        let listed_set: HashSet<PackId> = listed.iter().copied().collect();
+        // What this process knows, taken before listing: a pack it writes
+        // meanwhile is then never taken for one gone.
         let (opened, cache_failed, mut merged, overlay_packs, overlay_len, refused) = {
             let packs = self.packs();
             match packs.get(org) {
@@ -535,6 +526,18 @@ impl Store {
         if !opened {
             merged = self.open_merged(org);
         }
+        let mut listed: Vec<PackId> = Vec::new();
+        for meta in self.backend.list(&Self::packs_prefix(org))? {
+            if let Some(KeyKind::Pack {
+                pack,
+                part: PackPart::Index,
+                ..
+            }) = parse_key(&meta.key)
+            {
+                listed.push(pack);
+            }
+        }
+        let listed_set: HashSet<PackId> = listed.iter().copied().collect();
         let in_merged = |pack: &PackId| merged.as_ref().is_some_and(|m| m.has_pack(pack));
         let gone: HashSet<PackId> = merged
             .iter()
@@ -686,7 +689,7 @@ impl Store {
 
     /// The org's whole index in memory (every listed pack's entries in the
     /// overlay, no merged file), for a process that cannot write its index
-    /// cache: correct, but about 80 bytes an object, as before merged
+    /// cache: correct, but 73-146 bytes an object, as before merged
     /// files. This process does not try the cache again.
     fn index_in_memory(
         &self,
