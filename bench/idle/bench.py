@@ -100,7 +100,9 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="roost-idle-bench-", dir="/var/tmp"))
     bench = Idle(work)
     try:
-        bench.start_server(extra=("--idle-timeout-min", "1s"))
+        # A lease long enough that a loaded machine (1,000 containers
+        # starting and stopping) never loses a runner on the way.
+        bench.start_server(lease=("--lease-ttl", "30s"), extra=("--idle-timeout-min", "1s"))
         server_pid = bench.procs[0].pid
         runner_a, data_a, _ = bench.start_runner("a")
         # Both runners from the start: the idle windows compare the same
