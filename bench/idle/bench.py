@@ -171,7 +171,9 @@ def main():
                     raise SystemExit(f"{sid_} did not go to sleep")
                 time.sleep(0.5)
         # Their stops' last steps (containers deleted) are not idle cost.
-        time.sleep(10)
+        # Beyond one whole long-poll (25 s) past the last of them: every
+        # runner's set is read once more after the last change.
+        time.sleep(30)
         log(f"CPU over {WINDOW_S} s with {ASLEEP} asleep")
         answers_before = assignment_answers(bench.url)
         cpu_asleep = cpu_over(pids, WINDOW_S)
