@@ -42,7 +42,15 @@ pub struct Hub {
     /// Whether every write of every server is notified here: false while
     /// the PostgreSQL listener is not connected.
     complete: Arc<AtomicBool>,
-    remembered: Arc<Mutex<HashMap<String, Remembered>>>,
+    remembered: Arc<Mutex<RememberedAnswers>>,
+}
+
+/// Answers by key, and when entries past [`UNCHANGED_FOR_AT_MOST`] were
+/// last dropped (at most once per that period: a fleet's every read must
+/// not walk every runner's entry).
+struct RememberedAnswers {
+    by_key: HashMap<String, Remembered>,
+    pruned_at: Instant,
 }
 
 impl Default for Hub {
@@ -51,7 +59,10 @@ impl Default for Hub {
             inner: Arc::default(),
             changes: Arc::default(),
             complete: Arc::new(AtomicBool::new(true)),
-            remembered: Arc::default(),
+            remembered: Arc::new(Mutex::new(RememberedAnswers {
+                by_key: HashMap::new(),
+                pruned_at: Instant::now(),
+            })),
         }
     }
 }
@@ -136,8 +147,13 @@ impl Hub {
         let mut remembered = self.remembered();
         let now = Instant::now();
         // Bounded by the keys answered lately (one per runner).
-        remembered.retain(|_, r| now.duration_since(r.at) < UNCHANGED_FOR_AT_MOST);
-        remembered.insert(
+        if now.duration_since(remembered.pruned_at) >= UNCHANGED_FOR_AT_MOST {
+            remembered
+                .by_key
+                .retain(|_, r| now.duration_since(r.at) < UNCHANGED_FOR_AT_MOST);
+            remembered.pruned_at = now;
+        }
+        remembered.by_key.insert(
             key.to_owned(),
             Remembered {
                 answer: answer.to_owned(),
@@ -154,14 +170,14 @@ impl Hub {
         if answer.is_empty() || !self.complete.load(Ordering::SeqCst) {
             return false;
         }
-        self.remembered().get(key).is_some_and(|r| {
+        self.remembered().by_key.get(key).is_some_and(|r| {
             r.answer == answer
                 && r.changes == self.changes()
                 && r.at.elapsed() < UNCHANGED_FOR_AT_MOST
         })
     }
 
-    fn remembered(&self) -> std::sync::MutexGuard<'_, HashMap<String, Remembered>> {
+    fn remembered(&self) -> std::sync::MutexGuard<'_, RememberedAnswers> {
         self.remembered
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
