@@ -595,3 +595,38 @@ async fn a_runner_at_rest_is_answered_unchanged_without_a_read() {
     assert!(!unknown.unchanged);
     assert_eq!(unknown.etag, changed.etag);
 }
+
+/// The assignments long-poll's query is bounded like any input: a wrong
+/// type for `unchanged`, an unknown parameter or an over-long wait is a
+/// 400 before anything is read or handed over, and the runner's set is as
+/// it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_assignments_query_is_refused_and_changes_nothing() {
+    let server = TestServer::start().await;
+    let token = runner_token(&server).await;
+    let a = enrol(&server, &token, "a").await;
+    let before = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("assignments");
+    for query in [
+        format!("runner_id={}&unchanged=perhaps", a.id),
+        format!("runner_id={}&unchanged=true&surprise=1", a.id),
+        format!("runner_id={}&timeout=100000", a.id),
+    ] {
+        let answer = reqwest::Client::new()
+            .get(format!("{}/v1/runner/assignments?{query}", server.url))
+            .bearer_auth(&a.credential)
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(answer.status().as_u16(), 400, "{query}");
+    }
+    let after = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("assignments");
+    assert_eq!(after, before);
+}
