@@ -339,6 +339,32 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/admin/orgs/{org}/tokens` (admin token): another token for
+    /// the org (named by id or name).
+    pub async fn create_org_token(
+        &self,
+        org: &str,
+    ) -> Result<crate::orgs::OrgTokenResponse, ClientError> {
+        self.post(
+            &["v1", "admin", "orgs", org, "tokens"],
+            &serde_json::json!({}),
+            &[],
+        )
+        .await
+    }
+
+    /// `POST /v1/admin/tokens/revoke` (admin token).
+    pub async fn revoke_token(
+        &self,
+        token: &str,
+    ) -> Result<crate::orgs::RevokedToken, ClientError> {
+        let request = crate::orgs::RevokeTokenRequest {
+            token: token.to_owned(),
+        };
+        self.post(&["v1", "admin", "tokens", "revoke"], &request, &[])
+            .await
+    }
+
     /// `PUT /v1/admin/filesystems/{id}/orgs/{org}` (admin token).
     pub async fn bind_filesystem(
         &self,

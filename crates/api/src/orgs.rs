@@ -30,6 +30,39 @@ pub struct RunnerTokenResponse {
     pub token: String,
 }
 
+/// `POST /v1/admin/orgs/{org}/tokens`: another token for an org (to rotate
+/// one: make a new token, move clients to it, revoke the old one).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct OrgTokenResponse {
+    pub org_id: String,
+    /// Shown once; only its hash is kept.
+    pub token: String,
+}
+
+/// `POST /v1/admin/tokens/revoke`: the token itself (only hashes are kept,
+/// so it is named by its value).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeTokenRequest {
+    pub token: String,
+}
+
+/// A revoked token. Revoking again answers the same (the first revocation's
+/// time): a retried revoke is safe.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RevokedToken {
+    /// `org` or `runner` (an enrolment token; runners it registered keep
+    /// their own credentials).
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub org_id: Option<String>,
+    pub revoked_at: String,
+    /// Every server refuses the token at most this long after
+    /// `revoked_at` (each trusts a token it verified for this long); the
+    /// server that revoked it refuses it at once.
+    pub refused_everywhere_within_ms: u64,
+}
+
 /// `GET /v1/whoami`: who a token belongs to.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Whoami {

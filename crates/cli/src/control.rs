@@ -153,6 +153,18 @@ pub enum AdminCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Revoke an org token or a runner token: refused by the server at
+    /// once and by every server within a few seconds (printed). Runners a
+    /// runner token registered keep their own credentials.
+    RevokeToken {
+        /// The token to revoke; `-` or nothing reads it from stdin (a
+        /// command line is visible to other users of the host).
+        revoked: Option<String>,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
     /// Quarantine sandboxes for forensics, and release them.
     #[command(subcommand)]
     Sandbox(AdminSandboxCommand),
@@ -307,6 +319,17 @@ pub enum OrgCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Make another token for an org (printed once): to rotate one, make a
+    /// new token, move clients to it, then `roost admin revoke-token` the
+    /// old one.
+    Token {
+        /// The org, by name or id.
+        org: String,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -411,6 +434,55 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                     println!(
                         "org {} ({})\ntoken (shown once): {}",
                         org.name, org.org_id, org.token
+                    );
+                }
+            }
+            AdminCommand::Org(OrgCommand::Token { org, target, json }) => {
+                let client = target.client()?;
+                let created = client
+                    .create_org_token(&org)
+                    .await
+                    .context("org token failed")?;
+                if json {
+                    print_json(&json!({ "org_id": created.org_id, "token": created.token }));
+                } else {
+                    println!(
+                        "token for org {} (shown once): {}",
+                        created.org_id, created.token
+                    );
+                }
+            }
+            AdminCommand::RevokeToken {
+                revoked,
+                target,
+                json,
+            } => {
+                let revoked = match revoked.as_deref() {
+                    None | Some("-") => {
+                        let mut line = String::new();
+                        std::io::stdin()
+                            .read_line(&mut line)
+                            .context("reading the token to revoke from stdin")?;
+                        line.trim().to_owned()
+                    }
+                    Some(token) => token.to_owned(),
+                };
+                let client = target.client()?;
+                let done = client
+                    .revoke_token(&revoked)
+                    .await
+                    .context("revoke-token failed")?;
+                if json {
+                    print_json(&serde_json::to_value(&done).context("encoding the answer")?);
+                } else {
+                    let whose = done
+                        .org_id
+                        .as_deref()
+                        .map(|org| format!(" of org {org}"))
+                        .unwrap_or_default();
+                    println!(
+                        "revoked a {} token{whose} at {}; every server refuses it within {} ms",
+                        done.kind, done.revoked_at, done.refused_everywhere_within_ms
                     );
                 }
             }

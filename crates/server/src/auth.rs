@@ -129,7 +129,7 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
 
 async fn authenticate_uncached(db: &Db, hash: &str) -> Result<Option<Principal>, sqlx::Error> {
     let row: Option<(String, Option<String>)> =
-        sqlx::query_as("SELECT kind, org_id FROM tokens WHERE hash = $1")
+        sqlx::query_as("SELECT kind, org_id FROM tokens WHERE hash = $1 AND revoked_at_ms IS NULL")
             .bind(hash)
             .fetch_optional(&db.pool)
             .await?;

@@ -34,6 +34,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (15, include_str!("../migrations/0015_idle.sql")),
     (16, include_str!("../migrations/0016_counts.sql")),
     (17, include_str!("../migrations/0017_start_after_stop.sql")),
+    (18, include_str!("../migrations/0018_token_revocation.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

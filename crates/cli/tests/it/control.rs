@@ -414,3 +414,151 @@ fn a_server_killed_under_load_leaves_the_kept_counts_exact() {
     assert_eq!(checked["drift"], serde_json::json!([]), "{checked}");
     drop(org_token);
 }
+
+/// `GET /v1/whoami` with `token`: its status.
+fn whoami_status(server_url: &str, token: &str) -> u16 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        reqwest::Client::new()
+            .get(format!("{server_url}/v1/whoami"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("send")
+            .status()
+            .as_u16()
+    })
+}
+
+/// `roost admin revoke-token` with the token on stdin.
+fn revoke(server_url: &str, admin_token: &str, revoked: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args(["admin", "revoke-token", "--json"])
+        .env("ROOST_URL", server_url)
+        .env("ROOST_TOKEN", admin_token)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run roost admin revoke-token");
+    writeln!(child.stdin.take().expect("stdin"), "{revoked}").expect("write the token");
+    child.wait_with_output().expect("revoke-token ends")
+}
+
+/// Issue 21, point 3: a token revoked through one server is refused by it
+/// at once and by the other server (which had it cached) within the
+/// stated time; the org's other token, the admin and a retried revoke are
+/// unaffected; the admin token and unknown tokens cannot be revoked.
+#[test]
+fn a_token_revoked_on_one_server_is_refused_by_every_server() {
+    let database = postgres_database("revoke");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let a = start_server(&tmp.path().join("a"), Some(&database));
+    let b = start_server(&tmp.path().join("b"), Some(&database));
+    let admin_token = a
+        .admin_token
+        .clone()
+        .or_else(|| b.admin_token.clone())
+        .expect("one server made the admin token");
+    let org = json_of(&admin(
+        &a.url,
+        &admin_token,
+        &["org", "create", "acme", "--json"],
+    ));
+    let first = org["token"].as_str().expect("org token").to_owned();
+    let second = json_of(&admin(
+        &b.url,
+        &admin_token,
+        &["org", "token", "acme", "--json"],
+    ));
+    assert_eq!(second["org_id"], org["org_id"]);
+    let second = second["token"].as_str().expect("second token").to_owned();
+    assert_ne!(first, second);
+    // Both servers verify (and so cache) the token about to be revoked.
+    for server in [&a, &b] {
+        assert_eq!(whoami_status(&server.url, &first), 200);
+        assert_eq!(whoami_status(&server.url, &second), 200);
+    }
+
+    let revoked = json_of(&revoke(&a.url, &admin_token, &first));
+    assert_eq!(revoked["kind"], "org", "{revoked}");
+    assert_eq!(revoked["org_id"], org["org_id"], "{revoked}");
+    let within = revoked["refused_everywhere_within_ms"]
+        .as_u64()
+        .expect("a stated delay");
+    assert!(within > 0, "{revoked}");
+    assert_eq!(
+        whoami_status(&a.url, &first),
+        401,
+        "the revoking server refuses it at once"
+    );
+    // The other server had it cached: refused once the cache entry ages out.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(within * 10);
+    while whoami_status(&b.url, &first) != 401 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server b still took a token revoked {within} ms x 10 ago"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for server in [&a, &b] {
+        assert_eq!(
+            whoami_status(&server.url, &second),
+            200,
+            "the org's other token"
+        );
+    }
+    // A retried revoke (through the other server) answers the same.
+    let again = json_of(&revoke(&b.url, &admin_token, &first));
+    assert_eq!(again["revoked_at"], revoked["revoked_at"], "{again}");
+
+    // The admin token is not revocable; unknown and malformed ones are named.
+    let refused = revoke(&a.url, &admin_token, &admin_token);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("invalid_request"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert_eq!(whoami_status(&a.url, &admin_token), 200);
+    let unknown = revoke(&a.url, &admin_token, "roost_org_0000");
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("not_found"));
+    let (status, _, body) = post(
+        &format!("{}/v1/admin/tokens/revoke", a.url),
+        &admin_token,
+        &format!(r#"{{"token": "{}"}}"#, "x".repeat(300)),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+    let (status, _, body) = post(
+        &format!("{}/v1/admin/tokens/revoke", a.url),
+        &admin_token,
+        &format!(r#"{{"token": "{second}", "also": 1}}"#),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+    // Only the admin may revoke: an org's token gets 404, as for any
+    // admin endpoint, and revokes nothing.
+    let (status, _, _) = post(
+        &format!("{}/v1/admin/tokens/revoke", a.url),
+        &second,
+        &format!(r#"{{"token": "{second}"}}"#),
+    );
+    assert_eq!(status, 404);
+    assert_eq!(whoami_status(&a.url, &second), 200);
+
+    // A revoked runner token registers nothing more.
+    let runner = json_of(&admin(&a.url, &admin_token, &["runner-token", "--json"]));
+    let runner = runner["token"].as_str().expect("runner token").to_owned();
+    let revoked = json_of(&revoke(&b.url, &admin_token, &runner));
+    assert_eq!(revoked["kind"], "runner", "{revoked}");
+    assert_eq!(whoami_status(&b.url, &runner), 401);
+}

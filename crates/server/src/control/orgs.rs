@@ -74,3 +74,68 @@ pub async fn create(
         token,
     })
 }
+
+/// Another token for an org (named by id or name), shown once.
+pub async fn create_token(
+    state: &AppState,
+    org: &str,
+) -> Result<api::orgs::OrgTokenResponse, ControlError> {
+    let token = auth::new_token("org")?;
+    let mut tx = state.db.write().await?;
+    let org_id = crate::records::filesystems::org_id_of(&mut tx, org)
+        .await?
+        .ok_or_else(|| crate::records::not_found("org"))?;
+    sqlx::query(
+        "INSERT INTO tokens (hash, kind, org_id, created_at_ms) VALUES ($1, 'org', $2, $3)",
+    )
+    .bind(auth::hash_token(&token))
+    .bind(&org_id)
+    .bind(now_ms())
+    .execute(&mut *tx.tx)
+    .await?;
+    tx.commit().await?;
+    tracing::info!(%org_id, "org token created");
+    Ok(api::orgs::OrgTokenResponse { org_id, token })
+}
+
+/// Most bytes of a token a revoke accepts (roost's are 76).
+const TOKEN_BYTES_MAX: usize = 256;
+
+/// Revokes an org's token or a runner enrolment token. This server
+/// refuses it at once; every other server within
+/// [`auth::TOKEN_CACHE_TTL`] (its cached verification ages out, and the
+/// record is read again).
+pub async fn revoke_token(
+    state: &AppState,
+    request: &api::orgs::RevokeTokenRequest,
+) -> Result<api::orgs::RevokedToken, ControlError> {
+    if request.token.is_empty() || request.token.len() > TOKEN_BYTES_MAX {
+        return Err(crate::limits::invalid("token", "1 to 256 bytes"));
+    }
+    let hash = auth::hash_token(&request.token);
+    let mut tx = state.db.write().await?;
+    let revocation = crate::records::tokens::revoke(&mut tx, &hash, now_ms()).await?;
+    tx.commit().await?;
+    state.db.tokens.forget(&hash);
+    match revocation {
+        crate::records::tokens::Revocation::Revoked {
+            kind,
+            org_id,
+            revoked_at_ms,
+        } => {
+            tracing::warn!(%kind, org_id = org_id.as_deref().unwrap_or(""), "token revoked");
+            Ok(api::orgs::RevokedToken {
+                kind,
+                org_id,
+                revoked_at: crate::records::rfc3339(revoked_at_ms),
+                refused_everywhere_within_ms: auth::TOKEN_CACHE_TTL.as_millis() as u64,
+            })
+        }
+        crate::records::tokens::Revocation::Admin => Err(ControlError::new(
+            ErrorCode::InvalidRequest,
+            "the admin token cannot be revoked (it is the deployment's only way in)",
+        )
+        .with_details(serde_json::json!({ "field": "token" }))),
+        crate::records::tokens::Revocation::NotFound => Err(crate::records::not_found("token")),
+    }
+}

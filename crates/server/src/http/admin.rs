@@ -1,5 +1,5 @@
-//! Admin endpoints: organisations (and their quota use), runner tokens, quarantine and
-//! filesystem bindings.
+//! Admin endpoints: organisations (and their quota use), org and runner
+//! tokens and their revocation, quarantine and filesystem bindings.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -63,6 +63,31 @@ pub async fn create_runner_token(
         StatusCode::CREATED,
         axum::Json(RunnerTokenResponse { token }),
     ))
+}
+
+/// Another token for an org (by id or name), shown once: rotate a token by
+/// making a new one, moving clients to it, then revoking the old one.
+#[utoipa::path(post, path = "/v1/admin/orgs/{org}/tokens", tag = "admin", params(("org" = String, Path, description = "org id or name")), responses((status = 201, body = api::orgs::OrgTokenResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn create_org_token(
+    State(state): State<AppState>,
+    _admin: AdminCaller,
+    Path(org): Path<String>,
+) -> Result<(StatusCode, axum::Json<api::orgs::OrgTokenResponse>), ControlError> {
+    let created = crate::control::orgs::create_token(&state, &org).await?;
+    Ok((StatusCode::CREATED, axum::Json(created)))
+}
+
+/// Revokes an org token or a runner enrolment token, named by its value.
+/// This server refuses it at once, every server within
+/// `refused_everywhere_within_ms`. Revoking again answers the same.
+#[utoipa::path(post, path = "/v1/admin/tokens/revoke", tag = "admin", request_body = api::orgs::RevokeTokenRequest, responses((status = 200, body = api::orgs::RevokedToken), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+pub async fn revoke_token(
+    State(state): State<AppState>,
+    _admin: AdminCaller,
+    Json(request): Json<api::orgs::RevokeTokenRequest>,
+) -> Result<axum::Json<api::orgs::RevokedToken>, ControlError> {
+    let revoked = crate::control::orgs::revoke_token(&state, &request).await?;
+    Ok(axum::Json(revoked))
 }
 
 /// Quarantine: an administrator freezes a sandbox's record for forensics.

@@ -35,6 +35,8 @@ pub fn router(state: AppState) -> Router {
             "/v1/admin/orgs",
             post(admin::create_org).get(admin::list_orgs),
         )
+        .route("/v1/admin/orgs/{org}/tokens", post(admin::create_org_token))
+        .route("/v1/admin/tokens/revoke", post(admin::revoke_token))
         .route("/v1/admin/runner-tokens", post(admin::create_runner_token))
         .route("/v1/admin/counts", get(admin::counts))
         .route("/v1/admin/filesystems", get(admin::list_filesystems))

@@ -15,6 +15,7 @@
 //!   drift check.
 //! - [`orgs`]: orgs with their quotas and usage (read only here).
 //! - [`secrets`]: org secrets (sealed) and what each sandbox asked for.
+//! - [`tokens`]: token revocation.
 //! - [`backup`]: the roots a backup of the store must carry (a read).
 //! - [`observed`]: saves' history and the reads behind the deployment's
 //!   observed figures.
@@ -32,6 +33,7 @@ pub mod runners;
 pub mod sandboxes;
 pub mod secrets;
 pub mod snapshots;
+pub mod tokens;
 
 pub use commands::{COMMAND_COLUMNS, CommandRow};
 pub use sandboxes::{

@@ -2380,3 +2380,93 @@ async fn a_command_that_ends_before_its_running_report_is_recorded_started_and_e
         assert_eq!(code(refused), ErrorCode::InvalidRequest);
     }
 }
+
+/// Issue 21, point 1: migration 0016 fills the kept counts right on a
+/// database that already holds sandboxes in many states (an upgrade from
+/// a version before counts were kept). The counts are removed and 0016
+/// applied again on a populated database; the check then finds them
+/// exactly what the sandboxes say.
+#[tokio::test]
+async fn migration_0016_fills_the_kept_counts_from_a_populated_database() {
+    for plane in planes("counts_backfill").await {
+        let db = &plane.state.db;
+        let first = plane.org("org_b1", Some(100)).await;
+        let second = plane.org("org_b2", Some(100)).await;
+        let runner = plane.runner(20).await;
+        let lost = plane.runner(20).await;
+        let mut rows = Vec::new();
+        for org in [&first, &first, &first, &second, &second] {
+            rows.push(plane.create(org).await.expect("admitted"));
+        }
+        // Running, stopped, deleted, on a lost runner, pending.
+        for row in &rows[..3] {
+            let on = row.runner_id.clone().expect("placed");
+            plane
+                .report(row, &on, SandboxState::Running)
+                .await
+                .expect("reported running");
+        }
+        plane
+            .change(&first, &rows[1].id, "stop")
+            .await
+            .expect("stop");
+        let stopping = plane.load(&rows[1].id).await;
+        let on = stopping.runner_id.clone().expect("placed");
+        plane
+            .report(&stopping, &on, SandboxState::Stopped)
+            .await
+            .expect("reported stopped");
+        plane
+            .change(&second, &rows[3].id, "delete")
+            .await
+            .expect("delete");
+        plane.lose(&lost).await;
+        assert_no_drift(&plane, "the changes").await;
+        let kept = |table: &'static str| async move {
+            let query = match table {
+                "sandbox_counts" => {
+                    "SELECT scope, CAST(SUM(running) AS BIGINT), CAST(SUM(held) AS BIGINT) FROM sandbox_counts GROUP BY scope HAVING SUM(running) <> 0 OR SUM(held) <> 0 ORDER BY scope"
+                }
+                _ => {
+                    "SELECT runner_id, sandboxes, memory_mib FROM runner_usage WHERE sandboxes <> 0 ORDER BY runner_id"
+                }
+            };
+            sqlx::query_as::<_, (String, i64, i64)>(query)
+                .fetch_all(&db.pool)
+                .await
+                .expect("counts read")
+        };
+        let (counts_before, usage_before) = (kept("sandbox_counts").await, kept("usage").await);
+        assert!(
+            counts_before.iter().any(|(_, running, _)| *running > 0),
+            "{counts_before:?}"
+        );
+        assert!(!usage_before.is_empty(), "{usage_before:?}");
+        let _ = runner;
+
+        // As a database from before 0016: no counts, no due indexes.
+        for statement in [
+            "DROP TABLE sandbox_counts",
+            "DROP TABLE runner_usage",
+            "DROP INDEX runners_by_lease",
+            "DROP INDEX sandboxes_ttl_due",
+            "DROP INDEX sandboxes_retention_due",
+            "DROP INDEX sandboxes_homes_to_release",
+            "DELETE FROM schema_migrations WHERE version = 16",
+        ] {
+            sqlx::query(statement)
+                .execute(&db.pool)
+                .await
+                .unwrap_or_else(|e| panic!("{statement}: {e}"));
+        }
+        db.migrate().await.expect("0016 applied again");
+        assert_no_drift(&plane, "migration 0016 on a populated database").await;
+        assert_eq!(
+            kept("sandbox_counts").await,
+            counts_before,
+            "{}",
+            plane.engine()
+        );
+        assert_eq!(kept("usage").await, usage_before, "{}", plane.engine());
+    }
+}
