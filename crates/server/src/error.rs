@@ -66,7 +66,36 @@ impl From<sqlx::Error> for ControlError {
     fn from(err: sqlx::Error) -> ControlError {
         // Logged once here, where it is handled; the body hides internals.
         tracing::error!(%err, "database error");
+        if database_unreachable(&err) {
+            // Whether a write whose commit was cut off took effect is not
+            // known here, so the answer says to retry, which an
+            // idempotency key makes safe.
+            return ControlError::new(
+                api::ErrorCode::Unavailable,
+                "the records database is unreachable; retry (with the same Idempotency-Key for a mutation)",
+            )
+            .with_retry_after(1);
+        }
         ControlError::new(api::ErrorCode::Internal, "internal error")
+    }
+}
+
+/// The database could not be reached or dropped the connection (as while
+/// PostgreSQL restarts), rather than refusing a statement.
+fn database_unreachable(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // PostgreSQL's connection exceptions (class 08) and its shutting
+        // down (57P01-57P03: admin shutdown, crash shutdown, cannot
+        // connect now).
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("08") || code.starts_with("57P0")),
+        _ => false,
     }
 }
 

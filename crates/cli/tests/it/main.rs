@@ -20,6 +20,7 @@ mod idle;
 mod images;
 mod leases;
 mod plane;
+mod proxy;
 mod runner_e2e;
 mod sandbox_cli;
 mod sandboxes;

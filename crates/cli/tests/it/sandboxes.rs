@@ -682,3 +682,116 @@ async fn idempotency_keys_belong_to_one_org_and_outlive_the_records_retention() 
     let listed = plane.org.get("/v1/sandboxes").await.body;
     assert_eq!(listed["sandboxes"], json!([]), "nothing new: {listed}");
 }
+
+/// Issue 21 (faults): PostgreSQL out of reach under two servers (every
+/// connection dropped, new ones refused, as while it restarts), then back.
+/// Meanwhile a request is answered 503 `unavailable` with Retry-After and
+/// no server dies; afterwards both serve again, no acknowledged create is
+/// lost, a long-poll through one server sees a write through the other,
+/// and the kept counts are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_out_of_reach_then_back_loses_nothing_and_both_servers_carry_on() {
+    let database = postgres_database("outage");
+    let direct = std::env::var("ROOST_TEST_POSTGRES_URL").expect("PostgreSQL url");
+    let (_, host_and_rest) = direct
+        .split_once('@')
+        .expect("postgres://user@host:port/db");
+    let (address, _) = host_and_rest.split_once('/').expect("host:port/db");
+    let proxy = crate::proxy::Proxy::start(address.to_owned()).await;
+    let proxied = database.replacen(address, &format!("127.0.0.1:{}", proxy.port), 1);
+    // A lease long enough that the outage cannot expire the test runner's.
+    let args = ["--lease-ttl", "120s"];
+    let a = Plane::start_with(&args, &[], Some(&proxied)).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let b = start_server_with(
+        &tmp.path().join("b"),
+        &[&args[..], &["--database", &proxied]].concat(),
+        &[],
+    );
+    let org_b = Api::new(&b.url, &a.org.token);
+    let runner = TestRunner::register(&b.url, &a.runner_token, "r", "spot", STANDARD, 1000).await;
+    let mut acknowledged = Vec::new();
+    let create_through = |api: Api| async move { api.post("/v1/sandboxes", json!({})).await };
+    for api in [&a.org, &org_b, &a.org, &org_b] {
+        let answer = create_through(api.clone()).await;
+        assert_eq!(answer.status, 201, "{answer:?}");
+        acknowledged.push(answer.str("id"));
+    }
+    runner.report(&acknowledged[0], "running", None).await;
+
+    proxy.cut();
+    for api in [&a.org, &org_b] {
+        let answer = create_through(api.clone()).await;
+        answer.assert_error(503, "unavailable");
+        assert!(answer.retry_after.is_some(), "{answer:?}");
+    }
+    proxy.mend();
+
+    // Back: both servers serve again (their pools reconnect).
+    for api in [&a.org, &org_b] {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let created = create_through(api.clone()).await;
+            if created.status == 201 {
+                acknowledged.push(created.str("id"));
+                break;
+            }
+            created.assert_error(503, "unavailable");
+            assert!(
+                Instant::now() < deadline,
+                "{} never served a create again",
+                api.url
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // A long-poll through b answers a create through a with the sandbox,
+    // never `unchanged`: b cannot know what it missed while cut off, so
+    // it may not trust its memory of what it last read.
+    let etag = runner.assignments().await["etag"]
+        .as_str()
+        .expect("etag")
+        .to_owned();
+    let poll = {
+        let (api, id, etag) = (runner.api.clone(), runner.id.clone(), etag.clone());
+        tokio::spawn(async move {
+            api.get(&format!(
+                "/v1/runner/assignments?runner_id={id}&etag={etag}&timeout=25&unchanged=true"
+            ))
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let woken_by = create_through(a.org.clone()).await;
+    assert_eq!(woken_by.status, 201, "{woken_by:?}");
+    let woken_by = woken_by.str("id");
+    acknowledged.push(woken_by.clone());
+    let answer = poll.await.expect("the long-poll");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_ne!(answer.body["unchanged"], json!(true), "{}", answer.body);
+    let listed = answer.body["sandboxes"].as_array().expect("sandboxes");
+    assert!(
+        listed
+            .iter()
+            .any(|s| s["sandbox_id"] == json!(woken_by.as_str())),
+        "{}",
+        answer.body
+    );
+
+    // Nothing acknowledged was lost; the counts are exact.
+    for id in &acknowledged {
+        for api in [&a.org, &org_b] {
+            let read = api.get(&format!("/v1/sandboxes/{id}")).await;
+            assert_eq!(read.status, 200, "{id} through {}: {read:?}", api.url);
+        }
+    }
+    let checked = a.admin.get("/v1/admin/counts").await;
+    assert_eq!(checked.status, 200, "{checked:?}");
+    assert_eq!(checked.body["drift"], json!([]), "{checked:?}");
+    let total = a.admin.get("/v1/admin/orgs").await;
+    let acme = total.body["orgs"]
+        .as_array()
+        .and_then(|orgs| orgs.iter().find(|o| o["name"] == "acme").cloned())
+        .expect("acme listed");
+    assert_eq!(acme["total"], json!(acknowledged.len()), "{acme}");
+}

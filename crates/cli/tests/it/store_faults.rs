@@ -9,16 +9,13 @@
 //! while it could be the newest.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::{AbortHandle, JoinHandle};
 
 use crate::durable::Fleet;
 use crate::plane::{Api, eventually};
+use crate::proxy::Proxy;
 use crate::runner_e2e::{sh, wait_sandbox};
 
 /// A tmpfs of `bytes` mounted for one test (a store that can fill up),
@@ -48,70 +45,6 @@ impl Drop for SmallDisk {
             .arg("-l")
             .arg(self.0.path())
             .status();
-    }
-}
-
-/// A TCP proxy in front of the S3 server that the test cuts and mends.
-/// Cut, it closes every connection it is offered at once and drops the
-/// ones it carried: whoever dials it finds the store out of reach.
-struct Proxy {
-    port: u16,
-    cut: Arc<AtomicBool>,
-    carried: Arc<Mutex<Vec<AbortHandle>>>,
-    accepting: JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(target: String) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let port = listener.local_addr().expect("address").port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let carried: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
-        let accepting = {
-            let (cut, carried) = (cut.clone(), carried.clone());
-            tokio::spawn(async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
-                    if cut.load(Ordering::SeqCst) {
-                        continue;
-                    }
-                    let target = target.clone();
-                    let relay = tokio::spawn(async move {
-                        if let Ok(mut outbound) = TcpStream::connect(&target).await {
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                        }
-                    });
-                    carried
-                        .lock()
-                        .expect("connections")
-                        .push(relay.abort_handle());
-                }
-            })
-        };
-        Proxy {
-            port,
-            cut,
-            carried,
-            accepting,
-        }
-    }
-
-    fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        for relay in self.carried.lock().expect("connections").drain(..) {
-            relay.abort();
-        }
-    }
-
-    fn mend(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.cut();
-        self.accepting.abort();
     }
 }
 
