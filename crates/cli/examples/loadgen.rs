@@ -70,6 +70,8 @@ enum Command {
         /// An org token.
         #[arg(long)]
         token: String,
+        /// The runner's own credential (setup's `runner_token`), for its
+        /// reports.
         #[arg(long)]
         runner_token: String,
         /// The server's process id (for VmRSS).
@@ -102,6 +104,8 @@ enum Command {
         /// An org token.
         #[arg(long)]
         token: String,
+        /// The runner's own credential (setup's `runner_token`), for its
+        /// reports.
         #[arg(long)]
         runner_token: String,
         #[arg(long)]
@@ -331,15 +335,17 @@ async fn setup(api: &Api, admin_token: &str, org: &str) -> Result<Value> {
             "pids": 1_000_000_000_u64,
         },
     });
-    let runner_id = text(
-        &api.post("/v1/runner/register", &runner_token, &register)
-            .await?,
-        "runner_id",
-    )?;
+    // The runner token only enrols; reports go with the runner's own
+    // credential, which registering hands out.
+    let registered = api
+        .post("/v1/runner/register", &runner_token, &register)
+        .await?;
+    let runner_id = text(&registered, "runner_id")?;
+    let runner_credential = text(&registered, "runner_token")?;
     let sandbox = api.create_sandbox(&org_token).await?;
     Ok(json!({
         "org_token": org_token,
-        "runner_token": runner_token,
+        "runner_token": runner_credential,
         "runner_id": runner_id,
         "sandbox_id": sandbox.id,
     }))
