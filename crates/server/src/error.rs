@@ -64,9 +64,15 @@ impl ControlError {
 
 impl From<sqlx::Error> for ControlError {
     fn from(err: sqlx::Error) -> ControlError {
+        ControlError::from(&err)
+    }
+}
+
+impl From<&sqlx::Error> for ControlError {
+    fn from(err: &sqlx::Error) -> ControlError {
         // Logged once here, where it is handled; the body hides internals.
         tracing::error!(%err, "database error");
-        if database_unreachable(&err) {
+        if database_unreachable(err) {
             // Whether a write whose commit was cut off took effect is not
             // known here, so the answer says to retry, which an
             // idempotency key makes safe.

@@ -212,6 +212,7 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         config: Arc::new(config),
         metrics: Arc::new(metrics::Metrics::default()),
         secret_key,
+        renewals: Arc::default(),
     })
 }
 

@@ -8,6 +8,7 @@
 //! - [`sandboxes`]: stop, start, delete.
 //! - [`placement`]: placing a sandbox, or recording why it waits.
 //! - [`runner_protocol`]: registration, leases, assignments, reports, output.
+//! - [`renewals`]: lease renewals (heartbeats) committed in groups.
 //! - [`saves`]: a durable home's save, committed only when complete.
 //! - [`snapshots`]: receipts, their durability and deadlines.
 //! - [`commands`]: queueing, cancelling and signalling commands.
@@ -35,6 +36,7 @@ pub mod images;
 pub mod kept;
 pub mod orgs;
 pub mod placement;
+pub mod renewals;
 pub mod runner_protocol;
 pub mod sandboxes;
 pub mod saves;
@@ -57,6 +59,8 @@ pub struct AppState {
     /// The key org secrets are sealed with (`Config::secret_key`); `None`:
     /// secrets are refused.
     pub secret_key: Option<Arc<secrets::SecretKey>>,
+    /// Heartbeats' lease renewals, committed in groups.
+    pub renewals: Arc<renewals::LeaseRenewals>,
 }
 
 impl AppState {

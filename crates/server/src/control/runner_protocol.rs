@@ -177,10 +177,15 @@ pub async fn heartbeat(
 ) -> Result<HeartbeatResponse, ControlError> {
     let lease_ms = state.config.lease_ttl.as_millis() as i64;
     // Renewed only while still live: a lease the watcher has expired
-    // stays expired (the runner must register again). One statement in
-    // the usual case; the runner is read only to say why one is refused.
-    let until = now_ms() + lease_ms;
-    if !runners::renew_lease_alone(&state.db, &request.runner_id, until).await? {
+    // stays expired (the runner must register again). Committed with the
+    // other heartbeats arriving meanwhile; the runner is read only to say
+    // why one is refused.
+    let renewed = state
+        .renewals
+        .renew(&state.db, &request.runner_id, lease_ms)
+        .await
+        .map_err(|err| ControlError::from(&*err))?;
+    if !renewed {
         let mut tx = state.db.write().await?;
         live_runner(&mut tx, &request.runner_id).await?;
         return Err(fenced("lease expired; register again"));

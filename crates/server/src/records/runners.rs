@@ -198,42 +198,38 @@ pub async fn count_live(pool: &AnyPool) -> Result<usize, sqlx::Error> {
     Ok(n.max(0) as usize)
 }
 
-/// Extends a live runner's lease. False once the lease watcher has
-/// declared it lost: an expired lease stays expired.
-pub async fn renew_lease(tx: &mut WriteTx, id: &str, until_ms: i64) -> Result<bool, sqlx::Error> {
-    let renewed =
-        sqlx::query("UPDATE runners SET lease_expires_at_ms = $1 WHERE id = $2 AND state = 'live'")
-            .bind(until_ms)
-            .bind(id)
-            .execute(&mut *tx.tx)
-            .await?;
-    Ok(renewed.rows_affected() > 0)
-}
-
-/// [`renew_lease`] as a transaction of its own. On PostgreSQL one
-/// statement, committed by itself (a heartbeat is the most frequent write
-/// of a fleet: one round trip instead of three); on SQLite through the
-/// one writer.
-pub async fn renew_lease_alone(
+/// Renews the leases of these runners, each only while still live, in
+/// one transaction of one statement per [`RENEWALS_PER_STATEMENT`] ids
+/// (heartbeats are the most frequent write of a fleet: a batch of them
+/// costs one commit). Answers which were renewed.
+pub async fn renew_leases(
     db: &crate::db::Db,
-    id: &str,
+    ids: &[String],
     until_ms: i64,
-) -> Result<bool, sqlx::Error> {
-    if db.engine == crate::db::Engine::Postgres {
-        let renewed = sqlx::query(
-            "UPDATE runners SET lease_expires_at_ms = $1 WHERE id = $2 AND state = 'live'",
-        )
-        .bind(until_ms)
-        .bind(id)
-        .execute(&db.pool)
-        .await?;
-        return Ok(renewed.rows_affected() > 0);
-    }
+) -> Result<std::collections::HashSet<String>, sqlx::Error> {
+    let mut renewed = std::collections::HashSet::new();
     let mut tx = db.write().await?;
-    let renewed = renew_lease(&mut tx, id, until_ms).await?;
+    for chunk in ids.chunks(RENEWALS_PER_STATEMENT) {
+        let placeholders: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect();
+        let sql = format!(
+            "UPDATE runners SET lease_expires_at_ms = $1 WHERE state = 'live' AND id IN ({}) RETURNING id",
+            placeholders.join(", ")
+        );
+        let mut query = sqlx::query(&sql).bind(until_ms);
+        for id in chunk {
+            query = query.bind(id);
+        }
+        for row in query.fetch_all(&mut *tx.tx).await? {
+            renewed.insert(row.try_get::<String, _>("id")?);
+        }
+    }
     tx.commit().await?;
     Ok(renewed)
 }
+
+/// Ids bound in one renewal statement (well under SQLite's and
+/// PostgreSQL's limits on bound parameters).
+pub const RENEWALS_PER_STATEMENT: usize = 500;
 
 /// Declares a live runner whose lease ended before `cutoff_ms` lost.
 /// False if it renewed meanwhile (or was already lost).

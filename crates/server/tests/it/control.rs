@@ -2470,3 +2470,76 @@ async fn migration_0016_fills_the_kept_counts_from_a_populated_database() {
         assert_eq!(kept("usage").await, usage_before, "{}", plane.engine());
     }
 }
+
+/// Issue 21: heartbeats arriving together are committed in groups (a
+/// fleet's heartbeats cost a few commits, not one each), and each is still
+/// answered only for its own runner: a live runner's lease is renewed
+/// past what it was, a runner declared lost stays lost (fenced).
+#[tokio::test]
+async fn heartbeats_arriving_together_are_committed_in_groups() {
+    use api::runners::HeartbeatRequest;
+    use server::control::runner_protocol;
+    for plane in planes("renewals").await {
+        let plane = std::sync::Arc::new(plane);
+        let mut live = Vec::new();
+        for _ in 0..30 {
+            live.push(plane.runner(1).await);
+        }
+        let lost = plane.runner(1).await;
+        plane.lose(&lost).await;
+        let leases = |plane: std::sync::Arc<Plane>| async move {
+            sqlx::query_as::<_, (String, i64)>(
+                "SELECT id, lease_expires_at_ms FROM runners WHERE state = 'live'",
+            )
+            .fetch_all(&plane.state.db.pool)
+            .await
+            .expect("leases")
+            .into_iter()
+            .collect::<BTreeMap<String, i64>>()
+        };
+        let before = leases(plane.clone()).await;
+        assert_eq!(before.len(), live.len());
+        // Past every lease written at registration.
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let batches_before = plane.state.renewals.batches();
+        let mut heartbeats = Vec::new();
+        for round in 0..4 {
+            for runner in live.iter().chain([&lost]) {
+                let (plane, request) = (
+                    plane.clone(),
+                    HeartbeatRequest {
+                        runner_id: runner.clone(),
+                    },
+                );
+                heartbeats.push((
+                    runner.clone(),
+                    round,
+                    tokio::spawn(async move {
+                        runner_protocol::heartbeat(&plane.state, &request).await
+                    }),
+                ));
+            }
+        }
+        let sent = heartbeats.len() as u64;
+        for (runner, round, heartbeat) in heartbeats {
+            let answer = heartbeat.await.expect("joined");
+            if runner == lost {
+                let refused = answer.expect_err("a lost runner's heartbeat");
+                assert_eq!(refused.code, api::ErrorCode::Fenced, "round {round}");
+            } else {
+                answer.unwrap_or_else(|e| panic!("{runner}, round {round}: {e:?}"));
+            }
+        }
+        let batches = plane.state.renewals.batches() - batches_before;
+        assert!(
+            batches <= sent / 4,
+            "{}: {sent} heartbeats took {batches} commits",
+            plane.engine()
+        );
+        let after = leases(plane.clone()).await;
+        for runner in &live {
+            assert!(after[runner] > before[runner], "{runner}: not renewed");
+        }
+        assert!(!after.contains_key(&lost), "a lost runner came back live");
+    }
+}
