@@ -34,25 +34,35 @@ impl LeaseRenewals {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((runner_id.to_owned(), answer));
-        // The first heartbeat to hold `writing` writes everything gathered
-        // by then (its own and others'); the rest find theirs written.
-        {
-            let _writing = self.writing.lock().await;
-            let batch =
-                std::mem::take(&mut *self.gathering.lock().unwrap_or_else(|p| p.into_inner()));
-            if !batch.is_empty() {
-                self.batches
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                // On a task of its own: a heartbeat whose client goes away
-                // (its future dropped) must not cancel the others' write.
-                let db = db.clone();
-                let write = tokio::spawn(async move { write_batch(&db, batch, lease_ms).await });
-                let _ = write.await;
+        // Whoever holds `writing` writes everything gathered by then (its
+        // own and others'). A heartbeat whose renewal another wrote is
+        // answered at once, without queueing for `writing` behind the
+        // next batches.
+        tokio::pin!(answered);
+        loop {
+            tokio::select! {
+                biased;
+                renewed = &mut answered => {
+                    return renewed.unwrap_or_else(|_| Err(Arc::new(sqlx::Error::WorkerCrashed)));
+                }
+                _writing = self.writing.lock() => {
+                    let batch = std::mem::take(
+                        &mut *self.gathering.lock().unwrap_or_else(|p| p.into_inner()),
+                    );
+                    if !batch.is_empty() {
+                        self.batches
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        // On a task of its own: a heartbeat whose client
+                        // goes away (its future dropped) must not cancel
+                        // the others' write.
+                        let db = db.clone();
+                        let write =
+                            tokio::spawn(async move { write_batch(&db, batch, lease_ms).await });
+                        let _ = write.await;
+                    }
+                }
             }
         }
-        answered
-            .await
-            .unwrap_or_else(|_| Err(Arc::new(sqlx::Error::WorkerCrashed)))
     }
 
     /// Batches written so far (each one transaction).

@@ -198,33 +198,52 @@ pub async fn count_live(pool: &AnyPool) -> Result<usize, sqlx::Error> {
     Ok(n.max(0) as usize)
 }
 
-/// Renews the leases of these runners, each only while still live, in
-/// one transaction of one statement per [`RENEWALS_PER_STATEMENT`] ids
+/// Renews the leases of these runners, each only while still live: one
+/// statement per [`RENEWALS_PER_STATEMENT`] ids, in one transaction
 /// (heartbeats are the most frequent write of a fleet: a batch of them
-/// costs one commit). Answers which were renewed.
+/// costs one commit; on PostgreSQL a batch of one statement is that
+/// statement committed by itself, one round trip). Answers which were
+/// renewed.
 pub async fn renew_leases(
     db: &crate::db::Db,
     ids: &[String],
     until_ms: i64,
 ) -> Result<std::collections::HashSet<String>, sqlx::Error> {
+    if db.engine == crate::db::Engine::Postgres && ids.len() <= RENEWALS_PER_STATEMENT {
+        return renew_some(&db.pool, ids, until_ms).await;
+    }
     let mut renewed = std::collections::HashSet::new();
     let mut tx = db.write().await?;
     for chunk in ids.chunks(RENEWALS_PER_STATEMENT) {
-        let placeholders: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect();
-        let sql = format!(
-            "UPDATE runners SET lease_expires_at_ms = $1 WHERE state = 'live' AND id IN ({}) RETURNING id",
-            placeholders.join(", ")
-        );
-        let mut query = sqlx::query(&sql).bind(until_ms);
-        for id in chunk {
-            query = query.bind(id);
-        }
-        for row in query.fetch_all(&mut *tx.tx).await? {
-            renewed.insert(row.try_get::<String, _>("id")?);
-        }
+        renewed.extend(renew_some(&mut *tx.tx, chunk, until_ms).await?);
     }
     tx.commit().await?;
     Ok(renewed)
+}
+
+async fn renew_some<'e, E>(
+    executor: E,
+    ids: &[String],
+    until_ms: i64,
+) -> Result<std::collections::HashSet<String>, sqlx::Error>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Any>,
+{
+    let placeholders: Vec<String> = (0..ids.len()).map(|i| format!("${}", i + 2)).collect();
+    let sql = format!(
+        "UPDATE runners SET lease_expires_at_ms = $1 WHERE state = 'live' AND id IN ({}) RETURNING id",
+        placeholders.join(", ")
+    );
+    let mut query = sqlx::query(&sql).bind(until_ms);
+    for id in ids {
+        query = query.bind(id);
+    }
+    query
+        .fetch_all(executor)
+        .await?
+        .iter()
+        .map(|row| row.try_get::<String, _>("id"))
+        .collect()
 }
 
 /// Ids bound in one renewal statement (well under SQLite's and
