@@ -30,7 +30,7 @@ fn zero_block_digest() -> &'static Digest {
     ZERO.get_or_init(|| Digest::of(&vec![0u8; SPLIT_BLOCK_BYTES as usize]))
 }
 
-fn io_at(path: &Path) -> impl FnOnce(rustix::io::Errno) -> Error + '_ {
+pub(super) fn io_at(path: &Path) -> impl FnOnce(rustix::io::Errno) -> Error + '_ {
     move |errno| Error::Io {
         path: path.to_owned(),
         source: errno.into(),
@@ -56,7 +56,7 @@ fn existing_entry(
     }
 }
 
-fn timestamps(mtime_ns: i64) -> Timestamps {
+pub(super) fn timestamps(mtime_ns: i64) -> Timestamps {
     let time = Timespec {
         tv_sec: mtime_ns.div_euclid(1_000_000_000),
         tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
@@ -163,7 +163,7 @@ impl Materializer<'_> {
     }
 
     /// `existing` is what the entry's name holds now, if anything.
-    fn materialize_entry(
+    pub(super) fn materialize_entry(
         &self,
         dir: &OwnedFd,
         entry: &Entry,
@@ -373,6 +373,18 @@ fn temp_name(name: &[u8]) -> std::ffi::OsString {
     std::ffi::OsString::from(format!("{TEMP_PREFIX}{}-{n}-{tag}", std::process::id()))
 }
 
+/// Whether the directory holds no entry at all.
+pub(super) fn is_empty_dir(dir: &OwnedFd) -> rustix::io::Result<bool> {
+    let mut iter = rustix::fs::Dir::read_from(dir)?;
+    while let Some(entry) = iter.read() {
+        let name = entry?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 fn list_names(dir: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
     let mut names = Vec::new();
     let mut iter = rustix::fs::Dir::read_from(dir)?;
@@ -390,7 +402,7 @@ fn list_names(dir: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
 /// from a tree stored before the store refused them (see [`crate::tree`]),
 /// whoever pulls (a root pull would otherwise make root-owned setuid
 /// programs of tenant content).
-fn disk_mode(entry: &Entry) -> Mode {
+pub(super) fn disk_mode(entry: &Entry) -> Mode {
     Mode::from_raw_mode(stored_mode(entry.mode))
 }
 

@@ -667,3 +667,46 @@ fn the_index_cache_serves_a_new_process_and_is_rebuilt_when_lost() {
     std::fs::write(&copy, b"damaged").expect("damage");
     index_reads(1, "a damaged copy is read again");
 }
+
+/// A pull on a fresh machine of a home of many small directories reads
+/// the store in pack order: one ranged read per pack (not one per pack
+/// per directory window), so its requests stay within the bound
+/// of stored bytes / 4 MiB plus a constant, the constant here scaled to
+/// the home: one read per pack index, one per pack, one per tree level.
+/// (Directory by directory, this home took 20 reads.)
+#[test]
+fn a_fresh_pull_of_many_directories_reads_each_pack_about_once() {
+    let double = Double::batching(Arc::new(MemoryBackend::default()));
+    let acme = org("acme");
+    // 2,400 files of ~3 KB in 600 leaf directories under 150 others.
+    let files: Vec<(String, Vec<u8>)> = many_files("x", 2400, 3000)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (_, content))| {
+            let path = format!("t{}/m{}/l{}/f{i}", i % 6, (i / 6) % 25, (i / 150) % 4);
+            (path, content)
+        })
+        .collect();
+    let src = home_dir(&refs(&files));
+    push(&Store::new(double.clone()), &acme, &home("h"), src.path()).expect("push");
+    let packs = packs_of(double.as_ref(), &acme).len() as u64;
+    let stored: u64 = double
+        .list(&Store::packs_prefix(&acme))
+        .expect("list")
+        .iter()
+        .map(|meta| meta.size)
+        .sum();
+    double.arm(Faults::default());
+    let dest = tempdir();
+    let report = pull(&Store::new(double.clone()), &acme, &home("h"), dest.path()).expect("pull");
+    assert_eq!(contents(dest.path()), contents(src.path()));
+    assert_eq!(report.files_written, 2400);
+    // Tree levels: the root, t*, m*, l*.
+    let levels = 4;
+    let bound = 2 * packs + levels;
+    assert!(
+        double.read_requests() <= bound,
+        "{} read requests for {stored} bytes in {packs} packs (bound {bound})",
+        double.read_requests()
+    );
+}
