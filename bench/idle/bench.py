@@ -18,8 +18,9 @@ loopback, as bench/durable/bench.py does, and measures:
                   wall clock minus the wake itself (starting -> running from
                   the events), i.e. what waking on use adds to a fresh wake
 
-Usage: bench/idle/bench.py [--quick] [--no-build]
-  --quick   50 asleep, 20 s windows, 2,000 files / 40 MB (a smoke test)
+Usage: bench/idle/bench.py [--quick] [--cpu-only] [--no-build]
+  --quick     50 asleep, 20 s windows, 2,000 files / 40 MB (a smoke test)
+  --cpu-only  only the idle CPU windows (no detection, no wakes)
 Needs root, runc, btrfs-progs. Prints a markdown report and saves it to
 bench/results/<date>-idle.md.
 """
@@ -42,6 +43,7 @@ _spec.loader.exec_module(durable)
 log, ms, pct, BIN, GEN = durable.log, durable.ms, durable.pct, durable.BIN, durable.GEN
 
 QUICK = "--quick" in sys.argv
+CPU_ONLY = "--cpu-only" in sys.argv
 ASLEEP, WINDOW_S = (50, 20) if QUICK else (1000, 60)
 FILES, SIZE = (2_000, "40M") if QUICK else (100_000, "2G")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -56,6 +58,17 @@ def cpu_over(pids, seconds):
     before = [cpu_seconds(p) for p in pids]
     time.sleep(seconds)
     return [cpu_seconds(p) - b for p, b in zip(pids, before)]
+
+
+def assignment_answers(url):
+    """The server's assignments long-polls so far, by answer (read, unchanged)."""
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("roost_runner_assignments_total{"):
+            answer = line.split('answer="')[1].split('"')[0]
+            counts[answer] = int(float(line.rsplit(" ", 1)[1]))
+    return counts
 
 
 def parse(t):
@@ -87,7 +100,9 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="roost-idle-bench-", dir="/var/tmp"))
     bench = Idle(work)
     try:
-        bench.start_server(extra=("--idle-timeout-min", "1s"))
+        # A lease long enough that a loaded machine (1,000 containers
+        # starting and stopping) never loses a runner on the way.
+        bench.start_server(lease=("--lease-ttl", "30s"), extra=("--idle-timeout-min", "1s"))
         server_pid = bench.procs[0].pid
         runner_a, data_a, _ = bench.start_runner("a")
         # Both runners from the start: the idle windows compare the same
@@ -98,53 +113,54 @@ def main():
         log(f"CPU over {WINDOW_S} s with no sandbox")
         cpu_none = cpu_over(pids, WINDOW_S)
 
-        log("idle detection, 10 sandboxes (idle_timeout_s 2)")
-        late = []
-        for _ in range(10):
-            sb = bench.json("sandbox", "create", "--idle-timeout", "2s", "--wait")
-            sid = sb["id"]
-            deadline = bench.json("sandbox", "get", sid)["idle_deadline"]
-            bench.roost("sandbox", "wait", sid, "stopped", "--timeout", "60s")
-            decided = next(e for e in bench.events(sid) if e["reason"] == "idle")
-            late.append(ms(deadline, decided["at"]))
-            bench.roost("sandbox", "delete", sid)
+        if not CPU_ONLY:
+            log("idle detection, 10 sandboxes (idle_timeout_s 2)")
+            late = []
+            for _ in range(10):
+                sb = bench.json("sandbox", "create", "--idle-timeout", "2s", "--wait")
+                sid = sb["id"]
+                deadline = bench.json("sandbox", "get", sid)["idle_deadline"]
+                bench.roost("sandbox", "wait", sid, "stopped", "--timeout", "60s")
+                decided = next(e for e in bench.events(sid) if e["reason"] == "idle")
+                late.append(ms(deadline, decided["at"]))
+                bench.roost("sandbox", "delete", sid)
 
-        log("wake of a small durable home on its last runner")
-        sid = bench.json("sandbox", "create", "--storage-class", "durable", "--idle-timeout", "0",
-                         "--save-interval", "24h", "--wait")["id"]
-        bench.roost("exec", sid, "--", "sh", "-c", "echo hello > /workspace/note.txt")
-        warm = [bench.exec_ms(sid) for _ in range(10)]
-        small = []
-        for _ in range(10):
-            bench.asleep(sid)
-            small.append(bench.exec_ms(sid))
+            log("wake of a small durable home on its last runner")
+            sid = bench.json("sandbox", "create", "--storage-class", "durable", "--idle-timeout", "0",
+                             "--save-interval", "24h", "--wait")["id"]
+            bench.roost("exec", sid, "--", "sh", "-c", "echo hello > /workspace/note.txt")
+            warm = [bench.exec_ms(sid) for _ in range(10)]
+            small = []
+            for _ in range(10):
+                bench.asleep(sid)
+                small.append(bench.exec_ms(sid))
 
-        log(f"growing a durable home: {FILES} files, {SIZE}")
-        gid = bench.json("sandbox", "create", "--storage-class", "durable", "--idle-timeout", "0",
-                         "--save-interval", "24h", "--wait")["id"]
-        home = data_a / "volumes/homes" / gid
-        subprocess.run([sys.executable, str(GEN), str(home), "--files", str(FILES), "--size", SIZE],
-                       check=True, stdout=subprocess.DEVNULL)
-        log("securing it (cold)")
-        bench.asleep(gid)
-        grown = []
-        for _ in range(3):
-            grown.append(bench.exec_ms(gid))
+            log(f"growing a durable home: {FILES} files, {SIZE}")
+            gid = bench.json("sandbox", "create", "--storage-class", "durable", "--idle-timeout", "0",
+                             "--save-interval", "24h", "--wait")["id"]
+            home = data_a / "volumes/homes" / gid
+            subprocess.run([sys.executable, str(GEN), str(home), "--files", str(FILES), "--size", SIZE],
+                           check=True, stdout=subprocess.DEVNULL)
+            log("securing it (cold)")
             bench.asleep(gid)
+            grown = []
+            for _ in range(3):
+                grown.append(bench.exec_ms(gid))
+                bench.asleep(gid)
 
-        log("wake on a fresh runner (runner a drained)")
-        env = dict(bench.env, ROOST_TOKEN=bench.admin_token)
-        runners = json.loads(subprocess.run([str(BIN), "admin", "runner", "list", "--json"], env=env,
-                                            capture_output=True, text=True, check=True).stdout)
-        a_id = next(r["id"] for r in (runners["runners"] if isinstance(runners, dict) else runners) if r["name"] == "a")
-        subprocess.run([str(BIN), "admin", "runner", "drain", a_id], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
-        seq = bench.last_seq(gid)
-        fresh_total = bench.exec_ms(gid)
-        fresh_wake, _ = bench.span(gid, seq, "starting", "running")
-        subprocess.run([str(BIN), "admin", "runner", "undrain", a_id], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
-        bench.roost("sandbox", "delete", gid)
+            log("wake on a fresh runner (runner a drained)")
+            env = dict(bench.env, ROOST_TOKEN=bench.admin_token)
+            runners = json.loads(subprocess.run([str(BIN), "admin", "runner", "list", "--json"], env=env,
+                                                capture_output=True, text=True, check=True).stdout)
+            a_id = next(r["id"] for r in (runners["runners"] if isinstance(runners, dict) else runners) if r["name"] == "a")
+            subprocess.run([str(BIN), "admin", "runner", "drain", a_id], env=env, check=True,
+                           stdout=subprocess.DEVNULL)
+            seq = bench.last_seq(gid)
+            fresh_total = bench.exec_ms(gid)
+            fresh_wake, _ = bench.span(gid, seq, "starting", "running")
+            subprocess.run([str(BIN), "admin", "runner", "undrain", a_id], env=env, check=True,
+                           stdout=subprocess.DEVNULL)
+            bench.roost("sandbox", "delete", gid)
 
         log(f"{ASLEEP} sandboxes going to sleep (idle_timeout_s 1)")
         ids = [bench.post("/v1/sandboxes", {"idle_timeout_s": 1})["id"] for _ in range(ASLEEP)]
@@ -155,25 +171,31 @@ def main():
                     raise SystemExit(f"{sid_} did not go to sleep")
                 time.sleep(0.5)
         # Their stops' last steps (containers deleted) are not idle cost.
-        time.sleep(10)
+        # Beyond one whole long-poll (25 s) past the last of them: every
+        # runner's set is read once more after the last change.
+        time.sleep(30)
         log(f"CPU over {WINDOW_S} s with {ASLEEP} asleep")
+        answers_before = assignment_answers(bench.url)
         cpu_asleep = cpu_over(pids, WINDOW_S)
+        answers = {k: v - answers_before.get(k, 0) for k, v in assignment_answers(bench.url).items()}
 
-        when = datetime.now(timezone.utc).strftime("%Y-%m-%d_%H%M")
-        machine = f"{os.cpu_count()} cores, {os.uname().release}, load {os.getloadavg()[0]:.1f} at the end"
-        report = f"""## Idle sandboxes: sleeping and waking ({when} UTC{', quick' if QUICK else ''})
-
-Machine: {machine}. Command: `bench/idle/bench.py{' --quick' if QUICK else ''}` (release build).
-
-| measure | roost | peer (same run) | ratio | target |
-|---|---|---|---|---|
-| CPU over {WINDOW_S} s, no sandbox: server, runner a, runner b | {cpu_none[0]:.2f}, {cpu_none[1]:.2f}, {cpu_none[2]:.2f} s | | | |
-| CPU over {WINDOW_S} s, {ASLEEP} asleep (on runner a): server, runner a, runner b | {cpu_asleep[0]:.2f}, {cpu_asleep[1]:.2f}, {cpu_asleep[2]:.2f} s | the same with none: {sum(cpu_none):.2f} s in all | {sum(cpu_asleep) / max(sum(cpu_none), 0.01):.2f} | nothing per asleep sandbox |
-| idle detection after the deadline, p50 / max | {statistics.median(late):.0f} / {max(late):.0f} ms | | | ≤ 1 s |
+        wake_rows = "" if CPU_ONLY else f"""| idle detection after the deadline, p50 / max | {statistics.median(late):.0f} / {max(late):.0f} ms | | | ≤ 1 s |
 | `roost exec -- true` on an asleep small durable home, last runner, p50 / max | {statistics.median(small):.0f} / {max(small):.0f} ms | the same exec on it running: {statistics.median(warm):.0f} ms | {statistics.median(small) / statistics.median(warm):.1f} | ≤ 300 ms |
 | the same on the grown home ({FILES} files, {SIZE}), p50 / max | {statistics.median(grown):.0f} / {max(grown):.0f} ms | | | ≤ 1 s |
 | the same on a fresh runner: exec wall clock, of which the wake (starting -> running) | {fresh_total:.0f} ms, {fresh_wake:.0f} ms | | exec adds {fresh_total - fresh_wake:.0f} ms | ≤ 200 ms more than the wake |
 """
+        when = datetime.now(timezone.utc).strftime("%Y-%m-%d_%H%M")
+        machine = f"{os.cpu_count()} cores, {os.uname().release}, load {os.getloadavg()[0]:.1f} at the end"
+        report = f"""## Idle sandboxes: sleeping and waking ({when} UTC{', quick' if QUICK else ''})
+
+Machine: {machine}. Command: `bench/idle/bench.py{' --quick' if QUICK else ''}{' --cpu-only' if CPU_ONLY else ''}` (release build).
+
+| measure | roost | peer (same run) | ratio | target |
+|---|---|---|---|---|
+| CPU over {WINDOW_S} s, no sandbox: server, runner a, runner b | {cpu_none[0]:.2f}, {cpu_none[1]:.2f}, {cpu_none[2]:.2f} s | | | |
+| CPU over {WINDOW_S} s, {ASLEEP} asleep: server, runner a, runner b | {cpu_asleep[0]:.2f}, {cpu_asleep[1]:.2f}, {cpu_asleep[2]:.2f} s | the same with none: {sum(cpu_none):.2f} s in all | {sum(cpu_asleep) / max(sum(cpu_none), 0.01):.2f} | nothing per asleep sandbox |
+| assignments long-polls in that window, answered by a read / `unchanged` | {answers.get("read", 0)} / {answers.get("unchanged", 0)} | | | |
+{wake_rows}"""
         print(report)
         out = ROOT / "bench/results" / f"{when}-idle.md"
         out.write_text(report)

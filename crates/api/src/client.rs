@@ -754,7 +754,7 @@ impl Client {
 
     /// `GET /v1/runner/assignments`: everything placed on the runner.
     /// Long-polls up to `timeout_s` (at most 25) while the answer's etag
-    /// would still be `etag`.
+    /// would still be `etag`; such an answer may say only `unchanged`.
     pub async fn runner_assignments(
         &self,
         runner_id: &str,
@@ -765,6 +765,7 @@ impl Client {
             ("runner_id", runner_id.to_owned()),
             ("etag", etag.to_owned()),
             ("timeout", timeout_s.to_string()),
+            ("unchanged", "true".to_owned()),
         ];
         self.get(&["v1", "runner", "assignments"], &query).await
     }

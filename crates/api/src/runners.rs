@@ -127,12 +127,18 @@ pub struct RunnerRecord {
     pub labels: BTreeMap<String, String>,
 }
 
-/// `GET /v1/runner/assignments?runner_id=…&etag=…&timeout=…`: everything
-/// placed on the runner, level-triggered. Returns at once when the set
-/// differs from `etag`, otherwise when it changes or the timeout passes.
+/// `GET /v1/runner/assignments?runner_id=…&etag=…&timeout=…&unchanged=true`:
+/// everything placed on the runner, level-triggered. Returns at once when
+/// the set differs from `etag`, otherwise when it changes or the timeout
+/// passes. With `unchanged=true` an answer at the timeout whose set is
+/// still `etag` may be `unchanged: true` with empty lists (the server saw
+/// no write since it last read the set): the previous answer stands.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Assignments {
     pub etag: String,
+    /// The set is still `etag`'s; the lists are empty, not read.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unchanged: bool,
     pub sandboxes: Vec<SandboxAssignment>,
     pub commands: Vec<CommandAssignment>,
     /// Kept copies of homes on this runner that are still to be kept. A
@@ -404,7 +410,9 @@ pub struct CommandReport {
     #[serde(default)]
     pub reason: Option<String>,
     /// The command's pid inside the sandbox (with `running`, when the
-    /// sandbox's agent runs it).
+    /// sandbox's agent runs it; with an end reported straight from
+    /// `starting`, a command that ended before its `running` report went
+    /// out: it is recorded started and ended at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
 }

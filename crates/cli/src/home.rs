@@ -65,7 +65,8 @@ struct Opened {
 
 impl Target {
     fn open(&self) -> Result<Opened> {
-        // The pack indexes this store's packs carry, kept per store URL.
+        // The orgs' merged pack indexes (and copies of pack indexes not
+        // merged yet), kept per store URL.
         let cache = self
             .state_dir()?
             .join("pack-indexes")

@@ -470,7 +470,13 @@ pub fn run(command: SandboxCommand) -> Result<ExitCode> {
                     .start_sandbox(&id)
                     .await
                     .context("sandbox start failed")?;
-                print_change(&sandbox, "start requested", &target)
+                // Asked while a stop is under way, the start follows it.
+                let what = if sandbox.desired == api::lifecycle::DesiredState::Stopped {
+                    "start requested: it starts once the stop under way is done"
+                } else {
+                    "start requested"
+                };
+                print_change(&sandbox, what, &target)
             }
             SandboxCommand::Delete { id, target } => {
                 let sandbox = target

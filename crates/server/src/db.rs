@@ -33,6 +33,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (14, include_str!("../migrations/0014_agent.sql")),
     (15, include_str!("../migrations/0015_idle.sql")),
     (16, include_str!("../migrations/0016_counts.sql")),
+    (17, include_str!("../migrations/0017_start_after_stop.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -159,6 +159,8 @@ pub async fn serve(
         admin_token,
     });
     if state.db.engine == db::Engine::Postgres {
+        // Other servers' writes are unseen until the listener is in place.
+        state.db.hub.set_complete(false);
         tokio::spawn(hub::listen_postgres(
             state.db.url.clone(),
             state.db.hub.clone(),
@@ -183,8 +185,17 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         .clone()
         .unwrap_or_else(|| backup::default_database_url(&config.data_dir));
     let store = match &config.store_url {
+        // The orgs' merged pack indexes live on disk, in the data dir (per
+        // store URL), not in memory or a temporary directory.
         Some(url) => Some(Arc::new(
-            store::Store::open(url).map_err(|e| ServerError::Store(e.to_string()))?,
+            store::Store::open(url)
+                .map_err(|e| ServerError::Store(e.to_string()))?
+                .with_index_cache(
+                    config
+                        .data_dir
+                        .join("pack-indexes")
+                        .join(&store::Digest::of(url.as_bytes()).to_hex()[..32]),
+                ),
         )),
         None => None,
     };

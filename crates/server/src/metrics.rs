@@ -116,6 +116,10 @@ pub struct Metrics {
     quota_rejections: Mutex<BTreeMap<String, u64>>,
     lease_expiries: AtomicU64,
     lease_holds: AtomicU64,
+    /// Runners' assignments long-polls answered by reading the set, and
+    /// answered `unchanged` without reading it.
+    assignment_reads: AtomicU64,
+    assignments_unchanged: AtomicU64,
     /// The lease watcher's passes on this server: the last one's and the
     /// longest one's duration, in microseconds.
     lease_watch_last_us: AtomicU64,
@@ -197,6 +201,17 @@ impl Metrics {
 
     pub fn lease_expired(&self) {
         self.lease_expiries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A runner's assignments were read (`true`) or answered `unchanged`
+    /// without a read (`false`).
+    pub fn assignments_answered(&self, read: bool) {
+        let counter = if read {
+            &self.assignment_reads
+        } else {
+            &self.assignments_unchanged
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     fn homes(&self) -> std::sync::MutexGuard<'_, Homes> {
@@ -366,6 +381,21 @@ impl Metrics {
             "roost_lease_expiries_total {}",
             self.lease_expiries.load(Ordering::Relaxed)
         );
+        let _ = writeln!(
+            out,
+            "# HELP roost_runner_assignments_total Runners' assignments long-polls by how they were answered: `read` (the set read from the records) or `unchanged` (nothing written since this server last read it: no read)."
+        );
+        let _ = writeln!(out, "# TYPE roost_runner_assignments_total counter");
+        for (answer, counter) in [
+            ("read", &self.assignment_reads),
+            ("unchanged", &self.assignments_unchanged),
+        ] {
+            let _ = writeln!(
+                out,
+                "roost_runner_assignments_total{{answer=\"{answer}\"}} {}",
+                counter.load(Ordering::Relaxed)
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP roost_lease_holds_total Lease watcher passes that held off recovery because a large share of the fleet lost its lease at once."

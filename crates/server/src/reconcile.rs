@@ -314,7 +314,7 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
             set_sandbox_state(&mut tx, &sandbox, transition, None, epoch).await?;
             // A command waiting for a wake that was to follow this stop.
             if !to.is_terminal() {
-                crate::control::idle::resume_waiting_wake(state, &mut tx, &sandbox.id).await?;
+                crate::control::idle::resume_after_stop(state, &mut tx, &sandbox.id).await?;
             }
         }
         tx.changed(&format!("runner:{runner_id}")).await?;

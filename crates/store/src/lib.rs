@@ -17,6 +17,7 @@ pub mod excludes;
 pub mod gc;
 pub mod ids;
 pub mod index;
+pub mod midx;
 pub mod objects;
 pub mod pack;
 pub mod progress;

@@ -19,17 +19,22 @@
 //! "where" without reading packs: it is built from the packs' index files,
 //! listed again before every existence answer (so a check under the commit
 //! lock sees exactly what gc left), and extended by this process's own
-//! writes. Memory: one hash-map entry per object (kind and digest, pack
-//! slot, offset, length: about 64 bytes with the table's slack), so a
-//! process holds the index of the orgs it touches; see ARCHITECTURE.md for
-//! what that means at 100 million objects.
+//! writes. Structure and memory: a merged index file per org in the local
+//! index cache ([`crate::midx`]: every entry sorted by object, searched by
+//! positioned reads; 0.125 bytes an object in memory for its sparse key
+//! table, 16 bytes a pack), plus an overlay in memory of the packs listed
+//! or written since that file was merged (a hash map: 73 bytes a slot, 1
+//! to 2 slots an object, at most [`OVERLAY_OBJECTS_MAX`] objects before
+//! it is merged into the file: ~19 MiB at most).
 
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::backend::{self, Backend, ObjectMeta};
+use crate::midx::{self, MergedIndex};
 use crate::objects::Objects;
 use crate::pack::{PackBuilder, PackId, PackIndex};
 use crate::tree::Tree;
@@ -105,6 +110,16 @@ const RANGE_GAP_BYTES_MAX: u64 = 256 * 1024;
 /// Most bytes one ranged read spans.
 const RANGE_BYTES_MAX: u64 = 16 * 1024 * 1024;
 
+/// Objects an org's in-memory overlay holds at most (packs listed or
+/// written since its merged index file was written) before they are
+/// merged into the file: ~19 MiB of memory (262,144 slots of 73 bytes),
+/// while a merge rewrites the whole file (49 bytes an object), so at 100
+/// million objects one merge per 131,072 new objects writes ~5 GB.
+pub const OVERLAY_OBJECTS_MAX: usize = 128 * 1024;
+/// Pack indexes fetched from the store per request while refreshing
+/// (a full pack's index is ~720 KiB: at most ~12 MiB held at once).
+const INDEX_FETCH_BATCH: usize = 16;
+
 pub struct Store {
     backend: Arc<dyn Backend>,
     lock_timing: LockTiming,
@@ -112,23 +127,67 @@ pub struct Store {
     /// object (a runner's block cache, which fills object by object).
     packing: bool,
     packs: Mutex<HashMap<OrgId, OrgPacks>>,
-    /// One listing-and-merge at a time, so an older listing is never
-    /// applied over a newer one.
-    refreshing: Mutex<()>,
-    /// A local directory keeping copies of pack indexes read (immutable,
-    /// so a copy never goes stale; each is checked like the original):
-    /// a new process reads the org's index from disk, not the store.
-    index_cache: Option<std::path::PathBuf>,
+    /// One listing-and-merge at a time per org, so an older listing is
+    /// never applied over a newer one.
+    refreshing: Mutex<HashMap<OrgId, Arc<Mutex<()>>>>,
+    /// The local directory of each org's merged index and of copies of
+    /// the pack indexes read or written since it was merged.
+    index_cache: IndexCache,
+    overlay_max: usize,
 }
 
-/// An org's pack index: every object of every pack index read, by name.
+/// Where the org indexes live: a directory the caller names, kept across
+/// processes, or one of this process's own in the system's temporary
+/// directory, removed with the store.
+enum IndexCache {
+    Kept(PathBuf),
+    Own(OwnDir),
+}
+
+struct OwnDir(PathBuf);
+
+impl Drop for OwnDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl IndexCache {
+    fn own() -> IndexCache {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mut random = [0u8; 8];
+        let _ = getrandom::fill(&mut random);
+        IndexCache::Own(OwnDir(std::env::temp_dir().join(format!(
+            "roost-pack-index-{}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            u64::from_le_bytes(random)
+        ))))
+    }
+
+    fn dir(&self) -> &Path {
+        match self {
+            IndexCache::Kept(dir) => dir,
+            IndexCache::Own(own) => &own.0,
+        }
+    }
+}
+
+/// An org's pack index: the merged file, and in memory the packs known
+/// since it was written.
 #[derive(Default)]
 struct OrgPacks {
     /// Whether the org's packs were listed at least once.
     listed: bool,
-    slots: Vec<PackId>,
-    by_pack: HashMap<PackId, u32>,
-    objects: HashMap<ObjectId, Located>,
+    /// Whether this process looked for the org's merged file yet.
+    opened: bool,
+    /// Whether writing the merged file failed (an unwritable cache): the
+    /// index then stays whole in the overlay, unbounded.
+    cache_failed: bool,
+    merged: Option<Arc<MergedIndex>>,
+    /// Objects of `overlay_packs`, by name (one pack per object).
+    overlay: HashMap<ObjectId, Location>,
+    overlay_packs: HashSet<PackId>,
     /// Indexes that lie ([`crate::pack::decode_index`]): their objects
     /// count as absent (re-uploaded; nothing is read through them).
     refused: HashSet<PackId>,
@@ -137,43 +196,36 @@ struct OrgPacks {
     loose: Option<bool>,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Located {
-    slot: u32,
-    offset: u64,
-    length: u32,
-}
-
 impl OrgPacks {
+    fn knows(&self, pack: &PackId) -> bool {
+        self.overlay_packs.contains(pack) || self.merged.as_ref().is_some_and(|m| m.has_pack(pack))
+    }
+
     fn add(&mut self, index: &PackIndex) {
-        let slot = match self.by_pack.get(&index.pack) {
-            Some(_) => return,
-            None => {
-                self.slots.push(index.pack);
-                (self.slots.len() - 1) as u32
-            }
-        };
-        self.by_pack.insert(index.pack, slot);
-        self.objects.reserve(index.entries.len());
+        if self.knows(&index.pack) {
+            return;
+        }
+        self.overlay_packs.insert(index.pack);
+        self.overlay.reserve(index.entries.len());
         for entry in &index.entries {
-            self.objects.insert(
-                entry.object,
-                Located {
-                    slot,
-                    offset: entry.offset,
-                    length: entry.length,
-                },
-            );
+            self.overlay.entry(entry.object).or_insert(Location {
+                pack: index.pack,
+                offset: entry.offset,
+                length: entry.length,
+            });
         }
     }
+}
 
-    fn locate(&self, object: &ObjectId) -> Option<Location> {
-        self.objects.get(object).map(|located| Location {
-            pack: self.slots[located.slot as usize],
-            offset: located.offset,
-            length: located.length,
-        })
-    }
+/// An org's pack index in one process ([`Store::index_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Packs and entries of the merged file in use (on disk).
+    pub merged_packs: usize,
+    pub merged_entries: u64,
+    /// Packs and objects in the in-memory overlay.
+    pub overlay_packs: usize,
+    pub overlay_objects: usize,
 }
 
 /// Where a packed object is.
@@ -198,40 +250,58 @@ impl Store {
             lock_timing: LockTiming::default(),
             packing: true,
             packs: Mutex::new(HashMap::new()),
-            refreshing: Mutex::new(()),
-            index_cache: None,
+            refreshing: Mutex::new(HashMap::new()),
+            index_cache: IndexCache::own(),
+            overlay_max: OVERLAY_OBJECTS_MAX,
         }
     }
 
-    /// This store keeping copies of the pack indexes it reads under `dir`
-    /// (one directory per store: the caller names it). Losing the copies
-    /// costs reading the indexes from the store again; a copy that does
-    /// not decode (checksum, org, pack) is read again from the store.
-    pub fn with_index_cache(self, dir: std::path::PathBuf) -> Store {
+    /// This store keeping its org indexes under `dir` (one directory per
+    /// store: the caller names it), for later processes: each org's merged
+    /// index ([`crate::midx`]) and copies of the pack indexes read or
+    /// written since it was merged. Losing them costs reading the pack
+    /// indexes from the store again; a file that does not check (checksum,
+    /// org, pack) is rebuilt or read again from the store. Without it, a
+    /// store keeps them in a temporary directory of its own.
+    pub fn with_index_cache(self, dir: PathBuf) -> Store {
         Store {
-            index_cache: Some(dir),
+            index_cache: IndexCache::Kept(dir),
             ..self
         }
     }
 
-    fn cached_index_path(&self, org: &OrgId, pack: &PackId) -> Option<std::path::PathBuf> {
-        self.index_cache
-            .as_ref()
-            .map(|dir| dir.join(org.as_str()).join(format!("{pack}.idx")))
+    /// This store merging its in-memory overlay into the org's merged
+    /// index past `objects` (tests; see [`OVERLAY_OBJECTS_MAX`]).
+    pub fn with_overlay_max(self, objects: usize) -> Store {
+        Store {
+            overlay_max: objects,
+            ..self
+        }
+    }
+
+    fn org_index_dir(&self, org: &OrgId) -> PathBuf {
+        self.index_cache.dir().join(org.as_str())
+    }
+
+    /// Where `org`'s merged index file is (present or not).
+    pub fn merged_index_path(&self, org: &OrgId) -> PathBuf {
+        self.org_index_dir(org).join(midx::FILE_NAME)
+    }
+
+    fn cached_index_path(&self, org: &OrgId, pack: &PackId) -> PathBuf {
+        self.org_index_dir(org).join(format!("{pack}.idx"))
     }
 
     /// An index from the local cache, if there and sound.
     fn cached_index(&self, org: &OrgId, pack: &PackId) -> Option<PackIndex> {
-        let bytes = std::fs::read(self.cached_index_path(org, pack)?).ok()?;
+        let bytes = std::fs::read(self.cached_index_path(org, pack)).ok()?;
         crate::pack::decode_index(org, pack, &bytes).ok()
     }
 
-    /// Keeps a copy of an index read from the store; a failure only costs
-    /// a later read.
+    /// Keeps a copy of an index (until it is merged); a failure only
+    /// costs a later read from the store.
     fn cache_index(&self, org: &OrgId, pack: &PackId, bytes: &[u8]) {
-        let Some(path) = self.cached_index_path(org, pack) else {
-            return;
-        };
+        let path = self.cached_index_path(org, pack);
         let write = || -> std::io::Result<()> {
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent)?;
@@ -245,19 +315,28 @@ impl Store {
         }
     }
 
-    /// Removes cached copies of indexes whose packs are gone.
-    fn prune_index_cache(&self, org: &OrgId, listed: &HashSet<PackId>) {
-        let Some(dir) = self.index_cache.as_ref().map(|d| d.join(org.as_str())) else {
-            return;
-        };
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+    /// Removes cached copies of indexes that `drop` names, given their
+    /// age (merged, or their packs gone), and temporary files a killed
+    /// process left an hour ago or more.
+    fn prune_index_cache(&self, org: &OrgId, drop: impl Fn(&PackId, Duration) -> bool) {
+        for entry in std::fs::read_dir(self.org_index_dir(org))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let age = entry
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|modified| modified.elapsed().ok())
+                .unwrap_or_default();
             let name = entry.file_name();
-            let gone = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(".idx"))
-                .and_then(|id| id.parse::<PackId>().ok())
-                .is_some_and(|pack| !listed.contains(&pack));
-            if gone {
+            let Some(name) = name.to_str() else { continue };
+            let pruned = match name.strip_suffix(".idx") {
+                Some(id) => id.parse::<PackId>().is_ok_and(|pack| drop(&pack, age)),
+                None => name.contains(".tmp") && age > Duration::from_secs(3600),
+            };
+            if pruned {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
@@ -348,11 +427,105 @@ impl Store {
         self.packs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Lists the org's pack indexes and reads those not yet known; when a
-    /// known one is gone (gc removed or rewrote its pack), builds the org's
-    /// index again from those listed. Returns the packs listed.
+    fn refresh_lock(&self, org: &OrgId) -> Arc<Mutex<()>> {
+        let mut locks = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(locks.entry(org.clone()).or_default())
+    }
+
+    /// The org's merged index from the cache, if there and sound; one
+    /// that is not is rebuilt by the caller.
+    fn open_merged(&self, org: &OrgId) -> Option<Arc<MergedIndex>> {
+        let path = self.merged_index_path(org);
+        match MergedIndex::open(&path, org) {
+            Ok(merged) => merged.map(Arc::new),
+            Err(reason) => {
+                tracing::warn!(%org, path = %path.display(), %reason, "merged pack index refused; rebuilding it");
+                None
+            }
+        }
+    }
+
+    /// Reads the indexes of `packs` (a local copy if there and sound, else
+    /// from the store, a few per request) and hands each to `each`, in
+    /// order, until it says stop. Packs gone since they were listed are
+    /// skipped; indexes that lie are skipped and pushed to `refused`.
+    /// `keep_copies`: cache those read from the store.
+    fn for_each_index(
+        &self,
+        org: &OrgId,
+        packs: &[PackId],
+        keep_copies: bool,
+        refused: &mut Vec<PackId>,
+        mut each: impl FnMut(PackIndex) -> Result<bool>,
+    ) -> Result<()> {
+        for group in packs.chunks(INDEX_FETCH_BATCH) {
+            let mut uncached = Vec::new();
+            for pack in group {
+                match self.cached_index(org, pack) {
+                    Some(index) => {
+                        if !each(index)? {
+                            return Ok(());
+                        }
+                    }
+                    None => uncached.push(*pack),
+                }
+            }
+            let keys: Vec<String> = uncached
+                .iter()
+                .map(|pack| Self::pack_key(org, pack, PackPart::Index))
+                .collect();
+            let fetched = self.backend.get_batch(&keys)?;
+            for (pack, bytes) in uncached.iter().zip(fetched) {
+                // Gone since the listing: removed by a gc, like one unlisted.
+                let Some(bytes) = bytes else { continue };
+                match crate::pack::decode_index(org, pack, &bytes) {
+                    Ok(index) => {
+                        if keep_copies {
+                            self.cache_index(org, pack, &bytes);
+                        }
+                        if !each(index)? {
+                            return Ok(());
+                        }
+                    }
+                    Err(reason) => {
+                        tracing::warn!(%org, %pack, %reason, "pack index refused; its objects count as absent");
+                        refused.push(*pack);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Lists the org's pack indexes and brings its index up to them. Packs
+    /// not yet known go to the in-memory overlay; everything listed is
+    /// merged into a new merged file instead when the overlay would pass
+    /// its bound, when there is no merged file yet, or when a known pack
+    /// is gone (gc removed or rewrote it: the file's entries of it must
+    /// not be used, and the file is rebuilt from itself without them and
+    /// the listed indexes, a merge of sorted runs).
     fn refresh_packs(&self, org: &OrgId) -> Result<()> {
-        let _one_at_a_time = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = self.refresh_lock(org);
+        let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
+        // What this process knows, taken before listing: a pack it writes
+        // meanwhile is then never taken for one gone.
+        let (opened, cache_failed, mut merged, overlay_packs, overlay_len, refused) = {
+            let packs = self.packs();
+            match packs.get(org) {
+                Some(s) => (
+                    s.opened,
+                    s.cache_failed,
+                    s.merged.clone(),
+                    s.overlay_packs.clone(),
+                    s.overlay.len(),
+                    s.refused.clone(),
+                ),
+                None => (false, false, None, HashSet::new(), 0, HashSet::new()),
+            }
+        };
+        if !opened {
+            merged = self.open_merged(org);
+        }
         let mut listed: Vec<PackId> = Vec::new();
         for meta in self.backend.list(&Self::packs_prefix(org))? {
             if let Some(KeyKind::Pack {
@@ -365,76 +538,226 @@ impl Store {
             }
         }
         let listed_set: HashSet<PackId> = listed.iter().copied().collect();
-        let (rebuild, wanted) = {
-            let packs = self.packs();
-            let state = packs.get(org);
-            let known = |pack: &PackId| {
-                state.is_some_and(|s| s.by_pack.contains_key(pack) || s.refused.contains(pack))
-            };
-            let rebuild =
-                state.is_some_and(|s| s.slots.iter().any(|pack| !listed_set.contains(pack)));
-            let wanted: Vec<PackId> = listed
-                .iter()
-                .filter(|pack| rebuild || !known(pack))
-                .copied()
-                .collect();
-            (rebuild, wanted)
-        };
-        let mut indexes = Vec::new();
-        let mut uncached = Vec::new();
-        for pack in wanted {
-            match self.cached_index(org, &pack) {
-                Some(index) => indexes.push(index),
-                None => uncached.push(pack),
-            }
-        }
-        if rebuild {
-            self.prune_index_cache(org, &listed_set);
-        }
-        let keys: Vec<String> = uncached
+        let in_merged = |pack: &PackId| merged.as_ref().is_some_and(|m| m.has_pack(pack));
+        let gone: HashSet<PackId> = merged
             .iter()
-            .map(|pack| Self::pack_key(org, pack, PackPart::Index))
+            .flat_map(|m| m.packs().iter())
+            .chain(overlay_packs.iter())
+            .filter(|pack| !listed_set.contains(pack))
+            .copied()
             .collect();
-        let fetched = self.backend.get_batch(&keys)?;
-        let mut refused = Vec::new();
-        for (pack, bytes) in uncached.iter().zip(fetched) {
-            // Gone since the listing: removed by a gc, like one unlisted.
-            let Some(bytes) = bytes else { continue };
-            match crate::pack::decode_index(org, pack, &bytes) {
-                Ok(index) => {
-                    self.cache_index(org, pack, &bytes);
-                    indexes.push(index);
+        let unmerged: Vec<PackId> = listed
+            .iter()
+            .filter(|pack| !in_merged(pack) && !refused.contains(pack))
+            .copied()
+            .collect();
+        let new: Vec<PackId> = unmerged
+            .iter()
+            .filter(|pack| !overlay_packs.contains(pack))
+            .copied()
+            .collect();
+        let mut newly_refused = Vec::new();
+        if cache_failed && !gone.is_empty() {
+            return self.index_in_memory(org, &listed, &refused, newly_refused);
+        }
+        let mut merging = !cache_failed
+            && (!gone.is_empty()
+                || (merged.is_none() && !new.is_empty())
+                || overlay_len > self.overlay_max);
+        let mut fresh: Vec<PackIndex> = Vec::new();
+        if !merging {
+            let mut entries = overlay_len;
+            self.for_each_index(org, &new, true, &mut newly_refused, |index| {
+                entries += index.entries.len();
+                fresh.push(index);
+                merging = !cache_failed && entries > self.overlay_max;
+                Ok(!merging)
+            })?;
+        }
+        let mut packs_merged = None;
+        if merging {
+            let fresh = std::mem::take(&mut fresh);
+            let merge = self.merge_listed(
+                org,
+                merged.as_deref(),
+                fresh,
+                &unmerged,
+                &listed_set,
+                &mut newly_refused,
+            )?;
+            match merge {
+                Ok(built) => {
+                    self.prune_index_cache(org, |pack, age| {
+                        built.has_pack(pack)
+                            || gone.contains(pack)
+                            || (!listed_set.contains(pack) && age > self.lock_timing.stale)
+                    });
+                    packs_merged = Some(Arc::new(built));
                 }
-                Err(reason) => {
-                    tracing::warn!(%org, %pack, %reason, "pack index refused; its objects count as absent");
-                    refused.push(*pack);
+                Err(err) => {
+                    let dir = self.org_index_dir(org);
+                    tracing::warn!(%org, %err, dir = %dir.display(), "cannot write the merged pack index; this process keeps the org's index in memory");
+                    return self.index_in_memory(org, &listed, &refused, newly_refused);
                 }
             }
         }
         let mut packs = self.packs();
         let state = packs.entry(org.clone()).or_default();
-        if rebuild {
-            let loose = state.loose;
-            *state = OrgPacks {
-                loose,
-                ..OrgPacks::default()
-            };
+        match packs_merged {
+            Some(built) => {
+                // Packs this process wrote since the listing stay in the
+                // overlay; the merged ones and the gone ones leave it.
+                state
+                    .overlay_packs
+                    .retain(|pack| !built.has_pack(pack) && !gone.contains(pack));
+                let kept = &state.overlay_packs;
+                state.overlay.retain(|_, at| kept.contains(&at.pack));
+                state.merged = Some(built);
+            }
+            None => {
+                if !opened {
+                    state.merged = merged;
+                }
+                for index in &fresh {
+                    state.add(index);
+                }
+            }
         }
+        state.opened = true;
         state.listed = true;
-        state.refused.extend(refused);
+        state.refused.extend(newly_refused);
+        Ok(())
+    }
+
+    /// What this process holds of the org's pack index (zero if it has
+    /// not read it yet).
+    pub fn index_stats(&self, org: &OrgId) -> IndexStats {
+        let packs = self.packs();
+        let Some(state) = packs.get(org) else {
+            return IndexStats::default();
+        };
+        IndexStats {
+            merged_packs: state.merged.as_ref().map_or(0, |m| m.packs().len()),
+            merged_entries: state.merged.as_ref().map_or(0, |m| m.len()),
+            overlay_packs: state.overlay_packs.len(),
+            overlay_objects: state.overlay.len(),
+        }
+    }
+
+    /// Merges the org's merged file (its entries of packs still listed)
+    /// with the indexes of `fresh` and of the other `unmerged` packs into
+    /// a new merged file. The outer error is the store's; the inner one
+    /// the local cache's (the caller then keeps the index in memory).
+    fn merge_listed(
+        &self,
+        org: &OrgId,
+        merged: Option<&MergedIndex>,
+        fresh: Vec<PackIndex>,
+        unmerged: &[PackId],
+        listed: &HashSet<PackId>,
+        refused: &mut Vec<PackId>,
+    ) -> Result<std::io::Result<MergedIndex>> {
+        let mut builder = match midx::Builder::new(&self.org_index_dir(org)) {
+            Ok(builder) => builder,
+            Err(err) => return Ok(Err(err)),
+        };
+        let mut failed = None;
+        let mut done = HashSet::new();
+        for index in fresh {
+            done.insert(index.pack);
+            if let Err(err) = builder.add(&index) {
+                return Ok(Err(err));
+            }
+        }
+        let rest: Vec<PackId> = unmerged
+            .iter()
+            .filter(|pack| !done.contains(pack))
+            .copied()
+            .collect();
+        self.for_each_index(org, &rest, false, refused, |index| {
+            if let Err(err) = builder.add(&index) {
+                failed = Some(err);
+            }
+            Ok(failed.is_none())
+        })?;
+        if let Some(err) = failed {
+            return Ok(Err(err));
+        }
+        let keep = |pack: &PackId| listed.contains(pack);
+        Ok(builder.finish(org, merged, &keep))
+    }
+
+    /// The org's whole index in memory (every listed pack's entries in the
+    /// overlay, no merged file), for a process that cannot write its index
+    /// cache: correct, but 73-146 bytes an object, as before merged
+    /// files. This process does not try the cache again.
+    fn index_in_memory(
+        &self,
+        org: &OrgId,
+        listed: &[PackId],
+        refused: &HashSet<PackId>,
+        mut newly_refused: Vec<PackId>,
+    ) -> Result<()> {
+        let wanted: Vec<PackId> = listed
+            .iter()
+            .filter(|pack| !refused.contains(pack))
+            .copied()
+            .collect();
+        let mut indexes = Vec::new();
+        self.for_each_index(org, &wanted, false, &mut newly_refused, |index| {
+            indexes.push(index);
+            Ok(true)
+        })?;
+        let mut packs = self.packs();
+        let state = packs.entry(org.clone()).or_default();
+        state.merged = None;
+        state.overlay.clear();
+        state.overlay_packs.clear();
         for index in &indexes {
             state.add(index);
         }
+        state.cache_failed = true;
+        state.opened = true;
+        state.listed = true;
+        state.refused.extend(newly_refused);
         Ok(())
     }
 
     /// Where a packed object is, listing the org's packs first if this
     /// process has not yet (`None`: in no pack this process knows of).
     pub fn locate(&self, org: &OrgId, object: &ObjectId) -> Result<Option<Location>> {
+        Ok(self.locate_all(org, std::slice::from_ref(object))?[0])
+    }
+
+    /// Where each packed object is (see [`Store::locate`]): the overlay in
+    /// memory first, then the merged file (outside the lock: positioned
+    /// reads of a file no one changes).
+    fn locate_all(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<Option<Location>>> {
         if !self.packs().get(org).is_some_and(|state| state.listed) {
             self.refresh_packs(org)?;
         }
-        Ok(self.packs().get(org).and_then(|state| state.locate(object)))
+        let (mut found, merged) = {
+            let packs = self.packs();
+            let Some(state) = packs.get(org) else {
+                return Ok(vec![None; objects.len()]);
+            };
+            let found: Vec<Option<Location>> = objects
+                .iter()
+                .map(|object| state.overlay.get(object).copied())
+                .collect();
+            (found, state.merged.clone())
+        };
+        if let Some(merged) = merged {
+            for (at, object) in found.iter_mut().zip(objects) {
+                if at.is_none() {
+                    *at = merged.lookup(object).map_err(|source| Error::Io {
+                        path: merged.path().to_owned(),
+                        source,
+                    })?;
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// Whether the org may hold objects stored one per key.
@@ -531,8 +854,19 @@ impl Store {
             .put(&Self::pack_key(org, &pack, PackPart::Data), &bytes)?;
         self.backend
             .put(&Self::pack_key(org, &pack, PackPart::Index), &index_bytes)?;
-        // Known at once to this process; others find it by listing.
-        self.packs().entry(org.clone()).or_default().add(&index);
+        // Known at once to this process; others find it by listing. Its
+        // index is kept locally until merged, so a later process need not
+        // read it from the store.
+        self.cache_index(org, &pack, &index_bytes);
+        let merge_due = {
+            let mut packs = self.packs();
+            let state = packs.entry(org.clone()).or_default();
+            state.add(&index);
+            !state.cache_failed && state.overlay.len() > self.overlay_max
+        };
+        if merge_due {
+            self.refresh_packs(org)?;
+        }
         Ok(index)
     }
 
@@ -575,6 +909,7 @@ impl Store {
     pub fn put_pack_index(&self, org: &OrgId, index: &PackIndex, bytes: &[u8]) -> Result<()> {
         self.backend
             .put(&Self::pack_key(org, &index.pack, PackPart::Index), bytes)?;
+        self.cache_index(org, &index.pack, bytes);
         self.packs().entry(org.clone()).or_default().add(index);
         Ok(())
     }
@@ -722,15 +1057,12 @@ impl Objects for Store {
     /// which under the commit lock no gc can remove.
     fn missing(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<ObjectId>> {
         self.refresh_packs(org)?;
-        let unpacked: Vec<ObjectId> = {
-            let packs = self.packs();
-            let state = packs.get(org);
-            objects
-                .iter()
-                .filter(|object| !state.is_some_and(|s| s.objects.contains_key(object)))
-                .copied()
-                .collect()
-        };
+        let unpacked: Vec<ObjectId> = objects
+            .iter()
+            .zip(self.locate_all(org, objects)?)
+            .filter(|(_, at)| at.is_none())
+            .map(|(object, _)| *object)
+            .collect();
         if unpacked.is_empty() || !self.may_have_loose(org)? {
             return Ok(unpacked);
         }
@@ -783,20 +1115,13 @@ impl Objects for Store {
     /// ranged read ([`RANGE_GAP_BYTES_MAX`], [`RANGE_BYTES_MAX`]): one
     /// open of a local pack, one GET of S3 for many objects.
     fn get_batch(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<Option<Vec<u8>>>> {
-        if !self.packs().get(org).is_some_and(|state| state.listed) {
-            self.refresh_packs(org)?;
-        }
         let mut out: Vec<Option<Vec<u8>>> = vec![None; objects.len()];
         let mut by_pack: HashMap<PackId, Vec<(usize, Location)>> = HashMap::new();
         let mut elsewhere: Vec<usize> = Vec::new();
-        {
-            let packs = self.packs();
-            let state = packs.get(org);
-            for (i, object) in objects.iter().enumerate() {
-                match state.and_then(|s| s.locate(object)) {
-                    Some(at) => by_pack.entry(at.pack).or_default().push((i, at)),
-                    None => elsewhere.push(i),
-                }
+        for (i, at) in self.locate_all(org, objects)?.into_iter().enumerate() {
+            match at {
+                Some(at) => by_pack.entry(at.pack).or_default().push((i, at)),
+                None => elsewhere.push(i),
             }
         }
         let mut spans: Vec<Span> = Vec::new();

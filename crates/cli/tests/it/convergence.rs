@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::plane::{Api, Plane};
-use crate::runner_e2e::{RunnerProcess, create_running, sh};
+use crate::runner_e2e::{RunnerProcess, create_running, exec, sh};
 
 /// A server with a local store and short leases, and two runners (so a
 /// drained runner's durable sandboxes have somewhere to go).
@@ -189,8 +189,37 @@ async fn events(api: &Api, id: &str) -> Vec<Value> {
 /// Waits until the sandbox rests in `expected` (desired and observed
 /// agree) and checks the way there: no `failed` state, a reason on every
 /// event, and (while it exists) the file written before the sequence.
+/// A sequence's last drain can still be on its way to the runner when the
+/// record first agrees (the test undoes it at once): a command then ends
+/// `not_launched` (the sandbox left `running` for it), which is honest;
+/// the sandbox must still come to rest, and the file be there.
 async fn assert_converged(api: &Api, id: &str, expected: &str, context: &str) {
     let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        wait_converged(api, id, expected, context, deadline).await;
+        if expected != "running" {
+            return;
+        }
+        let (command, stdout, stderr) = exec(
+            api,
+            id,
+            json!({"argv": ["sh", "-c", "cat /workspace/marker"]}),
+        )
+        .await;
+        if command["state"] == "not_launched" && Instant::now() < deadline {
+            continue;
+        }
+        assert_eq!(
+            (command["state"].as_str(), command["exit_code"].as_i64()),
+            (Some("exited"), Some(0)),
+            "{context}: {command}\nstdout: {stdout}\nstderr: {stderr}"
+        );
+        assert_eq!(stdout, "kept\n", "{context}: the home lost its file");
+        return;
+    }
+}
+
+async fn wait_converged(api: &Api, id: &str, expected: &str, context: &str, deadline: Instant) {
     loop {
         let answer = api.get(&format!("/v1/sandboxes/{id}")).await;
         let sandbox = answer.body;
@@ -221,13 +250,6 @@ async fn assert_converged(api: &Api, id: &str, expected: &str, context: &str) {
         assert!(
             event["reason"].is_string(),
             "{context}: an event without a reason: {events:#?}"
-        );
-    }
-    if expected == "running" {
-        assert_eq!(
-            sh(api, id, "cat /workspace/marker").await,
-            "kept\n",
-            "{context}: the home lost its file"
         );
     }
 }

@@ -836,9 +836,18 @@ async fn securing_shows_the_bytes_still_to_go_and_a_start_meanwhile_runs_it_agai
         .iter()
         .position(|(s, _)| s == "stopped")
         .unwrap_or_else(|| panic!("never stopped: {states:?}"));
+    // The start asked while securing waited for the stop (said while
+    // securing), then followed it: wanted running, then placed.
+    assert!(
+        states[..secured].contains(&("securing".to_owned(), "start_requested".to_owned())),
+        "{states:?}"
+    );
     assert_eq!(
-        states[secured + 1],
-        ("pending".to_owned(), "start_requested".to_owned()),
+        states[secured + 1..secured + 3],
+        [
+            ("stopped".to_owned(), "start_requested".to_owned()),
+            ("pending".to_owned(), "start_requested".to_owned())
+        ],
         "{states:?}"
     );
 }

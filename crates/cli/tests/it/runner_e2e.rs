@@ -1338,3 +1338,37 @@ async fn any_server_of_a_deployment_serves_any_sandboxs_streams() {
     assert_eq!(output(&plane.org, &sid, &cid, "stdout").await.trim(), "5");
     runner.assert_no_errors();
 }
+
+/// However quickly a command ends (reported once, its end with its pid,
+/// or `running` first), its record says it started, with its pid, before
+/// it ended; one that runs a while is seen `running` first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_ends_at_once_is_recorded_started_then_ended_with_its_pid() {
+    let stack = Stack::start().await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    let commands = format!("/v1/sandboxes/{sid}/commands");
+    for argv in [json!(["true"]), json!(["sh", "-c", "exit 3"])] {
+        let created = api.post(&commands, json!({ "argv": argv })).await;
+        assert_eq!(created.status, 201, "{created:?}");
+        let ended = wait_command(&api, &sid, &created.str("id"), "ended").await;
+        assert_eq!(ended["state"], "exited", "{ended}");
+        assert!(ended["pid"].as_i64().is_some_and(|pid| pid > 0), "{ended}");
+        let at = |field: &str| ended[field].as_str().expect(field).to_owned();
+        let (created_at, started, end) = (at("created_at"), at("started_at"), at("ended_at"));
+        assert!(created_at <= started && started <= end, "in order: {ended}");
+    }
+    let created = api
+        .post(&commands, json!({"argv": ["sh", "-c", "sleep 3"]}))
+        .await;
+    let cid = created.str("id");
+    let running = wait_command(&api, &sid, &cid, "running").await;
+    assert_eq!(running["state"], "running", "{running}");
+    assert!(running["pid"].as_i64().is_some(), "{running}");
+    let ended = wait_command(&api, &sid, &cid, "ended").await;
+    assert_eq!(
+        (ended["state"].as_str(), ended["exit_code"].as_i64()),
+        (Some("exited"), Some(0))
+    );
+}

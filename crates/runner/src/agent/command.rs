@@ -40,6 +40,9 @@ const UPLOAD_CHUNK_BYTES_MAX: usize = 256 * 1024;
 /// arriving sooner waits to go with more); the first after a quiet spell
 /// goes at once.
 const UPLOAD_BATCH_MS: u64 = 20;
+/// How long a launched command may take to end before its `running` is
+/// reported: one that ends sooner without output is reported once.
+const RUNNING_REPORT_WINDOW: Duration = Duration::from_millis(5);
 
 /// Everything a command task needs.
 pub(crate) struct CommandJob {
@@ -56,6 +59,7 @@ struct Stopped;
 
 pub(crate) async fn run(job: CommandJob) {
     let id = job.assignment.command_id.clone();
+    tracing::debug!(command_id = %id, "hop: command task started");
     let record = match job.files.record(&id) {
         Ok(record) => record,
         Err(err) => {
@@ -85,14 +89,19 @@ pub(crate) async fn run(job: CommandJob) {
             Err(Stopped) => return,
         },
     };
-    if let Err(err) = job.files.record_end(&id, &end) {
+    let recorded = job.files.record_end(&id, &end);
+    if let Err(err) = &recorded {
         tracing::warn!(command_id = %id, %err, "cannot record the command's end; reporting it anyway");
-    } else if let Err(err) = job.sandbox.forget_command(&id).await {
-        // The agent keeps the ended command until a later forget or its
-        // sandbox's end; nothing is run again for it.
-        tracing::debug!(command_id = %id, %err, "the agent did not take the forget");
     }
     let _ = job.report(&end).await;
+    // After the report, off the command's round trip: the agent keeps the
+    // ended command until a later forget or its sandbox's end, and nothing
+    // is run again for it meanwhile.
+    if recorded.is_ok()
+        && let Err(err) = job.sandbox.forget_command(&id).await
+    {
+        tracing::debug!(command_id = %id, %err, "the agent did not take the forget");
+    }
 }
 
 /// The honest end of a command that may or may not have run.
@@ -181,10 +190,23 @@ impl CommandJob {
                 });
             }
         };
-        if let Err(err) =
-            self.files
-                .record_launch(id, self.assignment.epoch, incarnation.as_deref())
-        {
+        tracing::debug!(command_id = %id, "hop: agent incarnation read");
+        // The marker's fsyncs on a blocking thread: with many commands
+        // starting at once, they would otherwise hold the runtime's few
+        // workers (and every report and upload on them) for their length.
+        let marker = {
+            let (files, id, epoch) = (self.files.clone(), id.to_owned(), self.assignment.epoch);
+            let incarnation = incarnation.clone();
+            tokio::task::spawn_blocking(move || {
+                files.record_launch(&id, epoch, incarnation.as_deref())
+            })
+        };
+        let spec = self.spec();
+        let recorded = match marker.await {
+            Ok(recorded) => recorded,
+            Err(err) => Err(Error::Invalid(format!("the launch record's thread: {err}"))),
+        };
+        if let Err(err) = recorded {
             tracing::error!(command_id = %id, %err, "cannot record the launch; not launching");
             return Ok(RecordedEnd {
                 reason: Some("runner_error".to_owned()),
@@ -201,7 +223,7 @@ impl CommandJob {
                 });
             }
         };
-        let spec = self.spec();
+        tracing::debug!(command_id = %id, "hop: launch recorded");
         let started = match &incarnation {
             Some(incarnation) => {
                 self.sandbox
@@ -235,6 +257,7 @@ impl CommandJob {
                 });
             }
         };
+        tracing::debug!(command_id = %id, "hop: started in the agent");
         self.shared
             .config
             .failpoint
@@ -289,11 +312,32 @@ impl CommandJob {
         // sees bytes of a command the record still calls `starting`.
         let (reported, mut running_recorded) = tokio::sync::watch::channel(false);
 
+        let callback_spool = spool.clone();
+        let waited = execution.wait(Box::new(move |stream, bytes| {
+            callback_spool.append(stream, bytes)
+        }));
+        let mut waited = std::pin::pin!(waited);
+        // A command that ends at once and writes nothing (`true`, `mkdir`,
+        // `test`) is reported once: its end with its pid, which the server
+        // records as started and ended in one transaction, where a
+        // `running` report and then the end would be two, one after the
+        // other. Real time, not the agent's clock: the window only ever
+        // delays a `running` report by this much.
+        let early = tokio::select! {
+            biased;
+            ended = &mut waited => Some(ended),
+            () = tokio::time::sleep(RUNNING_REPORT_WINDOW) => None,
+        };
+        let early = match early {
+            Some(ended) if spool.lengths() == [0, 0] => {
+                tracing::debug!(command_id = %id, "hop: ended in the agent");
+                spool.close();
+                return Ok(recorded_end(id, ended, &[], pid));
+            }
+            early => early,
+        };
+
         let drive = async {
-            let callback_spool = spool.clone();
-            let waited = execution.wait(Box::new(move |stream, bytes| {
-                callback_spool.append(stream, bytes)
-            }));
             let running = async {
                 let report = RecordedEnd {
                     pid,
@@ -304,6 +348,14 @@ impl CommandJob {
                 } else {
                     let _ = reported.send(true);
                 }
+            };
+            let waited = async {
+                let ended = match early {
+                    Some(ended) => ended,
+                    None => waited.await,
+                };
+                tracing::debug!(command_id = %id, "hop: ended in the agent");
+                ended
             };
             let (ended, ()) = tokio::join!(waited, running);
             spool.close();
@@ -335,16 +387,7 @@ impl CommandJob {
             .lock()
             .map(|d| d.clone())
             .unwrap_or_else(|p| p.into_inner().clone());
-        Ok(match ended {
-            Ok(end) => end_of(&end.outcome, &delivered),
-            Err(err) => {
-                tracing::warn!(command_id = %id, %err, "lost track of the command");
-                RecordedEnd {
-                    reason: Some("runtime_exec_lost".to_owned()),
-                    ..RecordedEnd::new(CommandState::Unknown)
-                }
-            }
-        })
+        Ok(recorded_end(id, ended, &delivered, None))
     }
 
     /// Delivers each signal the assignments ask for, once; never returns.
@@ -366,6 +409,33 @@ impl CommandJob {
             }
             if signals.changed().await.is_err() {
                 std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// The end to record and report of a command that was launched. `pid`:
+/// reported with an end that says the command ran (for a command whose
+/// `running` was never reported).
+fn recorded_end(
+    id: &str,
+    ended: Result<oci::exec::CommandEnd, Error>,
+    delivered: &[Signal],
+    pid: Option<i32>,
+) -> RecordedEnd {
+    match ended {
+        Ok(end) => {
+            let ran = !matches!(end.outcome, Outcome::LaunchFailed { .. });
+            RecordedEnd {
+                pid: pid.filter(|_| ran),
+                ..end_of(&end.outcome, delivered)
+            }
+        }
+        Err(err) => {
+            tracing::warn!(command_id = %id, %err, "lost track of the command");
+            RecordedEnd {
+                reason: Some("runtime_exec_lost".to_owned()),
+                ..RecordedEnd::new(CommandState::Unknown)
             }
         }
     }

@@ -1350,3 +1350,111 @@ async fn a_sandbox_at_rest_is_not_polled() {
         .wait_until("deleted reported", |r| reported(r, SandboxState::Deleted))
         .await;
 }
+
+/// Issue 16: a long-poll answered `unchanged` (the server read nothing: a
+/// fleet at rest) leaves every sandbox as it was; no worker is woken and
+/// nothing is removed; a change after it still reaches the worker.
+#[tokio::test]
+async fn an_unchanged_answer_leaves_every_sandbox_as_it_was() {
+    let agent = agent(Failpoints::none());
+    agent.control.assign(
+        vec![assignment(
+            ID,
+            1,
+            DesiredState::Running,
+            SandboxState::Starting,
+        )],
+        Vec::new(),
+    );
+    let _loop = assignments(&agent);
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    agent.control.assign(
+        vec![assignment(
+            ID,
+            1,
+            DesiredState::Running,
+            SandboxState::Running,
+        )],
+        Vec::new(),
+    );
+    settle().await;
+    let calls = agent.runtime.calls().len();
+    let requests = agent.control.requests().len();
+    // Several long-polls time out on the same set.
+    agent.clock.run_for(ms(120_000), ms(1_000)).await;
+    assert!(
+        agent.control.unchanged_answers() >= 3,
+        "{} unchanged answers",
+        agent.control.unchanged_answers()
+    );
+    let after: Vec<Call> = agent.runtime.calls().into_iter().skip(calls).collect();
+    assert!(
+        !after.iter().any(|c| matches!(
+            c,
+            Call::RemoveFiles(_) | Call::Delete(_) | Call::Kill(_, _) | Call::Stop(_)
+        )),
+        "an unchanged answer removed or stopped something: {after:?}"
+    );
+    assert!(
+        agent
+            .control
+            .requests()
+            .into_iter()
+            .skip(requests)
+            .all(|r| !matches!(r, Request::Sandbox(_, _))),
+        "an unchanged answer made the worker report"
+    );
+    // A change still reaches it.
+    agent.control.assign(
+        vec![assignment(
+            ID,
+            1,
+            DesiredState::Stopped,
+            SandboxState::Running,
+        )],
+        Vec::new(),
+    );
+    agent
+        .control
+        .wait_until("stopped reported", |r| reported(r, SandboxState::Stopped))
+        .await;
+}
+
+#[tokio::test]
+async fn a_command_that_ends_at_once_without_output_is_reported_once_with_its_pid() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.next_exec(ExecScript {
+        output: Vec::new(),
+        outcome: Outcome::Exited { code: 0 },
+    });
+    let (_assign, _task) = with_command(&agent, &["true"]);
+    agent.control.wait_until("the command's end", ended).await;
+    let reports = agent.control.command_reports();
+    let seen: Vec<_> = reports.iter().map(|r| (r.state, r.pid)).collect();
+    // One report: the server records it started and ended at once.
+    assert_eq!(
+        seen,
+        [(CommandState::Exited, Some(super::testing::FAKE_PID))]
+    );
+    // One that cannot start carries no pid: it never ran.
+    let agent = self::agent(Failpoints::none());
+    agent.runtime.next_exec(ExecScript {
+        output: Vec::new(),
+        outcome: Outcome::LaunchFailed {
+            failure: LaunchFailure::MissingExecutable,
+            message: "no such file".to_owned(),
+        },
+    });
+    let (_assign, _task) = with_command(&agent, &["nope"]);
+    agent.control.wait_until("the command's end", ended).await;
+    let seen: Vec<_> = agent
+        .control
+        .command_reports()
+        .iter()
+        .map(|r| (r.state, r.pid))
+        .collect();
+    assert_eq!(seen, [(CommandState::LaunchFailed, None)]);
+}

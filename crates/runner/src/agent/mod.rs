@@ -818,7 +818,25 @@ async fn assignments_loop(
         )
         .await;
         let err = match answer {
+            Ok(Ok(assignments)) if assignments.unchanged && !first => {
+                // The set is as last answered, and the server's view is at
+                // least this recent: no worker is woken.
+                backoff = Backoff::new();
+                for worker in workers.values() {
+                    worker.sender.send_if_modified(|current| {
+                        if let Some(current) = current {
+                            current.reports_before = reports_before;
+                        }
+                        false
+                    });
+                }
+                continue;
+            }
             Ok(Ok(assignments)) => {
+                tracing::debug!(
+                    commands = assignments.commands.len(),
+                    "hop: assignments read"
+                );
                 backoff = Backoff::new();
                 etag = assignments.etag.clone();
                 dispatch(shared, assignments, reports_before, workers, first)?;
@@ -860,7 +878,7 @@ fn dispatch(
             .or_default()
             .push(command);
     }
-    let mut assigned_ids: Vec<String> = Vec::new();
+    let mut assigned_ids: std::collections::HashSet<String> = std::collections::HashSet::new();
     kept::sync(shared, &assignments.kept, &shared.kept_syncing);
     for sandbox in assignments.sandboxes {
         let id = sandbox.sandbox_id.clone();
@@ -869,7 +887,7 @@ fn dispatch(
             sandbox,
             reports_before,
         };
-        assigned_ids.push(id.clone());
+        assigned_ids.insert(id.clone());
         if let Some(worker) = workers.get(&id)
             && !worker.task.is_finished()
         {

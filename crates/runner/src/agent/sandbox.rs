@@ -1331,14 +1331,26 @@ impl Worker {
                 return;
             }
         };
-        for id in on_disk {
-            if assigned_ids.contains(&id.as_str()) || self.commands.contains_key(&id) {
-                continue;
-            }
-            if let Err(err) = self.files.forget(&id) {
-                tracing::warn!(sandbox_id = %self.id, command_id = %id, %err, "cannot remove command records");
-            }
+        let ended: Vec<String> = on_disk
+            .into_iter()
+            .filter(|id| !assigned_ids.contains(&id.as_str()) && !self.commands.contains_key(id))
+            .collect();
+        if ended.is_empty() {
+            return;
         }
+        // Removed on a blocking thread: the pass that finds them has often
+        // just started a new command's task, which would otherwise wait on
+        // this worker for the unlinks. Only these ids: ended, their records
+        // no server hands over again (a command started later is not one).
+        let files = self.files.clone();
+        let sandbox_id = self.id.to_string();
+        tokio::task::spawn_blocking(move || {
+            for id in ended {
+                if let Err(err) = files.forget(&id) {
+                    tracing::warn!(%sandbox_id, command_id = %id, %err, "cannot remove command records");
+                }
+            }
+        });
     }
 }
 

@@ -675,13 +675,16 @@ struct FakeExec {
     _signals: tokio::sync::mpsc::Receiver<Signal>,
 }
 
+/// The pid every fake command has in its sandbox.
+pub(crate) const FAKE_PID: i32 = 4242;
+
 impl RunningCommand for FakeExec {
     fn signaller(&self) -> Signaller {
         self.signaller.clone()
     }
 
     fn pid(&self) -> Option<i32> {
-        None
+        Some(FAKE_PID)
     }
 
     fn wait<'a>(
@@ -784,6 +787,9 @@ struct ControlInner {
     modes: HashMap<Kind, Scripted>,
     /// Kept copies reported from now on are to be deleted.
     discard_kept: bool,
+    /// Long-polls answered `unchanged` (their timeout passed on the same
+    /// etag).
+    unchanged_answers: usize,
 }
 
 /// A control plane that records requests and answers from a script.
@@ -819,6 +825,7 @@ impl FakeControl {
             credential: std::sync::Mutex::new(None),
             assignments: watch::channel(Assignments {
                 etag: String::new(),
+                unchanged: false,
                 sandboxes: Vec::new(),
                 commands: Vec::new(),
                 kept: Vec::new(),
@@ -908,11 +915,17 @@ impl FakeControl {
             let etag = current.etag.parse::<u64>().unwrap_or(0) + 1;
             *current = Assignments {
                 etag: etag.to_string(),
+                unchanged: false,
                 sandboxes,
                 commands,
                 kept: Vec::new(),
             };
         });
+    }
+
+    /// How many long-polls were answered `unchanged`.
+    pub(crate) fn unchanged_answers(&self) -> usize {
+        lock(&self.inner).unchanged_answers
     }
 
     /// From now on, kept copies reported are answered `keep: false`.
@@ -985,6 +998,17 @@ impl ControlPlane for FakeControl {
                 }
             }
             let answer = current.borrow().clone();
+            if answer.etag == etag {
+                // As the server may answer a runner that takes it.
+                lock(&self.inner).unchanged_answers += 1;
+                return Ok(Assignments {
+                    etag: answer.etag,
+                    unchanged: true,
+                    sandboxes: Vec::new(),
+                    commands: Vec::new(),
+                    kept: Vec::new(),
+                });
+            }
             Ok(answer)
         })
     }

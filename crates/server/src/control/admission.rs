@@ -387,6 +387,7 @@ pub fn prepare(
         },
         desired_reason: None,
         desired_message: None,
+        start_after_stop: false,
     };
 
     row.home.save_interval_s = save_interval(state, request)?;

@@ -136,7 +136,7 @@ pub fn needs_wake(row: &SandboxRow) -> bool {
 /// Whether a stop of the sandbox is decided but not done: it is wanted
 /// stopped and its runner still holds its compute (it may not have read
 /// the stop yet). A command must not reach that runner now: it waits for
-/// the stop to finish, then wakes the sandbox (`resume_waiting_wake`).
+/// the stop to finish, then wakes the sandbox (`resume_after_stop`).
 pub fn stop_under_way(row: &SandboxRow) -> bool {
     row.desired == DesiredState::Stopped
         && row.runner_id.is_some()
@@ -189,38 +189,57 @@ pub async fn wake_for_command(
 }
 
 /// After a stop ended (`stopped`, or `recovering` once its runner was
-/// lost) with commands still waiting for a wake: the sandbox wakes for
-/// them now. Should the wake be refused (a quota), they end
-/// `not_launched` saying why; nothing else of the caller's change is
-/// undone.
-pub async fn resume_waiting_wake(
+/// lost): a start asked meanwhile, or commands waiting for a wake, start
+/// the sandbox now. Should that be refused (a quota), the waiting commands
+/// end `not_launched` saying why and the refusal is in the history;
+/// nothing else of the caller's change is undone.
+pub async fn resume_after_stop(
     state: &AppState,
     tx: &mut WriteTx,
     sandbox_id: &str,
 ) -> Result<(), ControlError> {
     let row = reload(tx, sandbox_id).await?;
-    if row.desired == DesiredState::Running || row.state.is_terminal() {
+    if row.desired != DesiredState::Stopped || row.state.is_terminal() {
         return Ok(());
     }
-    let Some(command_id) = records::commands::first_waiting_for_wake(tx, sandbox_id).await? else {
-        return Ok(());
-    };
-    if !row.idle.auto_wake {
-        records::commands::end_queued(tx, sandbox_id, "auto_wake_off").await?;
-        return Ok(());
-    }
-    let why = Why {
-        reason: WOKEN_BY_COMMAND,
-        message: Some(format!(
-            "woken by command {command_id}, which arrived while it stopped"
-        )),
+    let why = if row.start_after_stop {
+        Why {
+            reason: "start_requested",
+            message: Some("started as asked while it stopped".to_owned()),
+        }
+    } else {
+        let Some(command_id) = records::commands::first_waiting_for_wake(tx, sandbox_id).await?
+        else {
+            return Ok(());
+        };
+        if !row.idle.auto_wake {
+            records::commands::end_queued(tx, sandbox_id, "auto_wake_off").await?;
+            return Ok(());
+        }
+        Why {
+            reason: WOKEN_BY_COMMAND,
+            message: Some(format!(
+                "woken by command {command_id}, which arrived while it stopped"
+            )),
+        }
     };
     match resume(state, tx, &row, &why).await {
         Ok(_) => {
-            state.metrics.woken("command");
+            if why.reason == WOKEN_BY_COMMAND {
+                state.metrics.woken("command");
+            }
             Ok(())
         }
         Err(refused) if refused.code == ErrorCode::QuotaExceeded => {
+            if row.start_after_stop {
+                records::sandboxes::clear_start_after_stop(
+                    tx,
+                    &row,
+                    "start_refused",
+                    &refused.message,
+                )
+                .await?;
+            }
             records::commands::end_queued(tx, sandbox_id, "wake_refused_quota").await?;
             Ok(())
         }

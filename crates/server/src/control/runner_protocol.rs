@@ -282,6 +282,7 @@ pub async fn read_assignments(
     let body = serde_json::to_vec(&(&sandboxes, &commands, &kept)).unwrap_or_default();
     Ok(Assignments {
         etag: blake3::hash(&body).to_hex()[..32].to_owned(),
+        unchanged: false,
         sandboxes,
         commands,
         kept,
@@ -426,7 +427,7 @@ pub async fn report_sandbox(
             sleep_reason = reason.map(str::to_owned);
             // A command that arrived while it stopped wakes it now.
             if row.desired != DesiredState::Running {
-                super::idle::resume_waiting_wake(state, &mut tx, id).await?;
+                super::idle::resume_after_stop(state, &mut tx, id).await?;
             }
         }
     }
@@ -497,14 +498,22 @@ pub async fn report_command(
         if to == CommandState::Exited && report.exit_code.is_none() {
             return Err(limits::invalid("exit_code", "an exited command has one"));
         }
+        if let Some(pid) = report.pid
+            && pid <= 0
+        {
+            return Err(limits::invalid("pid", "a pid is positive"));
+        }
+        // An end straight from `starting` with a pid: it started and ended
+        // before its `running` report went out; both are recorded here.
+        let ran = to.is_end() && command.state == CommandState::Starting && report.pid.is_some();
         let observed = Observed {
             state: to,
             reason: report.reason.as_deref(),
             exit_code: report.exit_code.map(i64::from),
             signal: report.signal.as_deref(),
+            pid: if ran { report.pid } else { None },
         };
-        let updated =
-            records::commands::set_observed(&mut tx, &command, &report.runner_id, observed).await?;
+        let updated = records::commands::set_observed(&mut tx, &command, observed).await?;
         if !updated {
             return Err(ControlError::new(
                 ErrorCode::InvalidState,
@@ -517,7 +526,7 @@ pub async fn report_command(
             records::activity::touch_row(&mut tx, &command.sandbox_id, Activity::CommandEnded, now)
                 .await?;
         }
-        if to == CommandState::Running && command.waited_for_wake {
+        if (to == CommandState::Running || ran) && command.waited_for_wake {
             wake_latency = Some(now_ms() - command.created_at_ms);
         }
     }

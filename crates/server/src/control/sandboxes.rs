@@ -67,6 +67,15 @@ pub async fn stop(
     // A stop asked after a command that waits for a wake is the last word:
     // the command never runs.
     records::commands::end_queued_waiting(tx, id, "stop_requested").await?;
+    if row.start_after_stop {
+        records::sandboxes::clear_start_after_stop(
+            tx,
+            &row,
+            "stop_requested",
+            "the start asked while it stopped is dropped: stopped as asked",
+        )
+        .await?;
+    }
     if row.desired != DesiredState::Stopped {
         records::sandboxes::set_desired(tx, &row, DesiredState::Stopped, "stop_requested").await?;
         if row.runner_id.is_none() && row.state.awaits_placement() {
@@ -90,6 +99,20 @@ pub async fn start(
     id: &str,
 ) -> Result<SandboxRow, ControlError> {
     let row = load_mutable(state, tx, org_id, id).await?;
+    // The runner may be acting on the stop already: wanting the sandbox
+    // running now would let a command reach a runner that is stopping it.
+    // The stop goes on, and the start follows it (`resume_after_stop`).
+    if super::idle::stop_under_way(&row) {
+        if !row.start_after_stop {
+            records::sandboxes::set_start_after_stop(
+                tx,
+                &row,
+                "start asked while the sandbox stops: it starts again once the stop is done",
+            )
+            .await?;
+        }
+        return reload(tx, id).await;
+    }
     let why = Why {
         reason: "start_requested",
         message: None,

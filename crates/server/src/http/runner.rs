@@ -50,9 +50,12 @@ pub struct AssignmentsQuery {
     #[serde(default)]
     etag: String,
     timeout: Option<u64>,
+    /// The runner takes `unchanged: true` for an answer.
+    #[serde(default)]
+    unchanged: bool,
 }
 
-#[utoipa::path(get, path = "/v1/runner/assignments", tag = "runner", params(("runner_id" = String, Query), ("etag" = Option<String>, Query), ("timeout" = Option<u64>, Query, minimum = 0, maximum = 25, description = "seconds to wait for a change past etag, at most 25")), responses((status = 200, body = Assignments), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/runner/assignments", tag = "runner", params(("runner_id" = String, Query), ("etag" = Option<String>, Query), ("timeout" = Option<u64>, Query, minimum = 0, maximum = 25, description = "seconds to wait for a change past etag, at most 25"), ("unchanged" = Option<bool>, Query, description = "an answer at the timeout whose set is still etag's may be `unchanged: true` with empty lists")), responses((status = 200, body = Assignments), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn assignments(
     State(state): State<AppState>,
     runner: RunnerCaller,
@@ -63,15 +66,42 @@ pub async fn assignments(
         None | Some(0) => std::time::Duration::ZERO,
         Some(t) => wait_timeout(Some(t))?,
     };
-    let watch = state.db.hub.watch(&format!("runner:{}", query.runner_id));
-    let assignments = crate::hub::wait_until(
-        &watch,
-        timeout,
-        || runner_protocol::read_assignments(&state, &query.runner_id),
-        |a: &Assignments| a.etag != query.etag,
-    )
-    .await?;
-    Ok(axum::Json(assignments))
+    let key = format!("runner:{}", query.runner_id);
+    let hub = &state.db.hub;
+    let watch = hub.watch(&key);
+    let deadline = tokio::time::Instant::now() + timeout;
+    // Like `hub::wait_until`, but a runner whose set this server read
+    // since the last write anywhere is not read again: a fleet at rest
+    // costs no reads of its sandboxes (`Hub::unchanged_since`).
+    loop {
+        let notified = watch.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let unread = query.unchanged && hub.unchanged_since(&key, &query.etag);
+        if !unread {
+            let changes = hub.changes();
+            let assignments =
+                Box::pin(runner_protocol::read_assignments(&state, &query.runner_id)).await?;
+            hub.remember(&key, &assignments.etag, changes);
+            state.metrics.assignments_answered(true);
+            if assignments.etag != query.etag || tokio::time::Instant::now() >= deadline {
+                return Ok(axum::Json(assignments));
+            }
+        } else if tokio::time::Instant::now() >= deadline {
+            state.metrics.assignments_answered(false);
+            return Ok(axum::Json(Assignments {
+                etag: query.etag,
+                unchanged: true,
+                sandboxes: Vec::new(),
+                commands: Vec::new(),
+                kept: Vec::new(),
+            }));
+        }
+        tokio::select! {
+            () = &mut notified => {}
+            () = tokio::time::sleep_until(deadline) => {}
+        }
+    }
 }
 
 #[utoipa::path(post, path = "/v1/runner/sandboxes/{id}/report", tag = "runner", params(("id" = String, Path, description = "sandbox id")), request_body = SandboxReport, responses((status = 200, body = api::sandboxes::Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]

@@ -135,7 +135,7 @@ pub(super) async fn end_commands_for(
     // arrived during, a recovery of a waking sandbox), and runs once it does.
     // Only commands that came to wait for a wake do (whether the wake has
     // begun, desired `running`, or waits for a stop to finish, desired
-    // `stopped`: `control::idle::resume_waiting_wake`); one queued in a
+    // `stopped`: `control::idle::resume_after_stop`); one queued in a
     // running sandbox whose host is lost ends `not_launched`, as it did.
     let queued_wait = !state.is_terminal();
     for (from, to) in [
@@ -292,27 +292,37 @@ pub struct Observed<'a> {
     pub reason: Option<&'a str>,
     pub exit_code: Option<i64>,
     pub signal: Option<&'a str>,
+    /// Its pid, with an end reported straight from `starting`: the runner
+    /// saw it start, so it is recorded started too (a command that ended
+    /// before its `running` report was sent is reported once).
+    pub pid: Option<i32>,
 }
 
 /// Moves a command to what its runner observed, guarded by the state it
-/// was read in (false: it changed meanwhile, nothing written).
+/// was read in (false: it changed meanwhile, nothing written). It wakes
+/// the command's waiters, not the runner's assignments: the runner already
+/// knows what it reported, and learns that the command left its
+/// assignments (then removes its files) on its next read, which the next
+/// change or the long-poll's timeout brings. A re-read per report would
+/// hold the write lock while other commands' reports wait for it.
 pub async fn set_observed(
     tx: &mut WriteTx,
     current: &CommandRow,
-    runner_id: &str,
     to: Observed<'_>,
 ) -> Result<bool, sqlx::Error> {
     let now = now_ms();
     let ended = to.state.is_end().then_some(now);
+    let started = to.state == CommandState::Running || (to.state.is_end() && to.pid.is_some());
     let updated = sqlx::query(
-        "UPDATE commands SET state = $1, state_reason = $2, exit_code = $3, signal = $4, started_at_ms = COALESCE(started_at_ms, $5), ended_at_ms = $6 WHERE id = $7 AND state = $8",
+        "UPDATE commands SET state = $1, state_reason = $2, exit_code = $3, signal = $4, started_at_ms = COALESCE(started_at_ms, $5), ended_at_ms = $6, pid = COALESCE($7, pid) WHERE id = $8 AND state = $9",
     )
     .bind(to.state.as_str())
     .bind(to.reason)
     .bind(to.exit_code)
     .bind(to.signal)
-    .bind((to.state == CommandState::Running).then_some(now))
+    .bind(started.then_some(now))
     .bind(ended)
+    .bind(to.pid.filter(|_| to.state.is_end()).map(i64::from))
     .bind(&current.id)
     .bind(current.state.as_str())
     .execute(&mut *tx.tx)
@@ -321,7 +331,6 @@ pub async fn set_observed(
         return Ok(false);
     }
     tx.changed(&current.id).await?;
-    tx.changed(&format!("runner:{runner_id}")).await?;
     Ok(true)
 }
 

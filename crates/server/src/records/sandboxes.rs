@@ -53,6 +53,9 @@ pub struct SandboxRow {
     /// and its event's message.
     pub desired_reason: Option<String>,
     pub desired_message: Option<String>,
+    /// A start was asked while a stop was under way: it starts again once
+    /// the stop is done (`control::idle::resume_after_stop`).
+    pub start_after_stop: bool,
 }
 
 /// When a sandbox goes to sleep, and what last kept it awake.
@@ -89,7 +92,7 @@ pub struct HomeColumns {
     pub unchanged_at_ms: Option<i64>,
 }
 
-pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, state_message, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies, mounts, idle_timeout_s, auto_wake, last_activity_at_ms, last_activity, idle_deadline_ms, desired_reason, desired_message, home_unchanged_at_ms";
+pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, state_message, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies, mounts, idle_timeout_s, auto_wake, last_activity_at_ms, last_activity, idle_deadline_ms, desired_reason, desired_message, home_unchanged_at_ms, start_after_stop";
 
 impl SandboxRow {
     pub fn from_row(row: &AnyRow) -> Result<SandboxRow, sqlx::Error> {
@@ -139,6 +142,7 @@ impl SandboxRow {
             },
             desired_reason: row.try_get("desired_reason")?,
             desired_message: row.try_get("desired_message")?,
+            start_after_stop: row.try_get::<i64, _>("start_after_stop")? != 0,
         })
     }
 
@@ -456,7 +460,7 @@ pub async fn insert(
         .as_deref()
         .unwrap_or(row.state.usual_reason());
     sqlx::query(&format!(
-        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41)"
+        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41, $42)"
     ))
     .bind(&row.id)
     .bind(&row.org_id)
@@ -499,6 +503,7 @@ pub async fn insert(
     .bind(&row.desired_reason)
     .bind(&row.desired_message)
     .bind(row.home.unchanged_at_ms)
+    .bind(i64::from(row.start_after_stop))
     .execute(&mut *tx.tx)
     .await?;
     for (key, value) in labels {
@@ -568,7 +573,8 @@ pub async fn set_desired_saying(
 ) -> Result<(), sqlx::Error> {
     let before = lock_counted(tx, &row.id).await?;
     sqlx::query(
-        "UPDATE sandboxes SET desired = $1, desired_reason = $2, desired_message = $3, updated_at_ms = $4 WHERE id = $5",
+        "UPDATE sandboxes SET desired = $1, desired_reason = $2, desired_message = $3, updated_at_ms = $4,
+         start_after_stop = 0 WHERE id = $5",
     )
     .bind(desired.as_str())
     .bind(reason)
@@ -584,6 +590,38 @@ pub async fn set_desired_saying(
         };
         tx.count(Some(&before), Some(&after));
     }
+    note(tx, row, reason, message, None).await
+}
+
+/// A start was asked while a stop is under way: kept on the row (any later
+/// change of `desired` clears it) and said in its history; the sandbox
+/// starts again once the stop is done.
+pub async fn set_start_after_stop(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    message: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE sandboxes SET start_after_stop = 1, updated_at_ms = $1 WHERE id = $2")
+        .bind(now_ms())
+        .bind(&row.id)
+        .execute(&mut *tx.tx)
+        .await?;
+    note(tx, row, "start_requested", message, None).await
+}
+
+/// The start asked during a stop is dropped (a later stop, or a quota
+/// once the stop was done): cleared, and said in its history.
+pub async fn clear_start_after_stop(
+    tx: &mut WriteTx,
+    row: &SandboxRow,
+    reason: &str,
+    message: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE sandboxes SET start_after_stop = 0, updated_at_ms = $1 WHERE id = $2")
+        .bind(now_ms())
+        .bind(&row.id)
+        .execute(&mut *tx.tx)
+        .await?;
     note(tx, row, reason, message, None).await
 }
 

@@ -1244,14 +1244,31 @@ async fn a_runner_lost_after_its_securing_committed_leaves_the_sandbox_stopped_a
             assert_eq!(save.state, "ok", "{}: {save:?}", plane.engine());
             assert_eq!(save.last_error, None);
             assert_eq!(save.root.as_deref(), Some(secured_root.as_str()));
-            assert_eq!(record.state_reason.as_deref(), Some("node_lost"));
             assert_eq!(lost.runner_id, None);
             if wanted_again {
-                // Placed again from the secured save.
-                assert_eq!(record.state, SandboxState::Recovering, "{record:?}");
-                let recovery = record.recovery.expect("what it restores");
-                assert_eq!(recovery.root.as_deref(), Some(secured_root.as_str()));
+                // The start asked during the stop waited for it: the loss
+                // ended the stop (`stopped`, the home secured), then the
+                // start followed, from the secured save.
+                let events = plane.events(&row.id).await;
+                assert!(
+                    events.contains(&("stopped".to_owned(), Some("node_lost".to_owned()))),
+                    "{events:?}"
+                );
+                assert_eq!(record.state, SandboxState::Pending, "{record:?}");
+                assert_eq!(record.desired, DesiredState::Running);
+                let stopped_at = events
+                    .iter()
+                    .position(|e| e == &("stopped".to_owned(), Some("node_lost".to_owned())));
+                let pending_at = events
+                    .iter()
+                    .position(|e| e == &("pending".to_owned(), Some("start_requested".to_owned())));
+                assert!(
+                    stopped_at < pending_at && stopped_at.is_some(),
+                    "{events:?}"
+                );
+                assert_eq!(lost.home.root.as_deref(), Some(secured_root.as_str()));
             } else {
+                assert_eq!(record.state_reason.as_deref(), Some("node_lost"));
                 assert_eq!(record.state, SandboxState::Stopped, "{record:?}");
                 assert_eq!(lost.epoch, row.epoch);
                 // A late report of the lost placement changes nothing.
@@ -2181,5 +2198,185 @@ async fn a_burst_of_runners_registering_at_once_all_get_in() {
         let placed = plane.create(&org).await.expect("admitted");
         assert!(ids.contains(placed.runner_id.as_ref().expect("placed")));
         assert_no_drift(&plane, "a burst").await;
+    }
+}
+
+/// Issue 16, "a start asked while a stop is under way": the runner may be
+/// acting on the stop already, so the start does not flip `desired` (a
+/// command sent right after it would reach a runner stopping the sandbox
+/// and end `unknown`): the stop goes on, the command waits, and once the
+/// stop is done the sandbox starts and the command runs, once. A stop
+/// asked after such a start is the last word.
+#[tokio::test]
+async fn a_start_during_a_stop_waits_for_it_and_a_command_after_it_runs_once() {
+    for plane in planes_with("startafterstop", true).await {
+        let org = plane.org("org_s", None).await;
+        let runner = plane.runner(4).await;
+        for durable in [false, true] {
+            let row = plane.running_with_idle(&org, &runner, durable, 0).await;
+            let stopping = plane.change(&org, &row.id, "stop").await.expect("stop");
+            assert_eq!(stopping.desired, DesiredState::Stopped);
+            let started = plane.change(&org, &row.id, "start").await.expect("start");
+            assert_eq!(
+                started.desired,
+                DesiredState::Stopped,
+                "the stop goes on ({})",
+                plane.engine()
+            );
+            assert!(started.start_after_stop);
+            // Asked twice: the same answer, one event.
+            plane.change(&org, &row.id, "start").await.expect("again");
+            let asked = plane
+                .event_messages(&row.id)
+                .await
+                .into_iter()
+                .filter(|(_, reason, message)| {
+                    reason.as_deref() == Some("start_requested")
+                        && message
+                            .as_deref()
+                            .is_some_and(|m| m.contains("once the stop is done"))
+                })
+                .count();
+            assert_eq!(asked, 1);
+            let command = plane.command(&org, &row.id).await.expect("queued");
+            assert!(command.waited_for_wake);
+            assert!(!plane.handed(&runner).await.contains(&command.id));
+
+            let stopped = plane.runner_stops(&org, &started, &runner).await;
+            let again = plane.load(&stopped.id).await;
+            assert_eq!(again.desired, DesiredState::Running);
+            assert_eq!(again.state, SandboxState::Starting, "placed again");
+            assert!(!again.start_after_stop);
+            assert!(!plane.handed(&runner).await.contains(&command.id));
+            plane
+                .report(&again, &runner, SandboxState::Running)
+                .await
+                .expect("running");
+            let handed = plane.handed(&runner).await;
+            assert_eq!(
+                handed.iter().filter(|id| **id == command.id).count(),
+                1,
+                "handed over once"
+            );
+
+            // A stop after the start: nothing starts once the stop is done.
+            let report = CommandReport {
+                runner_id: runner.clone(),
+                epoch: plane.load(&row.id).await.epoch as u64,
+                state: CommandState::Exited,
+                reason: None,
+                exit_code: Some(0),
+                signal: None,
+                pid: None,
+            };
+            runner_protocol::report_command(&plane.state, &command.id, &report)
+                .await
+                .expect("ended");
+            let running = plane.load(&row.id).await;
+            plane.change(&org, &row.id, "stop").await.expect("stop");
+            plane.change(&org, &row.id, "start").await.expect("start");
+            let last = plane.change(&org, &row.id, "stop").await.expect("stop");
+            assert!(!last.start_after_stop);
+            let stopped = plane.runner_stops(&org, &running, &runner).await;
+            let after = plane.load(&stopped.id).await;
+            assert_eq!(
+                (after.state, after.desired),
+                (SandboxState::Stopped, DesiredState::Stopped)
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_command_that_ends_before_its_running_report_is_recorded_started_and_ended_at_once() {
+    for plane in planes("ended_at_once").await {
+        let org = plane.org("org_e", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.create(&org).await.expect("admitted");
+        let row = plane
+            .report(&row, &runner, SandboxState::Starting)
+            .await
+            .expect("starting");
+        let row = plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        let queue = |argv: &str| {
+            let plane = &plane;
+            let org = org.clone();
+            let id = row.id.clone();
+            let argv = argv.to_owned();
+            async move {
+                let request = serde_json::from_value(serde_json::json!({ "argv": [argv] }))
+                    .expect("a command request");
+                let mut tx = plane.state.db.write().await.expect("tx");
+                let queued = commands::create(&plane.state, &mut tx, &org, &id, &request)
+                    .await
+                    .expect("queued");
+                tx.commit().await.expect("commit");
+                queued
+            }
+        };
+        let quick = queue("true").await;
+        let missing = queue("nonexistent").await;
+        let assignments = runner_protocol::read_assignments(&plane.state, &runner)
+            .await
+            .expect("assignments");
+        assert_eq!(assignments.commands.len(), 2);
+        let report = |state, exit_code, reason: Option<&str>, pid| CommandReport {
+            runner_id: runner.clone(),
+            epoch: row.epoch as u64,
+            state,
+            reason: reason.map(str::to_owned),
+            exit_code,
+            signal: None,
+            pid,
+        };
+        // Its end straight from `starting`, with its pid: it ran.
+        let ended = runner_protocol::report_command(
+            &plane.state,
+            &quick.id,
+            &report(CommandState::Exited, Some(0), None, Some(42)),
+        )
+        .await
+        .expect("exited");
+        assert_eq!(
+            (ended.state, ended.exit_code, ended.pid),
+            (CommandState::Exited, Some(0), Some(42)),
+            "{}",
+            plane.engine()
+        );
+        let (started, end) = (
+            ended.started_at_ms.expect("recorded started"),
+            ended.ended_at_ms.expect("recorded ended"),
+        );
+        assert!(ended.created_at_ms <= started && started <= end);
+        // A command that never started ends without a start or a pid.
+        let failed = runner_protocol::report_command(
+            &plane.state,
+            &missing.id,
+            &report(
+                CommandState::LaunchFailed,
+                None,
+                Some("executable_not_found"),
+                None,
+            ),
+        )
+        .await
+        .expect("launch_failed");
+        assert_eq!(failed.state, CommandState::LaunchFailed);
+        assert_eq!((failed.started_at_ms, failed.pid), (None, None));
+        // A pid with an end is a pid: zero or less is refused.
+        let third = queue("true").await;
+        runner_protocol::read_assignments(&plane.state, &runner)
+            .await
+            .expect("assignments");
+        let refused = runner_protocol::report_command(
+            &plane.state,
+            &third.id,
+            &report(CommandState::Exited, Some(0), None, Some(0)),
+        )
+        .await;
+        assert_eq!(code(refused), ErrorCode::InvalidRequest);
     }
 }

@@ -473,3 +473,160 @@ async fn a_runner_registering_again_with_its_credential_keeps_its_identity() {
     assert_ne!(c.id, a.id);
     assert_ne!(c.credential, a.credential);
 }
+
+/// How many assignments long-polls this server answered `how` (`read` or
+/// `unchanged`), from its metrics.
+async fn assignment_answers(server: &TestServer, how: &str) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", server.url))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let line = format!("roost_runner_assignments_total{{answer=\"{how}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {line} in {text}"))
+}
+
+/// Issue 16: a runner whose sandboxes are at rest costs the server no
+/// reads: once nothing is written anywhere, its long-poll is answered
+/// `unchanged` at the timeout without reading its set (the server saw no
+/// notification since the read that gave the runner its etag); a change
+/// still answers at once with the new set; an etag the server did not
+/// answer is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_at_rest_is_answered_unchanged_without_a_read() {
+    let server = TestServer::start().await;
+    let token = runner_token(&server).await;
+    let (org, _) = server.org("acme").await;
+    let a = enrol(&server, &token, "a").await;
+    let sandbox = org
+        .create_sandbox(&create_request(), None)
+        .await
+        .expect("a sandbox");
+    let first = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("assignments");
+    assert!(!first.unchanged);
+    assert_eq!(first.sandboxes.len(), 1);
+    let running = SandboxReport {
+        runner_id: a.id.clone(),
+        epoch: first.sandboxes[0].epoch,
+        state: SandboxState::Running,
+        reason: None,
+        message: None,
+        wake: None,
+    };
+    a.client
+        .runner_report_sandbox(&sandbox.id, &running)
+        .await
+        .expect("running");
+    let settled = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("assignments");
+    assert_eq!(settled.sandboxes[0].state, SandboxState::Running);
+
+    // At rest: a poll on the settled etag waits out its timeout and is
+    // answered without a read. (Another write anywhere, such as a
+    // reconciler's, would make it read: polled until one is not.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let reads = assignment_answers(&server, "read").await;
+        let answer = a
+            .client
+            .runner_assignments(&a.id, &settled.etag, 1)
+            .await
+            .expect("assignments");
+        assert_eq!(answer.etag, settled.etag, "{answer:?}");
+        if answer.unchanged {
+            assert!(answer.sandboxes.is_empty() && answer.commands.is_empty());
+            if assignment_answers(&server, "read").await == reads {
+                break;
+            }
+        } else {
+            assert_eq!(
+                answer.sandboxes, settled.sandboxes,
+                "a full answer is the set"
+            );
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never answered unchanged without a read"
+        );
+    }
+    assert!(assignment_answers(&server, "unchanged").await >= 1);
+
+    // A change answers the waiting poll at once, with the new set.
+    let poll = {
+        let client = a.client.clone();
+        let (id, etag) = (a.id.clone(), settled.etag.clone());
+        tokio::spawn(async move { client.runner_assignments(&id, &etag, 25).await })
+    };
+    let command = org
+        .create_command(
+            &sandbox.id,
+            &serde_json::from_value(serde_json::json!({ "argv": ["true"] })).expect("a command"),
+            None,
+        )
+        .await
+        .expect("a command");
+    let changed = tokio::time::timeout(std::time::Duration::from_secs(20), poll)
+        .await
+        .expect("answered before its timeout")
+        .expect("the poll")
+        .expect("assignments");
+    assert!(!changed.unchanged);
+    assert_ne!(changed.etag, settled.etag);
+    assert_eq!(changed.commands.len(), 1, "{changed:?}");
+    assert_eq!(changed.commands[0].command_id, command.id);
+
+    // An etag this server never answered is read, never taken on trust.
+    let unknown = a
+        .client
+        .runner_assignments(&a.id, "0123456789abcdef0123456789abcdef", 1)
+        .await
+        .expect("assignments");
+    assert!(!unknown.unchanged);
+    assert_eq!(unknown.etag, changed.etag);
+}
+
+/// The assignments long-poll's query is bounded like any input: a wrong
+/// type for `unchanged`, an unknown parameter or an over-long wait is a
+/// 400 before anything is read or handed over, and the runner's set is as
+/// it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_assignments_query_is_refused_and_changes_nothing() {
+    let server = TestServer::start().await;
+    let token = runner_token(&server).await;
+    let a = enrol(&server, &token, "a").await;
+    let before = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("assignments");
+    for query in [
+        format!("runner_id={}&unchanged=perhaps", a.id),
+        format!("runner_id={}&unchanged=true&surprise=1", a.id),
+        format!("runner_id={}&timeout=100000", a.id),
+    ] {
+        let answer = reqwest::Client::new()
+            .get(format!("{}/v1/runner/assignments?{query}", server.url))
+            .bearer_auth(&a.credential)
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(answer.status().as_u16(), 400, "{query}");
+    }
+    let after = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("assignments");
+    assert_eq!(after, before);
+}

@@ -627,10 +627,10 @@ fn a_push_relying_on_objects_a_pack_rewrite_drops_uploads_them_again() {
     assert_eq!(contents(dest.path()), contents(b_dir.path()));
 }
 
-/// The org's index from the local copies of pack indexes: a new process
-/// with the cache reads no index from the store; with the cache lost, it
-/// reads them again (and keeps them again); a damaged copy is read again
-/// from the store, never trusted.
+/// The org's index from the local cache: a new process with the cache
+/// reads no index from the store; with the cache lost, it reads them again
+/// (and keeps them again); a damaged merged index is rebuilt from the
+/// store, never trusted.
 #[test]
 fn the_index_cache_serves_a_new_process_and_is_rebuilt_when_lost() {
     let double = Double::new(Arc::new(MemoryBackend::default()));
@@ -658,14 +658,392 @@ fn the_index_cache_serves_a_new_process_and_is_rebuilt_when_lost() {
     index_reads(0, "the next reads them from the cache");
     std::fs::remove_dir_all(cache.path().join("store")).expect("lose the cache");
     index_reads(packs, "a lost cache is rebuilt from the store");
-    let copy = std::fs::read_dir(cache.path().join("store/acme"))
-        .expect("cached")
-        .next()
-        .expect("a copy")
-        .expect("entry")
-        .path();
-    std::fs::write(&copy, b"damaged").expect("damage");
-    index_reads(1, "a damaged copy is read again");
+    // The cache holds the org's merged index (the copies of the indexes
+    // it merged are pruned): damaged, it is rebuilt from the store.
+    let merged = cache.path().join("store/acme/merged.midx");
+    std::fs::write(&merged, b"damaged").expect("damage");
+    index_reads(packs, "a damaged merged index is rebuilt");
+}
+
+/// `count` small objects (every fifth a tree by name: the kind is part of
+/// an object's name in the index) with their stored bytes.
+fn small_objects(seed: &str, count: usize) -> Vec<(ObjectId, Vec<u8>)> {
+    (0..count)
+        .map(|i| {
+            let plain = format!("{seed} object {i}").into_bytes();
+            let digest = store::Digest::of(&plain);
+            let object = if i % 5 == 0 {
+                ObjectId::tree(digest)
+            } else {
+                ObjectId::block(digest)
+            };
+            (object, store::block::encode(&plain))
+        })
+        .collect()
+}
+
+/// Writes `objects` as packs of `per_pack`, one `write_packs` each.
+fn write_in_packs(
+    store: &Store,
+    org: &OrgId,
+    objects: &[(ObjectId, Vec<u8>)],
+    per_pack: usize,
+) -> Vec<PackIndex> {
+    objects
+        .chunks(per_pack)
+        .flat_map(|chunk| {
+            let refs: Vec<(ObjectId, &[u8])> = chunk
+                .iter()
+                .map(|(object, stored)| (*object, stored.as_slice()))
+                .collect();
+            store.write_packs(org, &refs, None).expect("write packs")
+        })
+        .collect()
+}
+
+/// Asserts `store` locates every entry of `indexes` where it is, and reads
+/// a sample of them back.
+fn assert_located(store: &Store, org: &OrgId, indexes: &[PackIndex]) {
+    for index in indexes {
+        for entry in &index.entries {
+            assert_eq!(
+                store.locate(org, &entry.object).expect("locate"),
+                Some(store::store::Location {
+                    pack: index.pack,
+                    offset: entry.offset,
+                    length: entry.length,
+                }),
+                "{:?}",
+                entry.object
+            );
+        }
+        let first = index.entries[0].object;
+        store.get_object(org, &first).expect("reads back");
+    }
+}
+
+/// Issue 18, point 2 at scale: the org's index is a merged file sorted by
+/// object (not a map in memory); every object of hundreds of packs is
+/// found through it, where it is, blocks and trees apart; absent objects
+/// and other orgs' are not.
+#[test]
+fn lookups_through_the_merged_index_find_every_object_across_many_packs() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let acme = org("acme");
+    let objects = small_objects("many", 20_000);
+    let written = write_in_packs(&Store::new(Arc::clone(&backend)), &acme, &objects, 100);
+    assert_eq!(written.len(), 200);
+    // One object stored twice (two pushes racing): either copy is right.
+    let (twice, stored) = &objects[7];
+    let copy = Store::new(Arc::clone(&backend))
+        .write_packs(&acme, &[(*twice, stored.as_slice())], None)
+        .expect("a second copy");
+
+    let cache = tempdir();
+    let store = Store::new(Arc::clone(&backend)).with_index_cache(cache.path().to_owned());
+    let ids: Vec<ObjectId> = objects.iter().map(|(object, _)| *object).collect();
+    assert!(store.missing(&acme, &ids).expect("missing").is_empty());
+    let stats = store.index_stats(&acme);
+    assert_eq!(
+        (
+            stats.merged_packs,
+            stats.merged_entries,
+            stats.overlay_objects
+        ),
+        (201, 20_001, 0),
+        "every entry in the merged file, none in memory"
+    );
+    let first_copy: Vec<PackIndex> = written
+        .iter()
+        .map(|index| PackIndex {
+            entries: index
+                .entries
+                .iter()
+                .filter(|entry| entry.object != *twice)
+                .copied()
+                .collect(),
+            ..index.clone()
+        })
+        .collect();
+    assert_located(&store, &acme, &first_copy);
+    let at = store.locate(&acme, twice).expect("locate").expect("found");
+    assert!(at.pack == copy[0].pack || written.iter().any(|i| i.pack == at.pack));
+
+    let absent = small_objects("absent", 2_000);
+    let absent_ids: Vec<ObjectId> = absent.iter().map(|(object, _)| *object).collect();
+    assert_eq!(
+        store.missing(&acme, &absent_ids).expect("missing"),
+        absent_ids
+    );
+    // The same digest as the other kind is another object.
+    let other_kind: Vec<ObjectId> = ids[..50]
+        .iter()
+        .map(|object| match object.kind {
+            store::store::ObjectKind::Block => ObjectId::tree(object.digest),
+            store::store::ObjectKind::Tree => ObjectId::block(object.digest),
+        })
+        .collect();
+    assert_eq!(
+        store.missing(&acme, &other_kind).expect("missing"),
+        other_kind
+    );
+    assert_eq!(
+        store.missing(&org("other"), &ids[..10]).expect("missing"),
+        ids[..10].to_vec()
+    );
+    let read = store.get_batch(&acme, &ids[..2_000]).expect("batch");
+    for ((object, stored), bytes) in objects.iter().zip(read) {
+        assert_eq!(bytes.as_deref(), Some(stored.as_slice()), "{object:?}");
+    }
+}
+
+/// The merged file is a cache never trusted without its checksum: one
+/// with an entry's offset altered, one cut short, one of another org and
+/// an empty one are each rebuilt (to the same bytes), and every answer
+/// meanwhile is right.
+#[test]
+fn a_damaged_truncated_or_foreign_merged_index_is_rebuilt_and_answers_stay_right() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let acme = org("acme");
+    let written = write_in_packs(
+        &Store::new(Arc::clone(&backend)),
+        &acme,
+        &small_objects("acme", 1_500),
+        50,
+    );
+    let cache = tempdir();
+    let cached = || Store::new(Arc::clone(&backend)).with_index_cache(cache.path().to_owned());
+    assert_located(&cached(), &acme, &written);
+    let path = cached().merged_index_path(&acme);
+    let good = std::fs::read(&path).expect("a merged index was written");
+
+    let other = org("other");
+    write_in_packs(
+        &Store::new(Arc::clone(&backend)),
+        &other,
+        &small_objects("other", 300),
+        50,
+    );
+    assert!(cached().missing(&other, &[]).expect("list").is_empty());
+    let foreign = std::fs::read(cached().merged_index_path(&other)).expect("other's");
+
+    // Entry 0's offset, past the header (magic, version, org, packs).
+    let entry_offset = 7 + "acme".len() + 4 + 16 * written.len() + 37;
+    let mut altered = good.clone();
+    altered[entry_offset] ^= 0x40;
+    let damages: [(&str, Vec<u8>); 4] = [
+        ("an altered entry", altered),
+        ("cut short", good[..good.len() / 2].to_vec()),
+        ("another org's", foreign),
+        ("empty", Vec::new()),
+    ];
+    for (what, bytes) in damages {
+        std::fs::write(&path, &bytes).expect("damage");
+        let store = cached();
+        assert_located(&store, &acme, &written);
+        assert_eq!(
+            store.index_stats(&acme).merged_packs,
+            written.len(),
+            "{what}"
+        );
+        assert!(
+            std::fs::read(&path).expect("rebuilt") == good,
+            "{what}: rebuilt"
+        );
+    }
+}
+
+/// gc rewrites mixed packs (removing the old ones) after a process wrote
+/// the merged file: neither a later process reading that stale file nor
+/// the process that wrote it (once it lists again) locates anything in a
+/// removed pack, the file is rebuilt without them, and the home reads
+/// whole.
+#[test]
+fn a_pack_gc_removed_is_never_located_through_a_stale_merged_index() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let acme = org("acme");
+    let old = many_files("src", 40, 800);
+    let mut new = old.clone();
+    for (path, content) in new.iter_mut().step_by(2) {
+        content.extend_from_slice(path.as_bytes());
+    }
+    let plain = Store::new(Arc::clone(&backend));
+    push(&plain, &acme, &home("a"), home_dir(&refs(&old)).path()).expect("push old");
+    let new_dir = home_dir(&refs(&new));
+    push(&plain, &acme, &home("a"), new_dir.path()).expect("push new");
+
+    let cache = tempdir();
+    let cached = || Store::new(Arc::clone(&backend)).with_index_cache(cache.path().to_owned());
+    let first = cached();
+    assert!(first.missing(&acme, &[]).expect("list").is_empty());
+    let before = packs_of(backend.as_ref(), &acme);
+    let path = first.merged_index_path(&acme);
+    let stale = std::fs::read(&path).expect("merged");
+
+    let report = gc::gc(&Store::new(Arc::clone(&backend)), Duration::ZERO).expect("gc");
+    assert!(report.deleted > 0 && report.packs_written > 0, "{report:?}");
+    let listed: std::collections::HashSet<PackId> = packs_of(backend.as_ref(), &acme)
+        .iter()
+        .map(|index| index.pack)
+        .collect();
+    let gone: Vec<&PackIndex> = before
+        .iter()
+        .filter(|index| !listed.contains(&index.pack))
+        .collect();
+    assert!(!gone.is_empty(), "gc removed packs");
+    assert!(
+        std::fs::read(&path).expect("merged") == stale,
+        "still stale"
+    );
+
+    // A later process opens the stale file; then the one that wrote it
+    // lists again.
+    let later = cached();
+    for store in [&later, &first] {
+        assert!(store.missing(&acme, &[]).expect("list").is_empty());
+        for index in &gone {
+            for entry in &index.entries {
+                if let Some(at) = store.locate(&acme, &entry.object).expect("locate") {
+                    assert!(
+                        listed.contains(&at.pack),
+                        "located in removed pack {}",
+                        at.pack
+                    );
+                }
+            }
+        }
+    }
+    let rebuilt = store::midx::MergedIndex::open(&path, &acme)
+        .expect("sound")
+        .expect("there");
+    assert!(rebuilt.packs().iter().all(|pack| listed.contains(pack)));
+    assert_eq!(rebuilt.packs().len(), listed.len());
+    let dest = tempdir();
+    pull(&cached(), &acme, &home("a"), dest.path()).expect("pull");
+    assert_eq!(contents(dest.path()), contents(new_dir.path()));
+}
+
+/// A new process answers from the merged file alone: the first reads
+/// every pack index from the store once and merges them (keeping no copy
+/// of them), the next reads none and holds no entry in memory, and after
+/// another process adds a pack, the next reads that one index only.
+#[test]
+fn a_new_process_reads_the_merged_index_not_every_pack_index() {
+    let double = Double::new(Arc::new(MemoryBackend::default()));
+    let acme = org("acme");
+    let objects = small_objects("n", 800);
+    write_in_packs(&Store::new(double.clone()), &acme, &objects, 20);
+    let ids: Vec<ObjectId> = objects.iter().map(|(object, _)| *object).collect();
+    let cache = tempdir();
+    let index_reads = |expected: usize, what: &str| -> store::store::IndexStats {
+        double.arm(Faults::default());
+        let store = Store::new(double.clone()).with_index_cache(cache.path().to_owned());
+        assert!(store.missing(&acme, &ids).expect("missing").is_empty());
+        let read: usize = double.get_batches().iter().sum();
+        assert_eq!(read, expected, "{what}");
+        store.index_stats(&acme)
+    };
+    index_reads(40, "the first process reads every index");
+    let names: Vec<String> = std::fs::read_dir(cache.path().join("acme"))
+        .expect("cache")
+        .map(|entry| {
+            entry
+                .expect("entry")
+                .file_name()
+                .into_string()
+                .expect("utf-8")
+        })
+        .collect();
+    assert_eq!(names, ["merged.midx"], "only the merged file is kept");
+    let stats = index_reads(0, "the next reads none");
+    assert_eq!(
+        (stats.merged_entries, stats.overlay_objects),
+        (800, 0),
+        "all through the file"
+    );
+    let more = small_objects("more", 20);
+    write_in_packs(&Store::new(double.clone()), &acme, &more, 20);
+    let stats = index_reads(1, "only the pack not merged yet");
+    assert_eq!((stats.merged_entries, stats.overlay_objects), (800, 20));
+    index_reads(0, "its copy is kept until merged");
+}
+
+/// The in-memory overlay (packs written or listed since the file was
+/// merged) stays within its bound: past it, its packs are merged into
+/// the file, by this process's own writes and by a listing that finds
+/// many new packs; everything stays found, here and in a new process.
+#[test]
+fn the_overlay_is_merged_into_the_file_once_past_its_bound() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let acme = org("acme");
+    let cache = tempdir();
+    let cached = || {
+        Store::new(Arc::clone(&backend))
+            .with_index_cache(cache.path().to_owned())
+            .with_overlay_max(100)
+    };
+    let store = cached();
+    let mut written = Vec::new();
+    for round in 0..10 {
+        let objects = small_objects(&format!("round {round}"), 30);
+        written.extend(write_in_packs(&store, &acme, &objects, 30));
+        let stats = store.index_stats(&acme);
+        assert!(stats.overlay_objects <= 100, "round {round}: {stats:?}");
+        assert_eq!(
+            stats.merged_entries as usize + stats.overlay_objects,
+            30 * (round + 1)
+        );
+    }
+    let stats = store.index_stats(&acme);
+    assert!(stats.merged_entries >= 200, "merged: {stats:?}");
+    let on_disk = store::midx::MergedIndex::open(&store.merged_index_path(&acme), &acme)
+        .expect("sound")
+        .expect("there");
+    assert_eq!(on_disk.len(), stats.merged_entries);
+    assert_located(&store, &acme, &written);
+
+    // Another writer adds 150 objects: this process's next listing merges.
+    let objects = small_objects("elsewhere", 150);
+    written.extend(write_in_packs(
+        &Store::new(Arc::clone(&backend)),
+        &acme,
+        &objects,
+        30,
+    ));
+    assert!(store.missing(&acme, &[]).expect("list").is_empty());
+    let stats = store.index_stats(&acme);
+    assert_eq!((stats.merged_entries, stats.overlay_objects), (450, 0));
+    assert_located(&store, &acme, &written);
+    assert_located(&cached(), &acme, &written);
+}
+
+/// A cache directory that cannot be written (here a file stands where it
+/// should be) costs memory, never answers: the index stays whole in
+/// memory, as before merged files, and pushes and pulls work.
+#[test]
+fn an_unwritable_index_cache_keeps_the_index_in_memory() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let acme = org("acme");
+    let written = write_in_packs(
+        &Store::new(Arc::clone(&backend)),
+        &acme,
+        &small_objects("w", 300),
+        30,
+    );
+    let blocked = tempdir();
+    let not_a_dir = blocked.path().join("cache");
+    std::fs::write(&not_a_dir, b"a file").expect("file");
+    let store = Store::new(Arc::clone(&backend)).with_index_cache(not_a_dir.clone());
+    assert_located(&store, &acme, &written);
+    let stats = store.index_stats(&acme);
+    assert_eq!((stats.merged_entries, stats.overlay_objects), (0, 300));
+
+    let src = home_dir(&refs(&many_files("u", 30, 500)));
+    push(&store, &acme, &home("h"), src.path()).expect("push");
+    let dest = tempdir();
+    pull(&store, &acme, &home("h"), dest.path()).expect("pull");
+    assert_eq!(contents(dest.path()), contents(src.path()));
+    assert_eq!(std::fs::read(&not_a_dir).expect("still a file"), b"a file");
 }
 
 /// A pull on a fresh machine of a home of many small directories reads
