@@ -4,14 +4,21 @@
 //!
 //! Every tree is already in hand ([`super::plan`]). One walk creates every
 //! directory (owner-only until the end), writes symlinks and empty files,
-//! and lists the files to write. The blocks of single-block files are then
-//! sorted by where they lie ([`Objects::locations`]: pack, then offset)
-//! and fetched in windows of at most one pack ([`WINDOW_BYTES`]), so a
-//! pack is one ranged read, not one per directory that has files in it;
-//! each file is written as soon as its window arrives (the next window is
-//! fetched while one is written), so memory holds two windows whatever
-//! the home. Files of several blocks come block by block, like any large
-//! object. Directories get their modes and times last, deepest first.
+//! and lists the files to write. Every block to fetch (each once, however
+//! many files hold it) is then sorted by where it lies
+//! ([`Objects::locations`]: packs in the order the walk first needs them,
+//! then offset) and fetched in windows of at most one pack
+//! ([`WINDOW_BYTES`]), so a pack is one ranged read, not one per directory
+//! that has files in it nor one per 4 MiB block; the next window is
+//! fetched while one is written, so memory holds two windows whatever the
+//! home. A file of one block is written whole as its window arrives. A
+//! file of several blocks is written at offsets into its temporary as
+//! each of its windows arrives (created at its full size on its first
+//! block, so all-zero blocks, never fetched, stay holes; reopened by name
+//! and checked to be the same inode for later ones, so no handle is held
+//! between windows), and renamed into place after its last block; a
+//! failed pull removes the temporaries of files not finished.
+//! Directories get their modes and times last, deepest first.
 //!
 //! Objects that say nothing of where they lie (the block service) are
 //! fetched in the walk's order, which follows the push's.
@@ -24,20 +31,25 @@
 //! [`Objects::locations`]: crate::objects::Objects::locations
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
 use rayon::prelude::*;
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 
 use super::Materializer;
-use super::write::{disk_mode, io_at, timestamps};
+use super::write::{disk_mode, io_at, temp_name, timestamps, zero_block_digest};
+use crate::block::block_ranges;
+use crate::pack::PackId;
 use crate::store::{Location, ObjectId};
 use crate::tree::{Entry, EntryKind, Tree};
-use crate::{Digest, Result};
+use crate::{Digest, Error, Result};
 
 /// Stored bytes one window of blocks reads: a whole pack
 /// ([`crate::pack::PACK_BYTES_MAX`]), so that a window is one ranged read
@@ -58,6 +70,34 @@ struct Dir<'t> {
 /// its entry.
 type FileJob<'t> = (usize, &'t Entry);
 
+/// A place a block fills: a file (index into the walk's files), offset,
+/// length.
+type Part = (usize, u64, u64);
+
+/// What one window writes into one file: the file (index into the walk's
+/// files) and its parts there (offset, length, block).
+type Writes = (usize, Vec<(u64, u64, Digest)>);
+
+/// A file of several blocks, written as its blocks' windows arrive.
+struct Partial {
+    /// Its temporary's name in its directory and its inode, once created.
+    temp: Option<(OsString, u64)>,
+    /// Parts (blocks that are not holes) not written yet.
+    left: usize,
+    /// Renamed into place.
+    done: bool,
+}
+
+/// What the windows write into: the destination, the walk's directories
+/// and files, and the progress of the files of several blocks (by index
+/// into `files`).
+struct Writing<'a, 't> {
+    dest: &'a OwnedFd,
+    dirs: &'a [Dir<'t>],
+    files: &'a [FileJob<'t>],
+    partial: &'a HashMap<usize, Mutex<Partial>>,
+}
+
 impl Materializer<'_> {
     /// Materialises `root` into the empty directory `dest`.
     pub(super) fn materialize_fresh(&self, dest: &OwnedFd, root: &Tree) -> Result<()> {
@@ -66,40 +106,98 @@ impl Materializer<'_> {
             rel: PathBuf::new(),
             entry: None,
         }];
-        // Files of one block (most), and of several.
-        let mut single: Vec<FileJob<'_>> = Vec::new();
-        let mut split: Vec<FileJob<'_>> = Vec::new();
-        self.create_dirs(dest, root, &mut dirs, &mut single, &mut split)?;
+        let mut files: Vec<FileJob<'_>> = Vec::new();
+        self.create_dirs(dest, root, &mut dirs, &mut files)?;
 
-        // Each wanted block once, in the order the walk met it, with the
-        // files it fills and its size (a window's measure where the store
-        // does not say where it lies).
-        let mut readers: HashMap<Digest, Vec<usize>> = HashMap::new();
+        // Each wanted block once, in the order the walk met it, with every
+        // place it fills and its length (a window's measure where the
+        // store does not say where it lies). Files of several blocks get
+        // their progress; their all-zero blocks are holes, never fetched.
+        let mut readers: HashMap<Digest, Vec<Part>> = HashMap::new();
         let mut sizes: HashMap<Digest, u64> = HashMap::new();
         let mut blocks: Vec<ObjectId> = Vec::new();
-        for (i, (_, entry)) in single.iter().enumerate() {
+        let mut partial: HashMap<usize, Mutex<Partial>> = HashMap::new();
+        for (i, (_, entry)) in files.iter().enumerate() {
             let EntryKind::File { blocks: b } = &entry.kind else {
                 continue;
             };
-            let users = readers.entry(b[0]).or_default();
-            if users.is_empty() {
-                blocks.push(ObjectId::block(b[0]));
-                sizes.insert(b[0], entry.size);
+            let split = b.len() > 1;
+            let mut left = 0;
+            for ((offset, len), digest) in block_ranges(entry.size).zip(b) {
+                if split && digest == zero_block_digest() {
+                    continue;
+                }
+                left += 1;
+                let users = readers.entry(*digest).or_default();
+                if users.is_empty() {
+                    blocks.push(ObjectId::block(*digest));
+                    sizes.insert(*digest, len);
+                }
+                users.push((i, offset, len));
             }
-            users.push(i);
+            if split {
+                partial.insert(
+                    i,
+                    Mutex::new(Partial {
+                        temp: None,
+                        left,
+                        done: false,
+                    }),
+                );
+            }
         }
         let windows = self.windows(blocks, &sizes)?;
         drop(sizes);
 
-        // Fetch window i + 1 while window i is written.
+        let writing = Writing {
+            dest,
+            dirs: &dirs,
+            files: &files,
+            partial: &partial,
+        };
+        let written = self.write_windows(&writing, &windows, &readers);
+        if written.is_err() {
+            // Nothing half-written stays: files of several blocks still
+            // under their temporary names go.
+            self.remove_partials(&writing);
+        }
+        written?;
+
+        // Modes and times last (writing into a directory changes its
+        // mtime, and its mode may forbid writing), children before their
+        // parents: the walk created parents first.
+        for dir in dirs.iter().skip(1).rev() {
+            let Some(entry) = dir.entry else { continue };
+            let fd = open_below(dest, &dir.rel)?;
+            rustix::fs::fchmod(&fd, disk_mode(entry)).map_err(io_at(&dir.rel))?;
+            rustix::fs::futimens(&fd, &timestamps(entry.mtime_ns)).map_err(io_at(&dir.rel))?;
+        }
+        Ok(())
+    }
+
+    /// Fetches `windows` in turn (window i + 1 while window i is written)
+    /// and writes every place each block fills; then finishes the files
+    /// of several blocks that had nothing to fetch (all holes).
+    fn write_windows(
+        &self,
+        writing: &Writing<'_, '_>,
+        windows: &[Vec<ObjectId>],
+        readers: &HashMap<Digest, Vec<Part>>,
+    ) -> Result<()> {
         let write_window = |window: &[ObjectId], fetched: &super::Prefetched| -> Result<()> {
-            let mut jobs: Vec<&FileJob<'_>> = window
-                .iter()
-                .flat_map(|object| readers.get(&object.digest).into_iter().flatten())
-                .map(|&i| &single[i])
-                .collect();
-            jobs.sort_by_key(|(dir, _)| *dir);
-            self.write_files(dest, &dirs, &jobs, fetched)
+            // Per file, the places this window fills, by directory.
+            let mut per_file: HashMap<usize, Vec<(u64, u64, Digest)>> = HashMap::new();
+            for object in window {
+                for &(file, offset, len) in readers.get(&object.digest).into_iter().flatten() {
+                    per_file
+                        .entry(file)
+                        .or_default()
+                        .push((offset, len, object.digest));
+                }
+            }
+            let mut writes: Vec<Writes> = per_file.into_iter().collect();
+            writes.sort_by_key(|(file, _)| (writing.files[*file].0, *file));
+            self.write_files(writing, &writes, fetched)
         };
         let mut fetched = match windows.first() {
             Some(first) => self.prefetch(first.clone(), Path::new(""))?,
@@ -117,34 +215,40 @@ impl Materializer<'_> {
             fetched = next?;
         }
         drop(fetched);
+        let mut rest: Vec<Writes> = writing
+            .partial
+            .iter()
+            .filter(|(_, partial)| !super::lock(partial).done)
+            .map(|(file, _)| (*file, Vec::new()))
+            .collect();
+        rest.sort_by_key(|(file, _)| (writing.files[*file].0, *file));
+        self.write_files(writing, &rest, &super::Prefetched::new())
+    }
 
-        // Files of several blocks: a block per read, like any large object.
-        split.sort_by_key(|(dir, _)| *dir);
-        let jobs: Vec<&FileJob<'_>> = split.iter().collect();
-        self.write_files(dest, &dirs, &jobs, &super::Prefetched::new())?;
-
-        // Modes and times last (writing into a directory changes its
-        // mtime, and its mode may forbid writing), children before their
-        // parents: the walk created parents first.
-        for dir in dirs.iter().skip(1).rev() {
-            let Some(entry) = dir.entry else { continue };
-            let fd = open_below(dest, &dir.rel)?;
-            rustix::fs::fchmod(&fd, disk_mode(entry)).map_err(io_at(&dir.rel))?;
-            rustix::fs::futimens(&fd, &timestamps(entry.mtime_ns)).map_err(io_at(&dir.rel))?;
+    /// Removes the temporaries of files of several blocks not yet renamed
+    /// into place (after a failure; a removal that fails is left).
+    fn remove_partials(&self, writing: &Writing<'_, '_>) {
+        for (file, partial) in writing.partial {
+            let partial = super::lock(partial);
+            let Some((temp, _)) = &partial.temp else {
+                continue;
+            };
+            let rel = &writing.dirs[writing.files[*file].0].rel;
+            if let Ok(dir) = open_below(writing.dest, rel) {
+                let _ = rustix::fs::unlinkat(&dir, temp, AtFlags::empty());
+            }
         }
-        Ok(())
     }
 
     /// Creates every directory under `root` (iteratively: a handle per
     /// level of the current path), writes symlinks and empty files, and
-    /// lists the files to write.
+    /// lists the files with content to write.
     fn create_dirs<'t>(
         &'t self,
         dest: &OwnedFd,
         root: &'t Tree,
         dirs: &mut Vec<Dir<'t>>,
-        single: &mut Vec<FileJob<'t>>,
-        split: &mut Vec<FileJob<'t>>,
+        files: &mut Vec<FileJob<'t>>,
     ) -> Result<()> {
         let dest = dest.try_clone().map_err(crate::Error::io(Path::new("")))?;
         // (handle, tree, its index in `dirs`, next entry to look at).
@@ -177,8 +281,7 @@ impl Materializer<'_> {
                     });
                     stack.push((child, subtree, dirs.len() - 1, 0));
                 }
-                EntryKind::File { blocks } if blocks.len() == 1 => single.push((index, entry)),
-                EntryKind::File { blocks } if blocks.len() > 1 => split.push((index, entry)),
+                EntryKind::File { blocks } if !blocks.is_empty() => files.push((index, entry)),
                 // Symlinks and empty files: nothing to fetch.
                 EntryKind::File { .. } | EntryKind::Symlink { .. } => {
                     let rel = dirs[index].rel.clone();
@@ -217,12 +320,22 @@ impl Materializer<'_> {
         sizes: &HashMap<Digest, u64>,
     ) -> Result<Vec<Vec<ObjectId>>> {
         let locations = self.objects.locations(self.org, &blocks)?;
+        // Packs in the order the walk first needs them (roughly the order
+        // the push wrote them), so that the packs holding one file's blocks
+        // come one after another and the file is finished soon after it
+        // is begun.
+        let mut rank: HashMap<PackId, usize> = HashMap::new();
+        for at in locations.iter().flatten() {
+            let next = rank.len();
+            rank.entry(at.pack).or_insert(next);
+        }
         let mut placed: Vec<(Option<Location>, ObjectId)> =
             locations.into_iter().zip(blocks).collect();
-        // Located ones first, by pack and offset; the rest as given.
+        // Located ones first, by pack and offset; the rest as given (a
+        // stable sort).
         placed.sort_by_key(|(at, _)| match at {
-            Some(at) => (0, Some((at.pack, at.offset))),
-            None => (1, None),
+            Some(at) => (0, rank[&at.pack], at.offset),
+            None => (1, 0, 0),
         });
         let mut windows: Vec<Vec<ObjectId>> = Vec::new();
         let mut current: Vec<ObjectId> = Vec::new();
@@ -249,25 +362,140 @@ impl Materializer<'_> {
         Ok(windows)
     }
 
-    /// Writes `jobs` (sorted by directory), each directory's in parallel
-    /// with the others', reading blocks from `fetched` first.
+    /// Writes `writes` (sorted by directory), each directory's files in
+    /// parallel with the others', reading blocks from `fetched` first: a
+    /// file of one block whole, a file of several the parts this window
+    /// holds.
     fn write_files(
         &self,
-        dest: &OwnedFd,
-        dirs: &[Dir<'_>],
-        jobs: &[&FileJob<'_>],
+        writing: &Writing<'_, '_>,
+        writes: &[Writes],
         fetched: &super::Prefetched,
     ) -> Result<()> {
-        jobs.chunk_by(|a, b| a.0 == b.0)
+        writes
+            .chunk_by(|a, b| writing.files[a.0].0 == writing.files[b.0].0)
             .collect::<Vec<_>>()
             .into_par_iter()
             .try_for_each(|group| -> Result<()> {
-                let dir = &dirs[group[0].0];
-                let fd = open_below(dest, &dir.rel)?;
-                group.par_iter().try_for_each(|(_, entry)| {
-                    self.materialize_entry(&fd, entry, None, &dir.rel, fetched, None)
+                let dir = &writing.dirs[writing.files[group[0].0].0];
+                let fd = open_below(writing.dest, &dir.rel)?;
+                group.par_iter().try_for_each(|(file, parts)| {
+                    let entry = writing.files[*file].1;
+                    match writing.partial.get(file) {
+                        Some(partial) => {
+                            self.write_parts(&fd, &dir.rel, entry, partial, parts, fetched)
+                        }
+                        None => self.materialize_entry(&fd, entry, None, &dir.rel, fetched, None),
+                    }
                 })
             })
+    }
+
+    /// Writes `parts` (offset, length, block) of a file of several blocks
+    /// into its temporary, created on its first parts (at its full size:
+    /// holes stay holes) and reopened by name for later ones; renames it
+    /// into place once its last part is written. Every block is verified
+    /// before a byte of it is written.
+    fn write_parts(
+        &self,
+        dir: &OwnedFd,
+        dir_rel: &Path,
+        entry: &Entry,
+        partial: &Mutex<Partial>,
+        parts: &[(u64, u64, Digest)],
+        fetched: &super::Prefetched,
+    ) -> Result<()> {
+        let name = OsStr::from_bytes(&entry.name);
+        let rel = dir_rel.join(name);
+        let mut partial = super::lock(partial);
+        let file = match &partial.temp {
+            None => {
+                let temp = temp_name(&entry.name);
+                let fd = rustix::fs::openat(
+                    dir,
+                    &temp,
+                    OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::WRONLY
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )
+                .map_err(io_at(&rel))?;
+                let stat = rustix::fs::fstat(&fd).map_err(io_at(&rel))?;
+                partial.temp = Some((temp, stat.st_ino));
+                let file = File::from(fd);
+                file.set_len(entry.size).map_err(Error::io(&rel))?;
+                file
+            }
+            Some((temp, ino)) => {
+                let fd = rustix::fs::openat(
+                    dir,
+                    temp,
+                    OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(io_at(&rel))?;
+                // Still the file this pull created, and only here.
+                let stat = rustix::fs::fstat(&fd).map_err(io_at(&rel))?;
+                if stat.st_ino != *ino
+                    || stat.st_nlink != 1
+                    || FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile
+                {
+                    return Err(Error::Io {
+                        path: rel,
+                        source: std::io::Error::other("temporary file replaced during the pull"),
+                    });
+                }
+                File::from(fd)
+            }
+        };
+        for (offset, len, digest) in parts {
+            let data = self.fetch(&ObjectId::block(*digest), &rel, fetched)?;
+            if data.len() as u64 != *len {
+                return Err(Error::Corrupt {
+                    digest: *digest,
+                    path: Some(rel),
+                    reason: crate::Corruption::LengthMismatch {
+                        expected: *len,
+                        found: data.len() as u64,
+                    },
+                });
+            }
+            file.write_all_at(&data, *offset).map_err(Error::io(&rel))?;
+            self.progress.advance(*len);
+        }
+        partial.left = partial.left.saturating_sub(parts.len());
+        if partial.left > 0 {
+            return Ok(());
+        }
+        // The last part: holes count as written, then mode, times, name.
+        let EntryKind::File { blocks } = &entry.kind else {
+            return Ok(());
+        };
+        let holes = block_ranges(entry.size)
+            .zip(blocks)
+            .filter(|(_, digest)| *digest == zero_block_digest())
+            .map(|((_, len), _)| len)
+            .sum();
+        self.progress.advance(holes);
+        rustix::fs::fchmod(&file, disk_mode(entry)).map_err(io_at(&rel))?;
+        rustix::fs::futimens(&file, &timestamps(entry.mtime_ns)).map_err(io_at(&rel))?;
+        let Some((temp, _)) = partial.temp.take() else {
+            return Ok(());
+        };
+        if let Err(errno) = rustix::fs::renameat(dir, &temp, dir, name) {
+            let _ = rustix::fs::unlinkat(dir, &temp, AtFlags::empty());
+            return Err(io_at(&rel)(errno));
+        }
+        partial.done = true;
+        // The handle still names the file after the rename; its ctime now
+        // includes the rename.
+        let stat = rustix::fs::fstat(&file).map_err(io_at(&rel))?;
+        self.record_index(&stat, entry);
+        self.counters.files.fetch_add(1, Ordering::Relaxed);
+        self.counters.files_written.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 }
 

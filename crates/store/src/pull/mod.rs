@@ -27,7 +27,8 @@
 //! every tree is fetched first, a level at a time, and then the blocks of
 //! small files come in windows: a directory's own files, or whole subtrees
 //! this pull creates, several per window, so a home of many small
-//! directories takes few requests.
+//! directories takes few requests; into an empty directory, every block
+//! in the order it is stored, a pack per window (`fresh`).
 
 mod fresh;
 mod plan;

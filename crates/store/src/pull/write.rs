@@ -25,7 +25,7 @@ use crate::{Digest, Error, Result};
 
 const TEMP_PREFIX: &str = ".roost-tmp-";
 
-fn zero_block_digest() -> &'static Digest {
+pub(super) fn zero_block_digest() -> &'static Digest {
     static ZERO: OnceLock<Digest> = OnceLock::new();
     ZERO.get_or_init(|| Digest::of(&vec![0u8; SPLIT_BLOCK_BYTES as usize]))
 }
@@ -338,7 +338,7 @@ impl Materializer<'_> {
     /// (multigrain timestamps, Linux 6.13+). On older kernels a write by
     /// someone else within the same few-millisecond tick as our own last
     /// write, racing the pull, could go unnoticed by the next push.
-    fn record_index(&self, stat: &rustix::fs::Stat, entry: &Entry) {
+    pub(super) fn record_index(&self, stat: &rustix::fs::Stat, entry: &Entry) {
         if let EntryKind::File { blocks } = &entry.kind {
             lock(&self.new_index)
                 .files
@@ -365,7 +365,7 @@ fn index_key(stat: &rustix::fs::Stat) -> IndexKey {
     }
 }
 
-fn temp_name(name: &[u8]) -> std::ffi::OsString {
+pub(super) fn temp_name(name: &[u8]) -> std::ffi::OsString {
     use std::sync::atomic::AtomicU64;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
