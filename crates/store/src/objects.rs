@@ -11,7 +11,7 @@
 
 use std::collections::HashSet;
 
-use crate::store::{ObjectId, ObjectKind};
+use crate::store::{Location, ObjectId, ObjectKind};
 use crate::tree::{EntryKind, Tree, check_no_setid};
 use crate::{Digest, Error, OrgId, Result, block};
 
@@ -46,6 +46,15 @@ pub trait Objects: Send + Sync {
     /// object where it is needed, in parallel.
     fn reads_in_batches(&self) -> bool {
         false
+    }
+
+    /// Where each of `objects` lies, as far as this side knows (`None`:
+    /// unknown, or stored under its own key). A pull into an empty
+    /// directory reads the home's blocks sorted by it, a pack at a time.
+    /// The default knows nothing (the block service's client).
+    fn locations(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<Option<Location>>> {
+        let _ = org;
+        Ok(vec![None; objects.len()])
     }
 
     /// How much one [`Objects::put_batch`] should carry, in bytes and

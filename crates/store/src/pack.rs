@@ -175,7 +175,14 @@ impl Default for PackBuilder {
 
 impl PackBuilder {
     pub fn new() -> PackBuilder {
-        let mut bytes = Vec::new();
+        PackBuilder::with_capacity(0)
+    }
+
+    /// A builder whose buffer holds `stored_bytes` of objects without
+    /// growing: a pack built from a batch of known size is then one
+    /// allocation of its size, not a doubling buffer up to twice that.
+    pub fn with_capacity(stored_bytes: usize) -> PackBuilder {
+        let mut bytes = Vec::with_capacity(PACK_HEADER_BYTES as usize + stored_bytes);
         bytes.extend_from_slice(PACK_MAGIC);
         bytes.push(VERSION);
         bytes.extend_from_slice(&[0, 0]);

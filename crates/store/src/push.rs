@@ -531,10 +531,6 @@ fn commit_pointer(
 pub const UPLOAD_BATCH_BYTES_MAX: u64 = 4 * 1024 * 1024;
 pub const UPLOAD_BATCH_OBJECTS_MAX: usize = 1024;
 
-/// A level of trees smaller than this is not worth sharing among threads:
-/// it goes up with its neighbouring small levels, in order, in one batch.
-const TREE_LEVEL_SHARED_MIN: usize = 64;
-
 /// Uploads the missing objects: blocks, then trees children first.
 fn upload_missing(
     objects: &dyn Objects,
@@ -592,51 +588,34 @@ fn upload_missing(
     // subtree, which the pruned missing-check relies on (and the block
     // service refuses a tree whose children it lacks). Height (distance
     // to the deepest leaf) orders them; depth would not, as one subtree
-    // can appear at several depths. The trees of one level name only lower
-    // levels, so a level's batches go up in parallel once the levels below
-    // are stored; a run of small levels goes up as one ordered sequence
-    // (a batch is stored in order), saving a round trip per level.
+    // can appear at several depths. They go up as one ordered sequence of
+    // batches (a batch is stored in order): a store writing packs then
+    // holds the home's trees in a few full packs, so a pull reading them
+    // a level at a time reads few packs per level, not one per level per
+    // thread. Trees are small; encoding a 100k-file home's takes a
+    // fraction of a second.
     let heights = tree_heights(trees);
     let height = |t: &ObjectId| heights.get(&t.digest).copied().unwrap_or(0);
     tree_ids.sort_by_key(height);
-    let put_trees = |objects: &[ObjectId], parallel: usize| -> Result<()> {
-        let sizes: Vec<u64> = objects
-            .iter()
-            .map(|t| {
-                trees
-                    .get(&t.digest)
-                    .map_or(0, |node| node.bytes.len() as u64)
-            })
-            .collect();
-        let encode = |range: std::ops::Range<usize>| -> Result<()> {
-            let mut batch = Vec::with_capacity(range.len());
-            for object in &objects[range] {
-                let node = trees.get(&object.digest).ok_or(Error::MissingObject {
-                    digest: object.digest,
-                    path: None,
-                })?;
-                batch.push((*object, crate::block::encode(&node.bytes)));
-            }
-            put(&batch)
-        };
-        let ranges = batch_ranges(&sizes, parallel, limits);
-        if parallel > 1 {
-            ranges.into_par_iter().try_for_each(encode)
-        } else {
-            ranges.into_iter().try_for_each(encode)
+    let tree_sizes: Vec<u64> = tree_ids
+        .iter()
+        .map(|t| {
+            trees
+                .get(&t.digest)
+                .map_or(0, |node| node.bytes.len() as u64)
+        })
+        .collect();
+    for range in batch_ranges(&tree_sizes, 1, limits) {
+        let mut batch = Vec::with_capacity(range.len());
+        for object in &tree_ids[range] {
+            let node = trees.get(&object.digest).ok_or(Error::MissingObject {
+                digest: object.digest,
+                path: None,
+            })?;
+            batch.push((*object, crate::block::encode(&node.bytes)));
         }
-    };
-    let mut small_levels: Vec<ObjectId> = Vec::new();
-    for level in tree_ids.chunk_by(|a, b| height(a) == height(b)) {
-        if level.len() < TREE_LEVEL_SHARED_MIN {
-            small_levels.extend_from_slice(level);
-            continue;
-        }
-        put_trees(&small_levels, 1)?;
-        small_levels.clear();
-        put_trees(level, threads)?;
+        put(&batch)?;
     }
-    put_trees(&small_levels, 1)?;
     report.blocks_uploaded += blocks.len() as u64;
     report.trees_uploaded += tree_ids.len() as u64;
     report.bytes_uploaded += uploaded_bytes.into_inner();

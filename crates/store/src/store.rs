@@ -822,10 +822,17 @@ impl Store {
         born: Option<SystemTime>,
     ) -> Result<Vec<PackIndex>> {
         let mut written = Vec::new();
-        let mut builder = PackBuilder::new();
-        for (object, stored) in objects {
+        // Sized for what is left (at most a pack): no buffer doubling.
+        let capacity = |from: usize| {
+            let left: u64 = objects[from..].iter().map(|(_, s)| s.len() as u64).sum();
+            left.min(crate::pack::PACK_BYTES_MAX) as usize
+        };
+        let mut builder = PackBuilder::with_capacity(capacity(0));
+        for (i, (object, stored)) in objects.iter().enumerate() {
             if !builder.has_room(stored.len()) {
-                written.push(self.write_pack(org, std::mem::take(&mut builder), born)?);
+                let full = std::mem::take(&mut builder);
+                written.push(self.write_pack(org, full, born)?);
+                builder = PackBuilder::with_capacity(capacity(i));
             }
             builder.push(*object, stored);
         }
@@ -1192,6 +1199,14 @@ impl Objects for Store {
             }
         }
         Ok(out)
+    }
+
+    /// From the org's pack index ([`Store::locate`]).
+    fn locations(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<Option<Location>>> {
+        objects
+            .iter()
+            .map(|object| self.locate(org, object))
+            .collect()
     }
 
     /// Where a request is a round trip (S3), a batch is a ranged read per

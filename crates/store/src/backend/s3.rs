@@ -114,7 +114,12 @@ impl S3Backend {
         };
         match self.client.get_opts(&self.path(key), options).await {
             Ok(result) => match result.bytes().await {
-                Ok(bytes) => Ok(Some(bytes[..bytes.len().min(len as usize)].to_vec())),
+                Ok(bytes) => {
+                    // The body as is (no copy when it is one buffer).
+                    let mut bytes: Vec<u8> = bytes.into();
+                    bytes.truncate(len as usize);
+                    Ok(Some(bytes))
+                }
                 Err(err) => Err(backend_error("get", key, err)),
             },
             Err(object_store::Error::NotFound { .. }) => Ok(None),

@@ -27,8 +27,10 @@
 //! every tree is fetched first, a level at a time, and then the blocks of
 //! small files come in windows: a directory's own files, or whole subtrees
 //! this pull creates, several per window, so a home of many small
-//! directories takes few requests.
+//! directories takes few requests; into an empty directory, every block
+//! in the order it is stored, a pack per window (`fresh`).
 
+mod fresh;
 mod plan;
 mod write;
 
@@ -214,8 +216,17 @@ pub fn materialize(
     let extent = crate::tree::check_bounds(root, &materializer.known_trees)?;
     let logical_bytes = crate::tree::logical_bytes(&tree.entries);
     progress.phase("downloading", Some(logical_bytes));
+    // Into an empty directory from a store a round trip away: the blocks
+    // in the order they are stored (no recursion: any height).
+    let fresh = objects.reads_in_batches()
+        && write::is_empty_dir(&dest_fd).map_err(|e| Error::Io {
+            path: dest.to_owned(),
+            source: e.into(),
+        })?;
     let write = || materializer.materialize_dir(&dest_fd, &tree, Path::new(""), false, None);
-    if extent.height > SHALLOW_HEIGHT_MAX {
+    if fresh {
+        materializer.materialize_fresh(&dest_fd, &tree)?;
+    } else if extent.height > SHALLOW_HEIGHT_MAX {
         deep_pool()?.install(write)?;
     } else {
         write()?;

@@ -25,12 +25,12 @@ use crate::{Digest, Error, Result};
 
 const TEMP_PREFIX: &str = ".roost-tmp-";
 
-fn zero_block_digest() -> &'static Digest {
+pub(super) fn zero_block_digest() -> &'static Digest {
     static ZERO: OnceLock<Digest> = OnceLock::new();
     ZERO.get_or_init(|| Digest::of(&vec![0u8; SPLIT_BLOCK_BYTES as usize]))
 }
 
-fn io_at(path: &Path) -> impl FnOnce(rustix::io::Errno) -> Error + '_ {
+pub(super) fn io_at(path: &Path) -> impl FnOnce(rustix::io::Errno) -> Error + '_ {
     move |errno| Error::Io {
         path: path.to_owned(),
         source: errno.into(),
@@ -56,7 +56,7 @@ fn existing_entry(
     }
 }
 
-fn timestamps(mtime_ns: i64) -> Timestamps {
+pub(super) fn timestamps(mtime_ns: i64) -> Timestamps {
     let time = Timespec {
         tv_sec: mtime_ns.div_euclid(1_000_000_000),
         tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
@@ -163,7 +163,7 @@ impl Materializer<'_> {
     }
 
     /// `existing` is what the entry's name holds now, if anything.
-    fn materialize_entry(
+    pub(super) fn materialize_entry(
         &self,
         dir: &OwnedFd,
         entry: &Entry,
@@ -338,7 +338,7 @@ impl Materializer<'_> {
     /// (multigrain timestamps, Linux 6.13+). On older kernels a write by
     /// someone else within the same few-millisecond tick as our own last
     /// write, racing the pull, could go unnoticed by the next push.
-    fn record_index(&self, stat: &rustix::fs::Stat, entry: &Entry) {
+    pub(super) fn record_index(&self, stat: &rustix::fs::Stat, entry: &Entry) {
         if let EntryKind::File { blocks } = &entry.kind {
             lock(&self.new_index)
                 .files
@@ -365,12 +365,24 @@ fn index_key(stat: &rustix::fs::Stat) -> IndexKey {
     }
 }
 
-fn temp_name(name: &[u8]) -> std::ffi::OsString {
+pub(super) fn temp_name(name: &[u8]) -> std::ffi::OsString {
     use std::sync::atomic::AtomicU64;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let tag = &Digest::of(name).to_hex()[..8];
     std::ffi::OsString::from(format!("{TEMP_PREFIX}{}-{n}-{tag}", std::process::id()))
+}
+
+/// Whether the directory holds no entry at all.
+pub(super) fn is_empty_dir(dir: &OwnedFd) -> rustix::io::Result<bool> {
+    let mut iter = rustix::fs::Dir::read_from(dir)?;
+    while let Some(entry) = iter.read() {
+        let name = entry?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 fn list_names(dir: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
@@ -390,7 +402,7 @@ fn list_names(dir: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
 /// from a tree stored before the store refused them (see [`crate::tree`]),
 /// whoever pulls (a root pull would otherwise make root-owned setuid
 /// programs of tenant content).
-fn disk_mode(entry: &Entry) -> Mode {
+pub(super) fn disk_mode(entry: &Entry) -> Mode {
     Mode::from_raw_mode(stored_mode(entry.mode))
 }
 

@@ -384,6 +384,8 @@ struct Counters {
     exists_batches: Vec<usize>,
     exists_calls: u64,
     get_batches: Vec<usize>,
+    /// Requests that read: each `get`, each range, each key of a batch.
+    read_requests: u64,
 }
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -472,6 +474,12 @@ impl Double {
         lock(&self.counters).ranged_reads
     }
 
+    /// Requests that read since the last `arm`, as a store like S3 pays
+    /// for them: each `get`, each ranged read, each key of a `get_batch`.
+    pub fn read_requests(&self) -> u64 {
+        lock(&self.counters).read_requests
+    }
+
     /// Listings of an org's packs since the last `arm`.
     pub fn pack_listings(&self) -> u64 {
         lock(&self.counters).pack_listings
@@ -508,6 +516,7 @@ impl Double {
     /// A ranged read, counted (and failed, and slowed) per object it covers.
     fn range_counted(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
         lock(&self.counters).ranged_reads += 1;
+        lock(&self.counters).read_requests += 1;
         let faults = lock(&self.faults).clone();
         for object in self.objects_read(key, offset, len) {
             let nth = {
@@ -644,11 +653,13 @@ impl Backend for Double {
 
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
         lock(&self.counters).single_gets += 1;
+        lock(&self.counters).read_requests += 1;
         self.get_counted(key)
     }
 
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
         lock(&self.counters).get_batches.push(keys.len());
+        lock(&self.counters).read_requests += keys.len() as u64;
         keys.iter().map(|key| self.get_counted(key)).collect()
     }
 
