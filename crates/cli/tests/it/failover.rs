@@ -1178,14 +1178,24 @@ fn init_log(cluster: &Cluster, host: usize, id: &str) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-/// When the init finished stopping the sandbox's processes at its first
-/// freeze, as it recorded it: the freeze point.
+/// When the init finished stopping the sandbox's processes at the freeze
+/// it is still in, as it recorded it: the freeze point. `None` while not
+/// frozen. On a busy host a live runner can be late renewing its init's
+/// lease: the init then freezes and continues once renewed, as designed,
+/// and the workload's writes after that renewal are legitimate; only a
+/// freeze no renewal followed is the one a dead runner left.
 pub(crate) fn frozen_at(init_log: &str) -> Option<i64> {
-    init_log
-        .lines()
-        .find(|l| l.starts_with("roost-init: lease lapsed"))
-        .and_then(|l| l.rsplit_once("frozen_at_unix_ms="))
-        .and_then(|(_, ms)| ms.trim().parse().ok())
+    let mut frozen = None;
+    for line in init_log.lines() {
+        if line.starts_with("roost-init: lease lapsed") {
+            frozen = line
+                .rsplit_once("frozen_at_unix_ms=")
+                .and_then(|(_, ms)| ms.trim().parse().ok());
+        } else if line.starts_with("roost-init: lease renewed") {
+            frozen = None;
+        }
+    }
+    frozen
 }
 
 /// Issue 13, point 3: a runner process killed with its host up, and
