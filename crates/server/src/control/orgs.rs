@@ -58,14 +58,8 @@ pub async fn create(
         }
         inserted?;
     }
-    sqlx::query(
-        "INSERT INTO tokens (hash, kind, org_id, created_at_ms) VALUES ($1, 'org', $2, $3)",
-    )
-    .bind(auth::hash_token(&token))
-    .bind(&org_id)
-    .bind(now_ms())
-    .execute(&mut *tx.tx)
-    .await?;
+    crate::records::tokens::insert_org_token(&mut tx, &auth::hash_token(&token), &org_id, now_ms())
+        .await?;
     tx.commit().await?;
     tracing::info!(%org_id, name = %request.name, "org created");
     Ok(CreateOrgResponse {
@@ -85,14 +79,8 @@ pub async fn create_token(
     let org_id = crate::records::filesystems::org_id_of(&mut tx, org)
         .await?
         .ok_or_else(|| crate::records::not_found("org"))?;
-    sqlx::query(
-        "INSERT INTO tokens (hash, kind, org_id, created_at_ms) VALUES ($1, 'org', $2, $3)",
-    )
-    .bind(auth::hash_token(&token))
-    .bind(&org_id)
-    .bind(now_ms())
-    .execute(&mut *tx.tx)
-    .await?;
+    crate::records::tokens::insert_org_token(&mut tx, &auth::hash_token(&token), &org_id, now_ms())
+        .await?;
     tx.commit().await?;
     tracing::info!(%org_id, "org token created");
     Ok(api::orgs::OrgTokenResponse { org_id, token })

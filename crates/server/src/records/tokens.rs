@@ -1,10 +1,29 @@
-//! Token rows: their revocation (a revoked token keeps its row, with when
-//! it was revoked, so a retried revoke answers the same). Tokens are
-//! created by `auth` and `control::orgs`, and read by `auth`.
+//! Token rows: an org's tokens, and revocation (a revoked token keeps its
+//! row, with when it was revoked, so a retried revoke answers the same).
+//! The admin's and runner tokens are written by `auth`, which reads them
+//! all.
 
 use sqlx::Row;
 
 use crate::db::WriteTx;
+
+/// Adds a token (by its hash) for the org.
+pub async fn insert_org_token(
+    tx: &mut WriteTx,
+    hash: &str,
+    org_id: &str,
+    now_ms: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO tokens (hash, kind, org_id, created_at_ms) VALUES ($1, 'org', $2, $3)",
+    )
+    .bind(hash)
+    .bind(org_id)
+    .bind(now_ms)
+    .execute(&mut *tx.tx)
+    .await?;
+    Ok(())
+}
 
 /// What a revoke found.
 pub enum Revocation {
