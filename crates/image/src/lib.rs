@@ -115,15 +115,32 @@ impl UnpackReport {
     }
 }
 
+/// `text` with its control characters escaped: a hostile archive's bytes
+/// (a member's name, a corrupt header field the tar reader quotes) must
+/// not break an error message over several lines.
+fn one_line(text: impl std::fmt::Display) -> String {
+    text.to_string()
+        .chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 /// Why [`unpack`] failed. The messages are one line each.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A filesystem operation failed on the source or under `scratch`.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {}", one_line(path.display()), one_line(source))]
     Io { path: PathBuf, source: io::Error },
     /// A tar stream could not be read: truncated, corrupt, not a tar, or
     /// its compression is broken.
-    #[error("reading tar archive {}: {source}", path.display())]
+    #[error("reading tar archive {}: {}", one_line(path.display()), one_line(source))]
     Archive { path: PathBuf, source: io::Error },
     /// The archive is readable but wrong: bad JSON, a missing or escaping
     /// blob, a member below a file.
