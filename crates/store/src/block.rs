@@ -47,6 +47,16 @@ pub fn block_ranges(size: u64) -> impl Iterator<Item = (u64, u64)> {
 /// Encode plain content for storage.
 pub fn encode(plain: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(plain.len() + 1);
+    encode_into(plain, &mut out);
+    out
+}
+
+/// Appends the stored form of `plain` to `out` (what [`encode`] returns):
+/// a pack is built by encoding straight into its buffer, without a
+/// buffer per object to copy from. Needs at most `plain.len() + 1` bytes.
+pub fn encode_into(plain: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.reserve(plain.len() + 1);
     // Tiny objects are not worth a zstd frame header.
     if plain.len() >= 64 {
         // Keep the compressed form only when it saves at least 1/16: give
@@ -54,16 +64,15 @@ pub fn encode(plain: &[u8]) -> Vec<u8> {
         // buffer or copy is needed.
         let room = plain.len() - plain.len() / 16 - 1;
         out.push(FRAME_ZSTD);
-        out.resize(1 + room, 0);
-        if let Some(written) = compress_into(plain, &mut out[1..]) {
-            out.truncate(1 + written);
-            return out;
+        out.resize(start + 1 + room, 0);
+        if let Some(written) = compress_into(plain, &mut out[start + 1..]) {
+            out.truncate(start + 1 + written);
+            return;
         }
-        out.clear();
+        out.truncate(start);
     }
     out.push(FRAME_PLAIN);
     out.extend_from_slice(plain);
-    out
 }
 
 thread_local! {

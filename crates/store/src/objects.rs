@@ -11,6 +11,7 @@
 
 use std::collections::HashSet;
 
+use crate::pack::PackBuilder;
 use crate::store::{Location, ObjectId, ObjectKind};
 use crate::tree::{EntryKind, Tree, check_no_setid};
 use crate::{Digest, Error, OrgId, Result, block};
@@ -32,6 +33,19 @@ pub trait Objects: Send + Sync {
     /// ([`put_batch_checked`]); a store this process holds trusts bytes
     /// this process encoded.
     fn put_batch(&self, org: &OrgId, objects: &[(ObjectId, &[u8])]) -> Result<()>;
+
+    /// Stores the objects of a pack built in memory, in order, as
+    /// [`Objects::put_batch`] does: push encodes a batch straight into one
+    /// ([`PackBuilder::push_plain`]), which a store writing packs writes
+    /// as it is, so the batch is never held twice. The default passes its
+    /// objects to [`Objects::put_batch`].
+    fn put_pack(&self, org: &OrgId, pack: PackBuilder) -> Result<()> {
+        let objects: Vec<(ObjectId, &[u8])> = pack.objects().collect();
+        if objects.is_empty() {
+            return Ok(());
+        }
+        self.put_batch(org, &objects)
+    }
 
     /// An object's stored bytes, unverified; `None` only when it is absent.
     fn get(&self, org: &OrgId, object: &ObjectId) -> Result<Option<Vec<u8>>>;

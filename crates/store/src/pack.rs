@@ -213,6 +213,48 @@ impl PackBuilder {
         self.bytes.extend_from_slice(stored);
     }
 
+    /// Encodes `plain` ([`crate::block::encode_into`]) straight into the
+    /// pack, so no stored copy of the object exists beside the pack; one
+    /// already in this pack is skipped. Returns the stored length added.
+    pub fn push_plain(&mut self, object: ObjectId, plain: &[u8]) -> u64 {
+        if !self.seen.insert(object) {
+            return 0;
+        }
+        let offset = self.bytes.len();
+        crate::block::encode_into(plain, &mut self.bytes);
+        let length = self.bytes.len() - offset;
+        self.entries.push(Entry {
+            object,
+            offset: offset as u64,
+            length: length as u32,
+        });
+        length as u64
+    }
+
+    /// The objects in the pack, in order, with their stored bytes.
+    pub fn objects(&self) -> impl Iterator<Item = (ObjectId, &[u8])> {
+        self.entries.iter().map(|entry| {
+            let start = entry.offset as usize;
+            (
+                entry.object,
+                &self.bytes[start..start + entry.length as usize],
+            )
+        })
+    }
+
+    /// Stored bytes of the objects in the pack.
+    pub fn stored_bytes(&self) -> u64 {
+        self.bytes.len() as u64 - PACK_HEADER_BYTES
+    }
+
+    /// Whether the pack is one [`PackBuilder::has_room`] would have built:
+    /// at most [`PACK_OBJECTS_MAX`] objects and [`PACK_BYTES_MAX`] bytes,
+    /// unless it is a single object.
+    pub fn within_bounds(&self) -> bool {
+        self.entries.len() <= PACK_OBJECTS_MAX
+            && (self.entries.len() <= 1 || self.stored_bytes() <= PACK_BYTES_MAX)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -38,6 +38,7 @@ use rayon::prelude::*;
 use crate::excludes::Excludes;
 use crate::index::{Index, KeyRule, LastSync};
 use crate::objects::{Objects, children};
+use crate::pack::PackBuilder;
 use crate::progress::Progress;
 use crate::scan::{self, Scan, TreeNode, with_block};
 use crate::store::{MISSING_CHECK_BATCH_MAX, ObjectId, ObjectKind};
@@ -543,44 +544,51 @@ fn upload_missing(
     let trees = &scan.collected.trees;
     let (blocks, mut tree_ids): (Vec<ObjectId>, Vec<ObjectId>) =
         missing.iter().partition(|o| o.kind == ObjectKind::Block);
-    let wanted: HashSet<Digest> = blocks.iter().map(|b| b.digest).collect();
-    let sources = &scan.collected.block_sources(&wanted);
-    let source = |object: &ObjectId| {
-        sources.get(&object.digest).ok_or(Error::MissingObject {
-            digest: object.digest,
-            path: None,
-        })
-    };
-    let block_sizes: Vec<u64> = blocks
-        .iter()
-        .map(|b| sources.get(&b.digest).map_or(0, |s| s.len))
-        .collect();
+    let mut wanted: Vec<Digest> = blocks.iter().map(|b| b.digest).collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    let sources = scan.collected.block_sources(&wanted);
+    if sources.blocks.len() < wanted.len() {
+        // A missing block no scanned file holds: nothing can upload it.
+        let found: HashSet<Digest> = sources.blocks.iter().map(|at| at.digest).collect();
+        if let Some(digest) = wanted.iter().find(|d| !found.contains(d)) {
+            return Err(Error::MissingObject {
+                digest: *digest,
+                path: None,
+            });
+        }
+    }
+    drop(wanted);
+    drop(blocks);
+    let block_sizes: Vec<u64> = sources.blocks.iter().map(|at| at.len).collect();
     progress.phase("uploading", Some(block_sizes.iter().sum()));
     let threads = rayon::current_num_threads();
     let limits = objects.upload_batch_limits();
     let uploaded_bytes = AtomicU64::new(0);
-    let put = |batch: &[(ObjectId, Vec<u8>)]| -> Result<()> {
-        let refs: Vec<(ObjectId, &[u8])> = batch
-            .iter()
-            .map(|(object, stored)| (*object, stored.as_slice()))
-            .collect();
-        objects.put_batch(org, &refs)?;
-        let stored: u64 = batch.iter().map(|(_, bytes)| bytes.len() as u64).sum();
+    // A batch is encoded straight into the pack that carries it (sized
+    // for its plain bytes, an upper bound of its stored ones), so a
+    // thread holds its batch once, not as objects and then as a pack.
+    let put = |pack: PackBuilder| -> Result<()> {
+        let stored = pack.stored_bytes();
+        objects.put_pack(org, pack)?;
         uploaded_bytes.fetch_add(stored, Ordering::Relaxed);
         Ok(())
     };
+    let capacity = |sizes: &[u64]| sizes.iter().map(|size| size + 1).sum::<u64>() as usize;
     // Blocks name nothing: any batch may go up alongside any other.
     batch_ranges(&block_sizes, threads, limits)
         .into_par_iter()
         .try_for_each(|range| -> Result<()> {
-            let mut batch = Vec::with_capacity(range.len());
-            for object in &blocks[range.clone()] {
-                let stored = with_block(source(object)?, &object.digest, |data| {
-                    Ok(crate::block::encode(data))
+            let mut pack = PackBuilder::with_capacity(capacity(&block_sizes[range.clone()]));
+            let mut decoded = None;
+            for at in &sources.blocks[range.clone()] {
+                let path = sources.path(at, &mut decoded)?;
+                with_block(&path, at.offset, at.len, &at.digest, |data| {
+                    pack.push_plain(ObjectId::block(at.digest), data);
+                    Ok(())
                 })?;
-                batch.push((*object, stored));
             }
-            put(&batch)?;
+            put(pack)?;
             progress.advance(block_sizes[range].iter().sum());
             Ok(())
         })?;
@@ -606,17 +614,17 @@ fn upload_missing(
         })
         .collect();
     for range in batch_ranges(&tree_sizes, 1, limits) {
-        let mut batch = Vec::with_capacity(range.len());
+        let mut pack = PackBuilder::with_capacity(capacity(&tree_sizes[range.clone()]));
         for object in &tree_ids[range] {
             let node = trees.get(&object.digest).ok_or(Error::MissingObject {
                 digest: object.digest,
                 path: None,
             })?;
-            batch.push((*object, crate::block::encode(&node.bytes)));
+            pack.push_plain(*object, &node.bytes);
         }
-        put(&batch)?;
+        put(pack)?;
     }
-    report.blocks_uploaded += blocks.len() as u64;
+    report.blocks_uploaded += sources.blocks.len() as u64;
     report.trees_uploaded += tree_ids.len() as u64;
     report.bytes_uploaded += uploaded_bytes.into_inner();
     Ok(())

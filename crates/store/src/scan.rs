@@ -36,12 +36,46 @@ pub(crate) struct TreeNode {
     pub blocks: Vec<Digest>,
 }
 
-/// Where to read a block's content again when it has to be uploaded.
-#[derive(Clone)]
-pub(crate) struct BlockSource {
-    pub path: Arc<PathBuf>,
+/// Where to read a block's content again when it has to be uploaded: a
+/// file of a scanned directory, named by places rather than by a path of
+/// its own (a 100k-file home kept a path per file alive for its whole
+/// upload).
+#[derive(Clone, Copy)]
+pub(crate) struct BlockAt {
+    pub digest: Digest,
+    /// The directory: an index into [`BlockSources::dirs`].
+    pub dir: u32,
+    /// The file: an index into the directory's tree entries.
+    pub entry: u32,
     pub offset: u64,
     pub len: u64,
+}
+
+/// The blocks an upload reads ([`Collected::block_sources`]), grouped by
+/// directory, and the directories they are read from.
+pub(crate) struct BlockSources<'a> {
+    pub dirs: Vec<(&'a Digest, &'a TreeNode)>,
+    pub blocks: Vec<BlockAt>,
+}
+
+impl BlockSources<'_> {
+    /// `at`'s file path. `decoded` caches the last directory's tree:
+    /// blocks come grouped by directory, so a batch decodes each of its
+    /// directories once.
+    pub fn path(&self, at: &BlockAt, decoded: &mut Option<(u32, Tree)>) -> Result<PathBuf> {
+        let (digest, node) = self.dirs[at.dir as usize];
+        if decoded.as_ref().is_none_or(|(dir, _)| *dir != at.dir) {
+            *decoded = Some((at.dir, Tree::decode(digest, &node.bytes)?));
+        }
+        let entry = decoded
+            .as_ref()
+            .and_then(|(_, tree)| tree.entries.get(at.entry as usize))
+            .ok_or(Error::MissingObject {
+                digest: at.digest,
+                path: Some(node.dir.to_path_buf()),
+            })?;
+        Ok(node.dir.join(std::ffi::OsStr::from_bytes(&entry.name)))
+    }
 }
 
 #[derive(Default)]
@@ -51,33 +85,42 @@ pub(crate) struct Collected {
 }
 
 impl Collected {
-    /// Where to read each of `wanted` blocks: found by walking the trees
-    /// that hold them, only when an upload needs them (an unchanged push
-    /// never pays for it).
-    pub fn block_sources(&self, wanted: &HashSet<Digest>) -> HashMap<Digest, BlockSource> {
-        let mut sources = HashMap::with_capacity(wanted.len());
+    /// Where to read each of `wanted` blocks (sorted, no duplicates),
+    /// each once, grouped by directory: found by walking the trees that
+    /// hold them, only when an upload needs them (an unchanged push never
+    /// pays for it).
+    pub fn block_sources(&self, wanted: &[Digest]) -> BlockSources<'_> {
+        let mut claimed = vec![false; wanted.len()];
+        let mut sources = BlockSources {
+            dirs: Vec::new(),
+            blocks: Vec::with_capacity(wanted.len()),
+        };
         for (digest, node) in &self.trees {
-            if !node
-                .blocks
-                .iter()
-                .any(|b| wanted.contains(b) && !sources.contains_key(b))
-            {
+            let unclaimed = |block: &Digest| wanted.binary_search(block).is_ok_and(|i| !claimed[i]);
+            if !node.blocks.iter().any(unclaimed) {
                 continue;
             }
             let Ok(tree) = Tree::decode(digest, &node.bytes) else {
                 continue;
             };
-            for entry in tree.entries {
-                if let EntryKind::File { blocks } = entry.kind {
-                    let path = Arc::new(node.dir.join(std::ffi::OsStr::from_bytes(&entry.name)));
-                    for ((offset, len), block) in block_ranges(entry.size).zip(blocks) {
-                        if wanted.contains(&block) {
-                            sources.entry(block).or_insert_with(|| BlockSource {
-                                path: Arc::clone(&path),
-                                offset,
-                                len,
-                            });
-                        }
+            let dir = sources.dirs.len() as u32;
+            sources.dirs.push((digest, node));
+            for (entry_index, entry) in tree.entries.into_iter().enumerate() {
+                let EntryKind::File { blocks } = entry.kind else {
+                    continue;
+                };
+                for ((offset, len), block) in block_ranges(entry.size).zip(blocks) {
+                    if let Ok(i) = wanted.binary_search(&block)
+                        && !claimed[i]
+                    {
+                        claimed[i] = true;
+                        sources.blocks.push(BlockAt {
+                            digest: block,
+                            dir,
+                            entry: entry_index as u32,
+                            offset,
+                            len,
+                        });
                     }
                 }
             }
@@ -465,6 +508,9 @@ fn hash_blocks(file: &mut fs::File, size: u64) -> std::io::Result<Vec<Digest>> {
         let mut blocks = Vec::new();
         for (_, len) in block_ranges(size) {
             buffer.clear();
+            // Exactly a block: `read_to_end` alone grows by doubling, so an
+            // 8 MiB block left every thread a 16 MiB buffer.
+            buffer.reserve_exact(len as usize);
             let read = file.by_ref().take(len).read_to_end(&mut buffer)?;
             if read as u64 != len {
                 return Err(std::io::Error::new(
@@ -478,24 +524,26 @@ fn hash_blocks(file: &mut fs::File, size: u64) -> std::io::Result<Vec<Digest>> {
     })
 }
 
-/// Reads one block range of a file for upload and checks its digest.
-/// Reads one block range of a file for upload, checks its digest and hands
-/// it to `use_block`. The buffer is the thread's own and is reused, so
-/// uploading 4 MiB blocks does not churn the allocator.
+/// Reads one block range (`offset`, `len`) of the file at `path` for
+/// upload, checks its digest and hands it to `use_block`. The buffer is
+/// the thread's own and is reused, so uploading 4 MiB blocks does not
+/// churn the allocator.
 pub(crate) fn with_block<T>(
-    source: &BlockSource,
+    path: &Path,
+    offset: u64,
+    len: u64,
     digest: &Digest,
     use_block: impl FnOnce(&[u8]) -> Result<T>,
 ) -> Result<T> {
     use std::io::{Seek, SeekFrom};
-    let path = &*source.path;
     let mut file = fs::File::open(path).map_err(Error::io(path))?;
-    file.seek(SeekFrom::Start(source.offset))
+    file.seek(SeekFrom::Start(offset))
         .map_err(Error::io(path))?;
     READ_BUFFER.with(|buffer| {
         let mut data = buffer.borrow_mut();
         data.clear();
-        file.take(source.len)
+        data.reserve_exact(len as usize);
+        file.take(len)
             .read_to_end(&mut data)
             .map_err(Error::io(path))?;
         if Digest::of(&data) != *digest {

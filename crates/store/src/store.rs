@@ -107,6 +107,10 @@ const COMMIT_LOCKS: &str = "locks/commit/";
 /// spans rather than split in two: reading them costs less than another
 /// open or request.
 const RANGE_GAP_BYTES_MAX: u64 = 256 * 1024;
+/// Bytes a ranged read's buffer must have given to its objects before
+/// it is shrunk ([`Objects::get_batch`] of a store): often enough to hold
+/// a read about once, seldom enough that shrinking costs nothing.
+const SHRINK_STEP_BYTES: usize = 1024 * 1024;
 /// Most bytes one ranged read spans.
 const RANGE_BYTES_MAX: u64 = 16 * 1024 * 1024;
 
@@ -851,7 +855,7 @@ impl Store {
         let pack = PackId::random();
         let (bytes, index_bytes, index) = builder.finish(org, pack, born);
         self.backend
-            .put(&Self::pack_key(org, &pack, PackPart::Data), &bytes)?;
+            .put_owned(&Self::pack_key(org, &pack, PackPart::Data), bytes)?;
         self.backend
             .put(&Self::pack_key(org, &pack, PackPart::Index), &index_bytes)?;
         // Known at once to this process; others find it by listing. Its
@@ -1098,6 +1102,21 @@ impl Objects for Store {
         Ok(())
     }
 
+    /// A batch push built as one pack is written as that pack, without
+    /// a copy; one past a pack's bounds is split as [`Objects::put_batch`]
+    /// splits it.
+    fn put_pack(&self, org: &OrgId, pack: PackBuilder) -> Result<()> {
+        if pack.is_empty() {
+            return Ok(());
+        }
+        if self.packing && pack.within_bounds() {
+            self.write_pack(org, pack, None)?;
+            return Ok(());
+        }
+        let objects: Vec<(ObjectId, &[u8])> = pack.objects().collect();
+        self.put_batch(org, &objects)
+    }
+
     fn get(&self, org: &OrgId, object: &ObjectId) -> Result<Option<Vec<u8>>> {
         if let Some(at) = self.locate(org, object)?
             && let Some(bytes) = self.read_located(org, object, &at)?
@@ -1163,18 +1182,25 @@ impl Objects for Store {
             });
         }
         for ((_, start, _, inside), bytes) in spans.iter().zip(read) {
-            let Some(bytes) = bytes else {
+            let Some(mut bytes) = bytes else {
                 // The pack went (a gc rewrote it): each object on its own,
                 // which lists the packs again.
                 elsewhere.extend(inside.iter().map(|(i, _)| *i));
                 continue;
             };
-            for (i, at) in inside {
+            // Cut from the end, giving back each object's bytes as it is
+            // copied out, so a read of many objects is held about once,
+            // not as the read and then as its objects.
+            for (i, at) in inside.iter().rev() {
                 let from = ((at.offset - start) as usize).min(bytes.len());
                 let to = (from + at.length as usize).min(bytes.len());
                 // A truncated pack: what is there, which does not decode;
                 // the reader's own read of the object names the pack.
                 out[*i] = Some(bytes[from..to].to_vec());
+                bytes.truncate(from);
+                if bytes.capacity() - bytes.len() >= SHRINK_STEP_BYTES {
+                    bytes.shrink_to_fit();
+                }
             }
         }
         if !elsewhere.is_empty() {

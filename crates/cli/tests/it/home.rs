@@ -462,3 +462,66 @@ fn files_pushed_while_racy_are_rehashed_once() {
         "settled entries are trusted: {third}"
     );
 }
+
+/// Peak memory of a push is bounded by buffers, not multiplied by them:
+/// each uploading thread holds one block-sized read buffer and one pack,
+/// encoded straight into it (issue 18). With two threads, sixteen
+/// single-block 8 MiB files and 2,000 small ones peaked ~50 MiB above
+/// the push of a one-file home (release build) when the read buffer grew
+/// to 16 MiB and each batch was held as objects and again as a pack;
+/// ~35 MiB now (two 8 MiB buffers and two 8 MiB packs). Peak RSS
+/// (`VmHWM`) is polled from `/proc` while the process runs.
+#[test]
+fn push_peak_memory_is_a_buffer_and_a_pack_per_thread() {
+    let env = Env::new(Backend::Local);
+    let tiny = env.path("tiny");
+    write(&tiny.join("a.txt"), b"one small file");
+    let src = env.path("src");
+    for i in 0..16 {
+        write(&src.join(format!("big{i}.bin")), &bytes(100 + i, 8 << 20));
+    }
+    for i in 0..2000 {
+        write(&src.join(format!("small/f{i}.txt")), &bytes(i, 1000));
+    }
+    let base = push_peak_kib(&env, &tiny, "tiny");
+    let peak = push_peak_kib(&env, &src, "h");
+    assert!(
+        peak.saturating_sub(base) < 48 * 1024,
+        "push peaked {} MiB above a one-file push ({} MiB), bound 48",
+        peak.saturating_sub(base) / 1024,
+        base / 1024
+    );
+}
+
+/// Runs `roost home push` of `dir` with two threads and returns its peak
+/// RSS in KiB, polled from `/proc/PID/status` until it exits.
+fn push_peak_kib(env: &Env, dir: &std::path::Path, home: &str) -> u64 {
+    let mut child = std::process::Command::new(crate::harness::BIN)
+        .args(["home", "push", dir.to_str().expect("utf-8")])
+        .args(["--store", env.path("store").to_str().expect("utf-8")])
+        .args(["--org", "acme", "--home", home, "--json"])
+        .env("ROOST_STATE_DIR", env.path("state"))
+        .env("RAYON_NUM_THREADS", "2")
+        .env_remove("ROOST_HOME_EXCLUDES")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run roost");
+    let status_path = format!("/proc/{}/status", child.id());
+    let mut peak_kib = 0u64;
+    let status = loop {
+        if let Ok(status) = fs::read_to_string(&status_path) {
+            let hwm = status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
+            peak_kib = peak_kib.max(hwm.unwrap_or(0));
+        }
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    assert!(status.success(), "push of {} failed", dir.display());
+    assert!(peak_kib > 0, "no VmHWM read");
+    peak_kib
+}

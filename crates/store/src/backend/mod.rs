@@ -31,6 +31,13 @@ pub trait Backend: Send + Sync {
     /// identical bytes. Not durable until [`Backend::sync`] returns.
     fn put(&self, key: &str, data: &[u8]) -> Result<()>;
 
+    /// [`Backend::put`] of a buffer the caller gives up (a built pack): a
+    /// backend that would copy the bytes into a request body of its own
+    /// (S3) takes this one instead, so a pack is never held twice.
+    fn put_owned(&self, key: &str, data: Vec<u8>) -> Result<()> {
+        self.put(key, &data)
+    }
+
     /// Stores several objects, as [`Backend::put`] would, in the order
     /// given: an object is stored only after every one before it, so a
     /// caller may place a tree after the children it names. A failure

@@ -144,7 +144,13 @@ impl S3Backend {
 
 impl Backend for S3Backend {
     fn put(&self, key: &str, data: &[u8]) -> Result<()> {
-        let payload = PutPayload::from(data.to_vec());
+        self.put_owned(key, data.to_vec())
+    }
+
+    /// The buffer becomes the request body as it is (no copy; a retry
+    /// sends the same shared bytes again).
+    fn put_owned(&self, key: &str, data: Vec<u8>) -> Result<()> {
+        let payload = PutPayload::from(data);
         self.runtime
             .block_on(self.client.put(&self.path(key), payload))
             .map(drop)
