@@ -85,6 +85,23 @@ enum Command {
     Up(up::UpArgs),
 }
 
+/// Allocations of 4 MiB and more (read buffers, packs and batches of a
+/// push or pull, block service bodies) get a mapping of their own, which
+/// is returned to the kernel when freed. glibc's default threshold starts
+/// lower but rises to the largest such buffer freed, after which every
+/// 8–16 MiB pack is carved from the heap, where the small per-file
+/// allocations around it keep the memory from going back: a push of a
+/// 100k-file home peaked at 170 MiB instead of 136 MiB (issue 18).
+fn map_large_buffers_apart() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[allow(unsafe_code)]
+    // SAFETY: `mallopt` only sets an allocator parameter; called once,
+    // before this process starts any thread of its own.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+    }
+}
+
 /// Long-running parts (server, runner, `up`) log their decisions; other
 /// commands only warn.
 fn default_log_filter() -> &'static str {
@@ -101,6 +118,7 @@ fn main() -> std::process::ExitCode {
     if args.next().is_some_and(|first| first == "init") {
         return runner::run_init(args);
     }
+    map_large_buffers_apart();
     // Logs go to stderr: key=value text by default, one JSON object per
     // line with ROOST_LOG_FORMAT=json (for log pipelines). ROOST_LOG sets
     // the filter (default `warn`; `roost server` raises it to `info`).

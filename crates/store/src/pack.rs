@@ -71,8 +71,8 @@ const ENTRY_BYTES: usize = 1 + 32 + 8 + 4;
 pub const PACK_BYTES_MAX: u64 = 16 * 1024 * 1024;
 /// What push hands a store that writes packs per batch (so per pack):
 /// less than [`PACK_BYTES_MAX`] because each uploading thread holds its
-/// batch twice (the objects, then the pack), and push's peak memory at
-/// 100k files must stay under 128 MiB.
+/// pack and a block-sized read buffer, and push's peak memory at 100k
+/// files must stay under 128 MiB.
 pub const UPLOAD_PACK_BYTES: u64 = 8 * 1024 * 1024;
 /// Objects one pack holds at most: bounds an index (~720 KiB) and what a
 /// reader must fetch before it can read any object of the pack.

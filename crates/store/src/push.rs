@@ -547,7 +547,7 @@ fn upload_missing(
     let mut wanted: Vec<Digest> = blocks.iter().map(|b| b.digest).collect();
     wanted.sort_unstable();
     wanted.dedup();
-    let sources = scan.collected.block_sources(&wanted);
+    let sources = scan.collected.block_sources(&scan.root, &wanted);
     if sources.blocks.len() < wanted.len() {
         // A missing block no scanned file holds: nothing can upload it.
         let found: HashSet<Digest> = sources.blocks.iter().map(|at| at.digest).collect();
@@ -574,9 +574,10 @@ fn upload_missing(
         uploaded_bytes.fetch_add(stored, Ordering::Relaxed);
         Ok(())
     };
-    let capacity = |sizes: &[u64]| sizes.iter().map(|size| size + 1).sum::<u64>() as usize;
+    let capacity =
+        |sizes: &[u64]| sizes.iter().map(|&size| stored_size_max(size)).sum::<u64>() as usize;
     // Blocks name nothing: any batch may go up alongside any other.
-    batch_ranges(&block_sizes, threads, limits)
+    pack_batch_ranges(&block_sizes, threads, limits)
         .into_par_iter()
         .try_for_each(|range| -> Result<()> {
             let mut pack = PackBuilder::with_capacity(capacity(&block_sizes[range.clone()]));
@@ -613,7 +614,7 @@ fn upload_missing(
                 .map_or(0, |node| node.bytes.len() as u64)
         })
         .collect();
-    for range in batch_ranges(&tree_sizes, 1, limits) {
+    for range in pack_batch_ranges(&tree_sizes, 1, limits) {
         let mut pack = PackBuilder::with_capacity(capacity(&tree_sizes[range.clone()]));
         for object in &tree_ids[range] {
             let node = trees.get(&object.digest).ok_or(Error::MissingObject {
@@ -628,6 +629,30 @@ fn upload_missing(
     report.trees_uploaded += tree_ids.len() as u64;
     report.bytes_uploaded += uploaded_bytes.into_inner();
     Ok(())
+}
+
+/// The most bytes an object of `plain` bytes takes once encoded
+/// ([`crate::block::encode_into`]): content that does not compress is
+/// stored as it is behind a frame byte.
+fn stored_size_max(plain: u64) -> u64 {
+    plain + 1
+}
+
+/// [`batch_ranges`] of objects of the given plain sizes, bounded by what
+/// they can take encoded: each batch's pack is then within a pack's
+/// bounds and written as it was built. Bounded by plain bytes, a batch of
+/// four incompressible 4 MiB blocks came to 4 bytes past a 16 MiB pack
+/// and was copied into two new packs, holding it twice.
+fn pack_batch_ranges(
+    plain_sizes: &[u64],
+    parallel: usize,
+    limits: (u64, usize),
+) -> Vec<std::ops::Range<usize>> {
+    let stored: Vec<u64> = plain_sizes
+        .iter()
+        .map(|&size| stored_size_max(size))
+        .collect();
+    batch_ranges(&stored, parallel, limits)
 }
 
 /// What an object costs beyond its bytes when work is shared out among
@@ -729,6 +754,45 @@ mod tests {
                 next = range.end;
             }
             assert_eq!(next, sizes.len());
+        }
+    }
+
+    /// A pack built from a batch is one a pack's bounds allow
+    /// ([`PackBuilder::within_bounds`]) even when nothing in it
+    /// compresses: four 4 MiB blocks of random bytes, batched for a store
+    /// writing 16 MiB packs, made a 16 MiB + 4 pack, which was copied
+    /// into two new ones (the batch held twice).
+    #[test]
+    fn a_batch_of_incompressible_blocks_builds_a_pack_within_bounds() {
+        const MIB: usize = 1024 * 1024;
+        let limits = (crate::pack::PACK_BYTES_MAX, crate::pack::PACK_OBJECTS_MAX);
+        let blocks: Vec<Vec<u8>> = (0..8u8)
+            .map(|seed| {
+                let mut bytes = vec![0u8; 4 * MIB];
+                let mut state = u64::from(seed) + 1;
+                for byte in &mut bytes {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    *byte = state as u8;
+                }
+                bytes
+            })
+            .collect();
+        let sizes: Vec<u64> = blocks.iter().map(|b| b.len() as u64).collect();
+        let ranges = pack_batch_ranges(&sizes, 1, limits);
+        assert!(ranges.len() >= 2, "8 × 4 MiB exceeds one 16 MiB pack");
+        for range in ranges {
+            let mut pack = PackBuilder::default();
+            for block in &blocks[range.clone()] {
+                pack.push_plain(ObjectId::block(Digest::of(block)), block);
+            }
+            assert!(
+                pack.within_bounds(),
+                "batch {range:?}: {} stored bytes in a pack bounded at {}",
+                pack.stored_bytes(),
+                crate::pack::PACK_BYTES_MAX
+            );
         }
     }
 }

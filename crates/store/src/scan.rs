@@ -86,16 +86,28 @@ pub(crate) struct Collected {
 
 impl Collected {
     /// Where to read each of `wanted` blocks (sorted, no duplicates),
-    /// each once, grouped by directory: found by walking the trees that
-    /// hold them, only when an upload needs them (an unchanged push never
-    /// pays for it).
-    pub fn block_sources(&self, wanted: &[Digest]) -> BlockSources<'_> {
+    /// each once, grouped by directory: found by walking the trees from
+    /// `root` a level at a time, only when an upload needs them (an
+    /// unchanged push never pays for it). The walk's order is the order
+    /// the blocks go up in: the same for the same home (not a hash map's,
+    /// which differs per process), and the order a pull into an empty
+    /// directory first needs them.
+    pub fn block_sources(&self, root: &Digest, wanted: &[Digest]) -> BlockSources<'_> {
         let mut claimed = vec![false; wanted.len()];
         let mut sources = BlockSources {
             dirs: Vec::new(),
             blocks: Vec::with_capacity(wanted.len()),
         };
-        for (digest, node) in &self.trees {
+        let mut walked: HashSet<&Digest> = HashSet::new();
+        let mut queue: std::collections::VecDeque<&Digest> = [root].into();
+        while let Some(digest) = queue.pop_front() {
+            let Some((digest, node)) = self.trees.get_key_value(digest) else {
+                continue;
+            };
+            if !walked.insert(digest) {
+                continue;
+            }
+            queue.extend(node.subtrees.iter());
             let unclaimed = |block: &Digest| wanted.binary_search(block).is_ok_and(|i| !claimed[i]);
             if !node.blocks.iter().any(unclaimed) {
                 continue;

@@ -25,7 +25,7 @@
 //! table, 16 bytes a pack), plus an overlay in memory of the packs listed
 //! or written since that file was merged (a hash map: 73 bytes a slot, 1
 //! to 2 slots an object, at most [`OVERLAY_OBJECTS_MAX`] objects before
-//! it is merged into the file: ~19 MiB at most).
+//! it is merged into the file: ~9 MiB at most).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -116,10 +116,14 @@ const RANGE_BYTES_MAX: u64 = 16 * 1024 * 1024;
 
 /// Objects an org's in-memory overlay holds at most (packs listed or
 /// written since its merged index file was written) before they are
-/// merged into the file: ~19 MiB of memory (262,144 slots of 73 bytes),
-/// while a merge rewrites the whole file (49 bytes an object), so at 100
-/// million objects one merge per 131,072 new objects writes ~5 GB.
-pub const OVERLAY_OBJECTS_MAX: usize = 128 * 1024;
+/// merged into the file. With the pack that crosses it (at most
+/// [`crate::pack::PACK_OBJECTS_MAX`] more) the overlay stays within 7/8
+/// of a 131,072-slot table, the most it fills before doubling: ~9 MiB
+/// of memory (73 bytes a slot; at 128Ki objects it doubled to ~19 MiB in
+/// every first push of a 100k-file home). A merge rewrites the whole file
+/// (49 bytes an object), so at 100 million objects one merge per 98,304
+/// new objects writes ~5 GB.
+pub const OVERLAY_OBJECTS_MAX: usize = 96 * 1024;
 /// Pack indexes fetched from the store per request while refreshing
 /// (a full pack's index is ~720 KiB: at most ~12 MiB held at once).
 const INDEX_FETCH_BATCH: usize = 16;

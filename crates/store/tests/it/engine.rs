@@ -1397,7 +1397,14 @@ fn a_store_that_reads_in_batches_fetches_a_directory_in_few_requests() {
     let double = Double::batching(Arc::new(MemoryBackend::default()));
     let store = Store::new(double.clone());
     let (acme, alice) = (org("acme"), home("alice"));
-    push(&store, &acme, &alice, src.path()).expect("push");
+    // Two uploading threads, whatever the machine: how the blocks are
+    // shared out into packs (and so the pull's reads) depends on it.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("thread pool");
+    pool.install(|| push(&store, &acme, &alice, src.path()))
+        .expect("push");
 
     let cache = tempdir();
     let mut options = crate::support::pull_options();
