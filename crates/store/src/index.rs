@@ -176,10 +176,19 @@ impl Index {
             fs::create_dir_all(parent).map_err(Error::io(parent))?;
         }
         let temp = path.with_extension(format!("tmp.{}", std::process::id()));
-        let bytes = encode(self);
+        // Streamed to the file, hashed on the way: a 100k-file index is
+        // ~8 MB, which a push held at its peak when it was built whole.
         let write = || -> std::io::Result<()> {
-            let mut file = fs::File::create(&temp)?;
-            file.write_all(&bytes)?;
+            let file = fs::File::create(&temp)?;
+            let mut out = Hashing {
+                inner: std::io::BufWriter::with_capacity(256 * 1024, file),
+                hasher: blake3::Hasher::new(),
+            };
+            encode(self, &mut out)?;
+            let Hashing { mut inner, hasher } = out;
+            inner.write_all(hasher.finalize().as_bytes())?;
+            inner.flush()?;
+            drop(inner);
             fs::rename(&temp, path)
         };
         write().map_err(|e| {
@@ -192,29 +201,47 @@ impl Index {
     }
 }
 
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-    out.extend_from_slice(bytes);
+/// A writer that hashes what passes through it (the index's checksum).
+struct Hashing<W> {
+    inner: W,
+    hasher: blake3::Hasher,
 }
 
-fn encode(index: &Index) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + index.files.len() * 80);
-    out.extend_from_slice(MAGIC);
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = self.inner.write(buf)?;
+        self.hasher.update(&buf[..written]);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn put_bytes(out: &mut impl Write, bytes: &[u8]) -> std::io::Result<()> {
+    out.write_all(&(bytes.len() as u32).to_le_bytes())?;
+    out.write_all(bytes)
+}
+
+/// Writes the index, all but its checksum trailer, to `out`.
+fn encode(index: &Index, out: &mut impl Write) -> std::io::Result<()> {
+    out.write_all(MAGIC)?;
     match &index.last {
         Some(last) => {
-            out.push(1);
-            put_bytes(&mut out, last.store.as_bytes());
-            put_bytes(&mut out, last.org.as_bytes());
-            put_bytes(&mut out, last.home.as_bytes());
-            out.extend_from_slice(&last.root.0);
-            out.extend_from_slice(&(last.trees.len() as u64).to_le_bytes());
+            out.write_all(&[1])?;
+            put_bytes(out, last.store.as_bytes())?;
+            put_bytes(out, last.org.as_bytes())?;
+            put_bytes(out, last.home.as_bytes())?;
+            out.write_all(&last.root.0)?;
+            out.write_all(&(last.trees.len() as u64).to_le_bytes())?;
             for tree in &last.trees {
-                out.extend_from_slice(&tree.0);
+                out.write_all(&tree.0)?;
             }
         }
-        None => out.push(0),
+        None => out.write_all(&[0])?,
     }
-    out.extend_from_slice(&(index.files.len() as u64).to_le_bytes());
+    out.write_all(&(index.files.len() as u64).to_le_bytes())?;
     for (key, blocks) in &index.files {
         for n in [
             key.dev,
@@ -223,16 +250,14 @@ fn encode(index: &Index) -> Vec<u8> {
             key.mtime_ns as u64,
             key.ctime_ns as u64,
         ] {
-            out.extend_from_slice(&n.to_le_bytes());
+            out.write_all(&n.to_le_bytes())?;
         }
-        out.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+        out.write_all(&(blocks.len() as u32).to_le_bytes())?;
         for block in blocks {
-            out.extend_from_slice(&block.0);
+            out.write_all(&block.0)?;
         }
     }
-    let checksum = blake3::hash(&out);
-    out.extend_from_slice(checksum.as_bytes());
-    out
+    Ok(())
 }
 
 fn decode(bytes: &[u8]) -> Option<Index> {
