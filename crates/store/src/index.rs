@@ -20,6 +20,7 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+use crate::midx::Hashing;
 use crate::{Digest, Error, Result};
 
 const MAGIC: &[u8; 5] = b"RIDX\x01";
@@ -181,14 +182,14 @@ impl Index {
         let write = || -> std::io::Result<()> {
             let file = fs::File::create(&temp)?;
             let mut out = Hashing {
-                inner: std::io::BufWriter::with_capacity(256 * 1024, file),
+                writer: std::io::BufWriter::with_capacity(256 * 1024, file),
                 hasher: blake3::Hasher::new(),
             };
             encode(self, &mut out)?;
-            let Hashing { mut inner, hasher } = out;
-            inner.write_all(hasher.finalize().as_bytes())?;
-            inner.flush()?;
-            drop(inner);
+            let Hashing { mut writer, hasher } = out;
+            writer.write_all(hasher.finalize().as_bytes())?;
+            writer.flush()?;
+            drop(writer);
             fs::rename(&temp, path)
         };
         write().map_err(|e| {
@@ -198,24 +199,6 @@ impl Index {
                 source: e,
             }
         })
-    }
-}
-
-/// A writer that hashes what passes through it (the index's checksum).
-struct Hashing<W> {
-    inner: W,
-    hasher: blake3::Hasher,
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let written = self.inner.write(buf)?;
-        self.hasher.update(&buf[..written]);
-        Ok(written)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
     }
 }
 

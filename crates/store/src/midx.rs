@@ -625,9 +625,11 @@ fn write_merged(
     Ok((count, fanout, samples, entries_at))
 }
 
-struct Hashing<W: Write> {
-    writer: W,
-    hasher: blake3::Hasher,
+/// A writer that hashes what passes through it: a file's checksum
+/// trailer computed as the file is written (here and the file index's).
+pub(crate) struct Hashing<W: Write> {
+    pub writer: W,
+    pub hasher: blake3::Hasher,
 }
 
 impl<W: Write> Write for Hashing<W> {
