@@ -91,7 +91,7 @@ enum Command {
 /// lower but rises to the largest such buffer freed, after which every
 /// 8–16 MiB pack is carved from the heap, where the small per-file
 /// allocations around it keep the memory from going back: a push of a
-/// 100k-file home peaked at 170 MiB instead of 136 MiB (issue 18).
+/// 100k-file home peaked at 167 MiB instead of 133 MiB (issue 18).
 fn map_large_buffers_apart() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[allow(unsafe_code)]
