@@ -124,8 +124,10 @@ fn main() -> std::process::ExitCode {
     // the filter (default `warn`; `roost server` raises it to `info`).
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROOST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log_filter()));
+    // Colour only on a terminal: a log file or a pipe gets plain text.
     let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(filter);
     if std::env::var("ROOST_LOG_FORMAT").is_ok_and(|f| f == "json") {
         logs.json().init();

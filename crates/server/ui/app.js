@@ -441,7 +441,9 @@ function renderSandbox(id) {
         await call(method, path, { body });
         status.textContent = label + ": asked.";
         refreshRecord();
-        refreshSnapshots();
+        // The snapshots' own loop reads them again within 5 s; a failure
+        // here must not become an unhandled rejection.
+        refreshSnapshots().catch(() => {});
       } catch (error) {
         if (!aborted(error)) status.textContent = label + " refused: " + error.code + ": " + error.message;
       }
@@ -657,7 +659,9 @@ function renderAdmin() {
       try {
         await call("POST", "/v1/admin/runners/" + r.id + "/" + action, { body: {} });
         status.textContent = label + ": done for " + r.name + ".";
-        refresh();
+        // The admin loop reads the fleet again within 3 s; a failure here
+        // must not become an unhandled rejection.
+        refresh().catch(() => {});
       } catch (error) {
         if (!aborted(error)) status.textContent = label + " refused: " + error.code + ": " + error.message;
       }

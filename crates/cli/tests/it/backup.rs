@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 use serde_json::{Value, json};
 
 use crate::durable::{Fleet, LISTING, replicated_snapshot};
-use crate::harness::{BIN, Backend, Env};
+use crate::harness::{BIN, Backend, Env, message_lines};
 use crate::plane::{Api, start_server_listening};
 use crate::runner_e2e::{RunnerProcess, sh, wait_sandbox};
 
@@ -426,7 +426,7 @@ fn a_backup_destination_that_fills_up_fails_in_one_line_and_leaves_the_last_back
     let full = roost(&args, &[]);
     assert!(!full.status.success());
     let stderr = String::from_utf8_lossy(&full.stderr);
-    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert_eq!(message_lines(&stderr).len(), 1, "one line: {stderr}");
     assert!(stderr.contains("backup_destination_full"), "{stderr}");
     assert_eq!(
         std::fs::read(kept.join("manifest.json")).expect("kept"),

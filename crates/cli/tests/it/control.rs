@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use crate::harness::BIN;
+use crate::harness::{BIN, message_lines};
 use crate::plane::{Server, postgres_database, start_server, start_server_logging};
 
 fn admin(server_url: &str, token: &str, args: &[&str]) -> Output {
@@ -87,7 +87,7 @@ fn admin_contract(server: &Server, admin_token: &str) {
     assert!(!again.status.success());
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(
-        stderr.contains("invalid_state (409)") && stderr.lines().count() == 1,
+        stderr.contains("invalid_state (409)") && message_lines(&stderr).len() == 1,
         "{stderr}"
     );
 

@@ -282,9 +282,15 @@ async fn the_dashboard_follows_a_durable_sandbox_in_a_real_browser() {
 
     // Drain the runner, confirmed; then undrain it.
     for (action, drain) in [("drain", json!("drain")), ("undrain", Value::Null)] {
-        browser.eval(&format!(
-            "document.querySelector('#runners button[data-action={action}]').click(); true"
-        ));
+        // The runner's row is drawn again after each action: its button for
+        // the next one is there only once the page has read the change.
+        let button = format!("document.querySelector('#runners button[data-action={action}]')");
+        browser.wait_for(
+            &format!("the {action} button"),
+            &format!("!!{button}"),
+            PATIENCE,
+        );
+        browser.eval(&format!("{button}.click(); true"));
         browser.wait_for(
             "the confirmation",
             "document.getElementById('confirm').open",

@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::{Value, json};
 
-use crate::harness::BIN;
+use crate::harness::{BIN, message_lines};
 use crate::plane::Api;
 use crate::runner_e2e::{Stack, data_url, sh, wait_sandbox};
 
@@ -281,7 +281,7 @@ async fn files_go_up_and_down_whole_by_range_and_are_listed_moved_and_removed() 
         stderr.contains("invalid_state") && stderr.contains("/workspace/a/b/c"),
         "{stderr}"
     );
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(message_lines(&stderr).len(), 1, "{stderr}");
     let moved = roost_json(
         &api,
         &[
@@ -620,7 +620,7 @@ async fn hostile_paths_other_orgs_stopped_sandboxes_and_forged_tokens_are_refuse
     assert!(!ran.status.success());
     let stderr = String::from_utf8_lossy(&ran.stderr);
     assert!(
-        stderr.contains("`..`") && stderr.lines().count() == 1,
+        stderr.contains("`..`") && message_lines(&stderr).len() == 1,
         "{stderr}"
     );
     // Nothing was made by any of them.

@@ -1,8 +1,11 @@
 //! `roost home push|pull` behaviour, run against both store backends.
 
 use std::fs;
+use std::process::Command;
 
-use crate::harness::{Backend, Env, assert_same_tree, bytes, n, sample_home, settle, write};
+use crate::harness::{
+    BIN, Backend, Env, assert_same_tree, bytes, message_lines, n, sample_home, settle, write,
+};
 
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
@@ -276,7 +279,7 @@ fn missing_directory_and_bad_names_fail_with_one_line() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("/nonexistent/dir"), "{stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1);
+    assert_eq!(message_lines(&stderr).len(), 1);
     let output = env.roost(&[
         "home", "push", "/tmp", "--store", &env.store, "--org", "../x", "--home", "h",
     ]);
@@ -284,6 +287,31 @@ fn missing_directory_and_bad_names_fail_with_one_line() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("invalid org name"));
     let err = env.pull_fails(&env.path("d"), "acme", "nothing-here");
     assert!(err.contains("no such home: acme/nothing-here"), "{err}");
+}
+
+/// Logs go to stderr beside the error, as plain text when stderr is a pipe
+/// or a file (no terminal colour codes in anyone's log file), and the
+/// error is still its one line among them.
+#[test]
+fn logs_to_a_pipe_are_plain_text_and_the_error_stays_one_line() {
+    let env = Env::new(Backend::Local);
+    let output = Command::new(BIN)
+        .args(["home", "push", "/nonexistent/dir", "--store", &env.store])
+        .args(["--org", "acme", "--home", "h"])
+        .env("ROOST_STATE_DIR", env.path("state"))
+        .env("ROOST_LOG", "debug")
+        .output()
+        .expect("run roost");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("DEBUG"), "logs at debug: {stderr}");
+    assert!(
+        !stderr.contains('\x1b'),
+        "colour codes in a pipe: {stderr:?}"
+    );
+    let message = message_lines(&stderr);
+    assert_eq!(message.len(), 1, "{stderr}");
+    assert!(message[0].contains("/nonexistent/dir"), "{stderr}");
 }
 
 /// Issue 14: a home nested 700 directories deep made `roost home push`
@@ -320,7 +348,7 @@ fn too_deep_homes_are_refused_by_push_and_pull_without_a_crash() {
         stderr.contains(&store::tree::DEPTH_MAX.to_string()),
         "{stderr}"
     );
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert_eq!(message_lines(&stderr).len(), 1, "{stderr}");
 
     // A tree no push makes: 3,000 nested trees put into the store directly.
     let store = store::Store::open(&env.store).expect("open the store");
@@ -378,7 +406,7 @@ fn unreachable_store_is_named() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("store unreachable"), "{stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert_eq!(message_lines(&stderr).len(), 1, "{stderr}");
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::BIN;
+use crate::harness::{BIN, message_lines};
 use crate::plane::{Api, Plane, eventually};
 
 /// A `roost runner` process with its data dir; on drop it is killed and
@@ -1008,7 +1008,7 @@ fn roost_up_without_a_runtime_says_what_to_install() {
         .expect("run roost up");
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert_eq!(message_lines(&stderr).len(), 1, "one line: {stderr}");
     assert!(
         stderr.contains("no runc or crun") && stderr.contains("apt-get install runc"),
         "{stderr}"

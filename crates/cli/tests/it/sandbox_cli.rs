@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::{BIN, assert_plain_stderr};
+use crate::harness::{BIN, assert_plain_stderr, message_lines};
 use crate::plane::{Api, Plane, STANDARD, TestRunner, eventually, new_org, start_server_listening};
 
 /// How long a test waits for the CLI or the server before failing.
@@ -85,9 +85,10 @@ impl Roost {
         assert_eq!(output.status.code(), Some(1), "roost {args:?}: {output:?}");
         assert!(output.stdout.is_empty(), "roost {args:?}: {output:?}");
         let stderr = String::from_utf8(output.stderr).expect("utf-8");
-        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
-        assert!(stderr.starts_with("roost: error: "), "{stderr}");
-        stderr.trim_end().to_owned()
+        let lines = message_lines(&stderr);
+        assert_eq!(lines.len(), 1, "one line: {stderr}");
+        assert!(lines[0].starts_with("roost: error: "), "{stderr}");
+        lines[0].to_owned()
     }
 
     /// Starts the binary with stdout and stderr captured as they arrive.

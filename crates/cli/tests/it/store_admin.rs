@@ -3,7 +3,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::harness::{BIN, Backend, Env, assert_same_tree, bytes, n, write};
+use crate::harness::{BIN, Backend, Env, assert_same_tree, bytes, message_lines, n, write};
 
 fn gc(env: &Env, grace: &str) -> serde_json::Value {
     env.json(&[
@@ -263,7 +263,7 @@ fn full_store_disk_fails_cleanly_and_keeps_the_previous_root() {
     let failed = push(&env);
     assert!(!failed.status.success());
     let stderr = String::from_utf8_lossy(&failed.stderr);
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert_eq!(message_lines(&stderr).len(), 1, "{stderr}");
     assert!(
         stderr.contains("No space left on device")
             && stderr.contains(&store)

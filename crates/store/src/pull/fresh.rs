@@ -44,7 +44,7 @@ use rayon::prelude::*;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 
 use super::Materializer;
-use super::write::{disk_mode, io_at, temp_name, timestamps, zero_block_digest};
+use super::write::{disk_mode, io_at, open_child_dir, temp_name, timestamps, zero_block_digest};
 use crate::block::block_ranges;
 use crate::pack::PackId;
 use crate::store::{Location, ObjectId};
@@ -266,13 +266,7 @@ impl Materializer<'_> {
                     let rel = dirs[index].rel.join(name);
                     rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
                         .map_err(io_at(&rel))?;
-                    let child = rustix::fs::openat(
-                        dir,
-                        name,
-                        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(io_at(&rel))?;
+                    let child = open_child_dir(dir, name).map_err(io_at(&rel))?;
                     let subtree = self.known_tree(digest, &rel)?;
                     self.counters.dirs.fetch_add(1, Ordering::Relaxed);
                     dirs.push(Dir {

@@ -37,6 +37,17 @@ pub(super) fn io_at(path: &Path) -> impl FnOnce(rustix::io::Errno) -> Error + '_
     }
 }
 
+/// Opens the directory `name` in `dir` as a handle to write below,
+/// refusing a symlink (or anything not a directory) put in its place.
+pub(super) fn open_child_dir(dir: impl AsFd, name: &OsStr) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
 /// What `entry`'s name in `dir` holds now: nothing in a directory this
 /// pull created.
 fn existing_entry(
@@ -185,13 +196,7 @@ impl Materializer<'_> {
                     rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
                         .map_err(io_at(&rel))?;
                 }
-                let child = rustix::fs::openat(
-                    dir,
-                    name,
-                    OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(io_at(&rel))?;
+                let child = open_child_dir(dir, name).map_err(io_at(&rel))?;
                 if !created {
                     ensure_writable_dir(&child).map_err(io_at(&rel))?;
                 }
@@ -460,12 +465,7 @@ fn open_for_removal(dir: &OwnedFd, name: &[u8]) -> rustix::io::Result<Option<Own
         rustix::fs::unlinkat(dir, name, AtFlags::empty())?;
         return Ok(None);
     }
-    let child = rustix::fs::openat(
-        dir,
-        name,
-        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let child = open_child_dir(dir, name)?;
     ensure_writable_dir(&child)?;
     Ok(Some(child))
 }
