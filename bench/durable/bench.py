@@ -221,11 +221,16 @@ def main():
                     raise SystemExit("a running save did not complete")
                 time.sleep(0.2)
         pauses, save_ms = [], []
+        materialised = None  # the fresh wake's own pull, from runner b's log
         for line in log_b.read_text().splitlines():
             entry = json.loads(line) if line.startswith("{") else {}
             fields = entry.get("fields", {})
             if fields.get("message") == "home saved" and "snapshot_ms" in fields:
                 pauses.append(float(fields["snapshot_ms"]))
+            if fields.get("message") == "home materialised" and materialised is None:
+                materialised = fields
+        pull_ms = float(materialised["elapsed_ms"]) if materialised else float("nan")
+        pulled_blocks = materialised.get("blocks_downloaded", "?") if materialised else "?"
         report = f"""### Durable homes ({datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M')} UTC{' QUICK' if QUICK else ''})
 
 Home: {files:,} files, {size / 2**30:.2f} GiB (bench/gen_home.py); store: local directory; runners: runc, homes on loop-mounted btrfs.
@@ -236,6 +241,7 @@ Home: {files:,} files, {size / 2**30:.2f} GiB (bench/gen_home.py); store: local 
 | securing warm (1% changed; stopping -> stopped {stop_warm:.0f} ms) | {secure_warm:.0f} ms | backup warm {restic_warm:.0f} ms | {secure_warm / restic_warm:.2f} |
 | wake on the last runner (starting -> running) | {wake_last:.0f} ms | | |
 | wake on a fresh runner (starting -> running, whole home from the store) | {wake_fresh:.0f} ms | restore into an empty dir {restic_restore:.0f} ms | {wake_fresh / restic_restore:.2f} |
+| of which the home's pull through the block service ("home materialised", {pulled_blocks} blocks) | {pull_ms:.0f} ms | | {pull_ms / restic_restore:.2f} |
 | snapshot pause during running saves ({len(pauses)} saves) | p50 {pct(pauses, 50):.1f} ms, p99 {pct(pauses, 99):.1f} ms | | |
 """
         print(report)

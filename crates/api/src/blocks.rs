@@ -311,6 +311,53 @@ fn backend_error(
     store::Error::Backend { op, key, message }
 }
 
+/// Fetch requests one [`RemoteBackend::get_batch`] keeps in flight.
+const FETCH_IN_FLIGHT: usize = 4;
+
+/// `objects` through `POST …/fetch`, one request per
+/// [`FETCH_OBJECTS_MAX`], repeated for whatever an answer left out. Every
+/// frame must be the next object asked for.
+async fn fetch_run(
+    client: Client,
+    org: OrgId,
+    objects: Vec<ObjectId>,
+) -> store::Result<Vec<Option<Vec<u8>>>> {
+    let mut out = Vec::with_capacity(objects.len());
+    while out.len() < objects.len() {
+        let asked = &objects[out.len()..objects.len().min(out.len() + FETCH_OBJECTS_MAX)];
+        let first = &asked[0];
+        let names: Vec<String> = asked.iter().map(name_of).collect();
+        let body = client
+            .fetch_objects(org.as_str(), &names)
+            .await
+            .map_err(|e| backend_error("get", &org, first, e))?;
+        let bad = |message: String| store::Error::Backend {
+            op: "get",
+            key: Store::object_key(&org, first),
+            message: format!("malformed fetch answer: {message}"),
+        };
+        let frames = parse_fetched(&body).map_err(|e| bad(e.to_string()))?;
+        if frames.is_empty() || frames.len() > asked.len() {
+            return Err(bad(format!(
+                "{} objects for {} asked",
+                frames.len(),
+                asked.len()
+            )));
+        }
+        for (frame, wanted) in frames.into_iter().zip(asked) {
+            if frame.object != *wanted {
+                return Err(bad(format!(
+                    "{} where {} was next",
+                    name_of(&frame.object),
+                    name_of(wanted)
+                )));
+            }
+            out.push(frame.data.map(|range| body[range].to_vec()));
+        }
+    }
+    Ok(out)
+}
+
 impl Objects for RemoteBackend {
     /// One request per [`MISSING_CHECK_BATCH_MAX`] objects.
     fn missing(&self, org: &OrgId, objects: &[ObjectId]) -> store::Result<Vec<ObjectId>> {
@@ -368,44 +415,46 @@ impl Objects for RemoteBackend {
             .map_err(|e| backend_error("get", org, object, e))
     }
 
-    /// One request per [`FETCH_OBJECTS_MAX`] objects, repeated for
-    /// whatever an answer left out. Every frame must be the next object
-    /// asked for.
+    /// Split into up to [`FETCH_IN_FLIGHT`] runs of at most
+    /// [`FETCH_OBJECTS_MAX`] objects, fetched at once (the server reads
+    /// one run's packs while another's answer crosses the wire and the
+    /// caller decodes), answers taken in order.
     fn get_batch(&self, org: &OrgId, objects: &[ObjectId]) -> store::Result<Vec<Option<Vec<u8>>>> {
+        let per_run = objects
+            .len()
+            .div_ceil(FETCH_IN_FLIGHT)
+            .clamp(1, FETCH_OBJECTS_MAX);
+        let mut runs = objects.chunks(per_run);
         let mut out = Vec::with_capacity(objects.len());
-        while out.len() < objects.len() {
-            let asked = &objects[out.len()..objects.len().min(out.len() + FETCH_OBJECTS_MAX)];
-            let first = &asked[0];
-            let names: Vec<String> = asked.iter().map(name_of).collect();
-            let body = self
-                .runtime
-                .block_on(self.client.fetch_objects(org.as_str(), &names))
-                .map_err(|e| backend_error("get", org, first, e))?;
-            let bad = |message: String| store::Error::Backend {
-                op: "get",
-                key: Store::object_key(org, first),
-                message: format!("malformed fetch answer: {message}"),
-            };
-            let frames = parse_fetched(&body).map_err(|e| bad(e.to_string()))?;
-            if frames.is_empty() || frames.len() > asked.len() {
-                return Err(bad(format!(
-                    "{} objects for {} asked",
-                    frames.len(),
-                    asked.len()
-                )));
-            }
-            for (frame, wanted) in frames.into_iter().zip(asked) {
-                if frame.object != *wanted {
-                    return Err(bad(format!(
-                        "{} where {} was next",
-                        name_of(&frame.object),
-                        name_of(wanted)
-                    )));
+        self.runtime.block_on(async {
+            let mut in_flight = std::collections::VecDeque::new();
+            loop {
+                while in_flight.len() < FETCH_IN_FLIGHT
+                    && let Some(run) = runs.next()
+                {
+                    let (client, org, run) = (self.client.clone(), org.clone(), run.to_vec());
+                    in_flight.push_back(self.runtime.spawn(fetch_run(client, org, run)));
                 }
-                out.push(frame.data.map(|range| body[range].to_vec()));
+                let Some(next) = in_flight.pop_front() else {
+                    return Ok(out);
+                };
+                let answered = next.await.unwrap_or_else(|join| {
+                    Err(store::Error::Backend {
+                        op: "get",
+                        key: Store::object_key(org, &objects[out.len()]),
+                        message: format!("fetch task failed: {join}"),
+                    })
+                });
+                match answered {
+                    Ok(fetched) => out.extend(fetched),
+                    Err(err) => {
+                        // Nobody will read the rest: stop asking for it.
+                        in_flight.iter().for_each(tokio::task::JoinHandle::abort);
+                        return Err(err);
+                    }
+                }
             }
-        }
-        Ok(out)
+        })
     }
 
     fn reads_in_batches(&self) -> bool {
