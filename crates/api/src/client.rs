@@ -1083,7 +1083,8 @@ impl Client {
                 url: shown,
                 message: error_chain(e),
             })?;
-        Ok(Some(bytes.to_vec()))
+        // Without a copy when the body arrived as one buffer.
+        Ok(Some(Vec::from(bytes)))
     }
 
     /// `POST /v1/blocks/{org}/fetch`: several objects' stored bytes in one
@@ -1114,7 +1115,8 @@ impl Client {
                 url: shown,
                 message: error_chain(e),
             })?;
-        Ok(bytes.to_vec())
+        // Without a copy when the body arrived as one buffer.
+        Ok(Vec::from(bytes))
     }
 
     /// `PUT /v1/images/{name}`: commits an uploaded tree as the image.
