@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::{Value, json};
 
-use crate::harness::{BIN, message_lines};
+use crate::harness::{BIN, assert_plain_stderr, message_lines};
 use crate::plane::Api;
 use crate::runner_e2e::{Stack, data_url, sh, wait_sandbox};
 
@@ -30,7 +30,7 @@ fn roost_json(api: &Api, args: &[&str]) -> Value {
     all.push("--json");
     let ran = roost(api, &all);
     assert!(ran.status.success(), "roost {args:?}: {ran:?}");
-    assert!(ran.stderr.is_empty(), "roost {args:?}: {ran:?}");
+    assert_plain_stderr(&all, &ran.stderr);
     serde_json::from_slice(&ran.stdout).unwrap_or_else(|e| panic!("roost {args:?}: {e}: {ran:?}"))
 }
 
