@@ -130,14 +130,14 @@ pub fn message_lines(stderr: &str) -> Vec<&str> {
 /// A line of tracing's text format: `2026-12-02T02:40:14.057897Z  WARN …`.
 fn is_log_line(line: &str) -> bool {
     let b = line.as_bytes();
-    let head = &line[..line.len().min(40)];
+    let head = &b[..b.len().min(40)];
     b.len() > 30
         && b[..4].iter().all(u8::is_ascii_digit)
         && b[4] == b'-'
         && b[10] == b'T'
         && ["TRACE", "DEBUG", " INFO", " WARN", "ERROR"]
             .iter()
-            .any(|level| head.contains(level))
+            .any(|level| head.windows(5).any(|w| w == level.as_bytes()))
 }
 
 /// What a command run without a terminal may write to stderr: whole log
