@@ -414,3 +414,85 @@ async fn an_upload_through_the_block_service_is_stored_in_packs() {
     .expect("the checks pass");
     drop(server);
 }
+
+/// Issue 18, the fresh-runner wake: a batch fetch keeps several requests
+/// in flight (each on a connection of its own), not one after the other
+/// on one connection; the answers still come back in the order asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_fetch_keeps_several_requests_in_flight() {
+    let server = TestServer::start().await;
+    let created = server
+        .admin
+        .create_org(&api::orgs::CreateOrgRequest {
+            name: "acme".to_owned(),
+            max_running: None,
+            max_total: None,
+        })
+        .await
+        .expect("create an org");
+    let org: store::OrgId = created.org_id.parse().expect("an org id");
+    let runtime = tokio::runtime::Handle::current();
+    let direct = RemoteBackend::new(
+        api::client::Client::new(&server.url, &created.token),
+        runtime.clone(),
+    );
+    let (proxy_url, connections) = counting_proxy(&server.url).await;
+    let proxied = RemoteBackend::new(
+        api::client::Client::new(&proxy_url, &created.token),
+        runtime,
+    );
+    tokio::task::spawn_blocking(move || {
+        let stored: Vec<(ObjectId, Vec<u8>)> = (0..8000)
+            .map(|i| {
+                let plain = format!("object {i}").into_bytes();
+                (ObjectId::block(Digest::of(&plain)), block::encode(&plain))
+            })
+            .collect();
+        let batch: Vec<(ObjectId, &[u8])> = stored
+            .iter()
+            .map(|(object, bytes)| (*object, bytes.as_slice()))
+            .collect();
+        direct.put_batch(&org, &batch).expect("store the objects");
+        let asked: Vec<ObjectId> = stored.iter().map(|(object, _)| *object).collect();
+        let fetched = proxied.get_batch(&org, &asked).expect("fetch them");
+        assert_eq!(fetched.len(), stored.len());
+        for ((object, bytes), got) in stored.iter().zip(&fetched) {
+            assert_eq!(got.as_deref(), Some(bytes.as_slice()), "{object:?}");
+        }
+    })
+    .await
+    .expect("the checks pass");
+    let opened = connections.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        opened >= 2,
+        "{opened} connection: the fetches went one after the other"
+    );
+}
+
+/// A TCP proxy to `target` (`http://ADDR`) that counts the connections
+/// it is asked to open; its URL and the count.
+async fn counting_proxy(target: &str) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let target: std::net::SocketAddr = target
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("the server's address");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let opened = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = opened.clone();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (url, opened)
+}
