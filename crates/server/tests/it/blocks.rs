@@ -421,15 +421,7 @@ async fn an_upload_through_the_block_service_is_stored_in_packs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_fetch_keeps_several_requests_in_flight() {
     let server = TestServer::start().await;
-    let created = server
-        .admin
-        .create_org(&api::orgs::CreateOrgRequest {
-            name: "acme".to_owned(),
-            max_running: None,
-            max_total: None,
-        })
-        .await
-        .expect("create an org");
+    let created = server.create_org("acme").await;
     let org: store::OrgId = created.org_id.parse().expect("an org id");
     let runtime = tokio::runtime::Handle::current();
     let direct = RemoteBackend::new(

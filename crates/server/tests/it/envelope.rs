@@ -72,15 +72,7 @@ fn envelope(status: u16, content_type: &str, body: &str) -> (u16, String, String
 }
 
 async fn tokens(server: &TestServer) -> (String, String) {
-    let org = server
-        .admin
-        .create_org(&api::orgs::CreateOrgRequest {
-            name: "acme".to_owned(),
-            max_running: None,
-            max_total: None,
-        })
-        .await
-        .expect("an org");
+    let org = server.create_org("acme").await;
     let runner = server
         .admin
         .create_runner_token()

@@ -362,15 +362,7 @@ async fn a_schema_based_fuzzer_finds_nothing() {
         .await
         .expect("install the fuzzer");
     let server = TestServer::start().await;
-    let org = server
-        .admin
-        .create_org(&api::orgs::CreateOrgRequest {
-            name: "fuzzed".to_owned(),
-            max_running: None,
-            max_total: None,
-        })
-        .await
-        .expect("an org");
+    let org = server.create_org("fuzzed").await;
     let runner_token = server
         .admin
         .create_runner_token()

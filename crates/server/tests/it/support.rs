@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use api::client::Client;
-use api::orgs::CreateOrgRequest;
+use api::orgs::{CreateOrgRequest, CreateOrgResponse};
 use api::runners::{Capacity, RegisterRequest};
 use store::OrgId;
 
@@ -66,17 +66,21 @@ impl TestServer {
         }
     }
 
-    /// A new org: a client with its token, and its id as the store names it.
-    pub async fn org(&self, name: &str) -> (Client, OrgId) {
-        let created = self
-            .admin
+    /// A new org without quotas, as the admin's answer gives it.
+    pub async fn create_org(&self, name: &str) -> CreateOrgResponse {
+        self.admin
             .create_org(&CreateOrgRequest {
                 name: name.to_owned(),
                 max_running: None,
                 max_total: None,
             })
             .await
-            .expect("create an org");
+            .expect("create an org")
+    }
+
+    /// A new org: a client with its token, and its id as the store names it.
+    pub async fn org(&self, name: &str) -> (Client, OrgId) {
+        let created = self.create_org(name).await;
         let org = created.org_id.parse().expect("an org id is a store org");
         (Client::new(&self.url, &created.token), org)
     }
