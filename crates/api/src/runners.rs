@@ -415,4 +415,47 @@ pub struct CommandReport {
     /// out: it is recorded started and ended at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
+    /// The whole output of a command that ended before anything of it was
+    /// uploaded (it ended within the runner's report window, or the
+    /// runner restarted before reporting it), sent with its end so that
+    /// one commit records its start, output and end. Each stream at most
+    /// [`REPORTED_OUTPUT_BYTES_MAX`]; stored from offset 0, skipping what
+    /// the record already holds (a retried report adds nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<ReportedOutput>,
+}
+
+/// The largest stream a command report may carry (larger output is
+/// uploaded by offset while the command runs).
+pub const REPORTED_OUTPUT_BYTES_MAX: usize = 64 * 1024;
+
+/// A command's output carried by its end report, each stream base64
+/// (standard alphabet, padded).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReportedOutput {
+    #[serde(with = "base64_bytes")]
+    #[schema(value_type = String, format = Byte)]
+    pub stdout: Vec<u8>,
+    #[serde(with = "base64_bytes")]
+    #[schema(value_type = String, format = Byte)]
+    pub stderr: Vec<u8>,
+}
+
+/// Bytes as a base64 string in JSON.
+mod base64_bytes {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        STANDARD
+            .decode(text.as_bytes())
+            .map_err(|err| serde::de::Error::custom(format!("not base64: {err}")))
+    }
 }

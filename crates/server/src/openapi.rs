@@ -134,6 +134,7 @@ use utoipa::{Modify, OpenApi};
         api::runners::Assignments,
         api::runners::SandboxReport,
         api::runners::CommandReport,
+        api::runners::ReportedOutput,
         api::orgs::Whoami,
         api::deployment::Deployment,
         api::deployment::Configured,

@@ -11,7 +11,8 @@
 //! Output goes to spool files in the data dir as the OCI layer hands it
 //! over (no memory grows with a chatty command), and an uploader appends
 //! it to the server by offset. The server refuses output once the end is
-//! reported, so every byte is uploaded first.
+//! reported, so every byte is uploaded first; a command that ends within
+//! the report window sends its (small) output with its end instead.
 
 use api::lifecycle::CommandState;
 use std::fs::File;
@@ -22,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use api::client::OutputStream;
-use api::runners::{CommandAssignment, CommandReport};
+use api::runners::{CommandAssignment, CommandReport, REPORTED_OUTPUT_BYTES_MAX, ReportedOutput};
 use tokio::sync::{Notify, watch};
 
 use super::dirs::{CommandFiles, CommandRecord, RecordedEnd};
@@ -68,6 +69,9 @@ pub(crate) async fn run(job: CommandJob) {
             return;
         }
     };
+    // An end recorded before a restart is reported again with whatever
+    // output it left spooled (the server skips what it already has).
+    let restarted = matches!(record, CommandRecord::Ended(_));
     let end = match record {
         CommandRecord::Ended(end) => end,
         // Launched through the agent: ask it again (it attaches, or starts
@@ -93,7 +97,14 @@ pub(crate) async fn run(job: CommandJob) {
     if let Err(err) = &recorded {
         tracing::warn!(command_id = %id, %err, "cannot record the command's end; reporting it anyway");
     }
-    let _ = job.report(&end).await;
+    // A command that ended before any of its output went up (within the
+    // report window): its output goes with its end, in one commit.
+    let output = if restarted || end.pid.is_some() {
+        job.spooled_output()
+    } else {
+        None
+    };
+    let _ = job.report_with(&end, output).await;
     // After the report, off the command's round trip: the agent keeps the
     // ended command until a later forget or its sandbox's end, and nothing
     // is run again for it meanwhile.
@@ -120,6 +131,35 @@ impl CommandJob {
     /// Reports `end` (or `running`); a refusal other than a fence means
     /// the record has already moved on (the server ended the command).
     async fn report(&self, end: &RecordedEnd) -> Result<(), Stopped> {
+        self.report_with(end, None).await
+    }
+
+    /// The command's spooled output, when every stream is small enough to
+    /// go with its end report (and there is any).
+    fn spooled_output(&self) -> Option<ReportedOutput> {
+        let read = |name: &str| -> Option<Vec<u8>> {
+            let path = self.files.output(self.command_id(), name);
+            match std::fs::metadata(&path) {
+                Ok(meta) if meta.len() > REPORTED_OUTPUT_BYTES_MAX as u64 => None,
+                Ok(_) => std::fs::read(&path).ok(),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => Some(Vec::new()),
+                Err(_) => None,
+            }
+        };
+        let output = ReportedOutput {
+            stdout: read("stdout")?,
+            stderr: read("stderr")?,
+        };
+        let small = output.stdout.len().max(output.stderr.len()) <= REPORTED_OUTPUT_BYTES_MAX;
+        (small && !(output.stdout.is_empty() && output.stderr.is_empty())).then_some(output)
+    }
+
+    /// Reports `end` with the output it carries (see [`CommandReport::output`]).
+    async fn report_with(
+        &self,
+        end: &RecordedEnd,
+        output: Option<ReportedOutput>,
+    ) -> Result<(), Stopped> {
         let report = CommandReport {
             runner_id: self.shared.runner_id(),
             epoch: self.assignment.epoch,
@@ -128,6 +168,7 @@ impl CommandJob {
             signal: end.signal.clone(),
             reason: end.reason.clone(),
             pid: end.pid,
+            output,
         };
         let result = self
             .shared
@@ -317,19 +358,23 @@ impl CommandJob {
             callback_spool.append(stream, bytes)
         }));
         let mut waited = std::pin::pin!(waited);
-        // A command that ends at once and writes nothing (`true`, `mkdir`,
-        // `test`) is reported once: its end with its pid, which the server
-        // records as started and ended in one transaction, where a
-        // `running` report and then the end would be two, one after the
-        // other. Real time, not the agent's clock: the window only ever
-        // delays a `running` report by this much.
+        // A command that ends at once (`true`, `mkdir`, `echo`) is
+        // reported once: its end with its pid and its output, which the
+        // server records as started, written and ended in one transaction,
+        // where a `running` report, an upload and the end would be three,
+        // one after the other. Real time, not the agent's clock: the window
+        // only ever delays a `running` report by this much.
         let early = tokio::select! {
             biased;
             ended = &mut waited => Some(ended),
             () = tokio::time::sleep(RUNNING_REPORT_WINDOW) => None,
         };
         let early = match early {
-            Some(ended) if spool.lengths() == [0, 0] => {
+            // Output goes with the end only under a pid (the sign that
+            // it ran, which `run` sends the spool with).
+            Some(ended)
+                if spool.lengths() == [0, 0] || (pid.is_some() && ran(&ended) && small(&spool)) =>
+            {
                 tracing::debug!(command_id = %id, "hop: ended in the agent");
                 spool.close();
                 return Ok(recorded_end(id, ended, &[], pid));
@@ -439,6 +484,19 @@ fn recorded_end(
             }
         }
     }
+}
+
+/// Whether a command launched (its end is not a launch failure).
+fn ran(ended: &Result<oci::exec::CommandEnd, Error>) -> bool {
+    matches!(ended, Ok(end) if !matches!(end.outcome, Outcome::LaunchFailed { .. }))
+}
+
+/// Whether every stream of the spool fits in an end report.
+fn small(spool: &Spool) -> bool {
+    spool
+        .lengths()
+        .iter()
+        .all(|&length| length <= REPORTED_OUTPUT_BYTES_MAX as u64)
 }
 
 /// The futures it is used on never complete.

@@ -269,8 +269,10 @@ fn ended(requests: &[Request]) -> bool {
 #[tokio::test]
 async fn a_commands_output_goes_up_before_its_exit_is_reported() {
     let agent = agent(Failpoints::none());
+    // More than an end report carries: uploaded by offset first.
+    let big = vec![b'x'; api::runners::REPORTED_OUTPUT_BYTES_MAX + 1];
     agent.runtime.next_exec(ExecScript {
-        output: vec![(Stream::Stdout, b"hello\n".to_vec())],
+        output: vec![(Stream::Stdout, big.clone())],
         outcome: Outcome::Exited { code: 7 },
     });
     let (_assign, _task) = with_command(&agent, &["echo", "hello"]);
@@ -287,7 +289,7 @@ async fn a_commands_output_goes_up_before_its_exit_is_reported() {
         .iter()
         .position(|r| {
             matches!(r, Request::Output(id, OutputStream::Stdout, 0, bytes)
-                if id == "cmd_fake0001" && bytes == b"hello\n")
+                if id == "cmd_fake0001" && *bytes == big)
         })
         .expect("the output was uploaded at offset 0");
     let end = requests.iter().position(|r| ended(std::slice::from_ref(r)));
@@ -296,6 +298,47 @@ async fn a_commands_output_goes_up_before_its_exit_is_reported() {
     let states: Vec<_> = reports.iter().map(|r| r.state).collect();
     assert_eq!(states, [CommandState::Running, CommandState::Exited]);
     assert_eq!(reports[1].exit_code, Some(7));
+    assert_eq!(reports[1].output, None, "sent twice");
+}
+
+/// `echo`: a command that ends at once with a little output is reported
+/// once, its output with its end (the server stores both in one commit),
+/// and nothing is uploaded apart.
+#[tokio::test]
+async fn a_command_that_ends_at_once_with_a_little_output_sends_it_with_its_end() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.next_exec(ExecScript {
+        output: vec![
+            (Stream::Stdout, b"hello\n".to_vec()),
+            (Stream::Stderr, b"oops\n".to_vec()),
+        ],
+        outcome: Outcome::Exited { code: 0 },
+    });
+    let (_assign, _task) = with_command(&agent, &["echo", "hello"]);
+    agent.control.wait_until("the command's end", ended).await;
+    let reports = agent.control.command_reports();
+    let seen: Vec<_> = reports
+        .iter()
+        .map(|r| (r.state, r.pid, r.output.clone()))
+        .collect();
+    assert_eq!(
+        seen,
+        [(
+            CommandState::Exited,
+            Some(super::testing::FAKE_PID),
+            Some(api::runners::ReportedOutput {
+                stdout: b"hello\n".to_vec(),
+                stderr: b"oops\n".to_vec(),
+            })
+        )]
+    );
+    let uploads: Vec<_> = agent
+        .control
+        .requests()
+        .into_iter()
+        .filter(|r| matches!(r, Request::Output(..)))
+        .collect();
+    assert_eq!(uploads, [], "uploaded apart too");
 }
 
 #[tokio::test]
@@ -563,7 +606,10 @@ async fn output_the_server_refuses_is_dropped_and_the_end_still_reported() {
     let agent = agent(Failpoints::none());
     agent.runtime.next_exec(ExecScript {
         output: vec![
-            (Stream::Stdout, b"one\n".to_vec()),
+            (
+                Stream::Stdout,
+                vec![b'x'; api::runners::REPORTED_OUTPUT_BYTES_MAX + 1],
+            ),
             (Stream::Stderr, b"two\n".to_vec()),
         ],
         outcome: Outcome::Exited { code: 0 },

@@ -205,7 +205,7 @@ pub async fn read_assignments(
 ) -> Result<Assignments, ControlError> {
     let mut tx = state.db.write().await?;
     let runner = live_runner(&mut tx, runner_id).await?;
-    records::commands::hand_over(&mut tx, runner_id).await?;
+    records::commands::hand_over(&mut tx, runner_id, runner.drain.is_some()).await?;
     let sandboxes = sqlx::query(&format!(
         "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE runner_id = $1 AND state <> 'deleted' ORDER BY id"
     ))
@@ -472,7 +472,10 @@ async fn runner_command(
     Ok(command)
 }
 
-/// Records what a runner observed of a command it holds at its epoch.
+/// Records what a runner observed of a command it holds at its epoch. An
+/// end may carry the command's whole output (one that ended before any of
+/// it was uploaded): stored in the end's own commit, so a reader sees the
+/// output and the end at once.
 pub async fn report_command(
     state: &AppState,
     id: &str,
@@ -489,6 +492,20 @@ pub async fn report_command(
             format!("one of {}", api::commands::SIGNALS.join(", ")),
         ));
     }
+    if let Some(output) = &report.output {
+        if !report.state.is_end() {
+            return Err(limits::invalid("output", "output goes with an end only"));
+        }
+        if output.stdout.len().max(output.stderr.len()) > api::runners::REPORTED_OUTPUT_BYTES_MAX {
+            return Err(limits::invalid(
+                "output",
+                format!(
+                    "at most {} bytes per stream (upload more by offset)",
+                    api::runners::REPORTED_OUTPUT_BYTES_MAX
+                ),
+            ));
+        }
+    }
     let mut tx = state.db.write().await?;
     let command = runner_command(&mut tx, id, &report.runner_id, report.epoch).await?;
     let to = report.state;
@@ -499,6 +516,26 @@ pub async fn report_command(
                 ErrorCode::InvalidState,
                 format!("a command cannot go from {} to {to}", command.state),
             ));
+        }
+        // Output carried by the end: stored before the end (the same
+        // commit), skipping what an earlier upload already stored.
+        if let Some(output) = &report.output {
+            for (stream, bytes) in [
+                (Stream::Stdout, &output.stdout),
+                (Stream::Stderr, &output.stderr),
+            ] {
+                let stored = stream.length_of(&command) as usize;
+                if stored < bytes.len() {
+                    records::commands::append_output(
+                        &mut tx,
+                        id,
+                        stream,
+                        stored as i64,
+                        &bytes[stored..],
+                    )
+                    .await?;
+                }
+            }
         }
         if to == CommandState::Exited && report.exit_code.is_none() {
             return Err(limits::invalid("exit_code", "an exited command has one"));

@@ -270,12 +270,24 @@ pub async fn insert(
 }
 
 /// Hands the queued commands of the runner's running sandboxes over to it
-/// (`starting`, under the sandbox's epoch).
-pub async fn hand_over(tx: &mut WriteTx, runner_id: &str) -> Result<(), sqlx::Error> {
-    let handed = sqlx::query(
+/// (`starting`, under the sandbox's epoch). A runner being emptied is
+/// handed none for its durable sandboxes: it is told to stop them (they
+/// move), so it would never launch them, and a command handed over and
+/// never confirmed ends `unknown` where it is honestly `not_launched`.
+pub async fn hand_over(
+    tx: &mut WriteTx,
+    runner_id: &str,
+    draining: bool,
+) -> Result<(), sqlx::Error> {
+    let moving = if draining {
+        " AND storage_class <> 'durable'"
+    } else {
+        ""
+    };
+    let handed = sqlx::query(&format!(
         "UPDATE commands SET state = 'starting', epoch = (SELECT epoch FROM sandboxes s WHERE s.id = commands.sandbox_id)
-         WHERE state = 'queued' AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1 AND state = 'running' AND desired = 'running') RETURNING id",
-    )
+         WHERE state = 'queued' AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1 AND state = 'running' AND desired = 'running'{moving}) RETURNING id",
+    ))
     .bind(runner_id)
     .fetch_all(&mut *tx.tx)
     .await?;

@@ -344,6 +344,7 @@ async fn a_command_goes_from_queue_to_exit_through_its_runner() {
             exit_code,
             signal: None,
             pid: None,
+            output: None,
         };
         let running = runner_protocol::report_command(
             &plane.state,
@@ -1511,6 +1512,7 @@ async fn an_idle_sandbox_sleeps_and_a_command_wakes_it_where_it_was() {
                 exit_code: None,
                 signal: None,
                 pid: None,
+                output: None,
             };
             runner_protocol::report_command(&plane.state, &command.id, &report)
                 .await
@@ -1752,6 +1754,7 @@ async fn the_idle_policy_keepalive_and_running_commands_decide_when_a_sandbox_sl
             exit_code,
             signal: None,
             pid: None,
+            output: None,
         };
         runner_protocol::report_command(
             &plane.state,
@@ -2268,6 +2271,7 @@ async fn a_start_during_a_stop_waits_for_it_and_a_command_after_it_runs_once() {
                 exit_code: Some(0),
                 signal: None,
                 pid: None,
+                output: None,
             };
             runner_protocol::report_command(&plane.state, &command.id, &report)
                 .await
@@ -2331,6 +2335,7 @@ async fn a_command_that_ends_before_its_running_report_is_recorded_started_and_e
             exit_code,
             signal: None,
             pid,
+            output: None,
         };
         // Its end straight from `starting`, with its pid: it ran.
         let ended = runner_protocol::report_command(
@@ -2378,6 +2383,99 @@ async fn a_command_that_ends_before_its_running_report_is_recorded_started_and_e
         )
         .await;
         assert_eq!(code(refused), ErrorCode::InvalidRequest);
+    }
+}
+
+/// Issue 15 (the first output byte): an end straight from `starting` may
+/// carry the command's whole output; one commit records it started,
+/// written and ended, and a retried report stores nothing twice. Output
+/// over the bound, or with a state that is not an end, is refused and
+/// changes nothing.
+#[tokio::test]
+async fn an_end_report_carries_a_quick_commands_output_in_its_own_commit() {
+    use api::runners::{REPORTED_OUTPUT_BYTES_MAX, ReportedOutput};
+    for plane in planes("output_with_end").await {
+        let org = plane.org("org_o", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.running_with_idle(&org, &runner, false, 3600).await;
+        let echo = plane.command(&org, &row.id).await.expect("queued");
+        assert_eq!(plane.handed(&runner).await, vec![echo.id.clone()]);
+        let report = |state, output: Option<ReportedOutput>| CommandReport {
+            runner_id: runner.clone(),
+            epoch: row.epoch as u64,
+            state,
+            reason: None,
+            exit_code: Some(0).filter(|_| state == CommandState::Exited),
+            signal: None,
+            pid: Some(42),
+            output,
+        };
+        let small = ReportedOutput {
+            stdout: b"hello\n".to_vec(),
+            stderr: b"\xffoops".to_vec(),
+        };
+        // Refused: too much, or with `running`; nothing stored.
+        let mut big = small.clone();
+        big.stdout = vec![b'x'; REPORTED_OUTPUT_BYTES_MAX + 1];
+        for (state, output) in [
+            (CommandState::Exited, big),
+            (CommandState::Running, small.clone()),
+        ] {
+            let refused = runner_protocol::report_command(
+                &plane.state,
+                &echo.id,
+                &report(state, Some(output)),
+            )
+            .await;
+            assert_eq!(
+                code(refused),
+                ErrorCode::InvalidRequest,
+                "{}",
+                plane.engine()
+            );
+        }
+        let before = plane.load_command(&echo.id).await;
+        assert_eq!(
+            (before.state, before.stdout_bytes, before.stderr_bytes),
+            (CommandState::Starting, 0, 0)
+        );
+        // Taken, twice (a retry after a lost answer).
+        for _ in 0..2 {
+            let ended = runner_protocol::report_command(
+                &plane.state,
+                &echo.id,
+                &report(CommandState::Exited, Some(small.clone())),
+            )
+            .await
+            .expect("exited with its output");
+            assert_eq!(
+                (
+                    ended.state,
+                    ended.pid,
+                    ended.stdout_bytes,
+                    ended.stderr_bytes
+                ),
+                (CommandState::Exited, Some(42), 6, 5),
+                "{}",
+                plane.engine()
+            );
+            assert!(ended.started_at_ms.is_some());
+        }
+        for (stream, expected) in [
+            (Stream::Stdout, &small.stdout),
+            (Stream::Stderr, &small.stderr),
+        ] {
+            let stored = server::records::commands::read_output(
+                &plane.state.db.pool,
+                &echo.id,
+                stream,
+                0,
+                1 << 20,
+            )
+            .await
+            .expect("read");
+            assert_eq!(&stored, expected, "{}", plane.engine());
+        }
     }
 }
 
@@ -2541,5 +2639,42 @@ async fn heartbeats_arriving_together_are_committed_in_groups() {
             assert!(after[runner] > before[runner], "{runner}: not renewed");
         }
         assert!(!after.contains_key(&lost), "a lost runner came back live");
+    }
+}
+
+/// A command sent to a durable sandbox while its runner is being drained:
+/// the runner is told to stop the sandbox (it moves), so the command is
+/// not handed to it, and it ends `not_launched` when the sandbox is
+/// secured, never `unknown` (CI's convergence test met it handed over
+/// and never confirmed). A standard sandbox on the same runner keeps
+/// running there, and its commands are handed over as before.
+#[tokio::test]
+async fn a_draining_runner_is_handed_no_command_of_a_durable_sandbox_it_must_move() {
+    for plane in planes_with("draincmd", true).await {
+        let org = plane.org("org_d", None).await;
+        let runner = plane.runner(4).await;
+        let durable = plane.running_with_idle(&org, &runner, true, 3600).await;
+        let standard = plane.running_with_idle(&org, &runner, false, 3600).await;
+        server::control::drain::set_drain(&plane.state, &runner, Some("drain"))
+            .await
+            .expect("drained");
+        let moving = plane.command(&org, &durable.id).await.expect("a command");
+        let staying = plane.command(&org, &standard.id).await.expect("a command");
+        let handed = plane.handed(&runner).await;
+        assert_eq!(handed, vec![staying.id.clone()], "{}", plane.engine());
+        assert_eq!(
+            plane.load_command(&moving.id).await.state,
+            CommandState::Queued,
+            "{}",
+            plane.engine()
+        );
+        plane.runner_stops(&org, &durable, &runner).await;
+        let ended = plane.load_command(&moving.id).await;
+        assert_eq!(
+            (ended.state, ended.state_reason.as_deref()),
+            (CommandState::NotLaunched, Some("sandbox_securing")),
+            "{}",
+            plane.engine()
+        );
     }
 }

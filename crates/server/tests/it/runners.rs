@@ -181,6 +181,7 @@ async fn a_runner_cannot_read_or_report_as_another_runner() {
             signal: None,
             reason: None,
             pid: None,
+            output: None,
         };
         assert_eq!(
             refused(b.client.runner_report_command(&command.id, &report).await),
@@ -229,6 +230,7 @@ async fn a_runner_cannot_read_or_report_as_another_runner() {
         signal: None,
         reason: None,
         pid: None,
+        output: None,
     };
     assert_eq!(
         refused(
