@@ -53,6 +53,9 @@ pub(crate) struct CommandJob {
     pub assignment: CommandAssignment,
     /// The signal the caller asked for, as the assignments show it.
     pub signals: watch::Receiver<Option<String>>,
+    /// False when the sandbox is not to run any more (it is to stop, or it
+    /// died): a command not launched yet never will be, and says so.
+    pub may_launch: bool,
 }
 
 /// The task's stop: fenced (not this runner's), or refused for good.
@@ -88,6 +91,13 @@ pub(crate) async fn run(job: CommandJob) {
         }
         // Reported running by an earlier run whose records are gone.
         CommandRecord::New if job.assignment.state != CommandState::Starting => unknown(),
+        // Handed over, but the sandbox stops (or died) before it ran: the
+        // honest end is `not_launched`, where the record would say
+        // `unknown` of a command left unconfirmed.
+        CommandRecord::New if !job.may_launch => RecordedEnd {
+            reason: Some("sandbox_not_running".to_owned()),
+            ..RecordedEnd::new(CommandState::NotLaunched)
+        },
         CommandRecord::New => match job.launch().await {
             Ok(end) => end,
             Err(Stopped) => return,

@@ -521,6 +521,13 @@ impl Worker {
                 }
             }
         }
+        if sandbox.desired != DesiredState::Running
+            || matches!(action, Action::ReportDeath | Action::ReportVanished)
+        {
+            // Before the sandbox's state is reported (the stop settles
+            // these tasks first).
+            self.decline_commands(assigned);
+        }
         let result = match action {
             Action::Idle => Ok(()),
             Action::Launch => self.launch(sandbox, seen).await,
@@ -1284,6 +1291,17 @@ impl Worker {
     /// Starts a task for each handed-over command that has none, and
     /// passes requested signals to running ones.
     fn run_commands(&mut self, assigned: &Assigned) {
+        self.start_command_tasks(assigned, true);
+    }
+
+    /// Ends each handed-over command that has no task yet without
+    /// launching it (`not_launched`): the sandbox is not to run any more.
+    /// One launched before a restart is driven to its end as usual.
+    fn decline_commands(&mut self, assigned: &Assigned) {
+        self.start_command_tasks(assigned, false);
+    }
+
+    fn start_command_tasks(&mut self, assigned: &Assigned, may_launch: bool) {
         let epoch = assigned.sandbox.epoch;
         for command in &assigned.commands {
             if command.epoch != epoch {
@@ -1307,6 +1325,7 @@ impl Worker {
                 files: self.files.clone(),
                 assignment: command.clone(),
                 signals,
+                may_launch,
             };
             let task = tokio::spawn(command::run(job));
             self.commands
