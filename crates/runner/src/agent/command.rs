@@ -478,14 +478,12 @@ fn recorded_end(
     delivered: &[Signal],
     pid: Option<i32>,
 ) -> RecordedEnd {
+    let ran = ran(&ended);
     match ended {
-        Ok(end) => {
-            let ran = !matches!(end.outcome, Outcome::LaunchFailed { .. });
-            RecordedEnd {
-                pid: pid.filter(|_| ran),
-                ..end_of(&end.outcome, delivered)
-            }
-        }
+        Ok(end) => RecordedEnd {
+            pid: pid.filter(|_| ran),
+            ..end_of(&end.outcome, delivered)
+        },
         Err(err) => {
             tracing::warn!(command_id = %id, %err, "lost track of the command");
             RecordedEnd {

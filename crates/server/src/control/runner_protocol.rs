@@ -517,6 +517,14 @@ pub async fn report_command(
                 format!("a command cannot go from {} to {to}", command.state),
             ));
         }
+        if to == CommandState::Exited && report.exit_code.is_none() {
+            return Err(limits::invalid("exit_code", "an exited command has one"));
+        }
+        if let Some(pid) = report.pid
+            && pid <= 0
+        {
+            return Err(limits::invalid("pid", "a pid is positive"));
+        }
         // Output carried by the end: stored before the end (the same
         // commit), skipping what an earlier upload already stored.
         if let Some(output) = &report.output {
@@ -536,14 +544,6 @@ pub async fn report_command(
                     .await?;
                 }
             }
-        }
-        if to == CommandState::Exited && report.exit_code.is_none() {
-            return Err(limits::invalid("exit_code", "an exited command has one"));
-        }
-        if let Some(pid) = report.pid
-            && pid <= 0
-        {
-            return Err(limits::invalid("pid", "a pid is positive"));
         }
         // An end straight from `starting` with a pid: it started and ended
         // before its `running` report went out; both are recorded here.
