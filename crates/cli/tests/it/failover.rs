@@ -845,6 +845,10 @@ async fn preemption_and_drain_move_durable_sandboxes_without_losing_finished_wor
         String::from_utf8_lossy(&drained.stdout).contains("being emptied (drain)"),
         "{drained:?}"
     );
+    // A command sent while the sandbox moves is not handed to the runner
+    // being emptied: it waits through the move and runs once it runs
+    // again (on the spot runner), where it used to end `not_launched`.
+    assert_eq!(sh(api, &id, "cat /workspace/out/status").await, "ok\n");
     cluster
         .wait_running_on(&id, spot, Duration::from_secs(30))
         .await;

@@ -13,6 +13,7 @@ use api::lifecycle::{DesiredState, SandboxState, StorageClass};
 
 use super::AppState;
 use crate::error::ControlError;
+use crate::records::sandboxes::{MOVED_BY_DRAIN, MOVED_BY_PREEMPTION};
 use crate::records::{SandboxRow, not_found, runners};
 use api::ErrorCode;
 use api::runners::RunnerRecord;
@@ -34,9 +35,9 @@ pub fn desired_on(sandbox: &SandboxRow, drain: Option<&str>) -> DesiredState {
 /// The state reason a move off a runner being emptied shows.
 pub fn reason_of(drain: &str) -> &'static str {
     if drain == "preempt" {
-        "preempted"
+        MOVED_BY_PREEMPTION
     } else {
-        "runner_draining"
+        MOVED_BY_DRAIN
     }
 }
 

@@ -105,7 +105,8 @@ impl CommandRow {
 }
 
 /// Ends the commands that cannot run any more once a sandbox is in
-/// `state`. Queued ones never started: `not_launched`. For the rest:
+/// `state`. Queued ones never started: `not_launched` (unless they wait
+/// for a wake, or for a durable sandbox a drain moves). For the rest:
 /// - the host is gone (`recovering`, or `failed` with `node_lost`): seen
 ///   running → `infrastructure_lost`; handed over but never confirmed →
 ///   `unknown`;
@@ -127,6 +128,14 @@ pub(super) async fn end_commands_for(
         (Failed, _) => CommandState::Unknown,
         (Pending | Starting | Running | Stopping, _) => return Ok(()),
     };
+    // A durable sandbox moving off a runner being emptied runs again on
+    // another: its queued commands (none was handed to the runner it
+    // leaves) wait for it there, as they would for a wake.
+    let moving = !state.is_terminal()
+        && matches!(
+            reason,
+            Some(super::sandboxes::MOVED_BY_DRAIN | super::sandboxes::MOVED_BY_PREEMPTION)
+        );
     let now = now_ms();
     let reason = format!("sandbox_{state}");
     let mut ids: Vec<String> = Vec::new();
@@ -143,6 +152,9 @@ pub(super) async fn end_commands_for(
         (CommandState::Starting, CommandState::Unknown),
         (CommandState::Running, running),
     ] {
+        if from == CommandState::Queued && moving {
+            continue;
+        }
         let keep_waiting = if from == CommandState::Queued && queued_wait {
             " AND waited_for_wake = 0"
         } else {
@@ -272,8 +284,8 @@ pub async fn insert(
 /// Hands the queued commands of the runner's running sandboxes over to it
 /// (`starting`, under the sandbox's epoch). A runner being emptied is
 /// handed none for its durable sandboxes: it is told to stop them (they
-/// move), so it would never launch them, and a command handed over and
-/// never confirmed ends `unknown` where it is honestly `not_launched`.
+/// move), so it would never launch them; they wait queued for the runner
+/// the sandbox moves to ([`end_commands_for`]).
 pub async fn hand_over(
     tx: &mut WriteTx,
     runner_id: &str,

@@ -865,6 +865,12 @@ pub async fn record_lost_save(tx: &mut WriteTx, id: &str, error: &str) -> Result
     Ok(())
 }
 
+/// The reasons a durable sandbox moving off a runner being emptied shows
+/// (a drain for maintenance, a spot host's preemption): it runs again
+/// elsewhere.
+pub const MOVED_BY_DRAIN: &str = "runner_draining";
+pub const MOVED_BY_PREEMPTION: &str = "preempted";
+
 /// The reason of the event that says a stop's securing committed: the
 /// home is in the store as the stop left it.
 pub const SECURING_COMMITTED: &str = "securing_committed";

@@ -2644,10 +2644,11 @@ async fn heartbeats_arriving_together_are_committed_in_groups() {
 
 /// A command sent to a durable sandbox while its runner is being drained:
 /// the runner is told to stop the sandbox (it moves), so the command is
-/// not handed to it, and it ends `not_launched` when the sandbox is
-/// secured, never `unknown` (CI's convergence test met it handed over
-/// and never confirmed). A standard sandbox on the same runner keeps
-/// running there, and its commands are handed over as before.
+/// not handed to it (CI's convergence test met it handed over, never
+/// launched, and ended `unknown`); it waits through the move and is
+/// handed to the runner the sandbox runs on next. A standard sandbox on
+/// the same runner keeps running there, and its commands are handed over
+/// as before.
 #[tokio::test]
 async fn a_draining_runner_is_handed_no_command_of_a_durable_sandbox_it_must_move() {
     for plane in planes_with("draincmd", true).await {
@@ -2668,11 +2669,27 @@ async fn a_draining_runner_is_handed_no_command_of_a_durable_sandbox_it_must_mov
             "{}",
             plane.engine()
         );
-        plane.runner_stops(&org, &durable, &runner).await;
-        let ended = plane.load_command(&moving.id).await;
+        let moved = plane.runner_stops(&org, &durable, &runner).await;
+        assert_eq!(moved.state, SandboxState::Pending, "{}", plane.engine());
         assert_eq!(
-            (ended.state, ended.state_reason.as_deref()),
-            (CommandState::NotLaunched, Some("sandbox_securing")),
+            plane.load_command(&moving.id).await.state,
+            CommandState::Queued,
+            "{}: the command waits through the move",
+            plane.engine()
+        );
+        let other = plane.runner(4).await;
+        server::reconcile::schedule_pending(&plane.state)
+            .await
+            .expect("scheduled");
+        let placed = plane.load(&durable.id).await;
+        assert_eq!(placed.runner_id.as_deref(), Some(other.as_str()));
+        plane
+            .report(&placed, &other, SandboxState::Running)
+            .await
+            .expect("running");
+        assert_eq!(
+            plane.handed(&other).await,
+            vec![moving.id.clone()],
             "{}",
             plane.engine()
         );
