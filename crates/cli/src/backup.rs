@@ -272,7 +272,7 @@ fn dump_records(
         }
         server::db::Engine::Postgres => {
             let file = dir.join("records.pgdump");
-            let url = db.url.clone();
+            let url = db.url.to_string();
             let out = file.clone();
             let roots = runtime
                 .block_on(records::dump_postgres(db, move |snapshot| {

@@ -32,7 +32,13 @@ pub enum Principal {
 pub fn random_hex(bytes: usize) -> Result<String, ServerError> {
     let mut buffer = vec![0u8; bytes];
     getrandom::fill(&mut buffer).map_err(|e| ServerError::Random(e.to_string()))?;
-    Ok(buffer.iter().map(|b| format!("{b:02x}")).collect())
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(bytes * 2);
+    for byte in buffer {
+        text.push(char::from(HEX[usize::from(byte >> 4)]));
+        text.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+    Ok(text)
 }
 
 pub fn new_token(kind: &str) -> Result<String, ServerError> {

@@ -52,7 +52,7 @@ pub async fn read_roots(db: &Db) -> Result<RecordRoots, ServerError> {
 /// and the roots that copy names, read from the copy itself.
 pub async fn dump_sqlite(db: &Db, dest: &Path) -> Result<RecordRoots, ServerError> {
     if db.engine != Engine::Sqlite {
-        return Err(ServerError::UnsupportedDatabase(db.url.clone()));
+        return Err(ServerError::UnsupportedDatabase(db.url.to_string()));
     }
     let path = dest.to_str().ok_or_else(|| ServerError::Io {
         path: dest.to_owned(),
@@ -79,7 +79,7 @@ where
 {
     use sqlx::Executor;
     if db.engine != Engine::Postgres {
-        return Err(ServerError::UnsupportedDatabase(db.url.clone()));
+        return Err(ServerError::UnsupportedDatabase(db.url.to_string()));
     }
     let mut conn = db.pool.acquire().await?;
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{Any, AnyPool, Connection, Executor, Transaction};
@@ -47,7 +48,7 @@ pub enum Engine {
 pub struct Db {
     pub pool: AnyPool,
     pub engine: Engine,
-    pub url: String,
+    pub url: Arc<str>,
     /// Wakes long-poll waiters when a record they watch changes.
     pub hub: Hub,
     /// Tokens verified lately (`auth::TokenCache`): most requests
@@ -58,6 +59,124 @@ pub struct Db {
     /// SQLite has one writer: taking turns in-process turns would-be
     /// `SQLITE_BUSY` upgrades into a short queue. PostgreSQL needs none.
     sqlite_writer: Arc<Mutex<()>>,
+    /// SQLite: hot reads on the request's own thread (`SqliteReads`).
+    pub sqlite_reads: Option<Arc<SqliteReads>>,
+}
+
+/// Reads of a SQLite database on the calling thread, for the hottest
+/// requests (`GET /v1/sandboxes/{id}`, a long-poll's re-reads).
+///
+/// sqlx runs every SQLite connection on a worker thread of its own and
+/// passes each statement and its rows through channels: two thread
+/// wake-ups per query, which profiles of the server under `wrk` showed to
+/// be most of a GET's cost (BENCHMARKS.md, "Fleet", GET). A read by
+/// primary key from the page cache takes microseconds, less than those
+/// hand-offs, so it runs here on a connection of our own.
+///
+/// What keeps this honest: the database is in WAL mode, so a read never
+/// waits for the writer and sees every transaction committed before it
+/// began (a long-poll woken at commit reads the commit); the connections
+/// are `query_only`; and the busy timeout is short, so the rare read that
+/// would wait (a WAL reset in progress) does not hold the async thread:
+/// it answers `None` and the caller reads through sqlx instead.
+pub struct SqliteReads {
+    path: std::path::PathBuf,
+    idle: std::sync::Mutex<Vec<rusqlite::Connection>>,
+    /// Reads answered here, and declined to sqlx (`/metrics`).
+    answered: AtomicU64,
+    declined: AtomicU64,
+}
+
+/// Idle read connections kept; more are opened under load and closed
+/// when returned beyond this.
+const SQLITE_READS_IDLE_MAX: usize = 8;
+
+impl SqliteReads {
+    /// For a `sqlite://PATH[?…]` (or `sqlite:PATH`) file database; `None`
+    /// for an in-memory one, which a second connection cannot see.
+    fn for_url(url: &str) -> Option<SqliteReads> {
+        let rest = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))?;
+        let (path, options) = rest.split_once('?').unwrap_or((rest, ""));
+        if path.is_empty() || path.starts_with(':') || options.contains("mode=memory") {
+            return None;
+        }
+        Some(SqliteReads {
+            path: path.into(),
+            idle: std::sync::Mutex::new(Vec::new()),
+            answered: AtomicU64::new(0),
+            declined: AtomicU64::new(0),
+        })
+    }
+
+    /// Reads answered here and reads declined to sqlx, since start.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.answered.load(Ordering::Relaxed),
+            self.declined.load(Ordering::Relaxed),
+        )
+    }
+
+    fn open(&self) -> rusqlite::Result<rusqlite::Connection> {
+        use rusqlite::OpenFlags;
+        let conn = rusqlite::Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(Duration::from_millis(20))?;
+        conn.pragma_update(None, "query_only", true)?;
+        Ok(conn)
+    }
+
+    /// Runs `read` on an idle connection. `None` when it could not answer
+    /// (the database busy, or any other error, logged): the caller reads
+    /// through sqlx, whose answer or error stands.
+    pub fn read<T>(
+        &self,
+        read: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+    ) -> Option<T> {
+        let answer = self.try_read(read);
+        let counter = match answer {
+            Some(_) => &self.answered,
+            None => &self.declined,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        answer
+    }
+
+    fn try_read<T>(
+        &self,
+        read: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+    ) -> Option<T> {
+        let idle = self.idle.lock().ok()?.pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => match self.open() {
+                Ok(conn) => conn,
+                Err(err) => {
+                    tracing::debug!(%err, "direct SQLite read: cannot open");
+                    return None;
+                }
+            },
+        };
+        match read(&conn) {
+            Ok(value) => {
+                if let Ok(mut idle) = self.idle.lock()
+                    && idle.len() < SQLITE_READS_IDLE_MAX
+                {
+                    idle.push(conn);
+                }
+                Some(value)
+            }
+            Err(err) => {
+                // The connection is closed, not reused: whatever went wrong
+                // stays with it.
+                tracing::debug!(%err, "direct SQLite read failed; reading through sqlx");
+                None
+            }
+        }
+    }
 }
 
 /// A write transaction. Keys passed to [`WriteTx::changed`] wake their
@@ -162,6 +281,12 @@ impl Db {
         let pool = AnyPoolOptions::new()
             .max_connections(if engine == Engine::Sqlite { 4 } else { 16 })
             .acquire_timeout(Duration::from_secs(10))
+            // A SQLite connection does not break while idle, so the ping
+            // sqlx sends before every acquire (a round trip to its worker
+            // thread per query) buys nothing there; a PostgreSQL one can
+            // (a restarted server), and the ping finds it before a request
+            // does.
+            .test_before_acquire(engine == Engine::Postgres)
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if engine == Engine::Sqlite {
@@ -191,11 +316,15 @@ impl Db {
         Ok(Db {
             pool,
             engine,
-            url: url.to_owned(),
+            url: url.into(),
             hub: Hub::default(),
             tokens: Arc::default(),
             runner_view: Arc::default(),
             sqlite_writer: Arc::new(Mutex::new(())),
+            sqlite_reads: match engine {
+                Engine::Sqlite => SqliteReads::for_url(url).map(Arc::new),
+                Engine::Postgres => None,
+            },
         })
     }
 
@@ -272,6 +401,76 @@ mod tests {
     use super::*;
     use std::future::Future;
     use std::task::{Context, Poll, Waker};
+
+    /// Direct reads are for file databases: an in-memory one is private
+    /// to each connection, so a second connection would read another,
+    /// empty database.
+    #[test]
+    fn direct_reads_are_for_file_databases_only() {
+        for (url, path) in [
+            (
+                "sqlite:///var/lib/roost/roost.db?mode=rwc",
+                Some("/var/lib/roost/roost.db"),
+            ),
+            ("sqlite://roost.db", Some("roost.db")),
+            ("sqlite:data/roost.db", Some("data/roost.db")),
+            ("sqlite::memory:", None),
+            ("sqlite://", None),
+            ("sqlite://file.db?mode=memory&cache=shared", None),
+            ("postgres://roost@localhost/roost", None),
+        ] {
+            let reads = SqliteReads::for_url(url);
+            assert_eq!(
+                reads
+                    .as_ref()
+                    .map(|r| r.path.display().to_string())
+                    .as_deref(),
+                path,
+                "{url}"
+            );
+        }
+    }
+
+    /// A direct read that cannot answer declines, so the caller reads
+    /// through sqlx; a read that fails leaves no connection behind, and
+    /// one that answers returns its connection for the next.
+    #[test]
+    fn a_direct_read_that_cannot_answer_declines() {
+        let missing = SqliteReads::for_url("sqlite:///nonexistent/roost.db").expect("a file url");
+        assert_eq!(missing.read(|_| Ok(1)), None, "no file: nothing is created");
+        assert!(!std::path::Path::new("/nonexistent/roost.db").exists());
+        assert_eq!(missing.counts(), (0, 1));
+
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let file = dir.path().join("roost.db");
+        rusqlite::Connection::open(&file)
+            .and_then(|conn| {
+                conn.execute_batch("CREATE TABLE t (v BIGINT); INSERT INTO t VALUES (7);")
+            })
+            .expect("a database");
+        let reads =
+            SqliteReads::for_url(&format!("sqlite://{}", file.display())).expect("a file url");
+        let read = |conn: &rusqlite::Connection| {
+            conn.query_row("SELECT v FROM t", [], |row| row.get::<_, i64>(0))
+        };
+        assert_eq!(reads.read(read), Some(7));
+        assert_eq!(
+            reads.read(|conn| conn.execute("DELETE FROM t", [])),
+            None,
+            "the connection is query-only"
+        );
+        assert_eq!(
+            reads.read(|conn| conn.query_row("SELECT nope FROM t", [], |_| Ok(()))),
+            None
+        );
+        assert_eq!(reads.read(read), Some(7), "the row is still there");
+        assert_eq!(reads.counts(), (2, 2));
+        assert_eq!(
+            reads.idle.lock().expect("idle").len(),
+            1,
+            "one kept, the failed ones closed"
+        );
+    }
 
     /// Writers whose requests are dropped at every point of `write()`
     /// never leave the database locked for the next one.

@@ -162,7 +162,7 @@ pub async fn serve(
         // Other servers' writes are unseen until the listener is in place.
         state.db.hub.set_complete(false);
         tokio::spawn(hub::listen_postgres(
-            state.db.url.clone(),
+            state.db.url.to_string(),
             state.db.hub.clone(),
         ));
     }

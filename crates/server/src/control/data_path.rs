@@ -88,7 +88,7 @@ pub async fn command_route(
         ));
     }
     let since = state.retained_since_ms();
-    let sandbox = records::sandboxes::visible(&state.db.pool, org_id, sandbox_id, since)
+    let sandbox = records::sandboxes::visible(&state.db, org_id, sandbox_id, since)
         .await?
         .ok_or_else(|| records::not_found("sandbox"))?;
     let (Some(runner_id), Some(epoch)) = (&sandbox.runner_id, command.epoch) else {
@@ -337,7 +337,7 @@ pub async fn files_route(
 ) -> Result<DataRoute, ControlError> {
     super::idle::record(state, org_id, sandbox_id, Activity::Files).await?;
     let since = state.retained_since_ms();
-    let sandbox = records::sandboxes::visible(&state.db.pool, org_id, sandbox_id, since)
+    let sandbox = records::sandboxes::visible(&state.db, org_id, sandbox_id, since)
         .await?
         .ok_or_else(|| records::not_found("sandbox"))?;
     let runner_id = match (&sandbox.runner_id, sandbox.state) {

@@ -78,13 +78,8 @@ pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> Respon
         Err(response) => return response,
     };
     let since = state.retained_since_ms();
-    match crate::records::sandboxes::visible(
-        &state.db.pool,
-        &caller.org_id,
-        &caller.sandbox_id,
-        since,
-    )
-    .await
+    match crate::records::sandboxes::visible(&state.db, &caller.org_id, &caller.sandbox_id, since)
+        .await
     {
         Ok(Some(row)) if row.state == SandboxState::Running => {
             StatusCode::NO_CONTENT.into_response()

@@ -129,7 +129,7 @@ impl WithDefaults for CreateSandboxRequest {
 
 /// The sandbox as the org sees it, or E2B's 404.
 async fn visible(state: &AppState, org_id: &str, id: &str) -> Result<SandboxRow, E2bError> {
-    records::sandboxes::visible(&state.db.pool, org_id, id, state.retained_since_ms())
+    records::sandboxes::visible(&state.db, org_id, id, state.retained_since_ms())
         .await?
         .ok_or_else(|| not_found(id))
 }

@@ -29,12 +29,21 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ControlE
             .count() as i64,
     };
     let at_risk_ms = crate::records::observed::at_risk_ms_max(&state.db.pool, now).await?;
-    let text = state.metrics.render(
+    let mut text = state.metrics.render(
         &sandboxes,
         state.db.hub.waiters(),
         &lag,
         at_risk_ms as f64 / 1000.0,
     );
+    if let Some(reads) = &state.db.sqlite_reads {
+        let (answered, declined) = reads.counts();
+        text.push_str(&format!(
+            "# HELP roost_sqlite_direct_reads_total Hot SQLite reads on the request's thread: answered, or declined to the connection pool (busy, or an error).\n\
+             # TYPE roost_sqlite_direct_reads_total counter\n\
+             roost_sqlite_direct_reads_total{{result=\"answered\"}} {answered}\n\
+             roost_sqlite_direct_reads_total{{result=\"declined\"}} {declined}\n"
+        ));
+    }
     let mut response = text.into_response();
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,

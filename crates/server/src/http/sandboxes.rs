@@ -58,7 +58,7 @@ pub async fn visible_sandbox(
     id: &str,
 ) -> Result<SandboxRow, ControlError> {
     let since = state.retained_since_ms();
-    records::sandboxes::visible(&state.db.pool, org_id, id, since)
+    records::sandboxes::visible(&state.db, org_id, id, since)
         .await?
         .ok_or_else(|| not_found("sandbox"))
 }

@@ -6,11 +6,10 @@ use std::collections::BTreeMap;
 
 use sqlx::AnyPool;
 use sqlx::Row;
-use sqlx::any::AnyRow;
 
 use super::counts::Counted;
 use super::{json_map, parse_column, rfc3339};
-use crate::db::{WriteTx, now_ms};
+use crate::db::{Db, WriteTx, now_ms};
 use api::lifecycle::{DesiredState, Network, Placement, SandboxState, StorageClass};
 
 /// A sandbox row as stored.
@@ -95,54 +94,54 @@ pub struct HomeColumns {
 pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, state_message, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies, mounts, idle_timeout_s, auto_wake, last_activity_at_ms, last_activity, idle_deadline_ms, desired_reason, desired_message, home_unchanged_at_ms, start_after_stop";
 
 impl SandboxRow {
-    pub fn from_row(row: &AnyRow) -> Result<SandboxRow, sqlx::Error> {
+    pub fn from_row(row: &impl super::ReadRow) -> Result<SandboxRow, sqlx::Error> {
         Ok(SandboxRow {
-            id: row.try_get("id")?,
-            org_id: row.try_get("org_id")?,
-            image: row.try_get("image")?,
-            image_root: row.try_get("image_root")?,
+            id: row.column("id")?,
+            org_id: row.column("org_id")?,
+            image: row.column("image")?,
+            image_root: row.column("image_root")?,
             storage_class: parse_column(row, "storage_class")?,
-            memory_mib: row.try_get("memory_mib")?,
-            millicpus: row.try_get("millicpus")?,
-            pids: row.try_get("pids")?,
+            memory_mib: row.column("memory_mib")?,
+            millicpus: row.column("millicpus")?,
+            pids: row.column("pids")?,
             network: parse_column(row, "network")?,
             placement: parse_column(row, "placement")?,
-            env: row.try_get("env")?,
-            labels: row.try_get("labels")?,
+            env: row.column("env")?,
+            labels: row.column("labels")?,
             state: parse_column(row, "state")?,
-            state_reason: row.try_get("state_reason")?,
-            state_message: row.try_get("state_message")?,
+            state_reason: row.column("state_reason")?,
+            state_message: row.column("state_message")?,
             desired: parse_column(row, "desired")?,
-            runner_id: row.try_get("runner_id")?,
-            last_runner_id: row.try_get("last_runner_id")?,
-            epoch: row.try_get("epoch")?,
-            quarantined: row.try_get::<i64, _>("quarantined")? != 0,
-            created_at_ms: row.try_get("created_at_ms")?,
-            updated_at_ms: row.try_get("updated_at_ms")?,
-            expires_at_ms: row.try_get("expires_at_ms")?,
-            ended_at_ms: row.try_get("ended_at_ms")?,
+            runner_id: row.column("runner_id")?,
+            last_runner_id: row.column("last_runner_id")?,
+            epoch: row.column("epoch")?,
+            quarantined: row.column::<i64>("quarantined")? != 0,
+            created_at_ms: row.column("created_at_ms")?,
+            updated_at_ms: row.column("updated_at_ms")?,
+            expires_at_ms: row.column("expires_at_ms")?,
+            ended_at_ms: row.column("ended_at_ms")?,
             home: HomeColumns {
-                root: row.try_get("home_root")?,
-                saved_at_ms: row.try_get("home_saved_at_ms")?,
-                save_interval_s: row.try_get("save_interval_s")?,
-                save_attempt_at_ms: row.try_get("save_attempt_at_ms")?,
-                save_error: row.try_get("save_error")?,
-                save_bytes_pending: row.try_get("save_bytes_pending")?,
-                from_snapshot: row.try_get("from_snapshot")?,
-                unchanged_at_ms: row.try_get("home_unchanged_at_ms")?,
+                root: row.column("home_root")?,
+                saved_at_ms: row.column("home_saved_at_ms")?,
+                save_interval_s: row.column("save_interval_s")?,
+                save_attempt_at_ms: row.column("save_attempt_at_ms")?,
+                save_error: row.column("save_error")?,
+                save_bytes_pending: row.column("save_bytes_pending")?,
+                from_snapshot: row.column("from_snapshot")?,
+                unchanged_at_ms: row.column("home_unchanged_at_ms")?,
             },
-            kept_copies: row.try_get("kept_copies")?,
-            mounts: row.try_get("mounts")?,
+            kept_copies: row.column("kept_copies")?,
+            mounts: row.column("mounts")?,
             idle: IdleColumns {
-                timeout_s: row.try_get("idle_timeout_s")?,
-                auto_wake: row.try_get::<i64, _>("auto_wake")? != 0,
-                last_activity_at_ms: row.try_get("last_activity_at_ms")?,
-                last_activity: row.try_get("last_activity")?,
-                deadline_ms: row.try_get("idle_deadline_ms")?,
+                timeout_s: row.column("idle_timeout_s")?,
+                auto_wake: row.column::<i64>("auto_wake")? != 0,
+                last_activity_at_ms: row.column("last_activity_at_ms")?,
+                last_activity: row.column("last_activity")?,
+                deadline_ms: row.column("idle_deadline_ms")?,
             },
-            desired_reason: row.try_get("desired_reason")?,
-            desired_message: row.try_get("desired_message")?,
-            start_after_stop: row.try_get::<i64, _>("start_after_stop")? != 0,
+            desired_reason: row.column("desired_reason")?,
+            desired_message: row.column("desired_message")?,
+            start_after_stop: row.column::<i64>("start_after_stop")? != 0,
         })
     }
 
@@ -950,21 +949,37 @@ pub async fn purge_deleted(tx: &mut WriteTx, cutoff_ms: i64) -> Result<(), sqlx:
     Ok(())
 }
 
-/// The org's sandbox, unless it ended before `retained_since_ms`.
+/// The org's sandbox, unless it ended before `retained_since_ms`. On
+/// SQLite read on this thread where it can (`db::SqliteReads`): the
+/// hottest read of the API.
 pub async fn visible(
-    pool: &AnyPool,
+    db: &Db,
     org_id: &str,
     id: &str,
     retained_since_ms: i64,
 ) -> Result<Option<SandboxRow>, sqlx::Error> {
-    let row = sqlx::query(&format!(
+    let sql = format!(
         "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1 AND org_id = $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)"
-    ))
-    .bind(id)
-    .bind(org_id)
-    .bind(retained_since_ms)
-    .fetch_optional(pool)
-    .await?;
+    );
+    if let Some(reads) = &db.sqlite_reads {
+        let direct = reads.read(|conn| {
+            let mut statement = conn.prepare_cached(&sql)?;
+            let mut rows = statement.query((id, org_id, retained_since_ms))?;
+            let names = super::column_names(SANDBOX_COLUMNS);
+            Ok(rows
+                .next()?
+                .map(|row| SandboxRow::from_row(&super::DirectRow::new(row, &names))))
+        });
+        if let Some(found) = direct {
+            return found.transpose();
+        }
+    }
+    let row = sqlx::query(&sql)
+        .bind(id)
+        .bind(org_id)
+        .bind(retained_since_ms)
+        .fetch_optional(&db.pool)
+        .await?;
     row.as_ref().map(SandboxRow::from_row).transpose()
 }
 

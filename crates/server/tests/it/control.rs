@@ -2695,3 +2695,74 @@ async fn a_draining_runner_is_handed_no_command_of_a_durable_sandbox_it_must_mov
         );
     }
 }
+
+/// On SQLite, a sandbox is read on the request's own thread
+/// (`db::SqliteReads`): it answers what sqlx reads of the same row, every
+/// field, and sees each commit at once (a long-poll re-reads right after
+/// the commit that woke it). PostgreSQL reads through its pool.
+#[tokio::test]
+async fn a_sandbox_read_on_sqlites_direct_path_is_the_record_as_committed() {
+    for plane in planes("direct_reads").await {
+        let db = &plane.state.db;
+        let org = plane.org("org_d", None).await;
+        let runner = plane.runner(4).await;
+        let created = plane.create(&org).await.expect("admitted");
+        let since = plane.state.retained_since_ms();
+        let before = db.sqlite_reads.as_ref().map(|reads| reads.counts());
+
+        let read = server::records::sandboxes::visible(db, &org, &created.id, since)
+            .await
+            .expect("a read")
+            .expect("the sandbox");
+        let through_sqlx = sqlx::query(&format!(
+            "SELECT {} FROM sandboxes WHERE id = $1",
+            server::records::SANDBOX_COLUMNS
+        ))
+        .bind(&created.id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("the row through sqlx");
+        let through_sqlx = SandboxRow::from_row(&through_sqlx).expect("decoded");
+        assert_eq!(
+            format!("{read:?}"),
+            format!("{through_sqlx:?}"),
+            "{}",
+            plane.engine()
+        );
+
+        // A commit is seen by the next read.
+        let running = plane
+            .report(&created, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        let read = server::records::sandboxes::visible(db, &org, &created.id, since)
+            .await
+            .expect("a read")
+            .expect("the sandbox");
+        assert_eq!(read.state, SandboxState::Running);
+        assert_eq!(read.updated_at_ms, running.updated_at_ms);
+        // Another org's, or no such sandbox: none, on either path.
+        for (org, id) in [("org_other", created.id.as_str()), (org.as_str(), "sbx_0")] {
+            let none = server::records::sandboxes::visible(db, org, id, since)
+                .await
+                .expect("a read");
+            assert!(none.is_none(), "{org} {id}: {none:?}");
+        }
+
+        match (&db.sqlite_reads, before) {
+            (Some(reads), Some((answered, declined))) => {
+                assert_eq!(
+                    reads.counts(),
+                    (answered + 4, declined),
+                    "every read answered on the direct path"
+                );
+            }
+            (None, None) => assert_eq!(plane.engine(), "postgres"),
+            (reads, _) => panic!(
+                "{}: direct reads {}",
+                plane.engine(),
+                if reads.is_some() { "on" } else { "off" }
+            ),
+        }
+    }
+}
