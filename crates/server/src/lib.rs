@@ -206,14 +206,14 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         .map(Arc::new);
     let db = db::Db::connect(&database_url).await?;
     db.migrate().await?;
-    Ok(control::AppState {
+    Ok(control::AppState::new(control::AppStateParts {
         db,
         store,
         config: Arc::new(config),
         metrics: Arc::new(metrics::Metrics::default()),
         secret_key,
         renewals: Arc::default(),
-    })
+    }))
 }
 
 /// Pending connections the kernel queues before `accept`: a burst of

@@ -112,7 +112,9 @@ struct Route {
 
 #[derive(Default)]
 pub struct Metrics {
-    routes: Mutex<BTreeMap<(String, String), Route>>,
+    /// By route, then method: looked up by borrowed strings, so counting a
+    /// request allocates nothing once its route has been seen.
+    routes: Mutex<BTreeMap<String, BTreeMap<String, Route>>>,
     quota_rejections: Mutex<BTreeMap<String, u64>>,
     lease_expiries: AtomicU64,
     lease_holds: AtomicU64,
@@ -161,9 +163,18 @@ impl Metrics {
             .routes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let entry = routes
-            .entry((method.to_owned(), route.to_owned()))
-            .or_default();
+        if !routes.contains_key(route) {
+            routes.insert(route.to_owned(), BTreeMap::new());
+        }
+        let Some(methods) = routes.get_mut(route) else {
+            return;
+        };
+        if !methods.contains_key(method) {
+            methods.insert(method.to_owned(), Route::default());
+        }
+        let Some(entry) = methods.get_mut(method) else {
+            return;
+        };
         if entry.buckets.is_empty() {
             entry.buckets = vec![0; BUCKETS.len()];
         }
@@ -309,7 +320,10 @@ impl Metrics {
             .routes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for ((method, route), r) in routes.iter() {
+        for (route, method, r) in routes
+            .iter()
+            .flat_map(|(route, methods)| methods.iter().map(move |(method, r)| (route, method, r)))
+        {
             for (status, count) in &r.by_status {
                 let _ = writeln!(
                     out,
@@ -322,7 +336,10 @@ impl Metrics {
             "# HELP roost_http_request_duration_seconds Time to answer, by route."
         );
         let _ = writeln!(out, "# TYPE roost_http_request_duration_seconds histogram");
-        for ((method, route), r) in routes.iter() {
+        for (route, method, r) in routes
+            .iter()
+            .flat_map(|(route, methods)| methods.iter().map(move |(method, r)| (route, method, r)))
+        {
             let labels = format!("method=\"{method}\",route=\"{route}\"");
             for (bound, count) in BUCKETS.iter().zip(&r.buckets) {
                 let _ = writeln!(

@@ -499,7 +499,14 @@ async fn openapi_and_metrics_describe_the_api() {
         "roost_http_request_duration_seconds_count{method=\"GET\",route=\"/v1/sandboxes/{id}\"} 1",
         "roost_sandboxes{state=\"running\"} 1",
         "roost_lease_expiries_total 0",
+        "roost_sqlite_direct_reads_total{result=\"declined\"} 0",
     ] {
         assert!(text.contains(needle), "{needle} in\n{text}");
     }
+    // The GET above was read on SQLite's direct path.
+    let answered = text
+        .lines()
+        .find_map(|line| line.strip_prefix("roost_sqlite_direct_reads_total{result=\"answered\"} "))
+        .and_then(|count| count.parse::<u64>().ok());
+    assert!(answered.is_some_and(|n| n >= 1), "{answered:?} in\n{text}");
 }

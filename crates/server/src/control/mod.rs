@@ -49,8 +49,28 @@ use crate::db::Db;
 pub use crate::error::ControlError;
 use crate::metrics::Metrics;
 
+/// What every request and task of the server shares. One `Arc`: axum
+/// clones the state for each extractor and layer of every request, and a
+/// clone of the parts themselves (a dozen reference counts) was a visible
+/// share of a GET's time.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppStateParts>);
+
+impl AppState {
+    pub fn new(parts: AppStateParts) -> AppState {
+        AppState(Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = AppStateParts;
+
+    fn deref(&self) -> &AppStateParts {
+        &self.0
+    }
+}
+
+pub struct AppStateParts {
     pub db: Db,
     /// The content store (`--store`): images, and the block service.
     pub store: Option<Arc<store::Store>>,

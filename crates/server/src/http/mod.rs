@@ -201,15 +201,16 @@ async fn observe(
     next: Next,
 ) -> Response {
     let started = std::time::Instant::now();
-    let method = request.method().to_string();
+    // Both cheap to keep: a method is a small enum, a matched path an Arc.
+    let method = request.method().clone();
     let route = request
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+        .cloned();
     let response = request_id(request, next).await;
     state.metrics.observe_request(
-        &method,
-        &route,
+        method.as_str(),
+        route.as_ref().map_or("unmatched", |p| p.as_str()),
         response.status().as_u16(),
         started.elapsed(),
     );

@@ -93,6 +93,10 @@ pub struct HomeColumns {
 
 pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, state_message, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies, mounts, idle_timeout_s, auto_wake, last_activity_at_ms, last_activity, idle_deadline_ms, desired_reason, desired_message, home_unchanged_at_ms, start_after_stop";
 
+/// [`SANDBOX_COLUMNS`] split, for direct reads (`super::DirectRow`).
+static SANDBOX_COLUMN_NAMES: std::sync::LazyLock<Vec<&str>> =
+    std::sync::LazyLock::new(|| super::column_names(SANDBOX_COLUMNS));
+
 impl SandboxRow {
     pub fn from_row(row: &impl super::ReadRow) -> Result<SandboxRow, sqlx::Error> {
         Ok(SandboxRow {
@@ -965,10 +969,9 @@ pub async fn visible(
         let direct = reads.read(|conn| {
             let mut statement = conn.prepare_cached(&sql)?;
             let mut rows = statement.query((id, org_id, retained_since_ms))?;
-            let names = super::column_names(SANDBOX_COLUMNS);
-            Ok(rows
-                .next()?
-                .map(|row| SandboxRow::from_row(&super::DirectRow::new(row, &names))))
+            Ok(rows.next()?.map(|row| {
+                SandboxRow::from_row(&super::DirectRow::new(row, &SANDBOX_COLUMN_NAMES))
+            }))
         });
         if let Some(found) = direct {
             return found.transpose();

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The authenticated GET against nginx, for one or more roost binaries in
+# turn (interleaved rounds, so a noisy machine treats them alike):
+#
+#   bench/control/get.sh [--rounds N] [--seconds S] ROOST_BIN [ROOST_BIN...]
+#
+# For each binary and round: a SQLite server on a fresh data dir, the
+# load generator's setup (an org, a runner, a sandbox), `wrk -t2 -c64`
+# on GET /v1/sandboxes/{id} after a 2 s warm-up, then nginx serving the
+# same body as a static file, the same way; prints one line per run with
+# both rates and their ratio. Needs wrk and nginx (bench/control/run.sh
+# installs them) and the loadgen example built in release mode.
+set -euo pipefail
+ROUNDS=3 SECS=10
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --seconds) SECS=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+[ $# -gt 0 ] || { sed -n 2,12p "$0"; exit 2; }
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+LOADGEN=${LOADGEN_BIN:-$ROOT/target/release/examples/loadgen}
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+jget() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+rate() { awk '/Requests\/sec/{print $2}'; }
+
+one_run() {
+  local bin=$1 dir port nport pid token sandbox roost nginx
+  dir=$(mktemp -d /tmp/roost-get.XXXXXX)
+  port=$(free_port) nport=$(free_port)
+  "$bin" server --listen "127.0.0.1:$port" --data-dir "$dir/server" --lease-ttl 1h >"$dir/out" 2>"$dir/err" &
+  pid=$!
+  for _ in $(seq 1 300); do grep -q 'listening' "$dir/out" 2>/dev/null && break; sleep 0.1; done
+  "$LOADGEN" setup --url "http://127.0.0.1:$port" --admin-token "$(head -n1 "$dir/server/admin-token")" >"$dir/setup.json"
+  token=$(jget "$dir/setup.json" org_token)
+  sandbox=$(jget "$dir/setup.json" sandbox_id)
+  local url=http://127.0.0.1:$port/v1/sandboxes/$sandbox
+  curl -fsS -H "Authorization: Bearer $token" "$url" >"$dir/sandbox.json"
+  cat >"$dir/nginx.conf" <<EOC
+worker_processes auto; pid $dir/nginx.pid; error_log $dir/nginx.err;
+events { worker_connections 1024; }
+http { access_log off; server { listen 127.0.0.1:$nport; root $dir; } }
+EOC
+  "$NGINX" -c "$dir/nginx.conf" -p "$dir"
+  wrk -t2 -c64 -d2s -H "Authorization: Bearer $token" "$url" >/dev/null
+  roost=$(wrk -t2 -c64 -d"${SECS}s" -H "Authorization: Bearer $token" "$url" | rate)
+  wrk -t2 -c64 -d2s "http://127.0.0.1:$nport/sandbox.json" >/dev/null
+  nginx=$(wrk -t2 -c64 -d"${SECS}s" "http://127.0.0.1:$nport/sandbox.json" | rate)
+  kill "$(cat "$dir/nginx.pid")"
+  kill -INT "$pid"; wait "$pid" 2>/dev/null || true
+  rm -rf "$dir"
+  printf '%s\tGET/s %s\tnginx/s %s\tratio %s\tload %s\n' "$bin" "$roost" "$nginx" \
+    "$(python3 -c "print(round($roost/$nginx, 3))")" "$(cut -d' ' -f1 /proc/loadavg)"
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  for bin in "$@"; do
+    printf 'round %s\t' "$round"
+    one_run "$bin"
+  done
+done
