@@ -10,6 +10,8 @@
 # same body as a static file, the same way; prints one line per run with
 # both rates and their ratio. Needs wrk and nginx (bench/control/run.sh
 # installs them) and the loadgen example built in release mode.
+# DATABASE=postgres://… runs the servers on that database instead (make
+# it empty before each run: the setup adds an org and a runner).
 set -euo pipefail
 ROUNDS=3 SECS=10
 while [ $# -gt 0 ]; do
@@ -19,7 +21,7 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-[ $# -gt 0 ] || { sed -n 2,12p "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n 2,14p "$0"; exit 2; }
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 LOADGEN=${LOADGEN_BIN:-$ROOT/target/release/examples/loadgen}
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
@@ -33,7 +35,7 @@ one_run() {
   local bin=$1 dir port nport pid token sandbox roost nginx
   dir=$(mktemp -d /tmp/roost-get.XXXXXX)
   port=$(free_port) nport=$(free_port)
-  "$bin" server --listen "127.0.0.1:$port" --data-dir "$dir/server" --lease-ttl 1h >"$dir/out" 2>"$dir/err" &
+  "$bin" server --listen "127.0.0.1:$port" --data-dir "$dir/server" --lease-ttl 1h ${DATABASE:+--database "$DATABASE"} >"$dir/out" 2>"$dir/err" &
   pid=$!
   for _ in $(seq 1 300); do grep -q 'listening' "$dir/out" 2>/dev/null && break; sleep 0.1; done
   "$LOADGEN" setup --url "http://127.0.0.1:$port" --admin-token "$(head -n1 "$dir/server/admin-token")" >"$dir/setup.json"
