@@ -67,7 +67,7 @@ pub async fn command_route(
         &watch,
         HANDOVER_WAIT,
         || async {
-            records::commands::visible(&state.db.pool, org_id, sandbox_id, command_id)
+            records::commands::visible(&state.db, org_id, sandbox_id, command_id)
                 .await?
                 .ok_or_else(|| records::not_found("command"))
         },

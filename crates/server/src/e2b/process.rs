@@ -264,15 +264,10 @@ async fn pump(
             .map_err(|_| None::<connect::Error>)
     };
     let load = || async {
-        records::commands::visible(
-            &state.db.pool,
-            &caller.org_id,
-            &caller.sandbox_id,
-            command_id,
-        )
-        .await
-        .map_err(ControlError::from)?
-        .ok_or_else(|| records::not_found("command"))
+        records::commands::visible(&state.db, &caller.org_id, &caller.sandbox_id, command_id)
+            .await
+            .map_err(ControlError::from)?
+            .ok_or_else(|| records::not_found("command"))
     };
     let watch = state.db.hub.watch(command_id);
     // The start event carries the pid: wait until the agent reported it

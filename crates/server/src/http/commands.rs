@@ -29,7 +29,7 @@ async fn visible_command(
 ) -> Result<CommandRow, ControlError> {
     // A sandbox past its retention window takes its commands with it.
     visible_sandbox(state, org_id, sandbox_id).await?;
-    records::commands::visible(&state.db.pool, org_id, sandbox_id, id)
+    records::commands::visible(&state.db, org_id, sandbox_id, id)
         .await?
         .ok_or_else(|| not_found("command"))
 }

@@ -4,7 +4,6 @@
 
 use sqlx::AnyPool;
 use sqlx::Row;
-use sqlx::any::AnyRow;
 
 use super::{json_map, parse_column, rfc3339};
 use crate::db::{WriteTx, now_ms};
@@ -40,33 +39,43 @@ pub struct CommandRow {
 
 pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms, pid, stdin, tty, waited_for_wake";
 
+/// [`COMMAND_COLUMNS`] split, for direct reads (`super::DirectRow`).
+static COMMAND_COLUMN_NAMES: std::sync::LazyLock<Vec<&str>> =
+    std::sync::LazyLock::new(|| super::column_names(COMMAND_COLUMNS));
+
+impl super::FromReadRow for CommandRow {
+    fn from_read_row(row: &impl super::ReadRow) -> Result<CommandRow, sqlx::Error> {
+        CommandRow::from_row(row)
+    }
+}
+
 impl CommandRow {
-    pub fn from_row(row: &AnyRow) -> Result<CommandRow, sqlx::Error> {
+    pub fn from_row(row: &impl super::ReadRow) -> Result<CommandRow, sqlx::Error> {
         Ok(CommandRow {
-            id: row.try_get("id")?,
-            sandbox_id: row.try_get("sandbox_id")?,
-            org_id: row.try_get("org_id")?,
-            argv: row.try_get("argv")?,
-            env: row.try_get("env")?,
-            cwd: row.try_get("cwd")?,
-            timeout_s: row.try_get("timeout_s")?,
+            id: row.column("id")?,
+            sandbox_id: row.column("sandbox_id")?,
+            org_id: row.column("org_id")?,
+            argv: row.column("argv")?,
+            env: row.column("env")?,
+            cwd: row.column("cwd")?,
+            timeout_s: row.column("timeout_s")?,
             state: parse_column(row, "state")?,
-            state_reason: row.try_get("state_reason")?,
-            exit_code: row.try_get("exit_code")?,
-            signal: row.try_get("signal")?,
-            signal_requested: row.try_get("signal_requested")?,
-            epoch: row.try_get("epoch")?,
-            stdout_bytes: row.try_get("stdout_bytes")?,
-            stderr_bytes: row.try_get("stderr_bytes")?,
-            created_at_ms: row.try_get("created_at_ms")?,
-            started_at_ms: row.try_get("started_at_ms")?,
-            ended_at_ms: row.try_get("ended_at_ms")?,
-            pid: row.try_get("pid")?,
-            stdin: row.try_get::<i64, _>("stdin")? != 0,
+            state_reason: row.column("state_reason")?,
+            exit_code: row.column("exit_code")?,
+            signal: row.column("signal")?,
+            signal_requested: row.column("signal_requested")?,
+            epoch: row.column("epoch")?,
+            stdout_bytes: row.column("stdout_bytes")?,
+            stderr_bytes: row.column("stderr_bytes")?,
+            created_at_ms: row.column("created_at_ms")?,
+            started_at_ms: row.column("started_at_ms")?,
+            ended_at_ms: row.column("ended_at_ms")?,
+            pid: row.column("pid")?,
+            stdin: row.column::<i64>("stdin")? != 0,
             tty: row
-                .try_get::<Option<String>, _>("tty")?
+                .column::<Option<String>>("tty")?
                 .and_then(|text| serde_json::from_str(&text).ok()),
-            waited_for_wake: row.try_get::<i64, _>("waited_for_wake")? != 0,
+            waited_for_wake: row.column::<i64>("waited_for_wake")? != 0,
         })
     }
 
@@ -468,22 +477,25 @@ pub async fn append_output(
     Ok(())
 }
 
-/// The org's command in its sandbox.
+/// The org's command in its sandbox: read again by every exec's
+/// long-poll (`super::read_optional`).
 pub async fn visible(
-    pool: &AnyPool,
+    db: &crate::db::Db,
     org_id: &str,
     sandbox_id: &str,
     id: &str,
 ) -> Result<Option<CommandRow>, sqlx::Error> {
-    let row = sqlx::query(&format!(
+    use super::Param::Text;
+    let sql = format!(
         "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1 AND sandbox_id = $2 AND org_id = $3"
-    ))
-    .bind(id)
-    .bind(sandbox_id)
-    .bind(org_id)
-    .fetch_optional(pool)
-    .await?;
-    row.as_ref().map(CommandRow::from_row).transpose()
+    );
+    super::read_optional(
+        db,
+        &sql,
+        &COMMAND_COLUMN_NAMES,
+        &[Text(id), Text(sandbox_id), Text(org_id)],
+    )
+    .await
 }
 
 /// One page of a sandbox's commands in id order (after `cursor`), and the

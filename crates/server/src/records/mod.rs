@@ -170,6 +170,58 @@ impl ReadRow for DirectRow<'_> {
     }
 }
 
+/// A row type decoded by one function from either reader.
+pub trait FromReadRow: Sized {
+    fn from_read_row(row: &impl ReadRow) -> Result<Self, sqlx::Error>;
+}
+
+/// A parameter of a hot read, bound the same way for both readers.
+pub enum Param<'a> {
+    Text(&'a str),
+    Int(i64),
+}
+
+impl rusqlite::ToSql for Param<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        match self {
+            Param::Text(text) => text.to_sql(),
+            Param::Int(value) => value.to_sql(),
+        }
+    }
+}
+
+/// At most one row of a hot read (`sql` selecting `columns`, `$1`… in
+/// order): on SQLite on this thread where it can (`db::SqliteReads`),
+/// otherwise, or if that declines, through the pool.
+pub async fn read_optional<T: FromReadRow>(
+    db: &crate::db::Db,
+    sql: &str,
+    columns: &[&str],
+    params: &[Param<'_>],
+) -> Result<Option<T>, sqlx::Error> {
+    if let Some(reads) = &db.sqlite_reads {
+        let direct = reads.read(|conn| {
+            let mut statement = conn.prepare_cached(sql)?;
+            let mut rows = statement.query(rusqlite::params_from_iter(params))?;
+            Ok(rows
+                .next()?
+                .map(|row| T::from_read_row(&DirectRow::new(row, columns))))
+        });
+        if let Some(found) = direct {
+            return found.transpose();
+        }
+    }
+    let mut query = sqlx::query(sql);
+    for param in params {
+        query = match param {
+            Param::Text(text) => query.bind(*text),
+            Param::Int(value) => query.bind(*value),
+        };
+    }
+    let row = query.fetch_optional(&db.pool).await?;
+    row.as_ref().map(T::from_read_row).transpose()
+}
+
 /// A `SELECT` column list split into its names, for [`DirectRow`].
 pub fn column_names(list: &str) -> Vec<&str> {
     list.split(',').map(str::trim).collect()

@@ -97,6 +97,12 @@ pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class,
 static SANDBOX_COLUMN_NAMES: std::sync::LazyLock<Vec<&str>> =
     std::sync::LazyLock::new(|| super::column_names(SANDBOX_COLUMNS));
 
+impl super::FromReadRow for SandboxRow {
+    fn from_read_row(row: &impl super::ReadRow) -> Result<SandboxRow, sqlx::Error> {
+        SandboxRow::from_row(row)
+    }
+}
+
 impl SandboxRow {
     pub fn from_row(row: &impl super::ReadRow) -> Result<SandboxRow, sqlx::Error> {
         Ok(SandboxRow {
@@ -953,37 +959,25 @@ pub async fn purge_deleted(tx: &mut WriteTx, cutoff_ms: i64) -> Result<(), sqlx:
     Ok(())
 }
 
-/// The org's sandbox, unless it ended before `retained_since_ms`. On
-/// SQLite read on this thread where it can (`db::SqliteReads`): the
-/// hottest read of the API.
+/// The org's sandbox, unless it ended before `retained_since_ms`: the
+/// hottest read of the API (`super::read_optional`).
 pub async fn visible(
     db: &Db,
     org_id: &str,
     id: &str,
     retained_since_ms: i64,
 ) -> Result<Option<SandboxRow>, sqlx::Error> {
+    use super::Param::{Int, Text};
     let sql = format!(
         "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1 AND org_id = $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)"
     );
-    if let Some(reads) = &db.sqlite_reads {
-        let direct = reads.read(|conn| {
-            let mut statement = conn.prepare_cached(&sql)?;
-            let mut rows = statement.query((id, org_id, retained_since_ms))?;
-            Ok(rows.next()?.map(|row| {
-                SandboxRow::from_row(&super::DirectRow::new(row, &SANDBOX_COLUMN_NAMES))
-            }))
-        });
-        if let Some(found) = direct {
-            return found.transpose();
-        }
-    }
-    let row = sqlx::query(&sql)
-        .bind(id)
-        .bind(org_id)
-        .bind(retained_since_ms)
-        .fetch_optional(&db.pool)
-        .await?;
-    row.as_ref().map(SandboxRow::from_row).transpose()
+    super::read_optional(
+        db,
+        &sql,
+        &SANDBOX_COLUMN_NAMES,
+        &[Text(id), Text(org_id), Int(retained_since_ms)],
+    )
+    .await
 }
 
 /// Which of an org's sandboxes a list shows.

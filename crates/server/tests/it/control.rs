@@ -2696,12 +2696,12 @@ async fn a_draining_runner_is_handed_no_command_of_a_durable_sandbox_it_must_mov
     }
 }
 
-/// On SQLite, a sandbox is read on the request's own thread
+/// On SQLite, a sandbox and a command are read on the request's own thread
 /// (`db::SqliteReads`): it answers what sqlx reads of the same row, every
 /// field, and sees each commit at once (a long-poll re-reads right after
 /// the commit that woke it). PostgreSQL reads through its pool.
 #[tokio::test]
-async fn a_sandbox_read_on_sqlites_direct_path_is_the_record_as_committed() {
+async fn reads_on_sqlites_direct_path_are_the_records_as_committed() {
     for plane in planes("direct_reads").await {
         let db = &plane.state.db;
         let org = plane.org("org_d", None).await;
@@ -2741,6 +2741,27 @@ async fn a_sandbox_read_on_sqlites_direct_path_is_the_record_as_committed() {
             .expect("the sandbox");
         assert_eq!(read.state, SandboxState::Running);
         assert_eq!(read.updated_at_ms, running.updated_at_ms);
+        // A command (an exec's long-poll reads it again and again).
+        let command = plane.command(&org, &created.id).await.expect("a command");
+        let read = server::records::commands::visible(db, &org, &created.id, &command.id)
+            .await
+            .expect("a read")
+            .expect("the command");
+        let through_sqlx = sqlx::query(&format!(
+            "SELECT {} FROM commands WHERE id = $1",
+            server::records::COMMAND_COLUMNS
+        ))
+        .bind(&command.id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("the row through sqlx");
+        let through_sqlx = server::records::CommandRow::from_row(&through_sqlx).expect("decoded");
+        assert_eq!(format!("{read:?}"), format!("{through_sqlx:?}"));
+        let elsewhere =
+            server::records::commands::visible(db, "org_other", &created.id, &command.id)
+                .await
+                .expect("a read");
+        assert!(elsewhere.is_none(), "{elsewhere:?}");
         // Another org's, or no such sandbox: none, on either path.
         for (org, id) in [("org_other", created.id.as_str()), (org.as_str(), "sbx_0")] {
             let none = server::records::sandboxes::visible(db, org, id, since)
@@ -2753,7 +2774,7 @@ async fn a_sandbox_read_on_sqlites_direct_path_is_the_record_as_committed() {
             (Some(reads), Some((answered, declined))) => {
                 assert_eq!(
                     reads.counts(),
-                    (answered + 4, declined),
+                    (answered + 6, declined),
                     "every read answered on the direct path"
                 );
             }
