@@ -2696,6 +2696,19 @@ async fn a_draining_runner_is_handed_no_command_of_a_durable_sandbox_it_must_mov
     }
 }
 
+/// A sandbox's or a command's row by id, read through sqlx's pool.
+async fn row_through_sqlx(plane: &Plane, table: &str, id: &str) -> sqlx::any::AnyRow {
+    let columns = match table {
+        "sandboxes" => server::records::SANDBOX_COLUMNS,
+        _ => server::records::COMMAND_COLUMNS,
+    };
+    sqlx::query(&format!("SELECT {columns} FROM {table} WHERE id = $1"))
+        .bind(id)
+        .fetch_one(&plane.state.db.pool)
+        .await
+        .expect("the row through sqlx")
+}
+
 /// On SQLite, a sandbox and a command are read on the request's own thread
 /// (`db::SqliteReads`): it answers what sqlx reads of the same row, every
 /// field, and sees each commit at once (a long-poll re-reads right after
@@ -2714,14 +2727,7 @@ async fn reads_on_sqlites_direct_path_are_the_records_as_committed() {
             .await
             .expect("a read")
             .expect("the sandbox");
-        let through_sqlx = sqlx::query(&format!(
-            "SELECT {} FROM sandboxes WHERE id = $1",
-            server::records::SANDBOX_COLUMNS
-        ))
-        .bind(&created.id)
-        .fetch_one(&db.pool)
-        .await
-        .expect("the row through sqlx");
+        let through_sqlx = row_through_sqlx(&plane, "sandboxes", &created.id).await;
         let through_sqlx = SandboxRow::from_row(&through_sqlx).expect("decoded");
         assert_eq!(
             format!("{read:?}"),
@@ -2747,14 +2753,7 @@ async fn reads_on_sqlites_direct_path_are_the_records_as_committed() {
             .await
             .expect("a read")
             .expect("the command");
-        let through_sqlx = sqlx::query(&format!(
-            "SELECT {} FROM commands WHERE id = $1",
-            server::records::COMMAND_COLUMNS
-        ))
-        .bind(&command.id)
-        .fetch_one(&db.pool)
-        .await
-        .expect("the row through sqlx");
+        let through_sqlx = row_through_sqlx(&plane, "commands", &command.id).await;
         let through_sqlx = server::records::CommandRow::from_row(&through_sqlx).expect("decoded");
         assert_eq!(format!("{read:?}"), format!("{through_sqlx:?}"));
         let elsewhere =
