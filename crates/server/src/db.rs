@@ -64,7 +64,8 @@ pub struct Db {
 }
 
 /// Reads of a SQLite database on the calling thread, for the hottest
-/// requests (`GET /v1/sandboxes/{id}`, a long-poll's re-reads).
+/// requests (a sandbox or a command by id: `GET /v1/sandboxes/{id}`, a
+/// long-poll's re-reads; `records::read_optional`).
 ///
 /// sqlx runs every SQLite connection on a worker thread of its own and
 /// passes each statement and its rows through channels: two thread

@@ -203,12 +203,25 @@ pub async fn read_optional<T: FromReadRow>(
         let direct = reads.read(|conn| {
             let mut statement = conn.prepare_cached(sql)?;
             let mut rows = statement.query(rusqlite::params_from_iter(params))?;
-            Ok(rows
-                .next()?
-                .map(|row| T::from_read_row(&DirectRow::new(row, columns))))
+            let Some(row) = rows.next()? else {
+                return Ok(None);
+            };
+            // A row this reader cannot decode is declined too: sqlx's
+            // decoding, the one every other read uses, decides.
+            T::from_read_row(&DirectRow::new(row, columns))
+                .map(Some)
+                .map_err(|err| {
+                    // (The index and type are not what the log names: the
+                    // sqlx error inside names the column.)
+                    rusqlite::Error::FromSqlConversionFailure(
+                        0,
+                        rusqlite::types::Type::Null,
+                        Box::new(err),
+                    )
+                })
         });
         if let Some(found) = direct {
-            return found.transpose();
+            return Ok(found);
         }
     }
     let mut query = sqlx::query(sql);

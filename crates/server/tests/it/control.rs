@@ -2784,5 +2784,22 @@ async fn reads_on_sqlites_direct_path_are_the_records_as_committed() {
                 if reads.is_some() { "on" } else { "off" }
             ),
         }
+        // A row the direct reader cannot decode is declined to sqlx, whose
+        // answer stands (here an error naming the column).
+        if let Some(reads) = &db.sqlite_reads {
+            sqlx::query("UPDATE sandboxes SET epoch = 'not a number' WHERE id = $1")
+                .bind(&created.id)
+                .execute(&db.pool)
+                .await
+                .expect("a corrupt row");
+            let (answered, declined) = reads.counts();
+            let read = server::records::sandboxes::visible(db, &org, &created.id, since).await;
+            assert!(
+                read.as_ref()
+                    .is_err_and(|err| err.to_string().contains("epoch")),
+                "{read:?}"
+            );
+            assert_eq!(reads.counts(), (answered, declined + 1));
+        }
     }
 }
