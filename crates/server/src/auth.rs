@@ -72,11 +72,28 @@ pub async fn store_token(
 /// token works at once everywhere.
 pub const TOKEN_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// How long a server trusts a runner's credential it verified: longer
+/// than [`TOKEN_CACHE_TTL`], because no credential of a runner is ever
+/// revoked (what a runner may do is its record's to say: a lost runner is
+/// `fenced` by its lease, whatever its credential), and a runner
+/// heartbeats every 3 s, so at 3 s nearly every heartbeat missed the
+/// cache and cost two queries (`bench/fleet/run.sh`).
+pub const RUNNER_CREDENTIAL_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long a verification of `principal` is trusted.
+fn trusted_for(principal: &Principal) -> std::time::Duration {
+    match principal {
+        Principal::Runner { .. } => RUNNER_CREDENTIAL_CACHE_TTL,
+        _ => TOKEN_CACHE_TTL,
+    }
+}
+
 /// Most tokens one server remembers (a runner's credential each, plus
 /// orgs'): about 200 bytes each.
 pub const TOKEN_CACHE_ENTRIES_MAX: usize = 65_536;
 
-/// Verified tokens by hash, each trusted for [`TOKEN_CACHE_TTL`]: an
+/// Verified tokens by hash, each trusted for [`TOKEN_CACHE_TTL`] (a
+/// runner's credential for [`RUNNER_CREDENTIAL_CACHE_TTL`]): an
 /// authenticated request costs no database round trip for its token.
 #[derive(Default)]
 pub struct TokenCache {
@@ -88,21 +105,25 @@ impl TokenCache {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries
             .get(hash)
-            .filter(|(_, at)| at.elapsed() < TOKEN_CACHE_TTL)
+            .filter(|(principal, at)| at.elapsed() < trusted_for(principal))
             .map(|(principal, _)| principal.clone())
     }
 
     fn put(&self, hash: String, principal: Principal) {
+        self.put_verified_at(hash, principal, std::time::Instant::now());
+    }
+
+    fn put_verified_at(&self, hash: String, principal: Principal, at: std::time::Instant) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if entries.len() >= TOKEN_CACHE_ENTRIES_MAX {
             // Bounded: the stale go first, and if all are fresh, all go
             // (each costs one query to come back).
-            entries.retain(|_, (_, at)| at.elapsed() < TOKEN_CACHE_TTL);
+            entries.retain(|_, (principal, at)| at.elapsed() < trusted_for(principal));
             if entries.len() >= TOKEN_CACHE_ENTRIES_MAX {
                 entries.clear();
             }
         }
-        entries.insert(hash, (principal, std::time::Instant::now()));
+        entries.insert(hash, (principal, at));
     }
 
     /// Forgets a token (by its hash) on this server at once: what removes
@@ -190,4 +211,38 @@ fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
     file.write_all(secret.as_bytes())?;
     file.write_all(b"\n")?;
     file.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn verified_ago(age: Duration) -> Instant {
+        Instant::now()
+            .checked_sub(age)
+            .expect("the clock runs long enough")
+    }
+
+    /// A runner heartbeats every 3 s: its credential must outlive the
+    /// 3 s a token is trusted, or every heartbeat costs two queries.
+    #[test]
+    fn a_runners_credential_is_trusted_longer_than_a_token() {
+        let cache = TokenCache::default();
+        let runner = Principal::Runner {
+            runner_id: "rnr_1".to_owned(),
+        };
+        let org = Principal::Org {
+            org_id: "org_1".to_owned(),
+        };
+        let past_token_ttl = verified_ago(TOKEN_CACHE_TTL + Duration::from_secs(1));
+        cache.put_verified_at("runner".to_owned(), runner.clone(), past_token_ttl);
+        cache.put_verified_at("org".to_owned(), org.clone(), past_token_ttl);
+        assert_eq!(cache.get("runner"), Some(runner.clone()));
+        assert_eq!(cache.get("org"), None, "a token is trusted for 3 s only");
+
+        let past_runner_ttl = verified_ago(RUNNER_CREDENTIAL_CACHE_TTL + Duration::from_secs(1));
+        cache.put_verified_at("runner".to_owned(), runner, past_runner_ttl);
+        assert_eq!(cache.get("runner"), None, "then verified again");
+    }
 }
