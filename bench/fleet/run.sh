@@ -19,7 +19,7 @@
 # (tcp_proxy.py) that is killed two thirds into the run and started again 3 s
 # later: every database connection drops and none can be made meanwhile.
 #
-# Usage: bench/fleet/run.sh [--quick] [--kill] [--pg-outage] [--no-build] [--no-creates]
+# Usage: bench/fleet/run.sh [--quick] [--kill] [--pg-outage] [--no-build] [--no-creates] [--creates-only]
 #   --quick      1,000 runners, 30 s, creates at 1,000/10,000 (a smoke test)
 #   env RUNNERS  default 10000;  env SECONDS_RUN default 120;  env KEEP=1 keeps the logs
 #   env ROOST_TEST_POSTGRES_URL  a PostgreSQL server (default: /work/testenv/env's);
@@ -31,7 +31,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 RUNNERS=${RUNNERS:-10000} SECONDS_RUN=${SECONDS_RUN:-120} API_CLIENTS=${API_CLIENTS:-8}
 BIG=${BIG:-100000} SMALL=1000 CREATE_SECONDS=10
-BUILD=1 KILL= CREATES=1 LABEL=-fleet OUTAGE=
+BUILD=1 KILL= CREATES=1 LABEL=-fleet OUTAGE= FLEET=1
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) RUNNERS=1000 SECONDS_RUN=30 BIG=10000 CREATE_SECONDS=3 LABEL=-fleet-quick ;;
@@ -39,6 +39,7 @@ while [ $# -gt 0 ]; do
     --pg-outage) OUTAGE=1 ;;
     --no-build) BUILD= ;;
     --no-creates) CREATES= ;;
+    --creates-only) FLEET= LABEL=-creates ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -162,6 +163,13 @@ if [ -n "$CREATES" ]; then
   done
   done
   echo >>"$REPORT"
+fi
+
+if [ -z "$FLEET" ]; then
+  mkdir -p "$ROOT/bench/results"
+  OUT=$ROOT/bench/results/$(date -u +%F_%H%M)$LABEL.md
+  cp "$REPORT" "$OUT"; cat "$REPORT"; log "saved $OUT"
+  exit 0
 fi
 
 # --- the fleet run ----------------------------------------------------------------

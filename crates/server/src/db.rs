@@ -59,6 +59,9 @@ pub struct Db {
     /// SQLite has one writer: taking turns in-process turns would-be
     /// `SQLITE_BUSY` upgrades into a short queue. PostgreSQL needs none.
     sqlite_writer: Arc<Mutex<()>>,
+    /// Lines in which this server's creates wait for a contended row
+    /// (`WriteTx::take_turn`).
+    turns: Arc<Turns>,
     /// SQLite: hot reads on the request's own thread (`SqliteReads`).
     pub sqlite_reads: Option<Arc<SqliteReads>>,
 }
@@ -185,7 +188,7 @@ impl SqliteReads {
 /// delivered at commit to every server; locally right after commit.
 pub struct WriteTx {
     pub tx: Transaction<'static, Any>,
-    changed: Vec<String>,
+    changed: std::collections::BTreeSet<String>,
     /// Changes to the kept counts, written at commit (`records::counts`).
     pub counts: crate::records::counts::Pending,
     /// The runners as this server last read them (`scheduler::RunnerView`).
@@ -196,19 +199,76 @@ pub struct WriteTx {
     hub: Hub,
     engine: Engine,
     _writer: Option<OwnedMutexGuard<()>>,
+    turns: Arc<Turns>,
+    turn: Turn,
+}
+
+/// Whether a transaction waits in line for a contended row (`take_turn`).
+enum Turn {
+    /// It may hold a lock another transaction waits for: it must not.
+    NotAllowed,
+    Allowed,
+    /// Its turn, held until it commits or rolls back.
+    Held(#[allow(dead_code)] OwnedMutexGuard<()>),
+}
+
+/// Lines for contended rows, one per key's stripe: a bounded set, shared
+/// by keys that hash alike (they then take turns with each other, which
+/// costs only waiting; a transaction holds one turn at most).
+struct Turns([Arc<Mutex<()>>; TURN_STRIPES]);
+
+const TURN_STRIPES: usize = 64;
+
+impl Default for Turns {
+    fn default() -> Turns {
+        Turns(std::array::from_fn(|_| Arc::default()))
+    }
+}
+
+impl Turns {
+    fn line(&self, key: &str) -> Arc<Mutex<()>> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(key);
+        self.0[hash as usize % TURN_STRIPES].clone()
+    }
 }
 
 impl WriteTx {
-    pub async fn changed(&mut self, key: &str) -> Result<(), sqlx::Error> {
-        if self.engine == Engine::Postgres {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(crate::hub::PG_CHANNEL)
-                .bind(key)
-                .execute(&mut *self.tx)
-                .await?;
+    /// Wakes `key`'s waiters once this transaction commits. Nothing is
+    /// sent now: the keys go out together at commit (see `commit`).
+    pub fn changed(&mut self, key: &str) {
+        self.changed.insert(key.to_owned());
+    }
+
+    /// Lets this transaction wait in line (`take_turn`): the caller
+    /// vouches that it holds no lock another transaction could wait for
+    /// (a create, which so far has only read and written its new rows).
+    pub fn allow_turn(&mut self) {
+        if matches!(self.turn, Turn::NotAllowed) {
+            self.turn = Turn::Allowed;
         }
-        self.changed.push(key.to_owned());
-        Ok(())
+    }
+
+    /// Before locking a row every transaction of a kind locks (the
+    /// admission row, a runner's row): waits for this server's earlier
+    /// transactions in the line for `key` to end, first come first served,
+    /// and holds the turn until this one ends. Nothing unless allowed
+    /// (`allow_turn`), not on SQLite (one writer), and once per transaction.
+    ///
+    /// Why: PostgreSQL wakes every waiter of a row lock when it is
+    /// released and they race for it, so under load some lose many times
+    /// over (create p99 six times its p50 with 16 clients in
+    /// `bench/fleet/run.sh`, about twice with the line). In line, each
+    /// server has one waiter at the row.
+    ///
+    /// Why it cannot deadlock: a transaction waits in line only while it
+    /// holds no lock anyone waits for, and holds one turn at most; so the
+    /// holder of a turn waits only for transactions not in any line.
+    pub async fn take_turn(&mut self, key: &str) {
+        if self.engine == Engine::Postgres && matches!(self.turn, Turn::Allowed) {
+            let line = self.turns.line(key);
+            self.turn = Turn::Held(line.lock_owned().await);
+        }
     }
 
     /// A sandbox row's counted fields went from `before` to `after`
@@ -222,6 +282,12 @@ impl WriteTx {
     }
 
     pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+        // Every NOTIFY in one statement (PostgreSQL delivers them at
+        // commit whenever they are sent): a round trip per key put
+        // several inside a placement's lock on its runner.
+        if self.engine == Engine::Postgres && !self.changed.is_empty() {
+            notify_all(&mut self.tx, &self.changed).await?;
+        }
         // The counts last: see `records::counts` (no deadlock, short holds).
         crate::records::counts::flush(&mut self).await?;
         self.tx.commit().await?;
@@ -233,6 +299,29 @@ impl WriteTx {
         }
         Ok(())
     }
+}
+
+/// Keys sent per NOTIFY statement: bounds the statement's parameters.
+const NOTIFY_KEYS_PER_STATEMENT: usize = 256;
+
+/// `SELECT pg_notify($1, $2), pg_notify($1, $3), …` for every key.
+async fn notify_all(
+    tx: &mut Transaction<'static, Any>,
+    keys: &std::collections::BTreeSet<String>,
+) -> Result<(), sqlx::Error> {
+    let keys: Vec<&String> = keys.iter().collect();
+    for chunk in keys.chunks(NOTIFY_KEYS_PER_STATEMENT) {
+        let calls: Vec<String> = (0..chunk.len())
+            .map(|i| format!("pg_notify($1, ${})", i + 2))
+            .collect();
+        let sql = format!("SELECT {}", calls.join(", "));
+        let mut query = sqlx::query(&sql).bind(crate::hub::PG_CHANNEL);
+        for key in chunk {
+            query = query.bind(key);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
 }
 
 impl Db {
@@ -258,13 +347,15 @@ impl Db {
         };
         Ok(WriteTx {
             tx,
-            changed: Vec::new(),
+            changed: Default::default(),
             counts: Default::default(),
             runner_view: self.runner_view.clone(),
             runners_changed: false,
             hub: self.hub.clone(),
             engine: self.engine,
             _writer: writer,
+            turns: self.turns.clone(),
+            turn: Turn::NotAllowed,
         })
     }
 }
@@ -322,6 +413,7 @@ impl Db {
             tokens: Arc::default(),
             runner_view: Arc::default(),
             sqlite_writer: Arc::new(Mutex::new(())),
+            turns: Arc::default(),
             sqlite_reads: match engine {
                 Engine::Sqlite => SqliteReads::for_url(url).map(Arc::new),
                 Engine::Postgres => None,

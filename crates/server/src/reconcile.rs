@@ -317,7 +317,7 @@ pub async fn expire_leases(state: &AppState) -> Result<(), ControlError> {
                 crate::control::idle::resume_after_stop(state, &mut tx, &sandbox.id).await?;
             }
         }
-        tx.changed(&format!("runner:{runner_id}")).await?;
+        tx.changed(&format!("runner:{runner_id}"));
         tx.commit().await?;
         state.metrics.lease_expired();
         tracing::warn!(%runner_id, "runner lease expired; runner is lost");

@@ -216,6 +216,7 @@ async fn place_from(
         )
     });
     for runner in candidates {
+        tx.take_turn(&format!("runner:{}", runner.id)).await;
         let locked = sqlx::query(
             "UPDATE runners SET placements = placements + 1 WHERE id = $1 AND state = 'live' AND drain IS NULL AND lease_expires_at_ms > $2",
         )

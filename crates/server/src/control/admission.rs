@@ -292,16 +292,19 @@ fn quota_exceeded(metric: &str, limit: i64, current: i64, retry_after_s: u64) ->
 }
 
 /// Checks the org's quotas and the fleet ceiling for one more running
-/// sandbox (and one more held one if `new`). Where any limit applies, it
-/// first takes the admission lock (one row, updated): creates and starts
-/// on every server then count one at a time, so no limit can be raced
-/// past. With no limit set, nothing is locked or counted.
+/// sandbox: a start (`created` is `None`), or the create of `created`,
+/// already written in `tx` (also one more held; its own pending counts are
+/// not held against it). Where any limit applies, it first takes the
+/// admission lock (one row, updated): creates and starts on every server
+/// then count one at a time, so no limit can be raced past. With no limit
+/// set, nothing is locked or counted.
 pub async fn check_quotas(
     state: &AppState,
     tx: &mut WriteTx,
     org_id: &str,
-    new: bool,
+    created: Option<&SandboxRow>,
 ) -> Result<(), ControlError> {
+    let new = created.is_some();
     let org = sqlx::query("SELECT max_running, max_total FROM orgs WHERE id = $1")
         .bind(org_id)
         .fetch_one(&mut *tx.tx)
@@ -312,12 +315,19 @@ pub async fn check_quotas(
         // Nothing to count against: no lock, no counting.
         return Ok(());
     }
+    tx.take_turn("admission").await;
     sqlx::query("UPDATE admission SET creates = creates + 1 WHERE id = 1")
         .execute(&mut *tx.tx)
         .await?;
     // Kept counts (`records::counts`): a few rows, however many sandboxes.
-    let (running, total) = records::counts::quota(tx, &format!("org:{org_id}")).await?;
-    let (fleet, _) = records::counts::quota(tx, "fleet").await?;
+    let (mut running, mut total) = records::counts::quota(tx, &format!("org:{org_id}")).await?;
+    let (mut fleet, _) = records::counts::quota(tx, "fleet").await?;
+    if let Some(created) = created {
+        let own = records::counts::Counted::of(created);
+        running -= i64::from(own.running());
+        fleet -= i64::from(own.running());
+        total -= i64::from(own.held());
+    }
     if let Some(limit) = max_total.filter(|&limit| new && total >= limit) {
         state.metrics.quota_rejected("sandboxes.total");
         return Err(quota_exceeded("sandboxes.total", limit, total, 60));
@@ -405,15 +415,22 @@ pub async fn admit(
 ) -> Result<(), ControlError> {
     let id = row.id.clone();
     let org_id = row.org_id.clone();
+    // A create locks nothing another transaction waits for before it
+    // takes the admission row or its runner's: it may wait in line for
+    // them (`WriteTx::take_turn`).
+    tx.allow_turn();
     if let Some(snapshot_id) = &request.from_snapshot {
         let root = super::snapshots::replicated_root(tx, &org_id, snapshot_id).await?;
         row.home.root = Some(root);
         row.home.from_snapshot = Some(snapshot_id.clone());
     }
     check_admissible(state, tx, row, request).await?;
-    check_quotas(state, tx, &org_id, true).await?;
+    // Written before the quotas are counted: the admission lock is then
+    // held for as little as can be (`check_quotas`); a refusal rolls the
+    // rows back with the transaction.
     records::sandboxes::insert(tx, row, &request.labels).await?;
     records::secrets::insert_for_sandbox(tx, &row.id, &request.secrets).await?;
+    check_quotas(state, tx, &org_id, Some(row)).await?;
     let placed = scheduler::place(tx, row).await?;
     if let Placed::Waiting(reason) = placed {
         records::sandboxes::set_waiting_reason(tx, row, reason).await?;

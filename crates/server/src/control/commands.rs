@@ -134,7 +134,7 @@ pub async fn signal(
     if let Some(sandbox) = records::load_sandbox(tx, &command.sandbox_id).await?
         && let Some(runner) = &sandbox.runner_id
     {
-        tx.changed(&format!("runner:{runner}")).await?;
+        tx.changed(&format!("runner:{runner}"));
     }
     records::commands::load(tx, &command.id)
         .await?

@@ -91,7 +91,7 @@ pub async fn set_drain(
     if !keep {
         runners::set_drain(&mut tx, id, drain).await?;
     }
-    tx.changed(&format!("runner:{id}")).await?;
+    tx.changed(&format!("runner:{id}"));
     let record = runners::record(&mut tx, id)
         .await?
         .ok_or_else(|| not_found("runner"))?;

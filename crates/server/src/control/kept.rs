@@ -304,7 +304,7 @@ pub async fn salvage(
     };
     records::snapshots::insert(tx, new).await?;
     if live {
-        tx.changed(&format!("runner:{}", copy.runner_id)).await?;
+        tx.changed(&format!("runner:{}", copy.runner_id));
     }
     records::snapshots::load(tx, &id)
         .await?

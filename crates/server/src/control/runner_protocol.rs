@@ -391,7 +391,7 @@ pub async fn report_sandbox(
             ));
         }
         if report.state == SandboxState::Deleted {
-            tx.changed(&format!("runner:{}", report.runner_id)).await?;
+            tx.changed(&format!("runner:{}", report.runner_id));
         }
         if report.state == SandboxState::Running {
             woke = report.wake.clone();

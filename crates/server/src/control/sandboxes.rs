@@ -147,7 +147,7 @@ pub async fn resume(
     // compute again.
     let needs_compute = row.state == SandboxState::Stopped;
     if row.desired != DesiredState::Running || needs_compute {
-        check_quotas(state, tx, &row.org_id, false).await?;
+        check_quotas(state, tx, &row.org_id, None).await?;
         if row.desired != DesiredState::Running {
             records::sandboxes::set_desired_saying(
                 tx,

@@ -192,7 +192,7 @@ pub async fn create(
     };
     snapshots::insert(tx, new).await?;
     if let Some(runner) = &sandbox.runner_id {
-        tx.changed(&format!("runner:{runner}")).await?;
+        tx.changed(&format!("runner:{runner}"));
     }
     load(tx, &id).await?.ok_or_else(|| not_found("snapshot"))
 }

@@ -79,7 +79,7 @@ pub async fn set_policy(
     .bind(sandbox_id)
     .execute(&mut *tx.tx)
     .await?;
-    tx.changed(sandbox_id).await?;
+    tx.changed(sandbox_id);
     Ok(())
 }
 
@@ -143,7 +143,7 @@ pub async fn claim_sleep(
     .await?;
     if active > 0 {
         touch_row(tx, sandbox_id, Activity::CommandRunning, now).await?;
-        tx.changed(sandbox_id).await?;
+        tx.changed(sandbox_id);
         return Ok(Claim::Busy);
     }
     Ok(Claim::Idle)

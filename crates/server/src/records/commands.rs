@@ -184,7 +184,7 @@ pub(super) async fn end_commands_for(
         }
     }
     for id in ids {
-        tx.changed(&id).await?;
+        tx.changed(&id);
     }
     Ok(())
 }
@@ -218,7 +218,7 @@ async fn end_queued_matching(
     .await?;
     for row in &rows {
         let id: String = row.try_get("id")?;
-        tx.changed(&id).await?;
+        tx.changed(&id);
     }
     Ok(rows.len())
 }
@@ -285,7 +285,7 @@ pub async fn insert(
     .execute(&mut *tx.tx)
     .await?;
     if let Some(runner) = &sandbox.runner_id {
-        tx.changed(&format!("runner:{runner}")).await?;
+        tx.changed(&format!("runner:{runner}"));
     }
     load(tx, id).await?.ok_or(sqlx::Error::RowNotFound)
 }
@@ -314,7 +314,7 @@ pub async fn hand_over(
     .await?;
     for row in &handed {
         let id: String = row.try_get("id")?;
-        tx.changed(&id).await?;
+        tx.changed(&id);
     }
     Ok(())
 }
@@ -363,7 +363,7 @@ pub async fn set_observed(
     if updated.rows_affected() == 0 {
         return Ok(false);
     }
-    tx.changed(&current.id).await?;
+    tx.changed(&current.id);
     Ok(true)
 }
 
@@ -375,7 +375,8 @@ pub async fn set_pid(tx: &mut WriteTx, id: &str, pid: i32) -> Result<(), sqlx::E
         .bind(id)
         .execute(&mut *tx.tx)
         .await?;
-    tx.changed(id).await
+    tx.changed(id);
+    Ok(())
 }
 
 /// A queued command that will never start (`not_launched`, cancelled).
@@ -391,7 +392,7 @@ pub async fn cancel_queued(tx: &mut WriteTx, id: &str) -> Result<bool, sqlx::Err
     if updated.rows_affected() == 0 {
         return Ok(false);
     }
-    tx.changed(id).await?;
+    tx.changed(id);
     Ok(true)
 }
 
@@ -409,7 +410,7 @@ pub async fn request_signal(tx: &mut WriteTx, id: &str, signal: &str) -> Result<
     if updated.rows_affected() == 0 {
         return Ok(false);
     }
-    tx.changed(id).await?;
+    tx.changed(id);
     Ok(true)
 }
 
@@ -473,7 +474,7 @@ pub async fn append_output(
     .bind(id)
     .execute(&mut *tx.tx)
     .await?;
-    tx.changed(id).await?;
+    tx.changed(id);
     Ok(())
 }
 

@@ -25,6 +25,10 @@ use api::lifecycle::{DesiredState, SandboxState};
 /// they rarely wait on each other; a count sums them.
 const SLOTS: u64 = 8;
 
+/// Count rows written per statement at commit (well within SQLite's and
+/// PostgreSQL's limits on parameters).
+const QUOTA_ROWS_PER_STATEMENT: usize = 256;
+
 /// What one sandbox row counts toward, as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Counted {
@@ -129,20 +133,27 @@ impl Pending {
 pub async fn flush(tx: &mut WriteTx) -> Result<(), sqlx::Error> {
     let pending = std::mem::take(&mut tx.counts);
     let slot = (rand_u64() % SLOTS) as i64;
-    for (scope, (running, held)) in pending.quotas {
-        if running == 0 && held == 0 {
-            continue;
-        }
-        sqlx::query(
-            "INSERT INTO sandbox_counts (scope, slot, running, held) VALUES ($1, $2, $3, $4)
+    // One statement for every scope (the org's and the fleet's), its rows
+    // in the map's order: locks are taken in one order by every writer.
+    let quotas: Vec<(String, (i64, i64))> = pending
+        .quotas
+        .into_iter()
+        .filter(|(_, (running, held))| *running != 0 || *held != 0)
+        .collect();
+    for chunk in quotas.chunks(QUOTA_ROWS_PER_STATEMENT) {
+        let values: Vec<String> = (0..chunk.len())
+            .map(|i| format!("(${}, $1, ${}, ${})", 3 * i + 2, 3 * i + 3, 3 * i + 4))
+            .collect();
+        let sql = format!(
+            "INSERT INTO sandbox_counts (scope, slot, running, held) VALUES {}
              ON CONFLICT (scope, slot) DO UPDATE SET running = sandbox_counts.running + excluded.running, held = sandbox_counts.held + excluded.held",
-        )
-        .bind(scope)
-        .bind(slot)
-        .bind(running)
-        .bind(held)
-        .execute(&mut *tx.tx)
-        .await?;
+            values.join(", ")
+        );
+        let mut query = sqlx::query(&sql).bind(slot);
+        for (scope, (running, held)) in chunk {
+            query = query.bind(scope.as_str()).bind(*running).bind(*held);
+        }
+        query.execute(&mut *tx.tx).await?;
     }
     for (runner, usage) in pending.runners {
         if usage == Usage::default() {

@@ -167,7 +167,7 @@ pub async fn discard(tx: &mut WriteTx, copy: &KeptRow, why: &str) -> Result<bool
     if updated.rows_affected() == 0 {
         return Ok(false);
     }
-    tx.changed(&format!("runner:{}", copy.runner_id)).await?;
+    tx.changed(&format!("runner:{}", copy.runner_id));
     // A salvage not yet uploaded cannot be any more: it says why.
     let reason = format!(
         "kept_copy_gone: the copy {} was let go ({why}) before its runner uploaded it",

@@ -335,7 +335,8 @@ pub async fn set_sandbox_state(
     // The row's `desired` comes back as locked by this update, so the
     // counts see exactly what changed (state and runner are guarded).
     let updated = sqlx::query(
-        "UPDATE sandboxes SET state = $1, state_reason = $2, runner_id = $3, epoch = $4, updated_at_ms = $5, ended_at_ms = $6, state_message = $11
+        "UPDATE sandboxes SET state = $1, state_reason = $2, runner_id = $3, epoch = $4, updated_at_ms = $5, ended_at_ms = $6, state_message = $11,
+         last_runner_id = COALESCE($3, last_runner_id)
          WHERE id = $7 AND state = $8 AND epoch = $9 AND COALESCE(runner_id, '') = $10 RETURNING desired",
     )
     .bind(to.state.as_str())
@@ -373,13 +374,6 @@ pub async fn set_sandbox_state(
             .execute(&mut *tx.tx)
             .await?;
     }
-    if let Some(runner_id) = runner_id {
-        sqlx::query("UPDATE sandboxes SET last_runner_id = $1 WHERE id = $2")
-            .bind(runner_id)
-            .bind(&current.id)
-            .execute(&mut *tx.tx)
-            .await?;
-    }
     let event = Event {
         state: to.state,
         reason: Some(reason),
@@ -389,9 +383,9 @@ pub async fn set_sandbox_state(
     };
     append_event(tx, &current.id, now, event).await?;
     super::commands::end_commands_for(tx, &current.id, to.state, to.reason).await?;
-    tx.changed(&current.id).await?;
+    tx.changed(&current.id);
     if let Some(runner) = runner_id.or(current.runner_id.as_deref()) {
-        tx.changed(&format!("runner:{runner}")).await?;
+        tx.changed(&format!("runner:{runner}"));
     }
     Ok(true)
 }
@@ -428,7 +422,7 @@ async fn append_event(
     .await?;
     // Every event wakes its sandbox's waiters: an open timeline
     // (`GET …/events?after=`) answers at this commit.
-    tx.changed(sandbox_id).await?;
+    tx.changed(sandbox_id);
     Ok(())
 }
 
@@ -450,9 +444,9 @@ pub(super) async fn note(
         runner_id,
     };
     append_event(tx, &row.id, now_ms(), event).await?;
-    tx.changed(&row.id).await?;
+    tx.changed(&row.id);
     if let Some(runner) = runner_id.or(row.runner_id.as_deref()) {
-        tx.changed(&format!("runner:{runner}")).await?;
+        tx.changed(&format!("runner:{runner}"));
     }
     Ok(())
 }
@@ -532,7 +526,7 @@ pub async fn insert(
     };
     append_event(tx, &row.id, row.created_at_ms, event).await?;
     tx.count(None, Some(&Counted::of(row)));
-    tx.changed(&row.id).await?;
+    tx.changed(&row.id);
     Ok(())
 }
 
@@ -701,7 +695,7 @@ pub async fn set_starting_wait(
         return Ok(false);
     }
     if row.state_reason.as_deref() == Some(reason) {
-        tx.changed(&row.id).await?;
+        tx.changed(&row.id);
     } else {
         note(
             tx,
@@ -757,7 +751,7 @@ pub async fn set_quarantine(
     if updated.rows_affected() == 0 {
         return Ok(false);
     }
-    tx.changed(id).await?;
+    tx.changed(id);
     Ok(true)
 }
 
@@ -853,7 +847,7 @@ pub async fn record_save(
     if updated.rows_affected() == 0 {
         return Ok(false);
     }
-    tx.changed(id).await?;
+    tx.changed(id);
     Ok(true)
 }
 

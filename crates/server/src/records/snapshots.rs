@@ -179,7 +179,7 @@ pub async fn insert(tx: &mut WriteTx, new: New<'_>) -> Result<(), sqlx::Error> {
     .bind(new.kept.map(|kept| kept.kept_at_ms))
     .execute(&mut *tx.tx)
     .await?;
-    tx.changed(new.id).await?;
+    tx.changed(new.id);
     Ok(())
 }
 
@@ -238,7 +238,7 @@ pub async fn set_durability(
         .bind(id.to_owned()),
     };
     query.execute(&mut *tx.tx).await?;
-    tx.changed(id).await?;
+    tx.changed(id);
     Ok(())
 }
 
@@ -253,7 +253,7 @@ pub async fn fail_unfinished(tx: &mut WriteTx, id: &str, reason: &str) -> Result
     .bind(id)
     .execute(&mut *tx.tx)
     .await?;
-    tx.changed(id).await?;
+    tx.changed(id);
     Ok(())
 }
 
@@ -262,7 +262,7 @@ pub async fn delete(tx: &mut WriteTx, id: &str) -> Result<(), sqlx::Error> {
         .bind(id)
         .execute(&mut *tx.tx)
         .await?;
-    tx.changed(id).await?;
+    tx.changed(id);
     Ok(())
 }
 

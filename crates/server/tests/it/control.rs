@@ -2803,3 +2803,74 @@ async fn reads_on_sqlites_direct_path_are_the_records_as_committed() {
         }
     }
 }
+
+/// Creates wait in line for a row every create locks (`WriteTx::take_turn`):
+/// on PostgreSQL a turn is held until its transaction ends, the next in
+/// line gets it first, and a transaction not allowed to wait (it may hold
+/// locks) never does. SQLite has one writer: no line.
+#[tokio::test]
+async fn creates_wait_in_line_for_a_contended_row_first_come_first_served() {
+    use std::time::Duration;
+    let pending = Duration::from_millis(200);
+    let deadline = Duration::from_secs(30);
+    for plane in planes("turns").await {
+        let db = &plane.state.db;
+        if plane.engine().starts_with("sqlite") {
+            let mut tx = db.write().await.expect("tx");
+            tx.allow_turn();
+            tokio::time::timeout(deadline, tx.take_turn("admission"))
+                .await
+                .expect("no line on SQLite");
+            tx.commit().await.expect("commit");
+            continue;
+        }
+        let mut first = db.write().await.expect("tx");
+        first.allow_turn();
+        first.take_turn("runner:r1").await;
+
+        let mut second = db.write().await.expect("tx");
+        second.allow_turn();
+        let mut third = db.write().await.expect("tx");
+        third.allow_turn();
+        {
+            let second_turn = second.take_turn("runner:r1");
+            let third_turn = third.take_turn("runner:r1");
+            tokio::pin!(second_turn, third_turn);
+            // Both wait while the first holds the turn, in arrival order.
+            assert!(
+                tokio::time::timeout(pending, &mut second_turn)
+                    .await
+                    .is_err()
+            );
+            assert!(
+                tokio::time::timeout(pending, &mut third_turn)
+                    .await
+                    .is_err()
+            );
+
+            // A transaction not allowed in line goes straight on.
+            let mut unqueued = db.write().await.expect("tx");
+            tokio::time::timeout(deadline, unqueued.take_turn("runner:r1"))
+                .await
+                .expect("not in line");
+            unqueued.commit().await.expect("commit");
+
+            // The first ends: the second (not the third) has the turn.
+            first.commit().await.expect("commit");
+            tokio::time::timeout(deadline, &mut second_turn)
+                .await
+                .expect("the second's turn once the first committed");
+            assert!(
+                tokio::time::timeout(pending, &mut third_turn)
+                    .await
+                    .is_err()
+            );
+        }
+        // The second rolls back (dropped): the third's turn.
+        drop(second);
+        tokio::time::timeout(deadline, third.take_turn("runner:r1"))
+            .await
+            .expect("the third's turn once the second rolled back");
+        third.commit().await.expect("commit");
+    }
+}
