@@ -1511,6 +1511,66 @@ async fn a_command_handed_over_to_a_sandbox_told_to_stop_ends_not_launched() {
     );
 }
 
+/// A command handed over while the sandbox is already being stopped (the
+/// stop's pass read an assignment without it: a drain moving the sandbox,
+/// undone at once, then an exec) is declined before the stop is reported,
+/// not left for the record to end `unknown` (CI's convergence test met
+/// that: `unknown`, `sandbox_securing`).
+#[tokio::test]
+async fn a_command_handed_over_during_a_stop_ends_not_launched_before_the_stop_is_reported() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add(ID, Status::Running);
+    let (assign, _task) = worker(
+        &agent,
+        sandbox_only(DesiredState::Running, SandboxState::Running),
+    );
+    settle().await;
+    agent.runtime.hold_stops(true);
+    assign.send_replace(Some(sandbox_only(
+        DesiredState::Stopped,
+        SandboxState::Running,
+    )));
+    agent
+        .runtime
+        .wait_until("the stop begun", |calls| {
+            calls.contains(&Call::Stop(ID.to_owned()))
+        })
+        .await;
+    // Meanwhile the stop was undone and a command handed over, under the
+    // same placement.
+    assign.send_replace(Some(Assigned {
+        sandbox: assignment(ID, 1, DesiredState::Running, SandboxState::Running),
+        commands: vec![command("cmd_fake0001", ID, 1, &["true"])],
+        reports_before: FRESH,
+    }));
+    settle().await;
+    agent.runtime.hold_stops(false);
+    agent
+        .control
+        .wait_until("stopped reported", |r| reported(r, SandboxState::Stopped))
+        .await;
+    let requests = agent.control.requests();
+    let declined = requests.iter().position(|r| {
+        matches!(r, Request::Command(id, report)
+            if id == "cmd_fake0001" && report.state == CommandState::NotLaunched)
+    });
+    let stopped = requests.iter().position(
+        |r| matches!(r, Request::Sandbox(_, report) if report.state == SandboxState::Stopped),
+    );
+    assert!(
+        declined.is_some_and(|declined| Some(declined) < stopped),
+        "{requests:?}"
+    );
+    assert!(
+        !agent
+            .runtime
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::Exec(..))),
+        "launched in a sandbox being stopped"
+    );
+}
+
 #[tokio::test]
 async fn a_command_that_ends_at_once_without_output_is_reported_once_with_its_pid() {
     let agent = agent(Failpoints::none());

@@ -294,6 +294,9 @@ struct Worker {
     snapshots: HashMap<String, JoinHandle<()>>,
     /// What the last wake of a durable home downloaded, until reported.
     wake: Option<WakeReport>,
+    /// The newest assignment, as the server last answered it: a stop under
+    /// way looks at it for commands handed over since its pass began.
+    latest: watch::Receiver<Option<Assigned>>,
 }
 
 /// Runs one sandbox's worker until its sender is dropped (the runner
@@ -332,6 +335,7 @@ pub(crate) async fn run(
         saver: None,
         snapshots: HashMap::new(),
         wake: None,
+        latest: assigned.clone(),
     };
     let mut frozen = worker.shared.fence.subscribe();
     let mut backoff = Backoff::new();
@@ -1039,7 +1043,18 @@ impl Worker {
 
     /// Lets the sandbox's commands report their own ends (they end with
     /// the container) before its state is reported, then drops the rest.
-    async fn settle_commands(&mut self) {
+    /// Commands handed over for this placement while it was being stopped
+    /// (the pass that stops it read an older assignment) are declined
+    /// first: they never ran and never will (a start is a new placement),
+    /// and said so now they end `not_launched`, where the state report
+    /// would leave the record to end them `unknown`.
+    async fn settle_commands(&mut self, epoch: u64) {
+        let latest = self.latest.borrow().clone();
+        if let Some(latest) = latest
+            && latest.sandbox.epoch == epoch
+        {
+            self.decline_commands(&latest);
+        }
         let deadline = tokio::time::Instant::now() + Duration::from_millis(COMMANDS_SETTLE_MS);
         for task in self.commands.values_mut() {
             let _ = tokio::time::timeout_at(deadline, &mut task.task).await;
@@ -1054,7 +1069,7 @@ impl Worker {
     ) -> Result<(), Step> {
         self.unwatch();
         self.stop_saving();
-        self.settle_commands().await;
+        self.settle_commands(sandbox.epoch).await;
         let cause = match observation {
             Observation::Stopped(cause) => *cause,
             _ => DeathCause::WorkloadExited { end: None },
@@ -1104,7 +1119,7 @@ impl Worker {
     async fn finish(&mut self, sandbox: &SandboxAssignment, end: End) -> Result<(), Step> {
         self.unwatch();
         self.stop_saving();
-        self.settle_commands().await;
+        self.settle_commands(sandbox.epoch).await;
         // The container goes; its root directory and the home stay.
         self.handle.delete().await.map_err(Step::Local)?;
         // Nothing runs here for it any more: its lease is not renewed with

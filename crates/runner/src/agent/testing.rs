@@ -189,6 +189,8 @@ struct RuntimeInner {
     execs: VecDeque<ExecScript>,
     /// How many times a container's state was asked for.
     observations: u64,
+    /// `stop` waits while this holds (`hold_stops`).
+    stops_held: bool,
 }
 
 /// A container runtime that keeps its containers in memory.
@@ -265,6 +267,13 @@ impl FakeRuntime {
     /// From now on, `pause` fails or hangs (`None`: works).
     pub(crate) fn pause_fault(&self, fault: Option<PauseFault>) {
         lock(&self.inner).pause_fault = fault;
+    }
+
+    /// From now on, a `stop` waits (after recording its call) until stops
+    /// are let go again: a stop that takes a while.
+    pub(crate) fn hold_stops(&self, held: bool) {
+        lock(&self.inner).stops_held = held;
+        self.changed();
     }
 
     /// The next exec prints and ends as `script` says.
@@ -481,6 +490,12 @@ impl Container for FakeContainer {
     fn stop(&self, _grace: Duration) -> BoxFuture<'_, oci::Result<DeathCause>> {
         Box::pin(async move {
             self.runtime.record(Call::Stop(self.key()));
+            let mut changes = self.runtime.version.subscribe();
+            while lock(&self.runtime.inner).stops_held {
+                if changes.changed().await.is_err() {
+                    break;
+                }
+            }
             self.status().ok_or_else(|| self.missing())?;
             let cause = DeathCause::WorkloadExited { end: None };
             self.runtime
