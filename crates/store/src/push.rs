@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 
 use crate::excludes::Excludes;
-use crate::index::{Index, KeyRule, LastSync};
+use crate::index::{FileMap, Index, KeyRule, LastSync, SpilledFiles};
 use crate::objects::{Objects, children};
 use crate::pack::PackBuilder;
 use crate::progress::Progress;
@@ -172,6 +172,9 @@ pub struct Upload {
     /// Objects found present rather than uploaded: [`commit`] checks them
     /// again under the store's commit lock.
     relied_on: Vec<ObjectId>,
+    /// The scan's file records, set aside on disk through the upload
+    /// (then the scan's map is empty); `None`: they are in the scan.
+    spilled: Option<SpilledFiles>,
 }
 
 /// Uploads whatever of `dir`'s tree the org's store lacks, pointing no
@@ -190,7 +193,7 @@ pub fn upload_tree(
         .as_deref()
         .map(Index::load)
         .unwrap_or_default();
-    let scan = scan::scan(dir, &options.excludes, &index, options.key_rule, progress)?;
+    let mut scan = scan::scan(dir, &options.excludes, &index, options.key_rule, progress)?;
     let mut report = report_of(&scan);
     let since = options.since.as_ref();
     let mut relied_on = Vec::new();
@@ -218,6 +221,18 @@ pub fn upload_tree(
         last: old_index_last,
     } = index;
     drop(old_files);
+    // The new file records wait on disk for the index they go in: the
+    // upload's peak is then its packs over the trees, not these as well.
+    let spilled = match &options.index_path {
+        Some(path) if !report.unchanged => {
+            let spilled = SpilledFiles::write(path, &scan.collected.index_files);
+            if spilled.is_some() {
+                scan.collected.index_files = FileMap::default();
+            }
+            spilled
+        }
+        _ => None,
+    };
     if !report.unchanged {
         upload_missing(objects, org, &scan, &missing, &mut report, progress)?;
     }
@@ -229,6 +244,7 @@ pub fn upload_tree(
         index_path: options.index_path.clone(),
         since: options.since.clone(),
         relied_on,
+        spilled,
     })
 }
 
@@ -244,13 +260,23 @@ impl Upload {
     /// report.
     pub fn finish(self) -> Result<PushReport> {
         if let Some(path) = &self.index_path {
-            let index = Index {
-                files: self.scan.collected.index_files,
-                last: None,
-            };
-            index.save(path)?;
+            save_index(path, self.scan.collected.index_files, self.spilled, None)?;
         }
         Ok(self.report)
+    }
+}
+
+/// Writes the directory's index at `path`: the records set aside during
+/// the upload, or the scan's own.
+fn save_index(
+    path: &Path,
+    files: FileMap<Vec<Digest>>,
+    spilled: Option<SpilledFiles>,
+    last: Option<LastSync>,
+) -> Result<()> {
+    match spilled {
+        Some(spilled) => spilled.save(path, last.as_ref()),
+        None => Index { files, last }.save(path),
     }
 }
 
@@ -448,6 +474,7 @@ pub fn commit(
         index_path,
         since,
         mut relied_on,
+        spilled,
     } = upload;
     if !report.unchanged {
         commit_pointer(
@@ -468,7 +495,10 @@ pub fn commit(
     // index as it was: skip rewriting it (the fast path stays fast).
     let index_unchanged = report.unchanged
         && report.files_hashed == 0
-        && scan.collected.index_files.len() == old_index_files
+        && spilled
+            .as_ref()
+            .map_or(scan.collected.index_files.len(), SpilledFiles::len)
+            == old_index_files
         && old_index_last.as_ref().is_some_and(|last| {
             Some(&last.store) == store_id.as_ref()
                 && last.org == org.as_str()
@@ -477,17 +507,14 @@ pub fn commit(
         });
     if !index_unchanged {
         let trees = scan.collected.trees.keys().copied().collect();
-        let index = Index {
-            files: scan.collected.index_files,
-            last: store_id.map(|store| LastSync {
-                store,
-                org: org.to_string(),
-                home: home.to_string(),
-                root: scan.root,
-                trees,
-            }),
-        };
-        index.save(&path)?;
+        let last = store_id.map(|store| LastSync {
+            store,
+            org: org.to_string(),
+            home: home.to_string(),
+            root: scan.root,
+            trees,
+        });
+        save_index(&path, scan.collected.index_files, spilled, last)?;
     }
     Ok(report)
 }
