@@ -173,7 +173,9 @@ impl Index {
 
     /// Atomically replaces the index file.
     pub fn save(&self, path: &Path) -> Result<()> {
-        save_with(path, self.last.as_ref(), |out| encode_files(&self.files, out))
+        save_with(path, self.last.as_ref(), |out| {
+            encode_files(&self.files, out)
+        })
     }
 }
 
@@ -233,7 +235,9 @@ impl SpilledFiles {
             fs::create_dir_all(dir)?;
             let fd = rustix::fs::open(
                 dir,
-                rustix::fs::OFlags::TMPFILE | rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::OFlags::TMPFILE
+                    | rustix::fs::OFlags::RDWR
+                    | rustix::fs::OFlags::CLOEXEC,
                 rustix::fs::Mode::from_raw_mode(0o600),
             )?;
             let mut writer = std::io::BufWriter::with_capacity(256 * 1024, fs::File::from(fd));
@@ -425,7 +429,9 @@ mod tests {
                 mtime_ns: n as i64,
                 ctime_ns: -(n as i64),
             };
-            let blocks = (0..n % 3).map(|b| Digest::of(&[n as u8, b as u8])).collect();
+            let blocks = (0..n % 3)
+                .map(|b| Digest::of(&[n as u8, b as u8]))
+                .collect();
             index.files.insert(key, blocks);
         }
         index.last = Some(LastSync {
