@@ -384,6 +384,16 @@ fn decode(bytes: &[u8]) -> Option<Index> {
 mod tests {
     use super::*;
 
+    fn last_sync() -> LastSync {
+        LastSync {
+            store: "s".into(),
+            org: "o".into(),
+            home: "h".into(),
+            root: Digest::of(b"root"),
+            trees: vec![Digest::of(b"t")],
+        }
+    }
+
     #[test]
     fn round_trip_and_corruption_is_empty() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -399,13 +409,7 @@ mod tests {
         index
             .files
             .insert(key, vec![Digest::of(b"a"), Digest::of(b"b")]);
-        index.last = Some(LastSync {
-            store: "s".into(),
-            org: "o".into(),
-            home: "h".into(),
-            root: Digest::of(b"root"),
-            trees: vec![Digest::of(b"t")],
-        });
+        index.last = Some(last_sync());
         index.save(&path).expect("save");
         assert_eq!(Index::load(&path), index);
         let mut bytes = fs::read(&path).expect("read");
@@ -434,13 +438,7 @@ mod tests {
                 .collect();
             index.files.insert(key, blocks);
         }
-        index.last = Some(LastSync {
-            store: "s".into(),
-            org: "o".into(),
-            home: "h".into(),
-            root: Digest::of(b"root"),
-            trees: vec![Digest::of(b"t")],
-        });
+        index.last = Some(last_sync());
         let spilled = SpilledFiles::write(&path, &index.files).expect("an unnamed temporary file");
         assert_eq!(spilled.len(), 1_000);
         spilled.save(&path, index.last.as_ref()).expect("save");

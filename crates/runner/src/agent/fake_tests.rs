@@ -1469,22 +1469,9 @@ async fn an_unchanged_answer_leaves_every_sandbox_as_it_was() {
         .await;
 }
 
-/// A command handed over just before its sandbox is told to stop (a stop,
-/// or a drain moving it) is never launched, and this runner says so:
-/// `not_launched`, reported before the sandbox's stop, where the record
-/// would otherwise end it `unknown` (CI's convergence test met that).
-#[tokio::test]
-async fn a_command_handed_over_to_a_sandbox_told_to_stop_ends_not_launched() {
-    let agent = agent(Failpoints::none());
-    agent.runtime.add(ID, Status::Running);
-    let (_assign, _task) = worker(
-        &agent,
-        Assigned {
-            sandbox: assignment(ID, 1, DesiredState::Stopped, SandboxState::Running),
-            commands: vec![command("cmd_fake0001", ID, 1, &["true"])],
-            reports_before: FRESH,
-        },
-    );
+/// Waits for the sandbox's `stopped` report, then checks `command` was
+/// reported `not_launched` before it and nothing was launched.
+async fn declined_before_stopped(agent: &Agent, command: &str) {
     agent
         .control
         .wait_until("stopped reported", |r| reported(r, SandboxState::Stopped))
@@ -1492,7 +1479,7 @@ async fn a_command_handed_over_to_a_sandbox_told_to_stop_ends_not_launched() {
     let requests = agent.control.requests();
     let declined = requests.iter().position(|r| {
         matches!(r, Request::Command(id, report)
-            if id == "cmd_fake0001" && report.state == CommandState::NotLaunched)
+            if id == command && report.state == CommandState::NotLaunched)
     });
     let stopped = requests.iter().position(
         |r| matches!(r, Request::Sandbox(_, report) if report.state == SandboxState::Stopped),
@@ -1509,6 +1496,25 @@ async fn a_command_handed_over_to_a_sandbox_told_to_stop_ends_not_launched() {
             .any(|c| matches!(c, Call::Exec(..))),
         "launched in a sandbox told to stop"
     );
+}
+
+/// A command handed over just before its sandbox is told to stop (a stop,
+/// or a drain moving it) is never launched, and this runner says so:
+/// `not_launched`, reported before the sandbox's stop, where the record
+/// would otherwise end it `unknown` (CI's convergence test met that).
+#[tokio::test]
+async fn a_command_handed_over_to_a_sandbox_told_to_stop_ends_not_launched() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add(ID, Status::Running);
+    let (_assign, _task) = worker(
+        &agent,
+        Assigned {
+            sandbox: assignment(ID, 1, DesiredState::Stopped, SandboxState::Running),
+            commands: vec![command("cmd_fake0001", ID, 1, &["true"])],
+            reports_before: FRESH,
+        },
+    );
+    declined_before_stopped(&agent, "cmd_fake0001").await;
 }
 
 /// A command handed over while the sandbox is already being stopped (the
@@ -1545,30 +1551,7 @@ async fn a_command_handed_over_during_a_stop_ends_not_launched_before_the_stop_i
     }));
     settle().await;
     agent.runtime.hold_stops(false);
-    agent
-        .control
-        .wait_until("stopped reported", |r| reported(r, SandboxState::Stopped))
-        .await;
-    let requests = agent.control.requests();
-    let declined = requests.iter().position(|r| {
-        matches!(r, Request::Command(id, report)
-            if id == "cmd_fake0001" && report.state == CommandState::NotLaunched)
-    });
-    let stopped = requests.iter().position(
-        |r| matches!(r, Request::Sandbox(_, report) if report.state == SandboxState::Stopped),
-    );
-    assert!(
-        declined.is_some_and(|declined| Some(declined) < stopped),
-        "{requests:?}"
-    );
-    assert!(
-        !agent
-            .runtime
-            .calls()
-            .iter()
-            .any(|c| matches!(c, Call::Exec(..))),
-        "launched in a sandbox being stopped"
-    );
+    declined_before_stopped(&agent, "cmd_fake0001").await;
 }
 
 #[tokio::test]
