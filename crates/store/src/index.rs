@@ -215,6 +215,18 @@ fn save_with(
     })
 }
 
+/// A new unnamed file in `dir` (created if need be), readable and
+/// writable by this process only, gone with its last handle.
+pub(crate) fn unnamed_file_in(dir: &Path) -> std::io::Result<fs::File> {
+    fs::create_dir_all(dir)?;
+    let fd = rustix::fs::open(
+        dir,
+        rustix::fs::OFlags::TMPFILE | rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )?;
+    Ok(fs::File::from(fd))
+}
+
 /// A directory's file records set aside in an unnamed temporary file
 /// beside its index (gone with the process, however it ends), in the
 /// index's own encoding: what a push holds through its upload instead of
@@ -232,15 +244,7 @@ impl SpilledFiles {
     pub fn write(index_path: &Path, files: &FileMap<Vec<Digest>>) -> Option<SpilledFiles> {
         let dir = index_path.parent()?;
         let write = || -> std::io::Result<fs::File> {
-            fs::create_dir_all(dir)?;
-            let fd = rustix::fs::open(
-                dir,
-                rustix::fs::OFlags::TMPFILE
-                    | rustix::fs::OFlags::RDWR
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::from_raw_mode(0o600),
-            )?;
-            let mut writer = std::io::BufWriter::with_capacity(256 * 1024, fs::File::from(fd));
+            let mut writer = std::io::BufWriter::with_capacity(256 * 1024, unnamed_file_in(dir)?);
             encode_files(files, &mut writer)?;
             writer.into_inner().map_err(|e| e.into_error())
         };

@@ -233,6 +233,12 @@ pub fn upload_tree(
         }
         _ => None,
     };
+    // So do the trees, read back as they go up.
+    if let Some(dir) = options.index_path.as_deref().and_then(Path::parent)
+        && !missing.is_empty()
+    {
+        scan.collected.set_trees_aside(dir);
+    }
     if !report.unchanged {
         upload_missing(objects, org, &scan, &missing, &mut report, progress)?;
     }
@@ -589,7 +595,7 @@ fn upload_missing(
     let mut wanted: Vec<Digest> = blocks.iter().map(|b| b.digest).collect();
     wanted.sort_unstable();
     wanted.dedup();
-    let sources = scan.collected.block_sources(&scan.root, &wanted);
+    let sources = scan.collected.block_sources(&scan.root, &wanted)?;
     if sources.blocks.len() < wanted.len() {
         // A missing block no scanned file holds: nothing can upload it.
         let found: HashSet<Digest> = sources.blocks.iter().map(|at| at.digest).collect();
@@ -650,11 +656,7 @@ fn upload_missing(
     tree_ids.sort_by_key(height);
     let tree_sizes: Vec<u64> = tree_ids
         .iter()
-        .map(|t| {
-            trees
-                .get(&t.digest)
-                .map_or(0, |node| node.bytes.len() as u64)
-        })
+        .map(|t| trees.get(&t.digest).map_or(0, |node| node.len()))
         .collect();
     for range in pack_batch_ranges(&tree_sizes, 1, limits) {
         let mut pack = PackBuilder::with_capacity(capacity(&tree_sizes[range.clone()]));
@@ -663,7 +665,7 @@ fn upload_missing(
                 digest: object.digest,
                 path: None,
             })?;
-            pack.push_plain(*object, &node.bytes);
+            pack.push_plain(*object, &scan.collected.tree_bytes(node)?);
         }
         put(pack)?;
     }
@@ -836,5 +838,44 @@ mod tests {
                 crate::pack::PACK_BYTES_MAX
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod aside_tests {
+    use super::*;
+    use crate::progress::NoProgress;
+
+    /// An upload that keeps an index sets its trees aside beside it, and
+    /// what goes up is every tree as encoded: each reads back from the
+    /// store whole and checked.
+    #[test]
+    fn an_upload_with_an_index_sends_the_trees_it_set_aside() {
+        let home = tempfile::tempdir().expect("tempdir");
+        for d in 0..30 {
+            let dir = home.path().join(format!("d{d}/e{}", d % 4));
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            std::fs::write(dir.join("f"), format!("file {d}")).expect("write");
+        }
+        let state = tempfile::tempdir().expect("tempdir");
+        let store = Store::open("memory:").expect("store");
+        let org: OrgId = "o".parse().expect("org");
+        let options = UploadOptions {
+            index_path: Some(state.path().join("index")),
+            ..UploadOptions::everything()
+        };
+        let upload = upload_tree(&store, &org, home.path(), &options, &NoProgress).expect("upload");
+        let trees = &upload.scan.collected.trees;
+        assert_eq!(trees.len(), 1 + 30 + 30, "root, d*, d*/e*");
+        for (digest, node) in trees {
+            assert!(
+                matches!(node.bytes, crate::scan::TreeBytes::Aside { .. }),
+                "{digest} is still held"
+            );
+            let tree = store.get_tree(&org, digest).expect("uploaded");
+            let (encoded_digest, _) = tree.encode().expect("encode");
+            assert_eq!(&encoded_digest, digest);
+        }
+        assert_eq!(upload.report.trees_uploaded, 61);
     }
 }
