@@ -234,6 +234,8 @@ pub struct IndexStats {
     /// Packs and objects in the in-memory overlay.
     pub overlay_packs: usize,
     pub overlay_objects: usize,
+    /// Objects the overlay's table has room for: the memory it holds.
+    pub overlay_capacity: usize,
 }
 
 /// Where a packed object is.
@@ -620,6 +622,11 @@ impl Store {
                     .retain(|pack| !built.has_pack(pack) && !gone.contains(pack));
                 let kept = &state.overlay_packs;
                 state.overlay.retain(|_, at| kept.contains(&at.pack));
+                // Retaining keeps the table's size: give it back, or a
+                // long-lived process (server, runner) keeps each org's
+                // largest overlay (~9 MiB) for good.
+                state.overlay.shrink_to_fit();
+                state.overlay_packs.shrink_to_fit();
                 state.merged = Some(built);
             }
             None => {
@@ -649,6 +656,7 @@ impl Store {
             merged_entries: state.merged.as_ref().map_or(0, |m| m.len()),
             overlay_packs: state.overlay_packs.len(),
             overlay_objects: state.overlay.len(),
+            overlay_capacity: state.overlay.capacity(),
         }
     }
 

@@ -989,6 +989,11 @@ fn the_overlay_is_merged_into_the_file_once_past_its_bound() {
         written.extend(write_in_packs(&store, &acme, &objects, 30));
         let stats = store.index_stats(&acme);
         assert!(stats.overlay_objects <= 100, "round {round}: {stats:?}");
+        // Never more room than the bound and the pack past it need.
+        assert!(
+            stats.overlay_capacity <= 2 * 130,
+            "round {round}: {stats:?}"
+        );
         assert_eq!(
             stats.merged_entries as usize + stats.overlay_objects,
             30 * (round + 1)
@@ -1013,6 +1018,8 @@ fn the_overlay_is_merged_into_the_file_once_past_its_bound() {
     assert!(store.missing(&acme, &[]).expect("list").is_empty());
     let stats = store.index_stats(&acme);
     assert_eq!((stats.merged_entries, stats.overlay_objects), (450, 0));
+    // The emptied overlay gives its table back.
+    assert_eq!(stats.overlay_capacity, 0, "{stats:?}");
     assert_located(&store, &acme, &written);
     assert_located(&cached(), &acme, &written);
 }
