@@ -839,24 +839,13 @@ mod tests {
             );
         }
     }
-}
-
-#[cfg(test)]
-mod aside_tests {
-    use super::*;
-    use crate::progress::NoProgress;
 
     /// An upload that keeps an index sets its trees aside beside it, and
     /// what goes up is every tree as encoded: each reads back from the
     /// store whole and checked.
     #[test]
     fn an_upload_with_an_index_sends_the_trees_it_set_aside() {
-        let home = tempfile::tempdir().expect("tempdir");
-        for d in 0..30 {
-            let dir = home.path().join(format!("d{d}/e{}", d % 4));
-            std::fs::create_dir_all(&dir).expect("mkdir");
-            std::fs::write(dir.join("f"), format!("file {d}")).expect("write");
-        }
+        let home = crate::scan::test_home(30, 1);
         let state = tempfile::tempdir().expect("tempdir");
         let store = Store::open("memory:").expect("store");
         let org: OrgId = "o".parse().expect("org");
@@ -864,7 +853,14 @@ mod aside_tests {
             index_path: Some(state.path().join("index")),
             ..UploadOptions::everything()
         };
-        let upload = upload_tree(&store, &org, home.path(), &options, &NoProgress).expect("upload");
+        let upload = upload_tree(
+            &store,
+            &org,
+            home.path(),
+            &options,
+            &crate::progress::NoProgress,
+        )
+        .expect("upload");
         let trees = &upload.scan.collected.trees;
         assert_eq!(trees.len(), 1 + 30 + 30, "root, d*, d*/e*");
         for (digest, node) in trees {

@@ -654,6 +654,21 @@ pub(crate) fn with_block<T>(
     })
 }
 
+/// A home of `dirs` directories, each `d{n}/e{n % 4}` holding `files`
+/// small files (tests of the scan and of push).
+#[cfg(test)]
+pub(crate) fn test_home(dirs: usize, files: usize) -> tempfile::TempDir {
+    let home = tempfile::tempdir().expect("tempdir");
+    for d in 0..dirs {
+        let dir = home.path().join(format!("d{d}/e{}", d % 4));
+        fs::create_dir_all(&dir).expect("mkdir");
+        for f in 0..files {
+            fs::write(dir.join(format!("f{f}")), format!("{d}/{f}")).expect("write");
+        }
+    }
+    home
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -664,14 +679,7 @@ mod tests {
     /// unnamed, so the directory it lives in stays empty.
     #[test]
     fn trees_set_aside_read_back_as_encoded() {
-        let home = tempfile::tempdir().expect("tempdir");
-        for d in 0..20 {
-            let dir = home.path().join(format!("d{d}/sub"));
-            fs::create_dir_all(&dir).expect("mkdir");
-            for f in 0..5 {
-                fs::write(dir.join(format!("f{f}")), format!("{d}/{f}")).expect("write");
-            }
-        }
+        let home = test_home(20, 5);
         let mut scan = scan(
             home.path(),
             &Excludes::none(),
