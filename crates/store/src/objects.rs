@@ -54,6 +54,23 @@ pub trait Objects: Send + Sync {
     /// of `objects`.
     fn get_batch(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<Option<Vec<u8>>>>;
 
+    /// [`Objects::get_batch`], each object handed to `each` (its place in
+    /// `objects`, its stored bytes or `None` when absent) as soon as it is
+    /// read, in no set order, so that a caller writing objects as they
+    /// come never holds the batch whole. The default reads the batch,
+    /// then hands it on.
+    fn get_batch_each(
+        &self,
+        org: &OrgId,
+        objects: &[ObjectId],
+        each: &mut dyn FnMut(usize, Option<Vec<u8>>) -> Result<()>,
+    ) -> Result<()> {
+        for (i, stored) in self.get_batch(org, objects)?.into_iter().enumerate() {
+            each(i, stored)?;
+        }
+        Ok(())
+    }
+
     /// Whether [`Objects::get_batch`] saves round trips over one
     /// [`Objects::get`] per object. Pull then fetches every tree first and
     /// a directory's small files together; otherwise it fetches each

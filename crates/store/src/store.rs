@@ -1147,34 +1147,7 @@ impl Objects for Store {
     /// open of a local pack, one GET of S3 for many objects.
     fn get_batch(&self, org: &OrgId, objects: &[ObjectId]) -> Result<Vec<Option<Vec<u8>>>> {
         let mut out: Vec<Option<Vec<u8>>> = vec![None; objects.len()];
-        let mut by_pack: HashMap<PackId, Vec<(usize, Location)>> = HashMap::new();
-        let mut elsewhere: Vec<usize> = Vec::new();
-        for (i, at) in self.locate_all(org, objects)?.into_iter().enumerate() {
-            match at {
-                Some(at) => by_pack.entry(at.pack).or_default().push((i, at)),
-                None => elsewhere.push(i),
-            }
-        }
-        let mut spans: Vec<Span> = Vec::new();
-        let mut packs: Vec<(PackId, Vec<(usize, Location)>)> = by_pack.into_iter().collect();
-        packs.sort_by_key(|(pack, _)| *pack);
-        for (pack, mut wanted) in packs {
-            wanted.sort_by_key(|(_, at)| at.offset);
-            for (i, at) in wanted {
-                let end = at.offset + u64::from(at.length);
-                if let Some(span) = spans.last_mut()
-                    && span.0 == pack
-                    && at.offset >= span.2
-                    && at.offset - span.2 <= RANGE_GAP_BYTES_MAX
-                    && end - span.1 <= RANGE_BYTES_MAX
-                {
-                    span.2 = end;
-                    span.3.push((i, at));
-                } else {
-                    spans.push((pack, at.offset, end, vec![(i, at)]));
-                }
-            }
-        }
+        let (spans, mut elsewhere) = self.spans(org, objects)?;
         let ranges: Vec<(String, u64, u64)> = spans
             .iter()
             .map(|(pack, start, end, _)| {
@@ -1215,28 +1188,40 @@ impl Objects for Store {
                 }
             }
         }
-        if !elsewhere.is_empty() {
-            elsewhere.sort_unstable();
-            let keys: Vec<String> = elsewhere
-                .iter()
-                .map(|&i| Self::object_key(org, &objects[i]))
-                .collect();
-            let loose = self.backend.get_batch(&keys)?;
-            if loose.len() != keys.len() {
-                return Err(Error::Backend {
-                    op: "get",
-                    key: keys.first().cloned().unwrap_or_default(),
-                    message: format!("{} objects for {} asked", loose.len(), keys.len()),
-                });
-            }
-            for (&i, bytes) in elsewhere.iter().zip(loose) {
-                out[i] = match bytes {
-                    Some(bytes) => Some(bytes),
-                    None => self.get_packed(org, &objects[i], false)?,
-                };
+        self.get_elsewhere(org, objects, elsewhere, &mut |i, bytes| {
+            out[i] = bytes;
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Each pack's span read as one streamed ranged read, every object
+    /// handed on as soon as its last byte arrives: what is held is the
+    /// object in progress, never the read.
+    fn get_batch_each(
+        &self,
+        org: &OrgId,
+        objects: &[ObjectId],
+        each: &mut dyn FnMut(usize, Option<Vec<u8>>) -> Result<()>,
+    ) -> Result<()> {
+        let (spans, mut elsewhere) = self.spans(org, objects)?;
+        for (pack, start, end, inside) in &spans {
+            let mut reading = SpanReader::new(*start, inside);
+            let key = Self::pack_key(org, pack, PackPart::Data);
+            let found = self
+                .backend
+                .get_range_each(&key, *start, end - start, &mut |piece| {
+                    reading.take(piece, each)
+                })?;
+            if found {
+                reading.finish(each)?;
+            } else {
+                // The pack went (a gc rewrote it): each object on its own,
+                // which lists the packs again.
+                elsewhere.extend(inside.iter().map(|(i, _)| *i));
             }
         }
-        Ok(out)
+        self.get_elsewhere(org, objects, elsewhere, each)
     }
 
     /// From the org's pack index ([`Store::locate`]).
@@ -1268,6 +1253,149 @@ impl Objects for Store {
                 crate::push::UPLOAD_BATCH_OBJECTS_MAX,
             )
         }
+    }
+}
+
+impl Store {
+    /// Where `objects` lie: the ranged reads of packs that fetch them
+    /// (a pack at a time, in offset order, neighbours in one read:
+    /// [`RANGE_GAP_BYTES_MAX`], [`RANGE_BYTES_MAX`]), and the places in
+    /// `objects` of those no pack this process knows holds.
+    fn spans(&self, org: &OrgId, objects: &[ObjectId]) -> Result<(Vec<Span>, Vec<usize>)> {
+        let mut by_pack: HashMap<PackId, Vec<(usize, Location)>> = HashMap::new();
+        let mut elsewhere: Vec<usize> = Vec::new();
+        for (i, at) in self.locate_all(org, objects)?.into_iter().enumerate() {
+            match at {
+                Some(at) => by_pack.entry(at.pack).or_default().push((i, at)),
+                None => elsewhere.push(i),
+            }
+        }
+        let mut spans: Vec<Span> = Vec::new();
+        let mut packs: Vec<(PackId, Vec<(usize, Location)>)> = by_pack.into_iter().collect();
+        packs.sort_by_key(|(pack, _)| *pack);
+        for (pack, mut wanted) in packs {
+            wanted.sort_by_key(|(_, at)| at.offset);
+            for (i, at) in wanted {
+                let end = at.offset + u64::from(at.length);
+                if let Some(span) = spans.last_mut()
+                    && span.0 == pack
+                    && at.offset >= span.2
+                    && at.offset - span.2 <= RANGE_GAP_BYTES_MAX
+                    && end - span.1 <= RANGE_BYTES_MAX
+                {
+                    span.2 = end;
+                    span.3.push((i, at));
+                } else {
+                    spans.push((pack, at.offset, end, vec![(i, at)]));
+                }
+            }
+        }
+        Ok((spans, elsewhere))
+    }
+
+    /// The objects at places `elsewhere` in `objects`, each under its own
+    /// key (a store from before packs), or, absent there, in a pack
+    /// listed since (a gc moved it), handed to `each`.
+    fn get_elsewhere(
+        &self,
+        org: &OrgId,
+        objects: &[ObjectId],
+        mut elsewhere: Vec<usize>,
+        each: &mut dyn FnMut(usize, Option<Vec<u8>>) -> Result<()>,
+    ) -> Result<()> {
+        if elsewhere.is_empty() {
+            return Ok(());
+        }
+        elsewhere.sort_unstable();
+        let keys: Vec<String> = elsewhere
+            .iter()
+            .map(|&i| Self::object_key(org, &objects[i]))
+            .collect();
+        let loose = self.backend.get_batch(&keys)?;
+        if loose.len() != keys.len() {
+            return Err(Error::Backend {
+                op: "get",
+                key: keys.first().cloned().unwrap_or_default(),
+                message: format!("{} objects for {} asked", loose.len(), keys.len()),
+            });
+        }
+        for (&i, bytes) in elsewhere.iter().zip(loose) {
+            let bytes = match bytes {
+                Some(bytes) => Some(bytes),
+                None => self.get_packed(org, &objects[i], false)?,
+            };
+            each(i, bytes)?;
+        }
+        Ok(())
+    }
+}
+
+/// Cuts a span's objects out of its ranged read as the read arrives
+/// ([`Objects::get_batch_each`] of a store): each object is gathered into
+/// a buffer of its own length, handed on whole.
+struct SpanReader<'s> {
+    /// The span's objects, by place in the batch, in offset order.
+    inside: &'s [(usize, Location)],
+    /// The first of `inside` not yet handed on.
+    next: usize,
+    /// The pack offset of the next byte to arrive.
+    at: u64,
+    /// What has arrived of `inside[next]` (empty until its first byte).
+    begun: Vec<u8>,
+}
+
+impl<'s> SpanReader<'s> {
+    fn new(start: u64, inside: &'s [(usize, Location)]) -> SpanReader<'s> {
+        SpanReader {
+            inside,
+            next: 0,
+            at: start,
+            begun: Vec::new(),
+        }
+    }
+
+    /// Takes the next piece of the read: skips the gaps between objects,
+    /// hands on every object the piece completes.
+    fn take(
+        &mut self,
+        mut piece: &[u8],
+        each: &mut dyn FnMut(usize, Option<Vec<u8>>) -> Result<()>,
+    ) -> Result<()> {
+        while let Some((i, loc)) = self.inside.get(self.next) {
+            let piece_end = self.at + piece.len() as u64;
+            if loc.offset >= piece_end {
+                break;
+            }
+            if loc.offset > self.at {
+                piece = &piece[(loc.offset - self.at) as usize..];
+                self.at = loc.offset;
+            }
+            if self.begun.capacity() == 0 {
+                self.begun = Vec::with_capacity(loc.length as usize);
+            }
+            let end = loc.offset + u64::from(loc.length);
+            let take = piece.len().min((end - self.at) as usize);
+            self.begun.extend_from_slice(&piece[..take]);
+            piece = &piece[take..];
+            self.at += take as u64;
+            if self.at < end {
+                break;
+            }
+            each(*i, Some(std::mem::take(&mut self.begun)))?;
+            self.next += 1;
+        }
+        self.at += piece.len() as u64;
+        Ok(())
+    }
+
+    /// The read ended: objects it did not complete (a truncated pack) get
+    /// what arrived of them, which does not decode; the reader's own read
+    /// of the object names the pack.
+    fn finish(mut self, each: &mut dyn FnMut(usize, Option<Vec<u8>>) -> Result<()>) -> Result<()> {
+        for (i, _) in &self.inside[self.next..] {
+            each(*i, Some(std::mem::take(&mut self.begun)))?;
+        }
+        Ok(())
     }
 }
 

@@ -92,6 +92,24 @@ pub trait Backend: Send + Sync {
         }))
     }
 
+    /// [`Backend::get_range`] handed to `each` a piece at a time as it
+    /// arrives, so a long read is never held whole: a fresh pull writes a
+    /// pack's first files while the rest is on its way. `Ok(false)`: the
+    /// object does not exist (`each` was not called). Pieces together are
+    /// what `get_range` would answer; the default reads the range whole.
+    fn get_range_each(
+        &self,
+        key: &str,
+        offset: u64,
+        len: u64,
+        each: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        match self.get_range(key, offset, len)? {
+            Some(bytes) => each(&bytes).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     /// Several ranges `(key, offset, len)`, each as [`Backend::get_range`]
     /// answers it, in order. The default reads one after another; S3 sends
     /// several at once.

@@ -104,29 +104,45 @@ impl S3Backend {
         }
     }
 
-    /// A ranged GET. A range that starts past the object's end reads
-    /// nothing (S3 refuses it; the caller, knowing the length it expected,
-    /// names the truncation).
-    async fn get_range_async(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
+    /// A ranged GET, its body not yet read: `None` when the object does
+    /// not exist; `Some(None)` for a range that starts past the object's
+    /// end (S3 refuses it: it reads nothing, and the caller, knowing the
+    /// length it expected, names the truncation).
+    async fn open_range(
+        &self,
+        key: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Option<object_store::GetResult>>> {
         let options = object_store::GetOptions {
             range: Some(object_store::GetRange::Bounded(offset..offset + len.max(1))),
             ..Default::default()
         };
         match self.client.get_opts(&self.path(key), options).await {
-            Ok(result) => match result.bytes().await {
-                Ok(bytes) => {
-                    // The body as is (no copy when it is one buffer).
-                    let mut bytes: Vec<u8> = bytes.into();
-                    bytes.truncate(len as usize);
-                    Ok(Some(bytes))
-                }
-                Err(err) => Err(backend_error("get", key, err)),
-            },
+            Ok(result) => Ok(Some(Some(result))),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(err @ object_store::Error::Generic { .. })
                 if err.to_string().contains("416") || err.to_string().contains("Range") =>
             {
-                Ok(Some(Vec::new()))
+                Ok(Some(None))
+            }
+            Err(err) => Err(backend_error("get", key, err)),
+        }
+    }
+
+    async fn get_range_async(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        let Some(opened) = self.open_range(key, offset, len).await? else {
+            return Ok(None);
+        };
+        let Some(result) = opened else {
+            return Ok(Some(Vec::new()));
+        };
+        match result.bytes().await {
+            Ok(bytes) => {
+                // The body as is (no copy when it is one buffer).
+                let mut bytes: Vec<u8> = bytes.into();
+                bytes.truncate(len as usize);
+                Ok(Some(bytes))
             }
             Err(err) => Err(backend_error("get", key, err)),
         }
@@ -183,6 +199,35 @@ impl Backend for S3Backend {
     fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Option<Vec<u8>>> {
         self.runtime
             .block_on(self.get_range_async(key, offset, len))
+    }
+
+    /// One ranged GET, its body handed on as it arrives.
+    fn get_range_each(
+        &self,
+        key: &str,
+        offset: u64,
+        len: u64,
+        each: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        self.runtime.block_on(async {
+            let Some(opened) = self.open_range(key, offset, len).await? else {
+                return Ok(false);
+            };
+            let Some(result) = opened else {
+                return Ok(true);
+            };
+            let mut body = result.into_stream();
+            let mut left = len;
+            while let Some(piece) = body.next().await {
+                let piece = piece.map_err(|err| backend_error("get", key, err))?;
+                let take = piece.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                if take > 0 {
+                    each(&piece[..take])?;
+                    left -= take as u64;
+                }
+            }
+            Ok(true)
+        })
     }
 
     /// One ranged GET per range, several at once.

@@ -9,15 +9,18 @@
 //! ([`Objects::locations`]: packs in the order the walk first needs them,
 //! then offset) and fetched in windows of at most one pack
 //! ([`WINDOW_BYTES`]), so a pack is one ranged read, not one per directory
-//! that has files in it nor one per 4 MiB block; the next window is
-//! fetched while one is written, so memory holds two windows whatever the
-//! home. A file of one block is written whole as its window arrives. A
-//! file of several blocks is written at offsets into its temporary as
-//! each of its windows arrives (created at its full size on its first
-//! block, so all-zero blocks, never fetched, stay holes; reopened by name
-//! and checked to be the same inode for later ones, so no handle is held
-//! between windows), and renamed into place after its last block; a
-//! failed pull removes the temporaries of files not finished.
+//! that has files in it nor one per 4 MiB block. A window's read is
+//! streamed ([`Objects::get_batch_each`]): its blocks go to a writer
+//! thread in parts of about [`PART_BYTES`] as they arrive, the next part
+//! arriving while one is written, so memory holds two parts (a 4 MiB
+//! block is a part of its own), never a whole pack, whatever the home.
+//! A file of one block is written whole as its part arrives. A file of
+//! several blocks is written at offsets into its temporary as each of its
+//! parts arrives (created at its full size on its first block, so
+//! all-zero blocks, never fetched, stay holes; reopened by name and
+//! checked to be the same inode for later ones, so no handle is held
+//! between parts), and renamed into place after its last block; a failed
+//! pull removes the temporaries of files not finished.
 //! Directories get their modes and times last, deepest first.
 //!
 //! Objects that say nothing of where they lie (the block service) are
@@ -29,6 +32,7 @@
 //! destination, and every block is verified before a byte is written.
 //!
 //! [`Objects::locations`]: crate::objects::Objects::locations
+//! [`Objects::get_batch_each`]: crate::objects::Objects::get_batch_each
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -57,6 +61,13 @@ use crate::{Digest, Error, Result};
 const WINDOW_BYTES: u64 = crate::pack::PACK_BYTES_MAX;
 /// Objects in one window: as many as a pack holds.
 const WINDOW_OBJECTS: usize = crate::pack::PACK_OBJECTS_MAX;
+
+/// Stored bytes of the blocks handed to the writer at once, as they
+/// arrive (or one block, if larger): the writer writes one part while the
+/// next arrives.
+const PART_BYTES: usize = 2 * 1024 * 1024;
+/// Blocks handed to the writer at once, at most.
+const PART_OBJECTS: usize = 1024;
 
 /// A directory the walk created.
 struct Dir<'t> {
@@ -175,19 +186,23 @@ impl Materializer<'_> {
         Ok(())
     }
 
-    /// Fetches `windows` in turn (window i + 1 while window i is written)
-    /// and writes every place each block fills; then finishes the files
-    /// of several blocks that had nothing to fetch (all holes).
+    /// Fetches `windows` in turn, each as one streamed read per pack
+    /// ([`Materializer::prefetch_each`]), and writes every place each
+    /// block fills: the blocks go to a writer in parts of about
+    /// [`PART_BYTES`] as they arrive, handed over only when the writer is
+    /// done with the last, so memory holds two parts (one written, one
+    /// arriving), not whole windows. Then finishes the files of several
+    /// blocks that had nothing to fetch (all holes).
     fn write_windows(
         &self,
         writing: &Writing<'_, '_>,
         windows: &[Vec<ObjectId>],
         readers: &HashMap<Digest, Vec<Part>>,
     ) -> Result<()> {
-        let write_window = |window: &[ObjectId], fetched: &super::Prefetched| -> Result<()> {
-            // Per file, the places this window fills, by directory.
+        let write_part = |(part, fetched): &(Vec<ObjectId>, super::Prefetched)| -> Result<()> {
+            // Per file, the places this part fills, by directory.
             let mut per_file: HashMap<usize, Vec<(u64, u64, Digest)>> = HashMap::new();
-            for object in window {
+            for object in part {
                 for &(file, offset, len) in readers.get(&object.digest).into_iter().flatten() {
                     per_file
                         .entry(file)
@@ -199,22 +214,46 @@ impl Materializer<'_> {
             writes.sort_by_key(|(file, _)| (writing.files[*file].0, *file));
             self.write_files(writing, &writes, fetched)
         };
-        let mut fetched = match windows.first() {
-            Some(first) => self.prefetch(first.clone(), Path::new(""))?,
-            None => super::Prefetched::new(),
-        };
-        for (i, window) in windows.iter().enumerate() {
-            let (written, next) = rayon::join(
-                || write_window(window, &fetched),
-                || match windows.get(i + 1) {
-                    Some(next) => self.prefetch(next.clone(), Path::new("")),
-                    None => Ok(super::Prefetched::new()),
-                },
-            );
-            written?;
-            fetched = next?;
-        }
-        drop(fetched);
+        std::thread::scope(|scope| {
+            let (parts, arriving) = std::sync::mpsc::sync_channel(0);
+            let writer = scope.spawn(move || -> Result<()> {
+                for part in arriving {
+                    write_part(&part)?;
+                }
+                Ok(())
+            });
+            let fetched = (|| -> Result<()> {
+                let mut part: (Vec<ObjectId>, super::Prefetched) = Default::default();
+                let mut bytes = 0;
+                for window in windows {
+                    self.prefetch_each(window.clone(), &mut |object, stored| {
+                        part.0.push(object);
+                        if let Some(stored) = stored {
+                            bytes += stored.len();
+                            part.1.insert(object, stored);
+                        }
+                        if bytes >= PART_BYTES || part.0.len() >= PART_OBJECTS {
+                            bytes = 0;
+                            parts
+                                .send(std::mem::take(&mut part))
+                                .map_err(writer_stopped)?;
+                        }
+                        Ok(())
+                    })?;
+                }
+                if !part.0.is_empty() {
+                    parts.send(part).map_err(writer_stopped)?;
+                }
+                Ok(())
+            })();
+            drop(parts);
+            let written = writer
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            // The writer's error first: a part is refused only once the
+            // writer has stopped on one.
+            written.and(fetched)
+        })?;
         let mut rest: Vec<Writes> = writing
             .partial
             .iter()
@@ -509,4 +548,13 @@ fn open_below(dest: &OwnedFd, rel: &Path) -> Result<OwnedFd> {
         ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )
     .map_err(io_at(rel))
+}
+
+/// The fetch's error when the writer stopped (on an error of its own,
+/// which is the one reported).
+fn writer_stopped<T>(_: std::sync::mpsc::SendError<T>) -> Error {
+    Error::Io {
+        path: PathBuf::new(),
+        source: std::io::Error::other("the pull's writer stopped"),
+    }
 }

@@ -348,6 +348,42 @@ impl Materializer<'_> {
         Ok(prefetched)
     }
 
+    /// [`Materializer::prefetch`] handing each object on as it arrives
+    /// ([`Objects::get_batch_each`]): `each` gets every one of `objects`
+    /// once, with its stored bytes, or `None` when the block cache holds
+    /// it or the store lacks it (its own read, where it is used, then
+    /// reads the cache or names it at its path).
+    ///
+    /// [`Objects::get_batch_each`]: crate::objects::Objects::get_batch_each
+    pub(super) fn prefetch_each(
+        &self,
+        mut objects: Vec<ObjectId>,
+        each: &mut dyn FnMut(ObjectId, Option<Vec<u8>>) -> Result<()>,
+    ) -> Result<()> {
+        objects.sort_unstable();
+        objects.dedup();
+        if let Some(cache) = &self.cache
+            && !objects.is_empty()
+        {
+            // An unreadable cache only costs downloads.
+            if let Ok(mut absent) = cache.missing(self.org, &objects) {
+                absent.sort_unstable();
+                for cached in objects.iter().filter(|o| absent.binary_search(o).is_err()) {
+                    each(*cached, None)?;
+                }
+                objects = absent;
+            }
+        }
+        self.objects
+            .get_batch_each(self.org, &objects, &mut |i, stored| {
+                let object = objects[i];
+                if let Some(stored) = &stored {
+                    self.downloaded(&object, stored);
+                }
+                each(object, stored)
+            })
+    }
+
     pub(super) fn fetch_tree(
         &self,
         digest: &Digest,

@@ -286,6 +286,40 @@ fn ranged_reads_return_what_is_there(backend: &dyn Backend) {
             Some(data[90_000..].to_vec())
         ]
     );
+    // Streamed: the pieces together are the range, whatever their sizes.
+    let streamed = |key: &str, offset: u64, len: u64| {
+        let mut got = Vec::new();
+        let found = backend
+            .get_range_each(key, offset, len, &mut |piece| {
+                got.extend_from_slice(piece);
+                Ok(())
+            })
+            .expect("get_range_each");
+        found.then_some(got)
+    };
+    assert_eq!(streamed("range/pack", 0, 100_000), Some(data.clone()));
+    assert_eq!(
+        streamed("range/pack", 54_321, 1000),
+        Some(data[54_321..55_321].to_vec())
+    );
+    assert_eq!(
+        streamed("range/pack", 99_990, 100),
+        Some(data[99_990..].to_vec())
+    );
+    assert_eq!(streamed("range/pack", 100_000, 10), Some(Vec::new()));
+    assert_eq!(streamed("range/absent", 0, 10), None);
+    // A refusal from the reader ends the read with it.
+    let refused = backend.get_range_each("range/pack", 0, 100_000, &mut |_| {
+        Err(Error::Backend {
+            op: "test",
+            key: "range/pack".to_owned(),
+            message: "refused".to_owned(),
+        })
+    });
+    assert!(
+        matches!(&refused, Err(Error::Backend { op: "test", .. })),
+        "{refused:?}"
+    );
 }
 
 fn any_under_answers_whether_a_prefix_holds_anything(backend: &dyn Backend) {

@@ -2,7 +2,7 @@
 //! layout, ranged reads), how gc rewrites packs, and what happens to packs
 //! and indexes that are truncated, lie, are missing or belong elsewhere.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use store::backend::{Backend, MemoryBackend};
@@ -1220,4 +1220,156 @@ fn a_fresh_pull_with_a_corrupt_block_of_a_split_file_leaves_nothing_half_written
         })
         .collect();
     assert!(names.is_empty(), "left in d: {names:?}");
+}
+
+/// Regular files of exactly `size` bytes anywhere under `dir`.
+fn files_of_size(dir: &std::path::Path, size: u64) -> usize {
+    let mut count = 0;
+    let mut stack = vec![dir.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.file_type() {
+                Ok(kind) if kind.is_dir() => stack.push(entry.path()),
+                Ok(kind) if kind.is_file() => {
+                    count += usize::from(entry.metadata().is_ok_and(|m| m.len() == size));
+                }
+                _ => {}
+            }
+        }
+    }
+    count
+}
+
+/// A batch handed on as it arrives (`Objects::get_batch_each`) is the
+/// batch: every object once, the bytes `get_batch` gives, objects larger
+/// than the pieces a read arrives in (64 KiB here) and ones sharing a
+/// piece alike, and objects are handed on before their read has ended.
+#[test]
+fn a_batch_handed_on_as_it_arrives_is_the_batch() {
+    let double = Double::new(Arc::new(MemoryBackend::default()));
+    let store = Store::new(double.clone());
+    let acme = org("acme");
+    let mut files = many_files("large", 40, 150_000);
+    files.extend(many_files("small", 300, 700));
+    let src = home_dir(&refs(&files));
+    let root = push(&store, &acme, &home("h"), src.path())
+        .expect("push")
+        .root
+        .expect("root");
+    let objects: Vec<ObjectId> = reachable(&store, &acme, root).into_iter().collect();
+    let fresh = Store::new(double.clone());
+    let whole = fresh.get_batch(&acme, &objects).expect("batch");
+
+    let handed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handed_mid_read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let (handed, handed_mid_read) = (Arc::clone(&handed), Arc::clone(&handed_mid_read));
+        double.between_range_pieces(move |_, _| {
+            let now = handed.load(std::sync::atomic::Ordering::SeqCst);
+            handed_mid_read.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
+    let mut each: Vec<Option<Option<Vec<u8>>>> = vec![None; objects.len()];
+    fresh
+        .get_batch_each(&acme, &objects, &mut |i, stored| {
+            assert!(each[i].is_none(), "object {i} handed on twice");
+            each[i] = Some(stored);
+            handed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+        .expect("batch handed on");
+    let each: Vec<Option<Vec<u8>>> = each
+        .into_iter()
+        .map(|stored| stored.expect("every object handed on"))
+        .collect();
+    assert_eq!(each, whole);
+    assert!(each.iter().all(Option::is_some));
+    assert!(
+        handed_mid_read.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "no object was handed on before its read ended"
+    );
+}
+
+/// Issue 18 (a fresh pull's peak memory): a pull on a fresh machine
+/// writes a pack's first files while the rest of the pack is still
+/// arriving, so it holds parts of packs, not whole ones (it held two
+/// 16 MiB windows). The store here stops a read past its first 4.6 MB
+/// until files are on disk.
+#[test]
+fn a_fresh_pull_writes_files_while_their_pack_is_still_arriving() {
+    const FILE_BYTES: usize = 200_000;
+    let double = Double::batching(Arc::new(MemoryBackend::default()));
+    let acme = org("acme");
+    let files = many_files("x", 60, FILE_BYTES);
+    let src = home_dir(&refs(&files));
+    push(&Store::new(double.clone()), &acme, &home("h"), src.path()).expect("push");
+    double.arm(Faults::default());
+
+    let dest = tempdir();
+    let written_mid_read = Arc::new(Mutex::new(None));
+    {
+        let (dest, written_mid_read) = (dest.path().to_owned(), Arc::clone(&written_mid_read));
+        double.between_range_pieces(move |handed, len| {
+            // Past the first parts handed to the writer (2 MiB each),
+            // before the read's end.
+            let mut mid_read = written_mid_read.lock().expect("lock");
+            if handed < 4_600_000 || handed == len || mid_read.is_some() {
+                return;
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            let mut written = files_of_size(&dest, FILE_BYTES as u64);
+            while written == 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+                written = files_of_size(&dest, FILE_BYTES as u64);
+            }
+            *mid_read = Some(written);
+        });
+    }
+    let report = pull(&Store::new(double.clone()), &acme, &home("h"), dest.path()).expect("pull");
+    assert_eq!(contents(dest.path()), contents(src.path()));
+    assert_eq!(report.files_written, 60);
+    let written = *written_mid_read.lock().expect("lock");
+    assert!(
+        written.is_some_and(|n| n > 0),
+        "files written before the pack's read ended: {written:?}"
+    );
+}
+
+/// A pack cut short is named by a pull on a fresh machine too, whose
+/// reads are streamed: the objects the read did not complete do not
+/// decode, and their own reads name the pack.
+#[test]
+fn a_truncated_pack_is_named_by_a_fresh_pull() {
+    let double = Double::batching(Arc::new(MemoryBackend::default()));
+    let store = Store::new(double.clone());
+    let acme = org("acme");
+    let files = many_files("x", 20, 100_000);
+    let src = home_dir(&refs(&files));
+    push(&store, &acme, &home("h"), src.path()).expect("push");
+    // A pack whose last object is a block (trees are read before writing
+    // begins, each batch whole), cut inside that block.
+    let index = packs_of(double.as_ref(), &acme)
+        .into_iter()
+        .find(|index| {
+            index
+                .entries
+                .last()
+                .is_some_and(|last| last.object.kind == store::store::ObjectKind::Block)
+        })
+        .expect("a pack ending in a block");
+    let key = Store::pack_key(&acme, &index.pack, PackPart::Data);
+    let bytes = double.get(&key).expect("get").expect("pack");
+    double
+        .put(&key, &bytes[..bytes.len() - 50_000])
+        .expect("truncate");
+    let dest = tempdir();
+    let err =
+        pull(&Store::new(double.clone()), &acme, &home("h"), dest.path()).expect_err("truncated");
+    assert!(
+        matches!(err, Error::Corrupt { .. }) && err.to_string().contains("truncated pack"),
+        "{err}"
+    );
 }

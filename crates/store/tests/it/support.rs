@@ -389,6 +389,10 @@ struct Counters {
 }
 
 type Hook = Box<dyn FnOnce() + Send>;
+type PieceHook = Box<dyn FnMut(u64, u64) + Send>;
+
+/// A streamed ranged read arrives in pieces of this size, as a body does.
+const RANGE_PIECE_BYTES: usize = 64 * 1024;
 
 /// A backend wrapper that records calls and injects errors, in the manner
 /// of neon's `UnreliableWrapper`.
@@ -398,6 +402,10 @@ pub struct Double {
     counters: Mutex<Counters>,
     /// Runs once, before the first delete; every delete waits for it.
     before_first_delete: Mutex<Option<Hook>>,
+    /// Runs between the pieces of a streamed ranged read
+    /// (`Backend::get_range_each`), with the bytes handed on so far and
+    /// the read's length.
+    between_range_pieces: Mutex<Option<PieceHook>>,
     /// Says it reads in batches, as the block service does.
     reads_in_batches: bool,
 }
@@ -427,6 +435,7 @@ impl Double {
             faults: Mutex::new(Faults::default()),
             counters: Mutex::new(Counters::default()),
             before_first_delete: Mutex::new(None),
+            between_range_pieces: Mutex::new(None),
             reads_in_batches,
         }
     }
@@ -449,6 +458,12 @@ impl Double {
 
     pub fn before_first_delete(&self, hook: impl FnOnce() + Send + 'static) {
         *lock(&self.before_first_delete) = Some(Box::new(hook));
+    }
+
+    /// Runs `hook` between the pieces of every streamed ranged read, with
+    /// the bytes handed on so far and the read's length.
+    pub fn between_range_pieces(&self, hook: impl FnMut(u64, u64) + Send + 'static) {
+        *lock(&self.between_range_pieces) = Some(Box::new(hook));
     }
 
     /// Sizes of the `exists` batches since the last `arm`.
@@ -682,6 +697,33 @@ impl Backend for Double {
             .iter()
             .map(|(key, offset, len)| self.range_counted(key, *offset, *len))
             .collect()
+    }
+
+    /// A batch of the objects the range covers, read as `get_range` is,
+    /// handed on in pieces.
+    fn get_range_each(
+        &self,
+        key: &str,
+        offset: u64,
+        len: u64,
+        each: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        let objects = self.objects_read(key, offset, len).len();
+        lock(&self.counters).get_batches.push(objects);
+        let Some(bytes) = self.range_counted(key, offset, len)? else {
+            return Ok(false);
+        };
+        let mut handed = 0;
+        for piece in bytes.chunks(RANGE_PIECE_BYTES) {
+            if handed > 0
+                && let Some(hook) = lock(&self.between_range_pieces).as_mut()
+            {
+                hook(handed, bytes.len() as u64);
+            }
+            each(piece)?;
+            handed += piece.len() as u64;
+        }
+        Ok(true)
     }
 
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
