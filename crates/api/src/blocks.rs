@@ -415,20 +415,36 @@ impl Objects for RemoteBackend {
             .map_err(|e| backend_error("get", org, object, e))
     }
 
+    /// [`Objects::get_batch_each`], collected.
+    fn get_batch(&self, org: &OrgId, objects: &[ObjectId]) -> store::Result<Vec<Option<Vec<u8>>>> {
+        let mut out = vec![None; objects.len()];
+        self.get_batch_each(org, objects, &mut |i, stored| {
+            out[i] = stored;
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
     /// Split into up to [`FETCH_IN_FLIGHT`] runs of at most
     /// [`FETCH_OBJECTS_MAX`] objects, fetched at once (the server reads
     /// one run's packs while another's answer crosses the wire and the
-    /// caller decodes), answers taken in order.
-    fn get_batch(&self, org: &OrgId, objects: &[ObjectId]) -> store::Result<Vec<Option<Vec<u8>>>> {
+    /// caller writes), each run's objects handed on in order as its answer
+    /// arrives while the later runs are still in flight.
+    fn get_batch_each(
+        &self,
+        org: &OrgId,
+        objects: &[ObjectId],
+        each: &mut dyn FnMut(usize, Option<Vec<u8>>) -> store::Result<()>,
+    ) -> store::Result<()> {
         let per_run = objects
             .len()
             .div_ceil(FETCH_IN_FLIGHT)
             .clamp(1, FETCH_OBJECTS_MAX);
         let mut runs = objects.chunks(per_run);
-        let mut out = Vec::with_capacity(objects.len());
+        let mut handed = 0;
         self.runtime.block_on(async {
             let mut in_flight = std::collections::VecDeque::new();
-            loop {
+            let result = loop {
                 while in_flight.len() < FETCH_IN_FLIGHT
                     && let Some(run) = runs.next()
                 {
@@ -436,24 +452,29 @@ impl Objects for RemoteBackend {
                     in_flight.push_back(self.runtime.spawn(fetch_run(client, org, run)));
                 }
                 let Some(next) = in_flight.pop_front() else {
-                    return Ok(out);
+                    break Ok(());
                 };
                 let answered = next.await.unwrap_or_else(|join| {
                     Err(store::Error::Backend {
                         op: "get",
-                        key: Store::object_key(org, &objects[out.len()]),
+                        key: Store::object_key(org, &objects[handed]),
                         message: format!("fetch task failed: {join}"),
                     })
                 });
-                match answered {
-                    Ok(fetched) => out.extend(fetched),
-                    Err(err) => {
-                        // Nobody will read the rest: stop asking for it.
-                        in_flight.iter().for_each(tokio::task::JoinHandle::abort);
-                        return Err(err);
-                    }
+                let handing = answered.and_then(|fetched| {
+                    fetched.into_iter().try_for_each(|stored| {
+                        each(handed, stored)?;
+                        handed += 1;
+                        Ok(())
+                    })
+                });
+                if let Err(err) = handing {
+                    break Err(err);
                 }
-            }
+            };
+            // On an error nobody will read the rest: stop asking for it.
+            in_flight.iter().for_each(tokio::task::JoinHandle::abort);
+            result
         })
     }
 

@@ -316,6 +316,26 @@ fn batches_larger_than_one_request(objects: &dyn Objects, org: &OrgId, content: 
             stored.object
         );
     }
+    // Handed on as read: each object once, the same bytes, an absent one
+    // as `None`.
+    let absent = content.block(77);
+    let mut with_absent = asked.clone();
+    with_absent.insert(3, absent.object);
+    let mut each: Vec<Option<Option<Vec<u8>>>> = vec![None; with_absent.len()];
+    objects
+        .get_batch_each(org, &with_absent, &mut |i, stored| {
+            assert!(each[i].is_none(), "object {i} handed on twice");
+            each[i] = Some(stored);
+            Ok(())
+        })
+        .expect("get_batch_each");
+    let mut expected: Vec<Option<Vec<u8>>> = got;
+    expected.insert(3, None);
+    let each: Vec<Option<Vec<u8>>> = each
+        .into_iter()
+        .map(|stored| stored.expect("every object handed on"))
+        .collect();
+    assert!(each == expected, "get_batch_each differs from get_batch");
 }
 
 fn a_second_put_is_harmless(objects: &dyn Objects, org: &OrgId, content: &mut Content) {
