@@ -1514,3 +1514,84 @@ pub fn parse_key(key: &str) -> Option<KeyKind> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Objects at `(offset, length)` in a pack of `pack` bytes, as a span
+    /// from the first one's offset, read in pieces of `piece` bytes and
+    /// cut short at `read_to`: what [`SpanReader`] hands on for each.
+    fn cut(
+        pack: &[u8],
+        objects: &[(u64, u32)],
+        piece: usize,
+        read_to: usize,
+    ) -> Vec<(usize, Vec<u8>)> {
+        let inside: Vec<(usize, Location)> = objects
+            .iter()
+            .enumerate()
+            .map(|(i, &(offset, length))| {
+                let pack = PackId([1; 16]);
+                (
+                    i,
+                    Location {
+                        pack,
+                        offset,
+                        length,
+                    },
+                )
+            })
+            .collect();
+        let start = objects[0].0 as usize;
+        let mut handed = Vec::new();
+        let mut each = |i: usize, bytes: Option<Vec<u8>>| -> Result<()> {
+            handed.push((i, bytes.expect("bytes")));
+            Ok(())
+        };
+        let mut reading = SpanReader::new(start as u64, &inside);
+        for piece in pack[start..read_to].chunks(piece) {
+            reading.take(piece, &mut each).expect("take");
+        }
+        reading.finish(&mut each).expect("finish");
+        handed
+    }
+
+    /// Every object whole, in order, whatever the pieces: one byte at a
+    /// time, pieces ending inside objects and inside the gaps between
+    /// them, one piece for the whole read.
+    #[test]
+    fn a_span_read_in_pieces_hands_on_each_object_whole() {
+        let pack: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 251) as u8).collect();
+        // Gaps between the objects (ones not asked for), one empty object.
+        let objects = [(100, 300), (400, 1), (401, 0), (900, 2000), (3500, 1500)];
+        let want: Vec<(usize, Vec<u8>)> = objects
+            .iter()
+            .enumerate()
+            .map(|(i, &(o, l))| (i, pack[o as usize..o as usize + l as usize].to_vec()))
+            .collect();
+        for piece in [1, 7, 64, 299, 300, 301, 1000, 5000] {
+            assert_eq!(cut(&pack, &objects, piece, 5000), want, "pieces of {piece}");
+        }
+    }
+
+    /// A read that ends early (a truncated pack): the object it was in
+    /// gets what arrived of it, later ones nothing; none is handed twice.
+    #[test]
+    fn a_span_read_cut_short_hands_on_what_arrived() {
+        let pack: Vec<u8> = (0..5000u32).map(|i| (i % 256) as u8).collect();
+        let objects = [(0, 1000), (1000, 1000), (2500, 1000)];
+        for piece in [1, 333, 5000] {
+            let handed = cut(&pack, &objects, piece, 1500);
+            assert_eq!(
+                handed,
+                vec![
+                    (0, pack[..1000].to_vec()),
+                    (1, pack[1000..1500].to_vec()),
+                    (2, Vec::new()),
+                ],
+                "pieces of {piece}"
+            );
+        }
+    }
+}
