@@ -549,8 +549,10 @@ fn push_uploads_in_few_batches_children_first() {
             refuse_incomplete_trees: true,
             ..Faults::default()
         });
-        let report = store::push::push(&store, &acme, &alice, src.path(), &options, &NoProgress)
-            .expect("push");
+        let report = crate::support::on_two_threads(|| {
+            store::push::push(&store, &acme, &alice, src.path(), &options, &NoProgress)
+        })
+        .expect("push");
         (report, double.packs_written())
     };
     let (first, batches) = push_counting();

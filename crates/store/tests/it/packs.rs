@@ -1305,16 +1305,9 @@ fn a_fresh_pull_writes_files_while_their_pack_is_still_arriving() {
     let acme = org("acme");
     let files = many_files("x", 60, FILE_BYTES);
     let src = home_dir(&refs(&files));
-    // One uploading thread, whatever the machine: the home is then one
-    // pack of ~12 MB, read in one ranged read (more threads share the
-    // blocks out into smaller packs).
-    let one_thread = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .expect("thread pool");
-    one_thread
-        .install(|| push(&Store::new(double.clone()), &acme, &home("h"), src.path()))
-        .expect("push");
+    // Two uploading threads (`support::push`): ~12 MB in packs of several
+    // MB, each read in one ranged read.
+    push(&Store::new(double.clone()), &acme, &home("h"), src.path()).expect("push");
     double.arm(Faults::default());
 
     let dest = tempdir();

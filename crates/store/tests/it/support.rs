@@ -51,8 +51,21 @@ pub fn pull_options() -> PullOptions {
     }
 }
 
+/// Pushes on two uploading threads ([`on_two_threads`]).
 pub fn push(store: &Store, org: &OrgId, home: &HomeName, dir: &Path) -> Result<PushReport> {
-    store::push::push(store, org, home, dir, &push_options(), &NoProgress)
+    on_two_threads(|| store::push::push(store, org, home, dir, &push_options(), &NoProgress))
+}
+
+/// Runs `work` (a push) in a pool of two threads of its own, whatever the
+/// machine: how a push shares blocks out into packs depends on how many
+/// threads upload, and the tests' expectations of packs (how many, which
+/// holds what) are those of two.
+pub fn on_two_threads<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("thread pool")
+        .install(work)
 }
 
 pub fn pull(store: &Store, org: &OrgId, home: &HomeName, dest: &Path) -> Result<PullReport> {
