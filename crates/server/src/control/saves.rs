@@ -143,13 +143,10 @@ pub async fn report_save(
         .await?
         .ok_or_else(|| not_found("sandbox"))?;
     tx.commit().await?;
-    // 4. The committed pointer.
     if let Some(root) = committed_root {
-        let store = store_of(state)?;
-        let org = store_org(&row.org_id)?;
-        blocking(move || store.write_home(&org, &committed_home, &root))
-            .await?
-            .map_err(store_error)?;
+        // Counted as the record commits, before any later await: a runner
+        // that goes away now drops this request, and the save stays
+        // committed all the same.
         let captured_at = report.captured_at_ms.unwrap_or(now).min(now);
         state.metrics.save_completed(
             std::time::Duration::from_millis((now_ms() - captured_at).max(0) as u64),
@@ -157,6 +154,12 @@ pub async fn report_save(
             report.uploaded_bytes,
         );
         tracing::info!(sandbox_id = %id, epoch = report.epoch, %root, "home save committed");
+        // 4. The committed pointer.
+        let store = store_of(state)?;
+        let org = store_org(&row.org_id)?;
+        blocking(move || store.write_home(&org, &committed_home, &root))
+            .await?
+            .map_err(store_error)?;
     }
     Ok(record)
 }
