@@ -227,7 +227,13 @@ async fn request_id(request: Request, next: Next) -> Response {
     let id = auth::random_hex(8).unwrap_or_else(|_| "unknown".to_owned());
     let span = tracing::info_span!("request", request_id = %id, method = %request.method(), path = %request.uri().path());
     let started = std::time::Instant::now();
-    let mut response = REQUEST_ID
+    // A mutation runs to its end on a task of its own: a client that goes
+    // away (a runner killed mid-report, a timed-out retry) drops only the
+    // answer, never the steps after a commit (metrics, wake-ups, pointers).
+    // Reads stay cancellable: a long-poll nobody waits for ends at once.
+    let mutation =
+        request.method() != axum::http::Method::GET && request.method() != axum::http::Method::HEAD;
+    let handled = REQUEST_ID
         .scope(id.clone(), async move {
             let response = next.run(request).await;
             tracing::debug!(
@@ -237,8 +243,23 @@ async fn request_id(request: Request, next: Next) -> Response {
             );
             response
         })
-        .instrument(span)
-        .await;
+        .instrument(span);
+    let mut response = if mutation {
+        match tokio::spawn(handled).await {
+            Ok(response) => response,
+            Err(err) => {
+                tracing::error!(request_id = %id, %err, "a request's handler failed");
+                REQUEST_ID
+                    .scope(id.clone(), async {
+                        ControlError::new(api::ErrorCode::Internal, "internal error")
+                            .into_response()
+                    })
+                    .await
+            }
+        }
+    } else {
+        handled.await
+    };
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert("x-request-id", value);
     }

@@ -211,3 +211,23 @@ async fn the_bearer_scheme_is_case_insensitive() {
     let (status, code, _) = envelope(status, &kind, &body);
     assert_eq!((status, code.as_str()), (401, "unauthenticated"));
 }
+
+/// A mutation's handler runs on a task of its own (so a client going away
+/// cannot cut it short after its commit): should it panic, the caller gets
+/// the 500 envelope, what it committed stays, and the server serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutation_whose_handler_panics_after_its_commit_answers_500_and_its_record_stays() {
+    let server = TestServer::start_configured(None, |config| {
+        config.failpoint = api::failpoint::Failpoints::panicking_at("after_commit:create_sandbox");
+    })
+    .await;
+    let (org, _) = tokens(&server).await;
+    let (status, kind, body) = raw(&server, &request("POST", "/v1/sandboxes", &org, "{}")).await;
+    let (status, code, _) = envelope(status, &kind, &body);
+    assert_eq!((status, code.as_str()), (500, "internal"), "{body}");
+    let listed = api::client::Client::new(&server.url, &org)
+        .list_sandboxes(&api::client::SandboxListQuery::default())
+        .await
+        .expect("the server still serves");
+    assert_eq!(listed.sandboxes.len(), 1, "{listed:?}");
+}

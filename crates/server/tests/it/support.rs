@@ -27,6 +27,15 @@ impl TestServer {
     /// As [`TestServer::start`], with the content store at `store` (a
     /// directory the test prepared) instead of one in the data dir.
     pub async fn start_with_store(store: Option<&std::path::Path>) -> TestServer {
+        Self::start_configured(store, |_| {}).await
+    }
+
+    /// As [`TestServer::start_with_store`], with `configure` changing the
+    /// configuration last (a failpoint, say).
+    pub async fn start_configured(
+        store: Option<&std::path::Path>,
+        configure: impl FnOnce(&mut server::Config),
+    ) -> TestServer {
         let data = tempfile::Builder::new()
             .prefix("roost-server-it-")
             .tempdir()
@@ -39,6 +48,7 @@ impl TestServer {
         );
         let store = store.map_or_else(|| data.path().join("store"), std::path::Path::to_path_buf);
         config.store_url = Some(store.display().to_string());
+        configure(&mut config);
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
