@@ -4,7 +4,11 @@
 # (a copy of this machine's Python installation).
 #
 # Per data set, every timing including its own `sync` (as the issue's
-# measurements did), everything warm in the page cache:
+# measurements did), everything warm in the page cache: each timed step's
+# input (the tree, the store, the repository, the tar file) is read just
+# before it (`warm`), because some machines (this VM) hand cached pages
+# back to the host within seconds, and whichever tool ran first would
+# otherwise read a cold disk:
 #   push     roost home push into an empty local store | restic's first backup
 #   repush   the same, nothing changed
 #   pull     roost home pull into an empty dir | restic restore | tar x
@@ -52,19 +56,32 @@ timed() {
   echo "$name $(cat "$BENCH_DIR/t")" | tee -a "$RES" >&2
 }
 
+# warm PATH...: every file under PATH read once, so the step after it
+# starts from the page cache, as its peer's did.
+warm() {
+  find "$@" -type f -print0 | xargs -0 -r cat >/dev/null
+}
+
 dataset() {
   local ds=$1 src=$2 round=$3 p=$BENCH_DIR/$ds
   rm -rf "$p.r" "$p.restic" "$p.old" "$p.out"* "$p.tar"; mkdir -p "$p.out"
   sync
+  warm "$src"
   timed "$ds.$round.roost.push" "$ROOST_BIN" home push "$src" --store "$p.r" --org o --home h --json
   restic init --repo "$p.restic" >/dev/null 2>&1
+  warm "$src"
   timed "$ds.$round.restic.push" restic --repo "$p.restic" backup --quiet "$src"
+  warm "$src" "$p.r"
   timed "$ds.$round.roost.repush" "$ROOST_BIN" home push "$src" --store "$p.r" --org o --home h --json
+  warm "$src" "$p.restic"
   timed "$ds.$round.restic.repush" restic --repo "$p.restic" backup --quiet "$src"
   tar -C "$src" -cf "$p.tar" .
   mkdir -p "$p.out/tar"; sync
+  warm "$p.tar"
   timed "$ds.$round.tar.pull" tar -C "$p.out/tar" -xf "$p.tar"
+  warm "$p.r"
   timed "$ds.$round.roost.pull" "$ROOST_BIN" home pull "$p.out/roost" --store "$p.r" --org o --home h --json
+  warm "$p.restic"
   timed "$ds.$round.restic.pull" restic --repo "$p.restic" restore latest --target "$p.out/restic"
   if [ -n "$ROOST_OLD_BIN" ]; then
     timed "$ds.$round.old.push" "$ROOST_OLD_BIN" home push "$src" --store "$p.old" --org o --home h --json
