@@ -10,8 +10,9 @@
 # same body as a static file, the same way; prints one line per run with
 # both rates and their ratio. Needs wrk and nginx (bench/control/run.sh
 # installs them) and the loadgen example built in release mode.
-# DATABASE=postgres://… runs the servers on that database instead (make
-# it empty before each run: the setup adds an org and a runner).
+# DATABASE=postgres://…/DB runs the servers on PostgreSQL instead: each
+# run on a database of its own, made beside DB (through psql) and dropped
+# after it.
 set -euo pipefail
 ROUNDS=3 SECS=10
 while [ $# -gt 0 ]; do
@@ -35,7 +36,14 @@ one_run() {
   local bin=$1 dir port nport pid token sandbox roost nginx
   dir=$(mktemp -d /tmp/roost-get.XXXXXX)
   port=$(free_port) nport=$(free_port)
-  "$bin" server --listen "127.0.0.1:$port" --data-dir "$dir/server" --lease-ttl 1h ${DATABASE:+--database "$DATABASE"} >"$dir/out" 2>"$dir/err" &
+  local database=
+  if [ -n "${DATABASE:-}" ]; then
+    local name="roost_get_$$_${dir##*.}"
+    name=$(echo "$name" | tr 'A-Z' 'a-z')
+    psql -q "$DATABASE" -c "CREATE DATABASE $name" >/dev/null
+    database="${DATABASE%/*}/$name"
+  fi
+  "$bin" server --listen "127.0.0.1:$port" --data-dir "$dir/server" --lease-ttl 1h ${database:+--database "$database"} >"$dir/out" 2>"$dir/err" &
   pid=$!
   for _ in $(seq 1 300); do grep -q 'listening' "$dir/out" 2>/dev/null && break; sleep 0.1; done
   "$LOADGEN" setup --url "http://127.0.0.1:$port" --admin-token "$(head -n1 "$dir/server/admin-token")" >"$dir/setup.json"
@@ -56,6 +64,9 @@ EOC
   kill "$(cat "$dir/nginx.pid")"
   kill -INT "$pid"; wait "$pid" 2>/dev/null || true
   rm -rf "$dir"
+  if [ -n "$database" ]; then
+    psql -q "$DATABASE" -c "DROP DATABASE ${database##*/}" >/dev/null
+  fi
   printf '%s\tGET/s %s\tnginx/s %s\tratio %s\tload %s\n' "$bin" "$roost" "$nginx" \
     "$(python3 -c "print(round($roost/$nginx, 3))")" "$(cut -d' ' -f1 /proc/loadavg)"
 }

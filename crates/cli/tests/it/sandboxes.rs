@@ -795,3 +795,40 @@ async fn postgres_out_of_reach_then_back_loses_nothing_and_both_servers_carry_on
         .expect("acme listed");
     assert_eq!(acme["total"], json!(acknowledged.len()), "{acme}");
 }
+
+/// Issue 21: a pooled PostgreSQL connection is not pinged before every
+/// query (a round trip ahead of each), only once it has sat idle a while
+/// (`server::db`); so connections PostgreSQL dropped while nobody used
+/// them are replaced before a request gets them: the first requests after
+/// it is back all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_postgres_dropped_are_replaced_before_a_request_uses_them() {
+    let database = postgres_database("idle_cut");
+    let direct = std::env::var("ROOST_TEST_POSTGRES_URL").expect("PostgreSQL url");
+    let (_, host_and_rest) = direct
+        .split_once('@')
+        .expect("postgres://user@host:port/db");
+    let (address, _) = host_and_rest.split_once('/').expect("host:port/db");
+    let proxy = crate::proxy::Proxy::start(address.to_owned()).await;
+    let proxied = database.replacen(address, &format!("127.0.0.1:{}", proxy.port), 1);
+    let plane = Plane::start_with(&["--lease-ttl", "120s"], &[], Some(&proxied)).await;
+    // Several connections in the pool, all used.
+    let reads = (0..8).map(|_| {
+        let org = plane.org.clone();
+        async move { org.get("/v1/sandboxes").await }
+    });
+    for read in futures::future::join_all(reads).await {
+        assert_eq!(read.status, 200, "{read:?}");
+    }
+    // PostgreSQL drops them all (as a restart does) while they sit idle.
+    proxy.cut();
+    proxy.mend();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reads = (0..8).map(|_| {
+        let org = plane.org.clone();
+        async move { org.get("/v1/sandboxes").await }
+    });
+    for read in futures::future::join_all(reads).await {
+        assert_eq!(read.status, 200, "{read:?}");
+    }
+}
