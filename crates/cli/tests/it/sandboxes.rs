@@ -683,6 +683,20 @@ async fn idempotency_keys_belong_to_one_org_and_outlive_the_records_retention() 
     assert_eq!(listed["sandboxes"], json!([]), "nothing new: {listed}");
 }
 
+/// A database of its own, reached through a proxy the test can cut: the
+/// proxy, and the database's URL through it.
+async fn proxied_postgres_database(name: &str) -> (crate::proxy::Proxy, String) {
+    let database = postgres_database(name);
+    let direct = std::env::var("ROOST_TEST_POSTGRES_URL").expect("PostgreSQL url");
+    let (_, host_and_rest) = direct
+        .split_once('@')
+        .expect("postgres://user@host:port/db");
+    let (address, _) = host_and_rest.split_once('/').expect("host:port/db");
+    let proxy = crate::proxy::Proxy::start(address.to_owned()).await;
+    let proxied = database.replacen(address, &format!("127.0.0.1:{}", proxy.port), 1);
+    (proxy, proxied)
+}
+
 /// Issue 21 (faults): PostgreSQL out of reach under two servers (every
 /// connection dropped, new ones refused, as while it restarts), then back.
 /// Meanwhile a request is answered 503 `unavailable` with Retry-After and
@@ -691,14 +705,7 @@ async fn idempotency_keys_belong_to_one_org_and_outlive_the_records_retention() 
 /// and the kept counts are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_out_of_reach_then_back_loses_nothing_and_both_servers_carry_on() {
-    let database = postgres_database("outage");
-    let direct = std::env::var("ROOST_TEST_POSTGRES_URL").expect("PostgreSQL url");
-    let (_, host_and_rest) = direct
-        .split_once('@')
-        .expect("postgres://user@host:port/db");
-    let (address, _) = host_and_rest.split_once('/').expect("host:port/db");
-    let proxy = crate::proxy::Proxy::start(address.to_owned()).await;
-    let proxied = database.replacen(address, &format!("127.0.0.1:{}", proxy.port), 1);
+    let (proxy, proxied) = proxied_postgres_database("outage").await;
     // A lease long enough that the outage cannot expire the test runner's.
     let args = ["--lease-ttl", "120s"];
     let a = Plane::start_with(&args, &[], Some(&proxied)).await;
@@ -803,14 +810,7 @@ async fn postgres_out_of_reach_then_back_loses_nothing_and_both_servers_carry_on
 /// it is back all succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_postgres_dropped_are_replaced_before_a_request_uses_them() {
-    let database = postgres_database("idle_cut");
-    let direct = std::env::var("ROOST_TEST_POSTGRES_URL").expect("PostgreSQL url");
-    let (_, host_and_rest) = direct
-        .split_once('@')
-        .expect("postgres://user@host:port/db");
-    let (address, _) = host_and_rest.split_once('/').expect("host:port/db");
-    let proxy = crate::proxy::Proxy::start(address.to_owned()).await;
-    let proxied = database.replacen(address, &format!("127.0.0.1:{}", proxy.port), 1);
+    let (proxy, proxied) = proxied_postgres_database("idle_cut").await;
     let plane = Plane::start_with(&["--lease-ttl", "120s"], &[], Some(&proxied)).await;
     // Several connections in the pool, all used.
     let reads = (0..8).map(|_| {
