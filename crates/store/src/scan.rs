@@ -287,29 +287,6 @@ struct PendingDir {
 /// A directory to read: where it is, its path in the home, its entry.
 type ToRead = (Arc<PathBuf>, PathBuf, Option<(usize, usize)>);
 
-/// Threads a scan runs on, at least: a scan mostly waits on the disk (a
-/// `statx` per entry, a `getdents` per directory, file reads to hash),
-/// and once the page cache has let go of a home's inodes, how many of
-/// those are in flight decides its time. Hashing holds a small buffer per
-/// thread ([`HASH_READ_BYTES`]), so the extra threads cost little memory.
-const SCAN_THREADS_MIN: usize = 8;
-
-/// The scans' shared pool: the caller's thread count, at least
-/// [`SCAN_THREADS_MIN`]. None if its threads cannot be started (the scan
-/// then runs on the caller's pool).
-fn scan_pool() -> Option<&'static rayon::ThreadPool> {
-    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(rayon::current_num_threads().max(SCAN_THREADS_MIN))
-            .thread_name(|i| format!("roost-scan-{i}"))
-            .build()
-            .inspect_err(|err| tracing::warn!(%err, "cannot start the scan's threads"))
-            .ok()
-    })
-    .as_ref()
-}
-
 pub(crate) fn scan(
     root: &Path,
     excludes: &Excludes,
@@ -333,11 +310,7 @@ pub(crate) fn scan(
         collected: Mutex::new(Collected::default()),
     };
     progress.phase("scanning", None);
-    let scan_levels = || scanner.scan_levels(root);
-    let (root_digest, logical_bytes) = match scan_pool() {
-        Some(pool) => pool.install(scan_levels)?,
-        None => scan_levels()?,
-    };
+    let (root_digest, logical_bytes) = scanner.scan_levels(root)?;
     Ok(Scan {
         root: root_digest,
         logical_bytes,
@@ -625,48 +598,26 @@ thread_local! {
     static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// What each scanning thread reads a file through while hashing it: the
-/// blocks are hashed as they stream by, so a thread holds this much, never
-/// a whole block (the scan runs many threads: see [`scan`]).
-const HASH_READ_BYTES: usize = 64 << 10;
-
-thread_local! {
-    static HASH_BUFFER: std::cell::RefCell<Box<[u8]>> =
-        std::cell::RefCell::new(vec![0; HASH_READ_BYTES].into_boxed_slice());
-}
-
 /// Reads exactly `size` bytes in block ranges and hashes each block. A
 /// file that turns out shorter or longer than `size` is reported as
 /// changed by the caller's stat comparison; here it is an error.
 fn hash_blocks(file: &mut fs::File, size: u64) -> std::io::Result<Vec<Digest>> {
-    HASH_BUFFER.with(|buffer| {
-        let mut buffer = buffer.borrow_mut();
-        let mut blocks = Vec::new();
-        for (_, len) in block_ranges(size) {
-            let mut hasher = blake3::Hasher::new();
-            let mut left = len;
-            while left > 0 {
-                let want = buffer
-                    .len()
-                    .min(usize::try_from(left).unwrap_or(usize::MAX));
-                let read = match file.read(&mut buffer[..want]) {
-                    Ok(0) => {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::UnexpectedEof,
-                            "file shrank while reading",
-                        ));
-                    }
-                    Ok(read) => read,
-                    Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(err) => return Err(err),
-                };
-                hasher.update(&buffer[..read]);
-                left -= read as u64;
-            }
-            blocks.push(Digest(*hasher.finalize().as_bytes()));
+    let mut blocks = Vec::new();
+    for (_, len) in block_ranges(size) {
+        // Streamed through blake3's 64 KiB stack buffer: a thread holds
+        // that much, never a whole block.
+        let mut hasher = blake3::Hasher::new();
+        let mut block = file.by_ref().take(len);
+        hasher.update_reader(&mut block)?;
+        if block.limit() != 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "file shrank while reading",
+            ));
         }
-        Ok(blocks)
-    })
+        blocks.push(Digest(*hasher.finalize().as_bytes()));
+    }
+    Ok(blocks)
 }
 
 /// Reads one block range (`offset`, `len`) of the file at `path` for
