@@ -4,7 +4,7 @@
 //! stderr):
 //!
 //! - `setup`: an org, a runner token, a registered runner with room for
-//!   100,000 sandboxes, and one sandbox to read.
+//!   100,000 sandboxes, and one sandbox to read (`--sandboxes N`: N).
 //! - `creates`: `POST /v1/sandboxes {}` from N concurrent clients for a fixed
 //!   time; every answer must be 201.
 //! - `waiters`: opens W long-polls (`GET /v1/sandboxes/ID?wait_for=running`),
@@ -50,6 +50,10 @@ enum Command {
         /// The org's name (unique per database).
         #[arg(long, default_value = "bench")]
         org: String,
+        /// Sandboxes to create for reading (`sandbox_ids`; the first is
+        /// also `sandbox_id`).
+        #[arg(long, default_value_t = 1)]
+        sandboxes: usize,
     },
     /// Create sandboxes from concurrent clients for a fixed time.
     Creates {
@@ -131,7 +135,8 @@ fn main() -> Result<()> {
                 url,
                 admin_token,
                 org,
-            } => setup(&Api::new(&url)?, &admin_token, &org).await,
+                sandboxes,
+            } => setup(&Api::new(&url)?, &admin_token, &org, sandboxes).await,
             Command::Creates {
                 url,
                 token,
@@ -314,7 +319,7 @@ struct Tokens {
     runner_id: String,
 }
 
-async fn setup(api: &Api, admin_token: &str, org: &str) -> Result<Value> {
+async fn setup(api: &Api, admin_token: &str, org: &str, sandboxes: usize) -> Result<Value> {
     let created = api
         .post("/v1/admin/orgs", admin_token, &json!({ "name": org }))
         .await?;
@@ -342,12 +347,16 @@ async fn setup(api: &Api, admin_token: &str, org: &str) -> Result<Value> {
         .await?;
     let runner_id = text(&registered, "runner_id")?;
     let runner_credential = text(&registered, "runner_token")?;
-    let sandbox = api.create_sandbox(&org_token).await?;
+    let mut sandbox_ids = Vec::with_capacity(sandboxes);
+    for _ in 0..sandboxes.max(1) {
+        sandbox_ids.push(api.create_sandbox(&org_token).await?.id);
+    }
     Ok(json!({
         "org_token": org_token,
         "runner_token": runner_credential,
         "runner_id": runner_id,
-        "sandbox_id": sandbox.id,
+        "sandbox_id": sandbox_ids[0],
+        "sandbox_ids": sandbox_ids,
     }))
 }
 

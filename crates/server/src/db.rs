@@ -64,6 +64,8 @@ pub struct Db {
     turns: Arc<Turns>,
     /// SQLite: hot reads on the request's own thread (`SqliteReads`).
     pub sqlite_reads: Option<Arc<SqliteReads>>,
+    /// PostgreSQL: sandboxes read by id, gathered (`GatheredReads`).
+    pub sandbox_reads: Option<Arc<GatheredReads>>,
 }
 
 /// Reads of a SQLite database on the calling thread, for the hottest
@@ -178,6 +180,149 @@ impl SqliteReads {
                 // stays with it.
                 tracing::debug!(%err, "direct SQLite read failed; reading through sqlx");
                 None
+            }
+        }
+    }
+}
+
+/// PostgreSQL: reads of one table's rows by primary key, from requests
+/// running at the same time, gathered into one query
+/// (`SELECT … WHERE id IN (…)`) — for the hottest read of the API, a
+/// sandbox by id (`records::sandboxes::visible`).
+///
+/// Each query is a round trip to PostgreSQL, and under load most of a
+/// GET's cost was PostgreSQL's per-statement work and the two processes'
+/// socket wake-ups (BENCHMARKS.md, "Fleet", GET on PostgreSQL). A read
+/// is queued to a gatherer; a gatherer takes every read waiting (up to
+/// [`GATHER_MAX`]) and answers them with one query. Nothing waits for a
+/// batch to fill: a read that finds a gatherer idle is sent at once, and
+/// reads arriving while a query is out go in the next one.
+///
+/// What keeps this honest: a read's query is sent after the read was
+/// queued, so it sees every transaction committed before the request
+/// asked (read-your-writes across servers, as a query of its own would);
+/// the rows are filtered by the caller exactly as its own `WHERE` would
+/// have; and a read that cannot be queued (the queue full) or whose
+/// gathered query failed reads alone through the pool, whose answer or
+/// error stands.
+pub struct GatheredReads {
+    queue: tokio::sync::mpsc::Sender<Wanted>,
+    /// Reads answered by a gathered query, and the queries that did.
+    answered: AtomicU64,
+    queries: Arc<AtomicU64>,
+}
+
+/// One queued read: the id, and where its row (or "not found") goes; an
+/// `Err` says the gathered query failed.
+struct Wanted {
+    id: String,
+    answer: tokio::sync::oneshot::Sender<Result<Option<sqlx::any::AnyRow>, ()>>,
+}
+
+/// Most reads one gathered query answers.
+const GATHER_MAX: usize = 128;
+/// Gathering queries in flight at once, each on its own connection.
+const GATHERERS: usize = 2;
+/// Reads waiting beyond this go alone to the pool.
+const GATHER_QUEUE: usize = 4096;
+
+impl GatheredReads {
+    /// Starts the gatherers for `SELECT {columns} FROM {table} WHERE id IN
+    /// (…)` (`columns` must include `id`). They end when this is dropped.
+    pub fn start(pool: &AnyPool, columns: &str, table: &str) -> GatheredReads {
+        let (queue, waiting) = tokio::sync::mpsc::channel(GATHER_QUEUE);
+        let waiting = Arc::new(Mutex::new(waiting));
+        let select: Arc<str> = format!("SELECT {columns} FROM {table} WHERE id IN (").into();
+        let queries = Arc::new(AtomicU64::new(0));
+        for _ in 0..GATHERERS {
+            tokio::spawn(gather(
+                pool.clone(),
+                select.clone(),
+                waiting.clone(),
+                queries.clone(),
+            ));
+        }
+        GatheredReads {
+            queue,
+            answered: AtomicU64::new(0),
+            queries,
+        }
+    }
+
+    /// The row whose id is `id`, or `None` if there is none; `Err(())`
+    /// when it could not be read this way (the caller reads alone).
+    pub async fn read(&self, id: &str) -> Result<Option<sqlx::any::AnyRow>, ()> {
+        let (answer, row) = tokio::sync::oneshot::channel();
+        let wanted = Wanted {
+            id: id.to_owned(),
+            answer,
+        };
+        self.queue.try_send(wanted).map_err(|_| ())?;
+        let row = row.await.map_err(|_| ())??;
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        Ok(row)
+    }
+
+    /// Reads answered by gathered queries, and those queries, since start.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.answered.load(Ordering::Relaxed),
+            self.queries.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// One gatherer: takes what waits, answers it with one query, repeats.
+async fn gather(
+    pool: AnyPool,
+    select: Arc<str>,
+    waiting: Arc<Mutex<tokio::sync::mpsc::Receiver<Wanted>>>,
+    queries: Arc<AtomicU64>,
+) {
+    let mut batch = Vec::with_capacity(GATHER_MAX);
+    loop {
+        if waiting.lock().await.recv_many(&mut batch, GATHER_MAX).await == 0 {
+            return; // every sender gone
+        }
+        let mut ids: Vec<&str> = batch.iter().map(|wanted| wanted.id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        // Placeholders in powers of two (the last id repeated), so that
+        // PostgreSQL and sqlx's statement cache see a handful of
+        // statements, not one per batch size.
+        let slots = ids.len().next_power_of_two();
+        let mut sql = String::with_capacity(select.len() + slots * 5);
+        sql.push_str(&select);
+        for slot in 1..=slots {
+            if slot > 1 {
+                sql.push(',');
+            }
+            sql.push_str(&format!("${slot}"));
+        }
+        sql.push(')');
+        let mut query = sqlx::query(&sql);
+        for slot in 0..slots {
+            query = query.bind(ids[slot.min(ids.len() - 1)]);
+        }
+        let rows = query.fetch_all(&pool).await;
+        queries.fetch_add(1, Ordering::Relaxed);
+        match rows {
+            Ok(rows) => {
+                let mut by_id = std::collections::HashMap::with_capacity(rows.len());
+                for row in rows {
+                    if let Ok(id) = sqlx::Row::try_get::<String, _>(&row, "id") {
+                        by_id.insert(id, row);
+                    }
+                }
+                for wanted in batch.drain(..) {
+                    let _ = wanted.answer.send(Ok(by_id.get(&wanted.id).cloned()));
+                }
+            }
+            Err(err) => {
+                tracing::debug!(%err, reads = batch.len(), "gathered read failed; each reads alone");
+                for wanted in batch.drain(..) {
+                    let _ = wanted.answer.send(Err(()));
+                }
             }
         }
     }
@@ -423,7 +568,6 @@ impl Db {
             pool.execute("PRAGMA journal_mode = WAL").await?;
         }
         Ok(Db {
-            pool,
             engine,
             url: url.into(),
             hub: Hub::default(),
@@ -435,6 +579,14 @@ impl Db {
                 Engine::Sqlite => SqliteReads::for_url(url).map(Arc::new),
                 Engine::Postgres => None,
             },
+            sandbox_reads: (engine == Engine::Postgres).then(|| {
+                Arc::new(GatheredReads::start(
+                    &pool,
+                    crate::records::sandboxes::SANDBOX_COLUMNS,
+                    "sandboxes",
+                ))
+            }),
+            pool,
         })
     }
 

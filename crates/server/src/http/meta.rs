@@ -44,6 +44,17 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ControlE
              roost_sqlite_direct_reads_total{{result=\"declined\"}} {declined}\n"
         ));
     }
+    if let Some(reads) = &state.db.sandbox_reads {
+        let (answered, queries) = reads.counts();
+        text.push_str(&format!(
+            "# HELP roost_postgres_gathered_reads_total Sandbox reads by id answered by a gathered query (the rest read alone).\n\
+             # TYPE roost_postgres_gathered_reads_total counter\n\
+             roost_postgres_gathered_reads_total {answered}\n\
+             # HELP roost_postgres_gathered_queries_total Gathered queries sent (each answers every read waiting).\n\
+             # TYPE roost_postgres_gathered_queries_total counter\n\
+             roost_postgres_gathered_queries_total {queries}\n"
+        ));
+    }
     let mut response = text.into_response();
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,

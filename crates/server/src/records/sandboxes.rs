@@ -962,6 +962,17 @@ pub async fn visible(
     retained_since_ms: i64,
 ) -> Result<Option<SandboxRow>, sqlx::Error> {
     use super::Param::{Int, Text};
+    if let Some(reads) = &db.sandbox_reads
+        && let Ok(row) = reads.read(id).await
+    {
+        // The same filter as the query's below.
+        let Some(row) = row else { return Ok(None) };
+        let sandbox = <SandboxRow as super::FromReadRow>::from_read_row(&row)?;
+        let retained = sandbox
+            .ended_at_ms
+            .is_none_or(|ended| ended > retained_since_ms);
+        return Ok((sandbox.org_id == org_id && retained).then_some(sandbox));
+    }
     let sql = format!(
         "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1 AND org_id = $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)"
     );

@@ -2874,3 +2874,79 @@ async fn creates_wait_in_line_for_a_contended_row_first_come_first_served() {
         third.commit().await.expect("commit");
     }
 }
+
+/// The hottest read, a sandbox by id, answers each caller as its own
+/// query would, however many ask at once: on PostgreSQL the reads waiting
+/// together go in one query (`db::GatheredReads`), and what that query no
+/// longer asks (the org, the retention) is checked for each caller.
+#[tokio::test]
+async fn sandbox_reads_asked_together_answer_each_caller_as_alone() {
+    for plane in planes("gathered").await {
+        let engine = plane.engine().to_owned();
+        let (a, b) = (
+            plane.org("org_a", None).await,
+            plane.org("org_b", None).await,
+        );
+        plane.runner(100).await;
+        let mut ours = Vec::new();
+        for _ in 0..5 {
+            ours.push(plane.create(&a).await.expect("created").id);
+        }
+        let theirs = plane.create(&b).await.expect("created").id;
+        let ended = plane.create(&a).await.expect("created").id;
+        sqlx::query("UPDATE sandboxes SET ended_at_ms = 1000 WHERE id = $1")
+            .bind(&ended)
+            .execute(&plane.state.db.pool)
+            .await
+            .expect("ended");
+        // (org, id, retained since, found)
+        let mut asks: Vec<(&str, &str, i64, bool)> = Vec::new();
+        for id in &ours {
+            asks.push((&a, id, 0, true));
+            asks.push((&b, id, 0, false));
+        }
+        asks.extend([
+            (a.as_str(), theirs.as_str(), 0, false),
+            (&b, &theirs, 0, true),
+            (&a, &ended, 999, true),
+            (&a, &ended, 1000, false),
+            (&b, &ended, 0, false),
+            (&a, "sb_none", 0, false),
+            (&a, &ours[0], 0, true),
+        ]);
+        let before = plane
+            .state
+            .db
+            .sandbox_reads
+            .as_ref()
+            .map(|reads| reads.counts());
+        // Polled together on this one thread: every read is queued before
+        // a gatherer runs.
+        let answers = futures::future::join_all(asks.iter().map(|&(org, id, since, _)| {
+            server::records::sandboxes::visible(&plane.state.db, org, id, since)
+        }))
+        .await;
+        for (&(org, id, since, found), answer) in asks.iter().zip(answers) {
+            let answer = answer.expect("the read answers");
+            assert_eq!(
+                answer
+                    .as_ref()
+                    .map(|row| (row.id.as_str(), row.org_id.as_str())),
+                found.then_some((id, org)),
+                "{engine}: {org} reads {id}, retained since {since}"
+            );
+        }
+        match (&plane.state.db.sandbox_reads, before) {
+            (Some(reads), Some((answered, queries))) => {
+                let (answered_now, queries_now) = reads.counts();
+                assert_eq!(
+                    answered_now - answered,
+                    asks.len() as u64,
+                    "{engine}: all gathered"
+                );
+                assert_eq!(queries_now - queries, 1, "{engine}: in one query");
+            }
+            _ => assert!(engine.starts_with("sqlite"), "{engine} gathers its reads"),
+        }
+    }
+}
