@@ -307,7 +307,13 @@ pub(crate) fn scan(
         rule,
         progress,
         stats: ScanStats::default(),
-        collected: Mutex::new(Collected::default()),
+        // Sized as the last scan ended: maps of 100k entries grown from
+        // empty are rehashed many times over.
+        collected: Mutex::new(Collected {
+            trees: HashMap::with_capacity(old.last.as_ref().map_or(0, |last| last.trees.len())),
+            index_files: FileMap::with_capacity_and_hasher(old.files.len(), Default::default()),
+            aside: None,
+        }),
     };
     progress.phase("scanning", None);
     let (root_digest, logical_bytes) = scanner.scan_levels(root)?;
@@ -470,11 +476,11 @@ impl Scanner<'_> {
 
     /// `mode` as a tree stores it: setuid and setgid cleared, which the
     /// first time in a scan is logged (once: a copied `/usr` can hold many).
-    fn stored_mode(&self, path: &Path, mode: u32) -> u32 {
+    fn stored_mode(&self, child: &fs::DirEntry, mode: u32) -> u32 {
         if mode & SETID_BITS != 0 && self.stats.setid_stripped.fetch_add(1, Ordering::Relaxed) == 0
         {
             tracing::warn!(
-                path = %path.display(),
+                path = %child.path().display(),
                 mode = %format!("{mode:o}"),
                 "setuid/setgid bits cleared: trees do not carry them (further files not logged)"
             );
@@ -489,22 +495,24 @@ impl Scanner<'_> {
         child: &fs::DirEntry,
         rel: &Path,
     ) -> Result<Option<(Entry, Option<IndexKey>)>> {
+        use std::os::unix::ffi::OsStringExt;
         let name = child.file_name();
-        let rel_child = rel.join(&name);
-        if self.excludes.is_excluded(&rel_child) {
+        if self.excludes.is_excluded(&rel.join(&name)) {
             self.stats.excluded.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         }
-        let path = child.path();
-        let meta = child.metadata().map_err(Error::io(&path))?;
+        // The entry's path is made only where it is used (a file read, a
+        // link read, an error): an unchanged file found in the index
+        // needs none, and at 100k files each allocation shows.
+        let meta = child.metadata().map_err(|e| Error::io(&child.path())(e))?;
         let file_type = meta.file_type();
         let raw_mode = meta.mode();
-        let name = name.as_bytes().to_vec();
+        let name = name.into_vec();
         let mut index_key = None;
         let entry = if file_type.is_dir() {
             Entry {
                 name,
-                mode: self.stored_mode(&path, raw_mode),
+                mode: self.stored_mode(child, raw_mode),
                 size: 0,
                 mtime_ns: mtime_ns(&meta),
                 // Filled in when the level below is encoded.
@@ -513,18 +521,19 @@ impl Scanner<'_> {
                 },
             }
         } else if file_type.is_symlink() {
+            let path = child.path();
             let target = fs::read_link(&path).map_err(Error::io(&path))?;
-            let target = target.as_os_str().as_bytes().to_vec();
+            let target = target.into_os_string().into_vec();
             self.stats.symlinks.fetch_add(1, Ordering::Relaxed);
             Entry {
                 name,
-                mode: self.stored_mode(&path, raw_mode),
+                mode: self.stored_mode(child, raw_mode),
                 size: target.len() as u64,
                 mtime_ns: mtime_ns(&meta),
                 kind: EntryKind::Symlink { target },
             }
         } else if file_type.is_file() {
-            let (blocks, meta, key) = self.file_blocks(&path, meta)?;
+            let (blocks, meta, key) = self.file_blocks(child, meta)?;
             index_key = key;
             self.stats.files.fetch_add(1, Ordering::Relaxed);
             self.stats
@@ -533,7 +542,7 @@ impl Scanner<'_> {
             self.progress.advance(meta.size());
             Entry {
                 name,
-                mode: self.stored_mode(&path, meta.mode()),
+                mode: self.stored_mode(child, meta.mode()),
                 size: meta.size(),
                 mtime_ns: mtime_ns(&meta),
                 kind: EntryKind::File { blocks },
@@ -550,7 +559,7 @@ impl Scanner<'_> {
     /// to record them under in the new index (none while racy).
     fn file_blocks(
         &self,
-        path: &Path,
+        child: &fs::DirEntry,
         mut meta: fs::Metadata,
     ) -> Result<(Vec<Digest>, fs::Metadata, Option<IndexKey>)> {
         let key = self.rule.key(&meta);
@@ -559,6 +568,7 @@ impl Scanner<'_> {
         {
             return Ok((blocks.clone(), meta, Some(key)));
         }
+        let path = &child.path();
         for _ in 0..HASH_ATTEMPTS_MAX {
             let before = self.rule.key(&meta);
             let mut file = fs::File::open(path).map_err(Error::io(path))?;
