@@ -44,7 +44,13 @@ done
 for t in restic tar /usr/bin/time python3; do
   command -v "$t" >/dev/null || { echo "packs.sh: missing $t" >&2; exit 1; }
 done
-if [ -z "${S3_ONLY:-}" ]; then rm -rf "$BENCH_DIR"; fi
+# An earlier run's files are moved aside and deleted at the end, not now
+# (see `trash`: their inodes would slow the first round's writers).
+EARLIER=
+if [ -z "${S3_ONLY:-}" ] && [ -e "$BENCH_DIR" ]; then
+  EARLIER=$(mktemp -d "$BENCH_DIR.earlier.XXXXXX")
+  mv "$BENCH_DIR" "$EARLIER/"
+fi
 mkdir -p "$BENCH_DIR"
 RES=$BENCH_DIR/results.txt; [ -n "${S3_ONLY:-}" ] || : >"$RES"
 export RESTIC_PASSWORD=bench ROOST_HOME_EXCLUDES= ROOST_STATE_DIR=$BENCH_DIR/state
@@ -162,4 +168,4 @@ if [ -n "${AWS_ENDPOINT_URL:-}" ]; then
 fi
 echo "== $RES"; cat "$RES"
 log "deleting what the timings left"
-rm -rf "$BENCH_DIR/trash"
+rm -rf "$BENCH_DIR/trash" ${EARLIER:+"$EARLIER"}

@@ -233,9 +233,18 @@ async fn request_id(request: Request, next: Next) -> Response {
     // Reads stay cancellable: a long-poll nobody waits for ends at once.
     let mutation =
         request.method() != axum::http::Method::GET && request.method() != axum::http::Method::HEAD;
+    let nul = holds_nul(request.uri());
     let handled = REQUEST_ID
         .scope(id.clone(), async move {
-            let response = next.run(request).await;
+            let response = if nul {
+                ControlError::new(
+                    api::ErrorCode::InvalidRequest,
+                    "the URL's path or query holds a NUL byte (%00): no id, path or filter can",
+                )
+                .into_response()
+            } else {
+                next.run(request).await
+            };
             tracing::debug!(
                 status = response.status().as_u16(),
                 elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
@@ -264,6 +273,13 @@ async fn request_id(request: Request, next: Next) -> Response {
         response.headers_mut().insert("x-request-id", value);
     }
     response
+}
+
+/// Whether the URL holds an encoded NUL byte. No id, file path or filter
+/// can hold one, and PostgreSQL refuses one in any text it is asked to
+/// compare: such a request was answered 500 there (404 on SQLite).
+fn holds_nul(uri: &axum::http::Uri) -> bool {
+    uri.path().contains("%00") || uri.query().is_some_and(|query| query.contains("%00"))
 }
 
 async fn not_found() -> ControlError {

@@ -53,7 +53,7 @@ async fn planes_with(name: &str, store: bool) -> Vec<Plane> {
     planes
 }
 
-async fn postgres_database(base: &str, name: &str) -> String {
+pub(crate) async fn postgres_database(base: &str, name: &str) -> String {
     use sqlx::Connection;
     let name = format!("roost_control_{name}_{}", std::process::id());
     let mut conn = sqlx::PgConnection::connect(base)

@@ -231,3 +231,45 @@ async fn a_mutation_whose_handler_panics_after_its_commit_answers_500_and_its_re
         .expect("the server still serves");
     assert_eq!(listed.sandboxes.len(), 1, "{listed:?}");
 }
+
+/// An encoded NUL byte in a URL's path or query is 400 naming it, on every
+/// engine: PostgreSQL refuses NUL in any text it compares, and such a GET
+/// was answered 500 `internal` there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_byte_in_a_path_or_query_is_a_400_on_every_engine() {
+    let mut databases = vec![None];
+    if let Ok(base) = std::env::var("ROOST_TEST_POSTGRES_URL") {
+        databases.push(Some(
+            crate::control::postgres_database(&base, "envelope_nul").await,
+        ));
+    }
+    for database in databases {
+        let engine = if database.is_some() {
+            "postgres"
+        } else {
+            "sqlite"
+        };
+        let server =
+            TestServer::start_configured(None, |config| config.database_url = database).await;
+        let (org, _) = tokens(&server).await;
+        for path in [
+            "/v1/sandboxes/%00",
+            "/v1/sandboxes/sbx_%00abc",
+            "/v1/sandboxes/%00/commands",
+            "/v1/snapshots/%00",
+            "/v1/sandboxes?label=a%3D%00",
+        ] {
+            let (status, kind, body) = raw(&server, &request("GET", path, &org, "")).await;
+            let (status, code, message) = envelope(status, &kind, &body);
+            assert_eq!(
+                (status, code.as_str()),
+                (400, "invalid_request"),
+                "{engine} GET {path}: {body}"
+            );
+            assert!(message.contains("NUL"), "{engine} GET {path}: {message}");
+        }
+        // The server still serves.
+        let (status, _, body) = raw(&server, &request("GET", "/v1/whoami", &org, "")).await;
+        assert_eq!(status, 200, "{engine}: {body}");
+    }
+}
