@@ -70,6 +70,15 @@ impl From<sqlx::Error> for ControlError {
 
 impl From<&sqlx::Error> for ControlError {
     fn from(err: &sqlx::Error) -> ControlError {
+        if unstorable_text(err) {
+            // The caller's input, not the database: PostgreSQL holds no
+            // NUL byte in text (SQLite would have stored it).
+            tracing::info!(%err, "a value the records cannot hold");
+            return ControlError::new(
+                api::ErrorCode::InvalidRequest,
+                "a value holds a character the records cannot store (a NUL byte)",
+            );
+        }
         // Logged once here, where it is handled; the body hides internals.
         tracing::error!(%err, "database error");
         if database_unreachable(err) {
@@ -84,6 +93,14 @@ impl From<&sqlx::Error> for ControlError {
         }
         ControlError::new(api::ErrorCode::Internal, "internal error")
     }
+}
+
+/// PostgreSQL refused a text value for its characters: 22021
+/// (`character_not_in_repertoire`, which a NUL byte is) or 22P05
+/// (`untranslatable_character`).
+fn unstorable_text(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db)
+        if db.code().is_some_and(|code| code == "22021" || code == "22P05"))
 }
 
 /// The database could not be reached or dropped the connection (as while

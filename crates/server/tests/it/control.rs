@@ -2950,3 +2950,22 @@ async fn sandbox_reads_asked_together_answer_each_caller_as_alone() {
         }
     }
 }
+
+/// A value PostgreSQL cannot hold in text (a NUL byte) that reaches a
+/// query is the caller's error, 400 `invalid_request`, not a 500: what
+/// the URL check and the bodies' validation do not catch still ends so.
+#[tokio::test]
+async fn a_nul_byte_postgres_refuses_is_an_invalid_request() {
+    let Ok(base) = std::env::var("ROOST_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let url = postgres_database(&base, "nul_text").await;
+    let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+    let refused = sqlx::query("SELECT $1::text")
+        .bind("a\u{0}b")
+        .fetch_one(&pool)
+        .await
+        .expect_err("PostgreSQL refuses NUL in text");
+    let error = server::control::ControlError::from(refused);
+    assert_eq!(error.code, ErrorCode::InvalidRequest, "{}", error.message);
+}
