@@ -234,14 +234,20 @@ async fn request_id(request: Request, next: Next) -> Response {
     let mutation =
         request.method() != axum::http::Method::GET && request.method() != axum::http::Method::HEAD;
     let nul = holds_nul(request.uri());
+    let e2b = request.uri().path().starts_with("/e2b/");
     let handled = REQUEST_ID
         .scope(id.clone(), async move {
             let response = if nul {
-                ControlError::new(
+                let refused = ControlError::new(
                     api::ErrorCode::InvalidRequest,
                     "the URL's path or query holds a NUL byte (%00): no id, path or filter can",
-                )
-                .into_response()
+                );
+                // In the shape of the surface asked.
+                if e2b {
+                    crate::e2b::E2bError::from(refused).into_response()
+                } else {
+                    refused.into_response()
+                }
             } else {
                 next.run(request).await
             };

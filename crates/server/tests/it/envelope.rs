@@ -268,6 +268,18 @@ async fn a_nul_byte_in_a_path_or_query_is_a_400_on_every_engine() {
             );
             assert!(message.contains("NUL"), "{engine} GET {path}: {message}");
         }
+        // E2B's surface answers in E2B's shape.
+        let (status, _, body) = raw(&server, &request("GET", "/e2b/sandboxes/%00", &org, "")).await;
+        let error: Value = serde_json::from_str(&body).expect("a JSON body");
+        assert_eq!(
+            (status, error["code"].as_u64()),
+            (400, Some(400)),
+            "{engine}: {body}"
+        );
+        assert!(
+            error["message"].as_str().is_some_and(|m| m.contains("NUL")),
+            "{engine}: {body}"
+        );
         // The server still serves.
         let (status, _, body) = raw(&server, &request("GET", "/v1/whoami", &org, "")).await;
         assert_eq!(status, 200, "{engine}: {body}");
