@@ -2,8 +2,9 @@
 # files.sh - the file API's throughput against the same copy without roost
 # (BENCHMARKS.md "The sandbox's agent: files"): builds roost in release
 # mode, starts `roost server` (SQLite) and `roost runner` (runc) on
-# loopback, makes one sandbox, then, each measurement immediately followed
-# by its peer, ROUNDS times:
+# loopback, makes one sandbox, then, each measurement next to its peer
+# (taking turns going first, each timing started after a `sync`, so none
+# pays for another's writeback), ROUNDS times:
 #
 #   upload     `roost files put` of a 1 GiB file into /workspace
 #              vs `cp` of the same file into the sandbox's home directory on
@@ -152,21 +153,38 @@ put_tar_body() {
 
 RESULTS="$BENCH_DIR/results.txt"
 : >"$RESULTS"
+# Every timing starts from a quiet disk: `sync` first, so no step pays for
+# the writeback the one before it left (a step's own `sync FILE` or fsync
+# is timed with it).
 record() { echo "$1 $2" >>"$RESULTS"; }
+timed() { local name=$1; shift; sync; record "$name" "$(ms "$@")"; }
+# pair ROUND ROOST_NAME PEER_NAME ROOST_CMD... -- PEER_CMD...: roost and its
+# peer, taking turns going first (odd rounds roost first, even the peer).
+pair() {
+  local round=$1 roost_name=$2 peer_name=$3; shift 3
+  local roost_cmd=() peer_cmd=()
+  while [ "$1" != -- ]; do roost_cmd+=("$1"); shift; done
+  shift; peer_cmd=("$@")
+  if [ $((round % 2)) = 1 ]; then
+    timed "$roost_name" "${roost_cmd[@]}"; timed "$peer_name" "${peer_cmd[@]}"
+  else
+    timed "$peer_name" "${peer_cmd[@]}"; timed "$roost_name" "${roost_cmd[@]}"
+  fi
+}
 log "measuring, $ROUNDS round(s)"
 for round in $(seq 1 "$ROUNDS"); do
-  record roost_up "$(ms "$ROOST_BIN" files put "$SID" "$BENCH_DIR/big.bin" /workspace/big.bin)"
-  record cp_up "$(ms copy_synced "$BENCH_DIR/big.bin" "$HOME_DIR/peer.bin")"
-  record roost_down "$(ms "$ROOST_BIN" files get "$SID" /workspace/big.bin "$BENCH_DIR/down.bin")"
-  record cp_down "$(ms copy_synced "$HOME_DIR/big.bin" "$BENCH_DIR/peer-down.bin")"
+  pair "$round" roost_up cp_up "$ROOST_BIN" files put "$SID" "$BENCH_DIR/big.bin" /workspace/big.bin \
+    -- copy_synced "$BENCH_DIR/big.bin" "$HOME_DIR/peer.bin"
+  pair "$round" roost_down cp_down "$ROOST_BIN" files get "$SID" /workspace/big.bin "$BENCH_DIR/down.bin" \
+    -- copy_synced "$HOME_DIR/big.bin" "$BENCH_DIR/peer-down.bin"
   [ "$(sha256sum "$BENCH_DIR/down.bin" | cut -d' ' -f1)" = "$BIG_SUM" ] || { echo "files.sh: the download differs" >&2; exit 1; }
   rm -f "$HOME_DIR/peer.bin" "$BENCH_DIR/down.bin" "$BENCH_DIR/peer-down.bin"
 
-  record roost_tar_up "$(ms "$ROOST_BIN" files put "$SID" "$BENCH_DIR/small" "/workspace/tree-$round")"
-  record curl_tar_up "$(ms put_tar_body "$BENCH_DIR/small.tar" "/workspace/body-$round")"
-  record tar_x "$(ms unpack_into "$BENCH_DIR/small.tar" "$HOME_DIR/peer-$round")"
-  record roost_tar_down "$(ms "$ROOST_BIN" files get "$SID" "/workspace/tree-$round" "$BENCH_DIR/got-$round")"
-  record tar_pipe_down "$(ms copy_tree "$HOME_DIR/peer-$round" "$BENCH_DIR/peer-got-$round")"
+  timed roost_tar_up "$ROOST_BIN" files put "$SID" "$BENCH_DIR/small" "/workspace/tree-$round"
+  pair "$round" curl_tar_up tar_x put_tar_body "$BENCH_DIR/small.tar" "/workspace/body-$round" \
+    -- unpack_into "$BENCH_DIR/small.tar" "$HOME_DIR/peer-$round"
+  pair "$round" roost_tar_down tar_pipe_down "$ROOST_BIN" files get "$SID" "/workspace/tree-$round" "$BENCH_DIR/got-$round" \
+    -- copy_tree "$HOME_DIR/peer-$round" "$BENCH_DIR/peer-got-$round"
   found=$(find "$BENCH_DIR/got-$round" -type f | wc -l)
   [ "$found" = "$SMALL_FILES" ] || { echo "files.sh: $found files came back, not $SMALL_FILES" >&2; exit 1; }
   rm -rf "$HOME_DIR/tree-$round" "$HOME_DIR/body-$round" "$HOME_DIR/peer-$round" \

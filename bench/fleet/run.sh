@@ -212,6 +212,26 @@ fi
 wait $FLEET
 RSS_A=$(rss "$PID_A") RSS_B=$(rss "$PID_B")
 WATCH_A=$(metric "$A" roost_lease_watch_max_seconds) WATCH_B=$(metric "$B" roost_lease_watch_max_seconds)
+# served URL ROUTE: the server's own view of a route (request in to answer
+# out, its histogram's bucket bounds): count, p50 and p99 upper bounds in ms.
+# The simulator's figures add its own queues (it shares the two cores).
+served() {
+  curl -fs "$1/metrics" | python3 -c '
+import re, sys
+route = sys.argv[1]
+buckets = []
+for line in sys.stdin:
+    m = re.match(r"roost_http_request_duration_seconds_bucket\{method=\"POST\",route=\"" + re.escape(route) + r"\",le=\"([^\"]+)\"\} (\d+)", line)
+    if m: buckets.append((float("inf") if m[1] == "+Inf" else float(m[1]), int(m[2])))
+total = buckets[-1][1] if buckets else 0
+def upper(q):
+    for bound, count in buckets:
+        if total and count >= q * total: return "over 30000" if bound == float("inf") else f"{bound * 1000:g}"
+    return "-"
+print(f"{total} heartbeats, p50 <= {upper(0.5)} ms, p99 <= {upper(0.99)} ms")
+' "$2"
+}
+SERVED_A=$(served "$A" /v1/runner/heartbeat || true) SERVED_B=$(served "$B" /v1/runner/heartbeat || true)
 COUNTS=$(ROOST_URL=$A ROOST_TOKEN=$ADMIN "$ROOST" admin counts --json || true)
 {
   echo "## Fleet: $RUNNERS runners, two servers on one PostgreSQL, ${SECONDS_RUN} s$KILLED"
@@ -233,6 +253,7 @@ print(f"- errors: {json.dumps(d['errors'])}")
 PY
   echo "- peak RSS: server a ${RSS_A} MiB, server b ${RSS_B} MiB"
   echo "- longest lease watcher pass: server a ${WATCH_A} s, server b ${WATCH_B} s"
+  echo "- heartbeats as each server timed them (request in to answer out; b's since its last start): a: ${SERVED_A}; b: ${SERVED_B}"
   echo "- roost admin counts: $COUNTS"
 } >>"$REPORT"
 mkdir -p "$ROOT/bench/results"

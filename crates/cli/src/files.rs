@@ -638,12 +638,19 @@ async fn get_file(
     // The disk's side on a blocking thread, fed through a bounded channel:
     // writes in large pieces, never a thread hand-off per network chunk.
     let (sender, mut receiver) = mpsc::channel::<bytes::Bytes>(CHUNKS_QUEUED);
+    // The disk writes while the bytes come (write-behind), so the fsync at
+    // the end has little left.
+    let offset = download.offset;
     let writing = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        let mut out = std::io::BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
+        let behind = oci::host::WriteBehind::new(file, if resumed { offset } else { 0 });
+        let mut out = std::io::BufWriter::with_capacity(WRITE_BUFFER_BYTES, behind);
         while let Some(chunk) = receiver.blocking_recv() {
             out.write_all(&chunk)?;
         }
-        out.into_inner().map_err(|e| e.into_error())?.sync_all()
+        out.into_inner()
+            .map_err(|e| e.into_error())?
+            .into_inner()
+            .sync_all()
     });
     let bar = Bar::new(request.json);
     bar.phase("download", download.length);

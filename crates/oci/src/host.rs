@@ -1,6 +1,7 @@
 //! Host helpers every part of the OCI layer shares: finding a binary, the
 //! one runner of host tools (`ip`, `iptables`, `btrfs`, `mount`, `ld.so`…),
-//! file writes that replace atomically or durably, directory sync, the
+//! file writes that replace atomically or durably, write-behind for large
+//! files ([`WriteBehind`]), directory sync, the
 //! blocking bridge for async callers, and reading `/proc/self/mountinfo`
 //! fields. A leaf: it imports nothing of the crate but [`crate::error`].
 
@@ -165,6 +166,129 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io("sync", dir, e))
 }
 
+/// How many bytes [`WriteBehind`] hands to writeback at a time.
+const WRITE_BEHIND_WINDOW: u64 = 8 << 20;
+/// How many windows may be under writeback before a write waits for the
+/// oldest: bounds the dirty bytes one large file holds to about 40 MiB.
+const WRITE_BEHIND_IN_FLIGHT: usize = 4;
+
+/// A writer for a large file that is fsynced at its end (an upload, a
+/// download): each 8 MiB written is handed to the disk at once
+/// (`sync_file_range`), and a write waits once four such windows are
+/// still being written. The disk then works while the bytes arrive,
+/// instead of taking the whole file at the final fsync, and the file
+/// holds few dirty pages (in a sandbox, they count against its memory).
+///
+/// Only the final fsync makes the file durable; this changes when the
+/// disk works, never what is promised. A writeback error a wait returns
+/// is the write's error: the kernel reports it once per open file, so
+/// the fsync after it would not.
+pub struct WriteBehind<W> {
+    inner: W,
+    /// Bytes in the file so far (its offset when it was handed over, plus
+    /// what was written through here).
+    written: u64,
+    /// Where the next window starts.
+    next_window: u64,
+    /// Windows under writeback, oldest first: their starts.
+    in_flight: std::collections::VecDeque<u64>,
+    /// Off where the filesystem has no `sync_file_range` (a pipe, FUSE).
+    unsupported: bool,
+}
+
+impl<W: Write + std::os::fd::AsFd> WriteBehind<W> {
+    /// Writes through `inner`, whose file already holds `offset` bytes
+    /// (0 for a new file; an appended file's length).
+    pub fn new(inner: W, offset: u64) -> WriteBehind<W> {
+        WriteBehind {
+            inner,
+            written: offset,
+            next_window: offset - offset % WRITE_BEHIND_WINDOW,
+            in_flight: std::collections::VecDeque::new(),
+            unsupported: false,
+        }
+    }
+
+    /// The writer back (to fsync it).
+    pub fn into_inner(self) -> W {
+        self.inner
+    }
+
+    fn hand_over_full_windows(&mut self) -> std::io::Result<()> {
+        while !self.unsupported && self.written - self.next_window >= WRITE_BEHIND_WINDOW {
+            let start = self.next_window;
+            match sync_file_range(&self.inner, start, WRITE_BEHIND_WINDOW, false) {
+                Ok(()) => {}
+                Err(err) if write_behind_unsupported(&err) => {
+                    self.unsupported = true;
+                    return Ok(());
+                }
+                Err(err) => return Err(err),
+            }
+            self.next_window += WRITE_BEHIND_WINDOW;
+            self.in_flight.push_back(start);
+            if self.in_flight.len() > WRITE_BEHIND_IN_FLIGHT
+                && let Some(oldest) = self.in_flight.pop_front()
+            {
+                sync_file_range(&self.inner, oldest, WRITE_BEHIND_WINDOW, true)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<W: Write + std::os::fd::AsFd> Write for WriteBehind<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(bytes)?;
+        self.written += n as u64;
+        self.hand_over_full_windows()?;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn write_behind_unsupported(err: &std::io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EINVAL | libc::ESPIPE | libc::ENOSYS | libc::EOPNOTSUPP)
+    )
+}
+
+/// `sync_file_range(2)` over `[offset, offset + length)`: start writing
+/// those pages back, or (`wait`) also wait for them, and for any writeback
+/// of them already under way, to end. rustix does not wrap it.
+fn sync_file_range(
+    file: &impl std::os::fd::AsFd,
+    offset: u64,
+    length: u64,
+    wait: bool,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let flags = if wait {
+        libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER
+    } else {
+        libc::SYNC_FILE_RANGE_WRITE
+    };
+    let (Ok(offset), Ok(length)) = (i64::try_from(offset), i64::try_from(length)) else {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    let fd = file.as_fd().as_raw_fd();
+    // SAFETY: a plain system call on a descriptor `file` keeps open for
+    // the call's duration; no memory is passed.
+    #[allow(unsafe_code)]
+    let result = unsafe { libc::sync_file_range(fd, offset, length, flags) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// The file's contents as text (invalid UTF-8 replaced); empty when it
 /// cannot be read (a log the runtime never wrote).
 pub fn read_lossy(path: &Path) -> String {
@@ -219,6 +343,71 @@ pub fn unescape_mountinfo(field: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pattern(length: usize, seed: u8) -> Vec<u8> {
+        (0..length)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect()
+    }
+
+    #[test]
+    fn write_behind_hands_full_windows_to_the_disk_and_keeps_every_byte() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("big");
+        let window = WRITE_BEHIND_WINDOW as usize;
+        // Six and a half windows, in uneven pieces.
+        let bytes = pattern(6 * window + window / 2, 7);
+        let mut out = WriteBehind::new(File::create(&path).expect("create"), 0);
+        for piece in bytes.chunks(1_000_003) {
+            out.write_all(piece).expect("write");
+        }
+        // Every full window was handed over; the oldest were waited for.
+        assert_eq!(out.next_window, 6 * WRITE_BEHIND_WINDOW);
+        assert!(!out.unsupported);
+        assert_eq!(out.in_flight.len(), WRITE_BEHIND_IN_FLIGHT);
+        assert_eq!(out.in_flight.front(), Some(&(2 * WRITE_BEHIND_WINDOW)));
+        out.into_inner().sync_all().expect("fsync");
+        assert!(std::fs::read(&path).expect("read") == bytes);
+    }
+
+    #[test]
+    fn write_behind_of_an_appended_file_counts_from_its_length() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("resumed");
+        let window = WRITE_BEHIND_WINDOW as usize;
+        let head = pattern(window / 2 + 3, 1);
+        std::fs::write(&path, &head).expect("write the head");
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("open");
+        let mut out = WriteBehind::new(file, head.len() as u64);
+        let tail = pattern(2 * window, 2);
+        out.write_all(&tail).expect("write");
+        // The windows are the file's: [0, 8 MiB) and [8, 16 MiB) are full.
+        assert_eq!(out.next_window, 2 * WRITE_BEHIND_WINDOW);
+        assert_eq!(out.in_flight.len(), 2);
+        out.into_inner().sync_all().expect("fsync");
+        let mut whole = head;
+        whole.extend_from_slice(&tail);
+        assert!(std::fs::read(&path).expect("read") == whole);
+    }
+
+    #[test]
+    fn write_behind_to_a_pipe_just_writes() {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        let reading = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            std::io::Read::read_to_end(&mut { reader }, &mut all).expect("read");
+            all
+        });
+        let bytes = pattern(2 * WRITE_BEHIND_WINDOW as usize, 3);
+        let mut out = WriteBehind::new(writer, 0);
+        out.write_all(&bytes).expect("write");
+        assert!(out.unsupported, "a pipe has no writeback");
+        drop(out);
+        assert!(reading.join().expect("reader") == bytes);
+    }
 
     #[test]
     fn tools_say_what_failed() {

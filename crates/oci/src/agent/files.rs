@@ -509,7 +509,9 @@ impl Upload {
 
     fn fill(&self, pieces: &mut mpsc::Receiver<Piece>, mode: u32) -> Result<u64, Failure> {
         let mut size = 0u64;
-        let mut file = &self.file;
+        // The disk writes while the bytes come: the fsync below has little
+        // left, and the sandbox's memory holds few dirty pages.
+        let mut file = crate::host::WriteBehind::new(&self.file, 0);
         loop {
             match pieces.blocking_recv() {
                 Some(Piece::Bytes(bytes)) => {
