@@ -278,14 +278,20 @@ fn sync_file_range(
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     };
     let fd = file.as_fd().as_raw_fd();
-    // SAFETY: a plain system call on a descriptor `file` keeps open for
-    // the call's duration; no memory is passed.
-    #[allow(unsafe_code)]
-    let result = unsafe { libc::sync_file_range(fd, offset, length, flags) };
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+    loop {
+        // SAFETY: a plain system call on a descriptor `file` keeps open
+        // for the call's duration; no memory is passed.
+        #[allow(unsafe_code)]
+        let result = unsafe { libc::sync_file_range(fd, offset, length, flags) };
+        if result == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        // Retried here: an `Interrupted` out of `write` would make
+        // `write_all` write the same bytes again.
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err);
+        }
     }
 }
 
