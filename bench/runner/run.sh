@@ -18,6 +18,9 @@
 #   --keep      keep $BENCH_DIR (logs, data dirs, JSON) afterwards
 #   --no-build  use the binaries as they are
 #   env BENCH_DIR  scratch dir, wiped at start (default /tmp/roost-runner-bench)
+#   env SERVER_DIR the server's data dir, wiped at start and at the end
+#                  (default $BENCH_DIR/server; e.g. /dev/shm/roost-bench-server
+#                  puts its SQLite commits in memory, to see what they cost)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -63,7 +66,8 @@ unmount_scratch() {
   done
 }
 unmount_scratch
-rm -rf "$BENCH_DIR"
+SERVER_DIR=${SERVER_DIR:-$BENCH_DIR/server}
+rm -rf "$BENCH_DIR" "$SERVER_DIR"
 mkdir -p "$BENCH_DIR"
 SERVER_PID= RUNNER_PID=
 cleanup() {
@@ -76,7 +80,7 @@ cleanup() {
   done
   if [ -z "$KEEP" ]; then
     unmount_scratch
-    rm -rf "$BENCH_DIR"
+    rm -rf "$BENCH_DIR" "$SERVER_DIR"
   fi
 }
 trap cleanup EXIT
@@ -84,14 +88,14 @@ trap cleanup EXIT
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 URL="http://127.0.0.1:$PORT"
 log "starting roost server on $URL"
-ROOST_LOG=warn "$ROOST_BIN" server --listen "127.0.0.1:$PORT" --data-dir "$BENCH_DIR/server" \
+ROOST_LOG=warn "$ROOST_BIN" server --listen "127.0.0.1:$PORT" --data-dir "$SERVER_DIR" \
   >"$BENCH_DIR/server.out" 2>"$BENCH_DIR/server.log" &
 SERVER_PID=$!
 for _ in $(seq 1 100); do
-  [ -s "$BENCH_DIR/server/admin-token" ] && curl -fs "$URL/healthz" >/dev/null 2>&1 && break
+  [ -s "$SERVER_DIR/admin-token" ] && curl -fs "$URL/healthz" >/dev/null 2>&1 && break
   sleep 0.1
 done
-ADMIN=$(cat "$BENCH_DIR/server/admin-token")
+ADMIN=$(cat "$SERVER_DIR/admin-token")
 ORG_TOKEN=$(ROOST_URL=$URL ROOST_TOKEN=$ADMIN "$ROOST_BIN" admin org create bench --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
 RUNNER_TOKEN=$(ROOST_URL=$URL ROOST_TOKEN=$ADMIN "$ROOST_BIN" admin runner-token --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
 
