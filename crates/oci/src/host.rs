@@ -174,8 +174,8 @@ const WRITE_BEHIND_IN_FLIGHT: usize = 4;
 
 /// A writer for a large file that is fsynced at its end (an upload, a
 /// download): each 8 MiB written is handed to the disk at once
-/// (`sync_file_range`), and a write waits once four such windows are
-/// still being written. The disk then works while the bytes arrive,
+/// (`sync_file_range`), and with more than four such windows still
+/// being written a write waits for the oldest. The disk then works while the bytes arrive,
 /// instead of taking the whole file at the final fsync, and the file
 /// holds few dirty pages (in a sandbox, they count against its memory).
 ///
