@@ -73,13 +73,6 @@ pub async fn assignments(
     // Like `hub::wait_until`, but a runner whose set this server read
     // since the last write anywhere is not read again: a fleet at rest
     // costs no reads of its sandboxes (`Hub::unchanged_since`).
-    let unchanged = |etag: String| Assignments {
-        etag,
-        unchanged: true,
-        sandboxes: Vec::new(),
-        commands: Vec::new(),
-        kept: Vec::new(),
-    };
     loop {
         let notified = watch.notify.notified();
         tokio::pin!(notified);
@@ -96,23 +89,17 @@ pub async fn assignments(
             }
         } else if tokio::time::Instant::now() >= deadline {
             state.metrics.assignments_answered(false);
-            return Ok(axum::Json(unchanged(query.etag)));
+            return Ok(axum::Json(Assignments {
+                etag: query.etag,
+                unchanged: true,
+                sandboxes: Vec::new(),
+                commands: Vec::new(),
+                kept: Vec::new(),
+            }));
         }
         tokio::select! {
             () = &mut notified => {}
-            () = tokio::time::sleep_until(deadline) => {
-                // The timeout, with no notification for this runner since
-                // its set was read above and found to be the runner's
-                // own: answered unchanged without reading it again, even
-                // while others write (a fleet's long-polls time out by
-                // the hundred each second). A change whose notification
-                // was lost is read by the next poll's first read, which
-                // the runner sends at once.
-                if query.unchanged && !unread {
-                    state.metrics.assignments_answered(false);
-                    return Ok(axum::Json(unchanged(query.etag)));
-                }
-            }
+            () = tokio::time::sleep_until(deadline) => {}
         }
     }
 }

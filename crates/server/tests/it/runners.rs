@@ -492,65 +492,6 @@ async fn assignment_answers(server: &TestServer, how: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {line} in {text}"))
 }
 
-/// Issue 21: a fleet's long-polls time out by the hundred each second
-/// while its API load writes all the time. A poll whose runner was not
-/// notified while it waited is answered `unchanged` at its timeout with
-/// the one read it began with, never a second one, even while sandboxes
-/// on other runners change.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_poll_times_out_unchanged_after_one_read_while_other_runners_sandboxes_change() {
-    let server = TestServer::start().await;
-    let token = runner_token(&server).await;
-    let (org, _) = server.org("acme").await;
-    // B is the only runner when the sandbox is created: it lands there.
-    let b = enrol(&server, &token, "b").await;
-    let sandbox = org
-        .create_sandbox(&create_request(), None)
-        .await
-        .expect("a sandbox");
-    let on_b = b
-        .client
-        .runner_assignments(&b.id, "", 0)
-        .await
-        .expect("assignments");
-    assert_eq!(on_b.sandboxes[0].sandbox_id, sandbox.id);
-    let a = enrol(&server, &token, "a").await;
-    let settled = a
-        .client
-        .runner_assignments(&a.id, "", 0)
-        .await
-        .expect("assignments");
-    assert!(settled.sandboxes.is_empty());
-
-    // Writes elsewhere: commands on B's sandbox, one before the poll (so
-    // it must begin with a read) and more while it waits.
-    let command: api::commands::CreateCommandRequest =
-        serde_json::from_value(serde_json::json!({ "argv": ["true"] })).expect("a command");
-    org.create_command(&sandbox.id, &command, None)
-        .await
-        .expect("a command");
-    let reads = assignment_answers(&server, "read").await;
-    let poll = {
-        let client = a.client.clone();
-        let (id, etag) = (a.id.clone(), settled.etag.clone());
-        tokio::spawn(async move { client.runner_assignments(&id, &etag, 2).await })
-    };
-    while !poll.is_finished() {
-        org.create_command(&sandbox.id, &command, None)
-            .await
-            .expect("a command");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    let answer = poll.await.expect("the poll").expect("assignments");
-    assert!(answer.unchanged, "{answer:?}");
-    assert_eq!(answer.etag, settled.etag);
-    assert_eq!(
-        assignment_answers(&server, "read").await - reads,
-        1,
-        "the poll read its set once, when it began"
-    );
-}
-
 /// Issue 16: a runner whose sandboxes are at rest costs the server no
 /// reads: once nothing is written anywhere, its long-poll is answered
 /// `unchanged` at the timeout without reading its set (the server saw no
