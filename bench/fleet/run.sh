@@ -250,6 +250,13 @@ print(f"- leases lost that should not be: {d['leases_lost_wrongly']}")
 print(f"- silent runner declared lost {d['lost_after_ms']} ms after its last answered heartbeat (lease {d['lease_ttl_ms']} ms)")
 print(f"- runner reports: {d['reports']}")
 print(f"- errors: {json.dumps(d['errors'])}")
+st = d.get("heartbeat_after_10s")
+if st:
+    print(f"- heartbeats after the first 10 s (the start's storm left out): {st['count']}, p50 {st['p50_ms']:.1f} ms, p99 {st['p99_ms']:.1f} ms")
+w = d.get("heartbeat_windows") or []
+if w:
+    print("- heartbeats by when they were sent (10 s windows from the first): " + ", ".join(
+        f"{x['from_s']}–{x['from_s'] + 10} s p50 {x['p50_ms']:.1f} / p99 {x['p99_ms']:.1f} ms" for x in w))
 PY
   echo "- peak RSS: server a ${RSS_A} MiB, server b ${RSS_B} MiB"
   echo "- longest lease watcher pass: server a ${WATCH_A} s, server b ${WATCH_B} s"

@@ -65,6 +65,9 @@ struct Args {
 #[derive(Default)]
 struct Stats {
     latencies: Mutex<BTreeMap<&'static str, Vec<u64>>>,
+    /// Heartbeat latencies by the 10 s window of the run they were sent
+    /// in: whether a tail is the start's storm or the steady state's.
+    heartbeat_windows: Mutex<BTreeMap<u64, Vec<u64>>>,
     errors: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -73,6 +76,14 @@ impl Stats {
         let us = started.elapsed().as_micros() as u64;
         let mut latencies = self.latencies.lock().unwrap_or_else(|p| p.into_inner());
         latencies.entry(kind).or_default().push(us);
+    }
+
+    fn record_heartbeat(&self, run_started: Instant, sent: Instant) {
+        let us = sent.elapsed().as_micros() as u64;
+        let window = sent.saturating_duration_since(run_started).as_secs() / 10 * 10;
+        self.record("heartbeat", sent);
+        let mut windows = self.heartbeat_windows.lock().unwrap_or_else(|p| p.into_inner());
+        windows.entry(window).or_default().push(us);
     }
 
     fn error(&self, kind: &str, err: &dyn std::fmt::Display) {
@@ -95,11 +106,7 @@ impl Stats {
         for (kind, values) in latencies.iter() {
             let mut sorted = values.clone();
             sorted.sort_unstable();
-            let at = |q: f64| {
-                sorted
-                    .get(((sorted.len() as f64 - 1.0) * q).round() as usize)
-                    .map_or(0.0, |&us| us as f64 / 1000.0)
-            };
+            let at = |q: f64| quantile_ms(&sorted, q);
             out.insert(
                 (*kind).to_owned(),
                 json!({
@@ -109,10 +116,44 @@ impl Stats {
                 }),
             );
         }
+        let windows: Vec<serde_json::Value> = self
+            .heartbeat_windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(from_s, values)| {
+                let mut sorted = values.clone();
+                sorted.sort_unstable();
+                let at = |q: f64| quantile_ms(&sorted, q);
+                json!({"from_s": from_s, "count": sorted.len(), "p50_ms": at(0.5), "p99_ms": at(0.99)})
+            })
+            .collect();
+        out.insert("heartbeat_windows".to_owned(), json!(windows));
+        // The steady state: every heartbeat but the first window's (the
+        // start's storm of first reads and heartbeats).
+        let mut steady: Vec<u64> = self
+            .heartbeat_windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .range(10..)
+            .flat_map(|(_, values)| values.iter().copied())
+            .collect();
+        steady.sort_unstable();
+        out.insert(
+            "heartbeat_after_10s".to_owned(),
+            json!({"count": steady.len(), "p50_ms": quantile_ms(&steady, 0.5), "p99_ms": quantile_ms(&steady, 0.99)}),
+        );
         let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
         out.insert("errors".to_owned(), json!(*errors));
         serde_json::Value::Object(out)
     }
+}
+
+/// The `q` quantile of sorted microseconds, in milliseconds.
+fn quantile_ms(sorted: &[u64], q: f64) -> f64 {
+    sorted
+        .get(((sorted.len() as f64 - 1.0) * q).round() as usize)
+        .map_or(0.0, |&us| us as f64 / 1000.0)
 }
 
 /// One simulated runner's connection to the servers.
@@ -234,6 +275,7 @@ async fn run(args: Args) -> Result<serde_json::Value> {
     let last_heartbeat_of_silent = Arc::new(Mutex::new(None::<Instant>));
     let mut tasks = Vec::new();
     let heartbeat = Duration::from_millis(args.heartbeat_ms);
+    let run_started = Instant::now();
     let n = runners.len().max(1);
     for (i, (runner_id, sim, _)) in runners.iter().enumerate() {
         // Heartbeats spread evenly over the interval.
@@ -265,7 +307,7 @@ async fn run(args: Args) -> Result<serde_json::Value> {
                 };
                 match sim.client().runner_heartbeat(&request).await {
                     Ok(_) => {
-                        stats.record("heartbeat", t);
+                        stats.record_heartbeat(run_started, t);
                         if is_silent {
                             *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
                         }
