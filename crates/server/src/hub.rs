@@ -3,17 +3,22 @@
 //! key is notified or its timeout passes. On PostgreSQL every write also
 //! sends `NOTIFY`, and a listener task turns notifications from any server
 //! into local wake-ups, so a waiter on server A wakes for a write on B.
-//! Nothing here is needed for correctness: a missed wake-up costs latency
-//! (the waiter still answers at its timeout), never a wrong answer.
+//! A missed wake-up costs latency (the waiter still answers at its
+//! timeout), never a wrong answer.
 //!
-//! The hub also counts every notification it sees ([`Hub::changes`]), so a
-//! long-poll can tell that nothing at all was written since it last read
-//! ([`Hub::remember`], [`Hub::unchanged_since`]): the runners' assignments
-//! long-poll then answers "unchanged" without reading, and a fleet at rest
-//! costs no reads of its sandboxes. That trusts notifications, so it holds
-//! only while they are complete (always with one server; on PostgreSQL
-//! while the listener is connected) and for [`UNCHANGED_FOR_AT_MOST`]:
-//! past it the record is read again whatever the count says.
+//! The hub also remembers what a runner's assignments long-poll answered
+//! ([`Hub::remember`]) and what the answer was read from: the runner's key
+//! and the key of every sandbox, command, snapshot and kept copy in it.
+//! Every write of a record notifies the record's own key, and a write that
+//! brings a new record into a runner's set (a placement, a new command,
+//! snapshot or kept copy) notifies the runner's; so while none of those
+//! keys was notified since the read began, a read would answer the same
+//! ([`Hub::unchanged_since`]), and the long-poll waits, and answers
+//! "unchanged" at its timeout, without reading: a fleet costs reads only
+//! of the sets that change. That trusts notifications, so it holds only
+//! while they are complete (always with one server; on PostgreSQL while
+//! the listener is connected) and for [`UNCHANGED_FOR_AT_MOST`]: past it
+//! the set is read again whatever the hub saw.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,9 +35,15 @@ pub const ANY_SANDBOX: &str = "sandboxes:any";
 const SANDBOX_ID_PREFIX: &str = "sbx_";
 
 /// How long an answer remembered by [`Hub::remember`] may stand in for a
-/// read: a write whose commit notified nothing at all (none is known; every
-/// change of a record wakes its own key) is seen at most this late.
-pub const UNCHANGED_FOR_AT_MOST: Duration = Duration::from_secs(300);
+/// read: a change to a runner's set that notified none of its keys (none
+/// is known; `records` notifies where it writes) is seen at most this late.
+pub const UNCHANGED_FOR_AT_MOST: Duration = Duration::from_secs(60);
+
+/// How many keys' last notifications the hub keeps (each for twice
+/// [`UNCHANGED_FOR_AT_MOST`]). Past it they are all forgotten at once, and
+/// with them every answer remembered so far: memory stays bounded whatever
+/// the write rate, at the cost of a read per runner.
+const NOTIFIED_AT_MOST: usize = 200_000;
 
 #[derive(Clone)]
 pub struct Hub {
@@ -45,12 +56,52 @@ pub struct Hub {
     remembered: Arc<Mutex<RememberedAnswers>>,
 }
 
-/// Answers by key, and when entries past [`UNCHANGED_FOR_AT_MOST`] were
-/// last dropped (at most once per that period: a fleet's every read must
-/// not walk every runner's entry).
+/// Answers by key, the count just after each key's last notification,
+/// and when entries past their time were last dropped (at most once per
+/// [`UNCHANGED_FOR_AT_MOST`]: a fleet's every read must not walk every
+/// runner's entry).
 struct RememberedAnswers {
     by_key: HashMap<String, Remembered>,
+    notified: HashMap<String, Notified>,
+    /// The count when every key may have changed (notifications lost, or
+    /// `notified` forgotten).
+    all_changed_at: u64,
     pruned_at: Instant,
+}
+
+struct Notified {
+    changes: u64,
+    at: Instant,
+}
+
+/// Where a read began: the notification count, and when.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadStart {
+    changes: u64,
+    at: Instant,
+}
+
+/// An answer given for a key, the keys it was read from, and where the
+/// read began.
+struct Remembered {
+    answer: String,
+    read_from: Vec<String>,
+    start: ReadStart,
+}
+
+impl RememberedAnswers {
+    /// Drops answers past their time, and notifications twice as old:
+    /// every answer read before one of those has expired already.
+    fn prune(&mut self, now: Instant) {
+        if now.duration_since(self.pruned_at) < UNCHANGED_FOR_AT_MOST {
+            return;
+        }
+        self.by_key
+            .retain(|_, r| now.duration_since(r.start.at) < UNCHANGED_FOR_AT_MOST);
+        self.notified
+            .retain(|_, n| now.duration_since(n.at) < 2 * UNCHANGED_FOR_AT_MOST);
+        self.pruned_at = now;
+    }
 }
 
 impl Default for Hub {
@@ -61,18 +112,12 @@ impl Default for Hub {
             complete: Arc::new(AtomicBool::new(true)),
             remembered: Arc::new(Mutex::new(RememberedAnswers {
                 by_key: HashMap::new(),
+                notified: HashMap::new(),
+                all_changed_at: 0,
                 pruned_at: Instant::now(),
             })),
         }
     }
-}
-
-/// An answer given for a key, and the notification count before the read
-/// it came from.
-struct Remembered {
-    answer: String,
-    changes: u64,
-    at: Instant,
 }
 
 struct Watched {
@@ -103,7 +148,23 @@ impl Hub {
     }
 
     pub fn notify(&self, key: &str) {
-        self.changes.fetch_add(1, Ordering::SeqCst);
+        {
+            // Counted under the lock: a check never sees the count moved
+            // without the key's entry.
+            let mut remembered = self.remembered();
+            let changes = self.changes.fetch_add(1, Ordering::SeqCst) + 1;
+            let now = Instant::now();
+            remembered.prune(now);
+            if remembered.notified.len() >= NOTIFIED_AT_MOST
+                && !remembered.notified.contains_key(key)
+            {
+                remembered.notified.clear();
+                remembered.all_changed_at = changes;
+            }
+            remembered
+                .notified
+                .insert(key.to_owned(), Notified { changes, at: now });
+        }
         let map = self.lock();
         if let Some(watched) = map.get(key) {
             watched.notify.notify_waiters();
@@ -120,16 +181,19 @@ impl Hub {
 
     /// After notifications may have been lost (a listener reconnect).
     pub fn notify_all(&self) {
-        self.changes.fetch_add(1, Ordering::SeqCst);
+        self.all_changed();
         for watched in self.lock().values() {
             watched.notify.notify_waiters();
         }
     }
 
-    /// The notification count: take it before a read, then
+    /// Where a read begins: take it before the read, then
     /// [`Hub::remember`] the answer with it.
-    pub fn changes(&self) -> u64 {
-        self.changes.load(Ordering::SeqCst)
+    pub fn read_start(&self) -> ReadStart {
+        ReadStart {
+            changes: self.changes.load(Ordering::SeqCst),
+            at: Instant::now(),
+        }
     }
 
     /// Whether notifications from every server reach this hub (see
@@ -137,44 +201,55 @@ impl Hub {
     pub fn set_complete(&self, complete: bool) {
         self.complete.store(complete, Ordering::SeqCst);
         if !complete {
-            self.changes.fetch_add(1, Ordering::SeqCst);
+            self.all_changed();
         }
     }
 
-    /// Keeps `answer` (an ETag) as what `key` read when the count was
-    /// `changes`.
-    pub fn remember(&self, key: &str, answer: &str, changes: u64) {
+    /// No answer remembered so far stands any more.
+    fn all_changed(&self) {
         let mut remembered = self.remembered();
-        let now = Instant::now();
-        // Bounded by the keys answered lately (one per runner).
-        if now.duration_since(remembered.pruned_at) >= UNCHANGED_FOR_AT_MOST {
-            remembered
-                .by_key
-                .retain(|_, r| now.duration_since(r.at) < UNCHANGED_FOR_AT_MOST);
-            remembered.pruned_at = now;
-        }
+        remembered.all_changed_at = self.changes.fetch_add(1, Ordering::SeqCst) + 1;
+    }
+
+    /// Keeps `answer` (an ETag) as what `key` read, from the records
+    /// named by `read_from` (besides `key`'s own), in the read that began
+    /// at `start`.
+    pub fn remember(&self, key: &str, answer: &str, read_from: Vec<String>, start: ReadStart) {
+        let mut remembered = self.remembered();
+        remembered.prune(Instant::now());
         remembered.by_key.insert(
             key.to_owned(),
             Remembered {
                 answer: answer.to_owned(),
-                changes,
-                at: now,
+                read_from,
+                start,
             },
         );
     }
 
     /// Whether a read of `key` would still answer `answer`: it was the
-    /// answer remembered, no notification of any key arrived since the read
-    /// it came from, notifications are complete, and it is recent enough.
+    /// answer remembered, neither `key` nor any record it was read from was
+    /// notified since its read began, notifications are complete, and it
+    /// is recent enough.
     pub fn unchanged_since(&self, key: &str, answer: &str) -> bool {
         if answer.is_empty() || !self.complete.load(Ordering::SeqCst) {
             return false;
         }
-        self.remembered().by_key.get(key).is_some_and(|r| {
-            r.answer == answer
-                && r.changes == self.changes()
-                && r.at.elapsed() < UNCHANGED_FOR_AT_MOST
-        })
+        let remembered = self.remembered();
+        let Some(r) = remembered.by_key.get(key) else {
+            return false;
+        };
+        let unnotified = |k: &str| {
+            remembered
+                .notified
+                .get(k)
+                .is_none_or(|n| n.changes <= r.start.changes)
+        };
+        r.answer == answer
+            && r.start.changes >= remembered.all_changed_at
+            && r.start.at.elapsed() < UNCHANGED_FOR_AT_MOST
+            && unnotified(key)
+            && r.read_from.iter().all(|k| unnotified(k))
     }
 
     fn remembered(&self) -> std::sync::MutexGuard<'_, RememberedAnswers> {
@@ -281,26 +356,53 @@ pub async fn listen_postgres(url: String, hub: Hub) {
 mod tests {
     use super::*;
 
+    fn read_from() -> Vec<String> {
+        vec!["sbx_1".to_owned(), "cmd_1".to_owned()]
+    }
+
     #[test]
-    fn an_answer_stands_only_while_nothing_at_all_was_notified_and_notifications_are_complete() {
+    fn an_answer_stands_while_nothing_it_was_read_from_is_notified() {
         let hub = Hub::default();
         assert!(!hub.unchanged_since("runner:a", "e1"), "nothing remembered");
-        hub.remember("runner:a", "e1", hub.changes());
+        hub.remember("runner:a", "e1", read_from(), hub.read_start());
         assert!(hub.unchanged_since("runner:a", "e1"));
         assert!(!hub.unchanged_since("runner:a", "e0"), "another answer");
         assert!(!hub.unchanged_since("runner:a", ""), "no answer");
         assert!(!hub.unchanged_since("runner:b", "e1"), "another key");
-        // A write to anything, for anyone, since.
+        // Writes to records of other runners' sets leave it standing.
         hub.notify("sbx_other");
+        hub.notify("runner:b");
+        assert!(hub.unchanged_since("runner:a", "e1"));
+        // A write to one of its records, or to the runner's set, does not.
+        hub.notify("cmd_1");
         assert!(!hub.unchanged_since("runner:a", "e1"));
-        // A read that began before a notification is not trusted after it.
-        let before = hub.changes();
-        hub.notify("cmd_x");
-        hub.remember("runner:a", "e2", before);
+        hub.remember("runner:a", "e1", read_from(), hub.read_start());
+        hub.notify("runner:a");
+        assert!(!hub.unchanged_since("runner:a", "e1"));
+        hub.remember("runner:a", "e1", read_from(), hub.read_start());
+        hub.notify("sbx_1");
+        assert!(!hub.unchanged_since("runner:a", "e1"));
+    }
+
+    #[test]
+    fn a_read_that_began_before_a_notification_of_its_records_is_not_trusted_after_it() {
+        let hub = Hub::default();
+        let start = hub.read_start();
+        hub.notify("sbx_1");
+        hub.remember("runner:a", "e2", read_from(), start);
         assert!(!hub.unchanged_since("runner:a", "e2"));
-        hub.remember("runner:a", "e2", hub.changes());
+        // Of another record: it stands.
+        let start = hub.read_start();
+        hub.notify("sbx_2");
+        hub.remember("runner:a", "e2", read_from(), start);
         assert!(hub.unchanged_since("runner:a", "e2"));
-        // Notifications that may be missing (a PostgreSQL listener down).
+    }
+
+    #[test]
+    fn no_answer_stands_while_notifications_may_be_missing() {
+        let hub = Hub::default();
+        hub.remember("runner:a", "e2", read_from(), hub.read_start());
+        // A PostgreSQL listener down.
         hub.set_complete(false);
         assert!(!hub.unchanged_since("runner:a", "e2"));
         hub.set_complete(true);
@@ -308,8 +410,25 @@ mod tests {
             !hub.unchanged_since("runner:a", "e2"),
             "the gap is a change"
         );
-        hub.remember("runner:a", "e2", hub.changes());
+        hub.remember("runner:a", "e2", read_from(), hub.read_start());
         hub.notify_all();
         assert!(!hub.unchanged_since("runner:a", "e2"));
+    }
+
+    #[test]
+    fn forgetting_notifications_to_stay_bounded_forgets_every_answer() {
+        let hub = Hub::default();
+        hub.remember("runner:a", "e1", read_from(), hub.read_start());
+        for i in 0..NOTIFIED_AT_MOST {
+            hub.notify(&format!("sbx_other_{i}"));
+        }
+        assert!(hub.unchanged_since("runner:a", "e1"), "all unrelated");
+        assert_eq!(hub.remembered().notified.len(), NOTIFIED_AT_MOST);
+        hub.notify("sbx_one_more");
+        assert_eq!(hub.remembered().notified.len(), 1);
+        assert!(
+            !hub.unchanged_since("runner:a", "e1"),
+            "a notification of its records may have been forgotten"
+        );
     }
 }

@@ -400,7 +400,7 @@ impl Metrics {
         );
         let _ = writeln!(
             out,
-            "# HELP roost_runner_assignments_total Runners' assignments long-polls by how they were answered: `read` (the set read from the records) or `unchanged` (nothing written since this server last read it: no read)."
+            "# HELP roost_runner_assignments_total Runners' assignments long-polls by how they were answered: `read` (the set read from the records) or `unchanged` (nothing written to the set or its records since this server last read it: no read)."
         );
         let _ = writeln!(out, "# TYPE roost_runner_assignments_total counter");
         for (answer, counter) in [

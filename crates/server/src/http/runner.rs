@@ -71,18 +71,19 @@ pub async fn assignments(
     let watch = hub.watch(&key);
     let deadline = tokio::time::Instant::now() + timeout;
     // Like `hub::wait_until`, but a runner whose set this server read
-    // since the last write anywhere is not read again: a fleet at rest
-    // costs no reads of its sandboxes (`Hub::unchanged_since`).
+    // since the last write to it is not read again, neither when its next
+    // poll begins nor at its timeout: a fleet costs reads only of the sets
+    // that change (`Hub::unchanged_since`).
     loop {
         let notified = watch.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let unread = query.unchanged && hub.unchanged_since(&key, &query.etag);
         if !unread {
-            let changes = hub.changes();
+            let start = hub.read_start();
             let assignments =
                 Box::pin(runner_protocol::read_assignments(&state, &query.runner_id)).await?;
-            hub.remember(&key, &assignments.etag, changes);
+            hub.remember(&key, &assignments.etag, read_from(&assignments), start);
             state.metrics.assignments_answered(true);
             if assignments.etag != query.etag || tokio::time::Instant::now() >= deadline {
                 return Ok(axum::Json(assignments));
@@ -102,6 +103,20 @@ pub async fn assignments(
             () = tokio::time::sleep_until(deadline) => {}
         }
     }
+}
+
+/// The records a runner's set was read from, besides the runner's own
+/// record: a write to any of them notifies its key (`hub` module doc).
+fn read_from(assignments: &Assignments) -> Vec<String> {
+    let sandboxes = assignments.sandboxes.iter().flat_map(|s| {
+        std::iter::once(s.sandbox_id.clone())
+            .chain(s.snapshots.iter().map(|snapshot| snapshot.snapshot_id.clone()))
+    });
+    let commands = assignments.commands.iter().map(|c| c.command_id.clone());
+    let kept = assignments.kept.iter().flat_map(|k| {
+        std::iter::once(k.copy_id.clone()).chain(k.salvage.iter().cloned())
+    });
+    sandboxes.chain(commands).chain(kept).collect()
 }
 
 #[utoipa::path(post, path = "/v1/runner/sandboxes/{id}/report", tag = "runner", params(("id" = String, Path, description = "sandbox id")), request_body = SandboxReport, responses((status = 200, body = api::sandboxes::Sandbox), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]

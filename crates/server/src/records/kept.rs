@@ -147,6 +147,8 @@ pub async fn insert(tx: &mut WriteTx, copy: &KeptRow) -> Result<(), sqlx::Error>
     .bind(None::<String>)
     .execute(&mut *tx.tx)
     .await?;
+    // A new copy in the runner's set (its assignments list what it keeps).
+    tx.changed(&format!("runner:{}", copy.runner_id));
     let message = format!(
         "runner {} keeps a copy of the home aside ({}, {} bytes): {}",
         copy.runner_id, copy.id, copy.bytes, copy.reason

@@ -598,6 +598,178 @@ async fn a_runner_at_rest_is_answered_unchanged_without_a_read() {
     assert_eq!(unknown.etag, changed.etag);
 }
 
+/// Issue 21: a fleet's long-polls time out by the hundred each second
+/// while its API load writes all the time. A runner whose set nothing was
+/// written to since this server read it is not read again, neither when
+/// its poll begins nor at its timeout, however much is written to other
+/// runners' sets meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_set_is_not_read_again_while_other_runners_sets_change() {
+    let server = TestServer::start().await;
+    let token = runner_token(&server).await;
+    let (org, _) = server.org("acme").await;
+    // B is the only runner when the sandbox is created: it lands there.
+    let b = enrol(&server, &token, "b").await;
+    let sandbox = org
+        .create_sandbox(&create_request(), None)
+        .await
+        .expect("a sandbox");
+    let on_b = b
+        .client
+        .runner_assignments(&b.id, "", 0)
+        .await
+        .expect("assignments");
+    assert_eq!(on_b.sandboxes[0].sandbox_id, sandbox.id);
+    let a = enrol(&server, &token, "a").await;
+    let settled = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("assignments");
+    assert!(settled.sandboxes.is_empty());
+
+    // Writes to B's set (commands on its sandbox) while A polls, twice.
+    let command: api::commands::CreateCommandRequest =
+        serde_json::from_value(serde_json::json!({ "argv": ["true"] })).expect("a command");
+    let reads = assignment_answers(&server, "read").await;
+    for _ in 0..2 {
+        let poll = {
+            let client = a.client.clone();
+            let (id, etag) = (a.id.clone(), settled.etag.clone());
+            tokio::spawn(async move { client.runner_assignments(&id, &etag, 2).await })
+        };
+        while !poll.is_finished() {
+            org.create_command(&sandbox.id, &command, None)
+                .await
+                .expect("a command");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let answer = poll.await.expect("the poll").expect("assignments");
+        assert!(answer.unchanged, "{answer:?}");
+        assert_eq!(answer.etag, settled.etag);
+    }
+    assert_eq!(
+        assignment_answers(&server, "read").await,
+        reads,
+        "neither poll read A's set"
+    );
+}
+
+/// What an answer stands on is every record in it, not only the runner's:
+/// a change that notifies just the record (the runner's own report of a
+/// command running, of a snapshot taken) is read at the poll's timeout,
+/// never answered `unchanged`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_to_a_record_in_the_set_is_read_though_the_runner_was_not_notified() {
+    let server = TestServer::start().await;
+    let token = runner_token(&server).await;
+    let (org, _) = server.org("acme").await;
+    let a = enrol(&server, &token, "a").await;
+    let sandbox = org
+        .create_sandbox(&create_request(), None)
+        .await
+        .expect("a sandbox");
+    let first = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("assignments");
+    let epoch = first.sandboxes[0].epoch;
+    let running = SandboxReport {
+        runner_id: a.id.clone(),
+        epoch,
+        state: SandboxState::Running,
+        reason: None,
+        message: None,
+        wake: None,
+    };
+    a.client
+        .runner_report_sandbox(&sandbox.id, &running)
+        .await
+        .expect("running");
+    let command = org
+        .create_command(
+            &sandbox.id,
+            &serde_json::from_value(serde_json::json!({ "argv": ["sleep", "60"] }))
+                .expect("a command"),
+            None,
+        )
+        .await
+        .expect("a command");
+    let snapshot = org
+        .create_snapshot(
+            &sandbox.id,
+            &serde_json::from_value(serde_json::json!({})).expect("a snapshot request"),
+            None,
+        )
+        .await
+        .expect("a snapshot");
+    // Read until the hand-over has settled: an answer that stands.
+    let mut settled = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("assignments");
+    loop {
+        let again = a
+            .client
+            .runner_assignments(&a.id, &settled.etag, 1)
+            .await
+            .expect("assignments");
+        if again.unchanged {
+            break;
+        }
+        settled = again;
+    }
+    assert_eq!(settled.commands[0].state, CommandState::Starting, "{settled:?}");
+    assert_eq!(settled.sandboxes[0].snapshots[0].durability, "pending");
+
+    let poll_past = |etag: String| {
+        let client = a.client.clone();
+        let id = a.id.clone();
+        tokio::spawn(async move { client.runner_assignments(&id, &etag, 2).await })
+    };
+    // The command's report notifies the command, not the runner.
+    let poll = poll_past(settled.etag.clone());
+    let report = CommandReport {
+        runner_id: a.id.clone(),
+        epoch,
+        state: CommandState::Running,
+        exit_code: None,
+        signal: None,
+        reason: None,
+        pid: Some(42),
+        output: None,
+    };
+    a.client
+        .runner_report_command(&command.id, &report)
+        .await
+        .expect("running");
+    let answer = poll.await.expect("the poll").expect("assignments");
+    assert!(!answer.unchanged, "{answer:?}");
+    assert_ne!(answer.etag, settled.etag);
+    assert_eq!(answer.commands[0].state, CommandState::Running);
+
+    // The snapshot's report notifies the snapshot, not the runner.
+    let poll = poll_past(answer.etag.clone());
+    let taken = SnapshotReport {
+        runner_id: a.id.clone(),
+        epoch,
+        durability: "local".to_owned(),
+        root: None,
+        files: None,
+        captured_at_ms: None,
+        message: None,
+    };
+    a.client
+        .runner_report_snapshot(&snapshot.id, &taken)
+        .await
+        .expect("taken");
+    let after = poll.await.expect("the poll").expect("assignments");
+    assert!(!after.unchanged, "{after:?}");
+    assert_eq!(after.sandboxes[0].snapshots[0].durability, "local");
+}
+
 /// The assignments long-poll's query is bounded like any input: a wrong
 /// type for `unchanged`, an unknown parameter or an over-long wait is a
 /// 400 before anything is read or handed over, and the runner's set is as
