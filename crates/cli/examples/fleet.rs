@@ -82,7 +82,10 @@ impl Stats {
         let us = sent.elapsed().as_micros() as u64;
         let window = sent.saturating_duration_since(run_started).as_secs() / 10 * 10;
         self.record("heartbeat", sent);
-        let mut windows = self.heartbeat_windows.lock().unwrap_or_else(|p| p.into_inner());
+        let mut windows = self
+            .heartbeat_windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         windows.entry(window).or_default().push(us);
     }
 

@@ -109,13 +109,17 @@ pub async fn assignments(
 /// record: a write to any of them notifies its key (`hub` module doc).
 fn read_from(assignments: &Assignments) -> Vec<String> {
     let sandboxes = assignments.sandboxes.iter().flat_map(|s| {
-        std::iter::once(s.sandbox_id.clone())
-            .chain(s.snapshots.iter().map(|snapshot| snapshot.snapshot_id.clone()))
+        std::iter::once(s.sandbox_id.clone()).chain(
+            s.snapshots
+                .iter()
+                .map(|snapshot| snapshot.snapshot_id.clone()),
+        )
     });
     let commands = assignments.commands.iter().map(|c| c.command_id.clone());
-    let kept = assignments.kept.iter().flat_map(|k| {
-        std::iter::once(k.copy_id.clone()).chain(k.salvage.iter().cloned())
-    });
+    let kept = assignments
+        .kept
+        .iter()
+        .flat_map(|k| std::iter::once(k.copy_id.clone()).chain(k.salvage.iter().cloned()));
     sandboxes.chain(commands).chain(kept).collect()
 }
 

@@ -721,7 +721,11 @@ async fn a_change_to_a_record_in_the_set_is_read_though_the_runner_was_not_notif
         }
         settled = again;
     }
-    assert_eq!(settled.commands[0].state, CommandState::Starting, "{settled:?}");
+    assert_eq!(
+        settled.commands[0].state,
+        CommandState::Starting,
+        "{settled:?}"
+    );
     assert_eq!(settled.sandboxes[0].snapshots[0].durability, "pending");
 
     let poll_past = |etag: String| {
