@@ -232,6 +232,9 @@ print(f"{total} heartbeats, p50 <= {upper(0.5)} ms, p99 <= {upper(0.99)} ms")
 ' "$2"
 }
 SERVED_A=$(served "$A" /v1/runner/heartbeat || true) SERVED_B=$(served "$B" /v1/runner/heartbeat || true)
+# Assignment long-polls answered by reading the runner's set, and without.
+answers() { echo "$(metric "$1" 'roost_runner_assignments_total{answer="read"}') read, $(metric "$1" 'roost_runner_assignments_total{answer="unchanged"}') unchanged"; }
+ANSWERS_A=$(answers "$A" || true) ANSWERS_B=$(answers "$B" || true)
 COUNTS=$(ROOST_URL=$A ROOST_TOKEN=$ADMIN "$ROOST" admin counts --json || true)
 {
   echo "## Fleet: $RUNNERS runners, two servers on one PostgreSQL, ${SECONDS_RUN} s$KILLED"
@@ -260,6 +263,7 @@ if w:
 PY
   echo "- peak RSS: server a ${RSS_A} MiB, server b ${RSS_B} MiB"
   echo "- longest lease watcher pass: server a ${WATCH_A} s, server b ${WATCH_B} s"
+  echo "- assignment answers (b's since its last start): a: ${ANSWERS_A}; b: ${ANSWERS_B}"
   echo "- heartbeats as each server timed them (request in to answer out; b's since its last start): a: ${SERVED_A}; b: ${SERVED_B}"
   echo "- roost admin counts: $COUNTS"
 } >>"$REPORT"

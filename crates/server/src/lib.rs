@@ -213,6 +213,7 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         metrics: Arc::new(metrics::Metrics::default()),
         secret_key,
         renewals: Arc::default(),
+        assignment_reads: tokio::sync::Semaphore::new(control::ASSIGNMENT_READS_AT_ONCE),
     }))
 }
 

@@ -81,7 +81,15 @@ pub struct AppStateParts {
     pub secret_key: Option<Arc<secrets::SecretKey>>,
     /// Heartbeats' lease renewals, committed in groups.
     pub renewals: Arc<renewals::LeaseRenewals>,
+    /// Runners' assignment reads under way at once: bounded, so that a
+    /// fleet's reads (thousands at once when every runner starts) never
+    /// hold every database connection while heartbeats wait for one.
+    pub assignment_reads: tokio::sync::Semaphore,
 }
+
+/// Permits of [`AppStateParts::assignment_reads`]: half a PostgreSQL
+/// pool's connections.
+pub const ASSIGNMENT_READS_AT_ONCE: usize = 8;
 
 impl AppState {
     /// Records that ended before this instant are past the retention

@@ -205,13 +205,41 @@ pub async fn read_assignments(
 ) -> Result<Assignments, ControlError> {
     let mut tx = state.db.write().await?;
     let runner = live_runner(&mut tx, runner_id).await?;
-    records::commands::hand_over(&mut tx, runner_id, runner.drain.is_some()).await?;
-    let sandboxes = sqlx::query(&format!(
+    let rows = sqlx::query(&format!(
         "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE runner_id = $1 AND state <> 'deleted' ORDER BY id"
     ))
     .bind(runner_id)
     .fetch_all(&mut *tx.tx)
     .await?;
+    // A runner with no sandbox has no command, snapshot or secret either:
+    // its read is three queries, not seven (a fleet starting reads every
+    // runner's set at once, most of them empty).
+    let (sandboxes, commands) = if rows.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        placed_on(&mut tx, &runner, &rows).await?
+    };
+    let kept = crate::control::kept::kept_assignments(state, &mut tx, runner_id).await?;
+    tx.commit().await?;
+    let body = serde_json::to_vec(&(&sandboxes, &commands, &kept)).unwrap_or_default();
+    Ok(Assignments {
+        etag: blake3::hash(&body).to_hex()[..32].to_owned(),
+        unchanged: false,
+        sandboxes,
+        commands,
+        kept,
+    })
+}
+
+/// The sandboxes in `rows` (the runner's) as assignments, and the
+/// commands to run in them, queued ones handed over first.
+async fn placed_on(
+    tx: &mut WriteTx,
+    runner: &RunnerRow,
+    rows: &[sqlx::any::AnyRow],
+) -> Result<(Vec<SandboxAssignment>, Vec<CommandAssignment>), ControlError> {
+    let runner_id = runner.id.as_str();
+    records::commands::hand_over(tx, runner_id, runner.drain.is_some()).await?;
     let mut snapshots: BTreeMap<String, Vec<SnapshotAssignment>> = BTreeMap::new();
     let pending = sqlx::query(
         "SELECT id, sandbox_id, durability FROM snapshots WHERE durability IN ('pending', 'local')
@@ -230,8 +258,8 @@ pub async fn read_assignments(
                 durability: row.try_get("durability")?,
             });
     }
-    let mut secrets = records::secrets::of_runner(&mut tx, runner_id).await?;
-    let sandboxes: Vec<SandboxAssignment> = sandboxes
+    let mut secrets = records::secrets::of_runner(tx, runner_id).await?;
+    let sandboxes: Vec<SandboxAssignment> = rows
         .iter()
         .map(|row| {
             let s = SandboxRow::from_row(row)?;
@@ -282,16 +310,7 @@ pub async fn read_assignments(
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;
-    let kept = crate::control::kept::kept_assignments(state, &mut tx, runner_id).await?;
-    tx.commit().await?;
-    let body = serde_json::to_vec(&(&sandboxes, &commands, &kept)).unwrap_or_default();
-    Ok(Assignments {
-        etag: blake3::hash(&body).to_hex()[..32].to_owned(),
-        unchanged: false,
-        sandboxes,
-        commands,
-        kept,
-    })
+    Ok((sandboxes, commands))
 }
 
 /// Checks the report is from the sandbox's current placement.

@@ -80,9 +80,12 @@ pub async fn assignments(
         notified.as_mut().enable();
         let unread = query.unchanged && hub.unchanged_since(&key, &query.etag);
         if !unread {
+            // The semaphore is never closed (it lives as long as the state).
+            let turn = state.assignment_reads.acquire().await;
             let start = hub.read_start();
             let assignments =
                 Box::pin(runner_protocol::read_assignments(&state, &query.runner_id)).await?;
+            drop(turn);
             hub.remember(&key, &assignments.etag, read_from(&assignments), start);
             state.metrics.assignments_answered(true);
             if assignments.etag != query.etag || tokio::time::Instant::now() >= deadline {
