@@ -119,10 +119,12 @@ fn read_from(assignments: &Assignments) -> Vec<String> {
         )
     });
     let commands = assignments.commands.iter().map(|c| c.command_id.clone());
-    let kept = assignments
-        .kept
-        .iter()
-        .flat_map(|k| std::iter::once(k.copy_id.clone()).chain(k.salvage.iter().cloned()));
+    let kept = assignments.kept.iter().flat_map(|k| {
+        // Whether a copy is still kept depends on its sandbox too.
+        [k.copy_id.clone(), k.sandbox_id.clone()]
+            .into_iter()
+            .chain(k.salvage.iter().cloned())
+    });
     sandboxes.chain(commands).chain(kept).collect()
 }
 
