@@ -3,8 +3,9 @@
 //! runner the sandbox last ran on (its home and blocks are there), then
 //! spot before on-demand for `spot_first`, then the emptiest runner.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use crate::db::{WriteTx, now_ms};
@@ -60,6 +61,23 @@ impl Needs {
             && used.memory_mib + self.memory_mib <= runner.capacity_memory_mib
             && used.millicpus + self.millicpus <= runner.capacity_millicpus
             && used.pids + self.pids <= runner.capacity_pids
+    }
+
+    /// Whether `runner` offers every capability and the placement class
+    /// asked for: the part of [`Needs::missing_on`] that runners of one
+    /// [`View`] kind share.
+    fn offered_by(&self, runner: &RunnerRow) -> bool {
+        self.capabilities
+            .iter()
+            .all(|c| runner.capabilities.contains(c))
+            && !(self.on_demand_only && runner.placement_class != "on_demand")
+    }
+
+    /// Whether what is asked for exceeds the runner's whole capacity.
+    fn exceeds(&self, runner: &RunnerRow) -> bool {
+        self.memory_mib > runner.capacity_memory_mib
+            || self.millicpus > runner.capacity_millicpus
+            || self.pids > runner.capacity_pids
     }
 
     /// What `runner` lacks, by name; empty if it can run the sandbox at all
@@ -118,11 +136,120 @@ pub struct RunnerView {
     inner: std::sync::Mutex<Option<View>>,
 }
 
+/// One read of the runners. Placement looks at every runner for each
+/// sandbox, so what it asks is kept cheap at 10,000 runners: runners that
+/// offer the same capabilities and placement class are one kind, checked
+/// once per sandbox; usage is found by position, not by id.
 #[derive(Clone)]
 pub struct View {
     at: std::time::Instant,
     pub runners: Arc<Vec<RunnerRow>>,
-    pub usage: Arc<BTreeMap<String, Usage>>,
+    /// For each runner (same position): the position of the first runner
+    /// of its kind.
+    kind: Arc<Vec<usize>>,
+    /// For each runner: its usage as read, or as this server since noted.
+    /// Shared by every copy of this view, so a note costs no copy.
+    usage: Arc<Vec<UsageCell>>,
+    position: Arc<HashMap<String, usize>>,
+}
+
+/// A runner's usage, updated in place by [`RunnerView::note`].
+#[derive(Default)]
+struct UsageCell([AtomicI64; 4]);
+
+impl UsageCell {
+    fn new(usage: Usage) -> UsageCell {
+        let cell = UsageCell::default();
+        cell.set(usage);
+        cell
+    }
+
+    fn get(&self) -> Usage {
+        let [sandboxes, memory_mib, millicpus, pids] =
+            self.0.each_ref().map(|n| n.load(Ordering::Relaxed));
+        Usage {
+            sandboxes,
+            memory_mib,
+            millicpus,
+            pids,
+        }
+    }
+
+    fn set(&self, usage: Usage) {
+        let values = [
+            usage.sandboxes,
+            usage.memory_mib,
+            usage.millicpus,
+            usage.pids,
+        ];
+        for (n, value) in self.0.iter().zip(values) {
+            n.store(value, Ordering::Relaxed);
+        }
+    }
+}
+
+impl View {
+    fn new(runners: Vec<RunnerRow>, mut usage: BTreeMap<String, Usage>) -> View {
+        let mut first_of_kind: HashMap<(&[String], &str), usize> = HashMap::new();
+        let kind = runners
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                *first_of_kind
+                    .entry((r.capabilities.as_slice(), r.placement_class.as_str()))
+                    .or_insert(i)
+            })
+            .collect();
+        let usage = runners
+            .iter()
+            .map(|r| UsageCell::new(usage.remove(&r.id).unwrap_or_default()))
+            .collect();
+        let position = runners
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.id.clone(), i))
+            .collect();
+        View {
+            at: std::time::Instant::now(),
+            runners: Arc::new(runners),
+            kind: Arc::new(kind),
+            usage: Arc::new(usage),
+            position: Arc::new(position),
+        }
+    }
+
+    /// For each runner of the view, whether its kind offers what `needs`
+    /// asks for (each kind checked once).
+    fn offering(&self, needs: &Needs) -> Vec<bool> {
+        let mut offers = vec![false; self.runners.len()];
+        for (i, runner) in self.runners.iter().enumerate() {
+            let first = self.kind[i];
+            offers[i] = if first == i {
+                needs.offered_by(runner)
+            } else {
+                offers[first]
+            };
+        }
+        offers
+    }
+
+    /// What the best-suited runner lacks to ever run a sandbox with these
+    /// needs: empty if some runner can, `None` if there is no runner.
+    pub fn missing(&self, needs: &Needs) -> Option<Vec<String>> {
+        let offers = self.offering(needs);
+        let can_run = self
+            .runners
+            .iter()
+            .zip(&offers)
+            .any(|(runner, offered)| *offered && !needs.exceeds(runner));
+        if can_run {
+            return Some(Vec::new());
+        }
+        self.runners
+            .iter()
+            .map(|r| needs.missing_on(r))
+            .min_by_key(Vec::len)
+    }
 }
 
 impl RunnerView {
@@ -138,11 +265,7 @@ impl RunnerView {
         if let Some(view) = cached.filter(|v| v.at.elapsed() < max_age) {
             return Ok(view);
         }
-        let view = View {
-            at: std::time::Instant::now(),
-            runners: Arc::new(all_runners(tx).await?),
-            usage: Arc::new(all_runner_usage(tx).await?),
-        };
+        let view = View::new(all_runners(tx).await?, all_runner_usage(tx).await?);
         *cache.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(view.clone());
         Ok(view)
     }
@@ -155,9 +278,11 @@ impl RunnerView {
     /// What this server now knows a runner uses (after placing on it, or
     /// reading its usage under its lock).
     fn note(&self, runner_id: &str, usage: Usage) {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(view) = inner.as_mut() {
-            Arc::make_mut(&mut view.usage).insert(runner_id.to_owned(), usage);
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(view) = inner.as_ref()
+            && let Some(&i) = view.position.get(runner_id)
+        {
+            view.usage[i].set(usage);
         }
     }
 }
@@ -190,32 +315,38 @@ async fn place_from(
         .then_some(sandbox.last_runner_id.as_deref())
         .flatten();
     if let Some(home) = home_runner {
-        match runners.iter().find(|r| r.id == home) {
+        match view.position.get(home).map(|&i| &runners[i]) {
             Some(r) if r.state == "live" => {}
             _ => return Ok(Placed::HomeLost),
         }
     }
     // A first filter on the view's usage skips full runners without a
     // round trip each; the one chosen is checked again under its lock.
-    let usage = &view.usage;
-    let mut candidates: Vec<&RunnerRow> = runners
-        .iter()
-        .filter(|r| r.is_live(now) && r.drain.is_none() && needs.missing_on(r).is_empty())
-        .filter(|r| {
-            let used = usage.get(&r.id).copied().unwrap_or_default();
-            needs.fits(r, &used)
-        })
-        .filter(|r| home_runner.is_none_or(|home| r.id == home))
-        .collect();
+    let offers = view.offering(&needs);
     let last = sandbox.last_runner_id.as_deref();
-    candidates.sort_by_key(|r| {
-        (
-            Some(r.id.as_str()) != last,
-            r.placement_class != "spot",
-            std::cmp::Reverse(r.capacity_sandboxes),
-        )
-    });
-    for runner in candidates {
+    let mut candidates: Vec<(bool, bool, std::cmp::Reverse<i64>, usize)> = runners
+        .iter()
+        .enumerate()
+        .filter(|&(i, r)| {
+            offers[i]
+                && r.is_live(now)
+                && r.drain.is_none()
+                && !needs.exceeds(r)
+                && needs.fits(r, &view.usage[i].get())
+                && home_runner.is_none_or(|home| r.id == home)
+        })
+        .map(|(i, r)| {
+            (
+                Some(r.id.as_str()) != last,
+                r.placement_class != "spot",
+                std::cmp::Reverse(r.capacity_sandboxes),
+                i,
+            )
+        })
+        .collect();
+    // The position last: runners equal in all else are tried in id order.
+    candidates.sort_unstable();
+    for runner in candidates.into_iter().map(|(.., i)| &runners[i]) {
         tx.take_turn(&format!("runner:{}", runner.id)).await;
         let locked = sqlx::query(
             "UPDATE runners SET placements = placements + 1 WHERE id = $1 AND state = 'live' AND drain IS NULL AND lease_expires_at_ms > $2",
@@ -293,4 +424,106 @@ async fn place_from(
         });
     }
     Ok(Placed::Waiting("no_capacity"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runner(id: &str, capabilities: &[&str], class: &str, memory_mib: i64) -> RunnerRow {
+        RunnerRow {
+            id: id.to_owned(),
+            placement_class: class.to_owned(),
+            capabilities: capabilities.iter().map(|c| c.to_string()).collect(),
+            capacity_sandboxes: 10,
+            capacity_memory_mib: memory_mib,
+            capacity_millicpus: 4000,
+            capacity_pids: 1000,
+            state: "live".to_owned(),
+            lease_expires_at_ms: i64::MAX,
+            drain: None,
+        }
+    }
+
+    fn needs(capabilities: &[&str], on_demand_only: bool, memory_mib: i64) -> Needs {
+        Needs {
+            capabilities: capabilities.iter().map(|c| c.to_string()).collect(),
+            on_demand_only,
+            memory_mib,
+            millicpus: 0,
+            pids: 0,
+        }
+    }
+
+    #[test]
+    fn runners_are_checked_by_kind_and_each_kind_answers_for_itself() {
+        let view = View::new(
+            vec![
+                runner("r1", &["image:a"], "spot", 1024),
+                runner("r2", &["image:a", "image:b"], "spot", 1024),
+                runner("r3", &["image:a"], "spot", 4096),
+                runner("r4", &["image:a", "image:b"], "on_demand", 1024),
+                runner("r5", &["image:a", "image:b"], "spot", 1024),
+            ],
+            BTreeMap::new(),
+        );
+        assert_eq!(*view.kind, vec![0, 1, 0, 3, 1]);
+        assert_eq!(
+            view.offering(&needs(&["image:b"], false, 0)),
+            vec![false, true, false, true, true]
+        );
+        assert_eq!(
+            view.offering(&needs(&["image:b"], true, 0)),
+            vec![false, false, false, true, false]
+        );
+        // Capacity is each runner's own, though r1 and r3 are one kind.
+        assert_eq!(
+            view.missing(&needs(&["image:a"], false, 2048)),
+            Some(vec![])
+        );
+        assert_eq!(
+            view.missing(&needs(&["image:b"], false, 2048)),
+            Some(vec!["resources.memory_mib:2048".to_owned()])
+        );
+        assert_eq!(
+            view.missing(&needs(&["image:c"], false, 0)),
+            Some(vec!["image:c".to_owned()])
+        );
+        assert_eq!(
+            View::new(Vec::new(), BTreeMap::new()).missing(&needs(&[], false, 0)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_noted_usage_is_seen_by_every_copy_of_the_view() {
+        let runner_view = RunnerView::default();
+        let mut usage = BTreeMap::new();
+        usage.insert(
+            "r2".to_owned(),
+            Usage {
+                sandboxes: 3,
+                ..Usage::default()
+            },
+        );
+        let view = View::new(
+            vec![
+                runner("r1", &[], "spot", 1024),
+                runner("r2", &[], "spot", 1024),
+            ],
+            usage,
+        );
+        assert_eq!(view.usage[1].get().sandboxes, 3);
+        *runner_view.inner.lock().expect("view lock") = Some(view.clone());
+        let noted = Usage {
+            sandboxes: 4,
+            memory_mib: 512,
+            millicpus: 100,
+            pids: 7,
+        };
+        runner_view.note("r2", noted);
+        runner_view.note("unknown", noted);
+        assert_eq!(view.usage[1].get(), noted);
+        assert_eq!(view.usage[0].get(), Usage::default());
+    }
 }

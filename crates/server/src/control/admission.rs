@@ -258,11 +258,7 @@ async fn check_admissible(
     let mut best = None;
     for max_age in [scheduler::RUNNER_VIEW_TTL, std::time::Duration::ZERO] {
         let view = scheduler::RunnerView::read(tx, max_age).await?;
-        best = view
-            .runners
-            .iter()
-            .map(|r| needs.missing_on(r))
-            .min_by_key(Vec::len);
+        best = view.missing(&needs);
         if best.as_ref().is_some_and(Vec::is_empty) {
             break;
         }
