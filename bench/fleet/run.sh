@@ -100,7 +100,7 @@ REPORT=$DIR/report.md
 {
   echo "# Fleet benchmark $(date -u +%F\ %H:%M) UTC"
   echo
-  echo "commit $(cd "$ROOT" && git rev-parse --short HEAD); $(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "commit $(cd "$ROOT" && git rev-parse --short HEAD); binaries from $TARGET/release; $(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo
 } >"$REPORT"
 
@@ -235,6 +235,8 @@ SERVED_A=$(served "$A" /v1/runner/heartbeat || true) SERVED_B=$(served "$B" /v1/
 # Assignment long-polls answered by reading the runner's set, and without.
 answers() { echo "$(metric "$1" 'roost_runner_assignments_total{answer="read"}') read, $(metric "$1" 'roost_runner_assignments_total{answer="unchanged"}') unchanged"; }
 ANSWERS_A=$(answers "$A" || true) ANSWERS_B=$(answers "$B" || true)
+# Placement's reads of every runner (a build before them prints nothing).
+VIEW_A=$(metric "$A" roost_runner_view_reads_total || true) VIEW_B=$(metric "$B" roost_runner_view_reads_total || true)
 COUNTS=$(ROOST_URL=$A ROOST_TOKEN=$ADMIN "$ROOST" admin counts --json || true)
 {
   echo "## Fleet: $RUNNERS runners, two servers on one PostgreSQL, ${SECONDS_RUN} s$KILLED"
@@ -264,6 +266,7 @@ PY
   echo "- peak RSS: server a ${RSS_A} MiB, server b ${RSS_B} MiB"
   echo "- longest lease watcher pass: server a ${WATCH_A} s, server b ${WATCH_B} s"
   echo "- assignment answers (b's since its last start): a: ${ANSWERS_A}; b: ${ANSWERS_B}"
+  echo "- placement's reads of every runner (b's since its last start): a: ${VIEW_A:--}; b: ${VIEW_B:--}"
   echo "- heartbeats as each server timed them (request in to answer out; b's since its last start): a: ${SERVED_A}; b: ${SERVED_B}"
   echo "- roost admin counts: $COUNTS"
 } >>"$REPORT"

@@ -341,6 +341,9 @@ pub struct WriteTx {
     /// A runner's row changed what placement reads (registration, drain):
     /// the view is cleared at commit.
     pub runners_changed: bool,
+    /// The pool this transaction came from: for a read ahead that must not
+    /// hold the transaction up (`scheduler::RunnerView`).
+    pub pool: AnyPool,
     hub: Hub,
     engine: Engine,
     _writer: Option<OwnedMutexGuard<()>>,
@@ -496,6 +499,7 @@ impl Db {
             counts: Default::default(),
             runner_view: self.runner_view.clone(),
             runners_changed: false,
+            pool: self.pool.clone(),
             hub: self.hub.clone(),
             engine: self.engine,
             _writer: writer,

@@ -55,6 +55,12 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ControlE
              roost_postgres_gathered_queries_total {queries}\n"
         ));
     }
+    text.push_str(&format!(
+        "# HELP roost_runner_view_reads_total Reads of every runner for placement (`scheduler::RunnerView`): in a placement's transaction, or ahead of it.\n\
+         # TYPE roost_runner_view_reads_total counter\n\
+         roost_runner_view_reads_total {}\n",
+        state.db.runner_view.reads()
+    ));
     let mut response = text.into_response();
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,

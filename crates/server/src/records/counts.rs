@@ -230,11 +230,13 @@ pub async fn runner_usage(tx: &mut WriteTx, runner_id: &str) -> Result<Usage, sq
 
 /// Every runner's committed usage, by id (placement's first filter; the
 /// runner's row is locked and its usage read again before it is used).
-pub async fn all_runner_usage(tx: &mut WriteTx) -> Result<BTreeMap<String, Usage>, sqlx::Error> {
+pub async fn all_runner_usage(
+    conn: &mut sqlx::AnyConnection,
+) -> Result<BTreeMap<String, Usage>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT runner_id, sandboxes, memory_mib, millicpus, pids FROM runner_usage WHERE sandboxes <> 0",
     )
-    .fetch_all(&mut *tx.tx)
+    .fetch_all(conn)
     .await?;
     rows.iter()
         .map(|row| {

@@ -60,11 +60,13 @@ pub async fn load(tx: &mut WriteTx, id: &str) -> Result<Option<RunnerRow>, sqlx:
     row.as_ref().map(RunnerRow::from_row).transpose()
 }
 
-pub async fn all_runners(tx: &mut WriteTx) -> Result<Vec<RunnerRow>, sqlx::Error> {
+/// Every runner not retired, by id (placement's view: in a write
+/// transaction, or on a connection of its own when read ahead).
+pub async fn all_runners(conn: &mut sqlx::AnyConnection) -> Result<Vec<RunnerRow>, sqlx::Error> {
     let rows = sqlx::query(&format!(
         "SELECT {RUNNER_COLUMNS} FROM runners WHERE state <> 'retired' ORDER BY id"
     ))
-    .fetch_all(&mut *tx.tx)
+    .fetch_all(conn)
     .await?;
     rows.iter().map(RunnerRow::from_row).collect()
 }
