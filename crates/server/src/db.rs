@@ -36,6 +36,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (16, include_str!("../migrations/0016_counts.sql")),
     (17, include_str!("../migrations/0017_start_after_stop.sql")),
     (18, include_str!("../migrations/0018_token_revocation.sql")),
+    (19, include_str!("../migrations/0019_runner_leases.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -119,7 +119,7 @@ pub fn due_queries() -> Vec<(&'static str, String, &'static str)> {
         (
             "lease watcher",
             crate::records::runners::SILENT_SQL.to_owned(),
-            "runners_by_lease",
+            "runner_leases_by_end",
         ),
         ("ttl", ttl_due_sql(), "sandboxes_ttl_due"),
         ("retention", retention_due_sql(), "sandboxes_retention_due"),

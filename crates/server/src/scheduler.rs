@@ -429,7 +429,8 @@ async fn place_from(
     for runner in candidates.into_iter().map(|(.., i)| &runners[i]) {
         tx.take_turn(&format!("runner:{}", runner.id)).await;
         let locked = sqlx::query(
-            "UPDATE runners SET placements = placements + 1 WHERE id = $1 AND state = 'live' AND drain IS NULL AND lease_expires_at_ms > $2",
+            "UPDATE runners SET placements = placements + 1 WHERE id = $1 AND state = 'live' AND drain IS NULL
+             AND EXISTS (SELECT 1 FROM runner_leases WHERE runner_id = $1 AND expires_at_ms > $2)",
         )
         .bind(&runner.id)
         .bind(now)

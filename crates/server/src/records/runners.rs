@@ -25,7 +25,11 @@ pub struct RunnerRow {
     pub drain: Option<String>,
 }
 
-pub const RUNNER_COLUMNS: &str = "id, placement_class, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms, drain";
+/// A runner's columns as placement reads them, from [`RUNNER_FROM`]: the
+/// lease a live runner's row in `runner_leases`, else the one it ended with.
+pub const RUNNER_COLUMNS: &str = "r.id, r.placement_class, r.capabilities, r.capacity_sandboxes, r.capacity_memory_mib, r.capacity_millicpus, r.capacity_pids, r.state, COALESCE(l.expires_at_ms, r.lease_expires_at_ms) AS lease_expires_at_ms, r.drain";
+
+pub const RUNNER_FROM: &str = "runners r LEFT JOIN runner_leases l ON l.runner_id = r.id";
 
 impl RunnerRow {
     pub fn from_row(row: &AnyRow) -> Result<RunnerRow, sqlx::Error> {
@@ -52,7 +56,7 @@ impl RunnerRow {
 /// The runner as this transaction sees it.
 pub async fn load(tx: &mut WriteTx, id: &str) -> Result<Option<RunnerRow>, sqlx::Error> {
     let row = sqlx::query(&format!(
-        "SELECT {RUNNER_COLUMNS} FROM runners WHERE id = $1"
+        "SELECT {RUNNER_COLUMNS} FROM {RUNNER_FROM} WHERE r.id = $1"
     ))
     .bind(id)
     .fetch_optional(&mut *tx.tx)
@@ -64,7 +68,7 @@ pub async fn load(tx: &mut WriteTx, id: &str) -> Result<Option<RunnerRow>, sqlx:
 /// transaction, or on a connection of its own when read ahead).
 pub async fn all_runners(conn: &mut sqlx::AnyConnection) -> Result<Vec<RunnerRow>, sqlx::Error> {
     let rows = sqlx::query(&format!(
-        "SELECT {RUNNER_COLUMNS} FROM runners WHERE state <> 'retired' ORDER BY id"
+        "SELECT {RUNNER_COLUMNS} FROM {RUNNER_FROM} WHERE r.state <> 'retired' ORDER BY r.id"
     ))
     .fetch_all(conn)
     .await?;
@@ -101,7 +105,21 @@ pub async fn register_new(
     .bind(credential_hash)
     .execute(&mut *tx.tx)
     .await?;
+    set_lease(tx, id, lease_until_ms).await?;
     tx.runners_changed = true;
+    Ok(())
+}
+
+/// Writes a live runner's lease (`runner_leases`).
+async fn set_lease(tx: &mut WriteTx, id: &str, until_ms: i64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO runner_leases (runner_id, expires_at_ms) VALUES ($1, $2)
+         ON CONFLICT (runner_id) DO UPDATE SET expires_at_ms = excluded.expires_at_ms",
+    )
+    .bind(id)
+    .bind(until_ms)
+    .execute(&mut *tx.tx)
+    .await?;
     Ok(())
 }
 
@@ -132,8 +150,12 @@ pub async fn register_again(
     .bind(id)
     .execute(&mut *tx.tx)
     .await?;
+    let updated = updated.rows_affected() > 0;
+    if updated {
+        set_lease(tx, id, lease_until_ms).await?;
+    }
     tx.runners_changed = true;
-    Ok(updated.rows_affected() > 0)
+    Ok(updated)
 }
 
 fn millicpus(cpus: f64) -> i64 {
@@ -182,7 +204,8 @@ pub async fn holds_org(pool: &AnyPool, runner_id: &str, org_id: &str) -> Result<
 }
 
 /// Live runners whose lease ends before `before_ms`, soonest first: id and
-/// lease end (an indexed range, `runners_by_lease`).
+/// lease end (an indexed range, `runner_leases_by_end`: only live runners
+/// have a lease row).
 pub async fn silent(pool: &AnyPool, before_ms: i64) -> Result<Vec<(String, i64)>, sqlx::Error> {
     sqlx::query_as(SILENT_SQL)
         .bind(before_ms)
@@ -190,7 +213,7 @@ pub async fn silent(pool: &AnyPool, before_ms: i64) -> Result<Vec<(String, i64)>
         .await
 }
 
-pub const SILENT_SQL: &str = "SELECT id, lease_expires_at_ms FROM runners WHERE state = 'live' AND lease_expires_at_ms < $1 ORDER BY lease_expires_at_ms";
+pub const SILENT_SQL: &str = "SELECT runner_id, expires_at_ms FROM runner_leases WHERE expires_at_ms < $1 ORDER BY expires_at_ms";
 
 /// How many runners are live (read only when some lease expired).
 pub async fn count_live(pool: &AnyPool) -> Result<usize, sqlx::Error> {
@@ -233,7 +256,7 @@ where
 {
     let placeholders: Vec<String> = (0..ids.len()).map(|i| format!("${}", i + 2)).collect();
     let sql = format!(
-        "UPDATE runners SET lease_expires_at_ms = $1 WHERE state = 'live' AND id IN ({}) RETURNING id",
+        "UPDATE runner_leases SET expires_at_ms = $1 WHERE runner_id IN ({}) RETURNING runner_id",
         placeholders.join(", ")
     );
     let mut query = sqlx::query(&sql).bind(until_ms);
@@ -244,7 +267,7 @@ where
         .fetch_all(executor)
         .await?
         .iter()
-        .map(|row| row.try_get::<String, _>("id"))
+        .map(|row| row.try_get::<String, _>("runner_id"))
         .collect()
 }
 
@@ -255,13 +278,25 @@ pub const RENEWALS_PER_STATEMENT: usize = 500;
 /// Declares a live runner whose lease ended before `cutoff_ms` lost.
 /// False if it renewed meanwhile (or was already lost).
 pub async fn mark_lost(tx: &mut WriteTx, id: &str, cutoff_ms: i64) -> Result<bool, sqlx::Error> {
-    let lost = sqlx::query(
-        "UPDATE runners SET state = 'lost' WHERE id = $1 AND state = 'live' AND lease_expires_at_ms < $2",
+    // The lease row goes first: a renewal racing this waits for its lock,
+    // then finds no row (not renewed: fenced); one that renewed first
+    // leaves a lease this delete no longer matches.
+    let ended: Option<(i64,)> = sqlx::query_as(
+        "DELETE FROM runner_leases WHERE runner_id = $1 AND expires_at_ms < $2 RETURNING expires_at_ms",
     )
     .bind(id)
     .bind(cutoff_ms)
-    .execute(&mut *tx.tx)
+    .fetch_optional(&mut *tx.tx)
     .await?;
+    let Some((ended_ms,)) = ended else {
+        return Ok(false);
+    };
+    let lost =
+        sqlx::query("UPDATE runners SET state = 'lost', lease_expires_at_ms = $1 WHERE id = $2 AND state = 'live'")
+            .bind(ended_ms)
+            .bind(id)
+            .execute(&mut *tx.tx)
+            .await?;
     Ok(lost.rows_affected() > 0)
 }
 
@@ -276,7 +311,8 @@ pub async fn set_drain(tx: &mut WriteTx, id: &str, drain: Option<&str>) -> Resul
     Ok(())
 }
 
-const RECORD_QUERY: &str = "SELECT r.id, r.name, r.placement_class, r.state, r.lease_expires_at_ms, r.registered_at_ms, r.drain, r.capabilities, r.labels,
+const RECORD_QUERY: &str = "SELECT r.id, r.name, r.placement_class, r.state,
+     COALESCE((SELECT l.expires_at_ms FROM runner_leases l WHERE l.runner_id = r.id), r.lease_expires_at_ms) AS lease_expires_at_ms, r.registered_at_ms, r.drain, r.capabilities, r.labels,
      (SELECT COUNT(*) FROM sandboxes s WHERE s.runner_id = r.id AND s.state <> 'deleted') AS sandboxes
      FROM runners r";
 
@@ -353,7 +389,8 @@ pub async fn live_data_paths(
     now_ms: i64,
 ) -> Result<Vec<(String, String, String)>, sqlx::Error> {
     let rows: Vec<(String, String, String, String)> = sqlx::query_as(
-        "SELECT id, capabilities, data_url, data_key FROM runners WHERE state = 'live' AND lease_expires_at_ms > $1 AND data_url IS NOT NULL AND data_key IS NOT NULL ORDER BY id",
+        "SELECT r.id, r.capabilities, r.data_url, r.data_key FROM runners r JOIN runner_leases l ON l.runner_id = r.id
+         WHERE r.state = 'live' AND l.expires_at_ms > $1 AND r.data_url IS NOT NULL AND r.data_key IS NOT NULL ORDER BY r.id",
     )
     .bind(now_ms)
     .fetch_all(pool)

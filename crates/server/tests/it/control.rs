@@ -419,7 +419,7 @@ impl Plane {
 
     /// The runner's lease runs out now, and the lease watcher sees it.
     async fn lose(&self, runner: &str) {
-        sqlx::query("UPDATE runners SET lease_expires_at_ms = 0 WHERE id = $1")
+        sqlx::query("UPDATE runner_leases SET expires_at_ms = 0 WHERE runner_id = $1")
             .bind(runner)
             .execute(&self.state.db.pool)
             .await
@@ -2546,7 +2546,7 @@ async fn migration_0016_fills_the_kept_counts_from_a_populated_database() {
         for statement in [
             "DROP TABLE sandbox_counts",
             "DROP TABLE runner_usage",
-            "DROP INDEX runners_by_lease",
+            "DROP INDEX IF EXISTS runners_by_lease",
             "DROP INDEX sandboxes_ttl_due",
             "DROP INDEX sandboxes_retention_due",
             "DROP INDEX sandboxes_homes_to_release",
@@ -2586,14 +2586,12 @@ async fn heartbeats_arriving_together_are_committed_in_groups() {
         let lost = plane.runner(1).await;
         plane.lose(&lost).await;
         let leases = |plane: std::sync::Arc<Plane>| async move {
-            sqlx::query_as::<_, (String, i64)>(
-                "SELECT id, lease_expires_at_ms FROM runners WHERE state = 'live'",
-            )
-            .fetch_all(&plane.state.db.pool)
-            .await
-            .expect("leases")
-            .into_iter()
-            .collect::<BTreeMap<String, i64>>()
+            sqlx::query_as::<_, (String, i64)>("SELECT runner_id, expires_at_ms FROM runner_leases")
+                .fetch_all(&plane.state.db.pool)
+                .await
+                .expect("leases")
+                .into_iter()
+                .collect::<BTreeMap<String, i64>>()
         };
         let before = leases(plane.clone()).await;
         assert_eq!(before.len(), live.len());
