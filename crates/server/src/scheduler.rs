@@ -274,6 +274,7 @@ impl View {
 impl RunnerView {
     /// The view, read again if older than `max_age` ([`RUNNER_VIEW_TTL`],
     /// [`RUNNER_VIEW_FRESH`], or zero: read now).
+    ///
     /// A view older than [`RUNNER_VIEW_TTL`] (and younger than
     /// [`RUNNER_VIEW_STALE`]) asked for with that age is answered as it is,
     /// and read again ahead, off the caller's transaction.

@@ -25,8 +25,9 @@ pub struct RunnerRow {
     pub drain: Option<String>,
 }
 
-/// A runner's columns as placement reads them, from [`RUNNER_FROM`]: the
-/// lease a live runner's row in `runner_leases`, else the one it ended with.
+/// A runner's columns as placement reads them, from [`RUNNER_FROM`]: a
+/// live runner's lease from its row in `runner_leases`, any other's the
+/// one it ended with.
 pub const RUNNER_COLUMNS: &str = "r.id, r.placement_class, r.capabilities, r.capacity_sandboxes, r.capacity_memory_mib, r.capacity_millicpus, r.capacity_pids, r.state, COALESCE(l.expires_at_ms, r.lease_expires_at_ms) AS lease_expires_at_ms, r.drain";
 
 pub const RUNNER_FROM: &str = "runners r LEFT JOIN runner_leases l ON l.runner_id = r.id";
