@@ -22,6 +22,8 @@
 # Usage: bench/fleet/run.sh [--quick] [--kill] [--pg-outage] [--no-build] [--no-creates] [--creates-only]
 #   --quick      1,000 runners, 30 s, creates at 1,000/10,000 (a smoke test)
 #   env RUNNERS  default 10000;  env SECONDS_RUN default 120;  env KEEP=1 keeps the logs
+#   env LOSE_AT_S  when the silent runner stops (default a quarter into the run)
+#   env FLEET_ARGS more arguments for the simulator (e.g. --assignments-wait-s 40)
 #   env ROOST_TEST_POSTGRES_URL  a PostgreSQL server (default: /work/testenv/env's);
 #                the script makes (and drops) its own databases in it
 set -euo pipefail
@@ -188,7 +190,7 @@ A=http://127.0.0.1:$PORT_A B=http://127.0.0.1:$PORT_B
 ADMIN=$(cat "$DIR/a/admin-token" 2>/dev/null || cat "$DIR/b/admin-token")
 log "fleet: $RUNNERS runners, $SECONDS_RUN s, servers $A $B"
 "$DIR/bin/fleet" --urls "$A,$B" --admin-token "$ADMIN" --runners "$RUNNERS" --seconds "$SECONDS_RUN" \
-  --api-clients "$API_CLIENTS" --lose-at-s $((SECONDS_RUN / 4)) >"$DIR/fleet.json" 2>"$DIR/logs/fleet.err" &
+  --api-clients "$API_CLIENTS" --lose-at-s "${LOSE_AT_S:-$((SECONDS_RUN / 4))}" ${FLEET_ARGS:-} >"$DIR/fleet.json" 2>"$DIR/logs/fleet.err" &
 FLEET=$!
 KILLED= T0=
 # at S: sleeps until S seconds after every runner registered

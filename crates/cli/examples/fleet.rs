@@ -47,6 +47,10 @@ struct Args {
     register_concurrency: usize,
     #[arg(long, default_value_t = 3000)]
     heartbeat_ms: u64,
+    /// How long each assignments long-poll waits for a change (a real
+    /// runner's wait; the server allows at most 25).
+    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u64).range(0..=25))]
+    assignments_wait_s: u64,
     /// Seconds of steady load after every runner registered.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
@@ -278,6 +282,7 @@ async fn run(args: Args) -> Result<serde_json::Value> {
     let last_heartbeat_of_silent = Arc::new(Mutex::new(None::<Instant>));
     let mut tasks = Vec::new();
     let heartbeat = Duration::from_millis(args.heartbeat_ms);
+    let assignments_wait_s = args.assignments_wait_s;
     let run_started = Instant::now();
     let n = runners.len().max(1);
     for (i, (runner_id, sim, _)) in runners.iter().enumerate() {
@@ -337,7 +342,10 @@ async fn run(args: Args) -> Result<serde_json::Value> {
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let client = sim.client();
-                let answer = match client.runner_assignments(&runner_id, &etag, 25).await {
+                let answer = match client
+                    .runner_assignments(&runner_id, &etag, assignments_wait_s)
+                    .await
+                {
                     Ok(answer) => answer,
                     Err(err) => {
                         sim.fail_over(&err);
