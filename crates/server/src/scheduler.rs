@@ -669,6 +669,50 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_view_has_each_runners_renewed_lease_and_a_lost_ones_end_in_id_order() {
+        let (db, _dir) = sqlite_db().await;
+        add_runner(&db, "r2").await;
+        add_runner(&db, "r1").await;
+        let registered = {
+            let mut tx = db.write().await.expect("tx");
+            RunnerView::read(&mut tx, Duration::ZERO)
+                .await
+                .expect("view")
+                .runners
+                .iter()
+                .map(|r| r.lease_expires_at_ms)
+                .collect::<Vec<_>>()
+        };
+        // Renewals write only the lease's own table: the view has them.
+        let renewed_until = now_ms() + 120_000;
+        crate::records::runners::renew_leases(&db, &["r1".to_owned()], renewed_until)
+            .await
+            .expect("renew");
+        let mut tx = db.write().await.expect("tx");
+        assert!(
+            crate::records::runners::mark_lost(&mut tx, "r2", now_ms() + 61_000)
+                .await
+                .expect("mark lost")
+        );
+        tx.commit().await.expect("commit");
+        let mut tx = db.write().await.expect("tx");
+        let view = RunnerView::read(&mut tx, Duration::ZERO)
+            .await
+            .expect("view");
+        let ids: Vec<&str> = view.runners.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["r1", "r2"]);
+        let (r1, r2) = (&view.runners[0], &view.runners[1]);
+        assert_eq!(r1.lease_expires_at_ms, renewed_until);
+        assert!(r1.is_live(now_ms()));
+        // A lost runner has no lease row: it keeps the lease it ended with.
+        assert_eq!(
+            (r2.state.as_str(), r2.lease_expires_at_ms),
+            ("lost", registered[1])
+        );
+        assert!(!r2.is_live(now_ms()));
+    }
+
+    #[tokio::test]
     async fn a_read_ahead_begun_before_the_view_was_cleared_is_not_kept() {
         let (db, _dir) = sqlite_db().await;
         add_runner(&db, "r1").await;
