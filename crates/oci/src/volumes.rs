@@ -53,7 +53,8 @@
 //!
 //! Subvolumes and snapshots are made with `btrfs` (the ioctls would need
 //! `unsafe`), images with `mkfs.btrfs`, mounts with `mount -o loop` (which
-//! also sets up the loop device and frees it at unmount). Btrfs is detected
+//! also sets up the loop device and frees it at unmount), the loop device's
+//! direct I/O with `losetup` ([`use_direct_io`]). Btrfs is detected
 //! with `statfs(2)`, never by reading a tool's output. Every tool runs
 //! through [`crate::host::run_tool`]. Everything here blocks: async code
 //! calls it from `spawn_blocking`. One runner uses a
@@ -104,6 +105,11 @@ pub enum Backing {
     LoopImage {
         /// The image file (canonical path).
         image: PathBuf,
+        /// Why the loop device writes through the image file's page cache
+        /// (buffered) instead of straight to the file (direct I/O, see
+        /// [`use_direct_io`]); `None` when it is direct. Buffered is
+        /// correct, only slower.
+        buffered_because: Option<String>,
     },
     /// No btrfs available: plain directories, no snapshots.
     Plain {
@@ -117,7 +123,14 @@ impl fmt::Display for Backing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Backing::Btrfs => f.write_str("btrfs"),
-            Backing::LoopImage { image } => write!(f, "btrfs image {}", image.display()),
+            Backing::LoopImage {
+                image,
+                buffered_because: None,
+            } => write!(f, "btrfs image {} (direct I/O)", image.display()),
+            Backing::LoopImage {
+                image,
+                buffered_because: Some(reason),
+            } => write!(f, "btrfs image {} (buffered: {reason})", image.display()),
             Backing::Plain { reason } => write!(f, "plain directories ({reason})"),
         }
     }
@@ -165,6 +178,7 @@ impl HomeVolumes {
                 (Some(image), Some(mount)) if loop_backing_file(&mount.source) == *image => {
                     Backing::LoopImage {
                         image: image.clone(),
+                        buffered_because: use_direct_io(&mount.source),
                     }
                 }
                 _ => Backing::Btrfs,
@@ -183,8 +197,11 @@ impl HomeVolumes {
             match btrfs_unavailable(&search_path, btrfs.is_some(), &image) {
                 Some(reason) => Backing::Plain { reason },
                 None => {
-                    mount_image(&root, &image, image_bytes)?;
-                    Backing::LoopImage { image }
+                    let device = mount_image(&root, &image, image_bytes)?;
+                    Backing::LoopImage {
+                        image,
+                        buffered_because: use_direct_io(&device),
+                    }
                 }
             }
         } else {
@@ -663,8 +680,8 @@ fn kernel_has_btrfs(search_path: &OsStr) -> bool {
 }
 
 /// Makes the image if needed and loop-mounts it at `root`, which is not a
-/// mount point.
-fn mount_image(root: &Path, image: &Path, image_bytes: u64) -> Result<()> {
+/// mount point. Returns the loop device (`/dev/loopN`).
+fn mount_image(root: &Path, image: &Path, image_bytes: u64) -> Result<String> {
     if image.starts_with(root) {
         return Err(Error::Invalid(format!(
             "the home image {} is inside the home volume root {} it is mounted on",
@@ -705,7 +722,50 @@ fn mount_image(root: &Path, image: &Path, image_bytes: u64) -> Result<()> {
             image.display()
         )));
     }
-    Ok(())
+    Ok(mounts_at(root)?
+        .pop()
+        .map(|mount| mount.source)
+        .unwrap_or_default())
+}
+
+/// Switches loop device `device` (`/dev/loopN`) to direct I/O, if it is
+/// not already, and returns why it stays buffered if it cannot be.
+///
+/// Buffered, every block written to a home is cached twice (in btrfs's
+/// page cache, then in the image file's) and written back twice: a fresh
+/// pull of the 2 GiB benchmark home into a new image took 10.9-17.4 s with
+/// its `sync`, 7.8-8.8 s direct (BENCHMARKS.md, "Durable homes"). A flush
+/// of the device is an fsync of the image file in both modes, so what a
+/// save or a snapshot finds durable does not change. The kernel refuses
+/// direct I/O where the image's filesystem cannot do it (no `O_DIRECT`, a
+/// block size the device's cannot be aligned to): buffered is then the
+/// only choice, and correct. The mode is kept by the device, so a mount
+/// found at start (an earlier runner's) is checked too.
+fn use_direct_io(device: &str) -> Option<String> {
+    let Some(name) = Path::new(device).file_name() else {
+        return Some(format!("{device} is not a loop device"));
+    };
+    let dio = Path::new("/sys/block").join(name).join("loop/dio");
+    let is_direct = || std::fs::read_to_string(&dio).is_ok_and(|text| text.trim() == "1");
+    if is_direct() {
+        return None;
+    }
+    if let Err(e) = run_tool(
+        "set direct I/O on",
+        Path::new(device),
+        Path::new("losetup"),
+        &[OsStr::new("--direct-io=on"), OsStr::new(device)],
+    ) {
+        return Some(e.to_string());
+    }
+    if is_direct() {
+        None
+    } else {
+        Some(format!(
+            "{} still reads 0 after `losetup --direct-io=on`",
+            dio.display()
+        ))
+    }
 }
 
 /// Makes the filesystem at `root` (btrfs) `nosuid,nodev` where it is not

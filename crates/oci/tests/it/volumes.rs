@@ -113,6 +113,22 @@ fn path_str(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
+/// The loop device backed by `image` (`/dev/loopN`).
+fn loop_device(image: &Path) -> String {
+    let listed = run("losetup", &["-j", path_str(image)]);
+    let (device, _) = listed
+        .split_once(':')
+        .unwrap_or_else(|| panic!("no loop device for {}: {listed:?}", image.display()));
+    device.to_owned()
+}
+
+/// Whether the loop device backed by `image` does direct I/O.
+fn loop_is_direct(image: &Path) -> bool {
+    let device = loop_device(image);
+    let name = device.trim_start_matches("/dev/");
+    read(&Path::new("/sys/block").join(name).join("loop/dio")).trim() == "1"
+}
+
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
@@ -125,8 +141,12 @@ fn snapshot_keeps_its_instant_and_is_read_only() {
         volumes.backing(),
         &Backing::LoopImage {
             image: std::fs::canonicalize(scratch.image()).expect("image exists"),
+            // The temp dir is on a filesystem with O_DIRECT (not btrfs,
+            // checked above; ext4 here).
+            buffered_because: None,
         }
     );
+    assert!(loop_is_direct(&scratch.image()));
     assert!(volumes.can_snapshot());
     assert_eq!(mounts_at(&scratch.root()), 1);
 
@@ -204,9 +224,15 @@ fn reopening_after_a_restart_reuses_the_mount() {
     let home = volumes.create("sbx-keep").expect("create home");
     std::fs::write(home.join("work.txt"), "kept").expect("write");
     volumes.snapshot("sbx-keep", "leftover").expect("snapshot");
-    // A runner that stops (or crashes) leaves its mount in place.
+    // A runner that stops (or crashes) leaves its mount in place; one of
+    // an older runner left its loop device buffered.
     drop(volumes);
     assert_eq!(mounts_at(&scratch.root()), 1);
+    run(
+        "losetup",
+        &["--direct-io=off", &loop_device(&scratch.image())],
+    );
+    assert!(!loop_is_direct(&scratch.image()));
 
     let volumes = scratch.open_image();
     assert!(
@@ -217,6 +243,7 @@ fn reopening_after_a_restart_reuses_the_mount() {
     assert_eq!(mounts_at(&scratch.root()), 1, "a second mount was stacked");
     let loops = run("losetup", &["-j", path_str(&scratch.image())]);
     assert_eq!(loops.lines().count(), 1, "loop devices: {loops}");
+    assert!(loop_is_direct(&scratch.image()), "{:?}", volumes.backing());
     // The existing home is kept as it is, files and all.
     assert_eq!(volumes.create("sbx-keep").expect("create again"), home);
     assert_eq!(read(&home.join("work.txt")), "kept");

@@ -246,6 +246,13 @@ impl Homes {
         let excludes = Excludes::from_env()
             .map_err(|e| Error::Invalid(format!("ROOST_HOME_EXCLUDES: {e}")))?;
         tracing::info!(backing = %volumes.backing(), "homes ready");
+        if let oci::volumes::Backing::LoopImage {
+            buffered_because: Some(reason),
+            ..
+        } = volumes.backing()
+        {
+            tracing::warn!(%reason, "the homes' loop device is buffered: every home write is cached and written back twice");
+        }
         Ok(Homes {
             volumes,
             legacy: data_root.join("homes"),
