@@ -38,7 +38,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "target/release/roost"
+# ROOST_BIN: another build (with --no-build), e.g. to compare two in turn.
+BIN = Path(os.environ.get("ROOST_BIN", ROOT / "target/release/roost"))
 GEN = ROOT / "bench/gen_home.py"
 QUICK = "--quick" in sys.argv
 FILES, SIZE, SAVES = (2_000, "40M", 5) if QUICK else (100_000, "2G", 20)
