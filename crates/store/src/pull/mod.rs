@@ -34,7 +34,7 @@ mod fresh;
 mod plan;
 mod write;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -354,24 +354,32 @@ impl Materializer<'_> {
     /// it or the store lacks it (its own read, where it is used, then
     /// reads the cache or names it at its path).
     ///
+    /// `objects` are asked for in the order given (the first of any
+    /// repeated), which is the order a store that does not sort by
+    /// location (the block service) hands them back in: the caller's
+    /// order, a fresh pull's walk, keeps each part it writes within a few
+    /// directories. (In hash order each part spread over every directory
+    /// of its window; the 2 GiB benchmark home's fresh wake did not
+    /// measurably change either way, BENCHMARKS.md "Durable homes".)
+    ///
     /// [`Objects::get_batch_each`]: crate::objects::Objects::get_batch_each
     pub(super) fn prefetch_each(
         &self,
         mut objects: Vec<ObjectId>,
         each: &mut dyn FnMut(ObjectId, Option<Vec<u8>>) -> Result<()>,
     ) -> Result<()> {
-        objects.sort_unstable();
-        objects.dedup();
+        let mut seen = HashSet::with_capacity(objects.len());
+        objects.retain(|object| seen.insert(*object));
         if let Some(cache) = &self.cache
             && !objects.is_empty()
         {
             // An unreadable cache only costs downloads.
-            if let Ok(mut absent) = cache.missing(self.org, &objects) {
-                absent.sort_unstable();
-                for cached in objects.iter().filter(|o| absent.binary_search(o).is_err()) {
+            if let Ok(absent) = cache.missing(self.org, &objects) {
+                let absent: HashSet<ObjectId> = absent.into_iter().collect();
+                for cached in objects.iter().filter(|o| !absent.contains(o)) {
                     each(*cached, None)?;
                 }
-                objects = absent;
+                objects.retain(|object| absent.contains(object));
             }
         }
         self.objects

@@ -1096,6 +1096,100 @@ fn a_fresh_pull_of_many_directories_reads_each_pack_about_once() {
     );
 }
 
+/// The block service as a pull sees it: it does not say where objects
+/// lie, and answers a batch in the order asked. Records that order.
+struct Unlocated {
+    store: Store,
+    asked: Mutex<Vec<ObjectId>>,
+}
+
+impl Objects for Unlocated {
+    fn missing(&self, org: &OrgId, objects: &[ObjectId]) -> store::Result<Vec<ObjectId>> {
+        self.store.missing(org, objects)
+    }
+
+    fn put_batch(&self, org: &OrgId, objects: &[(ObjectId, &[u8])]) -> store::Result<()> {
+        self.store.put_batch(org, objects)
+    }
+
+    fn get(&self, org: &OrgId, object: &ObjectId) -> store::Result<Option<Vec<u8>>> {
+        self.store.get(org, object)
+    }
+
+    fn get_batch(&self, org: &OrgId, objects: &[ObjectId]) -> store::Result<Vec<Option<Vec<u8>>>> {
+        self.asked.lock().expect("lock").extend_from_slice(objects);
+        self.store.get_batch(org, objects)
+    }
+
+    fn reads_in_batches(&self) -> bool {
+        true
+    }
+}
+
+/// Issue 18: a fresh pull from a store that does not say where objects
+/// lie (the block service) asks for the blocks in the order of its walk
+/// (directories depth first, entries by name: the push's order), so that
+/// each part it writes holds a few directories' files, as a pull from a
+/// store that knows where they lie does. (In hash order every part was
+/// spread over every directory of its window.)
+#[test]
+fn a_fresh_pull_from_the_block_service_asks_for_blocks_in_walk_order() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::default());
+    let acme = org("acme");
+    // 400 files of ~1.5 KB in seven directories: one window.
+    let files = many_files("w", 400, 1500);
+    let src = home_dir(&refs(&files));
+    let root = push(
+        &Store::new(Arc::clone(&backend)),
+        &acme,
+        &home("h"),
+        src.path(),
+    )
+    .expect("push")
+    .root
+    .expect("a root");
+    let unlocated = Unlocated {
+        store: Store::new(backend),
+        asked: Mutex::default(),
+    };
+    let dest = tempdir();
+    store::pull::materialize(
+        &unlocated,
+        &acme,
+        "h",
+        &root,
+        dest.path(),
+        &crate::support::pull_options(),
+        &store::progress::NoProgress,
+    )
+    .expect("pull");
+    assert_eq!(contents(dest.path()), contents(src.path()));
+
+    let mut walk: Vec<&(String, Vec<u8>)> = files.iter().collect();
+    walk.sort_by(|a, b| a.0.split('/').cmp(b.0.split('/')));
+    let expected: Vec<ObjectId> = walk
+        .iter()
+        .map(|(_, content)| ObjectId::block(store::Digest::of(content)))
+        .collect();
+    let asked: Vec<ObjectId> = unlocated
+        .asked
+        .into_inner()
+        .expect("lock")
+        .into_iter()
+        .filter(|object| object.kind == store::store::ObjectKind::Block)
+        .collect();
+    // Each block's place in the walk, in the order asked.
+    let place: std::collections::HashMap<ObjectId, usize> =
+        expected.iter().enumerate().map(|(i, o)| (*o, i)).collect();
+    let order: Vec<usize> = asked.iter().map(|object| place[object]).collect();
+    assert_eq!(order.len(), expected.len(), "each block asked for once");
+    assert!(
+        order.is_sorted(),
+        "blocks asked for out of the walk's order: {:?}",
+        &order[..order.len().min(20)]
+    );
+}
+
 const SPLIT_BLOCK: usize = 4 * 1024 * 1024;
 
 /// `len` bytes of lines naming `seed`: each 4 MiB block distinct from
