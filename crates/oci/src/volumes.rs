@@ -734,7 +734,8 @@ fn mount_image(root: &Path, image: &Path, image_bytes: u64) -> Result<String> {
 /// Buffered, every block written to a home is cached twice (in btrfs's
 /// page cache, then in the image file's) and written back twice: a fresh
 /// pull of the 2 GiB benchmark home into a new image took 10.9-17.4 s with
-/// its `sync`, 7.8-8.8 s direct (BENCHMARKS.md, "Durable homes"). A flush
+/// its `sync`, 7.8-8.8 s direct (BENCHMARKS.md, "Packs", "The home
+/// image's loop device in direct I/O"). A flush
 /// of the device is an fsync of the image file in both modes, so what a
 /// save or a snapshot finds durable does not change. The kernel refuses
 /// direct I/O where the image's filesystem cannot do it (no `O_DIRECT`, a

@@ -360,7 +360,7 @@ impl Materializer<'_> {
     /// order, a fresh pull's walk, keeps each part it writes within a few
     /// directories. (In hash order each part spread over every directory
     /// of its window; the 2 GiB benchmark home's fresh wake did not
-    /// measurably change either way, BENCHMARKS.md "Durable homes".)
+    /// measurably change either way, BENCHMARKS.md "Packs".)
     ///
     /// [`Objects::get_batch_each`]: crate::objects::Objects::get_batch_each
     pub(super) fn prefetch_each(
