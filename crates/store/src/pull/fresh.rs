@@ -484,18 +484,9 @@ impl Materializer<'_> {
             }
         };
         for (offset, len, digest) in parts {
-            let data = self.fetch(&ObjectId::block(*digest), &rel, fetched)?;
-            if data.len() as u64 != *len {
-                return Err(Error::Corrupt {
-                    digest: *digest,
-                    path: Some(rel),
-                    reason: crate::Corruption::LengthMismatch {
-                        expected: *len,
-                        found: data.len() as u64,
-                    },
-                });
-            }
-            file.write_all_at(&data, *offset).map_err(Error::io(&rel))?;
+            self.with_block(digest, *len, &rel, fetched, |data| {
+                file.write_all_at(data, *offset).map_err(Error::io(&rel))
+            })?;
             self.progress.advance(*len);
         }
         partial.left = partial.left.saturating_sub(parts.len());

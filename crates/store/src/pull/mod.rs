@@ -301,6 +301,57 @@ impl Materializer<'_> {
         Ok(plain)
     }
 
+    /// Calls `write` with the verified content of the block `digest`,
+    /// which must be `len` bytes. A block a window fetched ahead is
+    /// decoded without an allocation of its own (see [`block::decode_in`]):
+    /// into a buffer this thread keeps, or, stored plain, read in place.
+    pub(super) fn with_block(
+        &self,
+        digest: &Digest,
+        len: u64,
+        rel: &Path,
+        prefetched: &Prefetched,
+        write: impl FnOnce(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        thread_local! {
+            static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let object = ObjectId::block(*digest);
+        let check = |data: &[u8]| -> Result<()> {
+            if data.len() as u64 == len {
+                return Ok(());
+            }
+            Err(Error::Corrupt {
+                digest: *digest,
+                path: Some(rel.to_owned()),
+                reason: crate::Corruption::LengthMismatch {
+                    expected: len,
+                    found: data.len() as u64,
+                },
+            })
+        };
+        if let Some(stored) = prefetched.get(&object) {
+            return BUFFER.with(|buffer| {
+                let mut buffer = buffer.borrow_mut();
+                let data = match block::decode_in(digest, stored, &mut buffer) {
+                    Ok(data) => data,
+                    // The precise reason, as `fetch` gives it.
+                    Err(err) => {
+                        return Err(match self.fetch(&object, rel, prefetched) {
+                            Err(precise) => precise,
+                            Ok(_) => err.at(rel),
+                        });
+                    }
+                };
+                check(data)?;
+                write(data)
+            });
+        }
+        let data = self.fetch(&object, rel, prefetched)?;
+        check(&data)?;
+        write(&data)
+    }
+
     /// Counts an object that came from the store, and keeps it in the block
     /// cache when this pull fills it.
     fn downloaded(&self, object: &ObjectId, stored: &[u8]) {

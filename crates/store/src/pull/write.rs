@@ -19,7 +19,6 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use super::{Materializer, Prefetched, lock};
 use crate::block::{SPLIT_BLOCK_BYTES, block_ranges};
 use crate::index::{IndexKey, timestamp_ns};
-use crate::store::ObjectId;
 use crate::tree::{Entry, EntryKind, Tree, stored_mode};
 use crate::{Digest, Error, Result};
 
@@ -303,18 +302,9 @@ impl Materializer<'_> {
                     file.seek(SeekFrom::Start(offset + len))
                         .map_err(Error::io(rel))?;
                 } else {
-                    let data = self.fetch(&ObjectId::block(*digest), rel, prefetched)?;
-                    if data.len() as u64 != len {
-                        return Err(Error::Corrupt {
-                            digest: *digest,
-                            path: Some(rel.to_owned()),
-                            reason: crate::Corruption::LengthMismatch {
-                                expected: len,
-                                found: data.len() as u64,
-                            },
-                        });
-                    }
-                    file.write_all(&data).map_err(Error::io(rel))?;
+                    self.with_block(digest, len, rel, prefetched, |data| {
+                        file.write_all(data).map_err(Error::io(rel))
+                    })?;
                 }
                 self.progress.advance(len);
             }
