@@ -72,6 +72,10 @@ struct Stats {
     /// Heartbeat latencies by the 10 s window of the run they were sent
     /// in: whether a tail is the start's storm or the steady state's.
     heartbeat_windows: Mutex<BTreeMap<u64, Vec<u64>>>,
+    /// By second of the run: heartbeat latencies (by when sent) and
+    /// assignment long-polls answered (by when answered), to line a
+    /// heartbeat tail up with what else arrived at once.
+    seconds: Mutex<BTreeMap<u64, (Vec<u64>, u64)>>,
     errors: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -91,6 +95,16 @@ impl Stats {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         windows.entry(window).or_default().push(us);
+        drop(windows);
+        let second = sent.saturating_duration_since(run_started).as_secs();
+        let mut seconds = self.seconds.lock().unwrap_or_else(|p| p.into_inner());
+        seconds.entry(second).or_default().0.push(us);
+    }
+
+    fn record_poll_answered(&self, run_started: Instant) {
+        let second = run_started.elapsed().as_secs();
+        let mut seconds = self.seconds.lock().unwrap_or_else(|p| p.into_inner());
+        seconds.entry(second).or_default().1 += 1;
     }
 
     fn error(&self, kind: &str, err: &dyn std::fmt::Display) {
@@ -136,6 +150,20 @@ impl Stats {
             })
             .collect();
         out.insert("heartbeat_windows".to_owned(), json!(windows));
+        let by_second: Vec<serde_json::Value> = self
+            .seconds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(second, (values, polls))| {
+                let mut sorted = values.clone();
+                sorted.sort_unstable();
+                json!({"s": second, "heartbeats": sorted.len(),
+                       "p99_ms": quantile_ms(&sorted, 0.99), "max_ms": quantile_ms(&sorted, 1.0),
+                       "polls_answered": polls})
+            })
+            .collect();
+        out.insert("by_second".to_owned(), json!(by_second));
         // The steady state: every heartbeat but the first window's (the
         // start's storm of first reads and heartbeats).
         let mut steady: Vec<u64> = self
@@ -358,6 +386,7 @@ async fn run(args: Args) -> Result<serde_json::Value> {
                     }
                 };
                 stats.record("assignments", t);
+                stats.record_poll_answered(run_started);
                 etag = answer.etag.clone();
                 for sandbox in &answer.sandboxes {
                     let to = match (sandbox.desired, sandbox.state) {

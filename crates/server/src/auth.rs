@@ -126,6 +126,15 @@ impl TokenCache {
         entries.insert(hash, (principal, at));
     }
 
+    /// Trusts a runner credential this server has just written (its
+    /// registration committed): the runner's first heartbeat and long-poll
+    /// come to this server, and a fleet registering at once would
+    /// otherwise verify every credential again, two queries each, in the
+    /// same seconds as its first reads (`bench/fleet/run.sh`).
+    pub fn trust_new_runner_credential(&self, hash: String, runner_id: String) {
+        self.put(hash, Principal::Runner { runner_id });
+    }
+
     /// Forgets a token (by its hash) on this server at once: what removes
     /// a token from the records calls it.
     pub fn forget(&self, hash: &str) {

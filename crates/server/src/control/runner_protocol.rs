@@ -79,20 +79,23 @@ pub async fn register(
     check_data_path(request)?;
     let now = now_ms();
     let lease_ms = state.config.lease_ttl.as_millis() as i64;
+    // Before the transaction: a write that gives the new runner anything
+    // can only commit after it, so it is notified after this start.
+    let start = state.db.hub.read_start();
     let mut tx = state.db.write().await?;
-    let (runner_id, runner_token) = match registrant {
+    let (runner_id, runner_token, credential_hash) = match registrant {
         Registrant::Runner(id) => {
             if !runners::register_again(&mut tx, id, request, now + lease_ms).await? {
                 return Err(no_such_runner());
             }
-            (id.clone(), None)
+            (id.clone(), None, None)
         }
         Registrant::Enrolment => {
             let id = records::new_id("rnr")?;
             let credential = crate::auth::new_token("runnercred")?;
             let hash = crate::auth::hash_token(&credential);
             runners::register_new(&mut tx, request, now + lease_ms, &id, &hash).await?;
-            (id, Some(credential))
+            (id, Some(credential), Some(hash))
         }
     };
     runners::set_data_path(
@@ -103,6 +106,22 @@ pub async fn register(
     )
     .await?;
     tx.commit().await?;
+    if let Some(hash) = credential_hash {
+        state
+            .db
+            .tokens
+            .trust_new_runner_credential(hash, runner_id.clone());
+        // A new runner's set is empty (no sandbox, command or kept copy
+        // names its new id): its first long-poll needs no read, which a
+        // fleet starting at once would otherwise make for every runner in
+        // the same seconds as its first heartbeats.
+        state.db.hub.remember(
+            &format!("runner:{runner_id}"),
+            empty_set_etag(),
+            Vec::new(),
+            start,
+        );
+    }
     tracing::info!(%runner_id, name = %request.name, "runner registered");
     // New capacity: place what has been waiting for it.
     crate::reconcile::schedule_pending(state).await?;
@@ -221,14 +240,30 @@ pub async fn read_assignments(
     };
     let kept = crate::control::kept::kept_assignments(state, &mut tx, runner_id).await?;
     tx.commit().await?;
-    let body = serde_json::to_vec(&(&sandboxes, &commands, &kept)).unwrap_or_default();
     Ok(Assignments {
-        etag: blake3::hash(&body).to_hex()[..32].to_owned(),
+        etag: assignments_etag(&sandboxes, &commands, &kept),
         unchanged: false,
         sandboxes,
         commands,
         kept,
     })
+}
+
+/// A set's ETag: a hash of everything in it.
+fn assignments_etag(
+    sandboxes: &[SandboxAssignment],
+    commands: &[CommandAssignment],
+    kept: &[api::runners::KeptAssignment],
+) -> String {
+    let body = serde_json::to_vec(&(sandboxes, commands, kept)).unwrap_or_default();
+    blake3::hash(&body).to_hex()[..32].to_owned()
+}
+
+/// The ETag of an empty set: what a runner just registered is assigned.
+pub fn empty_set_etag() -> &'static str {
+    static EMPTY: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| assignments_etag(&[], &[], &[]));
+    &EMPTY
 }
 
 /// The sandboxes in `rows` (the runner's) as assignments, and the

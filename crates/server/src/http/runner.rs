@@ -78,6 +78,20 @@ pub async fn assignments(
         let notified = watch.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        let empty = runner_protocol::empty_set_etag();
+        if query.etag != empty && hub.unchanged_since(&key, empty) {
+            // Known empty (a runner just registered, or one whose set was
+            // read empty), and nothing written to it since: the answer
+            // needs no read.
+            state.metrics.assignments_answered(false);
+            return Ok(axum::Json(Assignments {
+                etag: empty.to_owned(),
+                unchanged: false,
+                sandboxes: Vec::new(),
+                commands: Vec::new(),
+                kept: Vec::new(),
+            }));
+        }
         let unread = query.unchanged && hub.unchanged_since(&key, &query.etag);
         if !unread {
             // The semaphore is never closed (it lives as long as the state).

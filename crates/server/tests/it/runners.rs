@@ -655,6 +655,71 @@ async fn an_unchanged_set_is_not_read_again_while_other_runners_sets_change() {
     );
 }
 
+/// Issue 21: a fleet starting at once long-polls every new runner's set
+/// in the same seconds as its first heartbeats. A runner just registered
+/// has an empty set, so its first poll is answered without a read, with
+/// the ETag a read of an empty set gives; a placement on it is read at
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_runners_first_poll_is_answered_without_a_read() {
+    let server = TestServer::start().await;
+    let token = runner_token(&server).await;
+    let (org, _) = server.org("acme").await;
+    let a = enrol(&server, &token, "a").await;
+    let reads = assignment_answers(&server, "read").await;
+    let first = a
+        .client
+        .runner_assignments(&a.id, "", 0)
+        .await
+        .expect("assignments");
+    assert!(!first.unchanged);
+    assert!(first.sandboxes.is_empty() && first.commands.is_empty() && first.kept.is_empty());
+    assert_eq!(
+        assignment_answers(&server, "read").await,
+        reads,
+        "the first poll read nothing"
+    );
+
+    // Placed on A: the next poll, even one naming the empty set's ETag,
+    // is read and has it.
+    let sandbox = org
+        .create_sandbox(&create_request(), None)
+        .await
+        .expect("a sandbox");
+    let placed = a
+        .client
+        .runner_assignments(&a.id, &first.etag, 0)
+        .await
+        .expect("assignments");
+    assert_eq!(placed.sandboxes.len(), 1, "{placed:?}");
+    assert_eq!(placed.sandboxes[0].sandbox_id, sandbox.id);
+    assert!(assignment_answers(&server, "read").await > reads);
+
+    // Deleted again, the set read empty has the first answer's ETag.
+    org.delete_sandbox(&sandbox.id).await.expect("delete");
+    let deleted = SandboxReport {
+        runner_id: a.id.clone(),
+        epoch: placed.sandboxes[0].epoch,
+        state: SandboxState::Deleted,
+        reason: None,
+        message: None,
+        wake: None,
+    };
+    a.client
+        .runner_report_sandbox(&sandbox.id, &deleted)
+        .await
+        .expect("deleted");
+    let reads = assignment_answers(&server, "read").await;
+    let empty = a
+        .client
+        .runner_assignments(&a.id, &placed.etag, 0)
+        .await
+        .expect("assignments");
+    assert!(empty.sandboxes.is_empty(), "{empty:?}");
+    assert_eq!(empty.etag, first.etag, "the same ETag as a read's");
+    assert_eq!(assignment_answers(&server, "read").await, reads + 1);
+}
+
 /// What an answer stands on is every record in it, not only the runner's:
 /// a change that notifies just the record (the runner's own report of a
 /// command running, of a snapshot taken) is read at the poll's timeout,
