@@ -146,6 +146,11 @@ pub struct RunnerView {
     generation: AtomicU64,
     /// Whether a read ahead is under way (at most one at a time).
     reading_ahead: AtomicBool,
+    /// Held by a placement reading the view in its transaction: others
+    /// that find no view young enough wait for that read, then place from
+    /// it if it is (after a clear, creates arriving together each read
+    /// every runner otherwise: the fleet's first second).
+    reading: tokio::sync::Mutex<()>,
     /// Reads of every runner so far (`roost_runner_view_reads_total`).
     reads: AtomicU64,
 }
@@ -289,6 +294,12 @@ impl RunnerView {
                 cache.read_ahead(tx.pool.clone());
                 return Ok(view);
             }
+        }
+        let _turn = cache.reading.lock().await;
+        if let Some(view) = cache.cached()
+            && view.at.elapsed() < max_age
+        {
+            return Ok(view);
         }
         let generation = cache.generation.load(Ordering::SeqCst);
         let view = read_view(&mut tx.tx).await?;
@@ -666,6 +677,61 @@ mod tests {
             ["r1", "r2", "r3", "r4"]
         );
         assert_eq!(db.runner_view.reads(), 4);
+    }
+
+    /// After a clear (a runner registered), creates arriving together
+    /// find no view: one reads every runner while the others wait for it
+    /// and place from what it read (issue 21: the fleet's first second,
+    /// eight creates reading 10,000 runners each). PostgreSQL: SQLite
+    /// runs one transaction at a time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn placements_that_find_no_view_together_read_it_once() {
+        let Ok(base) = std::env::var("ROOST_TEST_POSTGRES_URL") else {
+            return;
+        };
+        use sqlx::Connection;
+        let name = format!("roost_scheduler_view_{}", std::process::id());
+        let mut admin = sqlx::PgConnection::connect(&base).await.expect("connect");
+        for statement in [
+            format!("DROP DATABASE IF EXISTS {name}"),
+            format!("CREATE DATABASE {name}"),
+        ] {
+            sqlx::query(&statement)
+                .execute(&mut admin)
+                .await
+                .expect("a fresh database");
+        }
+        let (prefix, _) = base.rsplit_once('/').expect("a url with a database");
+        let db = crate::db::Db::connect(&format!("{prefix}/{name}"))
+            .await
+            .expect("open");
+        db.migrate().await.expect("migrate");
+        add_runner(&db, "r1").await;
+        db.runner_view.clear();
+        let creates = 8;
+        let together = Arc::new(tokio::sync::Barrier::new(creates));
+        let placements: Vec<_> = (0..creates)
+            .map(|_| {
+                let (db, together) = (db.clone(), together.clone());
+                tokio::spawn(async move {
+                    let mut tx = db.write().await.expect("tx");
+                    together.wait().await;
+                    // Any view read since is young enough for this test.
+                    let view = RunnerView::read(&mut tx, Duration::from_secs(600))
+                        .await
+                        .expect("view");
+                    view.runners.len()
+                })
+            })
+            .collect();
+        for placement in placements {
+            assert_eq!(placement.await.expect("placement"), 1);
+        }
+        assert_eq!(db.runner_view.reads(), 1, "one read for all of them");
+        drop(db);
+        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .execute(&mut admin)
+            .await;
     }
 
     #[tokio::test]
