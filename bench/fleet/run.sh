@@ -264,6 +264,12 @@ w = d.get("heartbeat_windows") or []
 if w:
     print("- heartbeats by when they were sent (10 s windows from the first): " + ", ".join(
         f"{x['from_s']}–{x['from_s'] + 10} s p50 {x['p50_ms']:.1f} / p99 {x['p99_ms']:.1f} ms" for x in w))
+# Which seconds held a tail, and how many long-polls were answered in
+# them (a wave of timeouts lines up with one).
+slow = [x for x in d.get("by_second") or [] if x["p99_ms"] > 50]
+if slow:
+    print("- seconds whose heartbeat p99 passed 50 ms (p99 ms, long-polls answered in it): " + ", ".join(
+        f"{x['s']} s ({x['p99_ms']:.0f}, {x['polls_answered']})" for x in slow))
 PY
   echo "- peak RSS: server a ${RSS_A} MiB, server b ${RSS_B} MiB"
   echo "- longest lease watcher pass: server a ${WATCH_A} s, server b ${WATCH_B} s"
