@@ -487,6 +487,11 @@ fn check_block(stored: &[u8], digest: &Digest) -> Result<(), TestCaseError> {
         "a {}-byte frame made a {largest}-byte allocation",
         stored.len()
     );
+    // A pull's path (`decode_in`, with the buffer it keeps) agrees.
+    let mut buffer = Vec::new();
+    let in_place = block::decode_in(digest, stored, &mut buffer).map(<[u8]>::to_vec);
+    prop_assert_eq!(in_place.as_ref().ok(), decoded.as_ref().ok());
+    prop_assert_eq!(in_place.is_err(), decoded.is_err());
     match decoded {
         Ok(plain) => prop_assert_eq!(Digest::of(&plain), *digest),
         Err(Error::Corrupt {
