@@ -19,10 +19,11 @@
 //! the empty set's answer (nothing can name its new id before its
 //! registration commits), and a poll of a set known empty is answered
 //! without a read whatever ETag it brings: a fleet starting at once does
-//! not read every runner's set in the seconds of its first heartbeats. That trusts notifications, so it holds only
-//! while they are complete (always with one server; on PostgreSQL while
-//! the listener is connected) and for [`UNCHANGED_FOR_AT_MOST`]: past it
-//! the set is read again whatever the hub saw.
+//! not read every runner's set in the seconds of its first heartbeats.
+//! That trusts notifications, so it holds only while they are complete
+//! (always with one server; on PostgreSQL while the listener is
+//! connected) and for [`UNCHANGED_FOR_AT_MOST`]: past it the set is read
+//! again whatever the hub saw.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

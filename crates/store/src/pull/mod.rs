@@ -304,7 +304,8 @@ impl Materializer<'_> {
     /// Calls `write` with the verified content of the block `digest`,
     /// which must be `len` bytes. A block a window fetched ahead is
     /// decoded without an allocation of its own (see [`block::decode_in`]):
-    /// into a buffer this thread keeps, or, stored plain, read in place.
+    /// into a buffer this thread keeps (at most a block, 8 MiB, for the
+    /// thread's life), or, stored plain, read in place.
     pub(super) fn with_block(
         &self,
         digest: &Digest,
