@@ -18,6 +18,7 @@ use api::lifecycle::CommandState;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -103,7 +104,12 @@ pub(crate) async fn run(job: CommandJob) {
             Err(Stopped) => return,
         },
     };
-    let recorded = job.files.record_end(&id, &end);
+    // A restart's end is recorded already.
+    let recorded = if restarted {
+        Ok(())
+    } else {
+        job.files.record_end(&id, &end)
+    };
     if let Err(err) = &recorded {
         tracing::warn!(command_id = %id, %err, "cannot record the command's end; reporting it anyway");
     }
@@ -264,16 +270,7 @@ impl CommandJob {
                 ..RecordedEnd::new(CommandState::LaunchFailed)
             });
         }
-        let spool = match Spool::create(&self.files, id) {
-            Ok(spool) => Arc::new(spool),
-            Err(err) => {
-                tracing::error!(command_id = %id, %err, "cannot spool output; not launching");
-                return Ok(RecordedEnd {
-                    reason: Some("runner_error".to_owned()),
-                    ..RecordedEnd::new(CommandState::LaunchFailed)
-                });
-            }
-        };
+        let spool = Arc::new(Spool::new(&self.files, id));
         tracing::debug!(command_id = %id, "hop: launch recorded");
         let started = match &incarnation {
             Some(incarnation) => {
@@ -569,10 +566,16 @@ fn launch_failure_reason(failure: LaunchFailure) -> &'static str {
 }
 
 /// A command's output spooled to files, as the OCI layer hands it over.
+/// A stream's file is made at its first byte: most quick commands (`true`,
+/// `mkdir`, `test`) make none, and every file made and removed per command
+/// is work for the data dir's filesystem (on ext4 without a journal, each
+/// new inode is found by skipping every one freed in the last seconds).
 struct Spool {
-    files: [Mutex<File>; 2],
+    paths: [PathBuf; 2],
+    /// Each stream's file once made, read and written: appended under the
+    /// lock, read by the uploader at offsets below `written`.
+    files: [Mutex<Option<Arc<File>>>; 2],
     written: [AtomicU64; 2],
-    readers: [File; 2],
     /// Set once the command has ended: no more bytes will come.
     closed: AtomicBool,
     /// Set when a write failed: the output from there on is lost.
@@ -593,57 +596,46 @@ const STREAMS: [(Stream, OutputStream); 2] = [
 ];
 
 impl Spool {
-    fn create(files: &CommandFiles, command_id: &str) -> Result<Spool, Error> {
-        let open = |name: &str| -> Result<(File, File), Error> {
-            let path = files.output(command_id, name);
-            let writer = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .write(true)
-                .open(&path)
-                .map_err(|e| Error::io("create", &path, e))?;
-            let reader = File::open(&path).map_err(|e| Error::io("open", &path, e))?;
-            Ok((writer, reader))
-        };
-        let (stdout, stdout_reader) = open("stdout")?;
-        let (stderr, stderr_reader) = open("stderr")?;
-        Ok(Spool {
-            files: [Mutex::new(stdout), Mutex::new(stderr)],
+    /// The spool of a command about to be launched: nothing on disk yet.
+    fn new(files: &CommandFiles, command_id: &str) -> Spool {
+        Spool {
+            paths: [
+                files.output(command_id, "stdout"),
+                files.output(command_id, "stderr"),
+            ],
+            files: [Mutex::new(None), Mutex::new(None)],
             written: [AtomicU64::new(0), AtomicU64::new(0)],
-            readers: [stdout_reader, stderr_reader],
             closed: AtomicBool::new(false),
             broken: AtomicBool::new(false),
             more: Notify::new(),
-        })
+        }
     }
 
     /// The spool of a command launched before a restart: appended to from
-    /// where it ends.
+    /// where it ends (a stream that had no output has no file yet).
     fn reopen(files: &CommandFiles, command_id: &str) -> Result<Spool, Error> {
-        let open = |name: &str| -> Result<(File, File, u64), Error> {
-            let path = files.output(command_id, name);
-            let writer = std::fs::OpenOptions::new()
-                .create(true)
+        let spool = Spool::new(files, command_id);
+        for i in 0..2 {
+            let path = &spool.paths[i];
+            let file = match std::fs::OpenOptions::new()
+                .read(true)
                 .append(true)
-                .open(&path)
-                .map_err(|e| Error::io("open", &path, e))?;
-            let length = writer
+                .open(path)
+            {
+                Ok(file) => file,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::io("open", path, e)),
+            };
+            let length = file
                 .metadata()
-                .map_err(|e| Error::io("inspect", &path, e))?
+                .map_err(|e| Error::io("inspect", path, e))?
                 .len();
-            let reader = File::open(&path).map_err(|e| Error::io("open", &path, e))?;
-            Ok((writer, reader, length))
-        };
-        let (stdout, stdout_reader, stdout_length) = open("stdout")?;
-        let (stderr, stderr_reader, stderr_length) = open("stderr")?;
-        Ok(Spool {
-            files: [Mutex::new(stdout), Mutex::new(stderr)],
-            written: [AtomicU64::new(stdout_length), AtomicU64::new(stderr_length)],
-            readers: [stdout_reader, stderr_reader],
-            closed: AtomicBool::new(false),
-            broken: AtomicBool::new(false),
-            more: Notify::new(),
-        })
+            spool.written[i].store(length, Ordering::SeqCst);
+            *spool.files[i]
+                .lock()
+                .map_err(|_| Error::Invalid("a poisoned spool".to_owned()))? = Some(Arc::new(file));
+        }
+        Ok(spool)
     }
 
     fn lengths(&self) -> [u64; 2] {
@@ -656,7 +648,13 @@ impl Spool {
     fn append(&self, stream: Stream, bytes: &[u8]) {
         let i = index(stream);
         let written = match self.files[i].lock() {
-            Ok(mut file) => file.write_all(bytes).is_ok(),
+            Ok(mut file) => {
+                if file.is_none() {
+                    *file = self.make(i);
+                }
+                file.as_ref()
+                    .is_some_and(|file| (&**file).write_all(bytes).is_ok())
+            }
             Err(_) => false,
         };
         if written {
@@ -665,6 +663,29 @@ impl Spool {
         } else if !self.broken.swap(true, Ordering::SeqCst) {
             tracing::error!("cannot spool a command's output; the rest of it is lost");
         }
+    }
+
+    /// Makes stream `i`'s file, at its first byte.
+    fn make(&self, i: usize) -> Option<Arc<File>> {
+        let path = &self.paths[i];
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+        {
+            Ok(file) => Some(Arc::new(file)),
+            Err(err) => {
+                tracing::error!(path = %path.display(), %err, "cannot create a command's spool file");
+                None
+            }
+        }
+    }
+
+    /// Stream `i`'s file, if it has had output.
+    fn file(&self, i: usize) -> Option<Arc<File>> {
+        self.files[i].lock().ok().and_then(|file| file.clone())
     }
 
     fn close(&self) {
@@ -727,7 +748,12 @@ impl<'a> Uploader<'a> {
                 }
                 let want = (written - self.sent[i]).min(UPLOAD_CHUNK_BYTES_MAX as u64) as usize;
                 let mut chunk = vec![0u8; want];
-                if let Err(err) = self.spool.readers[i].read_exact_at(&mut chunk, self.sent[i]) {
+                // Bytes were written, so the file exists.
+                let read = match self.spool.file(i) {
+                    Some(file) => file.read_exact_at(&mut chunk, self.sent[i]),
+                    None => Err(std::io::Error::other("the spool file is missing")),
+                };
+                if let Err(err) = read {
                     tracing::error!(command_id = %self.job.command_id(), %err, "cannot read spooled output; the rest of it is lost");
                     self.refused = true;
                     break;

@@ -18,9 +18,12 @@
 //!                                across stop and start, removed at delete
 //! DIR/commands/ID/CMD.launched   written and fsynced before CMD is launched:
 //!                                a command with this file is never launched
-//!                                again (at most once, across restarts)
-//! DIR/commands/ID/CMD.end        how CMD ended, written before it is reported
+//!                                again (at most once, across restarts);
+//!                                how CMD ended is appended to it (`end …`)
+//!                                before the end is reported
+//! DIR/commands/ID/CMD.end        how a CMD never launched ended
 //! DIR/commands/ID/CMD.stdout|stderr  output spooled until the server has it
+//!                                (made at the stream's first byte)
 //! ```
 //!
 //! Files of a command stay until the command is no longer assigned (the
@@ -294,6 +297,8 @@ impl CommandFiles {
 
     pub fn record(&self, command_id: &str) -> Result<CommandRecord> {
         Self::check(command_id)?;
+        // The end of a command never launched (and of any command, as an
+        // earlier runner recorded ends) has a file of its own.
         let end = self.path(command_id, "end");
         match std::fs::read_to_string(&end) {
             Ok(text) => {
@@ -307,16 +312,29 @@ impl CommandFiles {
             Err(e) => return Err(Error::io("read", &end, e)),
         }
         let launched = self.path(command_id, "launched");
-        match std::fs::read_to_string(&launched) {
-            Ok(text) => Ok(CommandRecord::Launched {
-                incarnation: text
-                    .lines()
-                    .find_map(|line| line.strip_prefix("incarnation "))
-                    .map(str::to_owned),
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(CommandRecord::New),
-            Err(e) => Err(Error::io("read", &launched, e)),
+        let text = match std::fs::read_to_string(&launched) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(CommandRecord::New),
+            Err(e) => return Err(Error::io("read", &launched, e)),
+        };
+        // Only whole lines count: an end line cut short (or lost, or left
+        // as zeros) by a host crash leaves the command launched, end
+        // unknown, which is still true.
+        let lines = || {
+            text.split_inclusive('\n')
+                .filter_map(|line| line.strip_suffix('\n'))
+        };
+        if let Some(end) = lines()
+            .filter_map(|line| line.strip_prefix("end "))
+            .find_map(RecordedEnd::parse)
+        {
+            return Ok(CommandRecord::Ended(end));
         }
+        Ok(CommandRecord::Launched {
+            incarnation: lines()
+                .find_map(|line| line.strip_prefix("incarnation "))
+                .map(str::to_owned),
+        })
     }
 
     /// Records, durably, that `command_id` is being launched: the file and
@@ -357,10 +375,26 @@ impl CommandFiles {
 
     /// Records how the command ended, before it is reported, so a restart
     /// reports the same end instead of `unknown`. Not fsynced: a runner
-    /// crash keeps it (page cache); a host crash loses it, and the end is
-    /// then reported `unknown`, which is still true.
+    /// crash keeps it (page cache); a host crash may lose it, and the end
+    /// is then reported `unknown`, which is still true.
+    ///
+    /// A launched command's end is one line appended to its launch record
+    /// (one file per command: every file made and removed is work for the
+    /// data dir's filesystem); one never launched gets a file of its own.
     pub fn record_end(&self, command_id: &str, end: &RecordedEnd) -> Result<()> {
         Self::check(command_id)?;
+        let launched = self.path(command_id, "launched");
+        match std::fs::OpenOptions::new().append(true).open(&launched) {
+            // One write of one short line: never interleaved or cut short
+            // by a crash of this process.
+            Ok(mut file) => {
+                return file
+                    .write_all(format!("end {}", end.to_line()).as_bytes())
+                    .map_err(|e| Error::io("write", &launched, e));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("open", &launched, e)),
+        }
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| Error::io("create directory", &self.dir, e))?;
         let path = self.path(command_id, "end");
@@ -497,6 +531,66 @@ mod tests {
         files.forget("cmd_1").expect("forget");
         assert_eq!(files.record("cmd_1").expect("record"), CommandRecord::New);
         assert!(files.record("../x").is_err());
+    }
+
+    #[test]
+    fn a_launched_commands_end_is_a_whole_line_of_its_launch_record() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = DataDir::open(tmp.path()).expect("open");
+        let files = data.commands(&SandboxId::new("sbx_1").expect("id"));
+        let end = RecordedEnd {
+            exit_code: Some(0),
+            ..RecordedEnd::new(CommandState::Exited)
+        };
+        files
+            .record_launch("cmd_1", 3, Some("abc123"))
+            .expect("launch");
+        files.record_end("cmd_1", &end).expect("end");
+        let launched = files.path("cmd_1", "launched");
+        assert_eq!(
+            std::fs::read_to_string(&launched).expect("the launch record"),
+            "epoch 3\nincarnation abc123\nend exited 0 - -\n"
+        );
+        assert!(!files.path("cmd_1", "end").exists(), "a file of its own");
+        assert_eq!(
+            files.record("cmd_1").expect("record"),
+            CommandRecord::Ended(end.clone())
+        );
+
+        // What a host crash can leave of an end that was never fsynced: a
+        // line cut short, or zeros. The command stays launched, its end
+        // unknown (a restart attaches again, or reports `unknown`).
+        let launched_only = CommandRecord::Launched {
+            incarnation: Some("abc123".to_owned()),
+        };
+        for torn in [
+            "end exited 0",
+            "end exited",
+            "\0\0\0\0\0\0",
+            "end bogus 0 - -\n",
+        ] {
+            std::fs::write(&launched, format!("epoch 3\nincarnation abc123\n{torn}"))
+                .expect("write");
+            assert_eq!(
+                files.record("cmd_1").expect("record"),
+                launched_only,
+                "{torn:?}"
+            );
+        }
+
+        // A command never launched: its end in a file of its own.
+        let not_launched = RecordedEnd {
+            reason: Some("sandbox_not_running".to_owned()),
+            ..RecordedEnd::new(CommandState::NotLaunched)
+        };
+        files.record_end("cmd_2", &not_launched).expect("end");
+        assert!(!files.path("cmd_2", "launched").exists());
+        assert_eq!(
+            files.record("cmd_2").expect("record"),
+            CommandRecord::Ended(not_launched)
+        );
+        files.forget("cmd_2").expect("forget");
+        assert_eq!(files.record("cmd_2").expect("record"), CommandRecord::New);
     }
 
     #[test]

@@ -301,6 +301,53 @@ async fn a_commands_output_goes_up_before_its_exit_is_reported() {
     assert_eq!(reports[1].output, None, "sent twice");
 }
 
+/// A command makes one file in the data dir, its launch record (with its
+/// end appended), plus a spool file per stream that had output: every file
+/// made and removed per command is work for the data dir's filesystem.
+#[tokio::test]
+async fn a_command_keeps_its_end_in_its_launch_record_and_spools_only_streams_with_output() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.next_exec(ExecScript {
+        output: vec![(Stream::Stderr, b"oops\n".to_vec())],
+        outcome: Outcome::Exited { code: 3 },
+    });
+    let (_assign, _task) = with_command(&agent, &["sh", "-c", "echo oops >&2; exit 3"]);
+    agent.control.wait_until("the command's end", ended).await;
+    let id = SandboxId::new(ID.to_owned()).expect("a sandbox id");
+    let commands = agent.shared.data.commands(&id);
+    let dir = agent.shared.data.root().join("commands").join(ID);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("the sandbox's command dir")
+        .map(|entry| {
+            entry
+                .expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, ["cmd_fake0001.launched", "cmd_fake0001.stderr"]);
+    assert_eq!(
+        commands.record("cmd_fake0001").expect("its record"),
+        super::dirs::CommandRecord::Ended(super::dirs::RecordedEnd {
+            exit_code: Some(3),
+            ..super::dirs::RecordedEnd::new(CommandState::Exited)
+        })
+    );
+    let report = agent
+        .control
+        .command_reports()
+        .into_iter()
+        .find(|r| r.state != CommandState::Running)
+        .expect("an end");
+    let output = report.output.expect("the output with the end");
+    assert_eq!(
+        (output.stdout, output.stderr),
+        (Vec::new(), b"oops\n".to_vec())
+    );
+}
+
 /// `echo`: a command that ends at once with a little output is reported
 /// once, its output with its end (the server stores both in one commit),
 /// and nothing is uploaded apart.
