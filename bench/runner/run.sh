@@ -18,6 +18,10 @@
 #   --keep      keep $BENCH_DIR (logs, data dirs, JSON) afterwards
 #   --no-build  use the binaries as they are
 #   env BENCH_DIR  scratch dir, wiped at start (default /tmp/roost-runner-bench)
+#   env AT_ONCE_ROUNDS  warm rounds of `true` in each of the sandboxes at
+#                  once, after the first (default 10)
+#   env ALONE_EXECS  `true` one at a time after those rounds, for the CPU
+#                  each costs by process (default 100)
 #   env SERVER_DIR the server's data dir, wiped at start and at the end
 #                  (default $BENCH_DIR/server; e.g. /dev/shm/roost-bench-server
 #                  puts its SQLite commits in memory, to see what they cost)
@@ -113,9 +117,16 @@ done
 grep -q registered "$BENCH_DIR/runner.log" || { cat "$BENCH_DIR/runner.log" >&2; exit 1; }
 log "measuring (this takes about a minute)"
 "$BENCH_BIN" --url "$URL" --token "$ORG_TOKEN" --runner-data-dir "$BENCH_DIR/runner" \
-  --sandboxes "$SANDBOXES" --execs "$EXECS" --at-once "$AT_ONCE" >"$BENCH_DIR/result.json"
+  --sandboxes "$SANDBOXES" --execs "$EXECS" --at-once "$AT_ONCE" \
+  --at-once-rounds "${AT_ONCE_ROUNDS:-10}" --alone-execs "${ALONE_EXECS:-100}" --server-pid "$SERVER_PID" --runner-pid "$RUNNER_PID" >"$BENCH_DIR/result.json"
 
 REPORT="$ROOT/bench/results/$(date +%Y-%m-%d_%H%M)$LABEL.md"
+# Two runs in one minute (an interleaved A/B) keep both reports.
+n=2
+while [ -e "$REPORT" ]; do
+  REPORT="$ROOT/bench/results/$(date +%Y-%m-%d_%H%M)$LABEL-$n.md"
+  n=$((n + 1))
+done
 mkdir -p "$ROOT/bench/results"
 python3 - "$BENCH_DIR/result.json" "$(nproc)" "$(runc --version | head -1)" "$(uname -r)" >"$REPORT" <<'PY'
 import json, sys
@@ -135,10 +146,21 @@ if "first_byte" in r:
 ac, ae = a["create_to_running"], a["exec_true"]
 print(f"| {a['sandboxes']} at once: create → running, each | {ac['n']} | {ac['p50']} | {ac['p99']} | | |")
 print(f"| {a['sandboxes']} at once: `true` in each, each | {ae['n']} | {ae['p50']} | {ae['p99']} | | |")
+if "warm_exec_true" in a:
+    w = a["warm_exec_true"]
+    print(f"| {a['sandboxes']} at once, {a['warm_rounds']} more rounds: `true` in each, each | {w['n']} | {w['p50']} | {w['p99']} | | |")
 print(f"| {a['sandboxes']} at once: until all run | 1 | {a['all_running_ms']} | | runc create + start, {a['sandboxes']} at once: {p['runc_at_once_all_running_ms']} | {ratio(a['all_running_ms'], p['runc_at_once_all_running_ms'])} |")
 if "idle_agent_rss_kib" in r:
     print(f"\nAn idle sandbox's init (its agent): {r['idle_agent_rss_kib']} KiB resident, of which {r.get('idle_agent_anon_kib', '?')} KiB its own (anonymous); proportional set size {r.get('idle_agent_pss_kib', '?')} KiB.")
 print(f"\n{a['sandboxes']} sandboxes at once: all running after {a['all_running_ms']} ms; one `true` in each, all ended after {a['all_executed_ms']} ms (load average then: {a['loadavg']}).")
+if "warm_exec_true" in a:
+    print(f"\nMachine CPU (every process, from /proc/stat) per `true`: {a['alone_machine_cpu_ms_per_command']} ms one at a time, {a['warm_machine_cpu_ms_per_command']} ms {a['sandboxes']} at once; each warm round's p50 ms: {a['warm_round_p50s']}.")
+    if "warm_cpu_ms_per_command_by_part" in a:
+        parts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in a["warm_cpu_ms_per_command_by_part"].items())
+        print(f"\nCPU ms per `true` when {a['sandboxes']} at once, by process: {parts}.")
+    if "alone_cpu_ms_per_command_by_part" in a:
+        parts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in a["alone_cpu_ms_per_command_by_part"].items())
+        print(f"\nCPU ms per `true` one at a time, by process: {parts}.")
 print("\n```json\n" + json.dumps(r, indent=2) + "\n```")
 PY
 cat "$REPORT"

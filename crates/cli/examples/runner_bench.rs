@@ -58,6 +58,93 @@ struct Args {
     /// Unmeasured rounds first.
     #[arg(long, default_value_t = 5)]
     warmup: usize,
+    /// Rounds of one `true` in each of the `at_once` sandboxes at once,
+    /// after the first (which is each sandbox's first command).
+    #[arg(long, default_value_t = 10)]
+    at_once_rounds: usize,
+    /// `true` commands one at a time after the rounds at once, to measure
+    /// the CPU one costs.
+    #[arg(long, default_value_t = 100)]
+    alone_execs: usize,
+    /// The server's pid, to split the machine's CPU per command by process.
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// The runner's pid (as `--server-pid`).
+    #[arg(long)]
+    runner_pid: Option<u32>,
+}
+
+/// CPU time `pid` has used so far, in ms: its own (utime, stime) and that
+/// of its children it has reaped (cutime, cstime): for a sandbox's init,
+/// the commands it forked.
+fn process_cpu_ms(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // The fields after the command name, which is in parentheses and may
+    // hold spaces: state is field 3, utime..cstime fields 14..17.
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("an unreadable /proc/PID/stat")?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    ensure!(fields.len() > 14, "a short /proc/{pid}/stat");
+    let ticks: u64 = fields[11..15]
+        .iter()
+        .map(|field| field.parse::<u64>().unwrap_or(0))
+        .sum();
+    Ok(ticks as f64 * 10.0)
+}
+
+/// CPU used so far by the parts of one round trip: the server, the runner,
+/// the sandboxes' inits with the commands they reaped, this client; and
+/// the machine as a whole.
+fn cpu_by_part(server: Option<u32>, runner: Option<u32>, inits: &[u32]) -> Result<[f64; 5]> {
+    let of = |pid: Option<u32>| {
+        pid.map(process_cpu_ms)
+            .transpose()
+            .map(Option::unwrap_or_default)
+    };
+    let mut sandboxes = 0.0;
+    for &pid in inits {
+        sandboxes += process_cpu_ms(pid)?;
+    }
+    Ok([
+        of(server)?,
+        of(runner)?,
+        sandboxes,
+        process_cpu_ms(std::process::id())?,
+        machine_busy_ms()?,
+    ])
+}
+
+/// The pid of a running sandbox's init, from its bundle.
+fn sandbox_init_pid(runner_data_dir: &Path, sandbox_id: &str) -> Result<u32> {
+    let path = runner_data_dir
+        .join("sandboxes")
+        .join(sandbox_id)
+        .join("bundle/init.pid");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    text.trim()
+        .parse()
+        .with_context(|| format!("an unreadable pid in {}", path.display()))
+}
+
+/// CPU time the whole machine has spent busy so far (every process: the
+/// server, the runner, the sandboxes' inits, this client), in ms, from the
+/// first line of `/proc/stat` (user, nice, system, irq, softirq, steal).
+fn machine_busy_ms() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let cpu = stat.lines().next().context("an empty /proc/stat")?;
+    let fields: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .map(|field| field.parse().unwrap_or(0))
+        .collect();
+    ensure!(fields.len() >= 8, "a short cpu line in /proc/stat: {cpu}");
+    let busy: u64 = [0, 1, 2, 5, 6, 7].iter().map(|&i| fields[i]).sum();
+    // USER_HZ is 100 on every Linux ABI the runner supports.
+    Ok(busy as f64 * 10.0)
 }
 
 /// The server's default sandbox (512 MiB, 1 CPU, 1024 pids). Not a small
@@ -422,6 +509,67 @@ async fn main() -> Result<()> {
         exec_each.push(joined??);
     }
     let all_executed = started.elapsed();
+    // The first round above is each sandbox's first command; these are
+    // what an agent harness driving many warm sandboxes sees.
+    eprintln!(
+        "{} more rounds of one `true` in each of the {} at once",
+        args.at_once_rounds, args.at_once
+    );
+    let mut warm_each = Vec::new();
+    let mut warm_round_p50 = Vec::new();
+    let mut warm_all_executed = Vec::new();
+    let inits = ids
+        .iter()
+        .map(|id| sandbox_init_pid(&args.runner_data_dir, id))
+        .collect::<Result<Vec<_>>>()?;
+    let cpu_before = cpu_by_part(args.server_pid, args.runner_pid, &inits)?;
+    let busy_before = machine_busy_ms()?;
+    for _ in 0..args.at_once_rounds {
+        let started = Instant::now();
+        let mut execs = tokio::task::JoinSet::new();
+        for id in &ids {
+            let (client, id) = (client.clone(), id.clone());
+            execs.spawn(async move { exec_true(&client, &id).await });
+        }
+        let mut round = Vec::new();
+        while let Some(joined) = execs.join_next().await {
+            round.push(joined??);
+        }
+        warm_all_executed.push(started.elapsed());
+        warm_round_p50.push(summary(&round)["p50"].clone());
+        warm_each.extend(round);
+    }
+    let warm_commands = (args.at_once_rounds * ids.len()).max(1) as f64;
+    let warm_busy_ms_per_command = (machine_busy_ms()? - busy_before) / warm_commands;
+    let cpu_after = cpu_by_part(args.server_pid, args.runner_pid, &inits)?;
+    let per_command =
+        |i: usize| ((cpu_after[i] - cpu_before[i]) / warm_commands * 100.0).round() / 100.0;
+    let cpu_split = json!({
+        "server": per_command(0),
+        "runner": per_command(1),
+        "sandboxes_inits_and_commands": per_command(2),
+        "bench_client": per_command(3),
+        "machine": per_command(4),
+    });
+    // The same machine-wide CPU per command one at a time, in a warm sandbox.
+    let busy_before = machine_busy_ms()?;
+    let alone_count = args.alone_execs.max(1);
+    eprintln!("{alone_count} more `true` one at a time, for their CPU");
+    let cpu_before = cpu_by_part(args.server_pid, args.runner_pid, &inits[..1])?;
+    for _ in 0..alone_count {
+        exec_true(&client, &ids[0]).await?;
+    }
+    let alone_busy_ms_per_command = (machine_busy_ms()? - busy_before) / alone_count as f64;
+    let cpu_after = cpu_by_part(args.server_pid, args.runner_pid, &inits[..1])?;
+    let per_command =
+        |i: usize| ((cpu_after[i] - cpu_before[i]) / alone_count as f64 * 100.0).round() / 100.0;
+    let alone_cpu_split = json!({
+        "server": per_command(0),
+        "runner": per_command(1),
+        "sandboxes_inits_and_commands": per_command(2),
+        "bench_client": per_command(3),
+        "machine": per_command(4),
+    });
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     for id in &ids {
         delete(&client, id).await?;
@@ -442,6 +590,14 @@ async fn main() -> Result<()> {
             "create_to_running": summary(&each),
             "all_executed_ms": ms(all_executed),
             "exec_true": summary(&exec_each),
+            "warm_rounds": args.at_once_rounds,
+            "warm_exec_true": summary(&warm_each),
+            "warm_round_p50s": warm_round_p50,
+            "warm_all_executed": summary(&warm_all_executed),
+            "warm_machine_cpu_ms_per_command": (warm_busy_ms_per_command * 100.0).round() / 100.0,
+            "alone_machine_cpu_ms_per_command": (alone_busy_ms_per_command * 100.0).round() / 100.0,
+            "warm_cpu_ms_per_command_by_part": cpu_split,
+            "alone_cpu_ms_per_command_by_part": alone_cpu_split,
             "loadavg": load.trim(),
         },
         "peer": {
