@@ -578,7 +578,8 @@ struct Spool {
     written: [AtomicU64; 2],
     /// Set once the command has ended: no more bytes will come.
     closed: AtomicBool,
-    /// Set when a write failed: the output from there on is lost.
+    /// Set when a write failed: the output from there on is lost (not
+    /// spooled, see [`Spool::append`]).
     broken: AtomicBool,
     more: Notify,
 }
@@ -646,6 +647,13 @@ impl Spool {
     }
 
     fn append(&self, stream: Stream, bytes: &[u8]) {
+        // After a failed write the file no longer matches the offsets
+        // counted (a write may have been cut short, or the file never
+        // made): nothing more is spooled, so no byte is ever served at an
+        // offset it was not written at.
+        if self.broken.load(Ordering::SeqCst) {
+            return;
+        }
         let i = index(stream);
         let written = match self.files[i].lock() {
             Ok(mut file) => {
@@ -854,5 +862,52 @@ mod tests {
             launch_failed(LaunchFailure::SandboxNotRunning),
             expect("not_launched", "sandbox_not_running")
         );
+    }
+
+    /// A stream's spool file is made at its first byte; once a write
+    /// fails, nothing more is spooled, so no later byte is ever counted at
+    /// an offset it was not written at.
+    #[test]
+    fn a_spool_makes_files_at_the_first_byte_and_stops_at_a_failed_write() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = super::super::dirs::DataDir::open(tmp.path()).expect("open");
+        let files = data.commands(&oci::config::SandboxId::new("sbx_1").expect("id"));
+        std::fs::create_dir_all(files.output("cmd_1", "x").parent().expect("dir")).expect("mkdir");
+
+        let spool = Spool::new(&files, "cmd_1");
+        assert!(
+            !files.output("cmd_1", "stdout").exists(),
+            "nothing before a byte"
+        );
+        spool.append(Stream::Stdout, b"hello ");
+        spool.append(Stream::Stdout, b"world");
+        assert_eq!(spool.lengths(), [11, 0]);
+        assert!(
+            !files.output("cmd_1", "stderr").exists(),
+            "stderr had no byte"
+        );
+        let mut read = vec![0; 11];
+        spool
+            .file(0)
+            .expect("stdout's file")
+            .read_exact_at(&mut read, 0)
+            .expect("read");
+        assert_eq!(read, b"hello world");
+
+        // stderr's file cannot be made (a directory stands in its place):
+        // its bytes are lost, and so is every later byte of either stream,
+        // even once the file could be made.
+        let stderr = files.output("cmd_1", "stderr");
+        std::fs::create_dir(&stderr).expect("a directory in the way");
+        spool.append(Stream::Stderr, b"lost");
+        std::fs::remove_dir(&stderr).expect("rmdir");
+        spool.append(Stream::Stderr, b"after");
+        spool.append(Stream::Stdout, b"!");
+        assert_eq!(spool.lengths(), [11, 0]);
+        assert!(!stderr.exists(), "nothing spooled after the failure");
+
+        // A restart reopens what was spooled, and only that.
+        let reopened = Spool::reopen(&files, "cmd_1").expect("reopen");
+        assert_eq!(reopened.lengths(), [11, 0]);
     }
 }
