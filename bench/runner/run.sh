@@ -22,6 +22,8 @@
 #                  once, after the first (default 10)
 #   env ALONE_EXECS  `true` one at a time after those rounds, for the CPU
 #                  each costs by process (default 100)
+#   env BENCH_LABEL  appended to the report's name (e.g. base, new in an
+#                  interleaved A/B of two binaries)
 #   env SERVER_DIR the server's data dir, wiped at start and at the end
 #                  (default $BENCH_DIR/server; e.g. /dev/shm/roost-bench-server
 #                  puts its SQLite commits in memory, to see what they cost)
@@ -43,6 +45,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+LABEL="$LABEL${BENCH_LABEL:+-$BENCH_LABEL}"
 
 log() { echo "[$(date +%T)] $*" >&2; }
 
