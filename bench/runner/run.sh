@@ -131,14 +131,15 @@ while [ -e "$REPORT" ]; do
   n=$((n + 1))
 done
 mkdir -p "$ROOT/bench/results"
-python3 - "$BENCH_DIR/result.json" "$(nproc)" "$(runc --version | head -1)" "$(uname -r)" >"$REPORT" <<'PY'
+BINARY="$ROOST_BIN (sha256 $(sha256sum "$ROOST_BIN" | cut -c1-12))"
+python3 - "$BENCH_DIR/result.json" "$(nproc)" "$(runc --version | head -1)" "$(uname -r)" "$BINARY" >"$REPORT" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-cores, runc, kernel = sys.argv[2], sys.argv[3], sys.argv[4]
+cores, runc, kernel, binary = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 c, e, a, p = r["create_to_running"], r["exec_true"], r["at_once"], r["peer"]
 pc, pe = p["runc_create_start"], p["runc_exec_true"]
 ratio = lambda x, y: f"{x / y:.2f}" if y else "-"
-print(f"# Runner benchmark\n\n{cores} cores, Linux {kernel}, {runc}; roost server (SQLite) and roost runner on loopback.\n")
+print(f"# Runner benchmark\n\n{cores} cores, Linux {kernel}, {runc}; roost server (SQLite) and roost runner on loopback; roost: {binary}.\n")
 print("| measurement | n | p50 ms | p99 ms | peer (runc alone) p50 / p99 ms | roost / peer (p50) |")
 print("|---|---|---|---|---|---|")
 print(f"| create → running | {c['n']} | {c['p50']} | {c['p99']} | create + start: {pc['p50']} / {pc['p99']} | {ratio(c['p50'], pc['p50'])} |")

@@ -335,6 +335,8 @@ async fn gather(
 pub struct WriteTx {
     pub tx: Transaction<'static, Any>,
     changed: std::collections::BTreeSet<String>,
+    /// Keys to wake without a change ([`WriteTx::woken`]).
+    woken: std::collections::BTreeSet<String>,
     /// Changes to the kept counts, written at commit (`records::counts`).
     pub counts: crate::records::counts::Pending,
     /// The runners as this server last read them (`scheduler::RunnerView`).
@@ -389,6 +391,15 @@ impl WriteTx {
         self.changed.insert(key.to_owned());
     }
 
+    /// Wakes `key`'s waiters once this transaction commits, without
+    /// counting as a change to any runner's set remembered by the hub
+    /// ([`crate::hub::Hub::wake`]). Only for a write that no runner's set
+    /// read elsewhere can be stale for: a hand-over done by the read of
+    /// that very set (`records::commands::hand_over`).
+    pub fn woken(&mut self, key: &str) {
+        self.woken.insert(key.to_owned());
+    }
+
     /// Lets this transaction wait in line (`take_turn`): the caller
     /// vouches that it holds no lock another transaction could wait for
     /// (a create, which so far has only read and written its new rows).
@@ -434,8 +445,14 @@ impl WriteTx {
         // Every NOTIFY in one statement (PostgreSQL delivers them at
         // commit whenever they are sent): a round trip per key put
         // several inside a placement's lock on its runner.
-        if self.engine == Engine::Postgres && !self.changed.is_empty() {
-            notify_all(&mut self.tx, &self.changed).await?;
+        if self.engine == Engine::Postgres && !(self.changed.is_empty() && self.woken.is_empty()) {
+            let woken = self
+                .woken
+                .iter()
+                .filter(|key| !self.changed.contains(*key))
+                .map(|key| format!("{}{key}", crate::hub::WAKE_ONLY_PREFIX));
+            let payloads: Vec<String> = self.changed.iter().cloned().chain(woken).collect();
+            notify_all(&mut self.tx, &payloads).await?;
         }
         // The counts last: see `records::counts` (no deadlock, short holds).
         crate::records::counts::flush(&mut self).await?;
@@ -445,6 +462,9 @@ impl WriteTx {
         }
         for key in &self.changed {
             self.hub.notify(key);
+        }
+        for key in self.woken.difference(&self.changed) {
+            self.hub.wake(key);
         }
         Ok(())
     }
@@ -456,9 +476,8 @@ const NOTIFY_KEYS_PER_STATEMENT: usize = 256;
 /// `SELECT pg_notify($1, $2), pg_notify($1, $3), …` for every key.
 async fn notify_all(
     tx: &mut Transaction<'static, Any>,
-    keys: &std::collections::BTreeSet<String>,
+    keys: &[String],
 ) -> Result<(), sqlx::Error> {
-    let keys: Vec<&String> = keys.iter().collect();
     for chunk in keys.chunks(NOTIFY_KEYS_PER_STATEMENT) {
         let calls: Vec<String> = (0..chunk.len())
             .map(|i| format!("pg_notify($1, ${})", i + 2))
@@ -497,6 +516,7 @@ impl Db {
         Ok(WriteTx {
             tx,
             changed: Default::default(),
+            woken: Default::default(),
             counts: Default::default(),
             runner_view: self.runner_view.clone(),
             runners_changed: false,

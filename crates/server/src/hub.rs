@@ -15,7 +15,10 @@
 //! keys was notified since the read began, a read would answer the same
 //! ([`Hub::unchanged_since`]), and the long-poll waits, and answers
 //! "unchanged" at its timeout, without reading: a fleet costs reads only
-//! of the sets that change. A runner just registered is remembered with
+//! of the sets that change. A write that no such answer can be stale
+//! for only wakes its key's waiters ([`Hub::wake`]; on PostgreSQL a
+//! payload prefixed [`WAKE_ONLY_PREFIX`]): a command's hand-over, done by
+//! the very read that answers it. A runner just registered is remembered with
 //! the empty set's answer (nothing can name its new id before its
 //! registration commits), and a poll of a set known empty is answered
 //! without a read whatever ETag it brings: a fleet starting at once does
@@ -33,6 +36,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 pub const PG_CHANNEL: &str = "roost_changes";
+
+/// A NOTIFY payload that only wakes the key after it ([`Hub::wake`]).
+pub const WAKE_ONLY_PREFIX: &str = "wake:";
 
 /// The key woken by a change to any sandbox (its own key starts with
 /// `sbx_`), whatever its org: list waiters re-read and compare.
@@ -152,6 +158,8 @@ impl Hub {
         }
     }
 
+    /// A write to `key`'s record: wakes its waiters, and no answer read
+    /// from it before now stands (see [`Hub::unchanged_since`]).
     pub fn notify(&self, key: &str) {
         {
             // Counted under the lock: a check never sees the count moved
@@ -170,6 +178,12 @@ impl Hub {
                 .notified
                 .insert(key.to_owned(), Notified { changes, at: now });
         }
+        self.wake(key);
+    }
+
+    /// Wakes `key`'s waiters for a write that changes no remembered
+    /// answer (see `WriteTx::woken`).
+    pub fn wake(&self, key: &str) {
         let map = self.lock();
         if let Some(watched) = map.get(key) {
             watched.notify.notify_waiters();
@@ -336,7 +350,12 @@ pub async fn listen_postgres(url: String, hub: Hub) {
                     hub.notify_all();
                     loop {
                         match listener.try_recv().await {
-                            Ok(Some(notification)) => hub.notify(notification.payload()),
+                            Ok(Some(notification)) => {
+                                match notification.payload().strip_prefix(WAKE_ONLY_PREFIX) {
+                                    Some(key) => hub.wake(key),
+                                    None => hub.notify(notification.payload()),
+                                }
+                            }
                             Ok(None) => {
                                 tracing::warn!("notification connection lost; reconnecting");
                                 break;
@@ -386,6 +405,23 @@ mod tests {
         assert!(!hub.unchanged_since("runner:a", "e1"));
         hub.remember("runner:a", "e1", read_from(), hub.read_start());
         hub.notify("sbx_1");
+        assert!(!hub.unchanged_since("runner:a", "e1"));
+    }
+
+    #[tokio::test]
+    async fn a_wake_wakes_waiters_and_leaves_answers_standing() {
+        let hub = Hub::default();
+        hub.remember("runner:a", "e1", read_from(), hub.read_start());
+        let watch = hub.watch("cmd_1");
+        let woken = watch.notify.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        hub.wake("cmd_1");
+        tokio::time::timeout(std::time::Duration::from_secs(10), woken)
+            .await
+            .expect("the waiter woken");
+        assert!(hub.unchanged_since("runner:a", "e1"));
+        hub.notify("cmd_1");
         assert!(!hub.unchanged_since("runner:a", "e1"));
     }
 

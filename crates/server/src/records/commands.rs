@@ -312,9 +312,16 @@ pub async fn hand_over(
     .bind(runner_id)
     .fetch_all(&mut *tx.tx)
     .await?;
+    // Its waiters are woken, but no runner's set remembered by the hub is
+    // stale for it: this runs in a read of the runner's set, whose answer
+    // holds the command handed over; any other read either handed it over
+    // too or began before the write that made it due (the command's
+    // creation, which notifies the runner, or its sandbox's change), and
+    // is not trusted after that write. Counted as a change, it made every
+    // command's runner read its set a second time, to the same answer.
     for row in &handed {
         let id: String = row.try_get("id")?;
-        tx.changed(&id);
+        tx.woken(&id);
     }
     Ok(())
 }
