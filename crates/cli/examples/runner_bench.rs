@@ -117,6 +117,33 @@ fn cpu_by_part(server: Option<u32>, runner: Option<u32>, inits: &[u32]) -> Resul
     ])
 }
 
+/// CPU ms per command by part between two [`cpu_by_part`] readings, to
+/// two decimals.
+fn cpu_per_command(before: [f64; 5], after: [f64; 5], commands: usize) -> serde_json::Value {
+    let per = |i: usize| ((after[i] - before[i]) / commands.max(1) as f64 * 100.0).round() / 100.0;
+    json!({
+        "server": per(0),
+        "runner": per(1),
+        "sandboxes_inits_and_commands": per(2),
+        "bench_client": per(3),
+        "machine": per(4),
+    })
+}
+
+/// One `true` in each sandbox, all at once: each round trip.
+async fn exec_true_in_each(client: &Client, ids: &[String]) -> Result<Vec<Duration>> {
+    let mut execs = tokio::task::JoinSet::new();
+    for id in ids {
+        let (client, id) = (client.clone(), id.clone());
+        execs.spawn(async move { exec_true(&client, &id).await });
+    }
+    let mut each = Vec::new();
+    while let Some(joined) = execs.join_next().await {
+        each.push(joined??);
+    }
+    Ok(each)
+}
+
 /// The pid of a running sandbox's init, from its bundle.
 fn sandbox_init_pid(runner_data_dir: &Path, sandbox_id: &str) -> Result<u32> {
     let path = runner_data_dir
@@ -499,15 +526,7 @@ async fn main() -> Result<()> {
     }
     let all_running = started.elapsed();
     let started = Instant::now();
-    let mut execs = tokio::task::JoinSet::new();
-    for id in &ids {
-        let (client, id) = (client.clone(), id.clone());
-        execs.spawn(async move { exec_true(&client, &id).await });
-    }
-    let mut exec_each = Vec::new();
-    while let Some(joined) = execs.join_next().await {
-        exec_each.push(joined??);
-    }
+    let exec_each = exec_true_in_each(&client, &ids).await?;
     let all_executed = started.elapsed();
     // The first round above is each sandbox's first command; these are
     // what an agent harness driving many warm sandboxes sees.
@@ -523,53 +542,24 @@ async fn main() -> Result<()> {
         .map(|id| sandbox_init_pid(&args.runner_data_dir, id))
         .collect::<Result<Vec<_>>>()?;
     let cpu_before = cpu_by_part(args.server_pid, args.runner_pid, &inits)?;
-    let busy_before = machine_busy_ms()?;
     for _ in 0..args.at_once_rounds {
         let started = Instant::now();
-        let mut execs = tokio::task::JoinSet::new();
-        for id in &ids {
-            let (client, id) = (client.clone(), id.clone());
-            execs.spawn(async move { exec_true(&client, &id).await });
-        }
-        let mut round = Vec::new();
-        while let Some(joined) = execs.join_next().await {
-            round.push(joined??);
-        }
+        let round = exec_true_in_each(&client, &ids).await?;
         warm_all_executed.push(started.elapsed());
         warm_round_p50.push(summary(&round)["p50"].clone());
         warm_each.extend(round);
     }
-    let warm_commands = (args.at_once_rounds * ids.len()).max(1) as f64;
-    let warm_busy_ms_per_command = (machine_busy_ms()? - busy_before) / warm_commands;
     let cpu_after = cpu_by_part(args.server_pid, args.runner_pid, &inits)?;
-    let per_command =
-        |i: usize| ((cpu_after[i] - cpu_before[i]) / warm_commands * 100.0).round() / 100.0;
-    let cpu_split = json!({
-        "server": per_command(0),
-        "runner": per_command(1),
-        "sandboxes_inits_and_commands": per_command(2),
-        "bench_client": per_command(3),
-        "machine": per_command(4),
-    });
-    // The same machine-wide CPU per command one at a time, in a warm sandbox.
-    let busy_before = machine_busy_ms()?;
+    let cpu_split = cpu_per_command(cpu_before, cpu_after, args.at_once_rounds * ids.len());
+    // The same CPU per command one at a time, in a warm sandbox.
     let alone_count = args.alone_execs.max(1);
     eprintln!("{alone_count} more `true` one at a time, for their CPU");
     let cpu_before = cpu_by_part(args.server_pid, args.runner_pid, &inits[..1])?;
     for _ in 0..alone_count {
         exec_true(&client, &ids[0]).await?;
     }
-    let alone_busy_ms_per_command = (machine_busy_ms()? - busy_before) / alone_count as f64;
     let cpu_after = cpu_by_part(args.server_pid, args.runner_pid, &inits[..1])?;
-    let per_command =
-        |i: usize| ((cpu_after[i] - cpu_before[i]) / alone_count as f64 * 100.0).round() / 100.0;
-    let alone_cpu_split = json!({
-        "server": per_command(0),
-        "runner": per_command(1),
-        "sandboxes_inits_and_commands": per_command(2),
-        "bench_client": per_command(3),
-        "machine": per_command(4),
-    });
+    let alone_cpu_split = cpu_per_command(cpu_before, cpu_after, alone_count);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     for id in &ids {
         delete(&client, id).await?;
@@ -594,8 +584,8 @@ async fn main() -> Result<()> {
             "warm_exec_true": summary(&warm_each),
             "warm_round_p50s": warm_round_p50,
             "warm_all_executed": summary(&warm_all_executed),
-            "warm_machine_cpu_ms_per_command": (warm_busy_ms_per_command * 100.0).round() / 100.0,
-            "alone_machine_cpu_ms_per_command": (alone_busy_ms_per_command * 100.0).round() / 100.0,
+            "warm_machine_cpu_ms_per_command": cpu_split["machine"],
+            "alone_machine_cpu_ms_per_command": alone_cpu_split["machine"],
             "warm_cpu_ms_per_command_by_part": cpu_split,
             "alone_cpu_ms_per_command_by_part": alone_cpu_split,
             "loadavg": load.trim(),
