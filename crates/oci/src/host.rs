@@ -295,10 +295,25 @@ fn sync_file_range(
     }
 }
 
-/// The file's contents as text (invalid UTF-8 replaced); empty when it
-/// cannot be read (a log the runtime never wrote).
+/// How much of a file's end [`read_lossy`] reads.
+pub const READ_TAIL_BYTES: u64 = 64 * 1024;
+
+/// The last [`READ_TAIL_BYTES`] of the file as text (invalid UTF-8
+/// replaced); empty when it cannot be read (a log the runtime never
+/// wrote). Only the end: the init's status and log files are its stdout
+/// and stderr, which the sandbox can reach (`/proc/1/fd/1`) and make as
+/// large as it likes, sparse or not, and every line read is at the end.
 pub fn read_lossy(path: &Path) -> String {
-    std::fs::read(path)
+    use std::io::{Read, Seek, SeekFrom};
+    let read_tail = || -> std::io::Result<Vec<u8>> {
+        let mut file = std::fs::File::open(path)?;
+        let length = file.metadata()?.len();
+        file.seek(SeekFrom::Start(length.saturating_sub(READ_TAIL_BYTES)))?;
+        let mut bytes = Vec::new();
+        file.take(READ_TAIL_BYTES).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    };
+    read_tail()
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
         .unwrap_or_default()
 }
@@ -454,6 +469,26 @@ mod tests {
         assert_eq!(read_lossy(&path), "two");
         assert!(!dir.path().join("f.tmp").exists());
         assert_eq!(read_lossy(&dir.path().join("absent")), "");
+    }
+
+    #[test]
+    fn read_lossy_reads_only_the_end_of_a_huge_sparse_file() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("init.status");
+        let mut file = std::fs::File::create(&path).expect("create");
+        // What a sandbox can make of its init's stdout: a terabyte of
+        // nothing, then a status line.
+        file.set_len(1 << 40).expect("sparse length");
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).expect("seek");
+        file.write_all(b"roost-init: stopped signal=15\n")
+            .expect("write");
+        let text = read_lossy(&path);
+        assert_eq!(text.len() as u64, READ_TAIL_BYTES);
+        assert!(
+            text.ends_with("roost-init: stopped signal=15\n"),
+            "{text:?}"
+        );
     }
 
     #[test]

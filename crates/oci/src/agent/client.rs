@@ -117,7 +117,14 @@ impl Sandbox {
         let value = frame
             .json()
             .map_err(|e| self.agent_error("bad_answer", e.to_string()))?;
-        let incarnation = value["incarnation"].as_str().unwrap_or_default().to_owned();
+        // The incarnation is written into the runner's launch records: only
+        // the agent's own form (hex) is taken, never a line of the agent's
+        // choosing.
+        let incarnation = value["incarnation"].as_str().unwrap_or_default();
+        if !well_formed_incarnation(incarnation) {
+            return Err(self.agent_error("bad_answer", "the listing's incarnation is malformed"));
+        }
+        let incarnation = incarnation.to_owned();
         let commands = value["commands"]
             .as_array()
             .map(|items| {
@@ -126,7 +133,7 @@ impl Sandbox {
                     .filter_map(|item| {
                         Some(AgentCommand {
                             id: item["id"].as_str()?.to_owned(),
-                            pid: i32::try_from(item["pid"].as_i64()?).ok()?,
+                            pid: process_id(&item["pid"])?,
                             running: item["running"].as_bool()?,
                             started_unix_ms: item["started_unix_ms"].as_u64().unwrap_or(0),
                         })
@@ -201,7 +208,7 @@ impl Sandbox {
         execution.received = from;
         match answer.kind {
             kind::STARTED => {
-                execution.pid = value["pid"].as_i64().and_then(|p| i32::try_from(p).ok());
+                execution.pid = process_id(&value["pid"]);
                 execution.fresh = value["fresh"].as_bool().unwrap_or(false);
                 // Attached again: the timeout counts from the launch (a
                 // start in the future is the sandbox's lie, read as now).
@@ -364,6 +371,26 @@ impl AgentStdin {
     }
 }
 
+/// A process id as the agent reported it: positive, or none (0 and the
+/// negative ones name process groups or nothing; the records refuse them).
+fn process_id(value: &Value) -> Option<i32> {
+    value
+        .as_i64()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .filter(|pid| *pid > 0)
+}
+
+/// What an agent's incarnation looks like (`Agent::new`: hex, or a pid and
+/// a time joined by `-`), at most 64 bytes: nothing that could end a line
+/// of a launch record or add one.
+fn well_formed_incarnation(incarnation: &str) -> bool {
+    !incarnation.is_empty()
+        && incarnation.len() <= 64
+        && incarnation
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
 /// A command running in the agent; [`AgentExecution::wait`] drives it to
 /// its end. Dropped unfinished, the command runs on (the agent holds it:
 /// a later [`Sandbox::run_in_agent`] attaches again).
@@ -431,9 +458,12 @@ impl AgentExecution {
                 elapsed: self.started.elapsed(),
             });
         }
-        let Some((mut reader, mut writer)) = self.connection.take() else {
+        let Some((reader, mut writer)) = self.connection.take() else {
             return Err(self.sandbox.agent_error("unreachable", "no connection"));
         };
+        // Read in a `select!` with signals and timers: a frame half read
+        // when one of them fires must be kept, not dropped.
+        let mut reader = wire::FrameReader::new(reader);
         let mut timed_out = false;
         let mut kill_at: Option<Instant> = None;
         let mut delivered: Vec<Signal> = Vec::new();
@@ -444,7 +474,7 @@ impl AgentExecution {
                 .flatten()
                 .min();
             let event = tokio::select! {
-                frame = wire::read_frame(&mut reader) => Event::Frame(frame),
+                frame = reader.next() => Event::Frame(frame),
                 signal = self.signals.recv(), if signals_open => Event::Signal(signal),
                 () = sleep_until(next_timer), if next_timer.is_some() => Event::Timer,
             };
@@ -606,4 +636,34 @@ fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_agents_own_forms_of_incarnation_and_pid_are_taken() {
+        assert!(well_formed_incarnation("0123456789abcdef0123456789abcdef"));
+        assert!(well_formed_incarnation("41-1765000000000"));
+        for lie in [
+            "",
+            "x\nend not_launched - - sandbox_not_running",
+            "a b",
+            "x\r",
+            &"a".repeat(65),
+        ] {
+            assert!(!well_formed_incarnation(lie), "{lie:?}");
+        }
+        assert_eq!(process_id(&json!(42)), Some(42));
+        for lie in [
+            json!(0),
+            json!(-1),
+            json!(i64::MAX),
+            json!("42"),
+            json!(null),
+        ] {
+            assert_eq!(process_id(&lie), None, "{lie}");
+        }
+    }
 }

@@ -135,6 +135,60 @@ pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> io::Result<Opti
     }))
 }
 
+/// Frames read one after another from one stream, safe to cancel: the
+/// bytes of a frame that had only partly arrived when a `select!` took
+/// another branch stay here for the next call. [`read_frame`] keeps them
+/// in its own future, so a cancelled call loses them and the stream then
+/// reads payload bytes as headers (a command's output could forge its
+/// end). Holds at most one frame and what arrived with it.
+pub struct FrameReader<R> {
+    inner: R,
+    buffer: Vec<u8>,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(inner: R) -> Self {
+        FrameReader {
+            inner,
+            buffer: Vec::new(),
+        }
+    }
+
+    /// The next frame; `None` at a clean end between frames. Cancel safe.
+    pub async fn next(&mut self) -> io::Result<Option<Frame>> {
+        loop {
+            let mut wanted = 5;
+            if self.buffer.len() >= 5 {
+                let header = &self.buffer[..5];
+                let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+                let length = length as usize;
+                if length > FRAME_BYTES_MAX {
+                    return Err(invalid(format!(
+                        "a frame of {length} bytes is past the bound of {FRAME_BYTES_MAX}"
+                    )));
+                }
+                wanted = 5 + length;
+                if self.buffer.len() >= wanted {
+                    let kind = self.buffer[0];
+                    let payload = self.buffer[5..wanted].to_vec();
+                    self.buffer.drain(..wanted);
+                    return Ok(Some(Frame { kind, payload }));
+                }
+            }
+            self.buffer
+                .reserve((wanted - self.buffer.len()).max(8 * 1024));
+            // `read_buf` is cancel safe: a cancelled call read nothing.
+            if self.inner.read_buf(&mut self.buffer).await? == 0 {
+                return if self.buffer.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(io::ErrorKind::UnexpectedEof.into())
+                };
+            }
+        }
+    }
+}
+
 /// Writes one frame (header and payload in one write where it fits).
 pub async fn write_frame<W: AsyncWrite + Unpin>(
     writer: &mut W,
@@ -246,5 +300,67 @@ mod tests {
             payload: b"[1]".to_vec(),
         };
         assert!(not_object.json().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_frame_reader_keeps_a_partly_read_frame_across_a_cancelled_read() {
+        let mut frame = Vec::new();
+        write_frame(&mut frame, kind::STDOUT, &[7u8; 40_000])
+            .await
+            .expect("ok");
+        write_json(
+            &mut frame,
+            kind::ENDED,
+            &serde_json::json!({"exit_code": 0}),
+        )
+        .await
+        .expect("ok");
+        let (mut agent, runner) = tokio::io::duplex(1 << 20);
+        let mut frames = FrameReader::new(runner);
+        // The header and part of the payload arrive; then another branch
+        // (a signal, a timer) wins the select and the read is dropped.
+        agent.write_all(&frame[..5 + 10_000]).await.expect("write");
+        let (signals, mut signalled) = tokio::sync::mpsc::channel::<()>(1);
+        signals.send(()).await.expect("send");
+        let mut reads = 0;
+        loop {
+            tokio::select! {
+                biased;
+                _ = frames.next() => panic!("a frame from a partial payload"),
+                Some(()) = signalled.recv() => {
+                    reads += 1;
+                    // Let the partial bytes be read before the next cancel.
+                    if reads < 3 {
+                        tokio::task::yield_now().await;
+                        signals.send(()).await.expect("send");
+                    } else {
+                        break;
+                    }
+                }
+            }
+        }
+        agent.write_all(&frame[5 + 10_000..]).await.expect("write");
+        let first = frames.next().await.expect("read").expect("a frame");
+        assert_eq!(first.kind, kind::STDOUT);
+        assert_eq!(first.payload, vec![7u8; 40_000]);
+        let second = frames.next().await.expect("read").expect("a frame");
+        assert_eq!(second.kind, kind::ENDED);
+        drop(agent);
+        assert!(frames.next().await.expect("clean end").is_none());
+
+        // A torn frame at the end is an error; an oversized one is refused.
+        let (mut agent, runner) = tokio::io::duplex(64);
+        let mut frames = FrameReader::new(runner);
+        agent
+            .write_all(&[kind::STDOUT, 0, 0, 0, 9, 1])
+            .await
+            .expect("write");
+        drop(agent);
+        assert!(frames.next().await.is_err());
+        let mut huge = vec![kind::STDOUT];
+        huge.extend_from_slice(&(FRAME_BYTES_MAX as u32 + 1).to_be_bytes());
+        let mut frames = FrameReader::new(huge.as_slice());
+        let err = frames.next().await.expect_err("refused");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
     }
 }

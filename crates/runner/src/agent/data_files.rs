@@ -171,13 +171,16 @@ fn kind(kind: FileKind) -> FileType {
     }
 }
 
+/// The last millisecond of the year 9999: RFC 3339 and HTTP dates have
+/// four-digit years (the formatters panic past it).
+const LATEST_DATE_UNIX_MS: i64 = 253_402_300_799_999;
+
+/// A file's time as the agent told it, within what a date can say: a file
+/// in the sandbox can carry any time (`touch -d @-1`), so one before 1970
+/// shows as 1970 and one past 9999 as the end of 9999.
 fn system_time(unix_ms: i64) -> std::time::SystemTime {
-    let since = std::time::Duration::from_millis(unix_ms.unsigned_abs());
-    if unix_ms >= 0 {
-        std::time::UNIX_EPOCH + since
-    } else {
-        std::time::UNIX_EPOCH - since
-    }
+    let since = unix_ms.clamp(0, LATEST_DATE_UNIX_MS) as u64;
+    std::time::UNIX_EPOCH + std::time::Duration::from_millis(since)
 }
 
 fn listing(listing: FileListing) -> FileList {
@@ -579,4 +582,42 @@ async fn tar_write(
     }
     .await;
     after_draining(stream, answer).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_time_a_sandbox_gives_a_file_is_rendered_without_a_panic() {
+        let entry = |mtime_unix_ms| oci::agent::files_client::FileEntry {
+            path: "/workspace/x".to_owned(),
+            kind: FileKind::File,
+            size: 0,
+            mode: 0o644,
+            mtime_unix_ms,
+            link_target: None,
+        };
+        let list = listing(FileListing {
+            entries: vec![entry(-1), entry(i64::MIN), entry(i64::MAX), entry(1_000)],
+            truncated: false,
+        });
+        let times: Vec<&str> = list
+            .entries
+            .iter()
+            .map(|e| e.modified_at.as_str())
+            .collect();
+        assert_eq!(
+            times,
+            [
+                "1970-01-01T00:00:00.000Z",
+                "1970-01-01T00:00:00.000Z",
+                "9999-12-31T23:59:59.999Z",
+                "1970-01-01T00:00:01.000Z"
+            ]
+        );
+        for ms in [i64::MIN, -1, i64::MAX] {
+            assert!(!httpdate::fmt_http_date(system_time(ms)).is_empty());
+        }
+    }
 }

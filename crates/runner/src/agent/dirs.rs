@@ -350,6 +350,13 @@ impl CommandFiles {
         incarnation: Option<&str>,
     ) -> Result<()> {
         Self::check(command_id)?;
+        // Told by the agent, inside the sandbox: one word or nothing, so
+        // it can never add a line (an `end`) to the record.
+        if let Some(incarnation) = incarnation
+            && (incarnation.is_empty() || incarnation.contains(|c: char| c.is_whitespace()))
+        {
+            return Err(Error::Invalid(format!("agent incarnation {incarnation:?}")));
+        }
         if !self.dir.is_dir() {
             std::fs::create_dir_all(&self.dir)
                 .map_err(|e| Error::io("create directory", &self.dir, e))?;
@@ -506,6 +513,17 @@ mod tests {
         );
         // Launching twice is refused: the marker is created exclusively.
         assert!(files.record_launch("cmd_1", 3, None).is_err());
+        // An incarnation that would add a line is refused, nothing made.
+        assert!(
+            files
+                .record_launch(
+                    "cmd_2",
+                    3,
+                    Some("x\nend not_launched - - sandbox_not_running")
+                )
+                .is_err()
+        );
+        assert_eq!(files.record("cmd_2").expect("record"), CommandRecord::New);
         files
             .record_launch("cmd_2", 3, Some("abc123"))
             .expect("launch");
