@@ -2,7 +2,8 @@
 //! confined to the root, special members, whiteouts.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -70,32 +71,72 @@ pub(crate) fn apply(
         let mut stream = TarStream::open(archive)?;
         stream.for_each(|entry| apply_whiteout(root, entry, counts))?;
     }
+    let dir_times = add_members(archive, root, whiteouts, counts)?;
+    dir_times.restore(root)
+}
+
+/// Adds every member of the tar at `archive` to `root`; directories' times
+/// are left for the caller to set once the layer is in.
+fn add_members(
+    archive: &Path,
+    root: &Path,
+    whiteouts: Whiteouts,
+    counts: &mut Counts,
+) -> Result<DirTimes, Error> {
     let mut stream = TarStream::open(archive)?;
     let mut buffer = vec![0u8; 64 * 1024];
-    let mut dir_times = Vec::new();
+    let mut dir_times = DirTimes::default();
     stream.for_each(|entry| {
         add_member(root, entry, whiteouts, counts, &mut buffer, &mut dir_times)
     })?;
-    restore_dir_times(root, dir_times)
+    Ok(dir_times)
 }
 
-/// Sets directories' times as the archive gives them, once the layer is
-/// in (adding members changed them): the same archive then always gives
-/// the same tree, and so the same root in the store. Deepest first, each
-/// resolved again inside the root (a later member may have replaced a
-/// directory on the way with a symlink), never following a symlink.
-fn restore_dir_times(
-    root: &Path,
-    mut dir_times: Vec<(Vec<OsString>, SystemTime)>,
-) -> Result<(), Error> {
-    dir_times.sort_by_key(|(components, _)| std::cmp::Reverse(components.len()));
-    for (components, modified) in dir_times {
-        if let Some(dir) = resolve_dir(root, &components, false)? {
-            let time = filetime::FileTime::from_system_time(modified);
-            filetime::set_symlink_file_times(&dir, time, time).map_err(Error::io(&dir))?;
-        }
+/// The times of a layer's directory members, set once the layer is in
+/// (adding members changed them): the same archive then always gives the
+/// same tree, and so the same root in the store.
+///
+/// One entry per directory path, however often the layer repeats it (a
+/// small zstd layer can hold millions of `d/` members): memory grows with
+/// the distinct directory paths the layer names, each also a directory on
+/// disk, never with how often it names them.
+#[derive(Debug, Default)]
+struct DirTimes {
+    /// Path → (when the path was last met, the time its last member gives).
+    by_path: HashMap<Vec<OsString>, (u64, SystemTime)>,
+    met: u64,
+}
+
+impl DirTimes {
+    /// Keeps `modified` for `components`; a later member of the same path
+    /// replaces an earlier one, as setting every member's time in archive
+    /// order would.
+    fn record(&mut self, components: Vec<OsString>, modified: SystemTime) {
+        self.met += 1;
+        self.by_path.insert(components, (self.met, modified));
     }
-    Ok(())
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_path.len()
+    }
+
+    /// Sets the times, deepest first, each path resolved again inside the
+    /// root (a later member may have replaced a directory on the way with a
+    /// symlink), never following a symlink. Equal depths go in the order
+    /// last met: two paths through symlinks to one directory then end with
+    /// the time of the later member, the same on every run.
+    fn restore(self, root: &Path) -> Result<(), Error> {
+        let mut times: Vec<_> = self.by_path.into_iter().collect();
+        times.sort_by_key(|(components, (met, _))| (Reverse(components.len()), *met));
+        for (components, (_, modified)) in times {
+            if let Some(dir) = resolve_dir(root, &components, false)? {
+                let time = filetime::FileTime::from_system_time(modified);
+                filetime::set_symlink_file_times(&dir, time, time).map_err(Error::io(&dir))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The member's mtime, if the header has one `SystemTime` can hold. A
@@ -191,6 +232,7 @@ impl TarStream {
 
     /// Calls `visit` on every member in order, then reads what it left of
     /// the member's data so that only headers count against the budget.
+    /// A GNU sparse member is refused before anyone reads it.
     fn for_each(
         &mut self,
         mut visit: impl FnMut(&mut Member<'_, '_>) -> Result<(), Error>,
@@ -212,10 +254,37 @@ impl TarStream {
                 archive: path,
                 entry: entry.map_err(archive_error)?,
             };
+            refuse_sparse(&member)?;
             visit(&mut member)?;
+            // With sparse members refused, a member's reader yields only its
+            // own bytes in the archive, so skipping one costs no more.
             io::copy(&mut member.entry, &mut io::sink()).map_err(archive_error)?;
         }
     }
+}
+
+/// Refuses a GNU sparse member (typeflag `S`), whatever its name.
+///
+/// Its reader yields the holes its sparse map claims as zeros the `tar`
+/// crate makes up, not read from the archive: one 512-byte header can claim
+/// a 2^62-byte hole, which writing fills the disk with and skipping spins on
+/// for ever. No image roost unpacks needs them: Go's `archive/tar`, which
+/// docker, buildkit and the registries' tools write layers with, never
+/// writes sparse members, and GNU tar only does when asked (`--sparse`).
+/// They are the only members whose reader yields more than their bytes in
+/// the archive: in `tar` 0.4 every other member reads its `size` bytes from
+/// the stream and nothing more. (PAX sparse files, `GNU.sparse.*`, are not
+/// expanded by the `tar` crate: they are read as the bytes stored.)
+fn refuse_sparse(member: &Member<'_, '_>) -> Result<(), Error> {
+    if !member.entry.header().entry_type().is_gnu_sparse() {
+        return Ok(());
+    }
+    let name = String::from_utf8_lossy(&member.entry.path_bytes()).into_owned();
+    Err(Error::Unsupported(format!(
+        "{}: member {} is a GNU sparse file; make the tar without --sparse",
+        crate::one_line(member.archive.display()),
+        crate::one_line(name)
+    )))
 }
 
 /// A member path made relative: `/a/./b` is `a/b`.
@@ -423,7 +492,7 @@ fn add_member(
     whiteouts: Whiteouts,
     counts: &mut Counts,
     buffer: &mut [u8],
-    dir_times: &mut Vec<(Vec<OsString>, SystemTime)>,
+    dir_times: &mut DirTimes,
 ) -> Result<(), Error> {
     counts.entries += 1;
     let kind = member.entry.header().entry_type();
@@ -445,7 +514,8 @@ fn add_member(
     if whiteouts == Whiteouts::Apply && is_whiteout(&name) {
         return Ok(());
     }
-    let regular = kind.is_file() || kind.is_contiguous() || kind.is_gnu_sparse();
+    // GNU sparse members were refused before this.
+    let regular = kind.is_file() || kind.is_contiguous();
     if !(regular || kind.is_dir() || kind.is_symlink() || kind.is_hard_link()) {
         counts.skipped_special += 1;
         return Ok(());
@@ -494,7 +564,7 @@ fn add_member(
         if let Some(modified) = member_mtime(member) {
             let mut all = components.clone();
             all.push(name.clone());
-            dir_times.push((all, modified));
+            dir_times.record(all, modified);
         }
         // `destination` is a real directory here, so this follows no symlink.
         return fs::set_permissions(&destination, Permissions::from_mode(mode))
@@ -548,7 +618,7 @@ fn add_member(
         written += read as u64;
     }
     // The `tar` crate ends a member's data quietly at the end of the stream.
-    if !kind.is_gnu_sparse() && written != expected {
+    if written != expected {
         return Err(member.archive_error(io::Error::new(
             io::ErrorKind::UnexpectedEof,
             format!("{described}: truncated after {written} of {expected} bytes"),
@@ -598,5 +668,55 @@ fn hard_link_source(
         Ok(_) => Ok(Some(source)),
         Err(error) if error.kind() == io::ErrorKind::NotFound => Err(missing()),
         Err(error) => Err(Error::io(&source)(error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: every directory member was kept for the times pass, so
+    /// a small layer repeating `d/` millions of times grew memory without
+    /// bound.
+    #[test]
+    fn a_repeated_directory_is_kept_once_with_its_last_time() {
+        const REPEATS: u64 = 100_000;
+        const FIRST_MTIME: u64 = 1_600_000_000;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let archive = dir.path().join("layer.tar");
+        let root = dir.path().join("root");
+        fs::create_dir(&root).expect("root");
+        let file = io::BufWriter::new(File::create(&archive).expect("create the layer"));
+        let mut builder = tar::Builder::new(file);
+        for repeat in 0..REPEATS {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_path("d/").expect("a short path");
+            header.set_size(0);
+            header.set_mode(0o755);
+            header.set_mtime(FIRST_MTIME + repeat);
+            header.set_cksum();
+            builder
+                .append(&header, io::empty())
+                .expect("write the layer");
+        }
+        builder
+            .into_inner()
+            .expect("finish the layer")
+            .into_inner()
+            .expect("flush the layer");
+
+        let mut counts = Counts::default();
+        let dir_times =
+            add_members(&archive, &root, Whiteouts::Apply, &mut counts).expect("add members");
+        assert_eq!(counts.entries, REPEATS);
+        assert_eq!(dir_times.len(), 1);
+        dir_times.restore(&root).expect("restore times");
+        let modified = fs::metadata(root.join("d"))
+            .expect("d")
+            .modified()
+            .expect("an mtime");
+        let last = SystemTime::UNIX_EPOCH + Duration::from_secs(FIRST_MTIME + REPEATS - 1);
+        assert_eq!(modified, last);
     }
 }

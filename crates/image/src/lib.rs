@@ -49,8 +49,14 @@
 //!   `symlink_metadata`: a symlink is removed, never followed.
 //! - Inside an image archive a blob path must stay inside the archive, even
 //!   through the archive's own symlinks.
+//! - GNU sparse members (typeflag `S`) are refused, whatever their name:
+//!   the tar reader makes up the holes they claim (one header can claim
+//!   2^62 bytes of zeros), and no image needs them. Every other member
+//!   reads only its own bytes in the archive, so skipping one costs no
+//!   more than those.
 //! - Memory is bounded: layers are streamed, JSON documents and the tar
-//!   headers of one member have a size cap.
+//!   headers of one member have a size cap, and directory times are kept
+//!   once per directory path however often a layer repeats it.
 //!
 //! Directory modes are applied as directories are met, so run as root (as
 //! the server does): an unprivileged user cannot add members below a

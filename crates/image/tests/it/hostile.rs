@@ -3,6 +3,8 @@
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use image::Error;
 
@@ -185,5 +187,115 @@ fn blob_paths_may_not_leave_the_archive() {
             message.contains("escapes the archive"),
             "{layer}: {message}"
         );
+    }
+}
+
+/// Sets a base-256 tar number: the high bit of the first byte says so, the
+/// value is big-endian in the field's last 8 bytes.
+fn base256(field: &mut [u8], value: u64) {
+    field.fill(0);
+    let start = field.len() - 8;
+    field[start..].copy_from_slice(&value.to_be_bytes());
+    field[0] |= 0x80;
+}
+
+/// A tar of one GNU sparse member (typeflag `S`) with no data in the
+/// archive, whose sparse map claims one 2^62-byte hole, written byte by
+/// byte: the `tar` crate reads it as 2^62 zeros.
+fn sparse_hole_tar(name: &str) -> Vec<u8> {
+    const HOLE_BYTES: u64 = 1 << 62;
+    let mut header = [0u8; 512];
+    header[..name.len()].copy_from_slice(name.as_bytes());
+    header[100..108].copy_from_slice(b"0000644\0"); // mode
+    header[108..116].copy_from_slice(b"0000000\0"); // uid
+    header[116..124].copy_from_slice(b"0000000\0"); // gid
+    header[124..136].copy_from_slice(b"00000000000\0"); // size: no data
+    header[136..148].copy_from_slice(b"00000000000\0"); // mtime
+    header[156] = b'S';
+    header[257..265].copy_from_slice(b"ustar  \0"); // GNU magic and version
+    // The first sparse entry: the data starts at 2^62, and is 0 bytes.
+    base256(&mut header[386..398], HOLE_BYTES);
+    header[398..410].copy_from_slice(b"00000000000\0");
+    base256(&mut header[483..495], HOLE_BYTES); // realsize
+    // The checksum counts its own field as spaces.
+    header[148..156].fill(b' ');
+    let sum: u32 = header.iter().map(|&byte| u32::from(byte)).sum();
+    header[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    let mut archive = header.to_vec();
+    archive.extend_from_slice(&[0; 1024]); // the end of the archive
+    archive
+}
+
+/// Regression: a GNU sparse member claiming a 2^62-byte hole was read as
+/// 2^62 zeros. Skipped (a `../x` name, or any member in a layer's whiteout
+/// pass) it spun for ever; written, it filled the disk. It is refused, by
+/// name, whatever its name and wherever it is.
+#[test]
+fn a_gnu_sparse_member_is_refused_not_expanded() {
+    // Generous: each case takes milliseconds, on a busy machine too.
+    const DEADLINE: Duration = Duration::from_secs(30);
+    let image = |upper: &[u8]| {
+        let lower = tar(&[Member::File("kept", b"kept", 0o644)]);
+        let manifest = r#"[{"Layers":["lower.tar","upper.tar"]}]"#;
+        tar(&[
+            Member::File("lower.tar", &lower, 0o644),
+            Member::File("upper.tar", upper, 0o644),
+            Member::File("manifest.json", manifest.as_bytes(), 0o644),
+        ])
+    };
+    let cases = [
+        (
+            "root-filesystem tar, safe name",
+            sparse_hole_tar("big"),
+            "big",
+            "",
+        ),
+        (
+            "root-filesystem tar, `../x`",
+            sparse_hole_tar("../x"),
+            "../x",
+            "",
+        ),
+        (
+            "later layer, safe name",
+            image(&sparse_hole_tar("big")),
+            "big",
+            "upper.tar",
+        ),
+        (
+            "later layer, `../x`",
+            image(&sparse_hole_tar("../x")),
+            "../x",
+            "upper.tar",
+        ),
+    ];
+    // All at once, so that a hang reports every case that hangs.
+    let pending: Vec<_> = cases
+        .into_iter()
+        .map(|(case, bytes, name, archive)| {
+            let (done, result) = mpsc::channel();
+            std::thread::spawn(move || {
+                let workspace = Workspace::new();
+                // The receiver is gone only if the test already failed.
+                let _ = done.send(workspace.unpack(&bytes).map(|(_, report)| report));
+            });
+            (case, name, archive, result)
+        })
+        .collect();
+    let started = Instant::now();
+    for (case, name, archive, result) in pending {
+        let left = DEADLINE.saturating_sub(started.elapsed());
+        let error = match result.recv_timeout(left) {
+            Ok(Err(error)) => error,
+            Ok(Ok(report)) => panic!("{case}: unpacked: {report:?}"),
+            Err(_) => panic!("{case}: still unpacking after {DEADLINE:?}"),
+        };
+        let message = error.to_string();
+        assert!(matches!(error, Error::Unsupported(_)), "{case}: {message}");
+        assert!(
+            message.contains(&format!("member {name} is a GNU sparse file")),
+            "{case}: {message}"
+        );
+        assert!(message.contains(archive), "{case}: {message}");
     }
 }
