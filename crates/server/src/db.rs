@@ -37,6 +37,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (17, include_str!("../migrations/0017_start_after_stop.sql")),
     (18, include_str!("../migrations/0018_token_revocation.sql")),
     (19, include_str!("../migrations/0019_runner_leases.sql")),
+    (20, include_str!("../migrations/0020_kept_by_sandbox.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,6 +12,12 @@ pub const ENV_BYTES_MAX: usize = 64 * 1024;
 pub const LABELS_MAX: usize = 32;
 pub const LABEL_KEY_BYTES_MAX: usize = 63;
 pub const LABEL_VALUE_BYTES_MAX: usize = 255;
+/// Label filters one list may carry (`label=KEY=VALUE`, E2B's `metadata`):
+/// a sandbox has at most [`LABELS_MAX`] labels, so as many filters name
+/// all of them. Each filter is a subquery of the list's one statement,
+/// which the database refuses past its own limits (SQLite's expression
+/// depth at about a thousand, PostgreSQL's bind parameters): a 500 before.
+pub const LABEL_FILTERS_MAX: usize = LABELS_MAX;
 pub const ARGV_ENTRIES_MAX: usize = 4096;
 pub const ARGV_BYTES_MAX: usize = 256 * 1024;
 pub const PATH_BYTES_MAX: usize = 4096;
@@ -21,6 +27,10 @@ pub const TTL_SECONDS_MAX: u64 = 365 * 24 * 3600;
 pub const COMMAND_TIMEOUT_SECONDS_MAX: u64 = 30 * 24 * 3600;
 pub const LIST_LIMIT_MAX: usize = 200;
 pub const LIST_LIMIT_DEFAULT: usize = 50;
+/// Free text a runner reports (a sandbox's message, a save's error, a
+/// failed snapshot's message) is cut to this many bytes where a record
+/// keeps it: it is for people reading the record.
+pub const RUNNER_TEXT_BYTES_MAX: usize = 1024;
 
 pub fn invalid(field: &str, message: impl Into<String>) -> ControlError {
     ControlError::new(
@@ -36,6 +46,17 @@ pub fn too_large(field: &str, limit: usize) -> ControlError {
         format!("{field}: larger than {limit} bytes"),
     )
     .with_details(serde_json::json!({ "field": field, "limit_bytes": limit }))
+}
+
+/// `text` cut to at most `bytes_max` bytes, at a character boundary.
+/// Text from outside may put a multi-byte character across the cut, where
+/// `String::truncate` would panic.
+pub fn truncated(text: &str, bytes_max: usize) -> String {
+    let mut end = text.len().min(bytes_max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
 }
 
 pub fn env(field: &str, env: &BTreeMap<String, String>) -> Result<(), ControlError> {
@@ -82,6 +103,17 @@ pub fn labels(labels: &BTreeMap<String, String>) -> Result<(), ControlError> {
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// `count` label filters in one list's query `field`.
+pub fn label_filters(field: &str, count: usize) -> Result<(), ControlError> {
+    if count > LABEL_FILTERS_MAX {
+        return Err(invalid(
+            field,
+            format!("more than {LABEL_FILTERS_MAX} label filters"),
+        ));
     }
     Ok(())
 }
@@ -150,6 +182,14 @@ pub fn absolute_path(field: &str, path: &str) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// A byte offset into a command's output (`offset` of its output and
+/// attach): kept as a signed 64-bit integer in the records, so one above
+/// `i64::MAX` would turn negative (an attach then spun forever, reading
+/// nothing from a place before the start).
+pub fn output_offset(offset: u64) -> Result<i64, ControlError> {
+    i64::try_from(offset).map_err(|_| invalid("offset", format!("at most {}", i64::MAX)))
+}
+
 /// A list's `limit` query parameter.
 pub fn list_limit(value: &str) -> Result<usize, ControlError> {
     value
@@ -177,5 +217,26 @@ pub fn cursor(value: &str, prefix: &str) -> Result<String, ControlError> {
             "cursor",
             "use the next_cursor of the previous page",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncated_text_ends_at_a_character_boundary() {
+        let check = |text: &str, max: usize, expected: &str| {
+            assert_eq!(truncated(text, max), expected, "{text:?} to {max}");
+        };
+        check("", 4, "");
+        check("abc", 4, "abc");
+        check("abcd", 4, "abcd");
+        check("abcde", 4, "abcd");
+        check("abcé", 4, "abc");
+        check("ééé", 5, "éé");
+        check("日本", 2, "");
+        let runner_text = format!("{}é", "a".repeat(1023));
+        check(&runner_text, 1024, &"a".repeat(1023));
     }
 }

@@ -707,9 +707,10 @@ struct Uploader<'a> {
     job: &'a CommandJob,
     spool: Arc<Spool>,
     sent: [u64; 2],
-    /// The server refused more output (the command's record has ended):
-    /// nothing more is sent.
-    refused: bool,
+    /// The server refused more of a stream (the command's record has
+    /// ended, or the stream reached the bound the server keeps of it):
+    /// nothing more of it is sent.
+    refused: [bool; 2],
 }
 
 impl<'a> Uploader<'a> {
@@ -718,7 +719,7 @@ impl<'a> Uploader<'a> {
             job,
             spool,
             sent: [0, 0],
-            refused: false,
+            refused: [false, false],
         }
     }
 
@@ -751,7 +752,7 @@ impl<'a> Uploader<'a> {
             let i = index(stream);
             loop {
                 let written = self.spool.written[i].load(Ordering::SeqCst);
-                if self.refused || self.sent[i] >= written {
+                if self.refused[i] || self.sent[i] >= written {
                     break;
                 }
                 let want = (written - self.sent[i]).min(UPLOAD_CHUNK_BYTES_MAX as u64) as usize;
@@ -763,7 +764,7 @@ impl<'a> Uploader<'a> {
                 };
                 if let Err(err) = read {
                     tracing::error!(command_id = %self.job.command_id(), %err, "cannot read spooled output; the rest of it is lost");
-                    self.refused = true;
+                    self.refused = [true, true];
                     break;
                 }
                 let offset = self.sent[i];
@@ -787,8 +788,8 @@ impl<'a> Uploader<'a> {
                         return Err(Stopped);
                     }
                     Err(Refusal::Refused(err)) => {
-                        tracing::info!(command_id = %self.job.command_id(), %err, "output refused: the command's record has ended");
-                        self.refused = true;
+                        tracing::info!(command_id = %self.job.command_id(), stream = ?wire, %err, "output refused: the record has ended, or keeps no more of this stream");
+                        self.refused[i] = true;
                     }
                 }
             }

@@ -664,13 +664,22 @@ async fn output_the_server_refuses_is_dropped_and_the_end_still_reported() {
     agent.control.answer(Kind::Output, Scripted::Refused);
     let (_assign, _task) = with_command(&agent, &["chatty"]);
     agent.control.wait_until("the command's end", ended).await;
-    let uploads = agent
+    let uploads: Vec<OutputStream> = agent
         .control
         .requests()
         .into_iter()
-        .filter(|r| matches!(r, Request::Output(..)))
-        .count();
-    assert_eq!(uploads, 1, "refused once, never sent again");
+        .filter_map(|r| match r {
+            Request::Output(_, stream, ..) => Some(stream),
+            _ => None,
+        })
+        .collect();
+    // Each stream refused once, never sent again: a refusal of one stream
+    // (the server keeps no more of it) leaves the other's going.
+    assert_eq!(
+        uploads,
+        [OutputStream::Stdout, OutputStream::Stderr],
+        "each stream refused once, never sent again"
+    );
     let end = agent.control.command_reports().pop().expect("an end");
     assert_eq!((end.state, end.exit_code), (CommandState::Exited, Some(0)));
 }

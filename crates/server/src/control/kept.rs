@@ -27,6 +27,21 @@ pub const AWAITING_NEW_PLACEMENT: &str = "awaiting_new_placement";
 /// A standard home whose runner was lost: the only copy there is.
 pub const NODE_LOST: &str = "node_lost";
 
+/// Copies of one sandbox's home one runner keeps at once, and all runners
+/// together. A runner sets a home aside each time it finds one it no
+/// longer has assigned (lost and back, or the sandbox moved off it), and
+/// a copy goes once its sandbox runs again from the store, is deleted, or
+/// the retention window passes: a sandbox has one or two, and these
+/// bounds are far past what losses and moves make within that window. Each
+/// new copy rewrites the record's list of them under the write lock,
+/// which without a bound a runner could make quadratic by reporting
+/// copies without end. A new copy past them is refused (`quota_exceeded`,
+/// which the runner logs): it stays on the runner's disk, nothing is
+/// deleted, and the runner reports it again at its next sync, once some
+/// have gone. A copy already recorded is answered as before.
+pub const KEPT_COPIES_PER_RUNNER_MAX: i64 = 8;
+pub const KEPT_COPIES_PER_SANDBOX_MAX: i64 = 32;
+
 /// Why a runner keeps the copy it reports, from what the sandbox's record
 /// says: a standard home is the only copy; a durable one is the newest
 /// copy unless it is exactly the tree the record's last save names.
@@ -155,6 +170,31 @@ async fn keep_new(
             keep: false,
             reason: why.to_owned(),
         });
+    }
+    let (on_runner, on_all) = kept::count_kept(tx, &sandbox.id, &report.runner_id).await?;
+    for (metric, current, limit) in [
+        (
+            "kept_copies_per_runner",
+            on_runner,
+            KEPT_COPIES_PER_RUNNER_MAX,
+        ),
+        (
+            "kept_copies_per_sandbox",
+            on_all,
+            KEPT_COPIES_PER_SANDBOX_MAX,
+        ),
+    ] {
+        if current >= limit {
+            return Err(ControlError::new(
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "quota {metric} reached ({current} of {limit}): the copy stays on the runner; report it again once some have gone"
+                ),
+            )
+            .with_details(serde_json::json!({
+                "quota": { "metric": metric, "limit": limit, "current": current }
+            })));
+        }
     }
     let copy = KeptRow {
         id: records::new_id("kpt")?,

@@ -375,11 +375,10 @@ pub async fn report_sandbox(
     if let Some(reason) = &report.reason {
         limits::name("reason", reason)?;
     }
-    let message = report.message.as_deref().map(|m| {
-        let mut m = m.to_owned();
-        m.truncate(1024);
-        m
-    });
+    let message = report
+        .message
+        .as_deref()
+        .map(|m| limits::truncated(m, limits::RUNNER_TEXT_BYTES_MAX));
     let mut tx = state.db.write().await?;
     let runner = live_runner(&mut tx, &report.runner_id).await?;
     let row = load_sandbox(&mut tx, id)

@@ -35,9 +35,6 @@ use api::ErrorCode;
 use api::lifecycle::SandboxState;
 use api::runners::SaveReport;
 
-/// Longest error text kept on the record.
-const SAVE_ERROR_CHARS_MAX: usize = 1024;
-
 /// Records a runner's save report in the four steps above; answers the
 /// sandbox as recorded.
 pub async fn report_save(
@@ -46,6 +43,10 @@ pub async fn report_save(
     report: &SaveReport,
 ) -> Result<SandboxRow, ControlError> {
     let now = now_ms();
+    let error = report
+        .error
+        .as_deref()
+        .map(|e| limits::truncated(e, limits::RUNNER_TEXT_BYTES_MAX));
     // 1. The placement, before anything is written.
     let row = {
         let mut tx = state.db.write().await?;
@@ -94,11 +95,6 @@ pub async fn report_save(
         .await?
         .ok_or_else(|| not_found("sandbox"))?;
     check_placement(&current, &report.runner_id, report.epoch)?;
-    let error = report.error.as_deref().map(|e| {
-        let mut e = e.to_owned();
-        e.truncate(SAVE_ERROR_CHARS_MAX);
-        e
-    });
     let outcome = match (report.outcome.as_str(), committed_root) {
         ("completed", Some(root)) => SaveOutcome::Completed {
             root: root.to_hex(),

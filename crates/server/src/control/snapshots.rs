@@ -289,11 +289,10 @@ pub async fn report(
             captured_at_ms: captured,
         },
         ("failed", _) => {
-            let mut message = report
-                .message
-                .clone()
-                .unwrap_or_else(|| "snapshot failed".to_owned());
-            message.truncate(1024);
+            let message = report.message.as_deref().map_or_else(
+                || "snapshot failed".to_owned(),
+                |m| limits::truncated(m, limits::RUNNER_TEXT_BYTES_MAX),
+            );
             Reached::Failed {
                 reason: format!("runner_error: {message}"),
             }

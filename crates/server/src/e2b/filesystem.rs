@@ -59,6 +59,16 @@ fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// [`http_error`] with a stable `error_code` besides envd's status.
+fn refused(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Response {
+    let body = api::e2b::rest::Error {
+        code: status.as_u16(),
+        message: message.into(),
+        error_code: Some(code.as_str().to_owned()),
+    };
+    (status, axum::Json(body)).into_response()
+}
+
 fn http_error_of(error: &ControlError) -> Response {
     let status = StatusCode::from_u16(error.code.status()).unwrap_or(StatusCode::BAD_GATEWAY);
     http_error(status, error.message.clone())
@@ -190,8 +200,18 @@ pub async fn write(
             "file metadata (X-Metadata-*, extended attributes) is not supported by roost",
         );
     }
+    let boundary = match multipart::boundary(&content_type) {
+        Ok(boundary) => boundary,
+        Err(err) => {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidRequest,
+                err.to_string(),
+            );
+        }
+    };
     let mut written = Vec::new();
-    if let Some(boundary) = multipart::boundary(&content_type) {
+    if let Some(boundary) = boundary {
         let mut parts = Multipart::new(body.into_data_stream(), &boundary);
         loop {
             let part = match parts.next_part().await {

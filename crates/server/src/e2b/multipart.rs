@@ -8,6 +8,11 @@ use futures::{Stream, StreamExt};
 
 /// The most header bytes a part may have.
 const PART_HEADERS_BYTES_MAX: usize = 16 * 1024;
+/// The longest boundary RFC 2046 allows (section 5.1.1). The reader keeps
+/// a delimiter's length back from every chunk and searches it for the
+/// delimiter each time more arrives: a boundary of 400 KB sent with a body
+/// in 1-byte chunks made every byte cost 400 KB of work.
+pub const BOUNDARY_BYTES_MAX: usize = 70;
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MultipartError {
@@ -17,6 +22,8 @@ pub enum MultipartError {
     BadHeaders,
     #[error("the body could not be read: {0}")]
     Body(String),
+    #[error("the multipart boundary is longer than {BOUNDARY_BYTES_MAX} characters (RFC 2046)")]
+    BoundaryTooLong,
 }
 
 /// A part's headers that matter: its form name and file name.
@@ -44,19 +51,29 @@ pub struct Multipart<S> {
     eof: bool,
 }
 
-/// The boundary of a `multipart/form-data` content type.
-pub fn boundary(content_type: &str) -> Option<String> {
-    let (kind, params) = content_type.split_once(';')?;
+/// The boundary of a `multipart/form-data` content type (`None`: not
+/// one), refused when longer than RFC 2046 allows.
+pub fn boundary(content_type: &str) -> Result<Option<String>, MultipartError> {
+    let Some((kind, params)) = content_type.split_once(';') else {
+        return Ok(None);
+    };
     if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
-        return None;
+        return Ok(None);
     }
-    params.split(';').find_map(|param| {
+    let boundary = params.split(';').find_map(|param| {
         let (key, value) = param.split_once('=')?;
         key.trim()
             .eq_ignore_ascii_case("boundary")
             .then(|| value.trim().trim_matches('"').to_owned())
             .filter(|b| !b.is_empty())
-    })
+    });
+    if boundary
+        .as_ref()
+        .is_some_and(|b| b.len() > BOUNDARY_BYTES_MAX)
+    {
+        return Err(MultipartError::BoundaryTooLong);
+    }
+    Ok(boundary)
 }
 
 impl<S, E> Multipart<S>
@@ -93,10 +110,12 @@ where
         }
     }
 
-    fn find(&self, needle: &[u8]) -> Option<usize> {
-        self.buffer
+    /// Where `needle` first is in the buffer at or after `from`.
+    fn find(&self, needle: &[u8], from: usize) -> Option<usize> {
+        self.buffer[from.min(self.buffer.len())..]
             .windows(needle.len())
             .position(|window| window == needle)
+            .map(|at| at + from)
     }
 
     /// The next part's headers; `None` after the last part. Whatever is
@@ -120,10 +139,14 @@ where
             self.place = Place::Done;
             return Ok(None);
         }
+        let mut from = 0;
         let headers_end = loop {
-            if let Some(at) = self.find(b"\r\n\r\n") {
+            if let Some(at) = self.find(b"\r\n\r\n", from) {
                 break at;
             }
+            // Only what arrives next, with the 3 bytes before it, is new
+            // to search: headers sent a byte at a time cost no rescans.
+            from = self.buffer.len().saturating_sub(3);
             if self.buffer.len() > PART_HEADERS_BYTES_MAX {
                 return Err(MultipartError::BadHeaders);
             }
@@ -151,7 +174,7 @@ where
             return Ok(None);
         }
         loop {
-            if let Some(at) = self.find(&self.delimiter) {
+            if let Some(at) = self.find(&self.delimiter, 0) {
                 let chunk: Vec<u8> = self.buffer.drain(..at).collect();
                 self.buffer.drain(..self.delimiter.len());
                 self.place = Place::AfterDelimiter;
@@ -247,9 +270,23 @@ mod tests {
         }
         assert_eq!(outcome, Err(MultipartError::Truncated));
         assert_eq!(
-            boundary("multipart/form-data; boundary=\"ab c\"").as_deref(),
-            Some("ab c")
+            boundary("multipart/form-data; boundary=\"ab c\""),
+            Ok(Some("ab c".to_owned()))
         );
-        assert_eq!(boundary("application/json"), None);
+        assert_eq!(boundary("application/json"), Ok(None));
+    }
+
+    /// Audit finding: no bound on the boundary, so one of 400 KB with a
+    /// body in 1-byte chunks cost 400 KB of searching per byte. RFC 2046's
+    /// 70 characters are accepted, one more refused.
+    #[test]
+    fn a_boundary_longer_than_rfc_2046_allows_is_refused() {
+        let longest = "b".repeat(BOUNDARY_BYTES_MAX);
+        let content_type = |b: &str| format!("multipart/form-data; boundary={b}");
+        assert_eq!(boundary(&content_type(&longest)), Ok(Some(longest.clone())));
+        let quoted = format!("multipart/form-data; boundary=\"{longest}x\"");
+        for refused in [content_type(&format!("{longest}x")), quoted] {
+            assert_eq!(boundary(&refused), Err(MultipartError::BoundaryTooLong));
+        }
     }
 }

@@ -387,6 +387,7 @@ async fn list(
                 for (k, v) in url_pairs(&value) {
                     labels.insert(k, v);
                 }
+                crate::limits::label_filters("metadata", labels.len())?;
             }
             "limit" => {
                 limit = value

@@ -151,7 +151,7 @@ pub struct OutputQuery {
     stream: Option<String>,
     /// The first byte to read; past the end of the stream is 400.
     #[serde(default)]
-    #[param(minimum = 0)]
+    #[param(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     offset: u64,
     /// Seconds to wait for bytes past `offset`, at most 25 (default 0:
     /// answer at once).
@@ -179,7 +179,7 @@ pub async fn output(
         None | Some(0) => std::time::Duration::ZERO,
         Some(t) => wait_timeout(Some(t))?,
     };
-    let offset = query.offset as i64;
+    let offset = limits::output_offset(query.offset)?;
     let watch = state.db.hub.watch(&id);
     let command = crate::hub::wait_until(
         &watch,
@@ -304,7 +304,7 @@ const ATTACH_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
 pub struct AttachQuery {
     /// The first byte of output to send (reconnect from where you were).
     #[serde(default)]
-    #[param(minimum = 0)]
+    #[param(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     offset: u64,
 }
 
@@ -324,7 +324,9 @@ pub async fn attach(
     Query(query): Query<AttachQuery>,
     upgrade: axum::extract::ws::WebSocketUpgrade,
 ) -> Result<Response, ControlError> {
-    // Refused before the upgrade: another org's command is 404.
+    // Refused before the upgrade: an offset out of bounds (400), another
+    // org's command (404).
+    let offset = limits::output_offset(query.offset)?;
     Box::pin(visible_command(&state, &org_id, &sandbox_id, &id)).await?;
     control::idle::record(&state, &org_id, &sandbox_id, Activity::Attach).await?;
     // A message is at most what one stdin write takes: a client cannot
@@ -334,7 +336,7 @@ pub async fn attach(
         .max_message_size(ATTACH_MESSAGE_BYTES_MAX)
         .max_frame_size(ATTACH_MESSAGE_BYTES_MAX);
     Ok(upgrade.on_upgrade(move |socket| async move {
-        attach_session(state, org_id, sandbox_id, id, query.offset, socket).await;
+        attach_session(state, org_id, sandbox_id, id, offset, socket).await;
     }))
 }
 
@@ -343,14 +345,14 @@ async fn attach_session(
     org_id: String,
     sandbox_id: String,
     id: String,
-    offset: u64,
+    offset: i64,
     socket: axum::extract::ws::WebSocket,
 ) {
     use axum::extract::ws::Message;
     use futures::{SinkExt, StreamExt};
     let (mut sink, mut incoming) = socket.split();
     let output = async {
-        let mut offset = offset as i64;
+        let mut offset = offset;
         let watch = state.db.hub.watch(&id);
         loop {
             let command = crate::hub::wait_until(

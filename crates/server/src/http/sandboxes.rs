@@ -113,7 +113,7 @@ pub async fn get(
     Ok(axum::Json(row.to_api()))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(("state" = Option<Vec<SandboxState>>, Query, explode, description = "repeatable: any of these states"), ("label" = Option<String>, Query, pattern = "^[a-z0-9._/-]{1,63}=.*$", description = "KEY=VALUE (repeatable in a request; every one must match)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "at most 200; default 50"), ("cursor" = Option<String>, Query, pattern = "^(sbx_[0-9a-f]{1,64})?$", description = "the next_cursor of the previous page"), ("timeout" = Option<u64>, Query, minimum = 0, maximum = 25, description = "with If-None-Match: seconds to wait for the page to change, at most 25 (default 0)"), ("If-None-Match" = Option<String>, Header, description = "the ETag of the page as last read: answer 304 unless it changes (within `timeout`)")), responses((status = 200, body = SandboxList, headers(("ETag" = String, description = "the page's version: its sandboxes and their last changes"))), (status = 304, description = "the page is unchanged (If-None-Match) after `timeout`"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(("state" = Option<Vec<SandboxState>>, Query, explode, description = "repeatable: any of these states"), ("label" = Option<Vec<String>>, Query, explode, max_items = 32, pattern = "^[a-z0-9._/-]{1,63}=.*$", description = "KEY=VALUE (repeatable in a request, at most 32 times; every one must match)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "at most 200; default 50"), ("cursor" = Option<String>, Query, pattern = "^(sbx_[0-9a-f]{1,64})?$", description = "the next_cursor of the previous page"), ("timeout" = Option<u64>, Query, minimum = 0, maximum = 25, description = "with If-None-Match: seconds to wait for the page to change, at most 25 (default 0)"), ("If-None-Match" = Option<String>, Header, description = "the ETag of the page as last read: answer 304 unless it changes (within `timeout`)")), responses((status = 200, body = SandboxList, headers(("ETag" = String, description = "the page's version: its sandboxes and their last changes"))), (status = 304, description = "the page is unchanged (If-None-Match) after `timeout`"), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     OrgCaller(org_id): OrgCaller,
@@ -134,7 +134,11 @@ pub async fn list(
                 let wanted = value
                     .parse()
                     .map_err(|_| limits::invalid("state", format!("unknown state {value:?}")))?;
-                filter.states.push(wanted);
+                // Each state once: a repeated one would only lengthen the
+                // statement (a bind parameter each).
+                if !filter.states.contains(&wanted) {
+                    filter.states.push(wanted);
+                }
             }
             "label" => {
                 let (k, v) = value
@@ -142,6 +146,7 @@ pub async fn list(
                     .ok_or_else(|| limits::invalid("label", "use label=KEY=VALUE"))?;
                 limits::label_key(k)?;
                 filter.labels.push((k.to_owned(), v.to_owned()));
+                limits::label_filters("label", filter.labels.len())?;
             }
             "limit" => filter.limit = limits::list_limit(&value)?,
             "cursor" => filter.cursor = limits::cursor(&value, "sbx")?,

@@ -110,6 +110,24 @@ pub async fn kept_on_runner(
     rows.iter().map(KeptRow::from_row).collect()
 }
 
+/// How many copies of the sandbox are kept: on `runner_id`, and on every
+/// runner.
+pub async fn count_kept(
+    tx: &mut WriteTx,
+    sandbox_id: &str,
+    runner_id: &str,
+) -> Result<(i64, i64), sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT COUNT(CASE WHEN runner_id = $2 THEN 1 END) AS on_runner, COUNT(*) AS on_all
+         FROM kept_copies WHERE sandbox_id = $1 AND state = 'kept'",
+    )
+    .bind(sandbox_id)
+    .bind(runner_id)
+    .fetch_one(&mut *tx.tx)
+    .await?;
+    Ok((row.try_get("on_runner")?, row.try_get("on_all")?))
+}
+
 /// Copies still kept that were set aside before `cutoff_ms`, but those
 /// being salvaged (they wait for the salvage to end).
 pub async fn kept_before(

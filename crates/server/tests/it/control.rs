@@ -2967,3 +2967,154 @@ async fn a_nul_byte_postgres_refuses_is_an_invalid_request() {
     let error = server::control::ControlError::from(refused);
     assert_eq!(error.code, ErrorCode::InvalidRequest, "{}", error.message);
 }
+
+/// Audit finding: runner text cut with `String::truncate(1024)` panicked
+/// when byte 1024 fell inside a character (1,023 ASCII bytes, then "é"),
+/// in a sandbox's report, a save's report (after the store pointer was
+/// moved) and a failed snapshot's report. Each is kept, cut at the
+/// character before.
+#[tokio::test]
+async fn runner_text_cut_inside_a_character_is_kept_without_a_panic() {
+    let text = format!("{}é", "a".repeat(1023));
+    let kept = "a".repeat(1023);
+    for plane in planes_with("runnertext", true).await {
+        let org = plane.org("org_t", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.create_durable(&org).await;
+        let report = SandboxReport {
+            runner_id: runner.clone(),
+            epoch: row.epoch as u64,
+            state: SandboxState::Running,
+            reason: None,
+            message: Some(text.clone()),
+            wake: None,
+        };
+        let running = runner_protocol::report_sandbox(&plane.state, &row.id, &report)
+            .await
+            .expect("the report is taken");
+        assert_eq!(running.state, SandboxState::Running);
+
+        let root = plane.upload_home(&org, "saved\n");
+        for outcome in ["failed", "completed"] {
+            let report = api::runners::SaveReport {
+                runner_id: runner.clone(),
+                epoch: row.epoch as u64,
+                outcome: outcome.to_owned(),
+                root: (outcome == "completed").then(|| root.clone()),
+                captured_at_ms: Some(server::db::now_ms()),
+                bytes_pending: None,
+                error: Some(text.clone()),
+                snapshot_ms: None,
+                uploaded_bytes: Some(1),
+                securing: false,
+            };
+            let saved = server::control::saves::report_save(&plane.state, &row.id, &report)
+                .await
+                .unwrap_or_else(|err| panic!("the {outcome} save is taken: {err:?}"));
+            let save = saved.to_api().save.expect("a save status");
+            if outcome == "failed" {
+                assert_eq!(save.last_error.as_deref(), Some(kept.as_str()));
+            } else {
+                assert_eq!(save.root.as_deref(), Some(root.as_str()), "{save:?}");
+            }
+        }
+
+        let mut tx = plane.state.db.write().await.expect("tx");
+        let taken = server::control::snapshots::create(
+            &plane.state,
+            &mut tx,
+            &org,
+            &row.id,
+            &Default::default(),
+        )
+        .await
+        .expect("a snapshot");
+        tx.commit().await.expect("commit");
+        let failed = report_snapshot(&plane, &taken.id, &runner, row.epoch as u64, Err(&text))
+            .await
+            .expect("the failure is taken")
+            .to_api();
+        assert_eq!(failed.reason, Some(format!("runner_error: {kept}")));
+    }
+}
+
+/// Audit finding: a runner that once held a sandbox could report copies
+/// c0…cN without end, each rewriting the record's list of them under the
+/// write lock (quadratic). New copies past the bounds, per runner and per
+/// sandbox, are refused `quota_exceeded`; a copy already recorded is still
+/// answered, and room made by a discard is room again.
+#[tokio::test]
+async fn kept_copies_of_a_sandbox_are_bounded_per_runner_and_in_all() {
+    use server::control::kept::{KEPT_COPIES_PER_RUNNER_MAX, KEPT_COPIES_PER_SANDBOX_MAX};
+    for plane in planes_with("keptbound", true).await {
+        let org = plane.org("org_b", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.create_durable(&org).await;
+        plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        plane.lose(&runner).await;
+        let runner = plane.register(Some(&runner), 0).await;
+        let report = |name: &str| api::runners::KeptCopyReport {
+            runner_id: runner.clone(),
+            sandbox_id: row.id.clone(),
+            name: name.to_owned(),
+            bytes: 1,
+            kept_at_ms: server::db::now_ms(),
+            secured_root: None,
+        };
+        let mut first = None;
+        for i in 0..KEPT_COPIES_PER_RUNNER_MAX {
+            let answer = plane.keep(&runner, &row.id, &format!("k{i}"), None).await;
+            assert!(answer.keep, "{answer:?}");
+            first.get_or_insert(answer);
+        }
+        let refused = server::control::kept::report(&plane.state, &report("k-past")).await;
+        let refused = refused.expect_err("one copy past the bound");
+        assert_eq!(refused.code, ErrorCode::QuotaExceeded, "{}", plane.engine());
+        assert_eq!(refused.details["quota"]["metric"], "kept_copies_per_runner");
+        let record = plane.load(&row.id).await.to_api();
+        assert_eq!(record.kept_copies.len() as i64, KEPT_COPIES_PER_RUNNER_MAX);
+        // A copy already recorded is answered as before.
+        let first = first.expect("a first copy");
+        assert_eq!(plane.keep(&runner, &row.id, "k0", None).await, first);
+        // Discarded, it makes room.
+        let copy_id = first.copy_id.clone().expect("a copy id");
+        plane
+            .discard(&org, &row.id, &copy_id)
+            .await
+            .expect("discarded");
+        assert!(plane.keep(&runner, &row.id, "k-past", None).await.keep);
+
+        // Copies on other runners count toward the sandbox's bound: with
+        // room on this runner (one discarded), none for the sandbox.
+        let discard_one = plane.load(&row.id).await.to_api().kept_copies[0].id.clone();
+        plane
+            .discard(&org, &row.id, &discard_one)
+            .await
+            .expect("discarded");
+        let others = KEPT_COPIES_PER_SANDBOX_MAX - (KEPT_COPIES_PER_RUNNER_MAX - 1);
+        for i in 0..others {
+            sqlx::query(
+                "INSERT INTO kept_copies (id, sandbox_id, org_id, runner_id, name, bytes, kept_at_ms, reason, state, ended_reason)
+                 VALUES ($1, $2, $3, $4, 'k', 1, $5, 'unsaved_writes', 'kept', NULL)",
+            )
+            .bind(format!("kpt_other{i}"))
+            .bind(&row.id)
+            .bind(&org)
+            .bind(format!("run_other{i}"))
+            .bind(server::db::now_ms())
+            .execute(&plane.state.db.pool)
+            .await
+            .expect("a copy on another runner");
+        }
+        let refused = server::control::kept::report(&plane.state, &report("k-other")).await;
+        let refused = refused.expect_err("room on the runner, none for the sandbox");
+        assert_eq!(refused.code, ErrorCode::QuotaExceeded);
+        assert_eq!(
+            refused.details["quota"]["metric"],
+            "kept_copies_per_sandbox"
+        );
+    }
+}

@@ -3,6 +3,8 @@
 //! store in a temp dir), driven through `api`'s client.
 //!
 //! - `support`: starting a server, making an org.
+//! - `bounds`: bounds an audit found missing (offsets, label filters,
+//!   multipart boundaries), each a 400 naming the field.
 //! - `blocks`: the block service through its client passes the store's
 //!   `Objects` conformance suite, and refuses what it must.
 //! - `control`: the control layer called directly (no HTTP), on SQLite
@@ -18,6 +20,7 @@
 //!   another, nor reach the objects of an org it runs nothing for.
 
 mod blocks;
+mod bounds;
 mod control;
 mod dashboard;
 mod deployment;

@@ -186,6 +186,20 @@ async fn parameters_and_fields_state_their_values_and_bounds() {
     );
     let timeout = parameter(&doc, "get", "/v1/sandboxes/{id}", "timeout");
     assert_eq!(timeout["schema"]["maximum"], 25, "{timeout}");
+    // Bounds an audit found missing: a list's label filters, an output
+    // offset the records can hold.
+    let label = parameter(&doc, "get", "/v1/sandboxes", "label");
+    assert_eq!(label["schema"]["maxItems"], 32, "{label}");
+    assert_eq!(
+        label["schema"]["items"]["pattern"],
+        api::schema::LABEL_FILTER_PATTERN,
+        "{label}"
+    );
+    for what in ["output", "attach"] {
+        let path = format!("/v1/sandboxes/{{id}}/commands/{{command_id}}/{what}");
+        let offset = parameter(&doc, "get", &path, "offset");
+        assert_eq!(offset["schema"]["maximum"], i64::MAX, "{offset}");
+    }
     let states = parameter(&doc, "get", "/v1/sandboxes", "state");
     assert_eq!(
         states["schema"]["items"]["$ref"], "#/components/schemas/SandboxState",
