@@ -79,6 +79,14 @@ pub struct Command {
     pub epoch: Option<u64>,
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
+    /// The command wrote more to stdout than its record keeps
+    /// ([`OUTPUT_STREAM_BYTES_MAX`]): `stdout_bytes` are the first ones,
+    /// the rest was not stored.
+    #[serde(default)]
+    pub stdout_truncated: bool,
+    /// The same for stderr.
+    #[serde(default)]
+    pub stderr_truncated: bool,
     pub created_at: String,
     pub started_at: Option<String>,
     pub ended_at: Option<String>,
@@ -117,4 +125,12 @@ pub struct SignalRequest {
 }
 
 /// Signals a command may be sent.
+/// The most of each stream (stdout, stderr) a command's record keeps:
+/// output past it is not stored, and the record says so
+/// (`stdout_truncated`, `stderr_truncated`). Records live in the
+/// deployment's shared database: without a bound one runaway command
+/// (`yes`) would fill it for every org. Larger results belong in files
+/// (the file API).
+pub const OUTPUT_STREAM_BYTES_MAX: u64 = 32 * 1024 * 1024;
+
 pub const SIGNALS: &[&str] = &["TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2"];

@@ -231,11 +231,16 @@ pub async fn exec(args: ExecArgs) -> Result<ExitCode> {
         .with_context(|| format!("exec failed: waiting for {command_id} to end"))?;
     if args.target.json {
         print_record(&ended)?;
-    } else if ended.state != CommandState::Exited {
-        eprintln!(
-            "roost: command ended {}",
-            state_with_reason(ended.state.as_str(), ended.state_reason.as_deref())
-        );
+    } else {
+        if let Some(note) = truncation_note(&ended) {
+            eprintln!("roost: {note}");
+        }
+        if ended.state != CommandState::Exited {
+            eprintln!(
+                "roost: command ended {}",
+                state_with_reason(ended.state.as_str(), ended.state_reason.as_deref())
+            );
+        }
     }
     Ok(ExitCode::from(exit_status(&ended)))
 }
@@ -266,6 +271,24 @@ async fn feed_stdin(client: &Client, sandbox_id: &str, command_id: &str) -> Resu
 }
 
 /// `roost exec`'s exit status for an ended command (documented in its help).
+/// What the record did not keep of the command's output, if anything.
+fn truncation_note(command: &Command) -> Option<String> {
+    let cut: Vec<&str> = [
+        ("stdout", command.stdout_truncated),
+        ("stderr", command.stderr_truncated),
+    ]
+    .into_iter()
+    .filter_map(|(stream, cut)| cut.then_some(stream))
+    .collect();
+    (!cut.is_empty()).then(|| {
+        format!(
+            "only the first {} of {} kept; the rest of the output was not stored",
+            human_bytes(api::commands::OUTPUT_STREAM_BYTES_MAX),
+            cut.join(" and ")
+        )
+    })
+}
+
 pub(crate) fn exit_status(command: &Command) -> u8 {
     match command.state {
         CommandState::Exited => command
@@ -612,13 +635,27 @@ fn print_command(command: &Command, target: &OrgTarget) -> Result<()> {
                 .timeout
                 .map_or_else(|| "-".to_owned(), |t| format!("{t}s")),
         ),
-        ("stdout", human_bytes(command.stdout_bytes)),
-        ("stderr", human_bytes(command.stderr_bytes)),
+        (
+            "stdout",
+            output_size(command.stdout_bytes, command.stdout_truncated),
+        ),
+        (
+            "stderr",
+            output_size(command.stderr_bytes, command.stderr_truncated),
+        ),
         ("created", time_and_age(Some(&command.created_at))),
         ("started", time_and_age(command.started_at.as_deref())),
         ("ended", time_and_age(command.ended_at.as_deref())),
     ]);
     Ok(())
+}
+
+fn output_size(bytes: u64, truncated: bool) -> String {
+    if truncated {
+        format!("{} (the rest not stored)", human_bytes(bytes))
+    } else {
+        human_bytes(bytes)
+    }
 }
 
 /// argv as one line a shell would split back the same way: words with
@@ -666,7 +703,20 @@ mod tests {
             stdin: false,
             tty: None,
             waited_for_wake: false,
+            stdout_truncated: false,
+            stderr_truncated: false,
         }
+    }
+
+    #[test]
+    fn output_the_record_did_not_keep_is_named() {
+        let mut ended = command(CommandState::Exited, Some(0));
+        assert_eq!(truncation_note(&ended), None);
+        ended.stdout_truncated = true;
+        ended.stderr_truncated = true;
+        let note = truncation_note(&ended).expect("a note");
+        assert!(note.contains("stdout and stderr"), "{note}");
+        assert!(note.contains("32"), "{note}");
     }
 
     #[test]

@@ -38,6 +38,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (18, include_str!("../migrations/0018_token_revocation.sql")),
     (19, include_str!("../migrations/0019_runner_leases.sql")),
     (20, include_str!("../migrations/0020_kept_by_sandbox.sql")),
+    (21, include_str!("../migrations/0021_output_bound.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

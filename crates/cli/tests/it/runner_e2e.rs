@@ -379,6 +379,35 @@ pub(crate) async fn sh(api: &Api, sandbox_id: &str, script: &str) -> String {
     stdout
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runaway_commands_record_keeps_the_bound_of_its_output_and_says_so() {
+    let stack = Stack::start().await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    let bound = api::commands::OUTPUT_STREAM_BYTES_MAX;
+    let script = format!("head -c {} /dev/zero; echo done >&2", bound + 1024 * 1024);
+    let created = api
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"argv": ["sh", "-c", script]}),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let cid = created.str("id");
+    let ended = wait_command(&api, &sid, &cid, "ended").await;
+    assert_eq!(
+        (ended["state"].as_str(), ended["exit_code"].as_i64()),
+        (Some("exited"), Some(0)),
+        "{ended}"
+    );
+    assert_eq!(ended["stdout_bytes"].as_u64(), Some(bound), "{ended}");
+    assert_eq!(ended["stdout_truncated"], true, "{ended}");
+    assert_eq!(ended["stderr_truncated"], false, "{ended}");
+    assert_eq!(output(&api, &sid, &cid, "stderr").await, "done\n");
+    stack.runner.assert_no_errors();
+}
+
 pub(crate) async fn wait_command(api: &Api, sandbox_id: &str, id: &str, state: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {

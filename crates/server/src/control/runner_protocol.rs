@@ -20,6 +20,7 @@ use crate::records::{
 };
 use crate::records::{COMMAND_COLUMNS, CommandRow};
 use api::ErrorCode;
+use api::commands::OUTPUT_STREAM_BYTES_MAX;
 use api::runners::{
     Assignments, CommandAssignment, CommandReport, HeartbeatRequest, HeartbeatResponse,
     RegisterRequest, RegisterResponse, SandboxAssignment, SandboxReport, SnapshotAssignment,
@@ -679,8 +680,32 @@ pub async fn append_output(
             ),
         ));
     }
-    if skip < body.len() {
-        records::commands::append_output(&mut tx, id, stream, length as i64, &body[skip..]).await?;
+    let fresh = &body[skip.min(body.len())..];
+    // The record keeps the stream's first `OUTPUT_STREAM_BYTES_MAX` bytes:
+    // what fits is stored, the rest is marked as not stored and refused,
+    // so the runner stops sending this stream (a retry of stored bytes is
+    // still answered as before).
+    let room = OUTPUT_STREAM_BYTES_MAX.saturating_sub(length) as usize;
+    let kept = &fresh[..fresh.len().min(room)];
+    if !kept.is_empty() {
+        records::commands::append_output(&mut tx, id, stream, length as i64, kept).await?;
+    }
+    if kept.len() < fresh.len() {
+        if !stream.truncated_in(&command) {
+            records::commands::mark_truncated(&mut tx, id, stream).await?;
+        }
+        tx.commit().await?;
+        return Err(ControlError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "the record keeps the first {OUTPUT_STREAM_BYTES_MAX} bytes of {}; the rest is not stored",
+                stream.as_str()
+            ),
+        )
+        .with_details(serde_json::json!({
+            "stream": stream.as_str(),
+            "limit_bytes": OUTPUT_STREAM_BYTES_MAX,
+        })));
     }
     tx.commit().await?;
     Ok(length.max(at.offset + body.len() as u64))

@@ -721,6 +721,8 @@ mod tests {
             stdin: false,
             tty: None,
             waited_for_wake: false,
+            stdout_truncated: false,
+            stderr_truncated: false,
         }
     }
 

@@ -35,9 +35,12 @@ pub struct CommandRow {
     pub tty: Option<api::commands::TtySize>,
     /// Created while its sandbox was not running: it waited for a wake.
     pub waited_for_wake: bool,
+    /// Output past the bound was not stored (`api::commands::OUTPUT_STREAM_BYTES_MAX`).
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
 }
 
-pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms, pid, stdin, tty, waited_for_wake";
+pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms, pid, stdin, tty, waited_for_wake, stdout_truncated, stderr_truncated";
 
 /// [`COMMAND_COLUMNS`] split, for direct reads (`super::DirectRow`).
 static COMMAND_COLUMN_NAMES: std::sync::LazyLock<Vec<&str>> =
@@ -76,6 +79,8 @@ impl CommandRow {
                 .column::<Option<String>>("tty")?
                 .and_then(|text| serde_json::from_str(&text).ok()),
             waited_for_wake: row.column::<i64>("waited_for_wake")? != 0,
+            stdout_truncated: row.column::<i64>("stdout_truncated")? != 0,
+            stderr_truncated: row.column::<i64>("stderr_truncated")? != 0,
         })
     }
 
@@ -109,6 +114,8 @@ impl CommandRow {
             stdin: self.stdin,
             tty: self.tty,
             waited_for_wake: self.waited_for_wake,
+            stdout_truncated: self.stdout_truncated,
+            stderr_truncated: self.stderr_truncated,
         }
     }
 }
@@ -269,7 +276,7 @@ pub async fn insert(
     waits_for_wake: bool,
 ) -> Result<CommandRow, sqlx::Error> {
     sqlx::query(&format!(
-        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL, NULL, $9, $10, $11)"
+        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL, NULL, $9, $10, $11, 0, 0)"
     ))
     .bind(id)
     .bind(&sandbox.id)
@@ -451,6 +458,14 @@ impl Stream {
             Stream::Stderr => command.stderr_bytes,
         }
     }
+
+    /// Whether output of this stream was not stored (past the bound).
+    pub fn truncated_in(self, command: &CommandRow) -> bool {
+        match self {
+            Stream::Stdout => command.stdout_truncated,
+            Stream::Stderr => command.stderr_truncated,
+        }
+    }
 }
 
 /// Appends fresh output at the stream's current end `at`.
@@ -481,6 +496,20 @@ pub async fn append_output(
     .bind(id)
     .execute(&mut *tx.tx)
     .await?;
+    tx.changed(id);
+    Ok(())
+}
+
+/// Records that output of `stream` past the bound was not stored.
+pub async fn mark_truncated(tx: &mut WriteTx, id: &str, stream: Stream) -> Result<(), sqlx::Error> {
+    let column = match stream {
+        Stream::Stdout => "stdout_truncated",
+        Stream::Stderr => "stderr_truncated",
+    };
+    sqlx::query(&format!("UPDATE commands SET {column} = 1 WHERE id = $1"))
+        .bind(id)
+        .execute(&mut *tx.tx)
+        .await?;
     tx.changed(id);
     Ok(())
 }
@@ -540,11 +569,15 @@ pub async fn read_output(
     max: usize,
 ) -> Result<Vec<u8>, sqlx::Error> {
     let chunks = sqlx::query(
-        "SELECT start_offset, data FROM command_output WHERE command_id = $1 AND stream = $2 AND start_offset < $3 ORDER BY start_offset",
+        // Only the chunks that overlap the range: a reader tailing a long
+        // stream is not sent every earlier chunk's bytes on each read
+        // (`length` of a blob or bytea reads its size, not its bytes).
+        "SELECT start_offset, data FROM command_output WHERE command_id = $1 AND stream = $2 AND start_offset < $3 AND start_offset + length(data) > $4 ORDER BY start_offset",
     )
     .bind(id)
     .bind(stream.as_str())
-    .bind(offset + max as i64)
+    .bind(offset.saturating_add(max as i64))
+    .bind(offset)
     .fetch_all(pool)
     .await?;
     let mut data: Vec<u8> = Vec::new();

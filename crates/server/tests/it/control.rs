@@ -374,6 +374,68 @@ async fn a_command_goes_from_queue_to_exit_through_its_runner() {
             runner_protocol::append_output(&plane.state, &queued.id, Stream::Stdout, &at(9), b"x")
                 .await;
         assert_eq!(code(gap), ErrorCode::InvalidState);
+        // The record keeps a stream's first OUTPUT_STREAM_BYTES_MAX bytes:
+        // what fits is stored, the rest refused and marked as not stored.
+        let bound = api::commands::OUTPUT_STREAM_BYTES_MAX;
+        let near = vec![b'y'; (bound - 3 - 2) as usize];
+        let length =
+            runner_protocol::append_output(&plane.state, &queued.id, Stream::Stderr, &at(0), &near)
+                .await
+                .expect("appended");
+        assert_eq!(length, bound - 5);
+        let past = runner_protocol::append_output(
+            &plane.state,
+            &queued.id,
+            Stream::Stderr,
+            &at(bound - 5),
+            b"0123456789",
+        )
+        .await;
+        assert_eq!(code(past), ErrorCode::PayloadTooLarge);
+        let stored = plane.load_command(&queued.id).await;
+        assert_eq!(stored.stderr_bytes as u64, bound);
+        assert!(stored.stderr_truncated && !stored.stdout_truncated);
+        let tail = server::records::commands::read_output(
+            &plane.state.db.pool,
+            &queued.id,
+            Stream::Stderr,
+            (bound - 5) as i64,
+            64,
+        )
+        .await
+        .expect("output");
+        assert_eq!(tail, b"01234");
+        // A retry of stored bytes is answered as before; more is refused.
+        let retry = runner_protocol::append_output(
+            &plane.state,
+            &queued.id,
+            Stream::Stderr,
+            &at(bound - 5),
+            b"01234",
+        )
+        .await
+        .expect("a retry");
+        assert_eq!(retry, bound);
+        let more = runner_protocol::append_output(
+            &plane.state,
+            &queued.id,
+            Stream::Stderr,
+            &at(bound),
+            b"z",
+        )
+        .await;
+        assert_eq!(code(more), ErrorCode::PayloadTooLarge);
+        // The other stream goes on.
+        let length = runner_protocol::append_output(
+            &plane.state,
+            &queued.id,
+            Stream::Stdout,
+            &at(3),
+            b"more\n",
+        )
+        .await
+        .expect("stdout goes on");
+        assert_eq!(length, 8);
         // An exit needs its code.
         let missing = runner_protocol::report_command(
             &plane.state,
@@ -391,8 +453,9 @@ async fn a_command_goes_from_queue_to_exit_through_its_runner() {
         .expect("exited");
         assert_eq!(
             (exited.state, exited.exit_code, exited.stdout_bytes),
-            (CommandState::Exited, Some(0), 3)
+            (CommandState::Exited, Some(0), 8)
         );
+        assert!(exited.to_api().stderr_truncated);
         assert!(exited.ended());
     }
 }

@@ -160,6 +160,11 @@ class Command:
     waited_for_wake: bool = False
     """Created while its sandbox was not running (asleep, stopped,
     stopping): it waited for the sandbox to wake, then ran."""
+    stdout_truncated: bool = False
+    """It wrote more to stdout than its record keeps (32 MiB a stream):
+    ``stdout_bytes`` are the first ones, the rest was not stored."""
+    stderr_truncated: bool = False
+    """The same for stderr."""
 
     @property
     def ended(self) -> bool:
