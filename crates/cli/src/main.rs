@@ -115,6 +115,26 @@ fn map_large_buffers_apart() {
     }
 }
 
+/// The soft limit on open files raised to the hard one: a server or a
+/// runner holds a descriptor per connection, stream and sandbox agent,
+/// and the usual soft limit of 1,024 would refuse new work long before
+/// its own bounds do (a runner serves 256 data requests at once, each with
+/// a connection to a sandbox's agent). Best effort: a limit that cannot be
+/// raised stays as it was.
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum || (limit.current.is_some() && limit.maximum.is_none()) {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: limit.maximum,
+                maximum: limit.maximum,
+            },
+        );
+    }
+}
+
 /// The server, a runner or `up`: a process that serves for long.
 fn long_running() -> bool {
     matches!(
@@ -135,7 +155,9 @@ fn main() -> std::process::ExitCode {
     if args.next().is_some_and(|first| first == "init") {
         return runner::run_init(args);
     }
-    if !long_running() {
+    if long_running() {
+        raise_open_files_limit();
+    } else {
         map_large_buffers_apart();
     }
     // Logs go to stderr: key=value text by default, one JSON object per

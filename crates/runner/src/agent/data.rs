@@ -40,6 +40,7 @@ const LAUNCH_WAIT: Duration = Duration::from_secs(10);
 pub(crate) struct DataPlane {
     pub(crate) shared: Arc<Shared>,
     pub(crate) key: [u8; KEY_BYTES],
+    pub(crate) in_flight: Arc<InFlight>,
 }
 
 /// A refusal, as the API's envelope.
@@ -71,6 +72,116 @@ impl IntoResponse for Refusal {
     }
 }
 
+/// Requests the data listener serves at once, and at once for one
+/// sandbox. Each holds a connection to the sandbox's agent (a download, a
+/// listing of up to the agent's bound, a stdin stream) and file
+/// descriptors for as long as its client reads: without a bound, one org
+/// opening streams it never reads would take every descriptor of a runner
+/// other orgs' sandboxes share. Past either bound the answer is 503
+/// `unavailable` at once (the server passes it on; clients retry).
+const REQUESTS_AT_ONCE_MAX: usize = 256;
+const REQUESTS_PER_SANDBOX_MAX: usize = 32;
+/// A connection that has not sent a whole request's headers within this
+/// long (idle between requests included) is closed: nothing but a
+/// verified token holds a connection open for longer.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the data listener serves at once: in all and per sandbox.
+#[derive(Default)]
+pub(crate) struct InFlight {
+    all: std::sync::Mutex<usize>,
+    per_sandbox: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// One request's place among those served at once, given back when its
+/// answer (body included) is done or dropped.
+struct Place {
+    in_flight: Arc<InFlight>,
+    sandbox: Option<String>,
+}
+
+fn locked<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl InFlight {
+    /// A place for a request on `sandbox` (if any), or the refusal naming
+    /// the bound reached.
+    fn take(self: &Arc<Self>, sandbox: Option<&str>) -> Result<Place, Refusal> {
+        let mut all = locked(&self.all);
+        if *all >= REQUESTS_AT_ONCE_MAX {
+            return Err(refuse(
+                ErrorCode::Unavailable,
+                format!("this runner serves {REQUESTS_AT_ONCE_MAX} data requests at once"),
+            ));
+        }
+        if let Some(sandbox) = sandbox {
+            let mut per_sandbox = locked(&self.per_sandbox);
+            let count = per_sandbox.entry(sandbox.to_owned()).or_insert(0);
+            if *count >= REQUESTS_PER_SANDBOX_MAX {
+                return Err(refuse(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "this runner serves {REQUESTS_PER_SANDBOX_MAX} data requests at once for sandbox {sandbox}"
+                    ),
+                ));
+            }
+            *count += 1;
+        }
+        *all += 1;
+        Ok(Place {
+            in_flight: self.clone(),
+            sandbox: sandbox.map(str::to_owned),
+        })
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        *locked(&self.in_flight.all) -= 1;
+        if let Some(sandbox) = &self.sandbox {
+            let mut per_sandbox = locked(&self.in_flight.per_sandbox);
+            if let Some(count) = per_sandbox.get_mut(sandbox) {
+                *count -= 1;
+                if *count == 0 {
+                    per_sandbox.remove(sandbox);
+                }
+            }
+        }
+    }
+}
+
+/// Admits a request: its token verified first (a request without a good
+/// one takes no place and touches nothing), then a place among those
+/// served at once, held until its answer's body is done.
+async fn admit(
+    State(plane): State<Arc<DataPlane>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Err(refusal) = plane.verified(request.headers()) {
+        return refusal.into_response();
+    }
+    let sandbox = request
+        .uri()
+        .path()
+        .strip_prefix("/v1/data/sandboxes/")
+        .and_then(|rest| rest.split('/').next())
+        .map(str::to_owned);
+    let place = match plane.in_flight.take(sandbox.as_deref()) {
+        Ok(place) => place,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let response = next.run(request).await;
+    // The place goes with the body: a download holds it while it streams.
+    response.map(|body| {
+        Body::from_stream(body.into_data_stream().map(move |chunk| {
+            let _held = &place;
+            chunk
+        }))
+    })
+}
+
 pub(crate) fn router(plane: Arc<DataPlane>) -> axum::Router {
     axum::Router::new()
         .route(
@@ -86,13 +197,46 @@ pub(crate) fn router(plane: Arc<DataPlane>) -> axum::Router {
             axum::routing::post(check_filesystem),
         )
         .merge(super::data_files::routes())
+        .layer(axum::middleware::from_fn_with_state(plane.clone(), admit))
         .with_state(plane)
 }
 
-/// Serves `listener` until the runner stops.
+/// Serves `listener` until the runner stops: HTTP/1.1, each connection
+/// closed once it has sent no whole request headers for
+/// [`HEADER_READ_TIMEOUT`] (`axum::serve` sets no such timer, so an idle
+/// connection was kept for ever).
 pub(crate) async fn serve(plane: Arc<DataPlane>, listener: tokio::net::TcpListener) {
-    if let Err(err) = axum::serve(listener, router(plane)).await {
-        tracing::error!(%err, "the data listener stopped");
+    serve_app(router(plane), listener, HEADER_READ_TIMEOUT).await;
+}
+
+async fn serve_app(
+    app: axum::Router,
+    listener: tokio::net::TcpListener,
+    header_read_timeout: Duration,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                // Out of file descriptors and the like: back off, go on.
+                tracing::warn!(%err, "the data listener could not accept");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, "a data connection ended with an error");
+            }
+        });
     }
 }
 
@@ -325,5 +469,73 @@ fn agent_refusal(err: oci::Error) -> Refusal {
             _ => refuse(ErrorCode::Internal, err.to_string()),
         },
         _ => refuse(ErrorCode::Internal, err.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn requests_at_once_are_bounded_per_sandbox_and_in_all() {
+        let in_flight = Arc::new(InFlight::default());
+        let mut places: Vec<Place> = (0..REQUESTS_PER_SANDBOX_MAX)
+            .map(|_| in_flight.take(Some("sbx_a")).ok().expect("a place"))
+            .collect();
+        let refused = in_flight.take(Some("sbx_a")).err().expect("refused");
+        assert_eq!(refused.code, ErrorCode::Unavailable);
+        assert!(refused.message.contains("sbx_a"), "{}", refused.message);
+        // Another sandbox is served meanwhile.
+        places.push(in_flight.take(Some("sbx_b")).ok().expect("another sandbox"));
+        // A place given back (its answer done) is taken again.
+        places.swap_remove(0);
+        places.push(in_flight.take(Some("sbx_a")).ok().expect("a place again"));
+        while places.len() < REQUESTS_AT_ONCE_MAX {
+            let sandbox = format!("sbx_{}", places.len());
+            places.push(in_flight.take(Some(&sandbox)).ok().expect("a place"));
+        }
+        let refused = in_flight.take(None).err().expect("refused in all");
+        assert_eq!(refused.code, ErrorCode::Unavailable);
+        drop(places);
+        assert_eq!(*locked(&in_flight.all), 0);
+        assert!(locked(&in_flight.per_sandbox).is_empty(), "nothing kept");
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_no_request_is_closed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let server = tokio::spawn(serve_app(app, listener, Duration::from_millis(300)));
+        // A request is answered.
+        let mut answered = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        answered
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("send");
+        let mut answer = String::new();
+        answered
+            .read_to_string(&mut answer)
+            .await
+            .expect("an answer");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        // A connection that sends nothing (or half a request) is closed
+        // once the header timeout passes, whatever else loads the machine.
+        for opening in [&b""[..], b"GET / HTTP/1.1\r\nhost"] {
+            let mut idle = tokio::net::TcpStream::connect(address)
+                .await
+                .expect("connect");
+            idle.write_all(opening).await.expect("send");
+            let mut rest = Vec::new();
+            let closed =
+                tokio::time::timeout(Duration::from_secs(60), idle.read_to_end(&mut rest)).await;
+            assert!(closed.is_ok(), "still open after 60 s");
+        }
+        server.abort();
     }
 }

@@ -656,6 +656,7 @@ async fn run_agent(
         let plane = Arc::new(data::DataPlane {
             shared: shared.clone(),
             key: data_key,
+            in_flight: Arc::default(),
         });
         AbortOnDrop(tokio::spawn(data::serve(plane, listener)))
     });
