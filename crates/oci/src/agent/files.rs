@@ -60,6 +60,13 @@ pub const DATA_BYTES_MAX: usize = 64 * 1024;
 pub const LIST_DEPTH_MAX: u64 = 16;
 /// The most entries a listing answers; past them it says `truncated`.
 pub const LIST_ENTRIES_MAX: usize = 10_000;
+/// The most JSON a listing's entries take; past it the listing says
+/// `truncated`, as past [`LIST_ENTRIES_MAX`]. Real entries are about a
+/// hundred bytes (10,000 of them about 1 MiB), but a sandbox can name its
+/// files with paths of 4 KiB and control characters JSON escapes six-fold:
+/// without a bound of its own a listing could be hundreds of MiB for the
+/// runner and the server to hold.
+pub const LIST_JSON_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// The deepest directory a tar download descends into (one descriptor per
 /// level is open while it walks).
 pub const TAR_DEPTH_MAX: usize = 128;
@@ -641,6 +648,7 @@ fn walk(root: &Path, depth: usize) -> Result<(Vec<Value>, bool), Failure> {
         return Ok((vec![entry(root, &metadata)], false));
     }
     let mut entries = Vec::new();
+    let mut json_bytes = 0;
     let mut truncated = false;
     let mut pending = VecDeque::from([(root.to_path_buf(), 1usize)]);
     'walk: while let Some((directory, level)) = pending.pop_front() {
@@ -662,10 +670,17 @@ fn walk(root: &Path, depth: usize) -> Result<(Vec<Value>, bool), Failure> {
                 break 'walk;
             }
             let path = item.path();
-            if metadata.is_dir() && level < depth {
-                pending.push_back((path.clone(), level + 1));
+            let listed = entry(&path, &metadata);
+            // Its JSON and a separator, as the listing frames will carry it.
+            json_bytes += listed.to_string().len() + 1;
+            if json_bytes > LIST_JSON_BYTES_MAX {
+                truncated = true;
+                break 'walk;
             }
-            entries.push(entry(&path, &metadata));
+            if metadata.is_dir() && level < depth {
+                pending.push_back((path, level + 1));
+            }
+            entries.push(listed);
         }
     }
     entries.sort_by(|a, b| a["path"].as_str().cmp(&b["path"].as_str()));
@@ -1431,6 +1446,31 @@ fn clear_way(parent: BorrowedFd<'_>, name: &OsStr, raw: &[u8], path: &Path) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listing_stops_at_its_json_bound_and_says_truncated() {
+        let scratch = tempfile::tempdir().expect("tempdir");
+        // Long names, nested: each entry's JSON is about 3 KiB, so the
+        // JSON bound comes long before the entries' bound.
+        let mut deep = scratch.path().to_path_buf();
+        for level in 0..10 {
+            deep.push(format!("{level}{}", "d".repeat(250)));
+        }
+        std::fs::create_dir_all(&deep).expect("deep directory");
+        let files = LIST_JSON_BYTES_MAX / 2_500;
+        assert!(files < LIST_ENTRIES_MAX);
+        for i in 0..files {
+            std::fs::write(deep.join(format!("{i:05}{}", "f".repeat(240))), b"").expect("file");
+        }
+        let (entries, truncated) = walk(&deep, 1).expect("listed");
+        assert!(truncated, "{} entries", entries.len());
+        let json: usize = entries.iter().map(|e| e.to_string().len() + 1).sum();
+        assert!(json <= LIST_JSON_BYTES_MAX, "{json} bytes");
+        assert!(entries.len() > files / 2, "{} entries", entries.len());
+        // A listing under both bounds is whole.
+        let (entries, truncated) = walk(scratch.path(), 2).expect("listed");
+        assert_eq!((entries.len(), truncated), (2, false));
+    }
 
     #[test]
     fn request_paths_are_the_sandboxs_and_bad_ones_are_refused() {

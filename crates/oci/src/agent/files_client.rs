@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-use super::files::{DATA_BYTES_MAX, LIST_ENTRIES_MAX};
+use super::files::{DATA_BYTES_MAX, LIST_ENTRIES_MAX, LIST_JSON_BYTES_MAX};
 use super::wire::{self, Frame, kind};
 use crate::error::{Error, Result};
 use crate::runtime::Sandbox;
@@ -18,9 +18,11 @@ use crate::runtime::Sandbox;
 /// a download, the answer after an upload's fsync, a recursive removal): a
 /// frozen or dead sandbox must not hang the runner.
 pub const FILE_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
-/// The most JSON a listing may take in all (10,000 entries of the longest
-/// paths and link targets stay under it).
-const LISTING_BYTES_MAX: usize = 100 * 1024 * 1024;
+/// The most JSON a listing may take in all: the agent stops its entries at
+/// [`LIST_JSON_BYTES_MAX`] and says `truncated`; what is more is the
+/// frames' own (a bound for them with room to spare). More is a lying
+/// agent's.
+pub const LISTING_BYTES_MAX: usize = LIST_JSON_BYTES_MAX + 1024 * 1024;
 
 /// What a directory entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

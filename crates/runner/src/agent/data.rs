@@ -41,7 +41,15 @@ pub(crate) struct DataPlane {
     pub(crate) shared: Arc<Shared>,
     pub(crate) key: [u8; KEY_BYTES],
     pub(crate) in_flight: Arc<InFlight>,
+    /// Listings built at once ([`LISTINGS_AT_ONCE`]).
+    pub(crate) listings: tokio::sync::Semaphore,
 }
+
+/// Listings the data listener builds at once: each is held whole, up to
+/// `oci::agent::files_client::LISTING_BYTES_MAX` of JSON as read and as
+/// much again as written, so this bounds their memory (about 150 MiB at
+/// worst) however many are asked for.
+pub(crate) const LISTINGS_AT_ONCE: usize = 8;
 
 /// A refusal, as the API's envelope.
 struct Refusal {

@@ -446,6 +446,15 @@ async fn list(
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
     let container = container(&plane, &headers, ops::LIST, &sandbox_id)?;
+    // A listing is held whole (up to the agent's bound, twice: as read and
+    // as written), so only a few are built at once; the rest wait.
+    let _turn = plane.listings.acquire().await.map_err(|_| {
+        refusal(
+            ErrorCode::Unavailable,
+            "the runner is stopping",
+            serde_json::Value::Null,
+        )
+    })?;
     let answer = container
         .list_files(&query.path, query.depth.unwrap_or(1))
         .await
