@@ -9,6 +9,7 @@
 //!     └─ port roost0-5 (veth, isolated) ◄──────► eth0 10.88.0.5/16
 //!                                                default via 10.88.0.1
 //!   iptables filter FORWARD → ROOST-FWD-roost0    lo up
+//!   iptables filter INPUT → ROOST-IN-roost0
 //!   iptables nat POSTROUTING → ROOST-NAT-roost0   /etc/resolv.conf (ours)
 //! ```
 //!
@@ -21,7 +22,9 @@
 //!   host's other addresses are local to the host, so traffic to them is
 //!   `INPUT`, not forwarded. A runner host must not expose services to its
 //!   sandboxes that it would not expose to them anyway (bind them to
-//!   loopback or firewall the bridge in `INPUT`).
+//!   loopback or firewall the bridge in `INPUT`). The runner closes its own
+//!   data listener's port to them (`ROOST-IN-*`, jumped to from `INPUT`,
+//!   [`BridgeConfig::closed_host_ports`]).
 //! - **Other sandboxes**: no. Every sandbox port is a bridge port with
 //!   `isolated on`, so the bridge never forwards a frame from one sandbox
 //!   port to another (ARP included), and `ROOST-FWD-*` drops anything
@@ -244,6 +247,11 @@ pub struct BridgeConfig {
     /// The host file each sandbox's `/etc/resolv.conf` is derived from
     /// (see [`sandbox_resolv_conf`]).
     pub resolv_conf: PathBuf,
+    /// TCP ports of the host no sandbox on the bridge may connect to, on
+    /// any of the host's addresses: the runner's own data listener, which
+    /// must be reachable by servers and so listens on an address sandboxes
+    /// can route to (the host is theirs to reach otherwise).
+    pub closed_host_ports: Vec<u16>,
 }
 
 impl BridgeConfig {
@@ -259,6 +267,7 @@ impl BridgeConfig {
             state_dir: state_dir.into(),
             mtu: None,
             resolv_conf: PathBuf::from(DEFAULT_RESOLV_CONF),
+            closed_host_ports: Vec::new(),
         }
     }
 
@@ -346,6 +355,10 @@ impl BridgeNetwork {
 
     fn nat_chain(&self) -> String {
         format!("ROOST-NAT-{}", self.bridge())
+    }
+
+    fn input_chain(&self) -> String {
+        format!("ROOST-IN-{}", self.bridge())
     }
 
     fn leases_dir(&self) -> PathBuf {
@@ -453,8 +466,18 @@ impl BridgeNetwork {
         let bridge = self.bridge();
         let forward = self.forward_chain();
         let nat = self.nat_chain();
+        let input = self.input_chain();
         let subnet = self.config.subnet;
-        let mut rules = format!("*filter\n:{forward} - [0:0]\n");
+        let mut rules = format!("*filter\n:{forward} - [0:0]\n:{input} - [0:0]\n");
+        // The host's own services a sandbox must not reach: a connection
+        // the sandbox opens is refused at once (a client there fails fast);
+        // replies to the host's own connections into the sandbox pass,
+        // whatever port the host happened to send from.
+        for port in &self.config.closed_host_ports {
+            rules += &format!(
+                "-A {input} -i {bridge} -p tcp --dport {port} -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset\n"
+            );
+        }
         // Sandbox to sandbox through the host (and bridged frames, when
         // br_netfilter passes them to iptables).
         rules += &format!("-A {forward} -i {bridge} -o {bridge} -j DROP\n");
@@ -495,9 +518,10 @@ impl BridgeNetwork {
         Ok(())
     }
 
-    fn jumps(&self) -> [(&'static str, &'static str, String); 2] {
+    fn jumps(&self) -> [(&'static str, &'static str, String); 3] {
         [
             ("filter", "FORWARD", self.forward_chain()),
+            ("filter", "INPUT", self.input_chain()),
             ("nat", "POSTROUTING", self.nat_chain()),
         ]
     }
@@ -1022,8 +1046,10 @@ mod tests {
         let mut config = BridgeConfig::new("/x");
         config.bridge = "rb0".to_owned();
         config.subnet = "10.9.0.0/24".parse().expect("valid");
+        config.closed_host_ports = vec![7071];
         let rules = BridgeNetwork::new(config).expect("valid").firewall_rules();
-        let expected = "*filter\n:ROOST-FWD-rb0 - [0:0]\n\
+        let expected = "*filter\n:ROOST-FWD-rb0 - [0:0]\n:ROOST-IN-rb0 - [0:0]\n\
+            -A ROOST-IN-rb0 -i rb0 -p tcp --dport 7071 -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset\n\
             -A ROOST-FWD-rb0 -i rb0 -o rb0 -j DROP\n\
             -A ROOST-FWD-rb0 -i rb0 -d 169.254.0.0/16 -j DROP\n\
             -A ROOST-FWD-rb0 -i rb0 -j ACCEPT\n\

@@ -29,10 +29,16 @@ const BRIDGE: &str = "rstit0";
 const SUBNET: &str = "10.231.0.0/16";
 const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 1);
 
+/// A host port closed to the test bridge's sandboxes (as a runner closes
+/// its data listener's), in every test's config: the bridge is shared and
+/// each setup replaces its chains.
+const CLOSED_HOST_PORT: u16 = 47_071;
+
 fn bridge_config() -> BridgeConfig {
     let mut config = BridgeConfig::new(std::env::temp_dir().join("roost-runner-it-network"));
     config.bridge = BRIDGE.to_owned();
     config.subnet = SUBNET.parse().expect("valid subnet");
+    config.closed_host_ports = vec![CLOSED_HOST_PORT];
     config
 }
 
@@ -452,6 +458,28 @@ async fn a_bridge_sandbox_reaches_the_host_and_the_outside_through_nat_but_nothi
 }
 
 #[tokio::test]
+async fn a_closed_host_port_is_refused_to_a_bridge_sandbox_and_other_ports_are_not() {
+    let t = launch("net-closed", Network::Bridge, bridge_config()).await;
+    let closed = tokio::net::TcpListener::bind((GATEWAY, CLOSED_HOST_PORT))
+        .await
+        .expect("listen on the closed port");
+    let accepted = accept_one(closed);
+    assert!(
+        !t.connects(SocketAddr::from((GATEWAY, CLOSED_HOST_PORT)), 2000, "x")
+            .await,
+        "the sandbox reached a closed host port"
+    );
+    assert!(
+        accepted.await.expect("task").is_none(),
+        "the closed port accepted"
+    );
+    // The host's other ports stay as reachable as before.
+    let (open, accepted) = host_listener().await;
+    assert!(t.connects(open, 2000, "open").await);
+    assert!(accepted.await.expect("task").is_some());
+}
+
+#[tokio::test]
 async fn bridge_sandboxes_cannot_reach_each_other() {
     let a = launch("net-a", Network::Bridge, bridge_config()).await;
     let b = launch("net-b", Network::Bridge, bridge_config()).await;
@@ -640,6 +668,7 @@ fn setup_is_idempotent_and_teardown_removes_it() {
         network.setup().expect("setup");
     }
     assert_eq!(jumps("filter", "FORWARD", "ROOST-FWD-rstit1"), 1);
+    assert_eq!(jumps("filter", "INPUT", "ROOST-IN-rstit1"), 1);
     assert_eq!(jumps("nat", "POSTROUTING", "ROOST-NAT-rstit1"), 1);
     let chain = host("iptables", &["-w", "-S", "ROOST-FWD-rstit1"]);
     assert_eq!(chain.lines().count(), 6, "{chain}"); // -N and five rules
@@ -657,6 +686,7 @@ fn setup_is_idempotent_and_teardown_removes_it() {
     network.teardown().expect("teardown");
     assert!(!interface_exists("rstit1"));
     assert_eq!(jumps("filter", "FORWARD", "ROOST-FWD-rstit1"), 0);
+    assert_eq!(jumps("filter", "INPUT", "ROOST-IN-rstit1"), 0);
     assert_eq!(jumps("nat", "POSTROUTING", "ROOST-NAT-rstit1"), 0);
     let gone = Command::new("iptables")
         .args(["-w", "-S", "ROOST-FWD-rstit1"])

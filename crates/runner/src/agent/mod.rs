@@ -594,25 +594,6 @@ async fn run_agent(
         }
     }
     let data = DataDir::open(&config.data_dir)?;
-    let mut runtime_config = RuntimeConfig::new(config.runtime, data.runtime_root());
-    runtime_config.cgroup_parent = config.cgroup_parent.clone();
-    runtime_config.bridge = Some(oci::BridgeConfig::new(data.root().join("network")));
-    let runtime = Runtime::open(runtime_config)?;
-    if let Some(reason) = runtime.bridge_unavailable_reason() {
-        tracing::warn!(%reason, "bridge networking unavailable; not offering network:bridge");
-    }
-    let saved = data.runner_id()?.unwrap_or_default();
-    let link = control::RunnerLink::new(&config.server_url, &config.token);
-    if let Some(credential) = data.runner_token()? {
-        link.use_credential(Some(&credential));
-    }
-    let images = images::Images::open(data.root())?;
-    let homes = homes::Homes::open(
-        data.root(),
-        Some(config.homes_image_bytes),
-        config.failpoint.clone(),
-    )?;
-    let clock: Arc<dyn Clock> = Arc::new(TokioClock);
     // The data listener, bound before registering (its URL goes with the
     // registration); it serves once `shared` exists.
     let data_key = api::data_path::new_key()
@@ -637,6 +618,33 @@ async fn run_agent(
         }
         None => (None, None),
     };
+    let mut runtime_config = RuntimeConfig::new(config.runtime, data.runtime_root());
+    runtime_config.cgroup_parent = config.cgroup_parent.clone();
+    let mut bridge = oci::BridgeConfig::new(data.root().join("network"));
+    // Bridge sandboxes route to the host's addresses: the data listener's
+    // port is closed to them (only servers, with tokens, are its clients).
+    if let Some(listener) = &data_listener
+        && let Ok(bound) = listener.local_addr()
+    {
+        bridge.closed_host_ports.push(bound.port());
+    }
+    runtime_config.bridge = Some(bridge);
+    let runtime = Runtime::open(runtime_config)?;
+    if let Some(reason) = runtime.bridge_unavailable_reason() {
+        tracing::warn!(%reason, "bridge networking unavailable; not offering network:bridge");
+    }
+    let saved = data.runner_id()?.unwrap_or_default();
+    let link = control::RunnerLink::new(&config.server_url, &config.token);
+    if let Some(credential) = data.runner_token()? {
+        link.use_credential(Some(&credential));
+    }
+    let images = images::Images::open(data.root())?;
+    let homes = homes::Homes::open(
+        data.root(),
+        Some(config.homes_image_bytes),
+        config.failpoint.clone(),
+    )?;
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock);
     let shared = Arc::new(Shared {
         control: Arc::new(link),
         runner_id: Mutex::new(saved),
