@@ -82,6 +82,12 @@ pub struct Config {
     /// Where the key that seals org secrets comes from; without one,
     /// secrets are refused (`unsupported_capability`).
     pub secret_key: control::secrets::SecretKeySource,
+    /// How long a connection may take to send a request's head (its
+    /// request line and headers), from when it opens or its previous
+    /// answer ended; past it the server closes the connection. Without
+    /// it, a client that connects and sends nothing holds a file
+    /// descriptor forever.
+    pub header_read_timeout: Duration,
     /// Crash-safety tests only: the fault point armed
     /// (`ROOST_FAILPOINT`), e.g. `after_commit:create_sandbox`.
     pub failpoint: api::failpoint::Failpoints,
@@ -114,6 +120,7 @@ impl Config {
             idle_timeout_max: Duration::from_secs(7 * 24 * 3600),
             stop_grace: Duration::from_secs(10),
             secret_key: control::secrets::SecretKeySource::None,
+            header_read_timeout: Duration::from_secs(30),
             failpoint: api::failpoint::Failpoints::none(),
         }
     }
@@ -168,7 +175,7 @@ pub async fn serve(
     }
     tokio::spawn(reconcile::run(state.clone()));
     let app = http::router(state);
-    serve_connections(listener, app, shutdown).await;
+    serve_connections(listener, app, config.header_read_timeout, shutdown).await;
     Ok(())
 }
 
@@ -244,10 +251,17 @@ fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 async fn serve_connections(
     listener: tokio::net::TcpListener,
     app: axum::Router,
+    header_read_timeout: Duration,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    use hyper_util::rt::TokioIo;
+    use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
+    // hyper keeps its header-read timeout off without a timer: a
+    // connection that never sends a request would be kept forever.
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -265,9 +279,10 @@ async fn serve_connections(
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
+        let builder = builder.clone();
         tokio::spawn(async move {
             // With upgrades: a terminal attaches over a WebSocket.
-            let connection = hyper::server::conn::http1::Builder::new()
+            let connection = builder
                 .serve_connection(TokioIo::new(stream), service)
                 .with_upgrades();
             if let Err(err) = connection.await {

@@ -606,6 +606,15 @@ async fn run_agent(
             let bound = listener
                 .local_addr()
                 .map_err(|e| oci::Error::io("bind the data listener", address.to_string(), e))?;
+            // Servers cannot dial an unspecified address (and refuse a URL
+            // naming one): listening on all of them needs the URL they reach.
+            if bound.ip().is_unspecified() && config.data_url.is_none() {
+                return Err(oci::Error::Invalid(format!(
+                    "--data-listen {address}: servers cannot dial {}; give --data-url with an address they reach",
+                    bound.ip()
+                ))
+                .into());
+            }
             let url = config
                 .data_url
                 .clone()

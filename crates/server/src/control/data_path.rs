@@ -11,7 +11,8 @@
 //! takes an unauthenticated request. The org check is here, before a
 //! token exists: an org reaches only its own sandboxes.
 
-use std::sync::OnceLock;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use api::ErrorCode;
@@ -35,14 +36,75 @@ pub struct DataRoute {
     pub token: String,
 }
 
+/// The relay's client. It never follows a redirect: a runner answers
+/// for itself, and a 3xx would have the server fetch whatever URL a
+/// compromised runner names (cloud metadata, say) and stream it to an org
+/// as a file; a 3xx is a bad answer ([`refusal`]). Names resolve only to
+/// addresses servers may dial ([`dialable`]).
 fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
         reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(DialableOnly))
             .build()
             .unwrap_or_default()
     })
+}
+
+/// Whether servers may dial `ip` on a runner's data path: never a
+/// link-local address (169.254.0.0/16 holds cloud metadata services,
+/// which may hand out the store's credentials; fe80::/10) nor an
+/// unspecified one (0.0.0.0, `::`: the server's own host). A runner names
+/// its own data address, so a compromised one must not point the relay
+/// at what only the server's host can reach. Loopback and private
+/// addresses stay allowed: one-host deployments and private networks use
+/// them.
+pub fn dialable(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => !(v4.is_link_local() || v4.is_unspecified()),
+        IpAddr::V6(v6) => !(v6.is_unicast_link_local() || v6.is_unspecified()),
+    }
+}
+
+/// Why servers may not dial a data URL whose host is an address, if they
+/// may not (a name is checked as it resolves, by [`DialableOnly`]).
+pub fn undialable_data_url(url: &reqwest::Url) -> Option<String> {
+    // The URL parser writes an address in its one form (an IPv6 one in
+    // brackets; `http://2852039166/` as 169.254.169.254).
+    let host = url.host_str()?;
+    let ip: IpAddr = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+        .parse()
+        .ok()?;
+    (!dialable(ip)).then(|| {
+        format!("{ip} is a link-local or unspecified address: name an address servers can dial")
+    })
+}
+
+/// The relay's name resolution: the system's, keeping only dialable
+/// addresses, so a name for 169.254.169.254 is refused as the address
+/// itself is at registration.
+struct DialableOnly;
+
+impl reqwest::dns::Resolve for DialableOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let name = name.as_str().to_owned();
+        Box::pin(async move {
+            let found = tokio::net::lookup_host((name.as_str(), 0)).await?;
+            let addresses: Vec<SocketAddr> = found.filter(|a| dialable(a.ip())).collect();
+            if addresses.is_empty() {
+                return Err(format!(
+                    "{name} resolves to no address servers may dial (only link-local or unspecified ones)"
+                )
+                .into());
+            }
+            Ok(Box::new(addresses.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
 }
 
 /// The route for `op` on the org's command: waits for a queued command
@@ -103,18 +165,7 @@ pub async fn command_route(
             format!("sandbox {sandbox_id} is {}, not running", sandbox.state),
         ));
     }
-    let Some((url, key)) = records::runners::data_path(&state.db.pool, runner_id).await? else {
-        return Err(ControlError::new(
-            ErrorCode::Unavailable,
-            format!("runner {runner_id} offers no data path (an older runner?)"),
-        ));
-    };
-    let Some(key) = api::data_path::parse_key(&key) else {
-        return Err(ControlError::new(
-            ErrorCode::Internal,
-            format!("runner {runner_id}'s data key is unreadable"),
-        ));
-    };
+    let (url, key) = runner_data_path(state, runner_id).await?;
     let claims = DataClaims {
         sandbox_id: sandbox_id.to_owned(),
         epoch: epoch as u64,
@@ -132,8 +183,9 @@ pub async fn command_route(
     })
 }
 
-/// What the runner answered: its status and body, passed on as they are
-/// (its errors are the API's envelopes, with stable codes).
+/// What the runner answered to a stdin write or a resize: a success's
+/// status and its small JSON body, passed on as they are (a refusal is
+/// an error, [`refusal`]).
 #[derive(Debug)]
 pub struct Relayed {
     pub status: u16,
@@ -187,8 +239,59 @@ pub async fn resize(
     relayed(answer).await
 }
 
-/// A command's stdin fed from a channel for as long as the sender lives
-/// (a terminal attached over a WebSocket): the stdin stays open after.
+/// The most bytes one piece of a stdin feed carries, and the most pieces
+/// its queue holds: a command that never reads its stdin makes a feed
+/// hold at most 2 MiB queued (plus the one message its sender is
+/// splitting). A queue of 64 whole messages held up to 64 of E2B's 3 MiB
+/// inputs, about 200 MiB a call.
+pub const STDIN_PIECE_BYTES_MAX: usize = 256 * 1024;
+pub const STDIN_QUEUE_PIECES: usize = 8;
+const _: () = assert!(STDIN_QUEUE_PIECES * STDIN_PIECE_BYTES_MAX <= 2 * 1024 * 1024);
+
+/// The feed has ended: the runner answered (or the request failed) and
+/// takes no more bytes.
+#[derive(Debug)]
+pub struct StdinFeedEnded;
+
+/// The writing end of a stdin feed ([`stdin_feed`]).
+#[derive(Clone, Debug)]
+pub struct StdinSender {
+    pieces: tokio::sync::mpsc::Sender<Vec<u8>>,
+}
+
+impl StdinSender {
+    /// Queues `bytes` in pieces of at most [`STDIN_PIECE_BYTES_MAX`],
+    /// waiting while [`STDIN_QUEUE_PIECES`] are queued. Each piece is a
+    /// copy, so a queued piece never keeps a whole message alive.
+    pub async fn send(&self, bytes: &[u8]) -> Result<(), StdinFeedEnded> {
+        for piece in bytes.chunks(STDIN_PIECE_BYTES_MAX) {
+            self.pieces
+                .send(piece.to_vec())
+                .await
+                .map_err(|_| StdinFeedEnded)?;
+        }
+        Ok(())
+    }
+}
+
+/// A stdin feed's two ends: the body streams what the sender queues, and
+/// ends once every sender is dropped.
+fn stdin_pieces() -> (
+    StdinSender,
+    impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send + 'static,
+) {
+    let (pieces, mut receiver) = tokio::sync::mpsc::channel::<Vec<u8>>(STDIN_QUEUE_PIECES);
+    let body = futures::stream::poll_fn(move |cx| {
+        receiver
+            .poll_recv(cx)
+            .map(|piece| piece.map(Ok::<_, std::io::Error>))
+    });
+    (StdinSender { pieces }, body)
+}
+
+/// A command's stdin fed for as long as the sender lives (a terminal
+/// attached over a WebSocket, E2B's StreamInput): the stdin stays open
+/// after.
 pub async fn stdin_feed(
     state: &AppState,
     org_id: &str,
@@ -196,18 +299,13 @@ pub async fn stdin_feed(
     command_id: &str,
 ) -> Result<
     (
-        tokio::sync::mpsc::Sender<Vec<u8>>,
+        StdinSender,
         tokio::task::JoinHandle<Result<Relayed, ControlError>>,
     ),
     ControlError,
 > {
     let route = command_route(state, org_id, sandbox_id, command_id, "stdin").await?;
-    let (sender, mut receiver) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
-    let body = futures::stream::poll_fn(move |cx| {
-        receiver
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(Ok::<_, std::io::Error>))
-    });
+    let (sender, body) = stdin_pieces();
     let request = client()
         .post(&route.url)
         .query(&[("close", false)])
@@ -227,17 +325,124 @@ fn unreachable(err: reqwest::Error) -> ControlError {
     )
 }
 
-async fn relayed(answer: reqwest::Response) -> Result<Relayed, ControlError> {
-    let status = answer.status().as_u16();
-    let body = answer.bytes().await.map_err(|err| {
-        ControlError::new(
-            ErrorCode::Unavailable,
-            format!("the runner's answer was cut: {err}"),
+/// The most bytes of a runner's answer read whole where it is not
+/// streamed on: an error envelope, a stdin write's or a resize's JSON
+/// (all a few hundred bytes). More is a bad answer: a compromised runner
+/// must not make a server hold what it likes.
+pub const ANSWER_BYTES_MAX: usize = 64 * 1024;
+
+/// The most bytes of a file listing read whole (E2B's ListDir and Stat
+/// translate it, so it is not streamed on). A sandbox's agent stops a
+/// listing at 8 MiB of its JSON and says `truncated`
+/// (`oci::agent::files::LIST_JSON_BYTES_MAX`); the runner's rendering of
+/// the same entries is about as long (dates as text, modes in octal), so
+/// a sound runner sends well under this.
+pub const LISTING_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// `details.reason` of a 503 for an answer no sound runner gives: a
+/// redirect, a body past its bound, a refusal without an envelope.
+pub const REASON_RUNNER_BAD_ANSWER: &str = "runner_bad_answer";
+/// `details.reason` of a 503 for a runner refusing the server's own
+/// credential (a runner restarted with a new key, clocks apart): the
+/// client's token was fine, and a retry may pass.
+pub const REASON_RUNNER_REFUSED_CREDENTIAL: &str = "runner_refused_credential";
+
+/// The runner's fault, not the client's: 503 `unavailable` (retryable),
+/// `reason` in the details.
+fn runner_fault(reason: &str, message: String) -> ControlError {
+    ControlError::new(ErrorCode::Unavailable, message)
+        .with_details(serde_json::json!({ "reason": reason }))
+}
+
+/// A runner's answer body, read whole up to `bytes_max`; more is a bad
+/// answer (refused as soon as it is known, never read to its end).
+pub async fn answer_bytes(
+    mut answer: reqwest::Response,
+    bytes_max: usize,
+) -> Result<Vec<u8>, ControlError> {
+    let too_large = || {
+        runner_fault(
+            REASON_RUNNER_BAD_ANSWER,
+            format!("the sandbox's runner answered more than {bytes_max} bytes"),
         )
-    })?;
+    };
+    if answer
+        .content_length()
+        .is_some_and(|length| length > bytes_max as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    loop {
+        let chunk = answer.chunk().await.map_err(|err| {
+            ControlError::new(
+                ErrorCode::Unavailable,
+                format!("the runner's answer was cut: {err}"),
+            )
+        })?;
+        let Some(chunk) = chunk else {
+            return Ok(body);
+        };
+        if body.len() + chunk.len() > bytes_max {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+}
+
+/// A runner's answer other than a success, as the client's refusal: its
+/// envelope's code, message and details (a file not found, a full disk),
+/// except where the runner, not the client, is at fault (503
+/// `unavailable`): a redirect (never followed), a refusal of the
+/// server's own credential (401, 403, `unauthenticated`: passed on, the
+/// client would take its own token for bad), a body past
+/// [`ANSWER_BYTES_MAX`] or without an envelope.
+pub async fn refusal(answer: reqwest::Response) -> ControlError {
+    let status = answer.status();
+    let refused_credential = || {
+        runner_fault(
+            REASON_RUNNER_REFUSED_CREDENTIAL,
+            format!(
+                "the sandbox's runner refused this server's credential ({status}): it may have restarted; retry"
+            ),
+        )
+    };
+    if status.is_redirection() {
+        return runner_fault(
+            REASON_RUNNER_BAD_ANSWER,
+            format!("the sandbox's runner answered {status}, a redirect (never followed)"),
+        );
+    }
+    if matches!(status.as_u16(), 401 | 403) {
+        return refused_credential();
+    }
+    let bytes = match answer_bytes(answer, ANSWER_BYTES_MAX).await {
+        Ok(bytes) => bytes,
+        Err(error) => return error,
+    };
+    match serde_json::from_slice::<api::ErrorBody>(&bytes) {
+        Ok(body) if body.error.code == ErrorCode::Unauthenticated => refused_credential(),
+        Ok(body) => {
+            ControlError::new(body.error.code, body.error.message).with_details(body.error.details)
+        }
+        Err(_) => runner_fault(
+            REASON_RUNNER_BAD_ANSWER,
+            format!("the sandbox's runner answered {status} without an error envelope"),
+        ),
+    }
+}
+
+/// A stdin write's or a resize's answer: a success with its JSON (at most
+/// [`ANSWER_BYTES_MAX`]), or the refusal.
+async fn relayed(answer: reqwest::Response) -> Result<Relayed, ControlError> {
+    let status = answer.status();
+    if !status.is_success() {
+        return Err(refusal(answer).await);
+    }
+    let body = answer_bytes(answer, ANSWER_BYTES_MAX).await?;
     Ok(Relayed {
-        status,
-        body: body.to_vec(),
+        status: status.as_u16(),
+        body,
     })
 }
 
@@ -268,6 +473,12 @@ pub async fn check_mount_sources(
             let Some(key) = api::data_path::parse_key(&key) else {
                 continue;
             };
+            if reqwest::Url::parse(&url)
+                .ok()
+                .is_none_or(|url| undialable_data_url(&url).is_some())
+            {
+                continue;
+            }
             let subject = format!("{}/{}", mount.filesystem, mount.subpath);
             let claims = DataClaims {
                 sandbox_id: String::new(),
@@ -387,6 +598,18 @@ async fn runner_data_path(
             format!("runner {runner_id}'s data key is unreadable"),
         ));
     };
+    // Registration refuses such a URL; this catches one a runner
+    // registered before it did.
+    let undialable = match reqwest::Url::parse(&url) {
+        Ok(parsed) => undialable_data_url(&parsed),
+        Err(err) => Some(err.to_string()),
+    };
+    if let Some(why) = undialable {
+        return Err(ControlError::new(
+            ErrorCode::Unavailable,
+            format!("runner {runner_id}'s data URL cannot be dialed: {why}"),
+        ));
+    }
     Ok((url, key))
 }
 
@@ -400,8 +623,9 @@ pub enum RelayBody {
 
 /// Sends a request on `route` with `query` and `body`; the runner's
 /// answer as it comes: its status and headers, the body still to read
-/// (streamed on by the caller, never buffered whole here). Its errors are
-/// the API's envelopes.
+/// (streamed on by the caller, never buffered whole here). The caller
+/// turns anything but a success into the client's error with
+/// [`refusal`].
 pub async fn relay(
     route: &DataRoute,
     method: reqwest::Method,
@@ -421,10 +645,190 @@ pub async fn relay(
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .body(stream),
     };
-    request.send().await.map_err(|err| {
-        ControlError::new(
-            ErrorCode::Unavailable,
-            format!("the sandbox's runner is unreachable on its data path: {err}"),
+    request.send().await.map_err(unreachable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    /// A runner's answer with `status` and `body` (built with hyper's
+    /// types, which reqwest's response is made from).
+    fn answer(status: u16, body: reqwest::Body) -> reqwest::Response {
+        reqwest::Response::from(
+            hyper::Response::builder()
+                .status(status)
+                .body(body)
+                .expect("a response"),
         )
-    })
+    }
+
+    fn envelope(code: ErrorCode, message: &str) -> reqwest::Body {
+        let body = serde_json::json!({
+            "error": { "code": code.as_str(), "message": message, "details": { "reason": "r" },
+                       "request_id": "req_1" },
+        });
+        reqwest::Body::from(body.to_string())
+    }
+
+    /// A body of 256 chunks of 16 KiB (4 MiB), counting the chunks read.
+    fn long(read: &Arc<std::sync::atomic::AtomicUsize>) -> reqwest::Body {
+        let read = read.clone();
+        reqwest::Body::wrap_stream(futures::stream::iter(0..256).map(move |_| {
+            read.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, std::io::Error>(vec![b'x'; 16 * 1024])
+        }))
+    }
+
+    /// Whether a read of [`long`] stopped early (at its bound).
+    fn stopped_early(read: &std::sync::atomic::AtomicUsize) -> bool {
+        read.load(std::sync::atomic::Ordering::SeqCst) < 256
+    }
+
+    async fn refused(answer: reqwest::Response) -> ControlError {
+        tokio::time::timeout(Duration::from_secs(30), refusal(answer))
+            .await
+            .expect("a refusal is read within a bound")
+    }
+
+    fn reason(error: &ControlError) -> &str {
+        error.details["reason"].as_str().unwrap_or("")
+    }
+
+    /// Audit findings: a runner's 401 reached the client as its own
+    /// token's fault; a redirect was followed; an error body was read
+    /// whole, however long.
+    #[tokio::test]
+    async fn a_runner_at_fault_is_unavailable_and_its_refusals_pass_on() {
+        // The runner's own refusals keep their code and details.
+        let error = refused(answer(404, envelope(ErrorCode::NotFound, "no such file"))).await;
+        assert_eq!(error.code, ErrorCode::NotFound);
+        assert_eq!(error.message, "no such file");
+        assert_eq!(reason(&error), "r");
+
+        // The runner refused the server's credential: the client's token
+        // was fine, so not 401, and a retry may pass.
+        for (status, body) in [
+            (401, envelope(ErrorCode::Unauthenticated, "bad token")),
+            (403, reqwest::Body::from("forbidden")),
+            (409, envelope(ErrorCode::Unauthenticated, "expired token")),
+        ] {
+            let error = refused(answer(status, body)).await;
+            assert_eq!(error.code, ErrorCode::Unavailable, "{status}");
+            assert_eq!(error.code.status(), 503);
+            assert_eq!(reason(&error), REASON_RUNNER_REFUSED_CREDENTIAL, "{status}");
+            assert!(
+                error.message.contains("refused this server's credential"),
+                "{}",
+                error.message
+            );
+        }
+
+        // Answers no sound runner gives.
+        let padded = "x".repeat(ANSWER_BYTES_MAX);
+        let read = Arc::default();
+        for (status, body) in [
+            (302, reqwest::Body::from("moved")),
+            (307, reqwest::Body::from("")),
+            (500, reqwest::Body::from("<html>")),
+            (404, envelope(ErrorCode::NotFound, &padded)),
+            (404, long(&read)),
+        ] {
+            let error = refused(answer(status, body)).await;
+            assert_eq!(error.code, ErrorCode::Unavailable, "{status}");
+            assert_eq!(reason(&error), REASON_RUNNER_BAD_ANSWER, "{status}");
+        }
+        assert!(stopped_early(&read), "a long refusal was read to its end");
+    }
+
+    #[tokio::test]
+    async fn a_stdin_answer_is_read_within_its_bound() {
+        let read = |answer| async {
+            tokio::time::timeout(Duration::from_secs(30), relayed(answer))
+                .await
+                .expect("an answer is read within a bound")
+        };
+        let ok = read(answer(200, reqwest::Body::from(r#"{"bytes":3}"#)))
+            .await
+            .expect("a success");
+        assert_eq!(
+            (ok.status, ok.body.as_slice()),
+            (200, &br#"{"bytes":3}"#[..])
+        );
+        let chunks = Arc::default();
+        // Not `expect_err`: it would print the 4 MiB taken.
+        let Err(error) = read(answer(200, long(&chunks))).await else {
+            panic!("an answer past its bound was taken");
+        };
+        assert_eq!(reason(&error), REASON_RUNNER_BAD_ANSWER);
+        assert!(stopped_early(&chunks), "a long answer was read to its end");
+        let refusal = answer(401, envelope(ErrorCode::Unauthenticated, "bad token"));
+        let Err(error) = read(refusal).await else {
+            panic!("a refusal was taken for a success");
+        };
+        assert_eq!(error.code, ErrorCode::Unavailable);
+        assert_eq!(reason(&error), REASON_RUNNER_REFUSED_CREDENTIAL);
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_its_bound_is_refused_whole_or_streamed() {
+        let exact = vec![b'x'; 1000];
+        let body = answer_bytes(answer(200, reqwest::Body::from(exact.clone())), 1000)
+            .await
+            .expect("at the bound");
+        assert_eq!(body, exact);
+        // Refused by its length before a byte is read, and by counting.
+        for body in [
+            reqwest::Body::from(vec![b'x'; 1001]),
+            reqwest::Body::wrap_stream(futures::stream::iter(
+                [vec![b'x'; 600], vec![b'x'; 401]].map(Ok::<_, std::io::Error>),
+            )),
+        ] {
+            let Err(error) = answer_bytes(answer(200, body), 1000).await else {
+                panic!("an answer past its bound was taken");
+            };
+            assert_eq!(reason(&error), REASON_RUNNER_BAD_ANSWER);
+        }
+    }
+
+    /// Audit finding: a feed queued 64 whole messages (E2B's up to 3 MiB
+    /// of input each) for a command that never read its stdin.
+    #[tokio::test]
+    async fn a_stdin_feed_queues_a_bounded_number_of_bytes() {
+        let (sender, body) = stdin_pieces();
+        let message: Vec<u8> = (0..4 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+        let sending = {
+            let sender = sender.clone();
+            let message = message.clone();
+            tokio::spawn(async move { sender.send(&message).await })
+        };
+        // Nobody reads: the send waits once the queue is full.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!sending.is_finished(), "a 4 MiB message was queued whole");
+        assert_eq!(sender.pieces.capacity(), 0, "the queue is full");
+
+        // Read, the bytes come in order, in pieces within the bound.
+        drop(sender);
+        let pieces: Vec<Vec<u8>> = body.map(|piece| piece.expect("a piece")).collect().await;
+        sending
+            .await
+            .expect("the send ends")
+            .expect("the feed took every byte");
+        assert!(pieces.iter().all(|p| p.len() <= STDIN_PIECE_BYTES_MAX));
+        assert_eq!(pieces.concat(), message);
+    }
+
+    #[tokio::test]
+    async fn names_resolve_only_to_dialable_addresses() {
+        use reqwest::dns::Resolve;
+        use std::str::FromStr;
+        let resolve =
+            |name: &str| DialableOnly.resolve(reqwest::dns::Name::from_str(name).expect("a name"));
+        let found: Vec<SocketAddr> = resolve("127.0.0.1").await.expect("loopback").collect();
+        assert_eq!(found.len(), 1);
+        for undialable in ["169.254.169.254", "0.0.0.0"] {
+            assert!(resolve(undialable).await.is_err(), "{undialable}");
+        }
+    }
 }

@@ -137,7 +137,8 @@ pub async fn register(
 }
 
 /// A data path is a URL servers can dial (`http://` or `https://`, no
-/// credentials in it) and a key of the right length, both or neither.
+/// credentials in it, no link-local or unspecified address:
+/// `data_path::dialable`) and a key of the right length, both or neither.
 fn check_data_path(request: &RegisterRequest) -> Result<(), ControlError> {
     match (&request.data_url, &request.data_key) {
         (None, None) => Ok(()),
@@ -148,11 +149,14 @@ fn check_data_path(request: &RegisterRequest) -> Result<(), ControlError> {
                     && u.username().is_empty()
                     && u.password().is_none()
             });
-            if url.len() > 512 || parsed.is_none() {
+            let Some(parsed) = parsed.filter(|_| url.len() <= 512) else {
                 return Err(limits::invalid(
                     "data_url",
                     "an http(s) URL of at most 512 bytes, without credentials",
                 ));
+            };
+            if let Some(why) = super::data_path::undialable_data_url(&parsed) {
+                return Err(limits::invalid("data_url", why));
             }
             if api::data_path::parse_key(key).is_none()
                 || key.bytes().any(|b| b.is_ascii_uppercase())
@@ -716,4 +720,64 @@ pub struct OutputAt {
     pub runner_id: String,
     pub epoch: u64,
     pub offset: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Audit finding: a runner could register a data URL at the cloud
+    /// metadata address, and the server's relay would fetch it for an org.
+    #[test]
+    fn a_data_url_is_refused_at_a_link_local_or_unspecified_address() {
+        let check = |url: &str, accepted: bool| {
+            let request = RegisterRequest {
+                runner_id: None,
+                name: "r".to_owned(),
+                placement_class: "on_demand".to_owned(),
+                labels: Default::default(),
+                capabilities: Vec::new(),
+                capacity: api::runners::Capacity {
+                    sandboxes: 1,
+                    memory_mib: 1024,
+                    cpus: 1.0,
+                    pids: 1024,
+                },
+                data_url: Some(url.to_owned()),
+                data_key: Some("ab".repeat(32)),
+            };
+            let checked = check_data_path(&request);
+            assert_eq!(checked.is_ok(), accepted, "{url}: {checked:?}");
+            if let Err(error) = checked {
+                assert_eq!(error.code, ErrorCode::InvalidRequest, "{url}");
+                assert_eq!(error.details["field"], "data_url", "{url}");
+            }
+        };
+        for dialable in [
+            "http://127.0.0.1:7071",
+            "http://10.0.0.5:7071",
+            "https://runner-1.internal:7071",
+            "http://[::1]:7071",
+            "http://[fd00::5]:7071",
+            "http://169.253.255.255",
+        ] {
+            check(dialable, true);
+        }
+        for undialable in [
+            "http://169.254.169.254/latest/meta-data/",
+            "http://169.254.0.1:7071",
+            // The same address in the forms a URL parser normalises.
+            "http://2852039166/",
+            "http://0xa9.0xfe.0xa9.0xfe/",
+            "http://[::ffff:169.254.169.254]/",
+            "http://[fe80::1]:7071",
+            "http://[febf::1]:7071",
+            "http://0.0.0.0:7071",
+            "http://[::]:7071",
+            "ftp://127.0.0.1/",
+            "http://user:pw@127.0.0.1/",
+        ] {
+            check(undialable, false);
+        }
+    }
 }

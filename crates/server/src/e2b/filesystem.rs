@@ -117,19 +117,6 @@ pub struct FileQuery {
     username: Option<String>,
 }
 
-/// A runner's refusal (roost's envelope) as ours.
-async fn refusal(answer: reqwest::Response) -> ControlError {
-    let status = answer.status().as_u16();
-    let bytes = answer.bytes().await.unwrap_or_default();
-    match serde_json::from_slice::<api::ErrorBody>(&bytes) {
-        Ok(body) => ControlError::new(body.error.code, body.error.message),
-        Err(_) => ControlError::new(
-            ErrorCode::Unavailable,
-            format!("the sandbox's runner answered {status} without an error envelope"),
-        ),
-    }
-}
-
 /// `GET /files?path=`: the file, streamed as the agent reads it.
 pub async fn read(
     State(state): State<AppState>,
@@ -157,7 +144,7 @@ pub async fn read(
         )
         .await?;
         if !answer.status().is_success() {
-            return Err(refusal(answer).await);
+            return Err(data_path::refusal(answer).await);
         }
         let mut response = Response::new(Body::from_stream(answer.bytes_stream()));
         response.headers_mut().insert(
@@ -294,7 +281,7 @@ async fn upload(
     )
     .await?;
     if !answer.status().is_success() {
-        return Err(refusal(answer).await);
+        return Err(data_path::refusal(answer).await);
     }
     let path = absolute(path);
     Ok(WriteInfo {
@@ -374,7 +361,10 @@ async fn unary<T: DeserializeOwned>(body: Body) -> Result<T, connect::Error> {
     })
 }
 
-/// A request to the sandbox's agent; its JSON answer.
+/// A request to the sandbox's agent; its JSON answer, read whole: a
+/// listing up to `data_path::LISTING_BYTES_MAX`, any other answer (a
+/// made directory, a move, a removal) up to `data_path::ANSWER_BYTES_MAX`.
+/// A larger one is the runner's bad answer.
 async fn relay_json(
     state: &AppState,
     caller: &EnvdCaller,
@@ -384,19 +374,19 @@ async fn relay_json(
     query: &[(&str, String)],
     body: RelayBody,
 ) -> Result<Vec<u8>, connect::Error> {
+    let bytes_max = if op == ops::LIST {
+        data_path::LISTING_BYTES_MAX
+    } else {
+        data_path::ANSWER_BYTES_MAX
+    };
     let relayed = async {
         let route =
             data_path::files_route(state, &caller.org_id, &caller.sandbox_id, op, suffix).await?;
         let answer = data_path::relay(&route, method, query, body).await?;
         if !answer.status().is_success() {
-            return Err(refusal(answer).await);
+            return Err(data_path::refusal(answer).await);
         }
-        answer.bytes().await.map(|b| b.to_vec()).map_err(|e| {
-            ControlError::new(
-                ErrorCode::Unavailable,
-                format!("the runner's answer was cut: {e}"),
-            )
-        })
+        data_path::answer_bytes(answer, bytes_max).await
     };
     relayed.await.map_err(|e| connect_error_of(&e))
 }

@@ -83,7 +83,8 @@ pub async fn call(
             "CloseStdin" => {
                 let request: SelectRequest = unary(body).await?;
                 let command = by_selector(&state, &caller, request.process.as_ref(), true).await?;
-                let relayed = control::data_path::send_stdin(
+                // A refusal is the error: `send_stdin` answers only a success.
+                control::data_path::send_stdin(
                     &state,
                     &caller.org_id,
                     &caller.sandbox_id,
@@ -93,7 +94,6 @@ pub async fn call(
                 )
                 .await
                 .map_err(|e| connect_error_of(&e))?;
-                relayed_ok(&relayed)?;
                 Ok(connect_unary_ok(&Empty {}))
             }
             "SendSignal" => {
@@ -486,23 +486,6 @@ async fn list(state: &AppState, caller: &EnvdCaller) -> Result<ListResponse, con
     Ok(ListResponse { processes })
 }
 
-/// A runner's refusal (roost's envelope) as a Connect error.
-fn relayed_ok(relayed: &control::data_path::Relayed) -> Result<(), connect::Error> {
-    if (200..300).contains(&relayed.status) {
-        return Ok(());
-    }
-    match serde_json::from_slice::<api::ErrorBody>(&relayed.body) {
-        Ok(body) => Err(connect_error_of(&ControlError::new(
-            body.error.code,
-            body.error.message,
-        ))),
-        Err(_) => Err(error(
-            Code::Unavailable,
-            format!("the sandbox's runner answered {}", relayed.status),
-        )),
-    }
-}
-
 async fn send_input(
     state: &AppState,
     caller: &EnvdCaller,
@@ -513,7 +496,7 @@ async fn send_input(
         .input
         .map(|i| i.bytes().to_vec())
         .unwrap_or_default();
-    let relayed = control::data_path::send_stdin(
+    control::data_path::send_stdin(
         state,
         &caller.org_id,
         &caller.sandbox_id,
@@ -523,14 +506,13 @@ async fn send_input(
     )
     .await
     .map_err(|e| connect_error_of(&e))?;
-    relayed_ok(&relayed)?;
     Ok(connect_unary_ok(&Empty {}))
 }
 
 /// An open stdin (`control::data_path::stdin_feed`): its sender, and the
 /// relay's answer once the sender is dropped.
 type StdinFeed = (
-    tokio::sync::mpsc::Sender<Vec<u8>>,
+    control::data_path::StdinSender,
     tokio::task::JoinHandle<Result<control::data_path::Relayed, ControlError>>,
 );
 
@@ -578,7 +560,7 @@ async fn stream_input(
                         "input before the start message naming the process",
                     ));
                 };
-                let bytes = data.input.map(|i| i.bytes().to_vec()).unwrap_or_default();
+                let bytes = data.input.as_ref().map_or(&[][..], |i| i.bytes());
                 if sender.send(bytes).await.is_err() {
                     break;
                 }
@@ -587,11 +569,9 @@ async fn stream_input(
     }
     if let Some((sender, task)) = feed {
         drop(sender);
-        let relayed = task
-            .await
+        task.await
             .map_err(|e| error(Code::Internal, e.to_string()))?
             .map_err(|e| connect_error_of(&e))?;
-        relayed_ok(&relayed)?;
     }
     let mut body = connect::message_envelope(&Empty {});
     body.extend(connect::end_envelope(None));
@@ -646,11 +626,9 @@ async fn update(
         rows: size.rows.min(u32::from(u16::MAX)) as u16,
         cols: size.cols.min(u32::from(u16::MAX)) as u16,
     };
-    let relayed =
-        control::data_path::resize(state, &caller.org_id, &caller.sandbox_id, &command.id, size)
-            .await
-            .map_err(|e| connect_error_of(&e))?;
-    relayed_ok(&relayed)?;
+    control::data_path::resize(state, &caller.org_id, &caller.sandbox_id, &command.id, size)
+        .await
+        .map_err(|e| connect_error_of(&e))?;
     Ok(connect_unary_ok(&Empty {}))
 }
 

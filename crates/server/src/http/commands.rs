@@ -393,7 +393,7 @@ async fn attach_session(
         }
     };
     let input = async {
-        let mut feed: Option<tokio::sync::mpsc::Sender<Vec<u8>>> = None;
+        let mut feed: Option<control::data_path::StdinSender> = None;
         while let Some(Ok(message)) = incoming.next().await {
             match message {
                 Message::Binary(bytes) => {
@@ -409,7 +409,7 @@ async fn attach_session(
                         }
                     }
                     if let Some(sender) = &feed
-                        && sender.send(bytes.to_vec()).await.is_err()
+                        && sender.send(&bytes).await.is_err()
                     {
                         feed = None;
                     }

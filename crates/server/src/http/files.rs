@@ -51,12 +51,13 @@ async fn route(
 }
 
 /// The runner's answer passed on: a success with its headers and its body
-/// streamed; a refusal as our envelope (with this request's id).
+/// streamed; anything else as our envelope (with this request's id,
+/// `data_path::refusal`: a redirect is never passed on, nor followed).
 async fn passed_on(answer: reqwest::Response) -> Result<Response, ControlError> {
-    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    if status.is_client_error() || status.is_server_error() {
-        return Err(refusal(answer).await);
+    if !answer.status().is_success() {
+        return Err(data_path::refusal(answer).await);
     }
+    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut headers = HeaderMap::new();
     for name in PASSED_HEADERS {
         if let Some(value) = answer.headers().get(*name)
@@ -69,21 +70,6 @@ async fn passed_on(answer: reqwest::Response) -> Result<Response, ControlError> 
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     Ok(response)
-}
-
-/// A runner's refusal (the API's envelope) as ours.
-async fn refusal(answer: reqwest::Response) -> ControlError {
-    let status = answer.status().as_u16();
-    let bytes = answer.bytes().await.unwrap_or_default();
-    match serde_json::from_slice::<api::ErrorBody>(&bytes) {
-        Ok(body) => {
-            ControlError::new(body.error.code, body.error.message).with_details(body.error.details)
-        }
-        Err(_) => ControlError::new(
-            ErrorCode::Unavailable,
-            format!("the sandbox's runner answered {status} without an error envelope"),
-        ),
-    }
 }
 
 /// How long a refused upload's body is still read (and dropped) so that

@@ -9,6 +9,8 @@
 //!   `Objects` conformance suite, and refuses what it must.
 //! - `control`: the control layer called directly (no HTTP), on SQLite
 //!   and PostgreSQL.
+//! - `data_path`: the relay to a runner's data listener against a fake
+//!   runner: redirects, refused credentials; idle connections closed.
 //! - `dashboard`: what `/ui` needs: its files under a strict policy, the
 //!   events and list long-polls, the admin's orgs with quota use.
 //! - `deployment`: `GET /v1/deployment` with any token; README's
@@ -23,6 +25,7 @@ mod blocks;
 mod bounds;
 mod control;
 mod dashboard;
+mod data_path;
 mod deployment;
 mod envelope;
 mod openapi;
