@@ -70,6 +70,35 @@ pub enum Error {
     #[error("{what} expands to more than {entries_max} entries")]
     TooManyEntries { what: String, entries_max: u64 },
 
+    /// A tree whose files, summed over its expansion, hold more than
+    /// [`crate::tree::EXPANDED_FILE_BYTES_MAX`] bytes.
+    #[error("{what} expands to more than {file_bytes_max} bytes of files")]
+    TooManyFileBytes { what: String, file_bytes_max: u64 },
+
+    /// A tree whose files, summed over its expansion, reference more than
+    /// [`crate::tree::EXPANDED_BLOCK_REFS_MAX`] blocks.
+    #[error("{what} expands to more than {block_refs_max} block references")]
+    TooManyBlockRefs { what: String, block_refs_max: u64 },
+
+    /// A tree whose distinct trees encode to more than
+    /// [`crate::tree::DISTINCT_TREE_BYTES_MAX`] bytes together.
+    #[error(
+        "{what} has more than {tree_bytes_max} bytes of directory listings (its distinct trees)"
+    )]
+    TooManyTreeBytes { what: String, tree_bytes_max: u64 },
+
+    /// A file larger than [`crate::tree::FILE_BYTES_MAX`], refused by scan
+    /// before a byte of it is read.
+    #[error(
+        "file {path} is {size} bytes, more than the {size_max} a home may hold in one file: exclude it or make it smaller",
+        path = .path.display()
+    )]
+    FileTooLarge {
+        path: PathBuf,
+        size: u64,
+        size_max: u64,
+    },
+
     #[error("{}", io_message(.source, .path))]
     Io {
         path: PathBuf,
@@ -136,19 +165,32 @@ impl Error {
         move |source| Error::Io { path, source }
     }
 
-    /// Whether the store (or the disk under a local one) is out of space:
-    /// `ENOSPC`/`EDQUOT` from a local store, or a block service's 507.
-    pub fn is_out_of_space(&self) -> bool {
+    /// Whether the store said it has no space left (a block service's
+    /// 507): nothing of the request was stored.
+    pub fn is_store_full(&self) -> bool {
+        matches!(self, Error::StoreFull { .. })
+    }
+
+    /// Whether a disk this process writes to has no space left (`ENOSPC`,
+    /// `EDQUOT`): a pull's destination, its file index or block cache, or
+    /// the directory of a local store.
+    pub fn is_disk_full(&self) -> bool {
         match self {
-            Error::StoreFull { .. } => true,
-            Error::Io { source, .. } => {
-                matches!(
-                    source.kind(),
-                    std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
-                )
-            }
+            Error::Io { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ),
             _ => false,
         }
+    }
+
+    /// Whether the store, or the disk under a local one, is out of space:
+    /// [`Error::is_store_full`] or [`Error::is_disk_full`]. Right where
+    /// the store is a local directory (the server's store, a backup's
+    /// destination); a runner pulling through the block service tells the
+    /// two apart, since there a full disk is its own.
+    pub fn is_out_of_space(&self) -> bool {
+        self.is_store_full() || self.is_disk_full()
     }
 
     /// Whether running the whole push again is likely to succeed: a file

@@ -4,8 +4,8 @@
 //! It maps `(dev, inode, size, mtime_ns, ctime_ns)`, as observed on this
 //! machine, to the file's block digests. It is a cache: a missing, stale
 //! or corrupt index only costs re-hashing, never a wrong result. Entries
-//! are recorded only for files whose timestamps were safely in the past
-//! when observed (see [`is_racy`]), so a change made within the
+//! are recorded only for files whose ctime was safely in the past when
+//! observed (see [`is_racy`]), so a change made within the
 //! filesystem's timestamp granularity cannot hide behind an equal stat.
 //! Comparisons are between stats of the same filesystem, so timestamp
 //! precision differences between filesystems never force a re-hash.
@@ -118,17 +118,25 @@ pub fn timestamp_ns(seconds: i64, nanoseconds: i64) -> i64 {
 const RACY_WINDOW_FINE_NS: i64 = 100_000_000;
 const RACY_WINDOW_COARSE_NS: i64 = 2_000_000_000;
 
-/// Whether a file's timestamps are too close to `observed_at_ns` for an
-/// equal stat later to prove equal content: a write landing in the same
+/// Whether a file's ctime is too close to `observed_at_ns` for an equal
+/// stat later to prove equal content: a write landing in the same
 /// timestamp tick after we looked would leave every field unchanged.
+///
+/// ctime alone decides. Every change to a file's content or times (write,
+/// truncate, `utimensat`) sets its ctime to the kernel's clock, and no
+/// call sets it to a chosen value; so once the tick of a recorded ctime
+/// is over, any later change gives the file another ctime and the key no
+/// longer matches. The mtime adds nothing: it is the ctime or earlier
+/// unless someone set it, and a set mtime can be anything (`touch -d
+/// 2100-01-01` made a file racy, so re-hashed, on every scan while the
+/// rule took the later of the two).
 pub fn is_racy(key: &IndexKey, observed_at_ns: i64) -> bool {
-    let coarse = key.mtime_ns % 1_000_000_000 == 0 && key.ctime_ns % 1_000_000_000 == 0;
-    let window = if coarse {
+    let window = if key.ctime_ns % 1_000_000_000 == 0 {
         RACY_WINDOW_COARSE_NS
     } else {
         RACY_WINDOW_FINE_NS
     };
-    key.mtime_ns.max(key.ctime_ns).saturating_add(window) >= observed_at_ns
+    key.ctime_ns.saturating_add(window) >= observed_at_ns
 }
 
 pub fn now_ns() -> i64 {
@@ -470,5 +478,14 @@ mod tests {
         // a second (or two, for FAT) apart.
         assert!(is_racy(&key(100 * second), 101 * second + 500));
         assert!(!is_racy(&key(100 * second), 103 * second));
+        // Regression (audit): a file whose mtime was set in the future
+        // (`touch -d 2100-01-01`) was racy on every scan, so re-hashed on
+        // every save. Its ctime, which no call sets, decides.
+        let future_mtime = IndexKey {
+            mtime_ns: 4_102_444_800 * second,
+            ..key(100 * second + 5)
+        };
+        assert!(!is_racy(&future_mtime, 101 * second));
+        assert!(is_racy(&future_mtime, 100 * second + 50));
     }
 }

@@ -15,12 +15,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
-use crate::block::block_ranges;
+use crate::block::{block_count, block_ranges};
 use crate::excludes::Excludes;
 use crate::index::{FileMap, Index, IndexKey, KeyRule, mtime_ns};
 use crate::progress::Progress;
 use crate::tree::{
-    DEPTH_MAX, EXPANDED_ENTRIES_MAX, Entry, EntryKind, SETID_BITS, Tree, stored_mode,
+    DEPTH_MAX, Entry, EntryKind, Extent, FILE_BYTES_MAX, SETID_BITS, Tree, stored_mode,
 };
 use crate::{Digest, Error, Result};
 
@@ -332,13 +332,19 @@ impl Scanner<'_> {
     /// Reads the home a level of directories at a time (each level's
     /// directories and files in parallel), then encodes the trees from the
     /// deepest level up. No recursion: a home nested any depth costs
-    /// memory, not stack; one nested past [`DEPTH_MAX`] or holding more
-    /// than [`EXPANDED_ENTRIES_MAX`] entries is refused, since no pull
-    /// would take it. Returns the root's digest and its file bytes.
+    /// memory, not stack. A home past the bounds a pull checks
+    /// ([`crate::tree::check_bounds`]) is refused, since no pull would
+    /// take it: nested past [`DEPTH_MAX`], expanding past what
+    /// [`Extent::check`] allows (checked as each level is read: a home's
+    /// directories are read once each, so what has been read is its
+    /// expansion so far), or with trees past
+    /// [`crate::tree::DISTINCT_TREE_BYTES_MAX`] (checked once they are
+    /// encoded). Returns the root's digest and its file bytes.
     fn scan_levels(&self, root: &Path) -> Result<(Digest, u64)> {
         let mut levels: Vec<Vec<PendingDir>> = Vec::new();
         let mut to_read: Vec<ToRead> = vec![(Arc::new(root.to_owned()), PathBuf::new(), None)];
-        let mut entries_seen: u64 = 0;
+        let mut seen = Extent::default();
+        let what = || format!("directory {}", root.display());
         while !to_read.is_empty() {
             if levels.len() > DEPTH_MAX {
                 let (_, rel, _) = &to_read[0];
@@ -353,7 +359,8 @@ impl Scanner<'_> {
                 .collect::<Result<Vec<PendingDir>>>()?;
             let mut next = Vec::new();
             for (index, dir) in level.iter().enumerate() {
-                entries_seen = entries_seen.saturating_add(dir.entries.len() as u64);
+                // Its subdirectories' own entries come with their level.
+                seen = seen.plus(Extent::of(&dir.entries, &[]));
                 for (position, entry) in dir.entries.iter().enumerate() {
                     if let EntryKind::Dir { .. } = entry.kind {
                         let name = std::ffi::OsStr::from_bytes(&entry.name);
@@ -362,12 +369,7 @@ impl Scanner<'_> {
                     }
                 }
             }
-            if entries_seen > EXPANDED_ENTRIES_MAX {
-                return Err(Error::TooManyEntries {
-                    what: format!("directory {}", root.display()),
-                    entries_max: EXPANDED_ENTRIES_MAX,
-                });
-            }
+            seen.check(what)?;
             levels.push(level);
             to_read = next;
         }
@@ -397,6 +399,11 @@ impl Scanner<'_> {
                 }
             }
         }
+        let tree_bytes = lock(&self.collected)
+            .trees
+            .values()
+            .fold(0u64, |sum, node| sum.saturating_add(node.len()));
+        crate::tree::check_tree_bytes(tree_bytes, what)?;
         root_result.ok_or_else(|| Error::Io {
             path: root.to_owned(),
             source: std::io::Error::other("scan found no root directory"),
@@ -562,14 +569,30 @@ impl Scanner<'_> {
         child: &fs::DirEntry,
         mut meta: fs::Metadata,
     ) -> Result<(Vec<Digest>, fs::Metadata, Option<IndexKey>)> {
+        // Before the index too: no tree can hold such a file, whatever
+        // an index says of it.
+        let too_large = |meta: &fs::Metadata| {
+            (meta.size() > FILE_BYTES_MAX).then(|| Error::FileTooLarge {
+                path: child.path(),
+                size: meta.size(),
+                size_max: FILE_BYTES_MAX,
+            })
+        };
+        if let Some(refused) = too_large(&meta) {
+            return Err(refused);
+        }
         let key = self.rule.key(&meta);
         if let Some(blocks) = self.old.files.get(&key)
-            && blocks.len() == block_ranges(key.size).count()
+            && blocks.len() as u64 == block_count(key.size)
         {
             return Ok((blocks.clone(), meta, Some(key)));
         }
         let path = &child.path();
         for _ in 0..HASH_ATTEMPTS_MAX {
+            // A file grown past the bound since the last attempt's stat.
+            if let Some(refused) = too_large(&meta) {
+                return Err(refused);
+            }
             let before = self.rule.key(&meta);
             let mut file = fs::File::open(path).map_err(Error::io(path))?;
             let blocks = match hash_blocks(&mut file, before.size) {
@@ -680,6 +703,87 @@ pub(crate) fn test_home(dirs: usize, files: usize) -> tempfile::TempDir {
 mod tests {
     use super::*;
     use crate::progress::NoProgress;
+
+    fn scan_of(dir: &Path, old: &Index, rule: KeyRule) -> Result<Scan> {
+        scan(dir, &Excludes::none(), old, rule, &NoProgress)
+    }
+
+    /// Regression (audit): a file's whole length was hashed, holes and
+    /// all, so a sparse `truncate -s 8E` never finished, and one too large
+    /// for any tree failed only once read whole. It is refused before a
+    /// byte is read, naming the file and its size. (8 TiB: ext4 allows
+    /// no file past 16 TiB.)
+    #[test]
+    fn regression_a_file_past_the_bound_is_refused_before_it_is_read() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let size = 1u64 << 43;
+        fs::File::create(home.path().join("sparse"))
+            .and_then(|file| file.set_len(size))
+            .expect("a sparse file");
+        let dir = home.path().to_owned();
+        let (sender, receiver) = std::sync::mpsc::channel();
+        // On its own thread: unfixed, the scan hashes 8 TiB of holes.
+        std::thread::spawn(move || {
+            let _ = sender.send(scan_of(&dir, &Index::default(), KeyRule::default()).err());
+        });
+        let refused = receiver
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the scan refuses quickly, reading nothing");
+        match refused {
+            Some(Error::FileTooLarge {
+                path,
+                size: found,
+                size_max,
+            }) => {
+                assert_eq!(path, home.path().join("sparse"));
+                assert_eq!((found, size_max), (size, FILE_BYTES_MAX));
+                let message = Error::FileTooLarge {
+                    path,
+                    size: found,
+                    size_max,
+                }
+                .to_string();
+                assert!(
+                    message.contains("sparse") && message.contains(&size.to_string()),
+                    "{message}"
+                );
+            }
+            other => panic!("expected FileTooLarge, got {other:?}"),
+        }
+    }
+
+    /// Regression (audit): the racy rule took the later of mtime and
+    /// ctime, so a file whose mtime was set in the future (`touch -d
+    /// 2100-01-01`) never went into the index and was hashed on every
+    /// save. The second scan hashes nothing.
+    #[test]
+    fn regression_a_future_mtime_is_not_hashed_on_every_scan() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let file = fs::File::create(home.path().join("dated")).expect("create");
+        std::io::Write::write_all(&mut &file, b"from the future").expect("write");
+        let year_2100 = std::time::UNIX_EPOCH + std::time::Duration::from_secs(4_102_444_800);
+        file.set_modified(year_2100).expect("set the mtime");
+        drop(file);
+        // Observed a few seconds on, as a later save would be: the ctime's
+        // tick (even a whole-second filesystem's) is over by then.
+        let rule = KeyRule {
+            dev: None,
+            observed_at_ns: Some(crate::index::now_ns() + 3_000_000_000),
+        };
+        let first = scan_of(home.path(), &Index::default(), rule).expect("first scan");
+        assert_eq!(first.stats.files_hashed.load(Ordering::Relaxed), 1);
+        let index = Index {
+            files: first.collected.index_files,
+            last: None,
+        };
+        let second = scan_of(home.path(), &index, rule).expect("second scan");
+        assert_eq!(second.root, first.root);
+        assert_eq!(
+            second.stats.files_hashed.load(Ordering::Relaxed),
+            0,
+            "the index holds the file"
+        );
+    }
 
     /// Trees set aside read back as they were encoded, and the upload's
     /// walk finds the same blocks in the same places; the aside file is

@@ -61,6 +61,11 @@ pub const MODE_MASK: u32 = 0o7777;
 pub const SETID_BITS: u32 = 0o6000;
 /// Bounds a hostile tree; a real directory with more entries is refused at scan.
 pub const ENTRIES_MAX: usize = 1 << 20;
+/// The most a tree object's encoding may be: what a pack entry holds and a
+/// zstd frame decodes to ([`crate::block::SINGLE_BLOCK_BYTES_MAX`]).
+/// [`Tree::encode`] refuses more, so scan never makes a tree no store can
+/// hand back (one directory of some 100,000 files, by their names).
+pub const TREE_BYTES_MAX: u64 = crate::block::SINGLE_BLOCK_BYTES_MAX;
 /// Directories nested below a root, at most: scan refuses a deeper
 /// directory and pull a deeper tree ([`Error::TooDeep`]), so whatever is
 /// pushed can be pulled. Real homes nest a few dozen levels (paths stop
@@ -76,6 +81,45 @@ pub const DEPTH_MAX: usize = 256;
 /// runner can write out in reasonable time. Without it a few kilobytes of
 /// trees naming one subtree many times expand to billions of files.
 pub const EXPANDED_ENTRIES_MAX: u64 = 1 << 22;
+/// The largest file a home may hold: 512 GiB, refused by scan before a
+/// byte of it is read ([`Error::FileTooLarge`]). A file's entry lists a
+/// 32-byte digest per 4 MiB block, and a tree object holds at most 8 MiB
+/// (what a pack entry holds and a zstd frame decodes to:
+/// [`crate::block::SINGLE_BLOCK_BYTES_MAX`]), so no tree can hold a file
+/// past about 1 TiB (262,135 blocks); 512 GiB takes half a tree's room,
+/// leaving the rest to its directory's other entries. Without the bound a
+/// sparse file (`truncate -s 8E`) was hashed hole by hole, for ever, and
+/// one past 1 TiB could only fail once read whole.
+pub const FILE_BYTES_MAX: u64 = 512 << 30;
+/// File bytes a tree may expand to (every file's size, a shared subtree
+/// counted each time it appears): 4 TiB. The largest homes and images we
+/// run hold tens of gigabytes and a runner's disk a few terabytes, so no
+/// real home comes near; without it a few kilobytes of trees (one file of
+/// 200,000 blocks of one digest, under a chain of directories each naming
+/// the one below twice) expand to exabytes. It also caps what large files
+/// add to [`EXPANDED_BLOCK_REFS_MAX`]: 4 TiB is 2^20 blocks of 4 MiB.
+pub const EXPANDED_FILE_BYTES_MAX: u64 = 4 << 40;
+/// Block references a tree may expand to (every file's block list, a
+/// shared subtree counted each time it appears): 4 Mi. A home's files
+/// reference one block each up to 8 MiB, one per 4 MiB above, so a home
+/// within the other bounds references about its file count plus 2^20;
+/// 4 Mi is as many as [`EXPANDED_ENTRIES_MAX`] allows files.
+///
+/// A pull's memory budget for block references at the bound is 1 GiB: it
+/// holds at most about 256 bytes per reference (an empty directory's pull
+/// from a store a round trip away keeps each reference's place, 24 bytes,
+/// and per distinct block a map slot, its place in the fetch order and its
+/// window, about 200; every pull keeps each file's block list for the new
+/// file index, 32 bytes a reference), and 4 Mi × 256 bytes is 1 GiB.
+pub const EXPANDED_BLOCK_REFS_MAX: u64 = 1 << 22;
+/// Bytes the distinct trees of a tree may encode to, together: 1 GiB. A
+/// pull holds every tree before it writes (decoded: this, and about 100
+/// bytes an entry more), and trees are shared, so nothing else bounds it:
+/// decoded trees are up to 8 MiB each, and a few million distinct ones
+/// (4 KiB symlink targets, 8 MiB block lists) compress to little in the
+/// store. A real home's trees take about 100 bytes an entry (name, times,
+/// one digest), so a home at [`EXPANDED_ENTRIES_MAX`] needs about 400 MiB.
+pub const DISTINCT_TREE_BYTES_MAX: u64 = 1 << 30;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EntryKind {
@@ -191,6 +235,15 @@ impl Tree {
             });
         }
         let bytes = self.encode_unchecked();
+        if bytes.len() as u64 > TREE_BYTES_MAX {
+            return Err(Error::MalformedTree {
+                digest: Digest([0; 32]),
+                reason: format!(
+                    "the directory's listing encodes to {} bytes, more than the {TREE_BYTES_MAX} a tree holds: split the directory",
+                    bytes.len()
+                ),
+            });
+        }
         Ok((Digest::of(&bytes), bytes))
     }
 
@@ -357,13 +410,107 @@ pub struct Extent {
     pub height: usize,
     /// Entries under it, a shared subtree counted each time it appears.
     pub entries: u64,
+    /// Its files' sizes, summed the same way (saturating). Taken from the
+    /// file entries, never from the totals directory entries declare.
+    pub file_bytes: u64,
+    /// Its files' block references, summed the same way (saturating).
+    pub block_refs: u64,
+}
+
+impl Extent {
+    /// The extent of a directory holding `entries`, whose subdirectories'
+    /// extents are `children` (one per directory entry).
+    pub fn of(entries: &[Entry], children: &[Extent]) -> Extent {
+        let mut own = Extent {
+            entries: entries.len() as u64,
+            ..Extent::default()
+        };
+        for entry in entries {
+            if let EntryKind::File { blocks } = &entry.kind {
+                own.file_bytes = own.file_bytes.saturating_add(entry.size);
+                own.block_refs = own.block_refs.saturating_add(blocks.len() as u64);
+            }
+        }
+        children.iter().fold(own, |sum, child| {
+            sum.plus(Extent {
+                height: child.height.saturating_add(1),
+                ..*child
+            })
+        })
+    }
+
+    /// Both together: the sums, and the greater height.
+    pub fn plus(self, other: Extent) -> Extent {
+        Extent {
+            height: self.height.max(other.height),
+            entries: self.entries.saturating_add(other.entries),
+            file_bytes: self.file_bytes.saturating_add(other.file_bytes),
+            block_refs: self.block_refs.saturating_add(other.block_refs),
+        }
+    }
+
+    /// Refuses an extent past [`EXPANDED_ENTRIES_MAX`],
+    /// [`EXPANDED_FILE_BYTES_MAX`] or [`EXPANDED_BLOCK_REFS_MAX`], the
+    /// error naming the bound and `what()` (the tree or the directory).
+    /// The height is the caller's to check: its error names a path.
+    pub fn check(&self, what: impl Fn() -> String) -> Result<()> {
+        if self.entries > EXPANDED_ENTRIES_MAX {
+            return Err(Error::TooManyEntries {
+                what: what(),
+                entries_max: EXPANDED_ENTRIES_MAX,
+            });
+        }
+        if self.file_bytes > EXPANDED_FILE_BYTES_MAX {
+            return Err(Error::TooManyFileBytes {
+                what: what(),
+                file_bytes_max: EXPANDED_FILE_BYTES_MAX,
+            });
+        }
+        if self.block_refs > EXPANDED_BLOCK_REFS_MAX {
+            return Err(Error::TooManyBlockRefs {
+                what: what(),
+                block_refs_max: EXPANDED_BLOCK_REFS_MAX,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Refuses distinct trees encoding to more than [`DISTINCT_TREE_BYTES_MAX`]
+/// together (`tree_bytes`), the error naming `what()`.
+pub fn check_tree_bytes(tree_bytes: u64, what: impl Fn() -> String) -> Result<()> {
+    if tree_bytes > DISTINCT_TREE_BYTES_MAX {
+        return Err(Error::TooManyTreeBytes {
+            what: what(),
+            tree_bytes_max: DISTINCT_TREE_BYTES_MAX,
+        });
+    }
+    Ok(())
+}
+
+/// The length of `tree`'s encoding (what [`Tree::encode`] writes), by
+/// arithmetic.
+pub fn encoded_len(tree: &Tree) -> u64 {
+    let header = (MAGIC.len() + 1 + 4) as u64;
+    tree.entries.iter().fold(header, |sum, entry| {
+        let fixed = 1 + 2 + entry.name.len() + 4 + 8 + 8;
+        let kind = match &entry.kind {
+            EntryKind::File { blocks } => 4 + 32 * blocks.len(),
+            EntryKind::Dir { .. } => 32,
+            EntryKind::Symlink { target } => 2 + target.len(),
+        };
+        sum.saturating_add((fixed + kind) as u64)
+    })
 }
 
 /// Refuses the tree `root` (its trees all in `trees`; one absent counts as
 /// empty) if it nests deeper than [`DEPTH_MAX`] ([`Error::TooDeep`], with
-/// the path of a directory past the bound) or expands to more than
-/// [`EXPANDED_ENTRIES_MAX`] entries ([`Error::TooManyEntries`]). Iterative
-/// and linear in the distinct trees, however large the expansion.
+/// the path of a directory past the bound), expands past
+/// [`EXPANDED_ENTRIES_MAX`] entries, [`EXPANDED_FILE_BYTES_MAX`] file
+/// bytes or [`EXPANDED_BLOCK_REFS_MAX`] block references
+/// ([`Extent::check`]), or its distinct trees encode to more than
+/// [`DISTINCT_TREE_BYTES_MAX`]. Iterative and linear in the distinct
+/// trees, however large the expansion.
 pub fn check_bounds(root: &Digest, trees: &HashMap<Digest, Tree>) -> Result<Extent> {
     let subtrees = |digest: &Digest| -> Vec<Digest> {
         trees.get(digest).map_or_else(Vec::new, |tree| {
@@ -377,17 +524,8 @@ pub fn check_bounds(root: &Digest, trees: &HashMap<Digest, Tree>) -> Result<Exte
         })
     };
     let extents = fold_bottom_up([*root], subtrees, |digest, children: &[Extent]| {
-        let own = trees.get(digest).map_or(0, |t| t.entries.len() as u64);
-        Extent {
-            height: children
-                .iter()
-                .map(|c| c.height.saturating_add(1))
-                .max()
-                .unwrap_or(0),
-            entries: children
-                .iter()
-                .fold(own, |sum, c| sum.saturating_add(c.entries)),
-        }
+        let entries = trees.get(digest).map_or(&[][..], |t| &t.entries[..]);
+        Extent::of(entries, children)
     });
     let extent = extents.get(root).copied().unwrap_or_default();
     if extent.height > DEPTH_MAX {
@@ -415,12 +553,14 @@ pub fn check_bounds(root: &Digest, trees: &HashMap<Digest, Tree>) -> Result<Exte
             depth_max: DEPTH_MAX,
         });
     }
-    if extent.entries > EXPANDED_ENTRIES_MAX {
-        return Err(Error::TooManyEntries {
-            what: format!("tree {root}"),
-            entries_max: EXPANDED_ENTRIES_MAX,
-        });
-    }
+    let what = || format!("tree {root}");
+    extent.check(what)?;
+    // The trees the fold reached: the root's, each once.
+    let tree_bytes = extents
+        .keys()
+        .filter_map(|digest| trees.get(digest))
+        .fold(0u64, |sum, tree| sum.saturating_add(encoded_len(tree)));
+    check_tree_bytes(tree_bytes, what)?;
     Ok(extent)
 }
 
@@ -576,6 +716,36 @@ mod tests {
         assert!(Tree::decode(&Digest::of(&huge), &huge).is_err());
     }
 
+    /// A tree past what a store hands back (a pack entry, a zstd frame:
+    /// 8 MiB) is refused where it is made, not stored unreadable: scan
+    /// names the directory. Found with the audit's file size bound.
+    #[test]
+    fn a_tree_past_the_object_bound_is_not_encoded() {
+        let blocks = (TREE_BYTES_MAX / 32) as usize;
+        let fits = Tree {
+            entries: vec![Entry {
+                kind: EntryKind::File {
+                    blocks: vec![Digest::of(b"b"); blocks - 16],
+                },
+                size: (blocks as u64 - 16) * crate::block::SPLIT_BLOCK_BYTES,
+                ..file("f", 0)
+            }],
+        };
+        let (_, bytes) = fits.encode().expect("under the bound");
+        assert!(bytes.len() as u64 <= TREE_BYTES_MAX);
+        let past = Tree {
+            entries: vec![Entry {
+                kind: EntryKind::File {
+                    blocks: vec![Digest::of(b"b"); blocks],
+                },
+                size: blocks as u64 * crate::block::SPLIT_BLOCK_BYTES,
+                ..file("f", 0)
+            }],
+        };
+        let err = past.encode().expect_err("past the bound");
+        assert!(err.to_string().contains("split the directory"), "{err}");
+    }
+
     /// Issue 14: a tenant's `04755` file must not become a setuid program
     /// on the runner host, so no tree this code writes carries the bits,
     /// and an uploaded one naming them is refused, naming the entry.
@@ -646,6 +816,7 @@ mod tests {
             entries.dedup_by(|a, b| a.name == b.name);
             let tree = Tree { entries };
             let (digest, bytes) = tree.clone().encode().expect("valid");
+            prop_assert_eq!(encoded_len(&tree), bytes.len() as u64);
             prop_assert_eq!(Tree::decode(&digest, &bytes).expect("decodes"), tree);
         }
     }

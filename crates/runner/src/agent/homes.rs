@@ -90,9 +90,12 @@ pub(crate) struct StoreWait {
 
 impl StoreWait {
     /// The wait a store error means, if it is one (`None`: anything else,
-    /// a missing or corrupt object for example).
+    /// a missing or corrupt object for example). Full means the store
+    /// said so (the block service's 507), never this runner's own disk
+    /// out of space: waiting does not free that, and a retried image pull
+    /// filled it again each time.
     pub(crate) fn of(err: &store::Error, what: &str) -> Option<StoreWait> {
-        let reason = if err.is_out_of_space() {
+        let reason = if err.is_store_full() {
             "store_full"
         } else if matches!(err, store::Error::Backend { .. }) {
             "store_unreachable"
@@ -118,6 +121,35 @@ pub(crate) enum NotReady {
 impl From<Error> for NotReady {
     fn from(err: Error) -> NotReady {
         NotReady::Failed(err)
+    }
+}
+
+/// The stable code a launch failure's message begins with when this
+/// runner's own disk has no space for the home or image (the sandbox's
+/// reason is `home_unavailable` or `image_unavailable`).
+const LOCAL_DISK_FULL: &str = "runner_disk_full";
+
+impl NotReady {
+    /// What a failed pull of `what` (the home, the image) at `root` into
+    /// `dest` means for the launch: the store out of reach or full is a
+    /// wait ([`StoreWait`]); this runner's own disk out of space (the
+    /// home's volume, the data disk under the images or the block cache)
+    /// fails the launch, naming the disk, as does anything else (a missing
+    /// or corrupt object, a tree past the store's bounds). The pull's
+    /// client is the block service's, whose failures are all `Backend` or
+    /// `StoreFull`: any I/O error is local.
+    pub(crate) fn of_pull(err: &store::Error, what: &str, root: &Digest, dest: &Path) -> NotReady {
+        if let Some(wait) = StoreWait::of(err, what) {
+            return NotReady::Store(wait);
+        }
+        NotReady::Failed(Error::Unusable(if err.is_disk_full() {
+            format!(
+                "{LOCAL_DISK_FULL}: no space left on this runner's disk for {what} {root} (writing {}): {err}",
+                dest.display()
+            )
+        } else {
+            format!("cannot materialise {what} {root}: {err}")
+        }))
     }
 }
 
@@ -436,12 +468,7 @@ impl Homes {
         let report = match pulled {
             Ok(report) => report,
             Err(err) => {
-                return Err(match StoreWait::of(&err, "the home") {
-                    Some(wait) => NotReady::Store(wait),
-                    None => NotReady::Failed(Error::Unusable(format!(
-                        "cannot materialise the home {digest}: {err}"
-                    ))),
-                });
+                return Err(NotReady::of_pull(&err, "the home", &digest, &home));
             }
         };
         let _ = std::fs::remove_file(&secured);
@@ -1050,5 +1077,76 @@ impl Homes {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io_error(errno: rustix::io::Errno) -> store::Error {
+        store::Error::Io {
+            path: PathBuf::from("usr/lib/libbig.so"),
+            source: errno.into(),
+        }
+    }
+
+    /// Regression (audit): a pull that found this runner's own disk full
+    /// (`ENOSPC`, `EDQUOT`) was taken for a full store: the launch waited
+    /// `store_full` and retried for ever, an image pull filling the disk
+    /// again each time. It fails the launch, naming the local disk; the
+    /// store saying it is full (the block service's 507) still waits.
+    #[test]
+    fn regression_a_full_local_disk_is_not_a_full_store() {
+        let dest = Path::new("/data/images/.tmp-abc-0");
+        let root = store::Digest::of(b"an image");
+        for errno in [rustix::io::Errno::NOSPC, rustix::io::Errno::DQUOT] {
+            let err = io_error(errno);
+            assert_eq!(StoreWait::of(&err, "the image"), None, "{errno:?}");
+            match NotReady::of_pull(&err, "the image", &root, dest) {
+                NotReady::Failed(failed) => {
+                    assert!(failed.is_permanent(), "a launch failure, not a retry");
+                    let message = failed.to_string();
+                    let expected = format!(
+                        "runner_disk_full: no space left on this runner's disk for the image {root} (writing {}): ",
+                        dest.display()
+                    );
+                    assert!(message.starts_with(&expected), "{message}");
+                    assert!(message.contains("usr/lib/libbig.so"), "{message}");
+                }
+                NotReady::Store(wait) => panic!("{errno:?} waits for the store: {wait:?}"),
+            }
+        }
+        let full = store::Error::StoreFull {
+            op: "get",
+            key: "orgs/acme/blocks/abc".to_owned(),
+            message: "insufficient storage".to_owned(),
+        };
+        match NotReady::of_pull(&full, "the image", &root, dest) {
+            NotReady::Store(wait) => assert_eq!(wait.reason, "store_full"),
+            NotReady::Failed(err) => panic!("a full store fails the launch: {err}"),
+        }
+        let unreachable = store::Error::Backend {
+            op: "get",
+            key: "orgs/acme/blocks/abc".to_owned(),
+            message: "connection refused".to_owned(),
+        };
+        assert_eq!(
+            StoreWait::of(&unreachable, "the home").map(|wait| wait.reason),
+            Some("store_unreachable")
+        );
+        // Anything else about the pull fails it as before.
+        let missing = store::Error::MissingObject {
+            digest: store::Digest::of(b"gone"),
+            path: None,
+        };
+        match NotReady::of_pull(&missing, "the home", &root, dest) {
+            NotReady::Failed(err) => {
+                assert!(err.is_permanent());
+                let expected = format!("cannot materialise the home {root}: object ");
+                assert!(err.to_string().starts_with(&expected), "{err}");
+            }
+            NotReady::Store(wait) => panic!("a missing object waits: {wait:?}"),
+        }
     }
 }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use store::pull::{PullOptions, materialize};
 use store::{Digest, OrgId};
 
-use super::homes::{NotReady, StoreWait};
+use super::homes::NotReady;
 use oci::{Error, Result};
 
 pub(crate) struct Images {
@@ -46,7 +46,9 @@ impl Images {
 
     /// The directory holding tree `root` of `org`'s store, materialised
     /// first if this host does not have it yet. A store out of reach or
-    /// full is [`NotReady::Store`]: the launch waits and tries again.
+    /// full is [`NotReady::Store`]: the launch waits and tries again. This
+    /// runner's disk full fails the launch ([`NotReady::of_pull`]). A
+    /// pull that fails, either way, leaves no partial `.tmp-` tree.
     pub(crate) async fn materialised(
         &self,
         control: &dyn super::control::ControlPlane,
@@ -85,12 +87,7 @@ impl Images {
                 &options,
                 &store::progress::NoProgress,
             )
-            .map_err(|e| match StoreWait::of(&e, "the image") {
-                Some(wait) => NotReady::Store(wait),
-                None => NotReady::Failed(Error::Unusable(format!(
-                    "cannot materialise image {digest}: {e}"
-                ))),
-            })?;
+            .map_err(|e| NotReady::of_pull(&e, "the image", &digest, &work_temp))?;
             tracing::info!(
                 image_root = %digest,
                 files = report.files,

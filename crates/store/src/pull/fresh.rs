@@ -69,12 +69,28 @@ const PART_BYTES: usize = 2 * 1024 * 1024;
 /// Blocks handed to the writer at once, at most.
 const PART_OBJECTS: usize = 1024;
 
-/// A directory the walk created.
+/// A directory the walk created: its parent (an index into the walk's
+/// directories) and its name there; `None` for the destination itself.
+/// Not its path: a hostile tree within the bounds (a chain of 255-byte
+/// names hundreds deep above a million directories) would make the paths
+/// alone weigh a hundred gigabytes. A path is built where it is used.
 struct Dir<'t> {
-    /// Its path below the destination ("" for the destination itself).
-    rel: PathBuf,
-    /// Its entry in its parent (`None`: the destination).
-    entry: Option<&'t Entry>,
+    parent: Option<(usize, &'t [u8])>,
+}
+
+/// The path of directory `at` below the destination ("" for the
+/// destination itself).
+fn dir_path(dirs: &[Dir<'_>], mut at: usize) -> PathBuf {
+    let mut names = Vec::new();
+    while let Some((parent, name)) = dirs[at].parent {
+        names.push(name);
+        at = parent;
+    }
+    names
+        .iter()
+        .rev()
+        .map(|name| OsStr::from_bytes(name))
+        .collect()
 }
 
 /// A file to write: its directory (index into the walk's directories) and
@@ -113,10 +129,7 @@ impl Materializer<'_> {
     /// Materialises `root` into the empty directory `dest`.
     pub(super) fn materialize_fresh(&self, dest: &OwnedFd, root: &Tree) -> Result<()> {
         self.counters.dirs.fetch_add(1, Ordering::Relaxed);
-        let mut dirs: Vec<Dir<'_>> = vec![Dir {
-            rel: PathBuf::new(),
-            entry: None,
-        }];
+        let mut dirs: Vec<Dir<'_>> = vec![Dir { parent: None }];
         let mut files: Vec<FileJob<'_>> = Vec::new();
         self.create_dirs(dest, root, &mut dirs, &mut files)?;
 
@@ -174,14 +187,44 @@ impl Materializer<'_> {
         }
         written?;
 
-        // Modes and times last (writing into a directory changes its
-        // mtime, and its mode may forbid writing), children before their
-        // parents: the walk created parents first.
-        for dir in dirs.iter().skip(1).rev() {
-            let Some(entry) = dir.entry else { continue };
-            let fd = open_below(dest, &dir.rel)?;
-            rustix::fs::fchmod(&fd, disk_mode(entry)).map_err(io_at(&dir.rel))?;
-            rustix::fs::futimens(&fd, &timestamps(entry.mtime_ns)).map_err(io_at(&dir.rel))?;
+        self.finish_dirs(dest, root)
+    }
+
+    /// Gives every directory under `root` its mode and times: last
+    /// (writing into a directory changes its mtime, and its mode may
+    /// forbid writing), children before their parents. A walk like
+    /// [`Materializer::create_dirs`]'s, a handle per level of the current
+    /// path, each directory opened by its name in its parent's handle.
+    fn finish_dirs(&self, dest: &OwnedFd, root: &Tree) -> Result<()> {
+        let dest = dest.try_clone().map_err(crate::Error::io(Path::new("")))?;
+        let mut path = PathBuf::new();
+        // (handle, tree, next entry to look at, its own entry).
+        let mut stack: Vec<(OwnedFd, &Tree, usize, Option<&Entry>)> = vec![(dest, root, 0, None)];
+        while let Some(top) = stack.last_mut() {
+            let (dir, tree, next) = (&top.0, top.1, &mut top.2);
+            let Some(entry) = tree.entries.get(*next) else {
+                if let Some((fd, _, _, Some(entry))) = stack.pop() {
+                    rustix::fs::fchmod(&fd, disk_mode(entry)).map_err(io_at(&path))?;
+                    rustix::fs::futimens(&fd, &timestamps(entry.mtime_ns)).map_err(io_at(&path))?;
+                    path.pop();
+                }
+                continue;
+            };
+            *next += 1;
+            let EntryKind::Dir { tree: digest } = &entry.kind else {
+                continue;
+            };
+            let name = OsStr::from_bytes(&entry.name);
+            path.push(name);
+            let child = open_child_dir(dir, name).map_err(io_at(&path))?;
+            let subtree =
+                self.known_trees
+                    .get(digest)
+                    .ok_or_else(|| crate::Error::MissingObject {
+                        digest: *digest,
+                        path: Some(path.clone()),
+                    })?;
+            stack.push((child, subtree, 0, Some(entry)));
         }
         Ok(())
     }
@@ -272,8 +315,8 @@ impl Materializer<'_> {
             let Some((temp, _)) = &partial.temp else {
                 continue;
             };
-            let rel = &writing.dirs[writing.files[*file].0].rel;
-            if let Ok(dir) = open_below(writing.dest, rel) {
+            let rel = dir_path(writing.dirs, writing.files[*file].0);
+            if let Ok(dir) = open_below(writing.dest, &rel) {
                 let _ = rustix::fs::unlinkat(&dir, temp, AtFlags::empty());
             }
         }
@@ -290,39 +333,42 @@ impl Materializer<'_> {
         files: &mut Vec<FileJob<'t>>,
     ) -> Result<()> {
         let dest = dest.try_clone().map_err(crate::Error::io(Path::new("")))?;
+        // The current directory's path, for errors: one, grown and cut
+        // back as the walk goes down and up.
+        let mut path = PathBuf::new();
         // (handle, tree, its index in `dirs`, next entry to look at).
         let mut stack: Vec<(OwnedFd, &'t Tree, usize, usize)> = vec![(dest, root, 0, 0)];
         while let Some(top) = stack.last_mut() {
             let (dir, tree, index, next) = (&top.0, top.1, top.2, &mut top.3);
             let Some(entry) = tree.entries.get(*next) else {
-                stack.pop();
+                if stack.pop().is_some_and(|(_, _, index, _)| index > 0) {
+                    path.pop();
+                }
                 continue;
             };
             *next += 1;
             let name = OsStr::from_bytes(&entry.name);
             match &entry.kind {
                 EntryKind::Dir { tree: digest } => {
-                    let rel = dirs[index].rel.join(name);
+                    path.push(name);
                     rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
-                        .map_err(io_at(&rel))?;
-                    let child = open_child_dir(dir, name).map_err(io_at(&rel))?;
-                    let subtree = self.known_tree(digest, &rel)?;
+                        .map_err(io_at(&path))?;
+                    let child = open_child_dir(dir, name).map_err(io_at(&path))?;
+                    let subtree = self.known_tree(digest, &path)?;
                     self.counters.dirs.fetch_add(1, Ordering::Relaxed);
                     dirs.push(Dir {
-                        rel,
-                        entry: Some(entry),
+                        parent: Some((index, &entry.name)),
                     });
                     stack.push((child, subtree, dirs.len() - 1, 0));
                 }
                 EntryKind::File { blocks } if !blocks.is_empty() => files.push((index, entry)),
                 // Symlinks and empty files: nothing to fetch.
                 EntryKind::File { .. } | EntryKind::Symlink { .. } => {
-                    let rel = dirs[index].rel.clone();
                     self.materialize_entry(
                         dir,
                         entry,
                         None,
-                        &rel,
+                        &path,
                         &super::Prefetched::new(),
                         None,
                     )?;
@@ -410,15 +456,15 @@ impl Materializer<'_> {
             .collect::<Vec<_>>()
             .into_par_iter()
             .try_for_each(|group| -> Result<()> {
-                let dir = &writing.dirs[writing.files[group[0].0].0];
-                let fd = open_below(writing.dest, &dir.rel)?;
+                let rel = dir_path(writing.dirs, writing.files[group[0].0].0);
+                let fd = open_below(writing.dest, &rel)?;
                 group.par_iter().try_for_each(|(file, parts)| {
                     let entry = writing.files[*file].1;
                     match writing.partial.get(file) {
                         Some(partial) => {
-                            self.write_parts(&fd, &dir.rel, entry, partial, parts, fetched)
+                            self.write_parts(&fd, &rel, entry, partial, parts, fetched)
                         }
-                        None => self.materialize_entry(&fd, entry, None, &dir.rel, fetched, None),
+                        None => self.materialize_entry(&fd, entry, None, &rel, fetched, None),
                     }
                 })
             })

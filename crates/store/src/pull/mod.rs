@@ -5,9 +5,10 @@
 //! per batch, then windows of small files' blocks), `write` makes the
 //! destination match the tree through directory handles. Every tree is in
 //! hand before a byte is written, so a tree nested deeper than
-//! [`crate::tree::DEPTH_MAX`] or expanding past
-//! [`crate::tree::EXPANDED_ENTRIES_MAX`] entries is refused up front, and
-//! the writing's recursion is bounded. This module holds the options, the report, and where bytes come from (the local
+//! [`crate::tree::DEPTH_MAX`] or expanding past the bounds
+//! [`crate::tree::check_bounds`] checks (entries, file bytes, block
+//! references, distinct tree bytes) is refused up front: the writing's
+//! recursion and what it holds are bounded. This module holds the options, the report, and where bytes come from (the local
 //! block cache, what a window fetched ahead, or the objects one by one).
 //!
 //! Safety: every filesystem call is relative to a directory handle and
@@ -209,12 +210,15 @@ pub fn materialize(
     };
     let tree = materializer.fetch_tree(root, Path::new(""), &Prefetched::new())?;
     // Every tree first, whatever the store: a tree nested too deep or
-    // expanding too far is refused before anything is written, and the
-    // writing below (recursive, a level per directory) is then bounded.
-    materializer.load_trees(root, &tree)?;
+    // expanding too far (entries, file bytes, block references, tree
+    // bytes) is refused before anything is written, so what the writing
+    // holds per entry and per block is bounded, and so is its recursion
+    // (a level per directory).
     materializer.known_trees.insert(*root, tree.clone());
+    materializer.load_trees(root)?;
     let extent = crate::tree::check_bounds(root, &materializer.known_trees)?;
-    let logical_bytes = crate::tree::logical_bytes(&tree.entries);
+    // Counted from the files, not from what directory entries declare.
+    let logical_bytes = extent.file_bytes;
     progress.phase("downloading", Some(logical_bytes));
     // Into an empty directory from a store a round trip away: the blocks
     // in the order they are stored (no recursion: any height).

@@ -7,15 +7,18 @@
 //!
 //! [`Objects::reads_in_batches`]: crate::objects::Objects::reads_in_batches
 
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::FileType;
 
-use super::Materializer;
+use super::{Materializer, Prefetched};
 use crate::store::ObjectId;
-use crate::tree::{DEPTH_MAX, EXPANDED_ENTRIES_MAX, Entry, EntryKind, Tree};
+use crate::tree::{
+    DEPTH_MAX, EXPANDED_ENTRIES_MAX, Entry, EntryKind, Tree, check_tree_bytes, encoded_len,
+};
 use crate::{Digest, Error, Result};
 
 /// Files up to this size have their blocks fetched with their directory's
@@ -29,58 +32,128 @@ const PREFETCH_WINDOW_BYTES: u64 = 16 * 1024 * 1024;
 /// a window (trees may share subtrees; this bounds the walk).
 const PREFETCH_SUBTREE_ENTRIES_MAX: usize = 4 * PREFETCH_WINDOW_OBJECTS;
 
+/// Where a tree was first met, for the paths errors name: the tree, and
+/// its entry in the tree of the place before (`None`: the root). A path
+/// is built only for an error, never kept per tree: a hostile tree's
+/// paths (255-byte names, hundreds deep) would cost far more than its
+/// trees.
+struct Place {
+    tree: Digest,
+    parent: Option<(usize, usize)>,
+}
+
 impl Materializer<'_> {
-    /// Fetches every tree under `root` into `known_trees`, a level at a
-    /// time, each level in as few requests as the batch size allows. Stops
-    /// at a level past [`DEPTH_MAX`] (every tree first met there is nested
-    /// at least that deep) and once the distinct trees alone pass
-    /// [`EXPANDED_ENTRIES_MAX`], so a hostile chain of trees is not
-    /// fetched to its end; [`crate::tree::check_bounds`] measures the rest.
-    pub(super) fn load_trees(&mut self, root_digest: &Digest, root: &Tree) -> Result<()> {
-        let subdirs = |tree: &Tree, rel: &Path| -> Vec<(Digest, PathBuf)> {
-            tree.entries
-                .iter()
-                .filter_map(|entry| match &entry.kind {
-                    EntryKind::Dir { tree } => {
-                        Some((*tree, rel.join(OsStr::from_bytes(&entry.name))))
-                    }
-                    _ => None,
-                })
-                .collect()
+    /// Fetches every tree under `root` (already in `known_trees`) into
+    /// `known_trees`, a level at a time, each level in as few requests as
+    /// the batch size allows and decoded as it arrives. Stops at a level
+    /// past [`DEPTH_MAX`] (every tree first met there is nested at least
+    /// that deep), and as soon as the distinct trees alone pass
+    /// [`EXPANDED_ENTRIES_MAX`] entries or
+    /// [`crate::tree::DISTINCT_TREE_BYTES_MAX`]
+    /// bytes (each distinct tree is at least once in the expansion, so the
+    /// expansion would pass them too): what a hostile store makes a pull
+    /// hold is bounded before it is held. [`crate::tree::check_bounds`]
+    /// measures the rest.
+    pub(super) fn load_trees(&mut self, root_digest: &Digest) -> Result<()> {
+        let too_many_entries = || Error::TooManyEntries {
+            what: format!("tree {root_digest}"),
+            entries_max: EXPANDED_ENTRIES_MAX,
         };
-        let mut level = subdirs(root, Path::new(""));
+        let (mut entries, mut bytes) = match self.known_trees.get(root_digest) {
+            Some(root) => (root.entries.len() as u64, encoded_len(root)),
+            None => (0, 0),
+        };
+        let mut places = vec![Place {
+            tree: *root_digest,
+            parent: None,
+        }];
+        let mut level = self.new_subtrees(&mut places, &[0]);
         let mut depth = 1;
         while !level.is_empty() {
-            level.sort_unstable_by_key(|(digest, _)| *digest);
-            level.dedup_by_key(|(digest, _)| *digest);
-            level.retain(|(digest, _)| !self.known_trees.contains_key(digest));
-            if let Some((_, rel)) = level.first()
-                && depth > DEPTH_MAX
-            {
+            if depth > DEPTH_MAX {
                 return Err(Error::TooDeep {
-                    path: rel.clone(),
+                    path: self.place_path(&places, level[0]),
                     depth_max: DEPTH_MAX,
                 });
             }
-            if self.known_trees.len() as u64 > EXPANDED_ENTRIES_MAX {
-                return Err(Error::TooManyEntries {
-                    what: format!("tree {root_digest}"),
-                    entries_max: EXPANDED_ENTRIES_MAX,
-                });
-            }
             depth += 1;
-            let objects = level.iter().map(|(d, _)| ObjectId::tree(*d)).collect();
-            let prefetched = self.prefetch(objects, Path::new(""))?;
-            let mut next = Vec::new();
-            for (digest, rel) in level {
-                let bytes = self.fetch(&ObjectId::tree(digest), &rel, &prefetched)?;
-                let tree = Tree::decode(&digest, &bytes).map_err(|e| e.at(&rel))?;
-                next.extend(subdirs(&tree, &rel));
-                self.known_trees.insert(digest, tree);
-            }
-            level = next;
+            let at: HashMap<Digest, usize> = level.iter().map(|&p| (places[p].tree, p)).collect();
+            let objects = level
+                .iter()
+                .map(|&p| ObjectId::tree(places[p].tree))
+                .collect();
+            let mut fetched: HashMap<Digest, Tree> = HashMap::with_capacity(level.len());
+            self.prefetch_each(objects, &mut |object, stored| {
+                let place = at.get(&object.digest).copied().unwrap_or(0);
+                let mut one = Prefetched::new();
+                if let Some(stored) = stored {
+                    one.insert(object, stored);
+                }
+                // Absent from the batch: read on its own (the block cache,
+                // or the store, whose error names it).
+                let tree = self
+                    .fetch(&object, Path::new(""), &one)
+                    .and_then(|plain| {
+                        bytes = bytes.saturating_add(plain.len() as u64);
+                        check_tree_bytes(bytes, || format!("tree {root_digest}"))?;
+                        Tree::decode(&object.digest, &plain)
+                    })
+                    .map_err(|e| e.at(&self.place_path(&places, place)))?;
+                entries = entries.saturating_add(tree.entries.len() as u64);
+                if entries > EXPANDED_ENTRIES_MAX {
+                    return Err(too_many_entries());
+                }
+                fetched.insert(object.digest, tree);
+                Ok(())
+            })?;
+            self.known_trees.extend(fetched);
+            level = self.new_subtrees(&mut places, &level);
         }
         Ok(())
+    }
+
+    /// The trees the trees at `parents` name that are not known yet, each
+    /// once, in the order met, as new places.
+    fn new_subtrees(&self, places: &mut Vec<Place>, parents: &[usize]) -> Vec<usize> {
+        let mut met: HashSet<Digest> = HashSet::new();
+        let mut new = Vec::new();
+        for &parent in parents {
+            let Some(tree) = self.known_trees.get(&places[parent].tree) else {
+                continue;
+            };
+            for (index, entry) in tree.entries.iter().enumerate() {
+                if let EntryKind::Dir { tree } = &entry.kind
+                    && !self.known_trees.contains_key(tree)
+                    && met.insert(*tree)
+                {
+                    places.push(Place {
+                        tree: *tree,
+                        parent: Some((parent, index)),
+                    });
+                    new.push(places.len() - 1);
+                }
+            }
+        }
+        new
+    }
+
+    /// The path of the place `at` below the root.
+    fn place_path(&self, places: &[Place], mut at: usize) -> PathBuf {
+        let mut names = Vec::new();
+        while let Some((parent, index)) = places[at].parent {
+            let name = self
+                .known_trees
+                .get(&places[parent].tree)
+                .and_then(|tree| tree.entries.get(index))
+                .map(|entry| entry.name.as_slice());
+            names.extend(name);
+            at = parent;
+        }
+        names
+            .iter()
+            .rev()
+            .map(|name| OsStr::from_bytes(name))
+            .collect()
     }
 
     /// Splits a directory's subdirectories into runs: those this pull

@@ -1,6 +1,8 @@
 //! Bounds on what a tree may be (issue 14, point 1): nesting past
-//! `DEPTH_MAX`, expansion past `EXPANDED_ENTRIES_MAX` and sizes that
-//! overflow are refused with an error naming the path or the tree, and no
+//! `DEPTH_MAX`, expansion past `EXPANDED_ENTRIES_MAX`,
+//! `EXPANDED_FILE_BYTES_MAX` or `EXPANDED_BLOCK_REFS_MAX`, distinct trees
+//! past `DISTINCT_TREE_BYTES_MAX` and sizes that overflow are refused with
+//! an error naming the bound and the path or the tree, and no
 //! walk (scan, push, pull, gc, verify, stats) recurses with its input: the
 //! hostile cases run on 256 KiB stacks, threads and rayon workers alike,
 //! where such recursion overflows long before the input ends.
@@ -12,11 +14,15 @@ use std::time::Duration;
 
 use store::backend::MemoryBackend;
 use store::gc;
+use store::index::{Index, IndexKey};
 use store::store::ObjectId;
-use store::tree::{DEPTH_MAX, EXPANDED_ENTRIES_MAX, Entry, EntryKind, Tree};
+use store::tree::{
+    DEPTH_MAX, DISTINCT_TREE_BYTES_MAX, EXPANDED_BLOCK_REFS_MAX, EXPANDED_ENTRIES_MAX,
+    EXPANDED_FILE_BYTES_MAX, Entry, EntryKind, Tree,
+};
 use store::{Digest, Error, OrgId, Store};
 
-use crate::support::{home, org, pull, push, snapshot, tempdir};
+use crate::support::{home, on_two_threads, org, pull, push, push_options, snapshot, tempdir};
 
 /// Small enough that a walk recursing once per level of a few hundred
 /// levels overflows it (a debug build's frames are large).
@@ -281,4 +287,224 @@ fn pull_removes_a_deeply_nested_directory_the_tree_lacks() {
         pull(&worked, &org("acme"), &home("h"), &dest_path).expect("pull")
     });
     assert_eq!(snapshot(dest.path()), snapshot(src.path()));
+}
+
+const SPLIT_BLOCK_BYTES: u64 = store::block::SPLIT_BLOCK_BYTES;
+
+/// A file of `blocks` 4 MiB blocks, every one of them the same digest:
+/// its entry is `blocks` × 32 bytes, its stored tree a few kilobytes.
+fn huge_file(name: &str, blocks: u64) -> Entry {
+    Entry {
+        name: name.as_bytes().to_vec(),
+        mode: 0o644,
+        size: blocks * SPLIT_BLOCK_BYTES,
+        mtime_ns: 0,
+        kind: EntryKind::File {
+            blocks: vec![Digest::of(b"one block"); blocks as usize],
+        },
+    }
+}
+
+/// Pulls `name` of acme on small stacks into an empty directory, which
+/// must stay empty; the pull's error.
+fn refused_pull(store: &Arc<Store>, name: &'static str) -> Error {
+    let dest = tempdir();
+    let (worked, dest_path) = (Arc::clone(store), dest.path().to_owned());
+    let result = on_stacks(SMALL_STACK_BYTES, move || {
+        pull(&worked, &org("acme"), &home(name), &dest_path)
+    });
+    assert!(is_empty_dir(dest.path()), "nothing written before refusing");
+    result.expect_err("the pull is refused")
+}
+
+/// Regression (audit, pull memory bomb): only entries were bounded, so a
+/// few kilobytes of stored trees (one file of 200,000 blocks of one
+/// digest, under 20 levels of directories each naming the level below
+/// twice: 2^20 copies, 3 million entries) expanded to 160 EiB of files and
+/// 2×10^11 block references, each copied into the pull's memory. Refused
+/// before a byte is written, naming the bound.
+#[test]
+fn regression_a_dag_of_huge_files_is_refused_before_writing() {
+    let store = memory_store();
+    let acme = org("acme");
+    let mut digest = put_tree(
+        &store,
+        &acme,
+        Tree {
+            entries: vec![huge_file("f", 200_000)],
+        },
+    );
+    for _ in 0..20 {
+        digest = put_tree(
+            &store,
+            &acme,
+            Tree {
+                entries: vec![dir_entry("a", digest), dir_entry("b", digest)],
+            },
+        );
+    }
+    store
+        .write_home(&acme, &home("bomb"), &digest)
+        .expect("point");
+    match refused_pull(&store, "bomb") {
+        Error::TooManyFileBytes {
+            what,
+            file_bytes_max,
+        } => {
+            assert_eq!(file_bytes_max, EXPANDED_FILE_BYTES_MAX);
+            assert!(what.contains(&digest.to_string()), "{what}");
+            let message = Error::TooManyFileBytes {
+                what,
+                file_bytes_max,
+            }
+            .to_string();
+            assert!(message.contains("bytes of files"), "{message}");
+        }
+        other => panic!("expected TooManyFileBytes, got {other:?}"),
+    }
+}
+
+/// Within the entries and file bytes bounds, block references are bounded
+/// too: 3.3 million empty files (a block each) and five references to a
+/// 781 GiB file (a million blocks) pass 4 Mi references.
+#[test]
+fn a_dag_past_the_block_reference_bound_is_refused_before_writing() {
+    let store = memory_store();
+    let acme = org("acme");
+    let empty = |name: String| Entry {
+        name: name.into_bytes(),
+        mode: 0o644,
+        size: 0,
+        mtime_ns: 0,
+        kind: EntryKind::File {
+            blocks: vec![Digest::of(b"")],
+        },
+    };
+    let mut digest = put_tree(
+        &store,
+        &acme,
+        Tree {
+            entries: (0..256).map(|i| empty(format!("e{i:03}"))).collect(),
+        },
+    );
+    for fanout in [256, 50] {
+        let entries = (0..fanout)
+            .map(|i| dir_entry(&format!("d{i:03}"), digest))
+            .collect();
+        digest = put_tree(&store, &acme, Tree { entries });
+    }
+    let big = put_tree(
+        &store,
+        &acme,
+        Tree {
+            entries: vec![huge_file("f", 200_000)],
+        },
+    );
+    let mut entries = vec![dir_entry("t", digest)];
+    entries.extend((0..5).map(|i| dir_entry(&format!("b{i}"), big)));
+    let root = put_tree(&store, &acme, Tree { entries });
+    store
+        .write_home(&acme, &home("refs"), &root)
+        .expect("point");
+    match refused_pull(&store, "refs") {
+        Error::TooManyBlockRefs {
+            what,
+            block_refs_max,
+        } => {
+            assert_eq!(block_refs_max, EXPANDED_BLOCK_REFS_MAX);
+            assert!(what.contains(&root.to_string()), "{what}");
+        }
+        other => panic!("expected TooManyBlockRefs, got {other:?}"),
+    }
+}
+
+/// Distinct trees are bounded in bytes, as they arrive: 131 trees of
+/// 2,000 symlinks to 4 KiB targets (8 MiB each decoded, kilobytes
+/// stored) pass 1 GiB, which a pull would otherwise hold whole.
+#[test]
+fn trees_past_the_tree_bytes_bound_are_refused_before_writing() {
+    let store = memory_store();
+    let acme = org("acme");
+    let target = vec![b'x'; store::tree::SYMLINK_TARGET_BYTES_MAX];
+    let entries = (0..131)
+        .map(|t| {
+            let links = (0..2_000)
+                .map(|i| Entry {
+                    name: format!("t{t:03}-{i:04}").into_bytes(),
+                    mode: 0o777,
+                    size: target.len() as u64,
+                    mtime_ns: 0,
+                    kind: EntryKind::Symlink {
+                        target: target.clone(),
+                    },
+                })
+                .collect();
+            dir_entry(
+                &format!("d{t:03}"),
+                put_tree(&store, &acme, Tree { entries: links }),
+            )
+        })
+        .collect();
+    let root = put_tree(&store, &acme, Tree { entries });
+    store
+        .write_home(&acme, &home("listings"), &root)
+        .expect("point");
+    match refused_pull(&store, "listings") {
+        Error::TooManyTreeBytes {
+            what,
+            tree_bytes_max,
+        } => {
+            assert_eq!(tree_bytes_max, DISTINCT_TREE_BYTES_MAX);
+            assert!(what.contains(&root.to_string()), "{what}");
+        }
+        other => panic!("expected TooManyTreeBytes, got {other:?}"),
+    }
+}
+
+/// What scan makes, pull takes: a home whose files pass the file bytes
+/// bound fails its push, naming the bound, and no home points anywhere.
+/// Nine sparse files of 500 GiB, already in the index (so not read).
+#[test]
+fn a_home_past_the_file_bytes_bound_fails_its_push_and_commits_nothing() {
+    let (src, state) = (tempdir(), tempdir());
+    let size = 500 << 30;
+    let mut index = Index::default();
+    for i in 0..9 {
+        let path = src.path().join(format!("sparse{i}"));
+        let file = fs::File::create(&path).expect("create");
+        file.set_len(size).expect("a sparse file");
+        let key = IndexKey::of(&file.metadata().expect("stat"));
+        let blocks = vec![Digest::of(b"zeros"); (size / SPLIT_BLOCK_BYTES) as usize];
+        index.files.insert(key, blocks);
+    }
+    let index_path = state.path().join("index");
+    index.save(&index_path).expect("save the index");
+    let store = memory_store();
+    let mut options = push_options();
+    options.index_path = Some(index_path);
+    let pushed = on_two_threads(|| {
+        store::push::push(
+            &store,
+            &org("acme"),
+            &home("big"),
+            src.path(),
+            &options,
+            &store::progress::NoProgress,
+        )
+    });
+    match pushed {
+        Err(Error::TooManyFileBytes {
+            what,
+            file_bytes_max,
+        }) => {
+            assert_eq!(file_bytes_max, EXPANDED_FILE_BYTES_MAX);
+            assert!(what.contains(&src.path().display().to_string()), "{what}");
+        }
+        other => panic!("expected TooManyFileBytes, got {other:?}"),
+    }
+    assert_eq!(
+        store.read_home(&org("acme"), &home("big")).expect("read"),
+        None,
+        "nothing committed"
+    );
 }
