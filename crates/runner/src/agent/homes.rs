@@ -114,6 +114,10 @@ impl StoreWait {
 pub(crate) enum NotReady {
     /// The store is out of reach or full: the launch waits and tries again.
     Store(StoreWait),
+    /// This runner's own disk has no space for the home or image: the
+    /// launch fails with reason [`LOCAL_DISK_FULL`] (waiting frees
+    /// nothing; the message names the disk and what was being written).
+    DiskFull(String),
     /// Anything else; a permanent error fails the sandbox.
     Failed(Error),
 }
@@ -124,10 +128,9 @@ impl From<Error> for NotReady {
     }
 }
 
-/// The stable code a launch failure's message begins with when this
-/// runner's own disk has no space for the home or image (the sandbox's
-/// reason is `home_unavailable` or `image_unavailable`).
-const LOCAL_DISK_FULL: &str = "runner_disk_full";
+/// The reason a launch fails with when this runner's own disk has no
+/// space for the home or image.
+pub(crate) const LOCAL_DISK_FULL: &str = "runner_disk_full";
 
 impl NotReady {
     /// What a failed pull of `what` (the home, the image) at `root` into
@@ -142,14 +145,15 @@ impl NotReady {
         if let Some(wait) = StoreWait::of(err, what) {
             return NotReady::Store(wait);
         }
-        NotReady::Failed(Error::Unusable(if err.is_disk_full() {
-            format!(
-                "{LOCAL_DISK_FULL}: no space left on this runner's disk for {what} {root} (writing {}): {err}",
+        if err.is_disk_full() {
+            return NotReady::DiskFull(format!(
+                "no space left on this runner's disk for {what} {root} (writing {}): {err}",
                 dest.display()
-            )
-        } else {
-            format!("cannot materialise {what} {root}: {err}")
-        }))
+            ));
+        }
+        NotReady::Failed(Error::Unusable(format!(
+            "cannot materialise {what} {root}: {err}"
+        )))
     }
 }
 
@@ -1104,17 +1108,15 @@ mod tests {
             let err = io_error(errno);
             assert_eq!(StoreWait::of(&err, "the image"), None, "{errno:?}");
             match NotReady::of_pull(&err, "the image", &root, dest) {
-                NotReady::Failed(failed) => {
-                    assert!(failed.is_permanent(), "a launch failure, not a retry");
-                    let message = failed.to_string();
+                NotReady::DiskFull(message) => {
                     let expected = format!(
-                        "runner_disk_full: no space left on this runner's disk for the image {root} (writing {}): ",
+                        "no space left on this runner's disk for the image {root} (writing {}): ",
                         dest.display()
                     );
                     assert!(message.starts_with(&expected), "{message}");
                     assert!(message.contains("usr/lib/libbig.so"), "{message}");
                 }
-                NotReady::Store(wait) => panic!("{errno:?} waits for the store: {wait:?}"),
+                other => panic!("{errno:?} is not a full disk: {other:?}"),
             }
         }
         let full = store::Error::StoreFull {
@@ -1124,7 +1126,7 @@ mod tests {
         };
         match NotReady::of_pull(&full, "the image", &root, dest) {
             NotReady::Store(wait) => assert_eq!(wait.reason, "store_full"),
-            NotReady::Failed(err) => panic!("a full store fails the launch: {err}"),
+            other => panic!("a full store fails the launch: {other:?}"),
         }
         let unreachable = store::Error::Backend {
             op: "get",
@@ -1146,7 +1148,7 @@ mod tests {
                 let expected = format!("cannot materialise the home {root}: object ");
                 assert!(err.to_string().starts_with(&expected), "{err}");
             }
-            NotReady::Store(wait) => panic!("a missing object waits: {wait:?}"),
+            other => panic!("a missing object is not a failure: {other:?}"),
         }
     }
 }

@@ -788,6 +788,26 @@ impl Worker {
         }
     }
 
+    /// Fails the launch because this runner's disk is full: waiting here
+    /// frees nothing, and the saved home is untouched in the store.
+    async fn report_disk_full(
+        &mut self,
+        sandbox: &SandboxAssignment,
+        message: String,
+    ) -> Result<(), Step> {
+        let message = format!(
+            "{message}; nothing in the store changed: free space on this runner, or create the sandbox again (a durable one from its snapshots: GET /v1/snapshots?sandbox_id={id})",
+            id = sandbox.sandbox_id
+        );
+        self.report(
+            sandbox,
+            SandboxState::Failed,
+            Some(super::homes::LOCAL_DISK_FULL),
+            Some(message),
+        )
+        .await
+    }
+
     async fn launch(&mut self, sandbox: &SandboxAssignment, seen: Seen) -> Result<(), Step> {
         let image = match &sandbox.image_root {
             None => RootImage::Host,
@@ -799,6 +819,9 @@ impl Worker {
             {
                 Ok(dir) => RootImage::Tree(dir),
                 Err(NotReady::Store(wait)) => return Err(Step::Store(wait)),
+                Err(NotReady::DiskFull(message)) => {
+                    return self.report_disk_full(sandbox, message).await;
+                }
                 Err(NotReady::Failed(err)) if err.is_permanent() => {
                     return self
                         .report(
@@ -850,6 +873,9 @@ impl Worker {
                 self.store_backoff = Backoff::between(STORE_RETRY_MIN_MS, STORE_RETRY_MAX_MS);
             }
             Err(NotReady::Store(wait)) => return Err(Step::Store(wait)),
+            Err(NotReady::DiskFull(message)) => {
+                return self.report_disk_full(sandbox, message).await;
+            }
             Err(NotReady::Failed(err)) if err.is_permanent() => {
                 let message = home_unavailable_message(&err, sandbox);
                 return self
