@@ -3,11 +3,9 @@
 //! field (in E2B's shape under `/e2b`), where before the server answered
 //! a negative offset, spun, or failed with a 500.
 
-use api::lifecycle::SandboxState;
-use api::runners::SandboxReport;
 use serde_json::Value;
 
-use crate::support::{TestServer, register_request};
+use crate::support::{TestServer, running_sandbox};
 
 /// An org's token, and a running sandbox of it with a command.
 struct Running {
@@ -17,56 +15,19 @@ struct Running {
 }
 
 async fn running_command(server: &TestServer) -> Running {
-    let org = server.create_org("acme").await;
-    let client = api::client::Client::new(&server.url, &org.token);
-    let enrolment = server
-        .admin
-        .create_runner_token()
-        .await
-        .expect("a runner token");
-    let registered = api::client::Client::new(&server.url, &enrolment.token)
-        .runner_register(&register_request("r1"))
-        .await
-        .expect("a runner registers");
-    let runner = api::client::Client::new(
-        &server.url,
-        &registered.runner_token.expect("a runner's credential"),
-    );
-    let sandbox = client
-        .create_sandbox(
-            &serde_json::from_value(serde_json::json!({ "image": "default" }))
-                .expect("a create request"),
-            None,
-        )
-        .await
-        .expect("a sandbox");
-    let assigned = runner
-        .runner_assignments(&registered.runner_id, "", 0)
-        .await
-        .expect("assignments");
-    let running = SandboxReport {
-        runner_id: registered.runner_id.clone(),
-        epoch: assigned.sandboxes[0].epoch,
-        state: SandboxState::Running,
-        reason: None,
-        message: None,
-        wake: None,
-    };
-    runner
-        .runner_report_sandbox(&sandbox.id, &running)
-        .await
-        .expect("running");
-    let command = client
+    let running = running_sandbox(server, None).await;
+    let command = running
+        .org
         .create_command(
-            &sandbox.id,
+            &running.sandbox_id,
             &serde_json::from_value(serde_json::json!({ "argv": ["true"] })).expect("a command"),
             None,
         )
         .await
         .expect("a command");
     Running {
-        token: org.token,
-        sandbox_id: sandbox.id,
+        token: running.org_token,
+        sandbox_id: running.sandbox_id,
         command_id: command.id,
     }
 }

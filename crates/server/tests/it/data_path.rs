@@ -7,13 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use api::ErrorCode;
-use api::client::{Client, ClientError};
-use api::lifecycle::SandboxState;
-use api::runners::SandboxReport;
+use api::client::ClientError;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 
-use crate::support::{TestServer, register_request};
+use crate::support::{RunningSandbox, TestServer, running_sandbox};
 
 /// Serves `app` on a loopback port; its URL.
 async fn listen(app: axum::Router) -> String {
@@ -27,69 +25,6 @@ async fn listen(app: axum::Router) -> String {
     format!("http://{address}")
 }
 
-/// An org's sandbox running on a runner whose data listener is at
-/// `data_url`.
-struct Running {
-    org: Client,
-    org_token: String,
-    sandbox_id: String,
-    runner: Client,
-    runner_id: String,
-}
-
-async fn running_on(server: &TestServer, data_url: &str) -> Running {
-    let enrolment = server
-        .admin
-        .create_runner_token()
-        .await
-        .expect("a runner token")
-        .token;
-    let mut request = register_request("fake");
-    request.data_url = Some(data_url.to_owned());
-    request.data_key = Some("ab".repeat(32));
-    let registered = Client::new(&server.url, &enrolment)
-        .runner_register(&request)
-        .await
-        .expect("the fake runner registers");
-    let runner = Client::new(
-        &server.url,
-        &registered.runner_token.expect("a runner credential"),
-    );
-    let created = server.create_org("acme").await;
-    let org = Client::new(&server.url, &created.token);
-    let sandbox = org
-        .create_sandbox(
-            &serde_json::from_value(serde_json::json!({ "image": "default" }))
-                .expect("a create request"),
-            None,
-        )
-        .await
-        .expect("a sandbox");
-    let assigned = runner
-        .runner_assignments(&registered.runner_id, "", 0)
-        .await
-        .expect("the runner's assignments");
-    let running = SandboxReport {
-        runner_id: registered.runner_id.clone(),
-        epoch: assigned.sandboxes[0].epoch,
-        state: SandboxState::Running,
-        reason: None,
-        message: None,
-        wake: None,
-    };
-    runner
-        .runner_report_sandbox(&sandbox.id, &running)
-        .await
-        .expect("the sandbox runs");
-    Running {
-        org,
-        org_token: created.token,
-        sandbox_id: sandbox.id,
-        runner,
-        runner_id: registered.runner_id,
-    }
-}
-
 fn refused<T>(answer: Result<T, ClientError>) -> ErrorCode {
     match answer {
         Ok(_) => panic!("expected a refusal"),
@@ -99,7 +34,7 @@ fn refused<T>(answer: Result<T, ClientError>) -> ErrorCode {
 
 /// E2B's envd: a GET of `/files` and a `Stat`, as the SDK sends them;
 /// each answer's status and body.
-async fn e2b_read_and_stat(server: &TestServer, running: &Running) -> [(u16, String); 2] {
+async fn e2b_read_and_stat(server: &TestServer, running: &RunningSandbox) -> [(u16, String); 2] {
     let http = reqwest::Client::new();
     let read = http
         .get(format!("{}/e2b/envd/files", server.url))
@@ -149,7 +84,7 @@ async fn a_runner_redirect_is_never_followed() {
     }))
     .await;
     let server = TestServer::start().await;
-    let running = running_on(&server, &runner).await;
+    let running = running_sandbox(&server, Some(&runner)).await;
 
     let download = running
         .org
@@ -187,7 +122,7 @@ async fn a_runner_refusing_the_servers_credential_is_unavailable_not_unauthentic
     }))
     .await;
     let server = TestServer::start().await;
-    let running = running_on(&server, &runner).await;
+    let running = running_sandbox(&server, Some(&runner)).await;
 
     let download = running
         .org

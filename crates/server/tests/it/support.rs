@@ -125,3 +125,69 @@ pub fn register_request(name: &str) -> RegisterRequest {
         data_key: None,
     }
 }
+
+/// An org's sandbox reported running by a runner registered for it (with
+/// its data listener at `data_url`, if any): the org's and the runner's
+/// clients, the org's token, the ids.
+pub struct RunningSandbox {
+    pub org: Client,
+    pub org_token: String,
+    pub sandbox_id: String,
+    pub runner: Client,
+    pub runner_id: String,
+}
+
+pub async fn running_sandbox(server: &TestServer, data_url: Option<&str>) -> RunningSandbox {
+    let enrolment = server
+        .admin
+        .create_runner_token()
+        .await
+        .expect("a runner token")
+        .token;
+    let mut request = register_request("r1");
+    if let Some(url) = data_url {
+        request.data_url = Some(url.to_owned());
+        request.data_key = Some("ab".repeat(32));
+    }
+    let registered = Client::new(&server.url, &enrolment)
+        .runner_register(&request)
+        .await
+        .expect("a runner registers");
+    let runner = Client::new(
+        &server.url,
+        &registered.runner_token.expect("a runner's credential"),
+    );
+    let created = server.create_org("acme").await;
+    let org = Client::new(&server.url, &created.token);
+    let sandbox = org
+        .create_sandbox(
+            &serde_json::from_value(serde_json::json!({ "image": "default" }))
+                .expect("a create request"),
+            None,
+        )
+        .await
+        .expect("a sandbox");
+    let assigned = runner
+        .runner_assignments(&registered.runner_id, "", 0)
+        .await
+        .expect("the runner's assignments");
+    let running = api::runners::SandboxReport {
+        runner_id: registered.runner_id.clone(),
+        epoch: assigned.sandboxes[0].epoch,
+        state: api::lifecycle::SandboxState::Running,
+        reason: None,
+        message: None,
+        wake: None,
+    };
+    runner
+        .runner_report_sandbox(&sandbox.id, &running)
+        .await
+        .expect("the sandbox runs");
+    RunningSandbox {
+        org,
+        org_token: created.token,
+        sandbox_id: sandbox.id,
+        runner,
+        runner_id: registered.runner_id,
+    }
+}
