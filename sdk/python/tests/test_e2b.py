@@ -19,6 +19,7 @@ from e2b import (  # noqa: E402
     AuthenticationException,
     CommandExitException,
     FileNotFoundException,
+    FileType,
     Sandbox,
     SandboxException,
     SandboxQuery,
@@ -116,6 +117,22 @@ def test_binary_file_round_trip_and_filesystem_calls(sandbox: Sandbox) -> None:
     assert not sandbox.files.exists("/workspace/made")
     with pytest.raises(FileNotFoundException):
         sandbox.files.read("/workspace/nothing-here")
+
+
+def test_get_info_finds_a_file_past_what_a_listing_of_its_directory_holds(sandbox: Sandbox) -> None:
+    # A listing stops at 10,000 entries; a file's own info must not depend
+    # on being among them.
+    sandbox.commands.run("mkdir /workspace/big && cd /workspace/big && seq 1 10050 | xargs touch")
+    listed = {e.name for e in sandbox.files.list("/workspace/big")}
+    assert len(listed) == 10_000
+    unlisted = [str(i) for i in range(1, 10051) if str(i) not in listed]
+    assert len(unlisted) == 50
+    for name in unlisted[:5]:
+        entry = sandbox.files.get_info(f"/workspace/big/{name}")
+        assert (entry.name, entry.size) == (name, 0)
+        assert sandbox.files.exists(f"/workspace/big/{name}")
+    assert sandbox.files.get_info("/workspace/big").type == FileType.DIR
+    assert not sandbox.files.exists("/workspace/big/10051")
 
 
 def test_pause_and_resume_keep_the_home_and_the_id(e2b_env: None) -> None:

@@ -591,10 +591,12 @@ fn random_hex() -> String {
 async fn list(request: &Value, writer: &mut OwnedWriteHalf) -> Result<(), Failure> {
     let path = path_field(request, "path")?;
     let depth = optional_number(request, "depth")?.unwrap_or(1);
-    if !(1..=LIST_DEPTH_MAX).contains(&depth) {
+    // Depth 0 is the path's own entry, whatever it is (a stat: E2B's
+    // `Stat` of a file in a directory past the listing's bounds).
+    if depth > LIST_DEPTH_MAX {
         return Err(fail(
             "bad_request",
-            format!("depth {depth} is outside 1..={LIST_DEPTH_MAX}"),
+            format!("depth {depth} is outside 0..={LIST_DEPTH_MAX}"),
         ));
     }
     let (entries, truncated) = blocking(move || walk(&path, depth as usize)).await?;
@@ -640,11 +642,11 @@ fn entry(path: &Path, metadata: &Metadata) -> Value {
 
 /// The entries under `root` down to `depth` levels, breadth first (so a
 /// truncated listing has the nearest), sorted by path; a symlink is an
-/// entry, never followed. `root` itself, when not a directory, is its one
-/// entry.
+/// entry, never followed. `root` itself, when not a directory or at depth
+/// 0, is its one entry.
 fn walk(root: &Path, depth: usize) -> Result<(Vec<Value>, bool), Failure> {
     let metadata = std::fs::symlink_metadata(root).map_err(|e| os_failure(e, "list", root))?;
-    if !metadata.is_dir() {
+    if !metadata.is_dir() || depth == 0 {
         return Ok((vec![entry(root, &metadata)], false));
     }
     let mut entries = Vec::new();
@@ -1470,6 +1472,17 @@ mod tests {
         // A listing under both bounds is whole.
         let (entries, truncated) = walk(scratch.path(), 2).expect("listed");
         assert_eq!((entries.len(), truncated), (2, false));
+        // Depth 0 is the path's own entry, a directory's too, however
+        // many it holds.
+        for path in [
+            deep.as_path(),
+            &deep.join(format!("{:05}{}", files - 1, "f".repeat(240))),
+        ] {
+            let (entries, truncated) = walk(path, 0).expect("stat");
+            assert!(!truncated);
+            assert_eq!(entries.len(), 1);
+            assert_eq!(entries[0]["path"], path.to_string_lossy().as_ref());
+        }
     }
 
     #[test]

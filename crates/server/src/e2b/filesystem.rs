@@ -443,8 +443,9 @@ pub fn entry_info(entry: &FileEntry) -> EntryInfo {
     }
 }
 
-/// A path's own entry: from its parent's listing (roost lists a directory
-/// by its entries, not itself).
+/// A path's own entry: a listing at depth 0 (the agent's stat). An agent
+/// from before depth 0 refuses it; its parent's listing is read then,
+/// which misses an entry past the listing's bounds (10,000 entries).
 async fn stat(
     state: &AppState,
     caller: &EnvdCaller,
@@ -465,6 +466,17 @@ async fn stat(
             symlink_target: None,
             is_symlink: false,
         });
+    }
+    match listing(state, caller, &path, 0).await {
+        Ok(list) => {
+            if let [own] = list.entries.as_slice()
+                && own.path == path
+            {
+                return Ok(entry_info(own));
+            }
+        }
+        Err(err) if err.code == Code::NotFound => return Err(err),
+        Err(_) => {}
     }
     let parent = match path.rsplit_once('/') {
         Some(("", _)) | None => "/".to_owned(),
