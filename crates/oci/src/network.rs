@@ -598,10 +598,17 @@ impl BridgeNetwork {
             .parse::<u32>()
             .unwrap_or(MTU_FALLBACK);
         let action = format!("set up the network of sandbox {id}");
+        let address = lease.address;
         ip_batch(
             &action,
             None,
             &[
+                // The host may still map this address to the veth of the
+                // sandbox that had it last (leases are reused): it would
+                // send there, not here, until the entry went stale, and a
+                // connection the host opens to a new sandbox failed for
+                // seconds. Forgotten, it is learnt again from this one.
+                format!("neigh flush to {address} dev {bridge}"),
                 format!("netns add {netns}"),
                 format!(
                     "link add {veth} mtu {mtu} type veth peer name {SANDBOX_INTERFACE} mtu {mtu} netns {netns}"
@@ -614,7 +621,6 @@ impl BridgeNetwork {
         disable_ipv6(veth)?;
         let gateway = lease.gateway();
         let prefix = lease.subnet.prefix();
-        let address = lease.address;
         ip_batch(
             &action,
             Some(&netns),

@@ -303,7 +303,17 @@ async fn a_listing_goes_to_its_depth_and_reports_a_symlink_without_following_it(
         (link.entries.len(), link.entries[0].kind),
         (1, FileKind::Symlink)
     );
-    assert_eq!(code(sandbox.agent_list("tree", 0).await), "bad_request");
+    // Depth 0 is the path's own entry, a directory's too (a stat).
+    let own = sandbox.agent_list("tree", 0).await.expect("stat");
+    assert_eq!(
+        (own.entries.len(), own.entries[0].kind),
+        (1, FileKind::Directory)
+    );
+    assert!(
+        own.entries[0].path.ends_with("/tree"),
+        "{:?}",
+        own.entries[0]
+    );
     assert_eq!(code(sandbox.agent_list("tree", 17).await), "bad_request");
     assert_eq!(code(sandbox.agent_list("nowhere", 1).await), "not_found");
 
