@@ -39,6 +39,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (19, include_str!("../migrations/0019_runner_leases.sql")),
     (20, include_str!("../migrations/0020_kept_by_sandbox.sql")),
     (21, include_str!("../migrations/0021_output_bound.sql")),
+    (22, include_str!("../migrations/0022_save_order.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -693,6 +693,113 @@ async fn a_save_commit_from_a_stale_placement_is_fenced_and_changes_nothing() {
     assert_eq!(failed.body["save"]["root"], root.to_hex());
 }
 
+/// A one-file tree uploaded through the block service as a runner would;
+/// returns its root.
+async fn upload_one_file_tree(
+    runner: &crate::plane::TestRunner,
+    org_id: &str,
+    content: &[u8],
+) -> store::Digest {
+    let block = store::Digest::of(content);
+    let mut tree = store::tree::Tree::default();
+    tree.entries.push(store::tree::Entry {
+        name: b"f".to_vec(),
+        mode: 0o644,
+        size: content.len() as u64,
+        mtime_ns: 0,
+        kind: store::tree::EntryKind::File {
+            blocks: vec![block],
+        },
+    });
+    let (root, tree_bytes) = tree.encode().expect("tree");
+    let api = Api::new(&runner.api.url, &runner.api.token);
+    for (path, body) in [
+        (
+            format!("/v1/blocks/{org_id}/blocks/{}", block.to_hex()),
+            store::block::encode(content),
+        ),
+        (
+            format!("/v1/blocks/{org_id}/trees/{}", root.to_hex()),
+            store::block::encode(&tree_bytes),
+        ),
+    ] {
+        let put = api
+            .send(reqwest::Method::PUT, &path, Some(body), &[])
+            .await
+            .expect("request");
+        assert_eq!(put.status, 204, "{path}");
+    }
+    root
+}
+
+/// Audit finding (2026-12-07): a save whose commit waited (a gc holding the
+/// store's commit lock, a slow store) behind a later save of the same
+/// placement moved the record and the store's `{id}` back to the older
+/// capture, and a wake restored it. Now the later save stands, the older
+/// one is answered with the record as it is, and `{id}` names the record's
+/// root even after a save that left it behind (a lost pointer write) or
+/// one refused for an incomplete tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_committed_after_a_later_one_of_its_placement_never_moves_the_home_back() {
+    let fleet = Fleet::start(&[]).await;
+    let plane = &fleet.plane;
+    let runner = plane.runner("r1", "on_demand", crate::plane::ALL).await;
+    let sandbox = plane
+        .running_sandbox(&runner, json!({"storage_class": "durable"}))
+        .await;
+    let id = sandbox["id"].as_str().expect("id");
+    let epoch = sandbox["epoch"].as_u64().expect("epoch");
+    let org_id = &plane.org_id;
+    let earlier = upload_one_file_tree(&runner, org_id, b"the home at one").await;
+    let later = upload_one_file_tree(&runner, org_id, b"the home at two").await;
+    let saves = format!("/v1/runner/sandboxes/{id}/saves");
+    let save = |root: &store::Digest, captured_at_ms: i64| {
+        json!({"runner_id": runner.id, "epoch": epoch, "outcome": "completed",
+               "root": root.to_hex(), "captured_at_ms": captured_at_ms})
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let store = store::Store::open(fleet.store.path().to_str().expect("utf-8")).expect("store");
+    let org: store::OrgId = org_id.parse().expect("org");
+    let home: store::HomeName = id.parse().expect("home name");
+    let pointer = || store.read_home(&org, &home).expect("read the pointer");
+
+    let committed = runner.api.post(&saves, save(&later, now_ms - 1_000)).await;
+    assert_eq!(committed.status, 200, "{committed:?}");
+    let saved_at = committed.body["save"]["last_completed_at"].clone();
+    // The earlier capture's commit arrives after: the record keeps the later.
+    let stale = runner
+        .api
+        .post(&saves, save(&earlier, now_ms - 5_000))
+        .await;
+    assert_eq!(stale.status, 200, "{stale:?}");
+    assert_eq!(stale.body["save"]["root"], later.to_hex(), "{stale:?}");
+    let record = fleet.get(id).await;
+    assert_eq!(record["save"]["root"], later.to_hex(), "{record}");
+    assert_eq!(record["save"]["last_completed_at"], saved_at, "{record}");
+    assert_eq!(pointer(), Some(later), "the store's home moved back");
+
+    // `{id}` lost (a pointer write that never happened): the next save,
+    // even one refused for a tree not uploaded, first points it back at
+    // the record's root before `{id}-next` moves on.
+    store.delete_home(&org, &home).expect("delete the pointer");
+    let absent = store::Digest::of(b"never uploaded");
+    runner
+        .api
+        .post(&saves, save(&absent, now_ms))
+        .await
+        .assert_error(409, "invalid_state");
+    assert_eq!(pointer(), Some(later), "the record's root is unpinned");
+
+    // A later capture commits as ever.
+    let next = upload_one_file_tree(&runner, org_id, b"the home at three").await;
+    let newer = runner.api.post(&saves, save(&next, now_ms + 1)).await;
+    assert_eq!(newer.body["save"]["root"], next.to_hex(), "{newer:?}");
+    assert_eq!(pointer(), Some(next));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_on_an_s3_store_secures_homes_there_and_wakes_them_elsewhere() {
     // The S3-compatible server scripts/test.sh starts; the server process

@@ -85,6 +85,8 @@ pub struct AppStateParts {
     /// fleet's reads (thousands at once when every runner starts) never
     /// hold every database connection while heartbeats wait for one.
     pub assignment_reads: tokio::sync::Semaphore,
+    /// One sandbox's save commits at a time (`saves`).
+    pub save_turns: saves::SaveTurns,
 }
 
 /// Permits of [`AppStateParts::assignment_reads`]: half a PostgreSQL

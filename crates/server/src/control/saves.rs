@@ -5,14 +5,24 @@
 //!
 //! 1. the placement (runner, epoch) is checked: a stale one is `fenced`
 //!    before anything is written;
-//! 2. under the store's commit lock the tree is checked present (its root:
+//! 2. the store home `{id}` is made to name the record's root, should an
+//!    earlier step 4 not have run (a store outage, a server killed); then,
+//!    under the store's commit lock, the tree is checked present (its root:
 //!    the block service takes a tree only with its children) and the store
 //!    home `{id}-next` is pointed at it (so gc keeps it whatever happens
 //!    next);
 //! 3. a compare-and-swap on the record, guarded by the epoch, makes it the
 //!    sandbox's `home_root` (a placement that moved on meanwhile is
-//!    `fenced` and the record keeps the previous save);
-//! 4. the store home `{id}` is pointed at it.
+//!    `fenced` and the record keeps the previous save), unless the record
+//!    holds a later capture of this same placement: a save whose commit
+//!    waited behind a later one never moves the home back (answered as
+//!    the record stands: the later save holds everything it does);
+//! 4. the store home `{id}` is pointed at the record's root, read after
+//!    the commit.
+//!
+//! Steps 2 to 4 of one sandbox's saves take turns on this server
+//! (`SaveTurns`), so `{id}` and `{id}-next` between them always name the
+//! record's root.
 //!
 //! A stop's securing that commits says so in the sandbox's history
 //! (`securing_committed`): should its runner be lost before it reports
@@ -29,7 +39,9 @@ use super::runner_protocol::{check_placement, fenced, live_runner};
 use crate::db::now_ms;
 use crate::error::ControlError;
 use crate::limits;
-use crate::records::sandboxes::{SaveOutcome, record_save, record_securing_committed};
+use crate::records::sandboxes::{
+    SaveOutcome, SaveRecorded, record_save, record_securing_committed,
+};
 use crate::records::{SandboxRow, load_sandbox, not_found};
 use api::ErrorCode;
 use api::lifecycle::SandboxState;
@@ -47,6 +59,11 @@ pub async fn report_save(
         .error
         .as_deref()
         .map(|e| limits::truncated(e, limits::RUNNER_TEXT_BYTES_MAX));
+    // Taken before the record is read: it stands while this save commits.
+    let _turn = match report.outcome.as_str() {
+        "completed" => Some(state.save_turns.take(id).await),
+        _ => None,
+    };
     // 1. The placement, before anything is written.
     let row = {
         let mut tx = state.db.write().await?;
@@ -78,7 +95,9 @@ pub async fn report_save(
         }
         "completed" => {
             let root = parse_root(report.root.as_deref())?;
-            // 2. Complete in the store, and pinned.
+            // 2. `{id}` names the record's root before `{id}-next` moves
+            // on from it; then the new tree, complete and pinned.
+            point_at_record(state, &row, committed_home.clone()).await?;
             pin_tree(state, &row.org_id, next_home, root).await?;
             committed_root = Some(root);
         }
@@ -114,17 +133,29 @@ pub async fn report_save(
     };
     let epoch = report.epoch as i64;
     let unchanged = report.outcome == "unchanged";
-    let updated = record_save(&mut tx, id, epoch, &report.runner_id, outcome).await?;
-    if !updated && unchanged {
-        return Err(ControlError::new(
-            ErrorCode::InvalidState,
-            "the home's last completed save is no longer this root",
-        ));
-    }
-    if !updated {
-        return Err(fenced(
-            "the placement moved on while the save was committed",
-        ));
+    match record_save(&mut tx, id, epoch, &report.runner_id, outcome).await? {
+        SaveRecorded::Recorded => {}
+        SaveRecorded::PlacementMoved if unchanged => {
+            return Err(ControlError::new(
+                ErrorCode::InvalidState,
+                "the home's last completed save is no longer this root",
+            ));
+        }
+        SaveRecorded::PlacementMoved => {
+            return Err(fenced(
+                "the placement moved on while the save was committed",
+            ));
+        }
+        SaveRecorded::Superseded => {
+            tracing::info!(
+                sandbox_id = %id,
+                epoch = report.epoch,
+                root = report.root.as_deref().unwrap_or(""),
+                "a save committed after a later one of its placement: the record keeps the later"
+            );
+            drop(tx);
+            return Ok(current);
+        }
     }
     // A stop's securing committed: the home is secured from here on,
     // whether or not its runner lives to report `stopped` (the lease
@@ -150,12 +181,53 @@ pub async fn report_save(
             report.uploaded_bytes,
         );
         tracing::info!(sandbox_id = %id, epoch = report.epoch, %root, "home save committed");
-        // 4. The committed pointer.
-        let store = store_of(state)?;
-        let org = store_org(&row.org_id)?;
-        blocking(move || store.write_home(&org, &committed_home, &root))
-            .await?
-            .map_err(store_error)?;
+        // 4. The committed pointer, at the record's root as it now stands.
+        point_at_record(state, &record, committed_home).await?;
     }
     Ok(record)
+}
+
+/// Points the store home `{id}` at the root the record names (nothing when
+/// it names none or `{id}` already does).
+async fn point_at_record(
+    state: &AppState,
+    record: &SandboxRow,
+    committed_home: store::HomeName,
+) -> Result<(), ControlError> {
+    let Some(root) = record.home.root.as_deref() else {
+        return Ok(());
+    };
+    let root = parse_root(Some(root))?;
+    let store = store_of(state)?;
+    let org = store_org(&record.org_id)?;
+    blocking(move || {
+        if store.read_home(&org, &committed_home)? != Some(root) {
+            store.write_home(&org, &committed_home, &root)?;
+        }
+        Ok(())
+    })
+    .await?
+    .map_err(store_error)
+}
+
+/// One sandbox's save commits at a time on this server: each reads the
+/// record, moves the store's pointers and the record in turn, so no two
+/// leave `{id}` and `{id}-next` naming roots other than the record's.
+/// Striped by id: two sandboxes sharing a stripe only take turns.
+pub struct SaveTurns([tokio::sync::Mutex<()>; SAVE_TURN_STRIPES]);
+
+const SAVE_TURN_STRIPES: usize = 64;
+
+impl Default for SaveTurns {
+    fn default() -> SaveTurns {
+        SaveTurns(std::array::from_fn(|_| tokio::sync::Mutex::new(())))
+    }
+}
+
+impl SaveTurns {
+    pub async fn take(&self, id: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(id);
+        self.0[hash as usize % SAVE_TURN_STRIPES].lock().await
+    }
 }

@@ -22,11 +22,14 @@ pub(super) async fn insert_save(
     runner_id: &str,
     captured_at_ms: i64,
     completed_at_ms: i64,
+    // The save's own guard (`$4` the epoch, `$1` the capture): a row only
+    // for a save the record takes.
+    guard: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    sqlx::query(&format!(
         "INSERT INTO saves (sandbox_id, captured_at_ms, completed_at_ms, previous_captured_at_ms)
-         SELECT id, $1, $2, home_saved_at_ms FROM sandboxes WHERE id = $3 AND epoch = $4 AND runner_id = $5",
-    )
+         SELECT id, $1, $2, home_saved_at_ms FROM sandboxes WHERE id = $3 AND epoch = $4 AND runner_id = $5 AND {guard}"
+    ))
     .bind(captured_at_ms)
     .bind(completed_at_ms)
     .bind(id)

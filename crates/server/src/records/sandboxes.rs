@@ -778,36 +778,71 @@ pub enum SaveOutcome {
     },
 }
 
-/// Records a save attempt's outcome. False when the placement moved on
-/// (another epoch or runner holds the sandbox): nothing is written.
+/// What became of a save report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaveRecorded {
+    Recorded,
+    /// Another epoch or runner holds the sandbox: nothing is written.
+    PlacementMoved,
+    /// A completed save of this placement captured before the one the
+    /// record holds (its commit waited behind a later save's): the record
+    /// keeps the later one, which holds everything this one does.
+    Superseded,
+}
+
+/// The guard that keeps a home from moving back within one placement: a
+/// completed save replaces the record's root only if that root is another
+/// placement's (or none), or was captured no later. `$epoch` and
+/// `$captured` are the statement's placeholders for them.
+fn not_older_within_the_placement(epoch: &str, captured: &str) -> String {
+    format!(
+        "(home_saved_epoch IS NULL OR home_saved_epoch <> {epoch} OR home_saved_at_ms IS NULL OR home_saved_at_ms <= {captured})"
+    )
+}
+
+/// Records a save attempt's outcome.
 pub async fn record_save(
     tx: &mut WriteTx,
     id: &str,
     epoch: i64,
     runner_id: &str,
     outcome: SaveOutcome,
-) -> Result<bool, sqlx::Error> {
+) -> Result<SaveRecorded, sqlx::Error> {
     let now = now_ms();
+    let completed = matches!(outcome, SaveOutcome::Completed { .. });
     if let SaveOutcome::Completed { captured_at_ms, .. } = &outcome {
         // The save's history row (for the observed figures), written
         // before the record moves on so it can name the previous capture;
         // guarded like the update below, in the same transaction.
-        super::observed::insert_save(tx, id, epoch, runner_id, (*captured_at_ms).min(now), now)
-            .await?;
+        super::observed::insert_save(
+            tx,
+            id,
+            epoch,
+            runner_id,
+            (*captured_at_ms).min(now),
+            now,
+            &not_older_within_the_placement("$4", "$1"),
+        )
+        .await?;
     }
     // Each statement ends with the placement guard: id, epoch, runner.
+    let completed_sql;
     let query = match outcome {
         SaveOutcome::Completed {
             root,
             captured_at_ms,
-        } => sqlx::query(
-            "UPDATE sandboxes SET home_root = $1, home_saved_at_ms = $2, save_attempt_at_ms = $3,
-             save_error = NULL, save_bytes_pending = 0, updated_at_ms = $3
-             WHERE id = $4 AND epoch = $5 AND runner_id = $6",
-        )
-        .bind(root)
-        .bind(captured_at_ms.min(now))
-        .bind(now),
+        } => {
+            completed_sql = format!(
+                "UPDATE sandboxes SET home_root = $1, home_saved_at_ms = $2, save_attempt_at_ms = $3,
+                 save_error = NULL, save_bytes_pending = 0, updated_at_ms = $3, home_saved_epoch = $5
+                 WHERE {} AND id = $4 AND epoch = $5 AND runner_id = $6",
+                not_older_within_the_placement("$5", "$2")
+            );
+            sqlx::query(&completed_sql)
+                .bind(root)
+                .bind(captured_at_ms.min(now))
+                .bind(now)
+        }
         SaveOutcome::Failed {
             error,
             bytes_pending,
@@ -844,11 +879,25 @@ pub async fn record_save(
         .bind(runner_id.to_owned())
         .execute(&mut *tx.tx)
         .await?;
-    if updated.rows_affected() == 0 {
-        return Ok(false);
+    if updated.rows_affected() == 1 {
+        tx.changed(id);
+        return Ok(SaveRecorded::Recorded);
     }
-    tx.changed(id);
-    Ok(true)
+    // Nothing written: the placement moved on, or (a completed save only)
+    // the record holds a later capture of this placement.
+    let ours =
+        sqlx::query("SELECT 1 FROM sandboxes WHERE id = $1 AND epoch = $2 AND runner_id = $3")
+            .bind(id.to_owned())
+            .bind(epoch)
+            .bind(runner_id.to_owned())
+            .fetch_optional(&mut *tx.tx)
+            .await?
+            .is_some();
+    Ok(if completed && ours {
+        SaveRecorded::Superseded
+    } else {
+        SaveRecorded::PlacementMoved
+    })
 }
 
 /// The runner holding the home was lost before a save under way (a stop's
