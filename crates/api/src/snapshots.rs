@@ -20,6 +20,36 @@ pub struct CreateSnapshotRequest {
     pub deadline: Option<u64>,
 }
 
+/// Whether a snapshot at `durability` answers a wait for `target`: it has
+/// that durability or a stronger one (`pending` < `local` <
+/// `replicated`), or it has ended (`replicated` or `failed`) and can never
+/// reach `target`. The server's long-poll and every client stop on it, so
+/// a wait for `pending` on a replicated snapshot, or for `failed` on one
+/// that replicated, answers at once rather than polling for ever.
+pub fn wait_is_over(durability: &str, target: &str) -> bool {
+    durability == target || has_ended(durability) || rank(durability) >= rank(target)
+}
+
+/// Whether a snapshot at `durability` reached `target` (the wait's success).
+pub fn reached(durability: &str, target: &str) -> bool {
+    durability == target || (durability != "failed" && rank(durability) >= rank(target))
+}
+
+/// `replicated` and `failed` never change.
+pub fn has_ended(durability: &str) -> bool {
+    matches!(durability, "replicated" | "failed")
+}
+
+/// The order durability moves in; `failed` is outside it.
+fn rank(durability: &str) -> u8 {
+    match durability {
+        "pending" => 0,
+        "local" => 1,
+        "replicated" => 2,
+        _ => u8::MAX,
+    }
+}
+
 /// The receipt. `durability` moves `pending` → `local` → `replicated`, or
 /// ends `failed` (`reason`); the snapshot always goes on to the store.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -77,4 +107,33 @@ pub struct SalvageRequest {
 pub struct SnapshotList {
     pub snapshots: Vec<Snapshot>,
     pub next_cursor: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [&str; 4] = ["pending", "local", "replicated", "failed"];
+
+    #[test]
+    fn a_wait_is_over_once_reached_or_unreachable() {
+        for durability in ALL {
+            for target in ALL {
+                let over = wait_is_over(durability, target);
+                let ok = reached(durability, target);
+                // Reaching it ends the wait; an ended snapshot ends it too.
+                assert!(!ok || over, "{durability} reached {target} but waits");
+                assert_eq!(over, ok || has_ended(durability), "{durability} / {target}");
+            }
+        }
+        assert!(reached("replicated", "pending"));
+        assert!(reached("replicated", "local"));
+        assert!(!reached("local", "replicated"));
+        assert!(!reached("failed", "replicated"));
+        assert!(reached("failed", "failed"));
+        assert!(!reached("replicated", "failed"));
+        assert!(wait_is_over("replicated", "failed"));
+        assert!(!wait_is_over("local", "failed"));
+        assert!(!wait_is_over("pending", "local"));
+    }
 }

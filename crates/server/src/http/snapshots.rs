@@ -65,19 +65,6 @@ pub struct SnapshotWait {
     timeout: Option<u64>,
 }
 
-/// `wait_for` is reached at that durability or a stronger one; `failed`
-/// makes any other unreachable, so it answers too.
-fn reached(snapshot: &SnapshotRow, target: &str) -> bool {
-    let rank = |d: &str| match d {
-        "pending" => 0,
-        "local" => 1,
-        _ => 2,
-    };
-    snapshot.durability == target
-        || snapshot.durability == "failed"
-        || (target != "failed" && rank(&snapshot.durability) >= rank(target))
-}
-
 #[utoipa::path(get, path = "/v1/snapshots/{id}", tag = "snapshots", params(("id" = String, Path), SnapshotWait), responses((status = 200, body = Snapshot), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
@@ -100,7 +87,7 @@ pub async fn get(
         &watch,
         timeout,
         || visible(&state, &org_id, &id),
-        |row| reached(row, &target),
+        |row| api::snapshots::wait_is_over(&row.durability, &target),
     )
     .await?;
     Ok(axum::Json(row.to_api()))

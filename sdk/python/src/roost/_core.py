@@ -686,6 +686,9 @@ def wait_snapshot(snapshot_id: str, durability: str, timeout: Optional[float]) -
             return snapshot
         if snapshot.durability == "failed":
             raise UnexpectedState(f"snapshot {snapshot_id} failed ({snapshot.reason})", snapshot)
+        if snapshot.durability == "replicated":
+            # Ended: a wait for `failed` can never be met (the server answers at once).
+            raise UnexpectedState(f"snapshot {snapshot_id} replicated; it will not be {durability}", snapshot)
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"snapshot {snapshot_id} is still {snapshot.durability} after {timeout} s")
 
