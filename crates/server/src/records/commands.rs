@@ -128,7 +128,10 @@ impl CommandRow {
 ///   `unknown`;
 /// - the sandbox was stopped, terminated or deleted: the runner reports its
 ///   commands first; any it left open were asked to end by the stop
-///   (`interrupted`), or, never confirmed, `unknown`;
+///   (`interrupted`), or, never confirmed, `unknown`. `deleting` is the
+///   request, not yet the runner's doing: its commands stay as they are
+///   until the runner reports them or the sandbox `deleted`, so a command
+///   that exits meanwhile is recorded `exited`, with all its output;
 /// - the workload died on its own (`failed`): the runner would have told
 ///   what it knew, so what is left is `unknown`.
 pub(super) async fn end_commands_for(
@@ -140,9 +143,9 @@ pub(super) async fn end_commands_for(
     use SandboxState::*;
     let running = match (state, reason) {
         (Recovering, _) | (Failed, Some("node_lost")) => CommandState::InfrastructureLost,
-        (Stopped | Securing | Terminated | Deleting | Deleted, _) => CommandState::Interrupted,
+        (Stopped | Securing | Terminated | Deleted, _) => CommandState::Interrupted,
         (Failed, _) => CommandState::Unknown,
-        (Pending | Starting | Running | Stopping, _) => return Ok(()),
+        (Pending | Starting | Running | Stopping | Deleting, _) => return Ok(()),
     };
     // A durable sandbox moving off a runner being emptied runs again on
     // another: its queued commands (none was handed to the runner it

@@ -307,6 +307,97 @@ async fn concurrent_creates_cannot_race_past_a_quota() {
     }
 }
 
+/// Audit finding (2026-12-07): a delete recorded the sandbox's running
+/// command `interrupted` at the request, before its runner had done
+/// anything; the runner's report that it exited 0 was then refused and its
+/// last output with it. `deleting` is the request: the command's end is
+/// the runner's report, and only what is left open when the sandbox is
+/// `deleted` ends `interrupted` (queued ones `not_launched`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_leaves_a_commands_end_to_what_its_runner_reports() {
+    for plane in planes("delete_commands").await {
+        let org = plane.org("org_d", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.create(&org).await.expect("admitted");
+        plane
+            .report(&row, &runner, SandboxState::Starting)
+            .await
+            .expect("starting");
+        let row = plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        let mut commands_made = Vec::new();
+        for argv in [["sleep", "1"], ["sleep", "2"]] {
+            let request = serde_json::from_value(serde_json::json!({ "argv": argv }))
+                .expect("a command request");
+            let mut tx = plane.state.db.write().await.expect("tx");
+            let queued = commands::create(&plane.state, &mut tx, &org, &row.id, &request)
+                .await
+                .expect("queued");
+            tx.commit().await.expect("commit");
+            commands_made.push(queued.id);
+        }
+        runner_protocol::read_assignments(&plane.state, &runner)
+            .await
+            .expect("assignments");
+        let report = |state, exit_code| CommandReport {
+            runner_id: runner.clone(),
+            epoch: row.epoch as u64,
+            state,
+            reason: None,
+            exit_code,
+            signal: None,
+            pid: Some(7),
+            output: None,
+        };
+        for id in &commands_made {
+            runner_protocol::report_command(&plane.state, id, &report(CommandState::Running, None))
+                .await
+                .expect("running");
+        }
+        let deleting = plane.change(&org, &row.id, "delete").await.expect("delete");
+        assert_eq!(deleting.state, SandboxState::Deleting);
+        let command_state = |id: String| {
+            let plane = &plane;
+            async move {
+                let mut tx = plane.state.db.write().await.expect("tx");
+                server::records::commands::load(&mut tx, &id)
+                    .await
+                    .expect("read")
+                    .expect("the command")
+                    .state
+            }
+        };
+        assert_eq!(
+            command_state(commands_made[0].clone()).await,
+            CommandState::Running,
+            "a delete's request is not its runner's doing"
+        );
+        let exited = runner_protocol::report_command(
+            &plane.state,
+            &commands_made[0],
+            &report(CommandState::Exited, Some(0)),
+        )
+        .await
+        .expect("the runner's report of the end is taken");
+        assert_eq!(exited.state, CommandState::Exited);
+        plane
+            .report(&deleting, &runner, SandboxState::Deleted)
+            .await
+            .expect("deleted");
+        assert_eq!(
+            command_state(commands_made[0].clone()).await,
+            CommandState::Exited
+        );
+        assert_eq!(
+            command_state(commands_made[1].clone()).await,
+            CommandState::Interrupted,
+            "left open at the sandbox's deletion"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_command_goes_from_queue_to_exit_through_its_runner() {
     for plane in planes("commands").await {
