@@ -150,13 +150,15 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     on_started: impl FnOnce(Started),
 ) -> Result<(), ServerError> {
-    let state = open_state(config).await?;
-    let config = state.config.clone();
-    let admin_token = auth::bootstrap_admin(&state.db, &config.data_dir).await?;
+    // Bound first: a server that cannot listen makes nothing (no database,
+    // no admin token whose one-time printout would be lost with it).
     let listener = listen(config.listen).map_err(|source| ServerError::Bind {
         addr: config.listen,
         source,
     })?;
+    let state = open_state(config).await?;
+    let config = state.config.clone();
+    let admin_token = auth::bootstrap_admin(&state.db, &config.data_dir).await?;
     let local = listener.local_addr().map_err(|source| ServerError::Bind {
         addr: config.listen,
         source,

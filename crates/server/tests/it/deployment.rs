@@ -153,3 +153,28 @@ async fn the_document_describes_every_field_with_its_unit() {
     }
     assert!(missing.is_empty(), "{}", missing.join("\n"));
 }
+
+/// A server that cannot bind its address (another process holds it) stops
+/// before it makes anything: its admin token, shown only by the server that
+/// creates it, is made by the first start that serves.
+#[tokio::test]
+async fn a_server_that_cannot_listen_makes_no_admin_token() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let busy = held.local_addr().expect("its address");
+    let data = tempfile::tempdir().expect("a temp dir");
+    let data_dir = data.path().join("server");
+    let config = server::Config::new(busy, data_dir.clone());
+    let served = server::serve(config, std::future::pending(), |_| {
+        panic!("started on a busy port")
+    })
+    .await;
+    assert!(
+        matches!(served, Err(server::ServerError::Bind { .. })),
+        "{:?}",
+        served.err()
+    );
+    assert!(
+        !data_dir.join("admin-token").exists(),
+        "an admin token no one was shown"
+    );
+}
