@@ -384,6 +384,9 @@ async fn read_view(conn: &mut sqlx::AnyConnection) -> Result<View, sqlx::Error> 
 /// locked (an UPDATE) before its kept usage (`records::counts`) is read,
 /// so servers placing at once never overfill it.
 pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sqlx::Error> {
+    if !bindings_allow(tx, sandbox).await? {
+        return Ok(Placed::Waiting(FILESYSTEM_UNBOUND));
+    }
     // From the view first; what it says cannot be done, checked fresh.
     // A home declared lost is read now: it fails the sandbox.
     match place_from(tx, sandbox, RUNNER_VIEW_TTL).await? {
@@ -391,6 +394,44 @@ pub async fn place(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<Placed, sql
         Placed::Waiting(_) => place_from(tx, sandbox, RUNNER_VIEW_FRESH).await,
         placed => Ok(placed),
     }
+}
+
+/// Why a sandbox waits whose shared filesystem is no longer bound to its
+/// org: it runs again once bound again.
+pub const FILESYSTEM_UNBOUND: &str = "filesystem_unbound";
+
+/// Each placement (create, start, wake, recovery, drain) mounts only what
+/// the org's bindings allow now, not what they allowed at create: an
+/// unbound filesystem keeps the sandbox from running (false), and one
+/// rebound read-only is mounted read-only (the record's mounts are
+/// updated). A revocation thus reaches every sandbox at its next start.
+async fn bindings_allow(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<bool, sqlx::Error> {
+    let mut mounts = sandbox.mounts();
+    if mounts.is_empty() {
+        return Ok(true);
+    }
+    let mut changed = false;
+    for mount in &mut mounts {
+        let binding =
+            crate::records::filesystems::binding(tx, &mount.filesystem, &sandbox.org_id).await?;
+        let Some(binding) = binding else {
+            return Ok(false);
+        };
+        if binding.read_only && !mount.read_only {
+            mount.read_only = true;
+            changed = true;
+        }
+    }
+    if changed {
+        let json = serde_json::to_string(&mounts).unwrap_or_else(|_| "[]".to_owned());
+        sqlx::query("UPDATE sandboxes SET mounts = $1 WHERE id = $2")
+            .bind(json)
+            .bind(sandbox.id.clone())
+            .execute(&mut *tx.tx)
+            .await?;
+        tx.changed(&sandbox.id);
+    }
+    Ok(true)
 }
 
 async fn place_from(

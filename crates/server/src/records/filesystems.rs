@@ -89,7 +89,8 @@ pub async fn is_bound(
 }
 
 /// Removes the binding; the one removed, if there was one. Sandboxes that
-/// mount the filesystem keep it until they are deleted.
+/// mount the filesystem keep it while they run; none is placed with it
+/// again (`scheduler::place` waits `filesystem_unbound`).
 pub async fn unbind(
     tx: &mut WriteTx,
     filesystem: &str,

@@ -307,6 +307,117 @@ async fn concurrent_creates_cannot_race_past_a_quota() {
     }
 }
 
+/// Audit finding (2026-12-07): a shared filesystem's binding was checked
+/// at create only. Unbound from the org, or rebound read-only, a sandbox
+/// created before mounted it read-write again at every start, wake and
+/// recovery. Each placement now mounts what the bindings allow then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filesystem_unbound_or_made_read_only_reaches_the_next_placement() {
+    for plane in planes("fs_rebind").await {
+        let org = plane.org("org_fs", None).await;
+        let mut request = RegisterRequest {
+            runner_id: None,
+            name: "fs".to_owned(),
+            placement_class: "on_demand".to_owned(),
+            labels: BTreeMap::new(),
+            capabilities: [
+                "image:default",
+                "network:none",
+                "storage:standard",
+                "filesystem:team",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            capacity: Capacity {
+                sandboxes: 4,
+                memory_mib: 64 * 1024,
+                cpus: 64.0,
+                pids: 1 << 20,
+            },
+            data_url: None,
+            data_key: None,
+        };
+        let runner = runner_protocol::register(
+            &plane.state,
+            &runner_protocol::Registrant::Enrolment,
+            &request,
+        )
+        .await
+        .expect("the runner registers")
+        .runner_id;
+        request.runner_id = Some(runner.clone());
+        let bind = |read_only: bool| {
+            let state = plane.state.clone();
+            let org = org.clone();
+            async move {
+                server::control::filesystems::bind(
+                    &state,
+                    "team",
+                    &org,
+                    &api::filesystems::BindFilesystemRequest { read_only },
+                )
+                .await
+                .expect("bound")
+            }
+        };
+        bind(false).await;
+        let mut create: CreateSandboxRequest = serde_json::from_value(serde_json::json!({
+            "image": "default",
+            "mounts": [{"filesystem": "team", "path": "/mnt/team"}],
+        }))
+        .expect("a create request");
+        let mut row = admission::prepare(&plane.state, &org, &mut create).expect("prepared");
+        let mut tx = plane.state.db.write().await.expect("tx");
+        admission::admit(&plane.state, &mut tx, &mut row, &create)
+            .await
+            .expect("admitted");
+        tx.commit().await.expect("commit");
+        let row = plane.load(&row.id).await;
+        assert_eq!(row.runner_id.as_deref(), Some(runner.as_str()));
+        let row = plane
+            .report(&row, &runner, SandboxState::Starting)
+            .await
+            .expect("starting");
+        let row = plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        plane.change(&org, &row.id, "stop").await.expect("stop");
+        let row = plane
+            .report(&plane.load(&row.id).await, &runner, SandboxState::Stopped)
+            .await
+            .expect("stopped");
+        assert_eq!(row.state, SandboxState::Stopped);
+
+        // Unbound: a start waits, and says why.
+        server::control::filesystems::unbind(&plane.state, "team", &org)
+            .await
+            .expect("unbound");
+        let waiting = plane.change(&org, &row.id, "start").await.expect("start");
+        assert_eq!(
+            (waiting.state, waiting.state_reason.as_deref()),
+            (SandboxState::Pending, Some("filesystem_unbound")),
+            "placed without its binding: {waiting:?}"
+        );
+
+        // Bound again read-only: the waiting sandbox's next placement (the
+        // reconciler's pass) mounts it read-only.
+        bind(true).await;
+        server::reconcile::schedule_pending(&plane.state)
+            .await
+            .expect("a scheduling pass");
+        let placed = plane.load(&row.id).await;
+        assert_eq!(placed.state, SandboxState::Starting, "{placed:?}");
+        assert_eq!(
+            placed.runner_id.as_deref(),
+            Some(runner.as_str()),
+            "{placed:?}"
+        );
+        let mounts = placed.to_api().mounts;
+        assert!(mounts[0].read_only, "{mounts:?}");
+    }
+}
+
 /// Audit finding (2026-12-07): a delete recorded the sandbox's running
 /// command `interrupted` at the request, before its runner had done
 /// anything; the runner's report that it exited 0 was then refused and its
