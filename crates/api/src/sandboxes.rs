@@ -103,18 +103,29 @@ pub fn default_placement() -> String {
     "spot_first".to_owned()
 }
 
+/// The smallest limits a sandbox may ask for: below them the runtime
+/// cannot start it, so admission refuses them (400) rather than admit a
+/// sandbox bound to fail `runtime_error`. They are `oci::config`'s
+/// `MEMORY_BYTES_MIN`, `PIDS_MIN` and `CPU_QUOTA_US_MIN` over
+/// `CPU_PERIOD_US`; `oci` depends on no `api`, so the pairing is a test
+/// (the server's `resource_minimums_are_the_runtimes`). The `#[schema]`
+/// minimums below repeat them (checked by the same test file).
+pub const MEMORY_MIB_MIN: u64 = 8;
+pub const CPUS_MIN: f64 = 0.01;
+pub const PIDS_MIN: u64 = 8;
+
 /// Limits the runtime enforces; unset means the runner's default.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 1_073_741_824)]
+    #[schema(minimum = 8, maximum = 1_073_741_824)]
     pub memory_mib: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 0.001, maximum = 4096)]
+    #[schema(minimum = 0.01, maximum = 4096)]
     pub cpus: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 4_194_304)]
+    #[schema(minimum = 8, maximum = 4_194_304)]
     pub pids: Option<u64>,
 }
 

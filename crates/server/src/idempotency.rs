@@ -4,7 +4,9 @@
 //! makes the effect, with `ON CONFLICT DO NOTHING`: of two concurrent
 //! requests with one key, the second waits on the first's uncommitted row
 //! (PostgreSQL) or on the writer lock (SQLite), inserts nothing, rolls its
-//! own effect back and replays the first one's answer.
+//! own effect back and replays the first one's answer. A create refused
+//! before it reaches its key row (by the first's effect: the quota its
+//! sandbox fills) looks for that answer too (`replay_after_failure`).
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -99,6 +101,30 @@ pub async fn replay(db: &Db, key: &Key) -> Result<Option<Response>, ControlError
         .headers_mut()
         .insert("idempotent-replayed", HeaderValue::from_static("true"));
     Ok(Some(response))
+}
+
+/// What a keyed request that failed answers: the stored answer of the
+/// request with its key, if one committed meanwhile, else `failed`. Two
+/// concurrent requests with one key both find nothing to replay before
+/// either commits, and the second can then be refused by the first's
+/// effect (a quota its sandbox now fills) before it reaches its key row:
+/// that refusal would tell a retrying client its first attempt failed.
+/// A key used with another request is still 409 `idempotency_conflict`.
+pub async fn replay_after_failure(
+    db: &Db,
+    key: Option<&Key>,
+    failed: ControlError,
+) -> Result<Response, ControlError> {
+    let Some(key) = key else {
+        return Err(failed);
+    };
+    match replay(db, key).await {
+        Ok(Some(replayed)) => Ok(replayed),
+        Err(conflict) if conflict.code == ErrorCode::IdempotencyConflict => Err(conflict),
+        // Nothing committed with the key (or it cannot be read now): the
+        // refusal is this request's own.
+        Ok(None) | Err(_) => Err(failed),
+    }
 }
 
 /// Records the answer in `tx`. `false`: another request with this key

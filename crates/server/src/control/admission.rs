@@ -35,22 +35,25 @@ pub fn validate(request: &mut CreateSandboxRequest) -> Result<(), ControlError> 
     let memory = *resources.memory_mib.get_or_insert(DEFAULT_MEMORY_MIB);
     let cpus = *resources.cpus.get_or_insert(DEFAULT_CPUS);
     let pids = *resources.pids.get_or_insert(DEFAULT_PIDS);
-    if !(1..=1 << 30).contains(&memory) {
+    // The runtime's minimums (`api::sandboxes::*_MIN`): a sandbox below
+    // them would be admitted only to fail at launch.
+    use api::sandboxes::{CPUS_MIN, MEMORY_MIB_MIN, PIDS_MIN};
+    if !(MEMORY_MIB_MIN..=1 << 30).contains(&memory) {
         return Err(limits::invalid(
             "resources.memory_mib",
-            format!("between 1 and {} (1 PiB)", 1u64 << 30),
+            format!("between {MEMORY_MIB_MIN} and {} (1 PiB)", 1u64 << 30),
         ));
     }
-    if !(cpus.is_finite() && (0.001..=4096.0).contains(&cpus)) {
+    if !(cpus.is_finite() && (CPUS_MIN..=4096.0).contains(&cpus)) {
         return Err(limits::invalid(
             "resources.cpus",
-            "must be between 0.001 and 4096",
+            format!("must be between {CPUS_MIN} and 4096"),
         ));
     }
-    if !(1..=1 << 22).contains(&pids) {
+    if !(PIDS_MIN..=1 << 22).contains(&pids) {
         return Err(limits::invalid(
             "resources.pids",
-            format!("between 1 and {}", 1u64 << 22),
+            format!("between {PIDS_MIN} and {}", 1u64 << 22),
         ));
     }
     if let Some(ttl) = request.ttl

@@ -29,6 +29,44 @@ use api::secrets::{
 
 const KEY_BYTES: usize = 32;
 const NONCE_BYTES: usize = 24;
+/// Poly1305's tag, after the value in every ciphertext.
+const TAG_BYTES: usize = 16;
+
+/// Most bytes one sandbox's env secrets take together, names and values
+/// (counted as `limits::env` counts a request's `env`, and as large). The
+/// runner puts them into every command's environment, which goes to the
+/// sandbox's agent in one frame of at most 1 MiB beside the command's own
+/// `env` and `argv` (`oci::agent::wire::FRAME_BYTES_MAX`): 64 secrets of
+/// 64 KiB each made every command end `launch_failed`.
+pub const ENV_SECRETS_BYTES_MAX: usize = limits::ENV_BYTES_MAX;
+
+/// A sealed value's length in bytes, read from its ciphertext's (hex of
+/// the value and the tag) without opening it.
+fn sealed_value_bytes(ciphertext_hex_bytes: usize) -> usize {
+    (ciphertext_hex_bytes / 2).saturating_sub(TAG_BYTES)
+}
+
+/// The refusal of env secrets past [`ENV_SECRETS_BYTES_MAX`]: a create's
+/// (`secrets`), or a secret's new value (`value`) that would push
+/// `sandbox`'s env secrets past it.
+fn env_secrets_too_large(field: &str, bytes: usize, sandbox: Option<&str>) -> ControlError {
+    let whose = match sandbox {
+        Some(id) => format!("with this value, sandbox {id}'s"),
+        None => "the sandbox's".to_owned(),
+    };
+    ControlError::new(
+        ErrorCode::PayloadTooLarge,
+        format!(
+            "{field}: {whose} env secrets would come to {bytes} bytes (names and values), past {ENV_SECRETS_BYTES_MAX}"
+        ),
+    )
+    .with_details(serde_json::json!({
+        "field": field,
+        "limit_bytes": ENV_SECRETS_BYTES_MAX,
+        "bytes": bytes,
+        "sandbox_id": sandbox,
+    }))
+}
 
 /// The deployment's secret key. Its bytes are never printed.
 #[derive(Clone)]
@@ -275,6 +313,29 @@ pub async fn set(
         return Err(limits::invalid("value", "contains a NUL byte"));
     }
     let mut tx = state.db.write().await?;
+    // A sandbox that may launch again gets the new value in its commands'
+    // env: it must still fit there.
+    for sandbox in records::secrets::env_secrets_of_live_sandboxes(&mut tx, org, name).await? {
+        let bytes: usize = sandbox
+            .places
+            .iter()
+            .map(|place| {
+                let value = if place.secret == name {
+                    request.value.len()
+                } else {
+                    sealed_value_bytes(place.ciphertext_hex_bytes)
+                };
+                place.env.len() + value
+            })
+            .sum();
+        if bytes > ENV_SECRETS_BYTES_MAX {
+            return Err(env_secrets_too_large(
+                "value",
+                bytes,
+                Some(&sandbox.sandbox_id),
+            ));
+        }
+    }
     let version = match records::secrets::sealed(&mut tx, org, name).await? {
         Some(current) => current.version + 1,
         None => {
@@ -334,6 +395,7 @@ pub async fn check_request(
         ));
     }
     let mut places = std::collections::BTreeSet::new();
+    let mut env_bytes = 0;
     for secret in secrets {
         validate_name("secrets.name", &secret.name)?;
         let place = match (&secret.env, &secret.file) {
@@ -359,10 +421,7 @@ pub async fn check_request(
                 format!("{place} is given twice"),
             ));
         }
-        if records::secrets::sealed(tx, org, &secret.name)
-            .await?
-            .is_none()
-        {
+        let Some(sealed) = records::secrets::sealed(tx, org, &secret.name).await? else {
             return Err(ControlError::new(
                 ErrorCode::InvalidRequest,
                 format!(
@@ -371,7 +430,13 @@ pub async fn check_request(
                 ),
             )
             .with_details(serde_json::json!({ "field": "secrets", "secret": secret.name })));
+        };
+        if let Some(env) = &secret.env {
+            env_bytes += env.len() + sealed_value_bytes(sealed.ciphertext.len());
         }
+    }
+    if env_bytes > ENV_SECRETS_BYTES_MAX {
+        return Err(env_secrets_too_large("secrets", env_bytes, None));
     }
     Ok(())
 }

@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 
 use super::{ApiKeyCaller, E2bError};
 use crate::control::{self, AppState, admission};
+use crate::error::ControlError;
 use crate::idempotency;
 use crate::records::sandboxes::ListFilter;
 use crate::records::{self, SandboxRow, rfc3339};
@@ -281,20 +282,16 @@ pub async fn create(
         None => None,
     } {
         Some(replayed) => replayed_id(replayed).await?,
-        None => {
-            let mut row = admission::prepare(&state, &org_id, &mut request)?;
-            let id = row.id.clone();
-            let mut tx = state.db.write().await?;
-            admission::admit(&state, &mut tx, &mut row, &request).await?;
-            let record = control::sandboxes::reload(&mut tx, &id).await?.to_api();
-            match idempotency::commit_created(tx, &state.db, key.as_ref(), &record, &id).await? {
-                Some(replayed) => replayed_id(replayed).await?,
-                None => {
-                    tracing::info!(sandbox_id = %id, %org_id, "sandbox created through the E2B API");
-                    id
-                }
+        None => match admit_and_commit(&state, &org_id, &mut request, key.as_ref()).await {
+            Ok(id) => id,
+            // A request with the key may have committed meanwhile: its
+            // sandbox is the answer (`idempotency::replay_after_failure`).
+            Err(failed) => {
+                let replayed =
+                    idempotency::replay_after_failure(&state.db, key.as_ref(), failed).await?;
+                replayed_id(replayed).await?
             }
-        }
+        },
     };
     let row = until_running(&state, &org_id, &id).await?;
     Ok((
@@ -304,13 +301,37 @@ pub async fn create(
         .into_response())
 }
 
+/// A create past its replay check, admitted and committed with its key:
+/// the new sandbox's id, or the id a request that committed the key first
+/// made.
+async fn admit_and_commit(
+    state: &AppState,
+    org_id: &str,
+    request: &mut CreateSandboxRequest,
+    key: Option<&idempotency::Key>,
+) -> Result<String, ControlError> {
+    let mut row = admission::prepare(state, org_id, request)?;
+    let id = row.id.clone();
+    let mut tx = state.db.write().await?;
+    admission::admit(state, &mut tx, &mut row, request).await?;
+    let record = control::sandboxes::reload(&mut tx, &id).await?.to_api();
+    match idempotency::commit_created(tx, &state.db, key, &record, &id).await? {
+        Some(replayed) => replayed_id(replayed).await,
+        None => {
+            tracing::info!(sandbox_id = %id, %org_id, "sandbox created through the E2B API");
+            Ok(id)
+        }
+    }
+}
+
 /// The sandbox id of a replayed create's stored answer (roost's record).
-async fn replayed_id(replayed: Response) -> Result<String, E2bError> {
+async fn replayed_id(replayed: Response) -> Result<String, ControlError> {
+    let internal = |e: String| ControlError::new(ErrorCode::Internal, e);
     let bytes = axum::body::to_bytes(replayed.into_body(), 1024 * 1024)
         .await
-        .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    let record: api::sandboxes::Sandbox = serde_json::from_slice(&bytes)
-        .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+        .map_err(|e| internal(e.to_string()))?;
+    let record: api::sandboxes::Sandbox =
+        serde_json::from_slice(&bytes).map_err(|e| internal(e.to_string()))?;
     Ok(record.id)
 }
 

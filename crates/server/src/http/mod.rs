@@ -30,6 +30,21 @@ pub use crate::control::AppState;
 pub use crate::error::ControlError;
 
 pub fn router(state: AppState) -> Router {
+    // axum adds a route's `Allow` header outside every layer of the route,
+    // so only a router around this one sees the final answer: there, no
+    // 404 names a path's methods (an admin path's to a non-admin caller,
+    // `method_not_allowed`).
+    Router::new()
+        .fallback_service(routes(state))
+        .layer(middleware::map_response(|mut response: Response| async {
+            if response.status() == StatusCode::NOT_FOUND {
+                response.headers_mut().remove(axum::http::header::ALLOW);
+            }
+            response
+        }))
+}
+
+fn routes(state: AppState) -> Router {
     Router::new()
         .route(
             "/v1/admin/orgs",
@@ -186,6 +201,9 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/", get(ui::index))
         .route("/ui/app.js", get(ui::app_js))
         .route("/ui/style.css", get(ui::style_css))
+        // On every route above (axum sets it on those registered before):
+        // E2B's routes answer in E2B's own shape.
+        .method_not_allowed_fallback(method_not_allowed)
         .nest("/e2b", crate::e2b::router())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(crate::REQUEST_BODY_BYTES_MAX))
@@ -290,6 +308,34 @@ fn holds_nul(uri: &axum::http::Uri) -> bool {
 
 async fn not_found() -> ControlError {
     ControlError::new(api::ErrorCode::NotFound, "no such endpoint")
+}
+
+/// A path the router has, asked with a method it does not take: the
+/// envelope (axum's own 405 has an empty body), 405 with the `Allow`
+/// header axum adds. No `api::ErrorCode` is a 405 of its own, so the code
+/// is `invalid_request`: the request is malformed, not the resource's
+/// state. An admin path exists only for the admin token, as its handlers'
+/// `AdminCaller` says: anyone else gets the unknown route's answer (and
+/// `router` takes the `Allow` header off every 404).
+async fn method_not_allowed(
+    caller: Result<Caller, ControlError>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> Response {
+    if uri.path().starts_with("/v1/admin/") && !matches!(caller, Ok(Caller(Principal::Admin))) {
+        return not_found().await.into_response();
+    }
+    let mut response = ControlError::new(
+        api::ErrorCode::InvalidRequest,
+        format!(
+            "{method} is not a method of {}: the Allow header and the OpenAPI document name its methods",
+            uri.path()
+        ),
+    )
+    .with_details(serde_json::json!({ "method": method.as_str() }))
+    .into_response();
+    *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    response
 }
 
 impl IntoResponse for ControlError {

@@ -35,13 +35,28 @@ pub async fn create(
     {
         return Ok(replayed);
     }
-    let mut row = admission::prepare(&state, &org_id, &mut request)?;
-    control::data_path::check_mount_sources(&state, &org_id, &request.mounts).await?;
+    match admit_and_commit(&state, &org_id, &mut request, key.as_ref()).await {
+        Ok(created) => Ok(created),
+        Err(failed) => idempotency::replay_after_failure(&state.db, key.as_ref(), failed).await,
+    }
+}
+
+/// A create past its replay check: admitted, written and committed with
+/// its key's answer (or the answer of the request that committed the key
+/// first).
+async fn admit_and_commit(
+    state: &AppState,
+    org_id: &str,
+    request: &mut CreateSandboxRequest,
+    key: Option<&idempotency::Key>,
+) -> Result<Response, ControlError> {
+    let mut row = admission::prepare(state, org_id, request)?;
+    control::data_path::check_mount_sources(state, org_id, &request.mounts).await?;
     let id = row.id.clone();
     let mut tx = state.db.write().await?;
-    admission::admit(&state, &mut tx, &mut row, &request).await?;
+    admission::admit(state, &mut tx, &mut row, request).await?;
     let record = control::sandboxes::reload(&mut tx, &id).await?.to_api();
-    let replayed = idempotency::commit_created(tx, &state.db, key.as_ref(), &record, &id).await?;
+    let replayed = idempotency::commit_created(tx, &state.db, key, &record, &id).await?;
     if let Some(replayed) = replayed {
         return Ok(replayed);
     }

@@ -9,6 +9,7 @@ use sqlx::Row;
 
 use super::rfc3339;
 use crate::db::WriteTx;
+use api::lifecycle::SandboxState;
 use api::sandboxes::Secret;
 use api::secrets::SecretRecord;
 
@@ -199,4 +200,62 @@ pub async fn of_runner(
             .push(secret_of(row)?);
     }
     Ok(by_sandbox)
+}
+
+/// One env secret a sandbox asked for: the secret, the variable, and its
+/// sealed value's length in hex (0 for a secret deleted since).
+pub struct EnvPlace {
+    pub secret: String,
+    pub env: String,
+    pub ciphertext_hex_bytes: usize,
+}
+
+/// A sandbox's env secrets.
+pub struct SandboxEnvSecrets {
+    pub sandbox_id: String,
+    pub places: Vec<EnvPlace>,
+}
+
+/// Every env secret of each of the org's sandboxes that asks for `name` as
+/// an env variable and may launch again (not ended, not being deleted):
+/// what a new value of `name` would put into their commands' env.
+pub async fn env_secrets_of_live_sandboxes(
+    tx: &mut WriteTx,
+    org: &str,
+    name: &str,
+) -> Result<Vec<SandboxEnvSecrets>, sqlx::Error> {
+    let live = SandboxState::sql_in(|s| !s.is_terminal() && s.is_held());
+    let rows = sqlx::query(&format!(
+        // The org's live sandboxes through `sandboxes_by_org_state`, each
+        // one's secrets by their key: no scan of every org's.
+        "SELECT p.sandbox_id, p.name, p.env, COALESCE(LENGTH(s.ciphertext), 0) AS hex_bytes
+         FROM sandboxes b
+         JOIN sandbox_secrets p ON p.sandbox_id = b.id
+         LEFT JOIN secrets s ON s.org_id = b.org_id AND s.name = p.name
+         WHERE b.org_id = $1 AND b.state IN {live} AND p.env IS NOT NULL
+           AND EXISTS (SELECT 1 FROM sandbox_secrets q
+                       WHERE q.sandbox_id = b.id AND q.name = $2 AND q.env IS NOT NULL)
+         ORDER BY p.sandbox_id, p.position"
+    ))
+    .bind(org)
+    .bind(name)
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    let mut sandboxes: Vec<SandboxEnvSecrets> = Vec::new();
+    for row in &rows {
+        let sandbox_id: String = row.try_get("sandbox_id")?;
+        let place = EnvPlace {
+            secret: row.try_get("name")?,
+            env: row.try_get("env")?,
+            ciphertext_hex_bytes: row.try_get::<i64, _>("hex_bytes")?.max(0) as usize,
+        };
+        match sandboxes.last_mut() {
+            Some(last) if last.sandbox_id == sandbox_id => last.places.push(place),
+            _ => sandboxes.push(SandboxEnvSecrets {
+                sandbox_id,
+                places: vec![place],
+            }),
+        }
+    }
+    Ok(sandboxes)
 }

@@ -169,3 +169,126 @@ async fn an_upload_with_a_boundary_past_rfc_2046_is_refused() {
         .body(body);
     assert_e2b_refused("a 71-character boundary", answer(upload).await, "boundary");
 }
+
+/// Audit finding: admission took memory from 1 MiB, pids from 1 and cpus
+/// from 0.001, where the runtime refuses less than 8 MiB, 8 pids and a
+/// 1 ms quota: `{"pids": 4}` was answered 201, then the sandbox failed
+/// `runtime_error`. Below the minimums is a 400 naming field and minimum;
+/// at them a sandbox is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_below_the_runtimes_minimums_are_refused_at_admission() {
+    let server = TestServer::start().await;
+    let running = running_sandbox(&server, None).await;
+    let http = reqwest::Client::new();
+    let create = |resources: Value| {
+        http.post(format!("{}/v1/sandboxes", server.url))
+            .bearer_auth(&running.org_token)
+            .json(&serde_json::json!({ "resources": resources }))
+    };
+    for (field, resources, minimum) in [
+        ("resources.pids", serde_json::json!({"pids": 4}), "8"),
+        (
+            "resources.memory_mib",
+            serde_json::json!({"memory_mib": 7}),
+            "8",
+        ),
+        ("resources.cpus", serde_json::json!({"cpus": 0.005}), "0.01"),
+    ] {
+        let refused = answer(create(resources)).await;
+        let message = refused.1["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("between {minimum} and")),
+            "{field} names its minimum: {message}"
+        );
+        assert_refused(field, refused, field);
+    }
+    let (status, body) = answer(create(
+        serde_json::json!({"memory_mib": 8, "cpus": 0.01, "pids": 8}),
+    ))
+    .await;
+    assert_eq!(status, 201, "at the minimums: {body}");
+}
+
+/// `api` states the runtime's minimums for admission and the OpenAPI
+/// document; `oci` (which depends on no `api`) enforces them. They must
+/// be the same numbers, as the runner converts them
+/// (`runner::agent::assignment`: MiB × 2^20, cpus as given).
+#[test]
+fn resource_minimums_are_the_runtimes() {
+    use api::sandboxes::{CPUS_MIN, MEMORY_MIB_MIN, PIDS_MIN};
+    assert_eq!(MEMORY_MIB_MIN << 20, oci::config::MEMORY_BYTES_MIN);
+    assert_eq!(PIDS_MIN, oci::config::PIDS_MIN);
+    let quota = |cpus: f64| {
+        oci::config::Limits {
+            cpus: Some(cpus),
+            ..Default::default()
+        }
+        .cpu_quota_us()
+    };
+    assert_eq!(quota(CPUS_MIN), Some(oci::config::CPU_QUOTA_US_MIN));
+    assert_eq!(quota(CPUS_MIN * 0.9), None, "just below is refused");
+}
+
+/// Audit finding: a sandbox's env secrets were unbounded together (64
+/// secrets of 64 KiB each), while the runner hands them to the sandbox's
+/// agent in one frame with each command: every command of such a sandbox
+/// ended `launch_failed`. Together they are bounded as a create's `env`
+/// is (413 `payload_too_large`), at create and when a new value of one
+/// would push a sandbox that may launch again past the bound; file
+/// secrets do not count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxs_env_secrets_together_stay_within_one_env() {
+    let server = TestServer::start().await;
+    let running = running_sandbox(&server, None).await;
+    let http = reqwest::Client::new();
+    let set = |name: &str, bytes: usize| {
+        http.put(format!("{}/v1/secrets/{name}", server.url))
+            .bearer_auth(&running.org_token)
+            .json(&serde_json::json!({ "value": "s".repeat(bytes) }))
+    };
+    let create = |secrets: Value| {
+        http.post(format!("{}/v1/sandboxes", server.url))
+            .bearer_auth(&running.org_token)
+            .json(&serde_json::json!({ "secrets": secrets }))
+    };
+    let limit = server::control::secrets::ENV_SECRETS_BYTES_MAX;
+    let (status, body) = answer(set("big", limit * 5 / 8)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = answer(set("other", limit / 2)).await;
+    assert_eq!(status, 200, "{body}");
+
+    let (status, body) = answer(create(serde_json::json!([
+        {"name": "big", "env": "BIG"},
+        {"name": "other", "env": "OTHER"},
+    ])))
+    .await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
+    assert_eq!(body["error"]["details"]["field"], "secrets", "{body}");
+
+    // As a file, the second one takes no room in the environment.
+    let (status, body) = answer(create(serde_json::json!([
+        {"name": "big", "env": "BIG"},
+        {"name": "other", "file": "other"},
+    ])))
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = answer(set("small", 16)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = answer(create(serde_json::json!([
+        {"name": "big", "env": "BIG"},
+        {"name": "small", "env": "SMALL"},
+    ])))
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let sandbox = body["id"].as_str().expect("an id").to_owned();
+
+    // A new value that would not fit that sandbox's environment is
+    // refused, naming it; one that fits is taken.
+    let (status, body) = answer(set("small", limit / 2)).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["details"]["field"], "value", "{body}");
+    assert_eq!(body["error"]["details"]["sandbox_id"], sandbox, "{body}");
+    let (status, body) = answer(set("small", 1024)).await;
+    assert_eq!(status, 200, "{body}");
+}

@@ -16,6 +16,8 @@
 //! - `deployment`: `GET /v1/deployment` with any token; README's
 //!   host-failure table is the API's defaults; every field has its unit.
 //! - `envelope`: every error is the JSON envelope, in the right order.
+//! - `idempotency`: creates with one `Idempotency-Key` racing each other
+//!   answer as one request.
 //! - `openapi`: the document states tokens, values and bounds as the
 //!   server enforces them; a schema-based fuzzer finds nothing.
 //! - `runners`: runner credentials: one runner cannot read or report as
@@ -28,6 +30,7 @@ mod dashboard;
 mod data_path;
 mod deployment;
 mod envelope;
+mod idempotency;
 mod openapi;
 mod runners;
 mod support;

@@ -291,6 +291,23 @@ async fn parameters_and_fields_state_their_values_and_bounds() {
     }
     let memory = &doc["components"]["schemas"]["Resources"]["properties"]["memory_mib"];
     assert_eq!(memory["maximum"], 1u64 << 30, "{memory}");
+    // The runtime's minimums, as admission enforces them.
+    let resources = &doc["components"]["schemas"]["Resources"]["properties"];
+    assert_eq!(
+        resources["memory_mib"]["minimum"],
+        api::sandboxes::MEMORY_MIB_MIN,
+        "{resources}"
+    );
+    assert_eq!(
+        resources["pids"]["minimum"],
+        api::sandboxes::PIDS_MIN,
+        "{resources}"
+    );
+    assert_eq!(
+        resources["cpus"]["minimum"],
+        api::sandboxes::CPUS_MIN,
+        "{resources}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -631,4 +648,125 @@ async fn the_file_api_states_its_parameters_statuses_and_errors() {
             .contains(api::files::MODE_PATTERN.replace('\\', "\\\\").as_str()),
         "{mkdir_mode}"
     );
+}
+
+/// A documented path with every method it does not document.
+fn undocumented_methods(doc: &Value) -> Vec<(String, String)> {
+    let mut all = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in ["get", "post", "put", "patch", "delete", "options"] {
+            if item.get(method).is_none() {
+                all.push((method.to_owned(), path.clone()));
+            }
+        }
+    }
+    all
+}
+
+/// Audit finding: a wrong method got axum's bare 405, an empty body, and
+/// before authentication, so anyone could learn which admin paths exist.
+/// Every method a documented path lacks answers the envelope: 405 for a
+/// public path, and for an admin path 405 to the admin token only,
+/// otherwise the unknown route's 404 (no `Allow` header either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_method_a_documented_path_lacks_answers_the_envelope() {
+    let server = TestServer::start().await;
+    let doc = document(&server).await;
+    let org = server.create_org("acme").await;
+    let http = reqwest::Client::new();
+    let unknown = http
+        .post(format!("{}/v1/no-such-route", server.url))
+        .send()
+        .await
+        .expect("the server answers")
+        .json::<Value>()
+        .await
+        .expect("the envelope");
+    let wrong = undocumented_methods(&doc);
+    assert!(wrong.len() > 50, "{} cases", wrong.len());
+    for (method, path) in wrong {
+        let concrete = path
+            .split('/')
+            .map(|s| if s.starts_with('{') { "x_0" } else { s })
+            .collect::<Vec<_>>()
+            .join("/");
+        let admin_path = path.starts_with("/v1/admin/");
+        for (who, token) in [
+            ("nobody", None),
+            ("org", Some(org.token.as_str())),
+            ("admin", Some(server.admin_token.as_str())),
+        ] {
+            let verb =
+                reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).expect("a method");
+            let mut request = http.request(verb, format!("{}{concrete}", server.url));
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            let response = request.send().await.expect("the server answers");
+            let status = response.status().as_u16();
+            let allow = response.headers().get("allow").cloned();
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            let what = format!("{method} {path} as {who}: {status} {body}");
+            assert!(
+                body["error"]["request_id"]
+                    .as_str()
+                    .is_some_and(|id| !id.is_empty()),
+                "the envelope: {what}"
+            );
+            if admin_path && who != "admin" {
+                assert_eq!(status, 404, "{what}");
+                assert_eq!(
+                    body["error"]["message"], unknown["error"]["message"],
+                    "as an unknown route: {what}"
+                );
+                assert!(allow.is_none(), "no Allow header: {what}");
+            } else {
+                assert_eq!(status, 405, "{what}");
+                assert_eq!(body["error"]["code"], "invalid_request", "{what}");
+                assert!(allow.is_some(), "an Allow header: {what}");
+            }
+        }
+    }
+}
+
+/// Every route of the router (read from its source, `http::routes`) is in
+/// the document with its methods, but the dashboard's files (`/ui`) and
+/// E2B's API (`/e2b`, nested, with its own surface): a route added without
+/// its `#[utoipa::path]` fails here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_of_the_router_is_in_the_document() {
+    let server = TestServer::start().await;
+    let doc = document(&server).await;
+    let source = include_str!("../../src/http/mod.rs");
+    let body = source.split_once("fn routes(").expect("http::routes").1;
+    let body = body.split_once("\n}\n").expect("the end of router").0;
+    let mut routes = 0;
+    for call in body.split(".route(").skip(1) {
+        // The call's text up to the next route (or the end of the chain).
+        let call = call.split(".nest(").next().unwrap_or(call);
+        let path = call
+            .split('"')
+            .nth(1)
+            .expect("a route's path is its first literal");
+        if path == "/ui" || path.starts_with("/ui/") {
+            continue;
+        }
+        routes += 1;
+        let methods: Vec<&str> = ["get", "post", "put", "patch", "delete"]
+            .into_iter()
+            .filter(|m| {
+                call.contains(&format!("({m}("))
+                    || call.contains(&format!(" {m}("))
+                    || call.contains(&format!(".{m}("))
+            })
+            .collect();
+        assert!(!methods.is_empty(), "{path}: no method read from {call:?}");
+        for method in methods {
+            assert!(
+                doc["paths"][path].get(method).is_some(),
+                "{method} {path} is routed but not in the OpenAPI document"
+            );
+        }
+    }
+    assert!(routes > 50, "{routes} routes read");
 }
