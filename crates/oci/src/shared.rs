@@ -22,6 +22,43 @@ use rustix::io::Errno;
 use crate::config::{SandboxConfig, SandboxPaths, SharedMount};
 use crate::error::{Error, Result};
 
+/// Makes a shared filesystem's root (`--filesystem ID=PATH`) safe for
+/// the host it is on. A sandbox runs as the host's root with `CAP_FSETID`
+/// and `CAP_MKNOD`: a `chmod 4755` or a `mknod` beneath the root makes a
+/// setuid-root program or a device node on the host, which its own view
+/// (`nosuid,nodev`) does not stop any host user from running or opening.
+/// So the root is made a `nosuid,nodev` mount
+/// ([`volumes::ensure_nosuid_nodev`](crate::volumes::ensure_nosuid_nodev));
+/// a mount beneath it without both is refused, naming it (its flags are
+/// its own, and the operator's to set).
+pub fn ensure_host_safe(root: &Path) -> Result<()> {
+    use rustix::fs::StatVfsMountFlags as Has;
+    let root = std::fs::canonicalize(root).map_err(|e| Error::io("resolve", root, e))?;
+    crate::volumes::ensure_nosuid_nodev(&root)?;
+    let mountinfo = Path::new("/proc/self/mountinfo");
+    let text = std::fs::read_to_string(mountinfo).map_err(|e| Error::io("read", mountinfo, e))?;
+    for line in text.lines() {
+        let Some(field) = line.split(' ').nth(4) else {
+            continue;
+        };
+        let point = PathBuf::from(crate::host::unescape_mountinfo(field));
+        if point == root || !point.starts_with(&root) {
+            continue;
+        }
+        let flags = rustix::fs::statvfs(&point)
+            .map_err(|e| Error::io("statvfs", &point, e.into()))?
+            .f_flag;
+        if !flags.contains(Has::NOSUID | Has::NODEV) {
+            return Err(Error::Unsupported(format!(
+                "{} is mounted beneath shared filesystem root {} without nosuid,nodev: sandboxes could plant setuid programs or device nodes there; mount it nosuid,nodev",
+                point.display(),
+                root.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Where the `index`th shared mount of a sandbox is staged.
 pub fn staged(paths: &SandboxPaths, index: usize) -> PathBuf {
     paths.shared().join(index.to_string())

@@ -769,13 +769,15 @@ fn use_direct_io(device: &str) -> Option<String> {
     }
 }
 
-/// Makes the filesystem at `root` (btrfs) `nosuid,nodev` where it is not
+/// Makes the filesystem at `root` (canonical: the homes' volume, a shared
+/// filesystem's root) `nosuid,nodev` where it is not
 /// already: a mount at `root` is remounted with them, keeping its other
 /// per-mount flags; a `root` inside a larger mount is bind-mounted on
-/// itself first, so the rest of that filesystem keeps its flags. Both
+/// itself first (with the mounts beneath it, which stay in view), so the
+/// rest of that filesystem keeps its flags. Both
 /// outlive the runner, like the image's mount, and a restart finds the
-/// flags set and does nothing.
-fn ensure_nosuid_nodev(root: &Path) -> Result<()> {
+/// flags set and does nothing. Mounts beneath `root` keep their own flags.
+pub fn ensure_nosuid_nodev(root: &Path) -> Result<()> {
     use rustix::fs::StatVfsMountFlags as Has;
     use rustix::mount::MountFlags;
     let flags = |root: &Path| {
@@ -788,7 +790,8 @@ fn ensure_nosuid_nodev(root: &Path) -> Result<()> {
         return Ok(());
     }
     if mounts_at(root)?.is_empty() {
-        rustix::mount::mount_bind(root, root)
+        // Recursive: a plain bind would hide the mounts beneath `root`.
+        rustix::mount::mount_bind_recursive(root, root)
             .map_err(|e| Error::io("bind-mount on itself", root, e.into()))?;
     }
     // A bind remount changes only this mount's flags, all of them at once:

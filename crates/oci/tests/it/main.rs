@@ -14,6 +14,7 @@
 //! - `security`: capabilities, no-new-privileges, seccomp.
 //! - `selection`: which runtime `auto` picks, an explicit crun, a missing
 //!   binary.
+//! - `shared`: a shared filesystem's root made `nosuid,nodev` for the host.
 //! - `support`: temp sandboxes and a guard that force-deletes them.
 
 mod agent;
@@ -25,5 +26,6 @@ mod limits;
 mod network;
 mod security;
 mod selection;
+mod shared;
 mod support;
 mod volumes;

@@ -57,6 +57,9 @@ pub(crate) struct CommandJob {
     /// False when the sandbox is not to run any more (it is to stop, or it
     /// died): a command not launched yet never will be, and says so.
     pub may_launch: bool,
+    /// The env variables the sandbox's secrets go in (its assignment's
+    /// `secrets`): a command runs with all of them or not at all.
+    pub env_secrets: Vec<String>,
 }
 
 /// The task's stop: fenced (not this runner's), or refused for good.
@@ -210,7 +213,9 @@ impl CommandJob {
         }
     }
 
-    fn spec(&self) -> CommandSpec {
+    /// The command's spec; an error when an env secret it must have
+    /// cannot be read.
+    fn spec(&self) -> Result<CommandSpec, Error> {
         let assignment = &self.assignment;
         let mut spec = CommandSpec::new(assignment.argv.iter().cloned());
         // Delivered env secrets under the command's own env (which wins,
@@ -218,7 +223,7 @@ impl CommandJob {
         // process.json holds that env) go to the secrets' tmpfs.
         let secrets = self.shared.config.secrets();
         let sandbox_id = self.sandbox.id();
-        spec.env = secrets.env(sandbox_id);
+        spec.env = secrets.env(sandbox_id, &self.env_secrets)?;
         spec.env
             .extend(assignment.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         spec.scratch_dir = secrets.scratch(sandbox_id);
@@ -227,7 +232,7 @@ impl CommandJob {
         spec.kill_grace = self.shared.config.command_kill_grace;
         spec.stdin = assignment.stdin;
         spec.tty = assignment.tty.map(|tty| (tty.rows, tty.cols));
-        spec
+        Ok(spec)
     }
 
     /// Launches the command (once), drives it to its end, uploads its
@@ -248,6 +253,18 @@ impl CommandJob {
             }
         };
         tracing::debug!(command_id = %id, "hop: agent incarnation read");
+        // Before the marker: a command whose env secrets cannot be read
+        // (their tmpfs gone) never runs without them.
+        let spec = match self.spec() {
+            Ok(spec) => spec,
+            Err(err) => {
+                tracing::warn!(command_id = %id, %err, "the sandbox's env secrets cannot be read; not launching");
+                return Ok(RecordedEnd {
+                    reason: Some("secret_unavailable".to_owned()),
+                    ..RecordedEnd::new(CommandState::LaunchFailed)
+                });
+            }
+        };
         // The marker's fsyncs on a blocking thread: with many commands
         // starting at once, they would otherwise hold the runtime's few
         // workers (and every report and upload on them) for their length.
@@ -258,7 +275,6 @@ impl CommandJob {
                 files.record_launch(&id, epoch, incarnation.as_deref())
             })
         };
-        let spec = self.spec();
         let recorded = match marker.await {
             Ok(recorded) => recorded,
             Err(err) => Err(Error::Invalid(format!("the launch record's thread: {err}"))),
@@ -325,9 +341,18 @@ impl CommandJob {
             }
         };
         let from = spool.lengths();
+        // The agent starts the command from this spec if it never got it:
+        // never without its env secrets.
+        let spec = match self.spec() {
+            Ok(spec) => spec,
+            Err(err) => {
+                tracing::warn!(command_id = %id, %err, "the sandbox's env secrets cannot be read; not attaching again, its end is unknown");
+                return Ok(unknown());
+            }
+        };
         match self
             .sandbox
-            .run_in_agent(id, incarnation, &self.spec(), from)
+            .run_in_agent(id, incarnation, &spec, from)
             .await
         {
             Ok(execution) => {

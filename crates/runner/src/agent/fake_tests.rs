@@ -410,6 +410,52 @@ async fn a_command_that_cannot_start_is_launch_failed_with_its_typed_reason() {
     assert_eq!(end.reason.as_deref(), Some("executable_not_found"));
 }
 
+/// A command of a sandbox whose env secrets cannot be read (delivered at
+/// launch; here never: the container is adopted and its secrets' tmpfs is
+/// gone) ends `launch_failed` (`secret_unavailable`) without running. It
+/// used to run silently without them.
+#[tokio::test]
+async fn a_command_whose_env_secrets_cannot_be_read_is_launch_failed_not_run_without_them() {
+    let agent = agent(Failpoints::none());
+    agent.runtime.add(ID, Status::Running);
+    let mut sandbox = assignment(ID, 1, DesiredState::Running, SandboxState::Running);
+    sandbox.secrets = vec![api::sandboxes::Secret {
+        name: "token".to_owned(),
+        env: Some("TOKEN".to_owned()),
+        file: None,
+    }];
+    let (_assign, _task) = worker(
+        &agent,
+        Assigned {
+            sandbox,
+            commands: vec![command("cmd_fake0001", ID, 1, &["env"])],
+            reports_before: FRESH,
+        },
+    );
+    agent.control.wait_until("the command's end", ended).await;
+    let ends: Vec<_> = agent
+        .control
+        .command_reports()
+        .into_iter()
+        .map(|r| (r.state, r.reason))
+        .collect();
+    assert_eq!(
+        ends,
+        [(
+            CommandState::LaunchFailed,
+            Some("secret_unavailable".to_owned())
+        )]
+    );
+    assert!(
+        !agent
+            .runtime
+            .calls()
+            .iter()
+            .any(|call| matches!(call, Call::Exec(..))),
+        "nothing ran"
+    );
+}
+
 #[tokio::test]
 async fn scheduled_saves_run_every_interval_and_report_failures_until_fenced() {
     let agent = agent(Failpoints::none());
@@ -1644,4 +1690,180 @@ async fn a_command_that_ends_at_once_without_output_is_reported_once_with_its_pi
         .map(|r| (r.state, r.pid))
         .collect();
     assert_eq!(seen, [(CommandState::LaunchFailed, None)]);
+}
+
+/// A runner given no token over a data dir that holds no credential can
+/// never register: it says so before it makes anything on the host (a
+/// 256 GiB homes image loop-mounted, runtime state, a bridge).
+#[tokio::test]
+async fn a_runner_that_cannot_register_touches_nothing_on_the_host() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let data_dir = dir.path().join("runner");
+    let config = super::AgentConfig::new(
+        "http://127.0.0.1:9",
+        "",
+        data_dir.clone(),
+        oci::config::InitProgram {
+            host_path: "/nonexistent/roost".into(),
+            args: vec!["init".to_owned()],
+        },
+    );
+    let error = super::run(config, std::future::pending())
+        .await
+        .expect_err("no token, no credential");
+    assert!(matches!(error, AgentError::NoToken { .. }), "{error}");
+    for made in ["homes.btrfs", "volumes", "network", "runtime"] {
+        assert!(
+            !data_dir.join(made).exists(),
+            "{made} was made before the token was checked"
+        );
+    }
+}
+
+/// Runs a durable sandbox (epoch 1), writes `work.txt` in its home after
+/// its last save, stops it with the `securing` report failing (the
+/// runner drained, `stopping` reported, the container stopped), then
+/// starts it again: recorded `stopping`, the container gone, the last
+/// completed save as its root. `forget_placement`: the record of the
+/// placement launched here is lost first. Returns when the sandbox was
+/// launched again or waits for the store (the fake store is out of reach).
+async fn started_again_while_stopping(forget_placement: bool) -> (Agent, std::path::PathBuf) {
+    let agent = agent(Failpoints::none());
+    agent
+        .shared
+        .homes
+        .durable_without_btrfs
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let durable = |desired, state, home_root: Option<String>| {
+        let mut sandbox = assignment(ID, 1, desired, state);
+        sandbox.storage_class = StorageClass::Durable;
+        sandbox.home_root = home_root;
+        Assigned {
+            sandbox,
+            commands: Vec::new(),
+            reports_before: FRESH,
+        }
+    };
+    let (assign, task) = worker(
+        &agent,
+        durable(DesiredState::Running, SandboxState::Starting, None),
+    );
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    // A save completed (the record names it), then the workload wrote on.
+    let last_save = store::Digest::of(b"the last completed save").to_hex();
+    let home = agent.shared.homes.path(ID).expect("the home's path");
+    std::fs::write(home.join("work.txt"), "unsaved\n").expect("the workload writes");
+
+    // Stopped: `stopping` is accepted, the `securing` report is not.
+    agent.control.answer_next(Kind::Sandbox, Scripted::Ok);
+    agent.control.answer(Kind::Sandbox, Scripted::Unreachable);
+    assign.send_replace(Some(durable(
+        DesiredState::Stopped,
+        SandboxState::Running,
+        Some(last_save.clone()),
+    )));
+    agent
+        .control
+        .wait_until("securing tried", |r| reported(r, SandboxState::Securing))
+        .await;
+    assert_eq!(agent.runtime.status(ID), None, "the container is gone");
+    if forget_placement {
+        let placement = agent
+            .shared
+            .data
+            .sandbox_paths(&SandboxId::new(ID.to_owned()).expect("an id"))
+            .expect("the sandbox's paths")
+            .dir()
+            .join("placement");
+        std::fs::remove_file(placement).expect("the placement was recorded");
+    }
+
+    // Started again.
+    agent.control.answer(Kind::Sandbox, Scripted::Ok);
+    assign.send_replace(Some(durable(
+        DesiredState::Running,
+        SandboxState::Stopping,
+        Some(last_save),
+    )));
+    agent
+        .control
+        .wait_until("launched again, or waiting for the store", |r| {
+            running_reports(r) == 2 || store_waits(r) > 0
+        })
+        .await;
+    drop(assign);
+    let _ = task.await;
+    (agent, home)
+}
+
+fn running_reports(requests: &[Request]) -> usize {
+    requests
+        .iter()
+        .filter(
+            |r| matches!(r, Request::Sandbox(_, report) if report.state == SandboxState::Running),
+        )
+        .count()
+}
+
+fn store_waits(requests: &[Request]) -> usize {
+    requests
+        .iter()
+        .filter(|r| matches!(r, Request::Sandbox(_, report) if report.state == SandboxState::Starting && report.reason.is_some()))
+        .count()
+}
+
+/// A durable sandbox started again while its stop had not secured the
+/// home used to be launched on the last completed save, undoing every
+/// write since it (here, the fake store out of reach, the home was marked
+/// an unfinished restore, which nothing secures, and the launch waited).
+/// This placement ran on the home: it runs on as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_home_started_again_while_stopping_keeps_its_unsaved_work() {
+    let (agent, home) = started_again_while_stopping(false).await;
+    assert_eq!(
+        running_reports(&agent.control.requests()),
+        2,
+        "launched on the home as it is: {:?}",
+        agent.control.sandbox_reports()
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join("work.txt")).expect("the work is still there"),
+        "unsaved\n"
+    );
+    assert!(!agent.shared.homes.restore_unfinished(ID));
+    assert!(
+        agent.shared.homes.kept_copies().expect("listed").is_empty(),
+        "the home was run on, not set aside"
+    );
+}
+
+/// The same, with no record that this placement ran on the home: whatever
+/// the record's state (here `stopping`), a home no stop secured is set
+/// aside, whole, before the last save is restored over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_home_no_stop_secured_is_kept_aside_before_a_restore_whatever_the_state() {
+    let (agent, _home) = started_again_while_stopping(true).await;
+    assert_eq!(
+        store_waits(&agent.control.requests()),
+        1,
+        "the restore waits"
+    );
+    let copies = agent.shared.homes.kept_copies().expect("listed");
+    let [(id, name)] = copies.as_slice() else {
+        panic!("one kept copy: {copies:?}");
+    };
+    let kept = agent
+        .shared
+        .data
+        .root()
+        .join("volumes/kept")
+        .join(id)
+        .join(name);
+    assert_eq!(
+        std::fs::read_to_string(kept.join("work.txt")).expect("the work is kept"),
+        "unsaved\n"
+    );
 }

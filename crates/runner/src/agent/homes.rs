@@ -37,7 +37,7 @@
 //! runs in it any more. Index keys ignore the device number, which differs
 //! for every snapshot (see `store::index::KeyRule`).
 
-use api::lifecycle::{SandboxState, StorageClass};
+use api::lifecycle::StorageClass;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -178,6 +178,10 @@ pub(crate) struct Homes {
     /// home still so uploads and commits nothing (a parked sandbox). Only
     /// in memory: after a restart the next save is a whole one.
     saved_roots: std::sync::Mutex<std::collections::HashMap<String, Digest>>,
+    /// Unit tests only: durable homes offered without btrfs (the fakes have
+    /// none), so a worker launches them; saves of running homes still fail.
+    #[cfg(test)]
+    pub(crate) durable_without_btrfs: std::sync::atomic::AtomicBool,
 }
 
 /// What an upload of a home knows from before: its file index (hashing
@@ -297,6 +301,8 @@ impl Homes {
             excludes,
             failpoint,
             saved_roots: Default::default(),
+            #[cfg(test)]
+            durable_without_btrfs: Default::default(),
         })
     }
 
@@ -318,6 +324,10 @@ impl Homes {
     /// Whether running homes can be saved crash-consistently here (what
     /// `storage:durable` promises).
     pub(crate) fn can_snapshot(&self) -> bool {
+        #[cfg(test)]
+        if self.durable_without_btrfs.load(Ordering::Relaxed) {
+            return true;
+        }
         self.volumes.can_snapshot()
     }
 
@@ -366,16 +376,20 @@ impl Homes {
 
     /// Makes the home ready for a launch: created if missing, and made the
     /// tree `root` (the last completed save, or a snapshot) unless it is
-    /// that tree already (secured here by the last stop). Only what differs
+    /// that tree already (secured here by the last stop) or this placement
+    /// ran on it before. Only what differs
     /// is written, and only blocks missing from the cache come down.
     /// For a durable home, also what the wake downloaded.
     /// A store out of reach or full is [`NotReady::Store`]: what the home
     /// became so far stays, marked as a restore under way, and the next
     /// attempt finishes it (writing only what differs).
+    /// `last_launched`: the epoch of the placement a container was last
+    /// launched for here (`DIR/sandboxes/ID/placement`), if known.
     pub(crate) async fn prepare(
         &self,
         control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,
+        last_launched: Option<u64>,
     ) -> std::result::Result<(PathBuf, Option<WakeReport>), NotReady> {
         let id = sandbox.sandbox_id.clone();
         let (home, existed) = match self.path(&id) {
@@ -391,18 +405,31 @@ impl Homes {
         }
         let secured = self.secured_path(&id);
         let secured_root = std::fs::read_to_string(&secured).unwrap_or_default();
+        let woke = |downloaded_bytes: u64| {
+            (sandbox.storage_class == StorageClass::Durable).then_some(WakeReport {
+                downloaded_bytes,
+                from_own_copy: existed,
+            })
+        };
+        // This placement ran on this home already (started again while its
+        // stop had not secured it, or launched again after a failed
+        // attempt): the home holds its work, newer than any completed save
+        // (saves of this epoch are snapshots of it). It runs on as it is;
+        // the record's root would undo everything since the last save.
+        if existed && !restoring.exists() && last_launched == Some(sandbox.epoch) {
+            let _ = std::fs::remove_file(&secured);
+            let _ = std::fs::remove_file(self.securing_path(&id));
+            return Ok((home, woke(0)));
+        }
         let mut home = home;
-        // A new placement finds a home here that no stop secured: this
-        // runner was lost while the sandbox ran or secured, so the home may
-        // hold writes no completed save has. It is kept aside (and
+        // Any other home here that no stop secured (an earlier placement's:
+        // this runner was lost while the sandbox ran or secured; or one
+        // whose placement is not recorded) may hold writes no completed
+        // save has, whatever the record's state. It is kept aside (and
         // reported with the other kept copies) before it is made the
         // record's tree, never written over. Not a restore this runner
         // left unfinished: nothing ever ran in that.
-        if existed
-            && sandbox.state == SandboxState::Starting
-            && secured_root.trim().is_empty()
-            && !restoring.exists()
-        {
+        if existed && secured_root.trim().is_empty() && !restoring.exists() {
             if let Some(name) = self.keep_aside(&id)? {
                 tracing::warn!(sandbox_id = %id, copy = %name, "a home this runner held from an earlier placement is kept aside before the home is restored");
             }
@@ -425,12 +452,6 @@ impl Homes {
             let _ = std::fs::remove_file(&secured);
             self.saved_as(&id, None);
             return Ok((home, None));
-        };
-        let woke = |downloaded_bytes: u64| {
-            (sandbox.storage_class == StorageClass::Durable).then_some(WakeReport {
-                downloaded_bytes,
-                from_own_copy: existed,
-            })
         };
         let digest: Digest = root
             .parse()

@@ -574,6 +574,14 @@ async fn run_agent(
     on_registered: impl FnOnce(&str),
     preemption_notices: Option<mpsc::Receiver<()>>,
 ) -> Result<(), AgentError> {
+    let data = DataDir::open(&config.data_dir)?;
+    // A runner that can never register touches nothing on the host: no
+    // homes image made and mounted, no runtime state, no bridge.
+    if config.token.is_empty() && data.runner_token()?.is_none() {
+        return Err(AgentError::NoToken {
+            path: data.root().join("runner-token"),
+        });
+    }
     if !rustix::process::geteuid().is_root() {
         // The OCI config is not rootless: every create would fail later,
         // one sandbox at a time.
@@ -592,8 +600,10 @@ async fn run_agent(
             ))
             .into());
         }
+        // What a sandbox's root writes there must not be a setuid program
+        // or a device node for the host's users.
+        oci::shared::ensure_host_safe(root)?;
     }
-    let data = DataDir::open(&config.data_dir)?;
     // The data listener, bound before registering (its URL goes with the
     // registration); it serves once `shared` exists.
     let data_key = api::data_path::new_key()

@@ -860,10 +860,11 @@ impl Worker {
         if seen == Seen::Stopped {
             self.handle.delete().await.map_err(Step::Local)?;
         }
+        let last_launched = self.recorded_placement();
         match self
             .shared
             .homes
-            .prepare(&self.shared.control, sandbox)
+            .prepare(&self.shared.control, sandbox, last_launched)
             .await
         {
             Ok((home, wake)) => {
@@ -1010,13 +1011,19 @@ impl Worker {
         oci::host::write_durably(&self.placement_path(), epoch.to_string().as_bytes())
     }
 
+    /// The epoch of the placement a container was last launched for here,
+    /// if recorded.
+    fn recorded_placement(&self) -> Option<u64> {
+        std::fs::read_to_string(self.placement_path())
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+    }
+
     /// Whether the container here was launched for a placement older than
     /// `epoch`. Unknown (no record: launched before this was recorded) is
     /// no: such a container is adopted, as it always was.
     fn launched_for_earlier_placement(&self, epoch: u64) -> bool {
-        std::fs::read_to_string(self.placement_path())
-            .ok()
-            .and_then(|text| text.trim().parse::<u64>().ok())
+        self.recorded_placement()
             .is_some_and(|launched| launched < epoch)
     }
 
@@ -1367,6 +1374,12 @@ impl Worker {
                 assignment: command.clone(),
                 signals,
                 may_launch,
+                env_secrets: assigned
+                    .sandbox
+                    .secrets
+                    .iter()
+                    .filter_map(|secret| secret.env.clone())
+                    .collect(),
             };
             let task = tokio::spawn(command::run(job));
             self.commands

@@ -113,18 +113,23 @@ impl SecretsDir {
         Ok(files)
     }
 
-    /// The env secrets of `id` (none if it has none or they are gone).
-    pub(crate) fn env(&self, id: &SandboxId) -> BTreeMap<String, String> {
+    /// The env secrets of `id` the sandbox asked for (`names`: the env
+    /// variables its assignment lists), as delivered. One that cannot be
+    /// read is an error naming it: no command runs without an env secret
+    /// it was promised.
+    pub(crate) fn env(&self, id: &SandboxId, names: &[String]) -> Result<BTreeMap<String, String>> {
         let dir = self.sandbox(id).join("env");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return BTreeMap::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|entry| {
-                let name = entry.file_name().into_string().ok()?;
-                let value = std::fs::read_to_string(entry.path()).ok()?;
-                Some((name, value))
+        names
+            .iter()
+            .map(|name| {
+                // Checked as at delivery: a path component never climbs out.
+                if name.is_empty() || name.starts_with('.') || name.contains('/') {
+                    return Err(Error::Invalid(format!("env secret {name:?}")));
+                }
+                let path = dir.join(name);
+                let value = std::fs::read_to_string(&path)
+                    .map_err(|e| Error::io("read the env secret", &path, e))?;
+                Ok((name.clone(), value))
             })
             .collect()
     }
@@ -154,6 +159,30 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An env secret the sandbox asked for that is not there (its tmpfs
+    /// gone, say) is an error naming it; it used to read as no secrets.
+    #[test]
+    fn an_env_secret_that_cannot_be_read_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let secrets = SecretsDir::new(dir.path().to_owned());
+        let id = SandboxId::new("sbx_secrets01".to_owned()).expect("an id");
+        assert_eq!(
+            secrets.env(&id, &[]).expect("none asked for"),
+            BTreeMap::new()
+        );
+        let err = secrets
+            .env(&id, &["TOKEN".to_owned()])
+            .expect_err("nothing delivered");
+        assert!(err.to_string().contains("TOKEN"), "{err}");
+        let env = dir.path().join("sbx_secrets01/env");
+        std::fs::create_dir_all(&env).expect("the env dir");
+        std::fs::write(env.join("TOKEN"), "s3cret").expect("a delivered secret");
+        assert_eq!(
+            secrets.env(&id, &["TOKEN".to_owned()]).expect("delivered"),
+            BTreeMap::from([("TOKEN".to_owned(), "s3cret".to_owned())])
+        );
+    }
 
     #[test]
     fn default_roots_differ_per_data_dir_and_stay_off_it() {
