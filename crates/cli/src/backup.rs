@@ -67,6 +67,7 @@ pub struct BackupArgs {
     /// Copy the store here instead of DEST/store (e.g. `s3://BUCKET/PREFIX`).
     #[arg(long, value_name = "URL")]
     store_to: Option<String>,
+    /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
 }
@@ -84,6 +85,7 @@ pub struct RestoreArgs {
     /// its store added to).
     #[arg(long)]
     force: bool,
+    /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
 }
@@ -96,6 +98,7 @@ pub struct CheckArgs {
     /// verified, every block present).
     #[arg(long)]
     deep: bool,
+    /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
 }
@@ -162,7 +165,7 @@ fn backup(args: BackupArgs) -> Result<ExitCode> {
     };
     let partial = backups.join(format!(".partial-{}-{}", std::process::id(), stamp(at)));
     std::fs::create_dir(&partial).with_context(|| format!("making {}", partial.display()))?;
-    let source = Store::open(&args.deployment.store)
+    let source = Store::open_existing(&args.deployment.store)
         .with_context(|| format!("opening the store {}", args.deployment.store))?;
     let target = Store::open(&store_to).with_context(|| format!("opening {store_to}"))?;
     let database = args.deployment.database_url();
@@ -490,7 +493,7 @@ pub fn run_check(args: CheckArgs) -> Result<ExitCode> {
     let roots = runtime
         .block_on(records::read_roots(&db))
         .context("reading the records")?;
-    let store = Store::open(&args.deployment.store)
+    let store = Store::open_existing(&args.deployment.store)
         .with_context(|| format!("opening the store {}", args.deployment.store))?;
     let checked = check_roots(&store, &roots, args.deep)?;
     Ok(report_check(
@@ -622,7 +625,7 @@ pub fn run_restore(args: RestoreArgs) -> Result<ExitCode> {
             .map_err(|f| anyhow::anyhow!("{} failed: {}", f.command, f.said("; ")))?;
     }
     // 3. The store, then the pins of every root the records name.
-    let source = Store::open(&backup_store)
+    let source = Store::open_existing(&backup_store)
         .with_context(|| format!("opening the backup's store {backup_store}"))?;
     let copied = copy_stores(&source, &target, args.json).context("store copy failed")?;
     let db = runtime

@@ -30,49 +30,55 @@ pub struct ServerArgs {
     #[arg(long, value_name = "N")]
     fleet_max_running: Option<u64>,
     /// How long ended sandboxes stay readable (e.g. `7d`, `12h`).
-    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "7d", value_parser = crate::sandbox::parse_duration)]
     retention: std::time::Duration,
     /// How long a runner's lease lasts after each heartbeat. Runners beat
     /// every third of it and freeze their sandboxes at two thirds without
     /// an answered beat.
-    #[arg(long, default_value = "9s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "9s", value_parser = crate::sandbox::parse_duration)]
     lease_ttl: std::time::Duration,
     /// How long past a lease's expiry the server still waits before it
     /// declares the runner lost and recovers its sandboxes elsewhere
     /// (clock drift between servers, the runner's freeze taking time).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = crate::sandbox::parse_duration)]
     fence_margin: std::time::Duration,
     /// When this share of the live runners (and at least two) lose their
     /// lease at once, the control plane is the likelier culprit: recovery
     /// holds off for --mass-loss-grace so runners can report in.
     #[arg(long, default_value = "0.5", value_parser = parse_share)]
     mass_loss_threshold: f64,
-    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    /// How long recovery holds off after a mass loss (see
+    /// --mass-loss-threshold) for the runners to report in.
+    #[arg(long, default_value = "120s", value_parser = crate::sandbox::parse_duration)]
     mass_loss_grace: std::time::Duration,
     /// How often the reconcilers (leases, TTL, retention, scheduling) run.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = crate::sandbox::parse_duration)]
     reconcile_interval: std::time::Duration,
     /// How often running durable homes are saved (a create may ask for
     /// another interval within --save-interval-min and --save-interval-max).
-    #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "300s", value_parser = crate::sandbox::parse_duration)]
     save_interval: std::time::Duration,
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    /// The shortest save interval a create may ask for.
+    #[arg(long, default_value = "10s", value_parser = crate::sandbox::parse_duration)]
     save_interval_min: std::time::Duration,
-    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    /// The longest save interval a create may ask for.
+    #[arg(long, default_value = "24h", value_parser = crate::sandbox::parse_duration)]
     save_interval_max: std::time::Duration,
     /// How long a running sandbox may go without activity before it
     /// sleeps (an ordinary stop, `state_reason: idle`), unless its create
     /// asks otherwise: 0 (never) or within --idle-timeout-min and
     /// --idle-timeout-max. README "Idle sandboxes" lists what is activity.
-    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30m", value_parser = crate::sandbox::parse_duration)]
     idle_timeout: std::time::Duration,
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    /// The shortest idle timeout (other than 0) a create may ask for.
+    #[arg(long, default_value = "10s", value_parser = crate::sandbox::parse_duration)]
     idle_timeout_min: std::time::Duration,
-    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    /// The longest idle timeout a create may ask for.
+    #[arg(long, default_value = "7d", value_parser = crate::sandbox::parse_duration)]
     idle_timeout_max: std::time::Duration,
     /// How long a stop waits between SIGTERM and SIGKILL of a sandbox's
     /// workload (runners take it from the server).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::sandbox::parse_duration)]
     stop_grace: std::time::Duration,
     /// The key org secrets are sealed with: a file of 64 hex digits, mode
     /// 0600, made with a fresh key if absent [default: DATA_DIR/secret-key].
@@ -150,6 +156,7 @@ pub enum AdminCommand {
     RunnerToken {
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -162,6 +169,7 @@ pub enum AdminCommand {
         revoked: Option<String>,
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -190,6 +198,7 @@ pub enum AdminCommand {
     Counts {
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -214,17 +223,22 @@ pub enum AdminFilesystemCommand {
         read_only: bool,
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
-    /// Withdraw the binding: new creates that mount it are refused
-    /// (sandboxes that mount it keep it).
+    /// Withdraw the binding: new creates that mount it are refused;
+    /// sandboxes that mount it keep it while they run, and their next
+    /// start, wake or recovery waits (`filesystem_unbound`).
     Unbind {
+        /// The filesystem's id.
         id: String,
+        /// The org, by name or id.
         #[arg(long)]
         org: String,
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -232,6 +246,7 @@ pub enum AdminFilesystemCommand {
     List {
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -243,6 +258,7 @@ pub enum AdminRunnerCommand {
     List {
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -250,26 +266,32 @@ pub enum AdminRunnerCommand {
     /// durable sandboxes are secured and placed elsewhere without loss.
     /// Standard sandboxes stay (their home is on it).
     Drain {
+        /// The runner's id (`roost admin runner list`).
         id: String,
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
     /// A spot runner's host is being taken back: as drain, at once. (The
     /// runner itself passes on the notice when it gets SIGUSR1.)
     Preempt {
+        /// The runner's id (`roost admin runner list`).
         id: String,
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
     /// Take sandboxes again after a drain.
     Undrain {
+        /// The runner's id (`roost admin runner list`).
         id: String,
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -307,6 +329,7 @@ pub enum AdminSandboxCommand {
 pub enum OrgCommand {
     /// Create an organisation; prints its id and its token (shown once).
     Create {
+        /// The org's name: 1-64 of a-z 0-9 - _.
         name: String,
         /// Most sandboxes running at once.
         #[arg(long)]
@@ -316,6 +339,7 @@ pub enum OrgCommand {
         max_total: Option<u32>,
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -327,6 +351,7 @@ pub enum OrgCommand {
         org: String,
         #[command(flatten)]
         target: Target,
+        /// Print the answer as one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -338,16 +363,41 @@ pub struct Target {
     /// http://127.0.0.1:7070].
     #[arg(long, env = "ROOST_URL")]
     url: Option<String>,
-    /// An admin token.
+    /// An admin token (`roost server` prints it on its first start and
+    /// keeps it in DATA_DIR/admin-token) [default: the admin token of the
+    /// server `roost up` runs, for its URL].
     #[arg(long, env = "ROOST_TOKEN", hide_env_values = true)]
-    token: String,
+    token: Option<String>,
 }
 
 impl Target {
     fn client(&self) -> Result<api::client::Client> {
-        let url = crate::credentials::resolve_url(self.url.as_deref())?;
-        Ok(api::client::Client::new(&url, &self.token))
+        let target = crate::credentials::resolve_admin(self.url.as_deref(), self.token.as_deref())?;
+        Ok(api::client::Client::new(&target.url, &target.token))
     }
+}
+
+/// An admin call the server answered as if the endpoint did not exist,
+/// as it does for any token but the admin token: says so.
+fn admin_token_hint(err: anyhow::Error) -> anyhow::Error {
+    let not_admin = err.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<api::client::ClientError>(),
+            Some(api::client::ClientError::Api { status: 404, message, .. })
+                if message == "no such endpoint"
+        )
+    });
+    if !not_admin {
+        return err;
+    }
+    let cause = err
+        .chain()
+        .nth(1)
+        .map(|cause| format!(": {cause}"))
+        .unwrap_or_default();
+    anyhow::anyhow!(
+        "{err}{cause} (admin endpoints need an admin token, not an org token: `roost server` keeps it in DATA_DIR/admin-token)"
+    )
 }
 
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -407,7 +457,7 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
         AdminCommand::Check(args) => return crate::backup::run_check(args),
         command => command,
     };
-    runtime()?.block_on(async move {
+    let result = runtime()?.block_on(async move {
         match command {
             AdminCommand::Org(OrgCommand::Create {
                 name,
@@ -526,7 +576,7 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                     .await
                     .context("runner list failed")?;
                 if json {
-                    print_record(&runners)?;
+                    print_record(&json!({ "runners": runners }))?;
                 } else {
                     let rows: Vec<Vec<String>> = runners
                         .iter()
@@ -615,7 +665,9 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
             }
         }
         Ok(ExitCode::SUCCESS)
-    })
+    });
+    // An org token gets a hint, not just "no such endpoint".
+    result.map_err(admin_token_hint)
 }
 
 async fn admin_filesystem(command: AdminFilesystemCommand) -> Result<()> {

@@ -59,9 +59,9 @@ pub struct ExecArgs {
     /// Working directory inside the sandbox (default `/workspace`).
     #[arg(long, value_name = "DIR")]
     cwd: Option<String>,
-    /// Ask the command to end after this long (e.g. `30s`, `10m`); it then
-    /// ends `timed_out` and roost exits 124.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    /// Ask the command to end after this long (seconds, or e.g. `30s`,
+    /// `10m`); it then ends `timed_out` and roost exits 124.
+    #[arg(long, value_name = "DURATION", value_parser = crate::sandbox::parse_duration)]
     timeout: Option<Duration>,
     /// Makes the exec safe to retry: the same key with the same request
     /// returns the command the first one made, never runs it twice.
@@ -102,14 +102,15 @@ pub enum CommandCommand {
         /// running, `ended` (any end state) or an end state such as exited.
         #[arg(long, value_name = "STATE")]
         wait_for: Option<String>,
-        /// Longest to wait with --wait-for, in seconds.
+        /// Longest to wait with --wait-for (seconds, or e.g. `30s`, `5m`).
         #[arg(
             long,
-            value_name = "SECONDS",
-            default_value_t = 60,
+            value_name = "DURATION",
+            default_value = "60s",
+            value_parser = crate::sandbox::parse_duration,
             requires = "wait_for"
         )]
-        timeout: u64,
+        timeout: Duration,
         #[command(flatten)]
         target: OrgTarget,
     },
@@ -450,7 +451,7 @@ async fn get(
     sandbox_id: &str,
     command_id: &str,
     wait_for: Option<&str>,
-    timeout: u64,
+    timeout: Duration,
     target: &OrgTarget,
 ) -> Result<ExitCode> {
     let client = target.client()?;
@@ -462,7 +463,7 @@ async fn get(
         print_command(&command, target)?;
         return Ok(ExitCode::SUCCESS);
     };
-    let deadline = Instant::now() + Duration::from_secs(timeout);
+    let deadline = Instant::now() + timeout;
     let command = loop {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let timeout_s = seconds_rounded_up(remaining).min(LONG_POLL_SECONDS_MAX);

@@ -47,6 +47,7 @@ Examples:
   roost files put sbx_0123 ./src /workspace/src
   tar c . | roost files put sbx_0123 - /workspace/snapshot.tar")]
     Put {
+        /// The sandbox (it must be running).
         sandbox_id: String,
         /// A local file, a local directory, or `-` for stdin.
         local: PathBuf,
@@ -76,8 +77,9 @@ Examples:
   roost files get sbx_0123 /var/log/app.log - --range -4096
   roost files get sbx_0123 /workspace/src ./src-copy")]
     Get {
+        /// The sandbox (it must be running).
         sandbox_id: String,
-        /// The path in the sandbox.
+        /// The path in the sandbox (absolute, or relative to /workspace).
         remote: String,
         /// A local path, or `-` for stdout.
         local: Option<PathBuf>,
@@ -92,9 +94,11 @@ Examples:
     },
     /// List a directory in the sandbox (or show a file).
     Ls {
+        /// The sandbox (it must be running).
         sandbox_id: String,
-        /// The path in the sandbox (default /workspace).
-        #[arg(default_value = ".")]
+        /// The path in the sandbox (absolute, or relative to /workspace;
+        /// default /workspace).
+        #[arg(default_value = ".", hide_default_value = true)]
         path: String,
         /// Levels to descend (1 to 16).
         #[arg(long, default_value_t = 1, value_name = "N")]
@@ -104,7 +108,9 @@ Examples:
     },
     /// Remove a file, a symlink or a directory in the sandbox.
     Rm {
+        /// The sandbox (it must be running).
         sandbox_id: String,
+        /// The path in the sandbox (absolute, or relative to /workspace).
         path: String,
         /// Remove a non-empty directory and everything in it.
         #[arg(short = 'r', long)]
@@ -114,8 +120,11 @@ Examples:
     },
     /// Rename a file or directory within the sandbox.
     Mv {
+        /// The sandbox (it must be running).
         sandbox_id: String,
+        /// The path to rename (absolute, or relative to /workspace).
         from: String,
+        /// Its new path.
         to: String,
         /// Replace TO if it exists.
         #[arg(long)]
@@ -125,7 +134,9 @@ Examples:
     },
     /// Make a directory in the sandbox.
     Mkdir {
+        /// The sandbox (it must be running).
         sandbox_id: String,
+        /// The directory to make (absolute, or relative to /workspace).
         path: String,
         /// Make missing parents too (an existing directory is then fine).
         #[arg(short = 'p', long)]

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use store::pull::{PullOptions, pull};
@@ -40,7 +40,8 @@ pub enum HomeCommand {
 
 #[derive(Args)]
 pub struct Target {
-    /// Store URL: a path, file://PATH or s3://BUCKET/PREFIX.
+    /// Store URL: a path, file://PATH or s3://BUCKET/PREFIX (a push makes
+    /// a local one that is not there yet; a pull needs it to exist).
     #[arg(long, value_name = "URL")]
     store: String,
     /// The organisation: blocks are deduplicated within it, never across.
@@ -52,7 +53,8 @@ pub struct Target {
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
-    /// Where per-directory file indexes are kept.
+    /// Where per-directory file indexes and pack index caches are kept
+    /// [default: $XDG_STATE_HOME/roost or ~/.local/state/roost].
     #[arg(long, env = "ROOST_STATE_DIR", value_name = "DIR")]
     state_dir: Option<PathBuf>,
 }
@@ -64,7 +66,9 @@ struct Opened {
 }
 
 impl Target {
-    fn open(&self) -> Result<Opened> {
+    /// The store, org and home. A push (`create`) makes a local store that
+    /// is not there yet; a pull needs one that is.
+    fn open(&self, create: bool) -> Result<Opened> {
         // The orgs' merged pack indexes (and copies of pack indexes not
         // merged yet), kept per store URL.
         let cache = self
@@ -74,7 +78,12 @@ impl Target {
         Ok(Opened {
             org: self.org.parse()?,
             home: self.home.parse()?,
-            store: Store::open(&self.store)?.with_index_cache(cache),
+            store: if create {
+                Store::open(&self.store)?
+            } else {
+                Store::open_existing(&self.store)?
+            }
+            .with_index_cache(cache),
         })
     }
 
@@ -115,7 +124,15 @@ pub fn run(command: HomeCommand) -> Result<ExitCode> {
 }
 
 fn run_push(dir: &Path, target: &Target) -> Result<ExitCode> {
-    let opened = target.open()?;
+    // Before the store is opened: a mistyped DIR leaves no empty store.
+    match std::fs::metadata(dir) {
+        Ok(metadata) if metadata.is_dir() => {}
+        Ok(_) => bail!("push of {} failed: not a directory", dir.display()),
+        Err(err) => {
+            return Err(err).with_context(|| format!("push of {} failed", dir.display()));
+        }
+    }
+    let opened = target.open(true)?;
     let mut options = PushOptions::new(target.store.clone());
     options.excludes = store::excludes::Excludes::from_env()?;
     options.index_path = Some(target.index_path(dir)?);
@@ -187,7 +204,7 @@ fn run_push(dir: &Path, target: &Target) -> Result<ExitCode> {
 }
 
 fn run_pull(dest: &Path, target: &Target, cache: Option<PathBuf>) -> Result<ExitCode> {
-    let opened = target.open()?;
+    let opened = target.open(false)?;
     let options = PullOptions {
         cache,
         fill_cache: true,

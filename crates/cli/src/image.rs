@@ -37,7 +37,10 @@ pub enum ImageCommand {
                       before keep the tree they were created with."
     )]
     Import {
+        /// The image's name (what `--image` takes).
         name: String,
+        /// The root filesystem: a directory, a tar, an OCI archive or
+        /// `docker save` output.
         path: PathBuf,
         #[command(flatten)]
         target: OrgTarget,
@@ -49,6 +52,7 @@ pub enum ImageCommand {
     },
     /// Show one image.
     Get {
+        /// The image's name.
         name: String,
         #[command(flatten)]
         target: OrgTarget,
@@ -56,6 +60,7 @@ pub enum ImageCommand {
     /// Forget an image (its blocks go at the store's next gc; sandboxes
     /// that run it keep their copy).
     Delete {
+        /// The image's name.
         name: String,
         #[command(flatten)]
         target: OrgTarget,
@@ -133,6 +138,8 @@ fn source_name(kind: image::SourceKind) -> &'static str {
 
 fn import(name: &str, path: &Path, target: &OrgTarget) -> Result<ExitCode> {
     let started = Instant::now();
+    // Before the server is asked anything: a mistyped PATH is said as such.
+    std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
     let client = target.client()?;
     let rt = runtime()?;
     let whoami = rt.block_on(client.whoami())?;

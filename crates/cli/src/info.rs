@@ -11,6 +11,9 @@ use crate::output::{print_fields, print_record, print_table};
 use crate::sandbox::OrgTarget;
 
 #[derive(Args)]
+#[command(mut_arg("token", |token| token.help(
+    "Any token: an org, admin or runner token [default: the one `roost up` saved, for its URL]"
+)))]
 pub struct InfoArgs {
     #[command(flatten)]
     target: OrgTarget,

@@ -201,10 +201,23 @@ fn main() -> std::process::ExitCode {
             if let Some(cause) = err.chain().nth(1) {
                 message = format!("{message}: {cause}");
             }
+            if unreachable(&err) {
+                message.push_str("; is the server running (roost up)?");
+            }
             eprintln!("roost: error: {}", message.replace('\n', " "));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The server could not be reached at all (nothing listening, no route).
+fn unreachable(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<api::client::ClientError>(),
+            Some(api::client::ClientError::Unreachable { .. })
+        )
+    })
 }
 
 #[cfg(test)]
@@ -212,34 +225,84 @@ mod tests {
     use super::*;
     use clap::CommandFactory;
 
-    /// Every command a script may call answers in JSON with `--json`; the
-    /// exceptions run for a long time (`server`, `runner`, `up`) or stream a
-    /// command's own bytes (`exec`, `command output`).
-    #[test]
-    fn every_command_takes_json() {
-        const STREAMING_OR_LONG_RUNNING: &[&str] = &[
-            "roost server",
-            "roost runner",
-            "roost up",
-            "roost exec",
-            "roost shell",
-            "roost command output",
-        ];
-        let mut missing = Vec::new();
+    /// Every command, with its path (`roost sandbox create`).
+    fn every_command() -> Vec<(String, clap::Command)> {
+        let mut all = Vec::new();
         let mut pending = vec![("roost".to_owned(), Cli::command())];
         while let Some((path, command)) = pending.pop() {
-            let leaves: Vec<_> = command.get_subcommands().collect();
-            if leaves.is_empty() {
-                let json = command.get_arguments().any(|arg| arg.get_id() == "json");
-                if !json && !STREAMING_OR_LONG_RUNNING.contains(&path.as_str()) {
-                    missing.push(path);
-                }
+            for sub in command.get_subcommands() {
+                pending.push((format!("{path} {}", sub.get_name()), sub.clone()));
+            }
+            all.push((path, command));
+        }
+        all
+    }
+
+    /// Every command a script may call answers in JSON with `--json`; the
+    /// exceptions serve for as long as they run (`server`, `runner`) or
+    /// belong to a terminal (`shell`), and do not offer a `--json` they
+    /// would ignore.
+    #[test]
+    fn every_command_takes_json() {
+        const NO_JSON: &[&str] = &["roost server", "roost runner", "roost shell"];
+        let mut missing = Vec::new();
+        let mut ignored = Vec::new();
+        for (path, command) in every_command() {
+            if command.has_subcommands() {
                 continue;
             }
-            for sub in leaves {
-                pending.push((format!("{path} {}", sub.get_name()), sub.clone()));
+            let json = command.get_arguments().any(|arg| arg.get_id() == "json");
+            match (json, NO_JSON.contains(&path.as_str())) {
+                (false, false) => missing.push(path),
+                (true, true) => ignored.push(path),
+                _ => {}
             }
         }
         assert!(missing.is_empty(), "no --json on: {missing:?}");
+        assert!(
+            ignored.is_empty(),
+            "--json offered but ignored on: {ignored:?}"
+        );
+    }
+
+    /// `--help` says what every argument and option is.
+    #[test]
+    fn every_argument_has_a_description() {
+        let mut missing = Vec::new();
+        for (path, command) in every_command() {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id != "help" && id != "version" && arg.get_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "no description: {missing:?}");
+    }
+
+    /// Every timeout and duration flag takes seconds or a unit alike.
+    #[test]
+    fn durations_are_seconds_or_carry_a_unit_everywhere() {
+        for args in [
+            "sandbox get s --wait-for running --timeout V",
+            "sandbox wait s running --timeout V",
+            "command get s c --wait-for ended --timeout V",
+            "exec s --timeout V -- true",
+            "snapshot create s --deadline V",
+            "sandbox create --ttl V",
+            "store gc --store s --grace V",
+        ] {
+            for value in ["5", "30s", "5m"] {
+                let argv = args.split(' ').map(|a| if a == "V" { value } else { a });
+                if let Err(err) = Cli::try_parse_from(std::iter::once("roost").chain(argv)) {
+                    panic!("{args} ({value}): {err}");
+                }
+            }
+        }
+        let Err(err) = Cli::try_parse_from(["roost", "sandbox", "create", "--ttl", "forever"])
+        else {
+            panic!("--ttl forever parsed");
+        };
+        assert!(err.to_string().contains("30s"), "{err}");
     }
 }

@@ -22,9 +22,9 @@ use crate::output::{
 /// The longest one long-poll may ask the server to wait (its maximum).
 pub const LONG_POLL_SECONDS_MAX: u64 = 25;
 
-/// Where the server is and who is asking (an org), and how to print.
+/// Where the server is and who is asking (an org).
 #[derive(Args)]
-pub struct OrgTarget {
+pub struct OrgServer {
     /// The server's URL [default: the one `roost up` saved, else
     /// http://127.0.0.1:7070].
     #[arg(long, env = "ROOST_URL")]
@@ -33,6 +33,21 @@ pub struct OrgTarget {
     /// `roost up` saved, for its URL].
     #[arg(long, env = "ROOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
+}
+
+impl OrgServer {
+    /// A client for the given URL and token, or those `roost up` saved.
+    pub fn client(&self) -> Result<Client> {
+        let target = crate::credentials::resolve(self.url.as_deref(), self.token.as_deref())?;
+        Ok(Client::new(&target.url, &target.token))
+    }
+}
+
+/// [`OrgServer`], and how to print.
+#[derive(Args)]
+pub struct OrgTarget {
+    #[command(flatten)]
+    server: OrgServer,
     /// Print the API's JSON record(s) on stdout instead of text; stderr
     /// then carries nothing but errors.
     #[arg(long)]
@@ -42,8 +57,7 @@ pub struct OrgTarget {
 impl OrgTarget {
     /// A client for the given URL and token, or those `roost up` saved.
     pub fn client(&self) -> Result<Client> {
-        let target = crate::credentials::resolve(self.url.as_deref(), self.token.as_deref())?;
-        Ok(Client::new(&target.url, &target.token))
+        self.server.client()
     }
 }
 
@@ -64,14 +78,15 @@ pub enum SandboxCommand {
         /// unreachable), e.g. `running` or `stopped`.
         #[arg(long, value_name = "STATE")]
         wait_for: Option<String>,
-        /// Longest to wait with --wait-for, in seconds.
+        /// Longest to wait with --wait-for (seconds, or e.g. `30s`, `5m`).
         #[arg(
             long,
-            value_name = "SECONDS",
-            default_value_t = 60,
+            value_name = "DURATION",
+            default_value = "60s",
+            value_parser = parse_duration,
             requires = "wait_for"
         )]
-        timeout: u64,
+        timeout: Duration,
         #[command(flatten)]
         target: OrgTarget,
     },
@@ -115,7 +130,7 @@ pub enum SandboxCommand {
         id: String,
         /// Sleep after this long without activity (e.g. `15m`; `0`:
         /// never; within the deployment's bounds).
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         idle_timeout: Option<Duration>,
         /// Whether a command sent while it is stopped starts it.
         #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
@@ -164,7 +179,7 @@ pub enum SandboxCommand {
         copy: String,
         /// How long the upload may take (e.g. `10m`); past it the snapshot
         /// fails.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         deadline: Option<Duration>,
         /// Makes the request safe to retry: the same key returns the same
         /// snapshot.
@@ -190,8 +205,8 @@ pub enum SandboxCommand {
         id: String,
         /// The state to wait for, e.g. `running` or `stopped`.
         state: String,
-        /// Longest to wait (e.g. `30s`, `5m`).
-        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+        /// Longest to wait (seconds, or e.g. `30s`, `5m`).
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
         timeout: Duration,
         #[command(flatten)]
         target: OrgTarget,
@@ -231,7 +246,7 @@ pub struct CreateArgs {
     network: String,
     /// How long the sandbox may live (e.g. `90m`, `2h`, `7d`); then it is
     /// terminated (`ttl_expired`) and its storage kept until delete.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     ttl: Option<Duration>,
     /// `spot_first`: spot runners, on-demand as fallback; `non_preemptible`:
     /// on-demand runners only.
@@ -259,14 +274,14 @@ pub struct CreateArgs {
     secret_file: Vec<String>,
     /// How often a running durable home is saved (e.g. `60s`; within the
     /// deployment's bounds; default: the deployment's interval).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     save_interval: Option<Duration>,
     /// Start the home as a snapshot's files (`snp_…`, replicated).
     #[arg(long, value_name = "SNAPSHOT_ID")]
     from_snapshot: Option<String>,
     /// Sleep after this long without activity (e.g. `15m`; `0`: never;
     /// default: the deployment's, see `roost info`).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     idle_timeout: Option<Duration>,
     /// Refuse commands while stopped instead of waking (409).
     #[arg(long)]
@@ -279,7 +294,7 @@ pub struct CreateArgs {
     #[arg(long)]
     wait: bool,
     /// Longest to wait with --wait.
-    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration, requires = "wait")]
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration, requires = "wait")]
     wait_timeout: Duration,
     #[command(flatten)]
     target: OrgTarget,
@@ -364,7 +379,18 @@ pub fn parse_mount(text: &str) -> Result<api::sandboxes::Mount, String> {
     })
 }
 
-/// Whole seconds, rounded up, so `--ttl 1500ms` is not sent as 1.
+/// Every duration flag: a bare number is seconds (`90`), else a number
+/// with a unit (`30s`, `5m`, `2h`, `7d`, `1500ms`, `1h 30m`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
+    }
+    humantime::parse_duration(text).map_err(|_| {
+        format!("{text:?} is not a duration: give seconds (90) or a number with a unit (30s, 5m, 2h, 7d)")
+    })
+}
+
 /// A memory size in MiB: `512MiB`, `2GiB`, `768M`, `1G`, `1048576KiB`, or
 /// a plain number of MiB. Binary units either way (`M` = MiB), as memory
 /// limits are.
@@ -374,14 +400,14 @@ pub fn parse_mib(text: &str) -> Result<u64, String> {
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size such as 512MiB or 2GiB"))?;
+    let not_a_size =
+        || format!("{text:?} is not a size: use e.g. 768M, 1G, 512MiB, 2GiB or a number of MiB");
+    let number: u64 = number.parse().map_err(|_| not_a_size())?;
     let kib_per_unit: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "m" | "mi" | "mib" | "mb" => 1024,
         "g" | "gi" | "gib" | "gb" => 1024 * 1024,
         "k" | "ki" | "kib" | "kb" => 1,
-        _ => return Err(format!("{text:?}: use KiB, MiB or GiB")),
+        _ => return Err(not_a_size()),
     };
     let kib = number
         .checked_mul(kib_per_unit)
@@ -392,6 +418,7 @@ pub fn parse_mib(text: &str) -> Result<u64, String> {
     Ok(kib / 1024)
 }
 
+/// Whole seconds, rounded up, so `--ttl 1500ms` is not sent as 1.
 pub fn seconds_rounded_up(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
@@ -405,7 +432,7 @@ pub fn run(command: SandboxCommand) -> Result<ExitCode> {
                 wait_for,
                 timeout,
                 target,
-            } => get(&id, wait_for.as_deref(), timeout, &target).await,
+            } => get("sandbox get", &id, wait_for.as_deref(), timeout, &target).await,
             SandboxCommand::List {
                 states,
                 labels,
@@ -522,7 +549,7 @@ pub fn run(command: SandboxCommand) -> Result<ExitCode> {
                 state,
                 timeout,
                 target,
-            } => get(&id, Some(&state), timeout.as_secs().max(1), &target).await,
+            } => get("sandbox wait", &id, Some(&state), timeout, &target).await,
             SandboxCommand::Exec(args) => crate::exec::exec(args).await,
         }
     })
@@ -566,22 +593,25 @@ async fn create(args: CreateArgs) -> Result<ExitCode> {
     Ok(reached(&record, "running", &args.target))
 }
 
+/// `sandbox get` and `sandbox wait` (`command` names it in errors).
 async fn get(
+    command: &str,
     id: &str,
     wait_for: Option<&str>,
-    timeout: u64,
+    timeout: Duration,
     target: &OrgTarget,
 ) -> Result<ExitCode> {
     let client = target.client()?;
+    let failed = || format!("{command} failed");
     let Some(state) = wait_for else {
-        let sandbox = client.get_sandbox(id).await.context("sandbox get failed")?;
+        let sandbox = client.get_sandbox(id).await.with_context(failed)?;
         print_sandbox(&sandbox, target)?;
         return Ok(ExitCode::SUCCESS);
     };
-    let deadline = Instant::now() + Duration::from_secs(timeout);
+    let deadline = Instant::now() + timeout;
     let record = wait_for_state(&client, id, state, deadline)
         .await
-        .context("sandbox get failed")?;
+        .with_context(failed)?;
     print_sandbox(&record, target)?;
     Ok(reached(&record, state, target))
 }
@@ -887,6 +917,30 @@ mod tests {
         assert!(parse_mib("0").is_err());
         assert!(parse_mib("lots").is_err());
         assert!(parse_mib("3TB").is_err());
+    }
+
+    #[test]
+    fn memory_sizes_that_do_not_parse_list_the_forms_that_do() {
+        for bad in ["12XB", "lots", "3TB"] {
+            let err = parse_mib(bad).expect_err(bad);
+            assert!(
+                ["768M", "1G", "512MiB", "2GiB"]
+                    .iter()
+                    .all(|form| err.contains(form)),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_are_seconds_or_carry_a_unit() {
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        let err = parse_duration("forever").expect_err("not a duration");
+        assert!(err.contains("\"forever\"") && err.contains("30s"), "{err}");
     }
 
     #[test]

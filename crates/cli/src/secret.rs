@@ -25,6 +25,7 @@ pub enum SecretCommand {
                       when they launch."
     )]
     Set {
+        /// The secret's name (what `--secret-env` and `--secret-file` take).
         name: String,
         /// Read the value from this file instead of stdin.
         #[arg(long, value_name = "PATH")]
@@ -40,6 +41,7 @@ pub enum SecretCommand {
     /// Delete NAME. Running sandboxes keep what they were given; a later
     /// launch of a sandbox that asks for it fails (`secret_unavailable`).
     Delete {
+        /// The secret's name.
         name: String,
         #[command(flatten)]
         target: OrgTarget,

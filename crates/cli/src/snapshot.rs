@@ -31,8 +31,9 @@ pub enum SnapshotCommand {
         /// `local` or `replicated`.
         #[arg(long, default_value = "replicated", value_parser = ["local", "replicated"])]
         durability: String,
-        /// How long the requested durability may take (e.g. `30s`).
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        /// How long the requested durability may take (seconds, or e.g.
+        /// `30s`, `5m`); past it the snapshot fails.
+        #[arg(long, value_name = "DURATION", value_parser = crate::sandbox::parse_duration)]
         deadline: Option<Duration>,
         /// Makes the request safe to retry: the same key returns the same snapshot.
         #[arg(long, value_name = "KEY")]
@@ -45,7 +46,10 @@ pub enum SnapshotCommand {
     },
     /// Show a snapshot, optionally waiting for a durability.
     Get {
+        /// The snapshot's id (`snp_…`).
         id: String,
+        /// Wait until the snapshot has this durability (or failed); exit 1
+        /// if it failed instead.
         #[arg(long, value_name = "DURABILITY", value_parser = ["pending", "local", "replicated", "failed"])]
         wait_for: Option<String>,
         #[command(flatten)]
@@ -53,6 +57,7 @@ pub enum SnapshotCommand {
     },
     /// List snapshots (all of the org's, or one sandbox's).
     List {
+        /// Only this sandbox's snapshots.
         #[arg(long, value_name = "SANDBOX_ID")]
         sandbox: Option<String>,
         #[command(flatten)]
@@ -60,6 +65,7 @@ pub enum SnapshotCommand {
     },
     /// Delete a snapshot (children keep their homes).
     Delete {
+        /// The snapshot's id (`snp_…`).
         id: String,
         #[command(flatten)]
         target: OrgTarget,
@@ -180,15 +186,15 @@ pub async fn wait_for(
             .wait_snapshot(id, durability, LONG_POLL_SECONDS_MAX)
             .await
             .context("snapshot get failed")?;
-        let reached = snapshot.durability == durability
-            || (durability == "local" && snapshot.durability == "replicated");
-        if reached || snapshot.durability == "failed" {
+        if api::snapshots::wait_is_over(&snapshot.durability, durability) {
             print_snapshot(&snapshot, target.json)?;
-            return Ok(if reached {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            });
+            return Ok(
+                if api::snapshots::reached(&snapshot.durability, durability) {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                },
+            );
         }
     }
 }

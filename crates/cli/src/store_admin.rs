@@ -15,33 +15,45 @@ use crate::output::{Bar, human_bytes, print_json};
 pub enum StoreCommand {
     /// Delete objects no home references and older than the grace period.
     Gc {
+        /// The store: a directory, file://PATH or s3://BUCKET/PREFIX (a
+        /// local one must exist).
         #[arg(long, value_name = "URL")]
         store: String,
         /// Objects younger than this are kept (protects pushes in flight).
-        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "1h", value_parser = crate::sandbox::parse_duration)]
         grace: Duration,
+        /// Print one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
     /// Check every object reachable from every home exists and hashes right.
     Verify {
+        /// The store: a directory, file://PATH or s3://BUCKET/PREFIX (a
+        /// local one must exist).
         #[arg(long, value_name = "URL")]
         store: String,
+        /// Print one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
     /// Objects, stored and logical bytes, and dedup ratio per org.
     Stats {
+        /// The store: a directory, file://PATH or s3://BUCKET/PREFIX (a
+        /// local one must exist).
         #[arg(long, value_name = "URL")]
         store: String,
+        /// Print one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
     /// Move objects stored one per file (stores from before packs) into
     /// packs, online: pushes, pulls and gc may run meanwhile.
     Repack {
+        /// The store: a directory, file://PATH or s3://BUCKET/PREFIX (a
+        /// local one must exist).
         #[arg(long, value_name = "URL")]
         store: String,
+        /// Print one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -51,10 +63,14 @@ pub enum StoreCommand {
     /// source object is corrupt (reported, not copied) or a pointer's tree
     /// could not be completed.
     Copy {
+        /// The store to copy from: a directory, file://PATH or
+        /// s3://BUCKET/PREFIX (a local one must exist).
         #[arg(long, value_name = "URL")]
         from: String,
+        /// The store to copy into (a local directory is made if absent).
         #[arg(long, value_name = "URL")]
         to: String,
+        /// Print one JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -98,7 +114,7 @@ pub fn copy_json(report: &store::copy::CopyReport) -> serde_json::Value {
 pub fn run(command: StoreCommand) -> Result<ExitCode> {
     match command {
         StoreCommand::Gc { store, grace, json } => {
-            let store = Store::open(&store)?;
+            let store = Store::open_existing(&store)?;
             let report = store::gc::gc(&store, grace).context("gc failed")?;
             if json {
                 print_json(&json!({
@@ -130,7 +146,7 @@ pub fn run(command: StoreCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         StoreCommand::Verify { store, json } => {
-            let store = Store::open(&store)?;
+            let store = Store::open_existing(&store)?;
             let report = store::gc::verify(&store).context("verify failed")?;
             if json {
                 print_json(&json!({
@@ -163,7 +179,7 @@ pub fn run(command: StoreCommand) -> Result<ExitCode> {
             })
         }
         StoreCommand::Stats { store, json } => {
-            let store = Store::open(&store)?;
+            let store = Store::open_existing(&store)?;
             let orgs = store::gc::stats(&store).context("stats failed")?;
             if json {
                 let orgs: Vec<_> = orgs
@@ -218,7 +234,7 @@ pub fn run(command: StoreCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         StoreCommand::Copy { from, to, json } => {
-            let source = Store::open(&from).with_context(|| format!("opening {from}"))?;
+            let source = Store::open_existing(&from).with_context(|| format!("opening {from}"))?;
             let target = Store::open(&to).with_context(|| format!("opening {to}"))?;
             let report = copy_stores(&source, &target, json).context("copy failed")?;
             if json {
@@ -253,7 +269,7 @@ pub fn run(command: StoreCommand) -> Result<ExitCode> {
             })
         }
         StoreCommand::Repack { store, json } => {
-            let store = Store::open(&store)?;
+            let store = Store::open_existing(&store)?;
             let report = store::gc::repack_loose(&store).context("repack failed")?;
             if json {
                 print_json(&json!({

@@ -20,7 +20,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use crate::control::runtime;
 use crate::exec::exit_status;
-use crate::sandbox::{OrgTarget, parse_pair, state_with_reason};
+use crate::sandbox::{OrgServer, parse_pair, state_with_reason};
 
 /// The size used when stdin is not a terminal.
 const DEFAULT_SIZE: TtySize = TtySize { rows: 24, cols: 80 };
@@ -47,7 +47,7 @@ pub struct ShellArgs {
     #[arg(long, value_name = "DIR")]
     cwd: Option<String>,
     #[command(flatten)]
-    target: OrgTarget,
+    target: OrgServer,
     /// The program and its arguments (default: `sh -l`).
     #[arg(last = true, value_name = "ARGV")]
     argv: Vec<String>,

@@ -2,7 +2,8 @@
 //! control plane (SQLite, a local directory home store) and one runner,
 //! all under one data dir. The first start creates an org `default` and a
 //! runner token through the server's own admin API; every start writes the
-//! URL and org token where the CLI finds them without flags.
+//! URL, the org token and the admin token file's path where the CLI finds
+//! them without flags (`crate::credentials`).
 //!
 //! ```text
 //! DIR/server/   the server's data dir: roost.db, admin-token
@@ -23,7 +24,8 @@ use runner::agent::AgentConfig;
 use serde_json::json;
 
 use crate::control::runtime;
-use crate::credentials::{self, Credentials};
+use crate::credentials::{self, Saved};
+use crate::output::print_json;
 use crate::runner::{absolute, init_program, stop_requested};
 
 /// How many times its CPUs `roost up`'s runner offers.
@@ -41,6 +43,10 @@ pub struct UpArgs {
     /// The OCI runtime: `auto`, `runc` or `crun`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "runc", "crun"])]
     runtime: String,
+    /// Once up, print one JSON object on stdout instead of the banner:
+    /// `url`, `data_dir`, `credentials` and `admin_token_file` (paths).
+    #[arg(long)]
+    json: bool,
 }
 
 fn default_data_dir() -> Result<PathBuf> {
@@ -159,6 +165,7 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
     let runtime_choice = RuntimeChoice::parse(&args.runtime)?;
     preflight(&args.runtime)?;
     let init = init_program()?;
+    let json = args.json;
     runtime()?.block_on(async move {
         let (stop_server, server_stopping) = tokio::sync::oneshot::channel::<()>();
         let (started_tx, started) = tokio::sync::oneshot::channel::<String>();
@@ -181,9 +188,11 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
             }
         };
         let made = org_and_runner_tokens(&url, &data_dir).await?;
-        let credentials_path = credentials::save(&Credentials {
+        let admin_token_file = data_dir.join("server").join("admin-token");
+        let credentials_path = credentials::save(&Saved {
             url: url.clone(),
             token: made.org_token.clone(),
+            admin_token_file: Some(admin_token_file.clone()),
         })?;
 
         let mut agent = AgentConfig::new(&url, &made.runner_token, data_dir.join("runner"), init);
@@ -222,13 +231,26 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
             }
         }
 
-        println!("roost is up at {url}");
-        println!("  data:        {}", data_dir.display());
-        println!(
-            "  credentials: {} (the CLI uses them when ROOST_URL and ROOST_TOKEN are unset)",
-            credentials_path.display()
-        );
-        println!("try: roost sandbox create --wait");
+        if json {
+            print_json(&json!({
+                "url": url,
+                "data_dir": data_dir,
+                "credentials": credentials_path,
+                "admin_token_file": admin_token_file,
+            }));
+        } else {
+            println!("roost is up at {url}");
+            println!("  data:        {}", data_dir.display());
+            println!(
+                "  credentials: {} (the CLI uses them when ROOST_URL and ROOST_TOKEN are unset)",
+                credentials_path.display()
+            );
+            println!(
+                "  admin token: {} (`roost admin …` reads it when ROOST_TOKEN is unset)",
+                admin_token_file.display()
+            );
+            println!("try: roost sandbox create --wait");
+        }
         let _ = std::io::stdout().flush();
 
         let result = tokio::select! {

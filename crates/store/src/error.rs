@@ -17,6 +17,11 @@ pub enum Error {
     #[error("invalid store url {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },
 
+    /// A local store opened for reading where there is none (a
+    /// mistyped path): nothing was created.
+    #[error("no store at {path}", path = .path.display())]
+    NoStore { path: PathBuf },
+
     #[error("store unreachable during {op} of {key}: {message}")]
     Backend {
         op: &'static str,

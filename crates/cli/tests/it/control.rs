@@ -98,6 +98,9 @@ fn admin_contract(server: &Server, admin_token: &str) {
             .expect("token")
             .starts_with("roost_runner_")
     );
+    // A list is an object naming what it lists, as every other list.
+    let runners = json_of(&admin(url, admin_token, &["runner", "list", "--json"]));
+    assert!(runners["runners"].is_array(), "{runners}");
 
     let orgs = format!("{url}/v1/admin/orgs");
     let (status, id, body) = post(&orgs, "roost_admin_wrong", r#"{"name":"x"}"#);

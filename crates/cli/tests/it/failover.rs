@@ -819,7 +819,7 @@ async fn preemption_and_drain_move_durable_sandboxes_without_losing_finished_wor
     let listed = cluster.admin_cli(&["runner", "list", "--json"]);
     assert!(listed.status.success(), "{listed:?}");
     let runners: Value = serde_json::from_slice(&listed.stdout).expect("json");
-    let spot_record = runners
+    let spot_record = runners["runners"]
         .as_array()
         .expect("list")
         .iter()

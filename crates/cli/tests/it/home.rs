@@ -1,6 +1,7 @@
 //! `roost home push|pull` behaviour, run against both store backends.
 
 use std::fs;
+use std::path::Path;
 use std::process::Command;
 
 use crate::harness::{
@@ -280,11 +281,21 @@ fn missing_directory_and_bad_names_fail_with_one_line() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("/nonexistent/dir"), "{stderr}");
     assert_eq!(message_lines(&stderr).len(), 1);
+    // The missing directory is found before the store is opened: no
+    // empty store is left behind.
+    assert!(!Path::new(&env.store).exists(), "{} was made", env.store);
     let output = env.roost(&[
         "home", "push", "/tmp", "--store", &env.store, "--org", "../x", "--home", "h",
     ]);
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("invalid org name"));
+    // A pull needs a store there.
+    let err = env.pull_fails(&env.path("d"), "acme", "nothing-here");
+    assert!(err.contains(&format!("no store at {}", env.store)), "{err}");
+    assert!(!Path::new(&env.store).exists(), "{} was made", env.store);
+    let src = env.path("src");
+    write(&src.join("a.txt"), b"a");
+    env.push(&src, "acme", "h");
     let err = env.pull_fails(&env.path("d"), "acme", "nothing-here");
     assert!(err.contains("no such home: acme/nothing-here"), "{err}");
 }
@@ -295,10 +306,15 @@ fn missing_directory_and_bad_names_fail_with_one_line() {
 #[test]
 fn logs_to_a_pipe_are_plain_text_and_the_error_stays_one_line() {
     let env = Env::new(Backend::Local);
+    let src = env.path("src");
+    write(&src.join("a.txt"), b"a");
+    // A state dir that is a file: the push fails after it has logged.
+    let state = env.path("state");
+    write(&state, b"not a directory");
     let output = Command::new(BIN)
-        .args(["home", "push", "/nonexistent/dir", "--store", &env.store])
-        .args(["--org", "acme", "--home", "h"])
-        .env("ROOST_STATE_DIR", env.path("state"))
+        .args(["home", "push", src.to_str().expect("utf-8")])
+        .args(["--store", &env.store, "--org", "acme", "--home", "h"])
+        .env("ROOST_STATE_DIR", &state)
         .env("ROOST_LOG", "debug")
         .output()
         .expect("run roost");
@@ -311,7 +327,7 @@ fn logs_to_a_pipe_are_plain_text_and_the_error_stays_one_line() {
     );
     let message = message_lines(&stderr);
     assert_eq!(message.len(), 1, "{stderr}");
-    assert!(message[0].contains("/nonexistent/dir"), "{stderr}");
+    assert!(message[0].contains("Not a directory"), "{stderr}");
 }
 
 /// Issue 14: a home nested 700 directories deep made `roost home push`

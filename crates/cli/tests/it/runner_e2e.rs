@@ -887,6 +887,7 @@ async fn roost_up_serves_the_cli_without_flags() {
         "127.0.0.1:0",
         "--runtime",
         "runc",
+        "--json",
         "--data-dir",
     ])
     .arg(tmp.path().join("data"))
@@ -915,14 +916,21 @@ async fn roost_up_serves_the_cli_without_flags() {
     }
     let mut up = Up(child, tmp.path().join("data/runner/runtime"));
     let mut lines = BufReader::new(up.0.stdout.take().expect("stdout")).lines();
+    // With --json, one object once it is up.
     let first = lines.next().expect("a line").expect("read");
-    let url = first
-        .strip_prefix("roost is up at ")
-        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-        .to_owned();
+    let printed: Value = serde_json::from_str(&first)
+        .unwrap_or_else(|e| panic!("unexpected first line {first:?}: {e}"));
+    let url = printed["url"].as_str().expect("url").to_owned();
+    let admin_token_file = tmp.path().join("data/server/admin-token");
+    assert_eq!(
+        printed["admin_token_file"],
+        admin_token_file.to_str().expect("utf-8"),
+        "{printed}"
+    );
     std::thread::spawn(move || for _ in lines {});
 
     let credentials = config_home.join("roost/credentials.json");
+    assert_eq!(printed["credentials"], credentials.to_str().expect("utf-8"));
     let mode = std::fs::metadata(&credentials).expect("credentials written");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(mode.permissions().mode() & 0o777, 0o600);
@@ -942,6 +950,20 @@ async fn roost_up_serves_the_cli_without_flags() {
         isolated(&mut command);
         command.output().expect("run roost")
     };
+    // Admin commands find the admin token without --token.
+    assert_eq!(saved["admin_token_file"], printed["admin_token_file"]);
+    let runners = roost(&["admin", "runner", "list", "--json"]);
+    assert!(
+        runners.status.success(),
+        "{}",
+        String::from_utf8_lossy(&runners.stderr)
+    );
+    let runners: Value = serde_json::from_slice(&runners.stdout).expect("json");
+    assert_eq!(
+        runners["runners"].as_array().map(Vec::len),
+        Some(1),
+        "{runners}"
+    );
     let created = roost(&["sandbox", "create", "--wait", "--json"]);
     assert!(
         created.status.success(),

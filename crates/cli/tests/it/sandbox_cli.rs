@@ -882,6 +882,33 @@ async fn api_errors_print_one_line_naming_the_call_and_the_code() {
         unreachable.contains("sandbox list failed: server unreachable at http://127.0.0.1:1/"),
         "{unreachable}"
     );
+    assert!(
+        unreachable
+            .trim_end()
+            .ends_with("; is the server running (roost up)?"),
+        "{unreachable}"
+    );
+    // A local path is checked before the server is asked anything.
+    let no_image = nowhere
+        .error(&["image", "import", "img", "/nonexistent/rootfs"])
+        .await;
+    assert!(
+        no_image.starts_with("roost: error: cannot read /nonexistent/rootfs: "),
+        "{no_image}"
+    );
+    let ftp = Roost::new("ftp://host/", &plane.org.token);
+    let refused = ftp.error(&["sandbox", "list"]).await;
+    assert!(
+        refused
+            .starts_with("roost: error: invalid server URL ftp://host/: use http:// or https://"),
+        "{refused}"
+    );
+    // A failed wait names the command that was run.
+    let bogus = roost.error(&["sandbox", "wait", "sbx_nope", "bogus"]).await;
+    assert!(
+        bogus.starts_with("roost: error: sandbox wait failed: "),
+        "{bogus}"
+    );
 
     // Flags are checked before anything is sent.
     let output = roost
@@ -933,6 +960,18 @@ async fn admin_quarantine_freezes_a_sandbox_until_released() {
     assert!(
         denied.contains("sandbox release failed: not_found (404)"),
         "{denied}"
+    );
+    assert!(
+        denied.contains("admin endpoints need an admin token"),
+        "{denied}"
+    );
+    // An admin token on a missing sandbox gets no such hint.
+    let missing = admin
+        .error(&["admin", "sandbox", "release", "sbx_nope"])
+        .await;
+    assert!(
+        missing.contains("not_found (404)") && !missing.contains("admin token"),
+        "{missing}"
     );
 
     let released = admin.text(&["admin", "sandbox", "release", id]).await;

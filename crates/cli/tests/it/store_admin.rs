@@ -96,6 +96,8 @@ fn gc_running_during_pushes_never_breaks_a_home() {
     };
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let store = env.store.clone();
+    // gc reads a store that is there (a missing one is `no store at`).
+    std::fs::create_dir_all(&store).expect("the store's directory");
     let gc_loop = {
         let stop = stop.clone();
         std::thread::spawn(move || {
@@ -358,4 +360,53 @@ fn repack_moves_a_store_from_before_packs_into_packs() {
     // Nothing to collect: moving is not deleting.
     let swept = gc(&env, "0s");
     assert_eq!(n(&swept, "deleted"), 0, "{swept}");
+}
+
+/// A mistyped local store path is not an empty store: the commands that
+/// read one fail naming it and make nothing; only a copy's target (a
+/// writer) is made.
+#[test]
+fn reading_a_store_that_is_not_there_fails_and_makes_nothing() {
+    let env = Env::new(Backend::Local);
+    let missing = env.path("mistyped");
+    let missing_arg = missing.to_str().expect("utf-8");
+    for args in [
+        &["store", "verify", "--store", missing_arg][..],
+        &["store", "stats", "--store", missing_arg, "--json"],
+        &["store", "gc", "--store", missing_arg],
+        &["store", "repack", "--store", missing_arg],
+        &["store", "copy", "--from", missing_arg, "--to", &env.store],
+    ] {
+        let output = env.roost(args);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(message_lines(&stderr).len(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("no store at {missing_arg}")),
+            "{args:?}: {stderr}"
+        );
+        assert!(output.stdout.is_empty(), "{args:?}: {output:?}");
+        assert!(!missing.exists(), "{args:?} made {missing_arg}");
+    }
+    assert!(
+        !std::path::Path::new(&env.store).exists(),
+        "a failed copy made its target"
+    );
+    let src = env.path("src");
+    write(&src.join("a.txt"), b"a");
+    env.push(&src, "acme", "h");
+    let copied = env.json(&[
+        "store",
+        "copy",
+        "--from",
+        &env.store,
+        "--to",
+        missing_arg,
+        "--json",
+    ]);
+    assert_eq!(copied["ok"], true, "{copied}");
+    assert_eq!(
+        env.json(&["store", "verify", "--store", missing_arg, "--json"])["ok"],
+        true
+    );
 }

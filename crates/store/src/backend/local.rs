@@ -40,14 +40,33 @@ fn local_error(root: &Path, key: &str, err: std::io::Error) -> Error {
 }
 
 impl LocalBackend {
+    /// The store at `root`, made if absent (writers: a push, a copy's
+    /// target, the server).
     pub fn open(root: impl AsRef<Path>) -> Result<LocalBackend> {
         let root = root.as_ref().to_owned();
         fs::create_dir_all(&root).map_err(|e| local_error(&root, "", e))?;
-        Ok(LocalBackend {
+        Ok(LocalBackend::at(root))
+    }
+
+    /// The store at `root`, which must exist: [`Error::NoStore`] if it
+    /// does not, and nothing is made (readers: a mistyped path must not
+    /// pass for an empty store).
+    pub fn open_existing(root: impl AsRef<Path>) -> Result<LocalBackend> {
+        let root = root.as_ref().to_owned();
+        match fs::metadata(&root) {
+            Ok(metadata) if metadata.is_dir() => Ok(LocalBackend::at(root)),
+            Ok(_) => Err(Error::NoStore { path: root }),
+            Err(err) if err.kind() == ErrorKind::NotFound => Err(Error::NoStore { path: root }),
+            Err(err) => Err(local_error(&root, "", err)),
+        }
+    }
+
+    fn at(root: PathBuf) -> LocalBackend {
+        LocalBackend {
             root,
             temp_counter: AtomicU64::new(0),
             open_files: std::sync::Mutex::new(std::collections::HashMap::new()),
-        })
+        }
     }
 
     fn path(&self, key: &str) -> Result<PathBuf> {
@@ -165,6 +184,10 @@ impl Backend for LocalBackend {
 
     fn put_durable(&self, key: &str, data: &[u8]) -> Result<()> {
         self.write_new(key, data, true)
+    }
+
+    fn put_owned_durable(&self, key: &str, data: Vec<u8>) -> Result<()> {
+        self.write_new(key, &data, true)
     }
 
     fn sync(&self) -> Result<()> {
@@ -285,5 +308,33 @@ impl Backend for LocalBackend {
             Err(err) if err.kind() == ErrorKind::NotFound => Ok(()),
             Err(err) => Err(local_error(&self.root, key, err)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opening_an_existing_store_makes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("mistyped");
+        let err = LocalBackend::open_existing(&missing)
+            .err()
+            .expect("no store there");
+        assert_eq!(
+            err.to_string(),
+            format!("no store at {}", missing.display())
+        );
+        assert!(!missing.exists(), "nothing made");
+        let file = dir.path().join("file");
+        fs::write(&file, b"x").expect("write");
+        assert!(matches!(
+            LocalBackend::open_existing(&file),
+            Err(Error::NoStore { .. })
+        ));
+        // A writer makes it; a reader then finds it.
+        LocalBackend::open(&missing).expect("made");
+        LocalBackend::open_existing(&missing).expect("found");
     }
 }

@@ -38,6 +38,17 @@ pub trait Backend: Send + Sync {
         self.put(key, &data)
     }
 
+    /// [`Backend::put_owned`], durable once it returns: how a pack's data
+    /// is written before its index is. An index is what tells a later push
+    /// that the pack's objects are stored (it uploads none of them again),
+    /// so a crash must never leave an index naming bytes that were lost.
+    /// The default puts, then [`Backend::sync`]s; a local directory
+    /// fsyncs the one file instead.
+    fn put_owned_durable(&self, key: &str, data: Vec<u8>) -> Result<()> {
+        self.put_owned(key, data)?;
+        self.sync()
+    }
+
     /// Stores several objects, as [`Backend::put`] would, in the order
     /// given: an object is stored only after every one before it, so a
     /// caller may place a tree after the children it names. A failure
@@ -141,8 +152,19 @@ pub trait Backend: Send + Sync {
 }
 
 /// Opens a store URL: a path, `file://PATH`, `s3://BUCKET/PREFIX`, or
-/// `memory:` (tests only: a fresh, empty in-process store).
+/// `memory:` (tests only: a fresh, empty in-process store). A local
+/// store's directory is made if absent (for writers).
 pub fn open(url: &str) -> Result<Arc<dyn Backend>> {
+    open_with(url, true)
+}
+
+/// [`open`] for readers: a local store must exist already
+/// ([`Error::NoStore`] otherwise, and nothing is made).
+pub fn open_existing(url: &str) -> Result<Arc<dyn Backend>> {
+    open_with(url, false)
+}
+
+fn open_with(url: &str, create: bool) -> Result<Arc<dyn Backend>> {
     if let Some(rest) = url.strip_prefix("s3://") {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
@@ -163,7 +185,11 @@ pub fn open(url: &str) -> Result<Arc<dyn Backend>> {
             reason: "expected a path, file://PATH or s3://BUCKET/PREFIX".to_owned(),
         });
     }
-    Ok(Arc::new(LocalBackend::open(path)?))
+    if create {
+        Ok(Arc::new(LocalBackend::open(path)?))
+    } else {
+        Ok(Arc::new(LocalBackend::open_existing(path)?))
+    }
 }
 
 #[cfg(test)]

@@ -173,6 +173,11 @@ impl Backend for S3Backend {
             .map_err(|e| backend_error("put", key, e))
     }
 
+    fn put_owned_durable(&self, key: &str, data: Vec<u8>) -> Result<()> {
+        // A successful S3 PUT is durable.
+        self.put_owned(key, data)
+    }
+
     fn put_durable(&self, key: &str, data: &[u8]) -> Result<()> {
         // A successful S3 PUT is durable and atomically replaces the object.
         self.put(key, data)
