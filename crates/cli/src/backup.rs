@@ -283,11 +283,8 @@ fn dump_records(
                         format!("--snapshot={snapshot}"),
                         "--format=custom".to_owned(),
                         format!("--file={}", out.display()),
-                        format!("--dbname={url}"),
                     ];
-                    oci::host::run_tool("pg_dump", &args, None)
-                        .map(|_| ())
-                        .map_err(|f| format!("{} failed: {}", f.command, f.said("; ")))
+                    run_pg_tool("pg_dump", &args, &url)
                 }))
                 .context("dumping the records (pg_dump)")?;
             std::fs::File::open(&file)
@@ -296,6 +293,44 @@ fn dump_records(
             Ok(("records.pgdump".to_owned(), roots))
         }
     }
+}
+
+/// Runs a PostgreSQL client tool (`pg_dump`, `pg_restore`) on the
+/// database at `url`. The URL's password goes to the tool in
+/// `PGPASSWORD`, never on its command line (which any user of the host
+/// reads in `ps`) nor in the error, which names the command.
+fn run_pg_tool(program: &str, args: &[String], url: &str) -> Result<(), String> {
+    let command = pg_tool_command(program, args, url)?;
+    oci::host::run_command(command, None)
+        .map(drop)
+        .map_err(|f| format!("{} failed: {}", f.command, f.said("; ")))
+}
+
+/// The command [`run_pg_tool`] runs: `--dbname` the URL without its
+/// password, which is in the environment.
+fn pg_tool_command(
+    program: &str,
+    args: &[String],
+    url: &str,
+) -> Result<std::process::Command, String> {
+    let mut parsed = reqwest::Url::parse(url)
+        .map_err(|e| format!("{program}: the database URL does not parse: {e}"))?;
+    let password = parsed.password().map(|encoded| {
+        percent_encoding::percent_decode_str(encoded)
+            .decode_utf8_lossy()
+            .into_owned()
+    });
+    if password.is_some() && parsed.set_password(None).is_err() {
+        return Err(format!(
+            "{program}: the database URL's password cannot be taken out of it"
+        ));
+    }
+    let mut command = std::process::Command::new(program);
+    command.arg(format!("--dbname={parsed}")).args(args);
+    if let Some(password) = password {
+        command.env("PGPASSWORD", password);
+    }
+    Ok(command)
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -613,16 +648,12 @@ pub fn run_restore(args: RestoreArgs) -> Result<ExitCode> {
             .with_context(|| format!("syncing {}", temp.display()))?;
         std::fs::rename(&temp, &file).with_context(|| format!("renaming to {}", file.display()))?;
     } else {
-        let mut restore_args = vec![
-            "--no-owner".to_owned(),
-            format!("--dbname={database}"),
-            records_path.display().to_string(),
-        ];
+        let mut restore_args = vec!["--no-owner".to_owned()];
         if args.force {
-            restore_args.splice(0..0, ["--clean".to_owned(), "--if-exists".to_owned()]);
+            restore_args.extend(["--clean".to_owned(), "--if-exists".to_owned()]);
         }
-        oci::host::run_tool("pg_restore", &restore_args, None)
-            .map_err(|f| anyhow::anyhow!("{} failed: {}", f.command, f.said("; ")))?;
+        restore_args.push(records_path.display().to_string());
+        run_pg_tool("pg_restore", &restore_args, &database).map_err(anyhow::Error::msg)?;
     }
     // 3. The store, then the pins of every root the records name.
     let source = Store::open_existing(&backup_store)
@@ -659,4 +690,57 @@ pub fn run_restore(args: RestoreArgs) -> Result<ExitCode> {
         args.json,
         json!({ "restored_from": chosen.display().to_string(), "copy": copy_json(&copied), "pinned": pinned }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Audit finding: `pg_dump` and `pg_restore` were given the database
+    /// URL whole, password included, in their arguments (any user of the
+    /// host reads them in `ps`) and in the error that names the command.
+    #[test]
+    fn a_postgres_password_goes_in_the_environment_never_in_the_arguments() {
+        let args = ["--format=custom".to_owned()];
+        let command = pg_tool_command(
+            "pg_dump",
+            &args,
+            "postgres://roost:s3cr%40t@db.example:5432/roost?sslmode=require",
+        )
+        .expect("a command");
+        let argv: Vec<String> = command
+            .get_args()
+            .map(|arg| arg.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            argv,
+            [
+                "--dbname=postgres://roost@db.example:5432/roost?sslmode=require",
+                "--format=custom"
+            ]
+        );
+        let password = command
+            .get_envs()
+            .find(|(name, _)| *name == "PGPASSWORD")
+            .and_then(|(_, value)| value)
+            .map(|value| value.to_string_lossy().into_owned());
+        assert_eq!(password.as_deref(), Some("s3cr@t"), "decoded");
+
+        // No password: nothing in the environment either.
+        let command = pg_tool_command("pg_restore", &args, "postgres://roost@127.0.0.1/db")
+            .expect("a command");
+        assert!(command.get_envs().all(|(name, _)| name != "PGPASSWORD"));
+        // What a failure says names no password.
+        let failed = oci::host::run_command(
+            pg_tool_command(
+                "/nonexistent/pg_dump",
+                &args,
+                "postgres://roost:hunter2@127.0.0.1/db",
+            )
+            .expect("a command"),
+            None,
+        )
+        .expect_err("no such program");
+        assert!(!failed.command.contains("hunter2"), "{}", failed.command);
+    }
 }

@@ -88,18 +88,25 @@ pub fn run_tool<A: AsRef<OsStr>>(
     args: &[A],
     stdin: Option<&str>,
 ) -> Result<String, ToolFailure> {
-    let program = program.as_ref();
-    let command = std::iter::once(program)
-        .chain(args.iter().map(AsRef::as_ref))
+    let mut command = Command::new(program);
+    command.args(args);
+    run_command(command, stdin)
+}
+
+/// [`run_tool`] of a command the caller built (its environment set, say).
+/// A failure names the program and its arguments, never its environment.
+pub fn run_command(mut command: Command, stdin: Option<&str>) -> Result<String, ToolFailure> {
+    let text = std::iter::once(command.get_program())
+        .chain(command.get_args())
         .map(OsStr::to_string_lossy)
         .collect::<Vec<_>>()
         .join(" ");
+    let command_text = text.clone();
     let failed = |step: ToolStep, source: std::io::Error| ToolFailure {
-        command: command.clone(),
+        command: command_text.clone(),
         kind: ToolFailureKind::Run { step, source },
     };
-    let mut child = Command::new(program)
-        .args(args)
+    let mut child = command
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -124,7 +131,7 @@ pub fn run_tool<A: AsRef<OsStr>>(
         return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
     }
     Err(ToolFailure {
-        command,
+        command: text,
         kind: ToolFailureKind::Exited {
             status: output.status.code(),
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
