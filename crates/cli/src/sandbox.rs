@@ -106,6 +106,10 @@ pub enum SandboxCommand {
         /// Follow every page to the end instead of printing the first.
         #[arg(long)]
         all: bool,
+        /// Also list deleted sandboxes (their records are kept for the
+        /// deployment's retention); without --state they are left out.
+        #[arg(long)]
+        deleted: bool,
         #[command(flatten)]
         target: OrgTarget,
     },
@@ -434,12 +438,21 @@ pub fn run(command: SandboxCommand) -> Result<ExitCode> {
                 target,
             } => get("sandbox get", &id, wait_for.as_deref(), timeout, &target).await,
             SandboxCommand::List {
-                states,
+                mut states,
                 labels,
                 limit,
                 all,
+                deleted,
                 target,
             } => {
+                // What is gone is history: listed when asked for.
+                if states.is_empty() && !deleted {
+                    states = SandboxState::ALL
+                        .iter()
+                        .filter(|state| **state != SandboxState::Deleted)
+                        .map(|state| state.as_str().to_owned())
+                        .collect();
+                }
                 let query = SandboxListQuery {
                     states,
                     labels,
@@ -871,9 +884,14 @@ fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
         (
             "resources",
             format!(
-                "{} memory, {} cpus, {} pids",
+                "{} memory, {} {}, {} pids",
                 limit(resources.memory_mib.map(|m| m.to_string()), " MiB"),
                 limit(resources.cpus.map(|c| c.to_string()), ""),
+                if resources.cpus == Some(1.0) {
+                    "cpu"
+                } else {
+                    "cpus"
+                },
                 limit(resources.pids.map(|p| p.to_string()), ""),
             ),
         ),

@@ -420,6 +420,17 @@ async fn sandbox_commands_print_records_tables_and_json() {
     assert_eq!(deleted["desired"], "deleted");
     assert_eq!(deleted["state"], "deleting");
     runner.report(&a, "deleted", None).await;
+    // A deleted sandbox is listed only when asked for.
+    let listed = roost.json(&["sandbox", "list", "--json"]).await;
+    assert_eq!(ids(&listed, "sandboxes"), [b.as_str()]);
+    let with_deleted = roost
+        .json(&["sandbox", "list", "--deleted", "--json"])
+        .await;
+    assert_eq!(ids(&with_deleted, "sandboxes"), [a.clone(), b.clone()]);
+    let only_deleted = roost
+        .json(&["sandbox", "list", "--state", "deleted", "--json"])
+        .await;
+    assert_eq!(ids(&only_deleted, "sandboxes"), [a.as_str()]);
     let stopped_b = roost.text(&["sandbox", "stop", &b]).await;
     assert_eq!(
         stopped_b.trim_end(),
