@@ -13,8 +13,9 @@ use crate::output::{or_dash, print_json, print_record, print_table};
 
 #[derive(Args)]
 pub struct ServerArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:7070")]
+    /// Address to listen on (`HOST:PORT`; a name such as `localhost` is
+    /// resolved, its first address taken).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070", value_parser = parse_listen)]
     listen: SocketAddr,
     /// Where the server keeps its SQLite database and the admin token.
     #[arg(long, default_value = "/var/lib/roost")]
@@ -398,6 +399,23 @@ fn admin_token_hint(err: anyhow::Error) -> anyhow::Error {
     anyhow::anyhow!(
         "{err}{cause} (admin endpoints need an admin token, not an org token: `roost server` keeps it in DATA_DIR/admin-token)"
     )
+}
+
+/// A listen address: `IP:PORT`, or `HOST:PORT` with the host's first
+/// address (`localhost:7070`).
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(address) = text.parse() {
+        return Ok(address);
+    }
+    use std::net::ToSocketAddrs;
+    match text.to_socket_addrs() {
+        Ok(mut addresses) => addresses
+            .next()
+            .ok_or_else(|| format!("{text} resolves to no address")),
+        Err(err) => Err(format!(
+            "expected HOST:PORT, e.g. 127.0.0.1:7070 or localhost:7070 ({err})"
+        )),
+    }
 }
 
 pub fn runtime() -> Result<tokio::runtime::Runtime> {

@@ -280,6 +280,24 @@ mod tests {
         assert!(missing.is_empty(), "no description: {missing:?}");
     }
 
+    /// A listen address may name its host (`localhost:PORT`).
+    #[test]
+    fn listen_addresses_take_a_host_name() {
+        for args in [
+            ["roost", "server", "--listen", "localhost:7070"],
+            ["roost", "up", "--listen", "localhost:0"],
+            ["roost", "server", "--listen", "127.0.0.1:7070"],
+        ] {
+            if let Err(err) = Cli::try_parse_from(args) {
+                panic!("{args:?}: {err}");
+            }
+        }
+        let Err(err) = Cli::try_parse_from(["roost", "server", "--listen", "7070"]) else {
+            panic!("a bare port parsed");
+        };
+        assert!(err.to_string().contains("HOST:PORT"), "{err}");
+    }
+
     /// Every timeout and duration flag takes seconds or a unit alike.
     #[test]
     fn durations_are_seconds_or_carry_a_unit_everywhere() {

@@ -37,8 +37,8 @@ pub struct UpArgs {
     /// `~/.local/share/roost`).
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// Address the API listens on.
-    #[arg(long, default_value = "127.0.0.1:7070")]
+    /// Address the API listens on (`HOST:PORT`; `localhost:7070` works).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070", value_parser = crate::control::parse_listen)]
     listen: SocketAddr,
     /// The OCI runtime: `auto`, `runc` or `crun`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "runc", "crun"])]
