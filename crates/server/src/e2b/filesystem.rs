@@ -8,7 +8,7 @@
 //! envd's is relative to the user's home directory.
 
 use axum::body::Body;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use super::multipart::{self, Multipart};
 use super::process::code_of_status;
 use super::{
-    EnvdCaller, check_json, connect_error_of, connect_stream_error, connect_unary_error,
+    E2bQuery, EnvdCaller, check_json, connect_error_of, connect_stream_error, connect_unary_error,
     connect_unary_ok,
 };
 use crate::control::AppState;
@@ -120,7 +120,7 @@ pub struct FileQuery {
 /// `GET /files?path=`: the file, streamed as the agent reads it.
 pub async fn read(
     State(state): State<AppState>,
-    Query(query): Query<FileQuery>,
+    E2bQuery(query): E2bQuery<FileQuery>,
     headers: HeaderMap,
 ) -> Response {
     let caller = match caller_of(&headers, &state).await {
@@ -162,7 +162,7 @@ pub async fn read(
 /// with envd's `[{name, type, path}]`.
 pub async fn write(
     State(state): State<AppState>,
-    Query(query): Query<FileQuery>,
+    E2bQuery(query): E2bQuery<FileQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {

@@ -139,6 +139,49 @@ impl IntoResponse for E2bError {
     }
 }
 
+/// axum's `Query`, refused in E2B's shape (a 400 `invalid_request` naming
+/// what is wrong) instead of axum's plain-text body, which E2B's SDKs
+/// cannot read.
+pub struct E2bQuery<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for E2bQuery<T> {
+    type Rejection = E2bError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, E2bError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(value)| E2bQuery(value))
+            .map_err(|rejection| {
+                E2bError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    format!("query: {}", rejection.body_text()),
+                )
+            })
+    }
+}
+
+/// axum's `Path`, refused in E2B's shape (a path segment that is not
+/// UTF-8 once decoded, say).
+pub struct E2bPath<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for E2bPath<T> {
+    type Rejection = E2bError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, E2bError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| E2bPath(value))
+            .map_err(|rejection| {
+                E2bError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    format!("path: {}", rejection.body_text()),
+                )
+            })
+    }
+}
+
 /// The org of the caller of E2B's control plane: `X-API-KEY`, or a bearer
 /// token, holding an org token.
 pub struct ApiKeyCaller {

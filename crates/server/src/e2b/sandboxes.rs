@@ -11,12 +11,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 
-use super::{ApiKeyCaller, E2bError};
+use super::{ApiKeyCaller, E2bError, E2bPath, E2bQuery};
 use crate::control::{self, AppState, admission};
 use crate::error::ControlError;
 use crate::idempotency;
@@ -339,7 +339,7 @@ async fn replayed_id(replayed: Response) -> Result<String, ControlError> {
 pub async fn get(
     State(state): State<AppState>,
     caller: ApiKeyCaller,
-    Path(id): Path<String>,
+    E2bPath(id): E2bPath<String>,
 ) -> Result<axum::Json<SandboxDetail>, E2bError> {
     let row = visible(&state, &caller.org_id, &id).await?;
     let Some(e2b) = e2b_state(&row) else {
@@ -366,7 +366,7 @@ fn ended(row: &SandboxRow) -> E2bError {
 pub async fn list_v2(
     state: State<AppState>,
     caller: ApiKeyCaller,
-    Query(query): Query<Vec<(String, String)>>,
+    E2bQuery(query): E2bQuery<Vec<(String, String)>>,
 ) -> Result<Response, E2bError> {
     list(state, caller, query, &[E2bState::Running, E2bState::Paused]).await
 }
@@ -375,7 +375,7 @@ pub async fn list_v2(
 pub async fn list_v1(
     state: State<AppState>,
     caller: ApiKeyCaller,
-    Query(query): Query<Vec<(String, String)>>,
+    E2bQuery(query): E2bQuery<Vec<(String, String)>>,
 ) -> Result<Response, E2bError> {
     list(state, caller, query, &[E2bState::Running]).await
 }
@@ -544,7 +544,7 @@ fn percent_decode(text: &str) -> String {
 pub async fn kill(
     State(state): State<AppState>,
     caller: ApiKeyCaller,
-    Path(id): Path<String>,
+    E2bPath(id): E2bPath<String>,
 ) -> Result<StatusCode, E2bError> {
     let mut tx = state.db.write().await?;
     control::sandboxes::delete(&state, &mut tx, &caller.org_id, &id)
@@ -565,7 +565,7 @@ pub async fn kill(
 pub async fn set_timeout(
     State(state): State<AppState>,
     caller: ApiKeyCaller,
-    Path(id): Path<String>,
+    E2bPath(id): E2bPath<String>,
     body: Bytes,
 ) -> Result<StatusCode, E2bError> {
     let request: SetTimeout = parse(&body)?;
@@ -597,7 +597,7 @@ fn check_timeout(timeout: u64) -> Result<(), E2bError> {
 pub async fn pause(
     State(state): State<AppState>,
     caller: ApiKeyCaller,
-    Path(id): Path<String>,
+    E2bPath(id): E2bPath<String>,
     body: Bytes,
 ) -> Result<StatusCode, E2bError> {
     let request: Pause = parse(&body)?;
@@ -645,7 +645,7 @@ pub async fn pause(
 pub async fn connect(
     state: State<AppState>,
     caller: ApiKeyCaller,
-    id: Path<String>,
+    id: E2bPath<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let (row, token) = resume_inner(state, caller, id, body, false).await?;
@@ -656,7 +656,7 @@ pub async fn connect(
 pub async fn resume(
     state: State<AppState>,
     caller: ApiKeyCaller,
-    id: Path<String>,
+    id: E2bPath<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let (row, token) = resume_inner(state, caller, id, body, true).await?;
@@ -666,7 +666,7 @@ pub async fn resume(
 async fn resume_inner(
     State(state): State<AppState>,
     caller: ApiKeyCaller,
-    Path(id): Path<String>,
+    E2bPath(id): E2bPath<String>,
     body: Bytes,
     only_paused: bool,
 ) -> Result<(SandboxRow, String), E2bError> {

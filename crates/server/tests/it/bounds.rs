@@ -292,3 +292,21 @@ async fn a_sandboxs_env_secrets_together_stay_within_one_env() {
     let (status, body) = answer(set("small", 1024)).await;
     assert_eq!(status, 200, "{body}");
 }
+
+/// Audit finding: a query or path axum could not decode was answered in
+/// axum's plain text under `/e2b`, which E2B's SDKs cannot read. It is
+/// E2B's JSON error, 400 `invalid_request`, naming the part at fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_query_or_path_under_e2b_is_refused_in_e2bs_shape() {
+    let server = TestServer::start().await;
+    let org = server.create_org("acme").await;
+    let http = reqwest::Client::new();
+    // A path segment that is not UTF-8 once decoded.
+    let path = http
+        .get(format!("{}/e2b/sandboxes/%FF%FE", server.url))
+        .header("x-api-key", &org.token);
+    assert_e2b_refused("a non-UTF-8 id", answer(path).await, "path");
+    // A query envd's file endpoint cannot read (a field given twice).
+    let file = http.get(format!("{}/e2b/envd/files?path=/a&path=/b", server.url));
+    assert_e2b_refused("a path given twice", answer(file).await, "query");
+}
