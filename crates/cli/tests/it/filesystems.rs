@@ -63,9 +63,30 @@ async fn create_settled(api: &Api, body: Value) -> Value {
     wait_sandbox(api, &created.str("id"), "running").await
 }
 
+/// The shared directory. The runners make it a `nosuid,nodev` mount on
+/// itself (`oci::shared::ensure_host_safe`); that mount is detached here,
+/// last, so none outlives the test.
+struct SharedDir(tempfile::TempDir);
+
+impl SharedDir {
+    fn path(&self) -> &std::path::Path {
+        self.0.path()
+    }
+}
+
+impl Drop for SharedDir {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
-    let shared = tempfile::tempdir().expect("shared dir");
+    let shared = SharedDir(tempfile::tempdir().expect("shared dir"));
     std::fs::create_dir(shared.path().join("proj")).expect("mkdir proj");
     std::os::unix::fs::symlink("/etc", shared.path().join("escape")).expect("symlink");
     std::os::unix::fs::symlink("../..", shared.path().join("up")).expect("symlink");
