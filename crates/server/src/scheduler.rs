@@ -423,13 +423,7 @@ async fn bindings_allow(tx: &mut WriteTx, sandbox: &SandboxRow) -> Result<bool, 
         }
     }
     if changed {
-        let json = serde_json::to_string(&mounts).unwrap_or_else(|_| "[]".to_owned());
-        sqlx::query("UPDATE sandboxes SET mounts = $1 WHERE id = $2")
-            .bind(json)
-            .bind(sandbox.id.clone())
-            .execute(&mut *tx.tx)
-            .await?;
-        tx.changed(&sandbox.id);
+        crate::records::sandboxes::set_mounts(tx, &sandbox.id, &mounts).await?;
     }
     Ok(true)
 }

@@ -638,6 +638,23 @@ pub async fn note_wake_requested(
     note(tx, row, "wake_requested", message, None).await
 }
 
+/// The sandbox's shared-filesystem mounts, as its next placement mounts
+/// them (`scheduler::place`: a binding made read-only since).
+pub async fn set_mounts(
+    tx: &mut WriteTx,
+    id: &str,
+    mounts: &[api::sandboxes::Mount],
+) -> Result<(), sqlx::Error> {
+    let json = serde_json::to_string(mounts).unwrap_or_else(|_| "[]".to_owned());
+    sqlx::query("UPDATE sandboxes SET mounts = $1 WHERE id = $2")
+        .bind(json)
+        .bind(id)
+        .execute(&mut *tx.tx)
+        .await?;
+    tx.changed(id);
+    Ok(())
+}
+
 /// Why a sandbox still waits for a runner (its state unchanged), recorded
 /// with an event when the reason changes. Guarded by the state it was
 /// read in.
