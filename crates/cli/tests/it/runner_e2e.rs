@@ -865,6 +865,77 @@ async fn a_runner_restart_readopts_sandboxes_and_never_runs_a_command_twice() {
     stack.runner.assert_no_errors();
 }
 
+/// Audit finding: a runner restarted while a command ran delivered the
+/// command's last requested signal again when it attached to it anew: a
+/// program that counts its SIGINTs got two for one request. What was
+/// delivered is in the command's launch record, and not delivered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_delivered_before_a_runner_restart_is_not_delivered_again() {
+    let mut stack = Stack::start().await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    let got = stack.home(&sid).join("got");
+    // Counts its SIGINTs in a file, ticks on stdout, ends on SIGTERM.
+    let script = "trap 'echo int >> /workspace/got' INT; while :; do echo tick; sleep 0.1; done";
+    let created = api
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"argv": ["sh", "-c", script]}),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let cid = created.str("id");
+    let running = wait_command(&api, &sid, &cid, "running").await;
+    assert_eq!(running["state"], "running", "{running}");
+    let signal = |name: &'static str| {
+        let api = api.clone();
+        let path = format!("/v1/sandboxes/{sid}/commands/{cid}/signal");
+        async move {
+            let answer = api.post(&path, json!({ "signal": name })).await;
+            assert_eq!(answer.status, 202, "{name}: {answer:?}");
+        }
+    };
+    signal("INT").await;
+    let counted = eventually(Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(&got).unwrap_or_default();
+        async move { text == "int\n" }
+    })
+    .await;
+    assert!(counted, "the SIGINT was delivered");
+
+    // The output's length: it grows again once the restarted runner has
+    // attached to the command anew (and would have signalled it again).
+    let stdout_bytes = || {
+        let api = api.clone();
+        let path = format!("/v1/sandboxes/{sid}/commands/{cid}/output?stream=stdout");
+        async move { api.get(&path).await.bytes.len() }
+    };
+    stack.runner.restart(&[]);
+    let at_restart = stdout_bytes().await;
+    // Ten ticks after the restart: a SIGINT delivered on attaching would
+    // have run its trap (within one tick) by then.
+    let attached = eventually(Duration::from_secs(40), || {
+        let bytes = stdout_bytes();
+        async move { bytes.await >= at_restart + 10 * "tick\n".len() }
+    })
+    .await;
+    assert!(attached, "the restarted runner attached to the command");
+    signal("TERM").await;
+    let ended = wait_command(&api, &sid, &cid, "ended").await;
+    assert_eq!(
+        state_of(&ended),
+        ("interrupted", Some("signal_requested")),
+        "{ended}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&got).expect("the count"),
+        "int\n",
+        "one SIGINT asked, one delivered"
+    );
+    stack.runner.assert_no_errors();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn roost_up_serves_the_cli_without_flags() {
     let tmp = tempfile::Builder::new()

@@ -467,19 +467,36 @@ impl CommandJob {
         Ok(recorded_end(id, ended, &delivered, None))
     }
 
-    /// Delivers each signal the assignments ask for, once; never returns.
+    /// Delivers each signal the assignments ask for, once, even across a
+    /// restart of this runner (what was delivered is in the command's
+    /// launch record); never returns.
     async fn forward_signals(&self, signaller: &oci::Signaller, delivered: &Mutex<Vec<Signal>>) {
+        let id = self.command_id();
         let mut signals = self.signals.clone();
-        let mut last: Option<String> = None;
+        // An earlier runner's deliveries count as delivered: the request
+        // it acted on is not acted on again, and the end says who asked.
+        let earlier = self.files.delivered_signals(id).unwrap_or_else(|err| {
+            tracing::warn!(command_id = %id, %err, "cannot read the signals delivered before");
+            Vec::new()
+        });
+        if let Ok(mut delivered) = delivered.lock() {
+            delivered.extend(earlier.iter().filter_map(|name| Signal::from_name(name)));
+        }
+        let mut last: Option<String> = earlier.last().cloned();
         loop {
             let requested = signals.borrow_and_update().clone();
             if requested != last {
-                if let Some(signal) = requested.as_deref().and_then(Signal::from_name) {
-                    tracing::info!(command_id = %self.command_id(), %signal, "delivering a signal");
-                    if signaller.send(signal)
-                        && let Ok(mut delivered) = delivered.lock()
-                    {
-                        delivered.push(signal);
+                if let Some(name) = requested.as_deref()
+                    && let Some(signal) = Signal::from_name(name)
+                {
+                    tracing::info!(command_id = %id, %signal, "delivering a signal");
+                    if signaller.send(signal) {
+                        if let Ok(mut delivered) = delivered.lock() {
+                            delivered.push(signal);
+                        }
+                        if let Err(err) = self.files.record_signal(id, name) {
+                            tracing::warn!(command_id = %id, %err, "cannot record a delivered signal: a restart may deliver it again");
+                        }
                     }
                 }
                 last = requested;

@@ -410,6 +410,44 @@ impl CommandFiles {
         std::fs::rename(&temporary, &path).map_err(|e| Error::io("rename into", &path, e))
     }
 
+    /// Records that the signal request `requested` (a name from
+    /// `api::commands::SIGNALS`) was delivered to the launched command: a
+    /// line appended to its launch record, so that a restarted runner
+    /// attaching again does not deliver the same request a second time.
+    /// Not fsynced (as an end): a host crash ends the command anyway.
+    pub fn record_signal(&self, command_id: &str, requested: &str) -> Result<()> {
+        Self::check(command_id)?;
+        if requested.is_empty() || !requested.chars().all(|c| c.is_ascii_alphanumeric()) {
+            return Err(Error::Invalid(format!("signal {requested:?}")));
+        }
+        let launched = self.path(command_id, "launched");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&launched)
+            .map_err(|e| Error::io("open", &launched, e))?;
+        file.write_all(format!("signal {requested}\n").as_bytes())
+            .map_err(|e| Error::io("write", &launched, e))
+    }
+
+    /// The signal requests recorded as delivered to `command_id`, oldest
+    /// first (none if it has no launch record).
+    pub fn delivered_signals(&self, command_id: &str) -> Result<Vec<String>> {
+        Self::check(command_id)?;
+        let launched = self.path(command_id, "launched");
+        let text = match std::fs::read_to_string(&launched) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io("read", &launched, e)),
+        };
+        // Whole lines only, as `record` reads them.
+        Ok(text
+            .split_inclusive('\n')
+            .filter_map(|line| line.strip_suffix('\n'))
+            .filter_map(|line| line.strip_prefix("signal "))
+            .map(str::to_owned)
+            .collect())
+    }
+
     /// Ids of the commands with files here.
     pub fn command_ids(&self) -> Result<Vec<String>> {
         let mut ids: Vec<String> = list(&self.dir)?
@@ -497,6 +535,43 @@ mod tests {
         }
         assert_eq!(RecordedEnd::parse(""), None);
         assert_eq!(RecordedEnd::parse("exited x - -"), None);
+    }
+
+    /// Audit finding: a runner restarted while a command ran delivered its
+    /// last requested signal again (a second SIGINT to a program that
+    /// counts them). Deliveries are lines of the launch record, read back
+    /// in order; they leave the record launched and its end readable.
+    #[test]
+    fn delivered_signals_are_read_back_from_the_launch_record() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let data = DataDir::open(tmp.path()).expect("open");
+        let files = data.commands(&SandboxId::new("sbx_1").expect("id"));
+        assert_eq!(
+            files.delivered_signals("cmd_1").expect("none"),
+            Vec::<String>::new()
+        );
+        assert!(files.record_signal("cmd_1", "INT").is_err(), "not launched");
+        files
+            .record_launch("cmd_1", 1, Some("inc"))
+            .expect("launch");
+        files.record_signal("cmd_1", "INT").expect("INT");
+        files.record_signal("cmd_1", "TERM").expect("TERM");
+        assert!(files.record_signal("cmd_1", "INT\nend exited 0").is_err());
+        assert_eq!(
+            files.delivered_signals("cmd_1").expect("read"),
+            ["INT", "TERM"]
+        );
+        assert!(matches!(
+            files.record("cmd_1").expect("record"),
+            CommandRecord::Launched { incarnation: Some(ref i) } if i == "inc"
+        ));
+        files
+            .record_end("cmd_1", &RecordedEnd::new(CommandState::Interrupted))
+            .expect("end");
+        assert!(matches!(
+            files.record("cmd_1").expect("record"),
+            CommandRecord::Ended(ref end) if end.state == CommandState::Interrupted
+        ));
     }
 
     #[test]
