@@ -359,6 +359,11 @@ pub struct CommandAssignment {
     pub timeout: Option<u64>,
     /// A signal the caller asked to deliver, not yet reported delivered.
     pub signal: Option<String>,
+    /// How many signals were asked of the command, this one included: a
+    /// new request for the same signal has a new number (0 from a server
+    /// that does not count them).
+    #[serde(default)]
+    pub signal_seq: u64,
     /// `starting` until the runner reports the command running.
     pub state: CommandState,
     /// Whether the command reads a stdin its client writes.

@@ -40,6 +40,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (20, include_str!("../migrations/0020_kept_by_sandbox.sql")),
     (21, include_str!("../migrations/0021_output_bound.sql")),
     (22, include_str!("../migrations/0022_save_order.sql")),
+    (23, include_str!("../migrations/0023_signal_seq.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -865,10 +865,11 @@ async fn a_runner_restart_readopts_sandboxes_and_never_runs_a_command_twice() {
     stack.runner.assert_no_errors();
 }
 
-/// Audit finding: a runner restarted while a command ran delivered the
-/// command's last requested signal again when it attached to it anew: a
-/// program that counts its SIGINTs got two for one request. What was
-/// delivered is in the command's launch record, and not delivered again.
+/// Audit findings: a runner restarted while a command ran delivered the
+/// command's last requested signal again when it attached to it anew (a
+/// program that counts its SIGINTs got two for one request), and a second
+/// request for the signal asked last was dropped. Each request has its
+/// number; what was delivered is in the command's launch record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_delivered_before_a_runner_restart_is_not_delivered_again() {
     let mut stack = Stack::start().await;
@@ -921,6 +922,23 @@ async fn a_signal_delivered_before_a_runner_restart_is_not_delivered_again() {
     })
     .await;
     assert!(attached, "the restarted runner attached to the command");
+    assert_eq!(
+        std::fs::read_to_string(&got).expect("the count"),
+        "int\n",
+        "one SIGINT asked, one delivered"
+    );
+    // A second request for the same signal is a new request: delivered.
+    signal("INT").await;
+    let counted = eventually(Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(&got).unwrap_or_default();
+        async move { text == "int\nint\n" }
+    })
+    .await;
+    assert!(
+        counted,
+        "the second SIGINT: {:?}",
+        std::fs::read_to_string(&got)
+    );
     signal("TERM").await;
     let ended = wait_command(&api, &sid, &cid, "ended").await;
     assert_eq!(
@@ -930,8 +948,8 @@ async fn a_signal_delivered_before_a_runner_restart_is_not_delivered_again() {
     );
     assert_eq!(
         std::fs::read_to_string(&got).expect("the count"),
-        "int\n",
-        "one SIGINT asked, one delivered"
+        "int\nint\n",
+        "two SIGINTs asked, two delivered"
     );
     stack.runner.assert_no_errors();
 }

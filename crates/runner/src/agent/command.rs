@@ -52,14 +52,27 @@ pub(crate) struct CommandJob {
     pub sandbox: Arc<dyn Container>,
     pub files: CommandFiles,
     pub assignment: CommandAssignment,
-    /// The signal the caller asked for, as the assignments show it.
-    pub signals: watch::Receiver<Option<String>>,
+    /// The signal the caller asked for last, as the assignments show it.
+    pub signals: watch::Receiver<SignalRequest>,
     /// False when the sandbox is not to run any more (it is to stop, or it
     /// died): a command not launched yet never will be, and says so.
     pub may_launch: bool,
     /// The env variables the sandbox's secrets go in (its assignment's
     /// `secrets`): a command runs with all of them or not at all.
     pub env_secrets: Vec<String>,
+}
+
+/// The signal the caller asked for last: its number among the command's
+/// signal requests (a second request for the same signal has a new one)
+/// and its name.
+pub(crate) type SignalRequest = Option<(u64, String)>;
+
+/// The assignment's [`SignalRequest`].
+pub(crate) fn signal_request(assignment: &CommandAssignment) -> SignalRequest {
+    assignment
+        .signal
+        .clone()
+        .map(|name| (assignment.signal_seq, name))
 }
 
 /// The task's stop: fenced (not this runner's), or refused for good.
@@ -480,13 +493,17 @@ impl CommandJob {
             Vec::new()
         });
         if let Ok(mut delivered) = delivered.lock() {
-            delivered.extend(earlier.iter().filter_map(|name| Signal::from_name(name)));
+            delivered.extend(
+                earlier
+                    .iter()
+                    .filter_map(|(_, name)| Signal::from_name(name)),
+            );
         }
-        let mut last: Option<String> = earlier.last().cloned();
+        let mut last: SignalRequest = earlier.last().cloned();
         loop {
             let requested = signals.borrow_and_update().clone();
             if requested != last {
-                if let Some(name) = requested.as_deref()
+                if let Some((seq, name)) = &requested
                     && let Some(signal) = Signal::from_name(name)
                 {
                     tracing::info!(command_id = %id, %signal, "delivering a signal");
@@ -494,7 +511,7 @@ impl CommandJob {
                         if let Ok(mut delivered) = delivered.lock() {
                             delivered.push(signal);
                         }
-                        if let Err(err) = self.files.record_signal(id, name) {
+                        if let Err(err) = self.files.record_signal(id, *seq, name) {
                             tracing::warn!(command_id = %id, %err, "cannot record a delivered signal: a restart may deliver it again");
                         }
                     }

@@ -410,12 +410,12 @@ impl CommandFiles {
         std::fs::rename(&temporary, &path).map_err(|e| Error::io("rename into", &path, e))
     }
 
-    /// Records that the signal request `requested` (a name from
-    /// `api::commands::SIGNALS`) was delivered to the launched command: a
-    /// line appended to its launch record, so that a restarted runner
-    /// attaching again does not deliver the same request a second time.
-    /// Not fsynced (as an end): a host crash ends the command anyway.
-    pub fn record_signal(&self, command_id: &str, requested: &str) -> Result<()> {
+    /// Records that signal request number `seq`, for `requested` (a name
+    /// from `api::commands::SIGNALS`), was delivered to the launched
+    /// command: a line appended to its launch record, so that a restarted
+    /// runner attaching again does not deliver the same request a second
+    /// time. Not fsynced (as an end): a host crash ends the command anyway.
+    pub fn record_signal(&self, command_id: &str, seq: u64, requested: &str) -> Result<()> {
         Self::check(command_id)?;
         if requested.is_empty() || !requested.chars().all(|c| c.is_ascii_alphanumeric()) {
             return Err(Error::Invalid(format!("signal {requested:?}")));
@@ -425,13 +425,13 @@ impl CommandFiles {
             .append(true)
             .open(&launched)
             .map_err(|e| Error::io("open", &launched, e))?;
-        file.write_all(format!("signal {requested}\n").as_bytes())
+        file.write_all(format!("signal {seq} {requested}\n").as_bytes())
             .map_err(|e| Error::io("write", &launched, e))
     }
 
-    /// The signal requests recorded as delivered to `command_id`, oldest
-    /// first (none if it has no launch record).
-    pub fn delivered_signals(&self, command_id: &str) -> Result<Vec<String>> {
+    /// The signal requests recorded as delivered to `command_id` (number
+    /// and name), oldest first (none if it has no launch record).
+    pub fn delivered_signals(&self, command_id: &str) -> Result<Vec<(u64, String)>> {
         Self::check(command_id)?;
         let launched = self.path(command_id, "launched");
         let text = match std::fs::read_to_string(&launched) {
@@ -444,7 +444,10 @@ impl CommandFiles {
             .split_inclusive('\n')
             .filter_map(|line| line.strip_suffix('\n'))
             .filter_map(|line| line.strip_prefix("signal "))
-            .map(str::to_owned)
+            .filter_map(|line| {
+                let (seq, name) = line.split_once(' ')?;
+                Some((seq.parse().ok()?, name.to_owned()))
+            })
             .collect())
     }
 
@@ -546,20 +549,29 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tmp");
         let data = DataDir::open(tmp.path()).expect("open");
         let files = data.commands(&SandboxId::new("sbx_1").expect("id"));
-        assert_eq!(
-            files.delivered_signals("cmd_1").expect("none"),
-            Vec::<String>::new()
+        assert_eq!(files.delivered_signals("cmd_1").expect("none"), []);
+        assert!(
+            files.record_signal("cmd_1", 1, "INT").is_err(),
+            "not launched"
         );
-        assert!(files.record_signal("cmd_1", "INT").is_err(), "not launched");
         files
             .record_launch("cmd_1", 1, Some("inc"))
             .expect("launch");
-        files.record_signal("cmd_1", "INT").expect("INT");
-        files.record_signal("cmd_1", "TERM").expect("TERM");
-        assert!(files.record_signal("cmd_1", "INT\nend exited 0").is_err());
+        files.record_signal("cmd_1", 1, "INT").expect("INT");
+        files.record_signal("cmd_1", 2, "INT").expect("INT again");
+        files.record_signal("cmd_1", 3, "TERM").expect("TERM");
+        assert!(
+            files
+                .record_signal("cmd_1", 4, "INT\nend exited 0")
+                .is_err()
+        );
         assert_eq!(
             files.delivered_signals("cmd_1").expect("read"),
-            ["INT", "TERM"]
+            [
+                (1, "INT".to_owned()),
+                (2, "INT".to_owned()),
+                (3, "TERM".to_owned())
+            ]
         );
         assert!(matches!(
             files.record("cmd_1").expect("record"),

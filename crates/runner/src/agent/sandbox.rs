@@ -253,7 +253,7 @@ enum Next {
 /// A running command task; aborted (killing the command) when dropped.
 struct CommandTask {
     task: JoinHandle<()>,
-    signal: watch::Sender<Option<String>>,
+    signal: watch::Sender<command::SignalRequest>,
 }
 
 impl Drop for CommandTask {
@@ -1356,17 +1356,18 @@ impl Worker {
                 continue;
             }
             if let Some(task) = self.commands.get(&command.command_id) {
+                let requested = command::signal_request(command);
                 task.signal.send_if_modified(|current| {
-                    if *current == command.signal {
+                    if *current == requested {
                         false
                     } else {
-                        current.clone_from(&command.signal);
+                        *current = requested;
                         true
                     }
                 });
                 continue;
             }
-            let (signal, signals) = watch::channel(command.signal.clone());
+            let (signal, signals) = watch::channel(command::signal_request(command));
             let job = CommandJob {
                 shared: self.shared.clone(),
                 sandbox: self.handle.clone(),

@@ -1263,6 +1263,7 @@ pub(crate) fn command(id: &str, sandbox: &str, epoch: u64, argv: &[&str]) -> Com
         cwd: None,
         timeout: None,
         signal: None,
+        signal_seq: 0,
         state: CommandState::Starting,
         stdin: false,
         tty: None,

@@ -344,6 +344,7 @@ async fn placed_on(
                 cwd: c.cwd.clone(),
                 timeout: c.timeout_s.map(|t| t as u64),
                 signal: c.signal_requested.clone(),
+                signal_seq: c.signal_seq.max(0) as u64,
                 state: c.state,
                 stdin: c.stdin,
                 tty: c.tty,

@@ -689,6 +689,7 @@ mod tests {
             exit_code,
             signal: signal.map(str::to_owned),
             signal_requested: None,
+            signal_seq: 0,
             epoch: Some(1),
             stdout_bytes: 0,
             stderr_bytes: 0,

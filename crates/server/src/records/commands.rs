@@ -24,6 +24,8 @@ pub struct CommandRow {
     pub exit_code: Option<i64>,
     pub signal: Option<String>,
     pub signal_requested: Option<String>,
+    /// Signals asked so far (`request_signal` adds one each time).
+    pub signal_seq: i64,
     pub epoch: Option<i64>,
     pub stdout_bytes: i64,
     pub stderr_bytes: i64,
@@ -40,7 +42,7 @@ pub struct CommandRow {
     pub stderr_truncated: bool,
 }
 
-pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms, pid, stdin, tty, waited_for_wake, stdout_truncated, stderr_truncated";
+pub const COMMAND_COLUMNS: &str = "id, sandbox_id, org_id, argv, env, cwd, timeout_s, state, state_reason, exit_code, signal, signal_requested, signal_seq, epoch, stdout_bytes, stderr_bytes, created_at_ms, started_at_ms, ended_at_ms, pid, stdin, tty, waited_for_wake, stdout_truncated, stderr_truncated";
 
 /// [`COMMAND_COLUMNS`] split, for direct reads (`super::DirectRow`).
 static COMMAND_COLUMN_NAMES: std::sync::LazyLock<Vec<&str>> =
@@ -67,6 +69,7 @@ impl CommandRow {
             exit_code: row.column("exit_code")?,
             signal: row.column("signal")?,
             signal_requested: row.column("signal_requested")?,
+            signal_seq: row.column("signal_seq")?,
             epoch: row.column("epoch")?,
             stdout_bytes: row.column("stdout_bytes")?,
             stderr_bytes: row.column("stderr_bytes")?,
@@ -279,7 +282,7 @@ pub async fn insert(
     waits_for_wake: bool,
 ) -> Result<CommandRow, sqlx::Error> {
     sqlx::query(&format!(
-        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, NULL, 0, 0, $8, NULL, NULL, NULL, $9, $10, $11, 0, 0)"
+        "INSERT INTO commands ({COMMAND_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', NULL, NULL, NULL, NULL, 0, NULL, 0, 0, $8, NULL, NULL, NULL, $9, $10, $11, 0, 0)"
     ))
     .bind(id)
     .bind(&sandbox.id)
@@ -417,7 +420,7 @@ pub async fn cancel_queued(tx: &mut WriteTx, id: &str) -> Result<bool, sqlx::Err
 /// no longer on a runner.
 pub async fn request_signal(tx: &mut WriteTx, id: &str, signal: &str) -> Result<bool, sqlx::Error> {
     let updated = sqlx::query(&format!(
-        "UPDATE commands SET signal_requested = $1 WHERE id = $2 AND state IN {}",
+        "UPDATE commands SET signal_requested = $1, signal_seq = signal_seq + 1 WHERE id = $2 AND state IN {}",
         CommandState::sql_in(CommandState::on_runner)
     ))
     .bind(signal)
