@@ -856,7 +856,10 @@ fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
         ),
         (
             "idle",
-            if sandbox.idle_timeout_s == 0 {
+            // An ended sandbox never sleeps nor wakes again.
+            if sandbox.state.is_terminal() {
+                "-".to_owned()
+            } else if sandbox.idle_timeout_s == 0 {
                 "never sleeps".to_owned()
             } else {
                 format!(

@@ -420,6 +420,13 @@ async fn sandbox_commands_print_records_tables_and_json() {
     assert_eq!(deleted["desired"], "deleted");
     assert_eq!(deleted["state"], "deleting");
     runner.report(&a, "deleted", None).await;
+    let shown = roost.text(&["sandbox", "get", &a]).await;
+    assert_eq!(field(&shown, "state"), "deleted (deleted)", "{shown}");
+    assert_eq!(
+        field(&shown, "idle"),
+        "-",
+        "an ended sandbox has no idle policy"
+    );
     // A deleted sandbox is listed only when asked for.
     let listed = roost.json(&["sandbox", "list", "--json"]).await;
     assert_eq!(ids(&listed, "sandboxes"), [b.as_str()]);
