@@ -105,6 +105,16 @@ impl E2bError {
         }
     }
 
+    /// A request part (`query`, `path`) axum could not decode, in E2B's
+    /// shape rather than axum's plain text.
+    fn undecodable(part: &str, why: String) -> E2bError {
+        E2bError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidRequest.as_str(),
+            format!("{part}: {why}"),
+        )
+    }
+
     /// A feature roost does not enforce, named.
     pub fn unsupported(message: impl Into<String>) -> E2bError {
         E2bError::new(StatusCode::BAD_REQUEST, "unsupported", message)
@@ -151,13 +161,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for E2b
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|axum::extract::Query(value)| E2bQuery(value))
-            .map_err(|rejection| {
-                E2bError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    format!("query: {}", rejection.body_text()),
-                )
-            })
+            .map_err(|rejection| E2bError::undecodable("query", rejection.body_text()))
     }
 }
 
@@ -172,13 +176,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> 
         axum::extract::Path::<T>::from_request_parts(parts, state)
             .await
             .map(|axum::extract::Path(value)| E2bPath(value))
-            .map_err(|rejection| {
-                E2bError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    format!("path: {}", rejection.body_text()),
-                )
-            })
+            .map_err(|rejection| E2bError::undecodable("path", rejection.body_text()))
     }
 }
 
