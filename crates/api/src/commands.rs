@@ -124,6 +124,12 @@ pub struct SignalRequest {
     pub signal: String,
 }
 
+/// How many of a command's latest signal requests its record keeps for
+/// its runner: every one asked between two of the runner's polls is
+/// delivered, up to this many (older ones than these were delivered
+/// long since, or the command is not reading its signals).
+pub const SIGNALS_KEPT: i64 = 16;
+
 /// Signals a command may be sent.
 /// The most of each stream (stdout, stderr) a command's record keeps:
 /// output past it is not stored, and the record says so

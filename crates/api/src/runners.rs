@@ -364,6 +364,12 @@ pub struct CommandAssignment {
     /// that does not count them).
     #[serde(default)]
     pub signal_seq: u64,
+    /// Every signal asked of the command that its record still keeps (the
+    /// latest [`crate::commands::SIGNALS_KEPT`]), oldest first: the
+    /// runner delivers each it has not delivered yet, in order. Empty
+    /// from a server that keeps only the latest (`signal`).
+    #[serde(default)]
+    pub signals: Vec<RequestedSignal>,
     /// `starting` until the runner reports the command running.
     pub state: CommandState,
     /// Whether the command reads a stdin its client writes.
@@ -372,6 +378,15 @@ pub struct CommandAssignment {
     /// The command's terminal, if it asked for one.
     #[serde(default)]
     pub tty: Option<crate::commands::TtySize>,
+}
+
+/// A signal asked of a command: its name and its number among the
+/// command's signal requests (a second request for the same signal has a
+/// new number).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RequestedSignal {
+    pub seq: u64,
+    pub signal: String,
 }
 
 /// `POST /v1/runner/sandboxes/{id}/report`: an observed sandbox state.

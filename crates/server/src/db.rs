@@ -41,6 +41,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (21, include_str!("../migrations/0021_output_bound.sql")),
     (22, include_str!("../migrations/0022_save_order.sql")),
     (23, include_str!("../migrations/0023_signal_seq.sql")),
+    (24, include_str!("../migrations/0024_command_signals.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -871,14 +871,14 @@ async fn a_runner_restart_readopts_sandboxes_and_never_runs_a_command_twice() {
 /// request for the signal asked last was dropped. Each request has its
 /// number; what was delivered is in the command's launch record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_signal_delivered_before_a_runner_restart_is_not_delivered_again() {
+async fn every_signal_asked_is_delivered_once_between_polls_and_across_a_restart() {
     let mut stack = Stack::start().await;
     let sandbox = stack.running_sandbox(json!({})).await;
     let sid = sandbox["id"].as_str().expect("id").to_owned();
     let api = stack.api().clone();
     let got = stack.home(&sid).join("got");
-    // Counts its SIGINTs in a file, ticks on stdout, ends on SIGTERM.
-    let script = "trap 'echo int >> /workspace/got' INT; while :; do echo tick; sleep 0.1; done";
+    // Counts its signals in a file, ticks on stdout, ends on SIGTERM.
+    let script = "for s in INT HUP USR1 USR2; do trap \"echo $s >> /workspace/got\" $s; done; while :; do echo tick; sleep 0.1; done";
     let created = api
         .post(
             &format!("/v1/sandboxes/{sid}/commands"),
@@ -900,7 +900,7 @@ async fn a_signal_delivered_before_a_runner_restart_is_not_delivered_again() {
     signal("INT").await;
     let counted = eventually(Duration::from_secs(20), || {
         let text = std::fs::read_to_string(&got).unwrap_or_default();
-        async move { text == "int\n" }
+        async move { text == "INT\n" }
     })
     .await;
     assert!(counted, "the SIGINT was delivered");
@@ -924,19 +924,41 @@ async fn a_signal_delivered_before_a_runner_restart_is_not_delivered_again() {
     assert!(attached, "the restarted runner attached to the command");
     assert_eq!(
         std::fs::read_to_string(&got).expect("the count"),
-        "int\n",
+        "INT\n",
         "one SIGINT asked, one delivered"
     );
     // A second request for the same signal is a new request: delivered.
     signal("INT").await;
     let counted = eventually(Duration::from_secs(20), || {
         let text = std::fs::read_to_string(&got).unwrap_or_default();
-        async move { text == "int\nint\n" }
+        async move { text == "INT\nINT\n" }
     })
     .await;
     assert!(
         counted,
         "the second SIGINT: {:?}",
+        std::fs::read_to_string(&got)
+    );
+    // Three signals asked while the runner cannot poll (frozen): each is
+    // delivered once it polls again, not only the last.
+    stack.runner.signal(rustix::process::Signal::STOP);
+    for name in ["HUP", "USR1", "USR2"] {
+        signal(name).await;
+    }
+    stack.runner.signal(rustix::process::Signal::CONT);
+    let all_delivered = |text: &str| {
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort_unstable();
+        lines == ["HUP", "INT", "INT", "USR1", "USR2"]
+    };
+    let counted = eventually(Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(&got).unwrap_or_default();
+        async move { all_delivered(&text) }
+    })
+    .await;
+    assert!(
+        counted,
+        "HUP, USR1 and USR2 asked between two polls: {:?}",
         std::fs::read_to_string(&got)
     );
     signal("TERM").await;
@@ -946,10 +968,10 @@ async fn a_signal_delivered_before_a_runner_restart_is_not_delivered_again() {
         ("interrupted", Some("signal_requested")),
         "{ended}"
     );
-    assert_eq!(
-        std::fs::read_to_string(&got).expect("the count"),
-        "int\nint\n",
-        "two SIGINTs asked, two delivered"
+    let text = std::fs::read_to_string(&got).expect("the count");
+    assert!(
+        all_delivered(&text),
+        "each asked once, delivered once: {text:?}"
     );
     stack.runner.assert_no_errors();
 }

@@ -62,17 +62,27 @@ pub(crate) struct CommandJob {
     pub env_secrets: Vec<String>,
 }
 
-/// The signal the caller asked for last: its number among the command's
-/// signal requests (a second request for the same signal has a new one)
-/// and its name.
-pub(crate) type SignalRequest = Option<(u64, String)>;
+/// The signals the caller asked for that the assignments still show, oldest
+/// first, each with its number among the command's signal requests (a
+/// second request for the same signal has a new one) and its name.
+pub(crate) type SignalRequest = Vec<(u64, String)>;
 
-/// The assignment's [`SignalRequest`].
+/// The assignment's [`SignalRequest`]: its kept signals, or from a server
+/// that keeps only the latest, that one.
 pub(crate) fn signal_request(assignment: &CommandAssignment) -> SignalRequest {
+    if !assignment.signals.is_empty() {
+        return assignment
+            .signals
+            .iter()
+            .map(|requested| (requested.seq, requested.signal.clone()))
+            .collect();
+    }
     assignment
         .signal
         .clone()
         .map(|name| (assignment.signal_seq, name))
+        .into_iter()
+        .collect()
 }
 
 /// The task's stop: fenced (not this runner's), or refused for good.
@@ -499,24 +509,41 @@ impl CommandJob {
                     .filter_map(|(_, name)| Signal::from_name(name)),
             );
         }
-        let mut last: SignalRequest = earlier.last().cloned();
+        // The number of the last request delivered: every later one is
+        // delivered, in order, and none again.
+        let mut last: Option<u64> = earlier.iter().map(|(seq, _)| *seq).max();
+        // A server that does not number requests (0) shows only its latest:
+        // a new one is a different name.
+        let mut last_unnumbered: Option<String> = earlier
+            .iter()
+            .rev()
+            .find(|(seq, _)| *seq == 0)
+            .map(|(_, name)| name.clone());
         loop {
             let requested = signals.borrow_and_update().clone();
-            if requested != last {
-                if let Some((seq, name)) = &requested
-                    && let Some(signal) = Signal::from_name(name)
-                {
-                    tracing::info!(command_id = %id, %signal, "delivering a signal");
-                    if signaller.send(signal) {
-                        if let Ok(mut delivered) = delivered.lock() {
-                            delivered.push(signal);
-                        }
-                        if let Err(err) = self.files.record_signal(id, *seq, name) {
-                            tracing::warn!(command_id = %id, %err, "cannot record a delivered signal: a restart may deliver it again");
-                        }
+            for (seq, name) in requested {
+                if seq == 0 {
+                    if last_unnumbered.as_ref() == Some(&name) {
+                        continue;
+                    }
+                    last_unnumbered = Some(name.clone());
+                } else if last.is_some_and(|last| seq <= last) {
+                    continue;
+                } else {
+                    last = Some(seq);
+                }
+                let Some(signal) = Signal::from_name(&name) else {
+                    continue;
+                };
+                tracing::info!(command_id = %id, %signal, "delivering a signal");
+                if signaller.send(signal) {
+                    if let Ok(mut delivered) = delivered.lock() {
+                        delivered.push(signal);
+                    }
+                    if let Err(err) = self.files.record_signal(id, seq, &name) {
+                        tracing::warn!(command_id = %id, %err, "cannot record a delivered signal: a restart may deliver it again");
                     }
                 }
-                last = requested;
             }
             if signals.changed().await.is_err() {
                 std::future::pending::<()>().await;

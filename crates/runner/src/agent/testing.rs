@@ -1264,6 +1264,7 @@ pub(crate) fn command(id: &str, sandbox: &str, epoch: u64, argv: &[&str]) -> Com
         timeout: None,
         signal: None,
         signal_seq: 0,
+        signals: Vec::new(),
         state: CommandState::Starting,
         stdin: false,
         tty: None,

@@ -331,6 +331,7 @@ async fn placed_on(
     .bind(runner_id)
     .fetch_all(&mut *tx.tx)
     .await?;
+    let mut signals = records::commands::signals_of_runner(tx, runner_id).await?;
     let commands: Vec<CommandAssignment> = commands
         .iter()
         .map(|row| {
@@ -345,6 +346,7 @@ async fn placed_on(
                 timeout: c.timeout_s.map(|t| t as u64),
                 signal: c.signal_requested.clone(),
                 signal_seq: c.signal_seq.max(0) as u64,
+                signals: signals.remove(&c.id).unwrap_or_default(),
                 state: c.state,
                 stdin: c.stdin,
                 tty: c.tty,

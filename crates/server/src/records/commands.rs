@@ -9,6 +9,8 @@ use super::{json_map, parse_column, rfc3339};
 use crate::db::{WriteTx, now_ms};
 use api::commands::{Command, CreateCommandRequest};
 use api::lifecycle::{CommandState, SandboxState};
+use api::runners::RequestedSignal;
+use std::collections::HashMap;
 
 #[derive(Clone, Debug)]
 pub struct CommandRow {
@@ -416,22 +418,65 @@ pub async fn cancel_queued(tx: &mut WriteTx, id: &str) -> Result<bool, sqlx::Err
     Ok(true)
 }
 
-/// Asks the runner to signal a command it holds. False if the command is
-/// no longer on a runner.
+/// Asks the runner to signal a command it holds: the request joins the
+/// command's kept signals (the latest [`api::commands::SIGNALS_KEPT`]),
+/// each delivered once. False if the command is no longer on a runner.
 pub async fn request_signal(tx: &mut WriteTx, id: &str, signal: &str) -> Result<bool, sqlx::Error> {
-    let updated = sqlx::query(&format!(
-        "UPDATE commands SET signal_requested = $1, signal_seq = signal_seq + 1 WHERE id = $2 AND state IN {}",
+    let numbered = sqlx::query(&format!(
+        "UPDATE commands SET signal_requested = $1, signal_seq = signal_seq + 1 WHERE id = $2 AND state IN {} RETURNING signal_seq",
         CommandState::sql_in(CommandState::on_runner)
     ))
     .bind(signal)
     .bind(id)
-    .execute(&mut *tx.tx)
+    .fetch_optional(&mut *tx.tx)
     .await?;
-    if updated.rows_affected() == 0 {
+    let Some(numbered) = numbered else {
         return Ok(false);
-    }
+    };
+    let seq: i64 = numbered.try_get("signal_seq")?;
+    sqlx::query("INSERT INTO command_signals (command_id, seq, signal) VALUES ($1, $2, $3)")
+        .bind(id)
+        .bind(seq)
+        .bind(signal)
+        .execute(&mut *tx.tx)
+        .await?;
+    sqlx::query("DELETE FROM command_signals WHERE command_id = $1 AND seq <= $2")
+        .bind(id)
+        .bind(seq - api::commands::SIGNALS_KEPT)
+        .execute(&mut *tx.tx)
+        .await?;
     tx.changed(id);
     Ok(true)
+}
+
+/// The kept signals of the commands a runner holds, oldest first, by
+/// command id.
+pub async fn signals_of_runner(
+    tx: &mut WriteTx,
+    runner_id: &str,
+) -> Result<HashMap<String, Vec<RequestedSignal>>, sqlx::Error> {
+    let rows = sqlx::query(&format!(
+        "SELECT command_id, seq, signal FROM command_signals WHERE command_id IN (
+            SELECT id FROM commands WHERE state IN {}
+            AND sandbox_id IN (SELECT id FROM sandboxes WHERE runner_id = $1))
+         ORDER BY command_id, seq",
+        CommandState::sql_in(CommandState::on_runner)
+    ))
+    .bind(runner_id)
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    let mut signals: HashMap<String, Vec<RequestedSignal>> = HashMap::new();
+    for row in &rows {
+        let seq: i64 = row.try_get("seq")?;
+        signals
+            .entry(row.try_get("command_id")?)
+            .or_default()
+            .push(RequestedSignal {
+                seq: seq.max(0) as u64,
+                signal: row.try_get("signal")?,
+            });
+    }
+    Ok(signals)
 }
 
 /// One of a command's output streams.

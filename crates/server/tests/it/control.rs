@@ -3383,3 +3383,75 @@ async fn kept_copies_of_a_sandbox_are_bounded_per_runner_and_in_all() {
         );
     }
 }
+
+/// Signals asked between two of a runner's polls are each handed over
+/// (numbered, oldest first), not only the last; a command keeps only the
+/// latest `SIGNALS_KEPT`, so an org asking without end stores no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_signal_asked_between_polls_is_assigned_and_only_the_latest_are_kept() {
+    for plane in planes("signal_queue").await {
+        let org = plane.org("org_s", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.create(&org).await.expect("admitted");
+        let row = plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        let request = serde_json::from_value(serde_json::json!({ "argv": ["sleep", "60"] }))
+            .expect("a command request");
+        let mut tx = plane.state.db.write().await.expect("tx");
+        let command = commands::create(&plane.state, &mut tx, &org, &row.id, &request)
+            .await
+            .expect("created");
+        tx.commit().await.expect("commit");
+        runner_protocol::read_assignments(&plane.state, &runner)
+            .await
+            .expect("handed over");
+        let running = CommandReport {
+            runner_id: runner.clone(),
+            epoch: row.epoch as u64,
+            state: CommandState::Running,
+            reason: None,
+            exit_code: None,
+            signal: None,
+            pid: Some(7),
+            output: None,
+        };
+        runner_protocol::report_command(&plane.state, &command.id, &running)
+            .await
+            .expect("running");
+        let names = ["INT", "HUP", "USR1", "USR2", "QUIT", "TERM"];
+        let kept = api::commands::SIGNALS_KEPT as usize;
+        let asked = kept + 4;
+        for n in 0..asked {
+            let mut tx = plane.state.db.write().await.expect("tx");
+            let current = server::records::commands::load(&mut tx, &command.id)
+                .await
+                .expect("read")
+                .expect("the command");
+            commands::signal(&mut tx, &current, names[n % names.len()])
+                .await
+                .expect("signalled");
+            tx.commit().await.expect("commit");
+        }
+        let assigned = runner_protocol::read_assignments(&plane.state, &runner)
+            .await
+            .expect("assignments");
+        let command = &assigned.commands[0];
+        let got: Vec<(u64, &str)> = command
+            .signals
+            .iter()
+            .map(|s| (s.seq, s.signal.as_str()))
+            .collect();
+        let expected: Vec<(u64, &str)> = (asked - kept..asked)
+            .map(|n| (n as u64 + 1, names[n % names.len()]))
+            .collect();
+        assert_eq!(got, expected, "{}", plane.engine());
+        assert_eq!(command.signal_seq, asked as u64, "{}", plane.engine());
+        let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM command_signals")
+            .fetch_one(&plane.state.db.pool)
+            .await
+            .expect("count");
+        assert_eq!(stored, kept as i64, "{}", plane.engine());
+    }
+}
