@@ -18,20 +18,38 @@ pub fn is_tmpfs(path: &Path) -> Result<bool> {
 }
 
 /// Makes `dir` (0700) and mounts a tmpfs of at most `size_bytes` on it,
-/// unless it is a tmpfs already.
+/// unless it is a tmpfs already; one that is smaller (mounted for a
+/// smaller capacity before a restart) is remounted to `size_bytes`,
+/// keeping what it holds.
 pub fn ensure(dir: &Path, size_bytes: u64) -> Result<()> {
+    use rustix::mount::MountFlags;
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+    let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+    let options = |size: u64| {
+        std::ffi::CString::new(format!("mode=0700,size={size}"))
+            .map_err(|_| Error::Invalid("tmpfs options".to_owned()))
+    };
     if !is_tmpfs(dir)? {
-        let flags = rustix::mount::MountFlags::NOSUID
-            | rustix::mount::MountFlags::NODEV
-            | rustix::mount::MountFlags::NOEXEC;
-        let options = std::ffi::CString::new(format!("mode=0700,size={size_bytes}"))
-            .map_err(|_| Error::Invalid("tmpfs options".to_owned()))?;
-        rustix::mount::mount("tmpfs", dir, "tmpfs", flags, Some(options.as_c_str()))
-            .map_err(|e| Error::io("mount a tmpfs on", dir, e.into()))?;
+        rustix::mount::mount(
+            "tmpfs",
+            dir,
+            "tmpfs",
+            flags,
+            Some(options(size_bytes)?.as_c_str()),
+        )
+        .map_err(|e| Error::io("mount a tmpfs on", dir, e.into()))?;
+    } else if size(dir)? < size_bytes {
+        rustix::mount::mount_remount(dir, flags, &options(size_bytes)?)
+            .map_err(|e| Error::io("grow the tmpfs on", dir, e.into()))?;
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| Error::io("chmod", dir, e))?;
     Ok(())
+}
+
+/// The size of the file system at `path`, in bytes.
+pub fn size(path: &Path) -> Result<u64> {
+    let stat = rustix::fs::statvfs(path).map_err(|e| Error::io("statvfs", path, e.into()))?;
+    Ok(stat.f_blocks.saturating_mul(stat.f_frsize))
 }

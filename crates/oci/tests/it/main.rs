@@ -28,4 +28,5 @@ mod security;
 mod selection;
 mod shared;
 mod support;
+mod tmpfs;
 mod volumes;

@@ -267,6 +267,7 @@ impl AgentConfig {
             self.secrets_dir
                 .clone()
                 .unwrap_or_else(|| secrets::default_root(&self.data_dir)),
+            self.capacity.sandboxes,
         )
     }
 }

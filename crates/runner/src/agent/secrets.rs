@@ -25,13 +25,29 @@ use api::runners::SecretValues;
 use oci::config::SandboxId;
 use oci::{Error, Result};
 
-/// Largest tmpfs the secrets live on: 64 secrets of 64 KiB per sandbox,
-/// and command scratch files; only what is written is used.
-const TMPFS_BYTES: u64 = 256 << 20;
+/// The tmpfs the secrets live on holds, for each sandbox the runner's
+/// capacity allows, the most secrets a sandbox may have (64 of 64 KiB) and
+/// its commands' scratch files; only what is written uses memory. Sized
+/// so, it never fills before the runner does: a launch never waits for
+/// room on it.
+const TMPFS_BYTES_PER_SANDBOX: u64 = (api::secrets::SECRETS_PER_SANDBOX_MAX
+    * api::secrets::SECRET_VALUE_BYTES_MAX) as u64
+    + (1 << 20);
+/// The smallest the secrets' tmpfs is made.
+const TMPFS_BYTES_MIN: u64 = 256 << 20;
+
+/// The size of the secrets' tmpfs of a runner for `sandboxes` sandboxes.
+pub(crate) fn tmpfs_bytes(sandboxes: u64) -> u64 {
+    sandboxes
+        .saturating_mul(TMPFS_BYTES_PER_SANDBOX)
+        .max(TMPFS_BYTES_MIN)
+}
 
 #[derive(Debug, Clone)]
 pub(crate) struct SecretsDir {
     root: PathBuf,
+    /// The size of the tmpfs at `root` ([`tmpfs_bytes`]).
+    tmpfs_bytes: u64,
 }
 
 /// The default place: under `/run/roost`, named after the data dir, so
@@ -53,8 +69,12 @@ pub(crate) fn default_root(data_dir: &Path) -> PathBuf {
 }
 
 impl SecretsDir {
-    pub(crate) fn new(root: PathBuf) -> SecretsDir {
-        SecretsDir { root }
+    /// Secrets under `root`, on a tmpfs for a runner of `sandboxes`.
+    pub(crate) fn new(root: PathBuf, sandboxes: u64) -> SecretsDir {
+        SecretsDir {
+            root,
+            tmpfs_bytes: tmpfs_bytes(sandboxes),
+        }
     }
 
     pub(crate) fn root(&self) -> &Path {
@@ -78,7 +98,7 @@ impl SecretsDir {
 
     /// Writes what the server gave for `id`, replacing what was there.
     pub(crate) fn deliver(&self, id: &SandboxId, values: &SecretValues) -> Result<PathBuf> {
-        oci::tmpfs::ensure(&self.root, TMPFS_BYTES)?;
+        oci::tmpfs::ensure(&self.root, self.tmpfs_bytes)?;
         self.remove(id)?;
         let dir = self.sandbox(id);
         for sub in ["files", "env", "exec"] {
@@ -165,7 +185,7 @@ mod tests {
     #[test]
     fn an_env_secret_that_cannot_be_read_is_an_error_naming_it() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let secrets = SecretsDir::new(dir.path().to_owned());
+        let secrets = SecretsDir::new(dir.path().to_owned(), 1);
         let id = SandboxId::new("sbx_secrets01".to_owned()).expect("an id");
         assert_eq!(
             secrets.env(&id, &[]).expect("none asked for"),
@@ -182,6 +202,20 @@ mod tests {
             secrets.env(&id, &["TOKEN".to_owned()]).expect("delivered"),
             BTreeMap::from([("TOKEN".to_owned(), "s3cret".to_owned())])
         );
+    }
+
+    /// A runner's secrets tmpfs holds every sandbox its capacity allows
+    /// with the most secrets a sandbox may have (it used to be 256 MiB
+    /// whatever the capacity: 64 such sandboxes), and never less.
+    #[test]
+    fn the_tmpfs_holds_the_most_secrets_of_every_sandbox_the_runner_may_hold() {
+        let most =
+            (api::secrets::SECRETS_PER_SANDBOX_MAX * api::secrets::SECRET_VALUE_BYTES_MAX) as u64;
+        for sandboxes in [1, 64, 65, 1_000, 100_000] {
+            assert!(tmpfs_bytes(sandboxes) >= sandboxes * most, "{sandboxes}");
+            assert!(tmpfs_bytes(sandboxes) >= 256 << 20, "{sandboxes}");
+        }
+        assert_eq!(tmpfs_bytes(u64::MAX), u64::MAX);
     }
 
     #[test]
