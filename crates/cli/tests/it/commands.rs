@@ -257,7 +257,15 @@ async fn commands_are_idempotent_signalled_and_refused_on_a_stopped_sandbox() {
                 .expect("PATCH")
         }
     };
-    assert_eq!(patch(false).await.body["auto_wake"], false);
+    let before = plane.org.get(&format!("/v1/sandboxes/{sid}")).await.body;
+    // A millisecond at least between the record's two changes.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let patched = patch(false).await.body;
+    assert_eq!(patched["auto_wake"], false);
+    assert!(
+        patched["updated_at"].as_str() > before["updated_at"].as_str(),
+        "a changed policy is a change of the record: {before} then {patched}"
+    );
     plane
         .org
         .post(&commands, json!({"argv": ["true"]}))

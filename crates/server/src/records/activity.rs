@@ -62,7 +62,9 @@ async fn touch(
     Ok(updated.rows_affected() > 0)
 }
 
-/// Sets the idle policy; the deadline follows from the last activity.
+/// Sets the idle policy; the deadline follows from the last activity (or,
+/// with none, the record's change before this one: an update's
+/// expressions read the row as it was).
 pub async fn set_policy(
     tx: &mut WriteTx,
     sandbox_id: &str,
@@ -70,13 +72,14 @@ pub async fn set_policy(
     auto_wake: bool,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE sandboxes SET idle_timeout_s = $1, auto_wake = $2,
+        "UPDATE sandboxes SET idle_timeout_s = $1, auto_wake = $2, updated_at_ms = $4,
          idle_deadline_ms = CASE WHEN state = 'running' AND $1 > 0 THEN COALESCE(last_activity_at_ms, updated_at_ms) + $1 * 1000 ELSE NULL END
          WHERE id = $3",
     )
     .bind(timeout_s)
     .bind(i64::from(auto_wake))
     .bind(sandbox_id)
+    .bind(crate::db::now_ms())
     .execute(&mut *tx.tx)
     .await?;
     tx.changed(sandbox_id);
