@@ -83,6 +83,10 @@ enum Command {
     /// one runner and a local home store; saves the URL and an org token
     /// for the CLI.
     Up(up::UpArgs),
+    /// Remove everything `roost up` made with a data dir: its sandboxes
+    /// (killed), their mounts and namespaces, every home and saved home,
+    /// the database. Asks for --yes.
+    Purge(up::PurgeArgs),
 }
 
 /// Allocations of 4 MiB and more (read buffers, packs and batches of a
@@ -191,6 +195,7 @@ fn main() -> std::process::ExitCode {
         Command::Files(command) => files::run(command),
         Command::Runner(args) => runner::run(args),
         Command::Up(args) => up::run(args),
+        Command::Purge(args) => up::purge(args),
         Command::Info(args) => info::run(args),
     };
     match result {

@@ -49,6 +49,25 @@ pub struct UpArgs {
     json: bool,
 }
 
+#[derive(Args)]
+pub struct PurgeArgs {
+    /// The data dir `roost up` used (default as `roost up`'s:
+    /// `$XDG_DATA_HOME/roost` or `~/.local/share/roost`).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// The OCI runtime `roost up` ran sandboxes with: `auto`, `runc` or
+    /// `crun`.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "runc", "crun"])]
+    runtime: String,
+    /// Go ahead: every sandbox, home and saved home in the data dir is
+    /// deleted, for good. Without it nothing is touched.
+    #[arg(long)]
+    yes: bool,
+    /// Print one JSON object on stdout: what was removed.
+    #[arg(long)]
+    json: bool,
+}
+
 fn default_data_dir() -> Result<PathBuf> {
     let absolute = |name: &str| {
         std::env::var_os(name)
@@ -279,4 +298,82 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         );
         result.map(|()| ExitCode::SUCCESS)
     })
+}
+
+/// `roost purge`: removes everything `roost up` made with data dir DIR:
+/// its sandboxes (containers killed, network namespaces, mounts), its
+/// secrets tmpfs, DIR itself (the database, the store, every home), and
+/// the saved credentials when they are this DIR's. Refused while `roost
+/// up` runs on DIR (its runner holds the runner dir's lock).
+pub fn purge(args: PurgeArgs) -> Result<ExitCode> {
+    let data_dir = match args.data_dir {
+        Some(dir) => absolute(dir)?,
+        None => default_data_dir()?,
+    };
+    if !args.yes {
+        bail!(
+            "roost purge deletes every sandbox, home and saved home in {} for good: pass --yes to go ahead",
+            data_dir.display()
+        );
+    }
+    let runtime_choice = RuntimeChoice::parse(&args.runtime)?;
+    let purged = runtime()?
+        .block_on(runner::agent::purge::purge(
+            &data_dir.join("runner"),
+            runtime_choice,
+            None,
+        ))
+        .with_context(|| {
+            format!(
+                "purging {} (is roost up still running there?)",
+                data_dir.display()
+            )
+        })?;
+    let removed = data_dir.exists();
+    if removed {
+        std::fs::remove_dir_all(&data_dir)
+            .with_context(|| format!("removing {}", data_dir.display()))?;
+    }
+    // The credentials `roost up` saved for this DIR (its admin token file
+    // is inside it); others' are left.
+    let mut credentials_removed = None;
+    if let Some(saved) = credentials::load()?
+        && saved
+            .admin_token_file
+            .as_deref()
+            .is_some_and(|file| file.starts_with(&data_dir))
+        && let Some(path) = credentials::path()
+    {
+        std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        credentials_removed = Some(path);
+    }
+    if args.json {
+        print_json(&json!({
+            "data_dir": data_dir,
+            "removed": removed,
+            "containers": purged.containers,
+            "unmounted": purged.unmounted,
+            "credentials_removed": credentials_removed,
+            "bridge_left": purged.bridge_left,
+        }));
+    } else {
+        if removed {
+            println!(
+                "removed {} ({} containers)",
+                data_dir.display(),
+                purged.containers.len()
+            );
+        } else {
+            println!("nothing at {}", data_dir.display());
+        }
+        if let Some(path) = &credentials_removed {
+            println!("removed {}", path.display());
+        }
+        if let Some(bridge) = &purged.bridge_left {
+            println!(
+                "left the host's bridge {bridge} and its iptables chains (any runner on this host may use them; see README)"
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -977,7 +977,7 @@ async fn every_signal_asked_is_delivered_once_between_polls_and_across_a_restart
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn roost_up_serves_the_cli_without_flags() {
+async fn roost_up_serves_the_cli_without_flags_and_roost_purge_removes_all_it_made() {
     let tmp = tempfile::Builder::new()
         .prefix("roost-up-")
         .tempdir()
@@ -1095,6 +1095,86 @@ async fn roost_up_serves_the_cli_without_flags() {
         "{}",
         String::from_utf8_lossy(&deleted.stderr)
     );
+    // One left running, with work in its home and a secret on the
+    // runner's secrets tmpfs, for `roost purge` below.
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, "s3cret").expect("a secret's value");
+    let set = roost(&[
+        "secret",
+        "set",
+        "api-key",
+        "--from-file",
+        secret.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let kept = roost(&[
+        "sandbox",
+        "create",
+        "--wait",
+        "--json",
+        "--secret-file",
+        "api-key",
+    ]);
+    assert!(
+        kept.status.success(),
+        "{}",
+        String::from_utf8_lossy(&kept.stderr)
+    );
+    let kept: Value = serde_json::from_slice(&kept.stdout).expect("record");
+    let kept_id = kept["id"].as_str().expect("id").to_owned();
+    let wrote = roost(&[
+        "exec",
+        &kept_id,
+        "--",
+        "sh",
+        "-c",
+        "echo work > /workspace/notes",
+    ]);
+    assert_eq!(wrote.status.code(), Some(0));
+    let data = tmp.path().join("data");
+    let secrets = std::path::Path::new("/run/roost/secrets").join(
+        data.join("runner")
+            .to_str()
+            .expect("utf-8")
+            .trim_matches('/')
+            .replace(|c: char| !(c.is_ascii_alphanumeric() || c == '-'), "_"),
+    );
+    assert!(
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .expect("mountinfo")
+            .contains(secrets.to_str().expect("utf-8")),
+        "the secrets tmpfs {} is mounted",
+        secrets.display()
+    );
+    let data_arg = data.to_str().expect("utf-8");
+    // Without --yes nothing is touched; while up runs, nothing either.
+    let unasked = roost(&["purge", "--data-dir", data_arg]);
+    assert!(!unasked.status.success());
+    assert!(
+        String::from_utf8_lossy(&unasked.stderr).contains("--yes"),
+        "{}",
+        String::from_utf8_lossy(&unasked.stderr)
+    );
+    let while_up = roost(&[
+        "purge",
+        "--data-dir",
+        data_arg,
+        "--runtime",
+        "runc",
+        "--yes",
+    ]);
+    assert!(!while_up.status.success());
+    assert!(
+        String::from_utf8_lossy(&while_up.stderr).contains("in use"),
+        "{}",
+        String::from_utf8_lossy(&while_up.stderr)
+    );
+    let still = roost(&["exec", &kept_id, "--", "cat", "/workspace/notes"]);
+    assert_eq!(String::from_utf8_lossy(&still.stdout), "work\n");
 
     // SIGTERM stops it cleanly.
     let pid = rustix::process::Pid::from_raw(up.0.id() as i32).expect("pid");
@@ -1108,6 +1188,71 @@ async fn roost_up_serves_the_cli_without_flags() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status:?}");
+
+    // The sandbox outlives `roost up`; `roost purge` removes it and all
+    // the rest: its container, every mount, the secrets tmpfs, the data
+    // dir, the credentials saved for it.
+    let runtime_root = data.join("runner/runtime");
+    let init = Command::new("runc")
+        .arg(format!("--root={}", runtime_root.display()))
+        .args(["state", &kept_id])
+        .output()
+        .expect("runc state");
+    assert!(
+        init.status.success(),
+        "the sandbox runs after roost up stopped"
+    );
+    let init_pid = serde_json::from_slice::<Value>(&init.stdout).expect("state")["pid"]
+        .as_i64()
+        .expect("pid");
+    let purged = roost(&[
+        "purge",
+        "--data-dir",
+        data_arg,
+        "--runtime",
+        "runc",
+        "--yes",
+        "--json",
+    ]);
+    assert!(
+        purged.status.success(),
+        "{}",
+        String::from_utf8_lossy(&purged.stderr)
+    );
+    let purged: Value = serde_json::from_slice(&purged.stdout).expect("json");
+    assert_eq!(purged["removed"], true, "{purged}");
+    assert_eq!(purged["containers"], json!([kept_id]), "{purged}");
+    assert_eq!(
+        purged["credentials_removed"],
+        credentials.to_str().expect("utf-8"),
+        "{purged}"
+    );
+    assert!(!data.exists(), "the data dir is gone");
+    assert!(!credentials.exists(), "the credentials are gone");
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let tmp_dir = tmp.path().to_str().expect("utf-8");
+    assert!(
+        !mountinfo.contains(tmp_dir),
+        "a mount is left beneath {tmp_dir}: {mountinfo}"
+    );
+    assert!(
+        !secrets.exists(),
+        "the secrets tmpfs {} is gone",
+        secrets.display()
+    );
+    let init_gone = eventually(Duration::from_secs(20), || async move {
+        !std::path::Path::new(&format!("/proc/{init_pid}")).exists()
+    })
+    .await;
+    assert!(init_gone, "the sandbox's init {init_pid} was killed");
+    // Again: nothing there, nothing to do.
+    let again = roost(&["purge", "--data-dir", data_arg, "--yes"]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(String::from_utf8_lossy(&again.stdout).contains("nothing at"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

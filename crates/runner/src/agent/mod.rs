@@ -87,6 +87,7 @@ mod fence;
 mod homes;
 mod images;
 mod kept;
+pub mod purge;
 mod sandbox;
 mod secrets;
 #[cfg(test)]
