@@ -208,23 +208,7 @@ impl Runtime {
     /// Ids of the containers the runtime knows (e.g. after a runner
     /// restart, to find what is still there).
     pub fn container_ids(&self) -> Result<Vec<String>> {
-        let root = &self.inner.state_root;
-        let listing = match std::fs::read_dir(root) {
-            Ok(listing) => listing,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io("list", root, e)),
-        };
-        let mut ids = Vec::new();
-        for entry in listing {
-            let entry = entry.map_err(|e| Error::io("list", root, e))?;
-            if entry.path().is_dir()
-                && let Ok(name) = entry.file_name().into_string()
-            {
-                ids.push(name);
-            }
-        }
-        ids.sort();
-        Ok(ids)
+        container_ids_under(&self.inner.state_root)
     }
 
     /// A handle to a sandbox the runtime may already have (after a runner
@@ -822,4 +806,26 @@ impl Sandbox {
         )
         .await
     }
+}
+
+/// Ids of the containers whose state a runtime (runc or crun: one
+/// directory per container) keeps under `root`, sorted; none if there is
+/// no `root`.
+pub fn container_ids_under(root: &Path) -> Result<Vec<String>> {
+    let listing = match std::fs::read_dir(root) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("list", root, e)),
+    };
+    let mut ids = Vec::new();
+    for entry in listing {
+        let entry = entry.map_err(|e| Error::io("list", root, e))?;
+        if entry.path().is_dir()
+            && let Ok(name) = entry.file_name().into_string()
+        {
+            ids.push(name);
+        }
+    }
+    ids.sort();
+    Ok(ids)
 }

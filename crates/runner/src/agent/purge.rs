@@ -54,7 +54,7 @@ pub async fn purge(
     }
     // Held to the end: no runner starts on the dir while it goes.
     let data = DataDir::open(data_dir)?;
-    let containers = container_ids(&data.runtime_root())?;
+    let containers = oci::runtime::container_ids_under(&data.runtime_root())?;
     // Without a runtime nothing can be killed: fine only if nothing runs.
     let runtime = match Runtime::open(RuntimeConfig::new(runtime, data.runtime_root())) {
         Ok(runtime) => Some(runtime),
@@ -124,21 +124,6 @@ fn unmount_secrets(root: &Path, purged: &mut Purged) -> Result<(), AgentError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(oci::Error::io("remove", root, e).into()),
     }
-}
-
-/// The containers whose state the runtime keeps under `root` (one
-/// directory each, for runc and crun alike).
-fn container_ids(root: &Path) -> Result<Vec<String>, AgentError> {
-    let listing = match std::fs::read_dir(root) {
-        Ok(listing) => listing,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(oci::Error::io("list", root, e).into()),
-    };
-    Ok(listing
-        .flatten()
-        .filter(|entry| entry.path().is_dir())
-        .filter_map(|entry| entry.file_name().into_string().ok())
-        .collect())
 }
 
 /// Every mount point at or beneath `dir`, from `/proc/self/mountinfo`.
