@@ -758,6 +758,12 @@ impl Client {
         self.get(&["v1", "admin", "counts"], &[]).await
     }
 
+    /// `GET /v1/admin/orgs` (admin token): every org, its quotas and what
+    /// it uses of them.
+    pub async fn admin_orgs(&self) -> Result<crate::orgs::OrgList, ClientError> {
+        self.get(&["v1", "admin", "orgs"], &[]).await
+    }
+
     /// `GET /v1/admin/runners` (admin token).
     pub async fn admin_runners(&self) -> Result<Vec<RunnerRecord>, ClientError> {
         self.get(&["v1", "admin", "runners"], &[]).await

@@ -98,6 +98,11 @@ pub struct OrgUsage {
     pub running: u64,
     /// Sandboxes counted against `max_total`.
     pub total: u64,
+    /// Bytes of command output its records keep, counted against the
+    /// deployment's bound on an org's stored output (`roost server
+    /// --org-output-max`); a purged sandbox's commands give theirs back.
+    #[serde(default)]
+    pub output_bytes: u64,
 }
 
 /// `GET /v1/admin/counts`: the kept counts (each org's and the fleet's

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use crate::output::{or_dash, print_json, print_record, print_table};
+use crate::output::{age, human_bytes, or_dash, print_json, print_record, print_table};
 
 #[derive(Args)]
 pub struct ServerArgs {
@@ -30,6 +30,12 @@ pub struct ServerArgs {
     /// Most sandboxes running at once across every org (a fleet ceiling).
     #[arg(long, value_name = "N")]
     fleet_max_running: Option<u64>,
+    /// The most command output one org's records keep, all its commands
+    /// together (e.g. `8GiB`): past it, output is not stored (the command
+    /// says `stdout_truncated`) until a deleted sandbox's records are
+    /// purged.
+    #[arg(long, value_name = "SIZE", default_value = "8GiB", value_parser = crate::sandbox::parse_mib)]
+    org_output_max: u64,
     /// How long ended sandboxes stay readable (e.g. `7d`, `12h`).
     #[arg(long, default_value = "7d", value_parser = crate::sandbox::parse_duration)]
     retention: std::time::Duration,
@@ -344,6 +350,15 @@ pub enum OrgCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Every org: its quotas, what it uses of them, and the command
+    /// output its records keep.
+    List {
+        #[command(flatten)]
+        target: Target,
+        /// Print `{"orgs": [...]}` on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Make another token for an org (printed once): to rotate one, make a
     /// new token, move clients to it, then `roost admin revoke-token` the
     /// old one.
@@ -444,6 +459,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     config.idle_timeout_max = args.idle_timeout_max;
     config.stop_grace = args.stop_grace;
     config.retention = args.retention;
+    config.org_output_bytes_max = args.org_output_max.saturating_mul(1 << 20);
     config.lease_ttl = args.lease_ttl;
     config.fence_margin = args.fence_margin;
     config.mass_loss_threshold = args.mass_loss_threshold;
@@ -502,6 +518,39 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                     println!(
                         "org {} ({})\ntoken (shown once): {}",
                         org.name, org.org_id, org.token
+                    );
+                }
+            }
+            AdminCommand::Org(OrgCommand::List { target, json }) => {
+                let list = target
+                    .client()?
+                    .admin_orgs()
+                    .await
+                    .context("org list failed")?;
+                if json {
+                    print_record(&list)?;
+                } else {
+                    let of = |used: u64, limit: Option<u64>| match limit {
+                        Some(limit) => format!("{used}/{limit}"),
+                        None => used.to_string(),
+                    };
+                    let rows: Vec<Vec<String>> = list
+                        .orgs
+                        .iter()
+                        .map(|o| {
+                            vec![
+                                o.org_id.clone(),
+                                o.name.clone(),
+                                of(o.running, o.max_running),
+                                of(o.total, o.max_total),
+                                human_bytes(o.output_bytes),
+                                age(&o.created_at),
+                            ]
+                        })
+                        .collect();
+                    print_table(
+                        &["ID", "NAME", "RUNNING", "TOTAL", "OUTPUT", "CREATED"],
+                        &rows,
                     );
                 }
             }

@@ -42,6 +42,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (22, include_str!("../migrations/0022_save_order.sql")),
     (23, include_str!("../migrations/0023_signal_seq.sql")),
     (24, include_str!("../migrations/0024_command_signals.sql")),
+    (25, include_str!("../migrations/0025_output_counts.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -47,6 +47,12 @@ pub struct Config {
     pub fleet_max_running: Option<u64>,
     /// How long ended records stay readable.
     pub retention: Duration,
+    /// The most command output one org's records keep, all its commands
+    /// together (each stream is bounded too:
+    /// `api::commands::OUTPUT_STREAM_BYTES_MAX`): without it, one org's
+    /// commands could fill the database every org shares. A purged
+    /// sandbox's commands give theirs back.
+    pub org_output_bytes_max: u64,
     /// How long a runner's lease lasts after a heartbeat. Runners beat
     /// every third of it and freeze their sandboxes at two thirds of it
     /// without an answered beat ([`freeze_after`]).
@@ -93,6 +99,10 @@ pub struct Config {
     pub failpoint: api::failpoint::Failpoints,
 }
 
+/// 8 GiB of command output per org: 256 commands at the bound of both
+/// streams.
+pub const DEFAULT_ORG_OUTPUT_BYTES_MAX: u64 = 8 << 30;
+
 /// A sandbox sleeps after half an hour without activity unless asked
 /// otherwise: long enough for an agent's longest think, short enough that
 /// a forgotten sandbox does not hold a runner all day.
@@ -107,6 +117,7 @@ impl Config {
             store_url: None,
             fleet_max_running: None,
             retention: Duration::from_secs(7 * 24 * 3600),
+            org_output_bytes_max: DEFAULT_ORG_OUTPUT_BYTES_MAX,
             lease_ttl: Duration::from_secs(9),
             fence_margin: Duration::from_secs(1),
             mass_loss_threshold: 0.5,

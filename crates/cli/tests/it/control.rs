@@ -101,6 +101,19 @@ fn admin_contract(server: &Server, admin_token: &str) {
     // A list is an object naming what it lists, as every other list.
     let runners = json_of(&admin(url, admin_token, &["runner", "list", "--json"]));
     assert!(runners["runners"].is_array(), "{runners}");
+    let orgs = json_of(&admin(url, admin_token, &["org", "list", "--json"]));
+    let acme = orgs["orgs"]
+        .as_array()
+        .and_then(|orgs| orgs.iter().find(|o| o["org_id"] == org_id))
+        .unwrap_or_else(|| panic!("acme listed: {orgs}"));
+    assert_eq!(acme["max_running"], 2, "{acme}");
+    assert_eq!(acme["output_bytes"], 0, "{acme}");
+    let table = admin(url, admin_token, &["org", "list"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.starts_with("ID") && table.contains("acme") && table.contains("0/2"),
+        "{table}"
+    );
 
     let orgs = format!("{url}/v1/admin/orgs");
     let (status, id, body) = post(&orgs, "roost_admin_wrong", r#"{"name":"x"}"#);

@@ -595,14 +595,7 @@ pub async fn report_command(
             ] {
                 let stored = stream.length_of(&command) as usize;
                 if stored < bytes.len() {
-                    records::commands::append_output(
-                        &mut tx,
-                        id,
-                        stream,
-                        stored as i64,
-                        &bytes[stored..],
-                    )
-                    .await?;
+                    store_output(state, &mut tx, &command, stream, &bytes[stored..]).await?;
                 }
             }
         }
@@ -688,34 +681,98 @@ pub async fn append_output(
         ));
     }
     let fresh = &body[skip.min(body.len())..];
-    // The record keeps the stream's first `OUTPUT_STREAM_BYTES_MAX` bytes:
-    // what fits is stored, the rest is marked as not stored and refused,
-    // so the runner stops sending this stream (a retry of stored bytes is
-    // still answered as before).
-    let room = OUTPUT_STREAM_BYTES_MAX.saturating_sub(length) as usize;
-    let kept = &fresh[..fresh.len().min(room)];
-    if !kept.is_empty() {
-        records::commands::append_output(&mut tx, id, stream, length as i64, kept).await?;
-    }
-    if kept.len() < fresh.len() {
-        if !stream.truncated_in(&command) {
-            records::commands::mark_truncated(&mut tx, id, stream).await?;
+    match store_output(state, &mut tx, &command, stream, fresh).await? {
+        None => {
+            tx.commit().await?;
+            Ok(length.max(at.offset + body.len() as u64))
         }
-        tx.commit().await?;
-        return Err(ControlError::new(
-            ErrorCode::PayloadTooLarge,
-            format!(
-                "the record keeps the first {OUTPUT_STREAM_BYTES_MAX} bytes of {}; the rest is not stored",
-                stream.as_str()
-            ),
-        )
-        .with_details(serde_json::json!({
-            "stream": stream.as_str(),
-            "limit_bytes": OUTPUT_STREAM_BYTES_MAX,
-        })));
+        // What did not fit is refused, so the runner stops sending this
+        // stream (a retry of stored bytes is still answered as before).
+        Some(cut) => {
+            tx.commit().await?;
+            Err(cut.refusal(stream))
+        }
     }
-    tx.commit().await?;
-    Ok(length.max(at.offset + body.len() as u64))
+}
+
+/// The bound that cut a command's output short.
+enum OutputCut {
+    /// The stream's own: its record keeps the first
+    /// `OUTPUT_STREAM_BYTES_MAX` bytes.
+    Stream,
+    /// The org's: its commands' records keep `limit` bytes in all, and
+    /// held `current` before this.
+    Org { limit: u64, current: u64 },
+}
+
+impl OutputCut {
+    fn refusal(&self, stream: Stream) -> ControlError {
+        match self {
+            OutputCut::Stream => ControlError::new(
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "the record keeps the first {OUTPUT_STREAM_BYTES_MAX} bytes of {}; the rest is not stored",
+                    stream.as_str()
+                ),
+            )
+            .with_details(serde_json::json!({
+                "stream": stream.as_str(),
+                "limit_bytes": OUTPUT_STREAM_BYTES_MAX,
+            })),
+            OutputCut::Org { limit, current } => ControlError::new(
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "quota output_bytes reached ({current} of {limit}): the org's commands keep no more output; the rest of {} is not stored",
+                    stream.as_str()
+                ),
+            )
+            .with_details(serde_json::json!({
+                "stream": stream.as_str(),
+                "quota": { "metric": "output_bytes", "limit": limit, "current": current },
+            })),
+        }
+    }
+}
+
+/// Stores what of `fresh` (the bytes of `stream` past what the record
+/// holds) the bounds leave room for: the stream's first
+/// `OUTPUT_STREAM_BYTES_MAX`, and the org's output within
+/// `Config::org_output_bytes_max` (appends at once may pass it by a chunk
+/// each). What does not fit is not stored, and the record says so
+/// (`stdout_truncated`, `stderr_truncated`); the answer names the bound.
+async fn store_output(
+    state: &AppState,
+    tx: &mut WriteTx,
+    command: &CommandRow,
+    stream: Stream,
+    fresh: &[u8],
+) -> Result<Option<OutputCut>, ControlError> {
+    if fresh.is_empty() {
+        return Ok(None);
+    }
+    let length = stream.length_of(command) as u64;
+    let stream_room = OUTPUT_STREAM_BYTES_MAX.saturating_sub(length);
+    let limit = state.config.org_output_bytes_max;
+    let current = records::counts::output_bytes(tx, &command.org_id)
+        .await?
+        .max(0) as u64;
+    let org_room = limit.saturating_sub(current);
+    let room = stream_room.min(org_room);
+    let kept = &fresh[..fresh.len().min(usize::try_from(room).unwrap_or(usize::MAX))];
+    if !kept.is_empty() {
+        records::commands::append_output(tx, command, stream, length as i64, kept).await?;
+    }
+    if kept.len() == fresh.len() {
+        return Ok(None);
+    }
+    if !stream.truncated_in(command) {
+        records::commands::mark_truncated(tx, &command.id, stream).await?;
+    }
+    Ok(Some(if stream_room <= org_room {
+        OutputCut::Stream
+    } else {
+        OutputCut::Org { limit, current }
+    }))
 }
 
 /// Where a runner's output append lands: its placement and the offset.

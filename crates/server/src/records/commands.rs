@@ -522,11 +522,12 @@ impl Stream {
 /// Appends fresh output at the stream's current end `at`.
 pub async fn append_output(
     tx: &mut WriteTx,
-    id: &str,
+    command: &CommandRow,
     stream: Stream,
     at: i64,
     fresh: &[u8],
 ) -> Result<(), sqlx::Error> {
+    let id = command.id.as_str();
     sqlx::query(
         "INSERT INTO command_output (command_id, stream, start_offset, data) VALUES ($1, $2, $3, $4)",
     )
@@ -547,6 +548,7 @@ pub async fn append_output(
     .bind(id)
     .execute(&mut *tx.tx)
     .await?;
+    super::counts::add_output(tx, &command.org_id, fresh.len() as i64).await?;
     tx.changed(id);
     Ok(())
 }

@@ -183,6 +183,31 @@ fn rand_u64() -> u64 {
     u64::from_le_bytes(bytes)
 }
 
+/// The command output `org_id`'s records keep, in bytes.
+pub async fn output_bytes(tx: &mut WriteTx, org_id: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM output_counts WHERE org_id = $1",
+    )
+    .bind(org_id)
+    .fetch_one(&mut *tx.tx)
+    .await
+}
+
+/// Adds `bytes` (negative: given back) to `org_id`'s kept output, on a
+/// slot picked at random.
+pub async fn add_output(tx: &mut WriteTx, org_id: &str, bytes: i64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO output_counts (org_id, slot, bytes) VALUES ($1, $2, $3)
+         ON CONFLICT (org_id, slot) DO UPDATE SET bytes = output_counts.bytes + excluded.bytes",
+    )
+    .bind(org_id)
+    .bind((rand_u64() % SLOTS) as i64)
+    .bind(bytes)
+    .execute(&mut *tx.tx)
+    .await?;
+    Ok(())
+}
+
 /// The quota counts of `scope` (`fleet`, `org:ID`) as committed, plus this
 /// transaction's pending ones: (running, held).
 pub async fn quota(tx: &mut WriteTx, scope: &str) -> Result<(i64, i64), sqlx::Error> {

@@ -13,7 +13,8 @@ pub async fn usage(pool: &AnyPool) -> Result<Vec<api::orgs::OrgUsage>, sqlx::Err
     let rows = sqlx::query(
         "SELECT o.id, o.name, o.max_running, o.max_total, o.created_at_ms,
             (SELECT CAST(COALESCE(SUM(c.running), 0) AS BIGINT) FROM sandbox_counts c WHERE c.scope = 'org:' || o.id) AS running,
-            (SELECT CAST(COALESCE(SUM(c.held), 0) AS BIGINT) FROM sandbox_counts c WHERE c.scope = 'org:' || o.id) AS total
+            (SELECT CAST(COALESCE(SUM(c.held), 0) AS BIGINT) FROM sandbox_counts c WHERE c.scope = 'org:' || o.id) AS total,
+            (SELECT CAST(COALESCE(SUM(b.bytes), 0) AS BIGINT) FROM output_counts b WHERE b.org_id = o.id) AS output_bytes
          FROM orgs o ORDER BY o.created_at_ms, o.id",
     )
     .fetch_all(pool)
@@ -33,6 +34,7 @@ pub async fn usage(pool: &AnyPool) -> Result<Vec<api::orgs::OrgUsage>, sqlx::Err
                 max_total: limit("max_total")?,
                 running: row.try_get::<i64, _>("running")?.max(0) as u64,
                 total: row.try_get::<i64, _>("total")?.max(0) as u64,
+                output_bytes: row.try_get::<i64, _>("output_bytes")?.max(0) as u64,
             })
         })
         .collect()

@@ -1012,6 +1012,20 @@ pub async fn forget_home(tx: &mut WriteTx, id: &str) -> Result<(), sqlx::Error> 
 /// before `cutoff_ms`. A `deleted` row counts toward nothing
 /// (`records::counts`), so no count changes.
 pub async fn purge_deleted(tx: &mut WriteTx, cutoff_ms: i64) -> Result<(), sqlx::Error> {
+    // Their commands' output goes with them: given back to each org.
+    let given_back: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT c.org_id, CAST(SUM(c.stdout_bytes + c.stderr_bytes) AS BIGINT) FROM commands c
+         JOIN sandboxes s ON s.id = c.sandbox_id
+         WHERE s.state = 'deleted' AND s.ended_at_ms < $1 GROUP BY c.org_id",
+    )
+    .bind(cutoff_ms)
+    .fetch_all(&mut *tx.tx)
+    .await?;
+    for (org_id, bytes) in given_back {
+        if bytes != 0 {
+            super::counts::add_output(tx, &org_id, -bytes).await?;
+        }
+    }
     sqlx::query("DELETE FROM sandboxes WHERE state = 'deleted' AND ended_at_ms < $1")
         .bind(cutoff_ms)
         .execute(&mut *tx.tx)

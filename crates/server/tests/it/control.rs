@@ -27,6 +27,15 @@ async fn planes(name: &str) -> Vec<Plane> {
 
 /// [`planes`], with a content store (`store`: durable homes allowed).
 async fn planes_with(name: &str, store: bool) -> Vec<Plane> {
+    planes_configured(name, store, |_| {}).await
+}
+
+/// [`planes_with`], each config changed by `tweak` first.
+async fn planes_configured(
+    name: &str,
+    store: bool,
+    tweak: impl Fn(&mut server::Config),
+) -> Vec<Plane> {
     let mut urls = vec![None];
     if let Ok(base) = std::env::var("ROOST_TEST_POSTGRES_URL") {
         urls.push(Some(postgres_database(&base, name).await));
@@ -45,6 +54,7 @@ async fn planes_with(name: &str, store: bool) -> Vec<Plane> {
         if store {
             config.store_url = Some(data.path().join("store").display().to_string());
         }
+        tweak(&mut config);
         let state = server::open_state(config)
             .await
             .expect("the control plane opens");
@@ -3453,5 +3463,147 @@ async fn every_signal_asked_between_polls_is_assigned_and_only_the_latest_are_ke
             .await
             .expect("count");
         assert_eq!(stored, kept as i64, "{}", plane.engine());
+    }
+}
+
+/// An org's commands together keep at most `org_output_bytes_max` of
+/// output in the records every org shares: past it, what does not fit is
+/// not stored (the stream marked truncated) and the runner hears 429
+/// `quota_exceeded` naming `output_bytes`; other orgs are untouched; a
+/// purged sandbox's commands give theirs back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orgs_stored_output_is_bounded_and_given_back_when_its_sandbox_is_purged() {
+    for plane in planes_configured("output_quota", false, |config| {
+        config.org_output_bytes_max = 100;
+    })
+    .await
+    {
+        let runner = plane.runner(8).await;
+        let running_command = |org: String, row: SandboxRow| {
+            let plane = &plane;
+            let runner = runner.clone();
+            async move {
+                let request = serde_json::from_value(serde_json::json!({ "argv": ["yes"] }))
+                    .expect("a command request");
+                let mut tx = plane.state.db.write().await.expect("tx");
+                let command = commands::create(&plane.state, &mut tx, &org, &row.id, &request)
+                    .await
+                    .expect("created");
+                tx.commit().await.expect("commit");
+                runner_protocol::read_assignments(&plane.state, &runner)
+                    .await
+                    .expect("handed over");
+                let running = CommandReport {
+                    runner_id: runner.clone(),
+                    epoch: row.epoch as u64,
+                    state: CommandState::Running,
+                    reason: None,
+                    exit_code: None,
+                    signal: None,
+                    pid: Some(7),
+                    output: None,
+                };
+                runner_protocol::report_command(&plane.state, &command.id, &running)
+                    .await
+                    .expect("running");
+                command.id
+            }
+        };
+        let at = |row: &SandboxRow, offset| runner_protocol::OutputAt {
+            runner_id: runner.clone(),
+            epoch: row.epoch as u64,
+            offset,
+        };
+        let org = plane.org("org_out", None).await;
+        let row = plane.create(&org).await.expect("admitted");
+        let row = plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        let first = running_command(org.clone(), row.clone()).await;
+        let second = running_command(org.clone(), row.clone()).await;
+        let sixty = [b'y'; 60];
+        runner_protocol::append_output(&plane.state, &first, Stream::Stdout, &at(&row, 0), &sixty)
+            .await
+            .expect("60 of 100");
+        let past = runner_protocol::append_output(
+            &plane.state,
+            &second,
+            Stream::Stdout,
+            &at(&row, 0),
+            &sixty,
+        )
+        .await;
+        let Err(err) = past else {
+            panic!("{}: 120 bytes of 100 stored", plane.engine());
+        };
+        assert_eq!(err.code, ErrorCode::QuotaExceeded, "{}", plane.engine());
+        assert_eq!(
+            err.details["quota"]["metric"],
+            "output_bytes",
+            "{}: {:?}",
+            plane.engine(),
+            err.details
+        );
+        let cut = plane.load_command(&second).await;
+        assert_eq!(
+            cut.stdout_bytes,
+            40,
+            "{}: what fits is stored",
+            plane.engine()
+        );
+        assert!(cut.stdout_truncated, "{}", plane.engine());
+        let usage = server::records::orgs::usage(&plane.state.db.pool)
+            .await
+            .expect("usage");
+        let ours = usage.iter().find(|o| o.org_id == org).expect("the org");
+        assert_eq!(ours.output_bytes, 100, "{}", plane.engine());
+
+        // Another org stores its own.
+        let other = plane.org("org_other", None).await;
+        let other_row = plane.create(&other).await.expect("admitted");
+        let other_row = plane
+            .report(&other_row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        let theirs = running_command(other.clone(), other_row.clone()).await;
+        runner_protocol::append_output(
+            &plane.state,
+            &theirs,
+            Stream::Stdout,
+            &at(&other_row, 0),
+            &sixty,
+        )
+        .await
+        .expect("another org's output is its own");
+
+        // The org's sandbox deleted, then purged: its output is given back.
+        let deleting = plane.change(&org, &row.id, "delete").await.expect("delete");
+        plane
+            .report(&deleting, &runner, SandboxState::Deleted)
+            .await
+            .expect("deleted");
+        let mut tx = plane.state.db.write().await.expect("tx");
+        server::records::sandboxes::purge_deleted(&mut tx, i64::MAX)
+            .await
+            .expect("purged");
+        assert_eq!(
+            server::records::counts::output_bytes(&mut tx, &org)
+                .await
+                .expect("count"),
+            0,
+            "{}",
+            plane.engine()
+        );
+        tx.commit().await.expect("commit");
+        let row = plane.create(&org).await.expect("admitted");
+        let row = plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        let again = running_command(org.clone(), row.clone()).await;
+        runner_protocol::append_output(&plane.state, &again, Stream::Stdout, &at(&row, 0), &sixty)
+            .await
+            .expect("room again after the purge");
     }
 }
