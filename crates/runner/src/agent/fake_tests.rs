@@ -1867,3 +1867,60 @@ async fn a_home_no_stop_secured_is_kept_aside_before_a_restore_whatever_the_stat
         "unsaved\n"
     );
 }
+
+/// Audit finding: a snapshot of a stopped sandbox reads the home itself
+/// (no read-only copy of it); a start during it let the sandbox's root
+/// swap a directory not yet read for a symlink to the host's files, which
+/// the scan then read into the org's store. The launch now waits until no
+/// such snapshot is reading the home.
+#[tokio::test]
+async fn a_stopped_sandbox_does_not_start_while_a_snapshot_reads_its_home() {
+    let agent = agent(Failpoints::none());
+    let home = agent.shared.homes.path(ID).expect("the home's path");
+    std::fs::create_dir_all(&home).expect("a home");
+    std::fs::write(home.join("notes"), "work").expect("a file");
+    let snapshot = api::runners::SnapshotAssignment {
+        snapshot_id: "snp_fake0001".to_owned(),
+        durability: "replicated".to_owned(),
+    };
+    let mut stopped = sandbox_only(DesiredState::Stopped, SandboxState::Stopped);
+    stopped.sandbox.snapshots = vec![snapshot.clone()];
+    // The snapshot's first report never answers: it stays under way.
+    agent.control.answer(Kind::Snapshot, Scripted::Hangs);
+    let (assign, _task) = worker(&agent, stopped);
+    agent
+        .control
+        .wait_until("the snapshot under way", |r| {
+            r.iter().any(|r| matches!(r, Request::Snapshot(..)))
+        })
+        .await;
+    let mut starting = sandbox_only(DesiredState::Running, SandboxState::Starting);
+    starting.sandbox.snapshots = vec![snapshot];
+    assign.send_replace(Some(starting.clone()));
+    agent.clock.run_for(ms(5_000), ms(100)).await;
+    assert!(
+        !agent
+            .runtime
+            .calls()
+            .iter()
+            .any(|call| matches!(call, Call::Launch(_))),
+        "launched while the snapshot reads the home: {:?}",
+        agent.runtime.calls()
+    );
+    // The snapshot is done (the server no longer assigns it): the launch
+    // goes ahead.
+    starting.sandbox.snapshots = Vec::new();
+    assign.send_replace(Some(starting));
+    agent.clock.run_for(ms(1_000), ms(100)).await;
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    assert!(
+        agent
+            .runtime
+            .calls()
+            .iter()
+            .any(|call| matches!(call, Call::Launch(_)))
+    );
+}

@@ -240,6 +240,17 @@ struct Accepted {
 }
 
 /// What to do after a pass.
+/// A snapshot of a stopped sandbox's home, being captured and uploaded.
+struct SnapshotTask {
+    task: JoinHandle<()>,
+    /// It reads the home itself (taken at rest), not a read-only copy.
+    reads_live_home: bool,
+}
+
+/// How often a launch held back by a snapshot reading the home looks
+/// again.
+const SNAPSHOT_READ_POLL: Duration = Duration::from_millis(200);
+
 enum Next {
     /// Wait for an event (or the resync).
     Idle,
@@ -291,7 +302,7 @@ struct Worker {
     /// Saves a running durable home on its schedule (for one epoch).
     saver: Option<(u64, JoinHandle<()>)>,
     /// Snapshots being captured and uploaded, by id.
-    snapshots: HashMap<String, JoinHandle<()>>,
+    snapshots: HashMap<String, SnapshotTask>,
     /// What the last wake of a durable home downloaded, until reported.
     wake: Option<WakeReport>,
     /// The newest assignment, as the server last answered it: a stop under
@@ -499,6 +510,13 @@ impl Worker {
         }
         self.last_seen = Some(seen);
         let action = decide(sandbox.desired, sandbox.state, seen, launched_here);
+        if matches!(action, Action::Launch | Action::Start | Action::Resume) {
+            self.drop_unassigned_snapshots(sandbox);
+            if self.snapshot_reads_home() {
+                tracing::info!(sandbox_id = %self.id, "a snapshot is reading the stopped home; the launch waits for it");
+                return Next::RetryIn(SNAPSHOT_READ_POLL);
+            }
+        }
         if action != Action::Idle {
             tracing::debug!(sandbox_id = %self.id, desired = %sandbox.desired, recorded = %sandbox.state, ?seen, ?action, "acting");
         }
@@ -611,13 +629,7 @@ impl Worker {
     /// Starts a task for each assigned snapshot that has none; drops tasks
     /// of snapshots no longer assigned (replicated, failed or deleted).
     fn take_snapshots(&mut self, sandbox: &SandboxAssignment, running: bool) {
-        self.snapshots.retain(|id, task| {
-            let assigned = sandbox.snapshots.iter().any(|s| &s.snapshot_id == id);
-            if !assigned {
-                task.abort();
-            }
-            assigned
-        });
+        self.drop_unassigned_snapshots(sandbox);
         for snapshot in &sandbox.snapshots {
             if self.snapshots.contains_key(&snapshot.snapshot_id) {
                 continue;
@@ -636,8 +648,37 @@ impl Worker {
                     tracing::warn!(sandbox_id = %id, %snapshot_id, ?err, "snapshot did not complete");
                 }
             });
-            self.snapshots.insert(snapshot.snapshot_id.clone(), task);
+            self.snapshots.insert(
+                snapshot.snapshot_id.clone(),
+                SnapshotTask {
+                    task,
+                    reads_live_home: !running,
+                },
+            );
         }
+    }
+
+    /// Stops the tasks of snapshots no longer assigned (replicated, failed
+    /// or deleted).
+    fn drop_unassigned_snapshots(&mut self, sandbox: &SandboxAssignment) {
+        self.snapshots.retain(|id, snapshot| {
+            let assigned = sandbox.snapshots.iter().any(|s| &s.snapshot_id == id);
+            if !assigned {
+                snapshot.task.abort();
+            }
+            assigned
+        });
+    }
+
+    /// Whether a snapshot is still reading the home itself (taken at
+    /// rest, with no read-only copy of it): nothing may run in the home
+    /// until it is done, or the sandbox's root could swap a directory it
+    /// has not read yet for a symlink to the host's files, and the scan,
+    /// which goes by path, would read those into the org's store.
+    fn snapshot_reads_home(&self) -> bool {
+        self.snapshots
+            .values()
+            .any(|snapshot| snapshot.reads_live_home && !snapshot.task.is_finished())
     }
 
     async fn failed_step(&mut self, sandbox: &SandboxAssignment, step: Step) -> Next {
@@ -728,7 +769,9 @@ impl Worker {
         }
         self.unwatch();
         self.stop_saving();
-        self.snapshots.clear();
+        for (_, snapshot) in self.snapshots.drain() {
+            snapshot.task.abort();
+        }
         self.commands.clear();
         self.release_lease().await;
         if let Err(err) = self.handle.delete().await {
@@ -1239,8 +1282,8 @@ impl Worker {
         self.release_lease().await;
         self.unwatch();
         self.stop_saving();
-        for (_, task) in self.snapshots.drain() {
-            task.abort();
+        for (_, snapshot) in self.snapshots.drain() {
+            snapshot.task.abort();
         }
         self.commands.clear();
         self.handle.remove_files().await?;
