@@ -43,6 +43,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (23, include_str!("../migrations/0023_signal_seq.sql")),
     (24, include_str!("../migrations/0024_command_signals.sql")),
     (25, include_str!("../migrations/0025_output_counts.sql")),
+    (26, include_str!("../migrations/0026_commands_by_pid.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

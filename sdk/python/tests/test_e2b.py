@@ -5,10 +5,12 @@ E2B_API_KEY."""
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from typing import Iterator
 
+import httpx
 import pytest
 
 from conftest import Deployment, wait_until
@@ -97,6 +99,31 @@ def test_stdin_reaches_the_command(sandbox: Sandbox) -> None:
     sandbox.commands.send_stdin(handle.pid, "hello")
     result = handle.wait()
     assert result.stdout == "hello"
+
+
+def test_one_input_stream_feeds_one_process(sandbox: Sandbox, deployment: Deployment) -> None:
+    """Audit finding: every `start` in a StreamInput looked the process up
+    and opened a feed to the runner again; one stream now feeds one
+    process, and a second start is refused."""
+    handle = sandbox.commands.run("cat", background=True, stdin=True)
+
+    def envelope(flags: int, message: bytes) -> bytes:
+        return bytes([flags]) + len(message).to_bytes(4, "big") + message
+
+    start = json.dumps({"start": {"process": {"pid": handle.pid}}}).encode()
+    answer = httpx.post(
+        deployment.url + "/e2b/envd/process.Process/StreamInput",
+        content=envelope(0, start) + envelope(0, start) + envelope(2, b"{}"),
+        headers={
+            "Content-Type": "application/connect+json",
+            "X-Access-Token": deployment.token,
+            "E2b-Sandbox-Id": sandbox.sandbox_id,
+        },
+        timeout=60,
+    )
+    text = answer.content.decode(errors="replace")
+    assert "invalid_argument" in text and "second start" in text, text
+    assert sandbox.commands.kill(handle.pid)
 
 
 def test_binary_file_round_trip_and_filesystem_calls(sandbox: Sandbox) -> None:

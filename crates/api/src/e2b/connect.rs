@@ -121,42 +121,53 @@ pub enum FrameError {
 #[derive(Debug, Default)]
 pub struct Decoder {
     buffer: Vec<u8>,
+    /// Where the next envelope starts in `buffer`: what is before it was
+    /// read, and goes at the next `push` (not at each envelope, which
+    /// would move the rest of the buffer once per envelope: quadratic in a
+    /// chunk of many small ones).
+    start: usize,
+    /// Bytes moved to compact the buffer, for the test that keeps this
+    /// linear.
+    #[cfg(test)]
+    moved: usize,
 }
 
 impl Decoder {
     pub fn push(&mut self, bytes: &[u8]) {
+        #[cfg(test)]
+        {
+            self.moved += self.buffer.len() - self.start;
+        }
+        self.buffer.drain(..self.start);
+        self.start = 0;
         self.buffer.extend_from_slice(bytes);
     }
 
     /// The next whole envelope (flags, message), if one has arrived.
     pub fn next_frame(&mut self) -> Result<Option<(u8, Vec<u8>)>, FrameError> {
-        if self.buffer.len() < 5 {
+        let unread = &self.buffer[self.start..];
+        if unread.len() < 5 {
             return Ok(None);
         }
-        let flags = self.buffer[0];
-        let length = u32::from_be_bytes([
-            self.buffer[1],
-            self.buffer[2],
-            self.buffer[3],
-            self.buffer[4],
-        ]) as usize;
+        let flags = unread[0];
+        let length = u32::from_be_bytes([unread[1], unread[2], unread[3], unread[4]]) as usize;
         if length > MESSAGE_BYTES_MAX {
             return Err(FrameError::TooLarge(length));
         }
         if flags & FLAG_COMPRESSED != 0 {
             return Err(FrameError::Compressed);
         }
-        if self.buffer.len() < 5 + length {
+        if unread.len() < 5 + length {
             return Ok(None);
         }
-        let message = self.buffer[5..5 + length].to_vec();
-        self.buffer.drain(..5 + length);
+        let message = unread[5..5 + length].to_vec();
+        self.start += 5 + length;
         Ok(Some((flags, message)))
     }
 
     /// At the end of the body: nothing may be left half-read.
     pub fn finish(&self) -> Result<(), FrameError> {
-        if self.buffer.is_empty() {
+        if self.start == self.buffer.len() {
             Ok(())
         } else {
             Err(FrameError::Truncated)
@@ -188,6 +199,29 @@ mod tests {
             let end: EndStream = serde_json::from_slice(&frames[1].1).expect("in a test");
             assert_eq!(end.error.expect("in a test").code, Code::NotFound);
         }
+    }
+
+    /// Audit finding: each envelope read moved the rest of the buffer, so
+    /// a chunk of many small envelopes cost its length squared, on a
+    /// worker every org shares. The unread rest moves once per chunk.
+    #[test]
+    fn a_chunk_of_many_envelopes_is_read_moving_each_byte_at_most_once() {
+        let one = envelope(0, b"{}");
+        let chunk: Vec<u8> = one.repeat(10_000);
+        let mut decoder = Decoder::default();
+        decoder.push(&chunk[..chunk.len() - 3]);
+        let mut frames = 0;
+        while decoder.next_frame().expect("in a test").is_some() {
+            frames += 1;
+        }
+        decoder.push(&chunk[chunk.len() - 3..]);
+        while decoder.next_frame().expect("in a test").is_some() {
+            frames += 1;
+        }
+        decoder.finish().expect("in a test");
+        assert_eq!(frames, 10_000);
+        // Only the half envelope left at the first chunk's end moved.
+        assert_eq!(decoder.moved, one.len() - 3);
     }
 
     #[test]

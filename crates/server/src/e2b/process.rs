@@ -406,37 +406,15 @@ async fn by_selector(
     crate::http::sandboxes::visible_sandbox(state, &caller.org_id, &caller.sandbox_id)
         .await
         .map_err(|e| connect_error_of(&e))?;
-    let mut latest: Option<CommandRow> = None;
-    let mut cursor = String::new();
-    // Running ones first (pids are reused), then every page.
-    for only in [Some(CommandState::Running), None] {
-        if running_only && only.is_none() {
-            break;
-        }
-        cursor.clear();
-        loop {
-            let (rows, next) =
-                records::commands::list(&state.db.pool, &caller.sandbox_id, only, &cursor, 200)
-                    .await
-                    .map_err(|e| connect_error_of(&e.into()))?;
-            for row in rows.into_iter().filter(|r| r.pid == Some(i64::from(pid))) {
-                if only.is_some() {
-                    return Ok(row);
-                }
-                if latest
-                    .as_ref()
-                    .is_none_or(|l| l.created_at_ms <= row.created_at_ms)
-                {
-                    latest = Some(row);
-                }
-            }
-            match next {
-                Some(next) => cursor = next,
-                None => break,
-            }
-        }
-    }
-    latest.ok_or_else(|| {
+    records::commands::by_pid(
+        &state.db.pool,
+        &caller.sandbox_id,
+        i64::from(pid),
+        running_only,
+    )
+    .await
+    .map_err(|e| connect_error_of(&e.into()))?
+    .ok_or_else(|| {
         error(
             Code::NotFound,
             format!(
@@ -447,11 +425,19 @@ async fn by_selector(
     })
 }
 
+/// The most processes `List` answers with, and the most bytes of their
+/// configs (argv and env) together: a sandbox's running commands are
+/// bounded by its pids, but each may carry 320 KiB of argv and env, and
+/// one answer is held whole in the shared server's memory.
+const LIST_PROCESSES_MAX: usize = 1_000;
+const LIST_CONFIG_BYTES_MAX: usize = 16 << 20;
+
 async fn list(state: &AppState, caller: &EnvdCaller) -> Result<ListResponse, connect::Error> {
     crate::http::sandboxes::visible_sandbox(state, &caller.org_id, &caller.sandbox_id)
         .await
         .map_err(|e| connect_error_of(&e))?;
     let mut processes = Vec::new();
+    let mut config_bytes = 0;
     let mut cursor = String::new();
     loop {
         let (rows, next) = records::commands::list(
@@ -465,6 +451,16 @@ async fn list(state: &AppState, caller: &EnvdCaller) -> Result<ListResponse, con
         .map_err(|e| connect_error_of(&e.into()))?;
         for row in rows {
             let Some(pid) = row.pid else { continue };
+            config_bytes += row.argv.len() + row.env.len();
+            if processes.len() >= LIST_PROCESSES_MAX || config_bytes > LIST_CONFIG_BYTES_MAX {
+                return Err(error(
+                    Code::ResourceExhausted,
+                    format!(
+                        "more running processes than one answer holds ({LIST_PROCESSES_MAX}, or {LIST_CONFIG_BYTES_MAX} bytes of their commands and env): page through them with GET /v1/sandboxes/{}/commands?state=running",
+                        caller.sandbox_id
+                    ),
+                ));
+            }
             let api = row.to_api();
             let mut argv = api.argv.into_iter();
             processes.push(ProcessInfo {
@@ -516,6 +512,9 @@ type StdinFeed = (
     tokio::task::JoinHandle<Result<control::data_path::Relayed, ControlError>>,
 );
 
+/// How many input messages are read between two yields of the worker.
+const YIELD_EVERY_MESSAGES: u64 = 256;
+
 /// A client stream: a start naming the process, then its input.
 async fn stream_input(
     state: &AppState,
@@ -526,6 +525,7 @@ async fn stream_input(
     let mut chunks = body.into_data_stream();
     let mut feed: Option<StdinFeed> = None;
     let mut ended = false;
+    let mut read: u64 = 0;
     while !ended {
         let Some(chunk) = chunks.next().await else {
             break;
@@ -542,7 +542,19 @@ async fn stream_input(
             }
             let message: StreamInputRequest = serde_json::from_slice(&message)
                 .map_err(|e| error(Code::InvalidArgument, format!("the input message: {e}")))?;
+            // Many empty messages in one chunk await nothing: the worker
+            // other requests share is handed back now and then.
+            read += 1;
+            if read % YIELD_EVERY_MESSAGES == 0 {
+                tokio::task::yield_now().await;
+            }
             if let Some(start) = message.start {
+                if feed.is_some() {
+                    return Err(error(
+                        Code::InvalidArgument,
+                        "a second start message: one input stream feeds one process",
+                    ));
+                }
                 let command = by_selector(state, caller, start.process.as_ref(), true).await?;
                 let opened = control::data_path::stdin_feed(
                     state,

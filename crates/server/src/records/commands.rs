@@ -613,6 +613,31 @@ pub async fn list(
     Ok(super::page(commands, limit, |c| &c.id))
 }
 
+/// The sandbox's command with `pid`: a running one first (pids are
+/// reused), else the latest created (`running_only`: none but a running
+/// one). One indexed read (`commands_by_pid`).
+pub async fn by_pid(
+    pool: &AnyPool,
+    sandbox_id: &str,
+    pid: i64,
+    running_only: bool,
+) -> Result<Option<CommandRow>, sqlx::Error> {
+    let only = if running_only {
+        " AND state = 'running'"
+    } else {
+        ""
+    };
+    let row = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE sandbox_id = $1 AND pid = $2{only}
+         ORDER BY CASE WHEN state = 'running' THEN 0 ELSE 1 END, created_at_ms DESC, id DESC LIMIT 1"
+    ))
+    .bind(sandbox_id)
+    .bind(pid)
+    .fetch_optional(pool)
+    .await?;
+    row.as_ref().map(CommandRow::from_row).transpose()
+}
+
 /// Up to `max` bytes of a command's stream from `offset`.
 pub async fn read_output(
     pool: &AnyPool,

@@ -310,3 +310,66 @@ async fn an_undecodable_query_or_path_under_e2b_is_refused_in_e2bs_shape() {
     let file = http.get(format!("{}/e2b/envd/files?path=/a&path=/b", server.url));
     assert_e2b_refused("a path given twice", answer(file).await, "query");
 }
+
+/// Audit finding: E2B's `List` gathered every running process, each with
+/// up to 320 KiB of argv and env, into one answer held in the shared
+/// server's memory. Past what one answer holds it is refused
+/// (`resource_exhausted`, naming the native list that pages).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_e2b_process_list_past_what_one_answer_holds_is_refused() {
+    let server = TestServer::start().await;
+    let run = running_sandbox(&server, None).await;
+    // 70 commands of 250 KB of argv: 17.5 MB, past the answer's 16 MiB.
+    let big = "a".repeat(250_000);
+    let mut ids = Vec::new();
+    for _ in 0..70 {
+        let command = run
+            .org
+            .create_command(
+                &run.sandbox_id,
+                &serde_json::from_value(serde_json::json!({ "argv": ["echo", big] }))
+                    .expect("a command"),
+                None,
+            )
+            .await
+            .expect("a command");
+        ids.push(command.id);
+    }
+    let assigned = run
+        .runner
+        .runner_assignments(&run.runner_id, "", 0)
+        .await
+        .expect("handed over");
+    assert_eq!(assigned.commands.len(), 70);
+    for (n, id) in ids.iter().enumerate() {
+        let report = api::runners::CommandReport {
+            runner_id: run.runner_id.clone(),
+            epoch: assigned.sandboxes[0].epoch,
+            state: api::lifecycle::CommandState::Running,
+            exit_code: None,
+            signal: None,
+            reason: None,
+            pid: Some(100 + n as i32),
+            output: None,
+        };
+        run.runner
+            .runner_report_command(id, &report)
+            .await
+            .expect("running");
+    }
+    let list = reqwest::Client::new()
+        .post(format!("{}/e2b/envd/process.Process/List", server.url))
+        .header("x-access-token", &run.org_token)
+        .header("e2b-sandbox-id", &run.sandbox_id)
+        .header("content-type", "application/json")
+        .body("{}");
+    let (status, body) = answer(list).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["code"], "resource_exhausted", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("commands?state=running")),
+        "{body}"
+    );
+}
