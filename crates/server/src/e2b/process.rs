@@ -545,7 +545,7 @@ async fn stream_input(
             // Many empty messages in one chunk await nothing: the worker
             // other requests share is handed back now and then.
             read += 1;
-            if read % YIELD_EVERY_MESSAGES == 0 {
+            if read.is_multiple_of(YIELD_EVERY_MESSAGES) {
                 tokio::task::yield_now().await;
             }
             if let Some(start) = message.start {
