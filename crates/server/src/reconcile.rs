@@ -95,19 +95,20 @@ fn waiting_sql() -> String {
 }
 
 /// Sandboxes whose TTL is due (`$1`: now, `$2`: batch); the terms match
-/// the partial index `sandboxes_ttl_due`'s, so only due ones are read.
+/// the partial index `sandboxes_ttl_due`'s, so only due ones are read. A
+/// quarantined one waits for its release (a quarantine freezes it).
 fn ttl_due_sql() -> String {
     format!(
-        "SELECT id FROM sandboxes WHERE expires_at_ms <= $1 AND desired NOT IN ('terminated', 'deleted') AND state NOT IN {} LIMIT $2",
+        "SELECT id FROM sandboxes WHERE expires_at_ms <= $1 AND desired NOT IN ('terminated', 'deleted') AND state NOT IN {} AND quarantined = 0 LIMIT $2",
         terminal_states_sql()
     )
 }
 
 /// Ended sandboxes past retention, not yet deleted (`$1`: cutoff, `$2`:
-/// batch); index `sandboxes_retention_due`.
+/// batch), but for quarantined ones; index `sandboxes_retention_due`.
 fn retention_due_sql() -> String {
     format!(
-        "SELECT id FROM sandboxes WHERE ended_at_ms < $1 AND state IN {} AND desired <> 'deleted' LIMIT $2",
+        "SELECT id FROM sandboxes WHERE ended_at_ms < $1 AND state IN {} AND desired <> 'deleted' AND quarantined = 0 LIMIT $2",
         SandboxState::sql_in(|s| s.is_terminal() && s != SandboxState::Deleted)
     )
 }

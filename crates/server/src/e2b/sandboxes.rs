@@ -570,11 +570,14 @@ pub async fn set_timeout(
 ) -> Result<StatusCode, E2bError> {
     let request: SetTimeout = parse(&body)?;
     check_timeout(request.timeout)?;
-    let row = visible(&state, &caller.org_id, &id).await?;
+    visible(&state, &caller.org_id, &id).await?;
+    // Read again in the transaction that writes, as every change is: a
+    // quarantined sandbox refuses it, and an end since is not overwritten.
+    let mut tx = state.db.write().await?;
+    let row = control::sandboxes::load_mutable(&state, &mut tx, &caller.org_id, &id).await?;
     if e2b_state(&row).is_none() {
         return Err(ended(&row));
     }
-    let mut tx = state.db.write().await?;
     let expires = crate::db::now_ms() + request.timeout as i64 * 1000;
     records::sandboxes::set_expires_at(&mut tx, &row, expires, "timeout_set").await?;
     tx.commit().await?;
@@ -711,6 +714,7 @@ async fn resume_inner(
         let expires = crate::db::now_ms() + timeout as i64 * 1000;
         if row.expires_at_ms.is_some_and(|at| at < expires) {
             let mut tx = state.db.write().await?;
+            let row = control::sandboxes::load_mutable(&state, &mut tx, &org_id, &row.id).await?;
             records::sandboxes::set_expires_at(&mut tx, &row, expires, "timeout_extended").await?;
             tx.commit().await?;
         }

@@ -88,10 +88,10 @@ pub async fn set_policy(
 
 /// Sandboxes whose deadline has passed at `now`, oldest deadline first
 /// (an indexed read of what is due: a sleeping or busy-free fleet costs
-/// nothing here).
+/// nothing here), but for quarantined ones: they sleep once released.
 pub async fn due(pool: &sqlx::AnyPool, now: i64, limit: i64) -> Result<Vec<String>, sqlx::Error> {
     let rows: Vec<(String,)> = sqlx::query_as(
-        "SELECT id FROM sandboxes WHERE idle_deadline_ms IS NOT NULL AND idle_deadline_ms <= $1 ORDER BY idle_deadline_ms LIMIT $2",
+        "SELECT id FROM sandboxes WHERE idle_deadline_ms IS NOT NULL AND idle_deadline_ms <= $1 AND quarantined = 0 ORDER BY idle_deadline_ms LIMIT $2",
     )
     .bind(now)
     .bind(limit)

@@ -373,3 +373,35 @@ async fn an_e2b_process_list_past_what_one_answer_holds_is_refused() {
         "{body}"
     );
 }
+
+/// Audit finding: E2B's `timeout` wrote a sandbox's TTL from a row read
+/// outside its transaction, without the check every other change makes:
+/// an owner could set a quarantined sandbox to end in a second (and have
+/// the TTL pass terminate it). It is refused, as stop and delete are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_e2b_timeout_is_refused_on_a_quarantined_sandbox() {
+    let server = TestServer::start().await;
+    let run = running_sandbox(&server, None).await;
+    server
+        .admin
+        .quarantine_sandbox(
+            &run.sandbox_id,
+            &serde_json::from_value(serde_json::json!({ "reason": "forensics" }))
+                .expect("a quarantine request"),
+        )
+        .await
+        .expect("quarantined");
+    let timeout = reqwest::Client::new()
+        .post(format!(
+            "{}/e2b/sandboxes/{}/timeout",
+            server.url, run.sandbox_id
+        ))
+        .header("x-api-key", &run.org_token)
+        .header("content-type", "application/json")
+        .body(r#"{"timeout": 1}"#);
+    let (status, body) = answer(timeout).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error_code"], "quarantined", "{body}");
+    let sandbox = run.org.get_sandbox(&run.sandbox_id).await.expect("read");
+    assert_eq!(sandbox.expires_at, None, "no TTL was set: {sandbox:?}");
+}

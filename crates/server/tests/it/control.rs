@@ -3607,3 +3607,52 @@ async fn an_orgs_stored_output_is_bounded_and_given_back_when_its_sandbox_is_pur
             .expect("room again after the purge");
     }
 }
+
+/// A quarantine freezes a sandbox for forensics: the automatic passes
+/// (TTL, idle sleep, retention) leave it alone until it is released, as
+/// its owner's changes are refused. Before, its TTL ended it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quarantined_sandbox_is_not_ended_by_its_ttl_until_released() {
+    for plane in planes("quarantine_ttl").await {
+        let org = plane.org("org_q", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.create(&org).await.expect("admitted");
+        let row = plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        let mut tx = plane.state.db.write().await.expect("tx");
+        server::records::sandboxes::set_expires_at(&mut tx, &row, 1, "timeout_set")
+            .await
+            .expect("expired long ago");
+        server::records::sandboxes::set_quarantine(&mut tx, &row.id, Some("forensics"))
+            .await
+            .expect("quarantined");
+        tx.commit().await.expect("commit");
+        server::reconcile::pass(&plane.state, false)
+            .await
+            .expect("a pass");
+        let held = plane.load(&row.id).await;
+        assert_eq!(
+            (held.state, held.desired),
+            (SandboxState::Running, DesiredState::Running),
+            "{}",
+            plane.engine()
+        );
+        let mut tx = plane.state.db.write().await.expect("tx");
+        server::records::sandboxes::set_quarantine(&mut tx, &row.id, None)
+            .await
+            .expect("released");
+        tx.commit().await.expect("commit");
+        server::reconcile::pass(&plane.state, false)
+            .await
+            .expect("a pass");
+        let released = plane.load(&row.id).await;
+        assert_eq!(
+            released.desired,
+            DesiredState::Terminated,
+            "{}: the TTL applies once released",
+            plane.engine()
+        );
+    }
+}
