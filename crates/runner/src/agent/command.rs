@@ -656,6 +656,9 @@ fn launch_failure_reason(failure: LaunchFailure) -> &'static str {
 /// `mkdir`, `test`) make none, and every file made and removed per command
 /// is work for the data dir's filesystem (on ext4 without a journal, each
 /// new inode is found by skipping every one freed in the last seconds).
+/// The most of a stream a spool holds: the record's bound and one byte.
+const SPOOL_STREAM_BYTES_MAX: u64 = api::commands::OUTPUT_STREAM_BYTES_MAX + 1;
+
 struct Spool {
     paths: [PathBuf; 2],
     /// Each stream's file once made, read and written: appended under the
@@ -741,6 +744,15 @@ impl Spool {
             return;
         }
         let i = index(stream);
+        // The record keeps a stream's first `OUTPUT_STREAM_BYTES_MAX`: one
+        // byte more is spooled (its upload tells the server the stream was
+        // cut), and nothing past it, so a command writing without end
+        // fills neither this runner's disk nor its workers' time.
+        let room = SPOOL_STREAM_BYTES_MAX.saturating_sub(self.written[i].load(Ordering::SeqCst));
+        let bytes = &bytes[..bytes.len().min(usize::try_from(room).unwrap_or(usize::MAX))];
+        if bytes.is_empty() {
+            return;
+        }
         let written = match self.files[i].lock() {
             Ok(mut file) => {
                 if file.is_none() {
@@ -954,6 +966,29 @@ mod tests {
     /// A stream's spool file is made at its first byte; once a write
     /// fails, nothing more is spooled, so no later byte is ever counted at
     /// an offset it was not written at.
+    /// Audit finding: a command writing without end (`cat /dev/zero`) was
+    /// spooled without end, filling the runner's disk, though its record
+    /// keeps the first 32 MiB. A spool holds one byte past that.
+    #[test]
+    fn a_spool_holds_one_byte_past_what_the_record_keeps() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = super::super::dirs::DataDir::open(tmp.path()).expect("open");
+        let files = data.commands(&oci::config::SandboxId::new("sbx_1").expect("id"));
+        std::fs::create_dir_all(files.output("cmd_1", "x").parent().expect("dir")).expect("mkdir");
+        let spool = Spool::new(&files, "cmd_1");
+        let chunk = vec![b'z'; 1 << 20];
+        let bound = api::commands::OUTPUT_STREAM_BYTES_MAX;
+        for _ in 0..(bound / chunk.len() as u64 + 3) {
+            spool.append(Stream::Stdout, &chunk);
+        }
+        spool.append(Stream::Stderr, b"still spooled");
+        assert_eq!(spool.lengths(), [bound + 1, 13]);
+        let on_disk = std::fs::metadata(files.output("cmd_1", "stdout"))
+            .expect("stdout's file")
+            .len();
+        assert_eq!(on_disk, bound + 1);
+    }
+
     #[test]
     fn a_spool_makes_files_at_the_first_byte_and_stops_at_a_failed_write() {
         let tmp = tempfile::tempdir().expect("tempdir");
