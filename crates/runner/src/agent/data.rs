@@ -41,8 +41,8 @@ pub(crate) struct DataPlane {
     pub(crate) shared: Arc<Shared>,
     pub(crate) key: [u8; KEY_BYTES],
     pub(crate) in_flight: Arc<InFlight>,
-    /// Listings built at once ([`LISTINGS_AT_ONCE`]).
-    pub(crate) listings: tokio::sync::Semaphore,
+    /// Listings built at once.
+    pub(crate) listings: Listings,
 }
 
 /// Listings the data listener builds at once: each is held whole, up to
@@ -50,6 +50,83 @@ pub(crate) struct DataPlane {
 /// much again as written, so this bounds their memory (about 150 MiB at
 /// worst) however many are asked for.
 pub(crate) const LISTINGS_AT_ONCE: usize = 8;
+/// Of those, how many one sandbox may have: its agent answers as slowly
+/// as it likes (within `LISTING_DEADLINE`), and the others stay for the
+/// other sandboxes here.
+pub(crate) const LISTINGS_PER_SANDBOX: usize = 2;
+/// How long a listing waits for its turn before it is refused (503).
+pub(crate) const LISTING_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// The longest a listing may take, its agent's answer whole.
+pub(crate) const LISTING_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The turns of the listings built at once: [`LISTINGS_AT_ONCE`] in all,
+/// [`LISTINGS_PER_SANDBOX`] a sandbox.
+pub(crate) struct Listings {
+    all: Arc<tokio::sync::Semaphore>,
+    per_sandbox: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+/// One sandbox's share of the listings, given back when dropped.
+struct SandboxShare {
+    per_sandbox: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    sandbox: String,
+}
+
+impl Drop for SandboxShare {
+    fn drop(&mut self) {
+        let mut per_sandbox = locked(&self.per_sandbox);
+        if let Some(count) = per_sandbox.get_mut(&self.sandbox) {
+            *count -= 1;
+            if *count == 0 {
+                per_sandbox.remove(&self.sandbox);
+            }
+        }
+    }
+}
+
+/// A listing's turn, given back when dropped.
+pub(crate) struct ListingTurn {
+    _all: tokio::sync::OwnedSemaphorePermit,
+    _share: SandboxShare,
+}
+
+impl Listings {
+    pub(crate) fn new() -> Listings {
+        Listings {
+            all: Arc::new(tokio::sync::Semaphore::new(LISTINGS_AT_ONCE)),
+            per_sandbox: Arc::default(),
+        }
+    }
+
+    /// A turn for a listing of `sandbox`: refused at once past the
+    /// sandbox's share, and after [`LISTING_TURN_WAIT`] without one.
+    pub(crate) async fn turn(&self, sandbox: &str) -> Result<ListingTurn, String> {
+        let share = {
+            let mut per_sandbox = locked(&self.per_sandbox);
+            let count = per_sandbox.entry(sandbox.to_owned()).or_insert(0);
+            if *count >= LISTINGS_PER_SANDBOX {
+                return Err(format!(
+                    "this runner builds {LISTINGS_PER_SANDBOX} listings at once for sandbox {sandbox}"
+                ));
+            }
+            *count += 1;
+            SandboxShare {
+                per_sandbox: self.per_sandbox.clone(),
+                sandbox: sandbox.to_owned(),
+            }
+        };
+        match tokio::time::timeout(LISTING_TURN_WAIT, self.all.clone().acquire_owned()).await {
+            Ok(Ok(all)) => Ok(ListingTurn {
+                _all: all,
+                _share: share,
+            }),
+            Ok(Err(_)) | Err(_) => Err(format!(
+                "this runner builds {LISTINGS_AT_ONCE} listings at once and none ended within {} s",
+                LISTING_TURN_WAIT.as_secs()
+            )),
+        }
+    }
+}
 
 /// A refusal, as the API's envelope.
 struct Refusal {
@@ -545,5 +622,52 @@ mod tests {
             assert!(closed.is_ok(), "still open after 60 s");
         }
         server.abort();
+    }
+}
+
+#[cfg(test)]
+mod listing_tests {
+    use super::*;
+
+    /// Audit finding: one sandbox's agent, answering a listing slowly, could
+    /// hold every listing turn of the runner. A sandbox has its share; a
+    /// turn given back is taken again.
+    #[tokio::test]
+    async fn a_sandbox_takes_at_most_its_share_of_the_listings() {
+        let listings = Listings::new();
+        let first = listings.turn("sbx_a").await.expect("a first turn");
+        let _second = listings.turn("sbx_a").await.expect("a second turn");
+        let third = listings.turn("sbx_a").await;
+        assert!(
+            third.as_ref().is_err_and(|e| e.contains("sbx_a")),
+            "past the sandbox's share: {:?}",
+            third.err()
+        );
+        let others: Vec<ListingTurn> =
+            futures::future::try_join_all((0..LISTINGS_AT_ONCE - LISTINGS_PER_SANDBOX).map(|n| {
+                let listings = &listings;
+                async move { listings.turn(&format!("sbx_{n}")).await }
+            }))
+            .await
+            .expect("the other sandboxes' turns");
+        assert_eq!(others.len(), LISTINGS_AT_ONCE - LISTINGS_PER_SANDBOX);
+        drop(first);
+        let _again = listings.turn("sbx_a").await.expect("its turn back");
+    }
+
+    /// A listing that finds every turn taken waits [`LISTING_TURN_WAIT`],
+    /// then is refused (not queued for ever).
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_without_a_turn_is_refused_after_a_wait() {
+        let listings = Listings::new();
+        let _taken: Vec<ListingTurn> =
+            futures::future::try_join_all((0..LISTINGS_AT_ONCE).map(|n| {
+                let listings = &listings;
+                async move { listings.turn(&format!("sbx_{n}")).await }
+            }))
+            .await
+            .expect("every turn");
+        let refused = listings.turn("sbx_late").await;
+        assert!(refused.is_err_and(|e| e.contains("none ended")));
     }
 }

@@ -448,17 +448,29 @@ async fn list(
     let container = container(&plane, &headers, ops::LIST, &sandbox_id)?;
     // A listing is held whole (up to the agent's bound, twice: as read and
     // as written), so only a few are built at once; the rest wait.
-    let _turn = plane.listings.acquire().await.map_err(|_| {
+    // A sandbox has its share of the turns, and its agent a deadline, so
+    // a slow one holds no other sandbox's listings up.
+    let _turn = plane
+        .listings
+        .turn(&sandbox_id)
+        .await
+        .map_err(|message| refusal(ErrorCode::Unavailable, message, serde_json::Value::Null))?;
+    let answer = tokio::time::timeout(
+        super::data::LISTING_DEADLINE,
+        container.list_files(&query.path, query.depth.unwrap_or(1)),
+    )
+    .await
+    .map_err(|_| {
         refusal(
             ErrorCode::Unavailable,
-            "the runner is stopping",
+            format!(
+                "the sandbox's agent did not finish the listing within {} s",
+                super::data::LISTING_DEADLINE.as_secs()
+            ),
             serde_json::Value::Null,
         )
-    })?;
-    let answer = container
-        .list_files(&query.path, query.depth.unwrap_or(1))
-        .await
-        .map_err(agent_refusal)?;
+    })?
+    .map_err(agent_refusal)?;
     Ok(json(StatusCode::OK, &listing(answer)))
 }
 

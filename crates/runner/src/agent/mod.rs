@@ -686,7 +686,7 @@ async fn run_agent(
             shared: shared.clone(),
             key: data_key,
             in_flight: Arc::default(),
-            listings: tokio::sync::Semaphore::new(data::LISTINGS_AT_ONCE),
+            listings: data::Listings::new(),
         });
         AbortOnDrop(tokio::spawn(data::serve(plane, listener)))
     });
