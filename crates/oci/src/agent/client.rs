@@ -23,6 +23,64 @@ use crate::signal::Signal;
 use crate::spec;
 use crate::state::Status;
 
+/// The highest signal number Linux has (`SIGRTMAX`).
+const SIGNAL_NUMBER_MAX: i64 = 64;
+
+/// The most of an agent's refusal message kept (it goes into logs and
+/// API errors).
+const REFUSAL_MESSAGE_CHARS_MAX: usize = 1_000;
+
+/// An `ERROR` frame's code and message, as the runner may repeat them: the
+/// agent (which the sandbox's root may have replaced) chooses both, so a
+/// code is a word of `a-z _` (else `bad_answer`) and the message is cut
+/// short with its control characters escaped: no forged log lines, no
+/// megabyte of log a refusal.
+fn refusal_of(value: &serde_json::Value) -> (String, String) {
+    let code = value["code"].as_str().unwrap_or("unknown");
+    let code = if !code.is_empty()
+        && code.len() <= 64
+        && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+    {
+        code
+    } else {
+        "bad_answer"
+    };
+    let message: String = value["message"]
+        .as_str()
+        .unwrap_or_default()
+        .chars()
+        .take(REFUSAL_MESSAGE_CHARS_MAX)
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect();
+    (code.to_owned(), message)
+}
+
+/// How an `ENDED` frame says the command ended: its exit code, or the
+/// signal that ended it. A signal is 1 to 64: anything else from the
+/// agent (which the sandbox's root may have replaced) is no signal, so
+/// `128 + signal` stays in range.
+fn ended_of(value: &serde_json::Value) -> Option<Ended> {
+    let code = value["exit_code"]
+        .as_i64()
+        .and_then(|c| i32::try_from(c).ok());
+    let signal = value["signal"]
+        .as_i64()
+        .filter(|s| (1..=SIGNAL_NUMBER_MAX).contains(s))
+        .and_then(|s| i32::try_from(s).ok());
+    match (code, signal) {
+        (Some(code), _) => Some(Ended::Exited(code)),
+        (None, Some(signal)) => Some(Ended::Signaled(signal)),
+        (None, None) => None,
+    }
+}
+
 /// How long a connection to the agent may take: a sandbox whose init is
 /// frozen or gone must not hang the runner.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -100,10 +158,10 @@ impl Sandbox {
 
     pub(super) fn refusal(&self, frame: &wire::Frame) -> Error {
         match frame.json() {
-            Ok(value) => self.agent_error(
-                value["code"].as_str().unwrap_or("unknown"),
-                value["message"].as_str().unwrap_or_default(),
-            ),
+            Ok(value) => {
+                let (code, message) = refusal_of(&value);
+                self.agent_error(&code, message)
+            }
             Err(e) => self.agent_error("bad_answer", e.to_string()),
         }
     }
@@ -421,7 +479,7 @@ enum Event {
 }
 
 /// How the agent said the process ended.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ended {
     Exited(i32),
     Signaled(i32),
@@ -494,16 +552,7 @@ impl AgentExecution {
                         let _ = wire::write_json(&mut writer, kind::ACK, &ack).await;
                     }
                     kind::ENDED => {
-                        let value = frame.json().unwrap_or_default();
-                        let code = value["exit_code"]
-                            .as_i64()
-                            .and_then(|c| i32::try_from(c).ok());
-                        let signal = value["signal"].as_i64().and_then(|s| i32::try_from(s).ok());
-                        break match (code, signal) {
-                            (Some(code), _) => Some(Ended::Exited(code)),
-                            (None, Some(signal)) => Some(Ended::Signaled(signal)),
-                            (None, None) => None,
-                        };
+                        break ended_of(&frame.json().unwrap_or_default());
                     }
                     kind::ERROR => return Err(self.sandbox.refusal(&frame)),
                     other => {
@@ -641,6 +690,39 @@ fn unix_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Audit finding: a signal number from the agent went into `128 +
+    /// signal` unchecked: a forged one overflowed (a panic in a debug
+    /// build) or made up an exit code (`-128` read as 0).
+    /// Audit finding: an agent's refusal went into logs and errors as it
+    /// came: up to a megabyte, newlines and all (a forged log line naming
+    /// another sandbox), with a code of its choosing.
+    #[test]
+    fn an_agents_refusal_is_a_word_and_a_short_line() {
+        let (code, message) = refusal_of(&json!({"code": "not_found", "message": "no such file"}));
+        assert_eq!(
+            (code.as_str(), message.as_str()),
+            ("not_found", "no such file")
+        );
+        let (code, message) = refusal_of(&json!({
+            "code": "x\nlevel=ERROR sandbox_id=sbx_other",
+            "message": format!("gone\n{{\"level\":\"ERROR\"}}{}", "a".repeat(1 << 20)),
+        }));
+        assert_eq!(code, "bad_answer");
+        assert!(!message.contains('\n'), "{}", &message[..40]);
+        assert!(message.starts_with("gone\\n"), "{}", &message[..40]);
+        assert!(message.chars().count() <= REFUSAL_MESSAGE_CHARS_MAX + 8);
+    }
+
+    #[test]
+    fn an_end_by_a_signal_past_linuxs_is_no_signal() {
+        let ended = |value: serde_json::Value| ended_of(&value);
+        assert_eq!(ended(json!({"signal": 9})), Some(Ended::Signaled(9)));
+        assert_eq!(ended(json!({"exit_code": 3})), Some(Ended::Exited(3)));
+        for forged in [0, -128, 65, i64::from(i32::MAX), i64::MAX] {
+            assert_eq!(ended(json!({ "signal": forged })), None, "{forged}");
+        }
+    }
 
     #[test]
     fn only_the_agents_own_forms_of_incarnation_and_pid_are_taken() {
