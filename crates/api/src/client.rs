@@ -528,7 +528,16 @@ impl Client {
     }
 
     pub async fn sandbox_events(&self, id: &str) -> Result<EventList, ClientError> {
-        self.get(&["v1", "sandboxes", id, "events"], &[]).await
+        let mut all: EventList = self.get(&["v1", "sandboxes", id, "events"], &[]).await?;
+        // Every page, oldest first.
+        while let Some(cursor) = all.next_cursor.take() {
+            let page: EventList = self
+                .get(&["v1", "sandboxes", id, "events"], &[("after", cursor)])
+                .await?;
+            all.events.extend(page.events);
+            all.next_cursor = page.next_cursor;
+        }
+        Ok(all)
     }
 
     /// `POST /v1/sandboxes/{id}/commands`; with a key, a retry does not

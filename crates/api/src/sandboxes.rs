@@ -352,8 +352,16 @@ pub struct Event {
 /// `GET /v1/sandboxes/{id}/events`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct EventList {
+    /// At most [`EVENTS_PAGE_MAX`], oldest first.
     pub events: Vec<Event>,
+    /// Set when there are later events: the next page is `?after=` (or
+    /// `?cursor=`) this.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
 }
+
+/// The most events one answer of `GET /v1/sandboxes/{id}/events` holds.
+pub const EVENTS_PAGE_MAX: usize = 1000;
 
 /// `POST /v1/admin/sandboxes/{id}/quarantine`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

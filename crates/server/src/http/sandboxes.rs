@@ -239,6 +239,8 @@ pub struct EventsQuery {
     #[serde(default)]
     #[param(minimum = 0)]
     after: u64,
+    /// The `next_cursor` of the previous page (the same as `after`).
+    cursor: Option<String>,
     /// Seconds to wait for an event after `after`, at most 25 (default 0:
     /// answer at once, possibly with none).
     #[param(minimum = 0, maximum = 25)]
@@ -257,7 +259,13 @@ pub async fn events(
 ) -> Result<axum::Json<EventList>, ControlError> {
     // Past any seq there can be: nothing yet (the document sets no upper
     // bound, so no valid value is refused).
-    let after = i64::try_from(query.after).unwrap_or(i64::MAX);
+    let after = match &query.cursor {
+        Some(cursor) => cursor
+            .parse::<u64>()
+            .map_err(|_| crate::limits::invalid("cursor", "a page's next_cursor"))?,
+        None => query.after,
+    };
+    let after = i64::try_from(after).unwrap_or(i64::MAX);
     let timeout = match query.timeout {
         None | Some(0) => Duration::ZERO,
         Some(t) => wait_timeout(Some(t))?,
@@ -269,12 +277,27 @@ pub async fn events(
         timeout,
         || async {
             Box::pin(visible_sandbox(&state, &org_id, &id)).await?;
-            Ok::<_, ControlError>(records::sandboxes::events(&state.db.pool, &id, after).await?)
+            // One more than a page: whether there is a next one.
+            let limit = api::sandboxes::EVENTS_PAGE_MAX + 1;
+            Ok::<_, ControlError>(
+                records::sandboxes::events(&state.db.pool, &id, after, limit).await?,
+            )
         },
         |events| !events.is_empty(),
     )
     .await?;
-    Ok(axum::Json(EventList { events }))
+    let mut events = events;
+    let next_cursor = (events.len() > api::sandboxes::EVENTS_PAGE_MAX).then(|| {
+        events.truncate(api::sandboxes::EVENTS_PAGE_MAX);
+        events
+            .last()
+            .map(|event| event.seq.to_string())
+            .unwrap_or_default()
+    });
+    Ok(axum::Json(EventList {
+        events,
+        next_cursor,
+    }))
 }
 
 /// Stop asks for no compute; see `control::sandboxes::stop`.

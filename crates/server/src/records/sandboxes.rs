@@ -1133,10 +1133,11 @@ pub async fn events(
     pool: &AnyPool,
     id: &str,
     after_seq: i64,
+    limit: usize,
 ) -> Result<Vec<api::sandboxes::Event>, sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT seq, at_ms, state, reason, message, epoch, runner_id FROM events WHERE sandbox_id = $1 AND seq > $2 ORDER BY seq",
-    )
+    let rows = sqlx::query(&format!(
+        "SELECT seq, at_ms, state, reason, message, epoch, runner_id FROM events WHERE sandbox_id = $1 AND seq > $2 ORDER BY seq LIMIT {limit}"
+    ))
     .bind(id)
     .bind(after_seq)
     .fetch_all(pool)

@@ -405,3 +405,60 @@ async fn an_e2b_timeout_is_refused_on_a_quarantined_sandbox() {
     let sandbox = run.org.get_sandbox(&run.sandbox_id).await.expect("read");
     assert_eq!(sandbox.expires_at, None, "no TTL was set: {sandbox:?}");
 }
+
+/// Audit finding: a sandbox's events came back whole, however many its
+/// history held (each E2B `timeout` adds one): an answer is now at most
+/// `EVENTS_PAGE_MAX`, with the cursor of the next; the client reads them
+/// all, page by page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxs_events_come_in_pages() {
+    let server = TestServer::start().await;
+    let run = running_sandbox(&server, None).await;
+    let http = reqwest::Client::new();
+    let page_max = api::sandboxes::EVENTS_PAGE_MAX;
+    for _ in 0..page_max {
+        let timeout = http
+            .post(format!(
+                "{}/e2b/sandboxes/{}/timeout",
+                server.url, run.sandbox_id
+            ))
+            .header("x-api-key", &run.org_token)
+            .header("content-type", "application/json")
+            .body(r#"{"timeout": 3600}"#);
+        let (status, body) = answer(timeout).await;
+        assert_eq!(status, 204, "{body}");
+    }
+    let events = |query: String| {
+        http.get(format!(
+            "{}/v1/sandboxes/{}/events{query}",
+            server.url, run.sandbox_id
+        ))
+        .bearer_auth(&run.org_token)
+    };
+    let (status, first) = answer(events(String::new())).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["events"].as_array().map(Vec::len), Some(page_max));
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    assert_eq!(
+        first["events"][page_max - 1]["seq"].to_string(),
+        cursor,
+        "the cursor is the last seq"
+    );
+    let (status, second) = answer(events(format!("?cursor={cursor}"))).await;
+    assert_eq!(status, 200, "{second}");
+    let rest = second["events"].as_array().map(Vec::len).unwrap_or(0);
+    assert!(rest >= 1, "{second}");
+    assert_eq!(second["next_cursor"], Value::Null, "{second}");
+    let all = run
+        .org
+        .sandbox_events(&run.sandbox_id)
+        .await
+        .expect("every event");
+    assert_eq!(all.events.len(), page_max + rest);
+    assert!(all.events.windows(2).all(|w| w[0].seq < w[1].seq));
+    let (status, bad) = answer(events("?cursor=x".to_owned())).await;
+    assert_eq!(status, 400, "{bad}");
+}

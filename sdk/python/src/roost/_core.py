@@ -459,8 +459,15 @@ def delete_sandbox(sandbox_id: str) -> Op[Optional[wire.Sandbox]]:
 
 
 def sandbox_events(sandbox_id: str) -> Op[List[wire.Event]]:
-    page = yield from list_page(wire.SANDBOX_EVENTS, {"id": sandbox_id}, [], None)
-    return page.items
+    """The whole history, oldest first, every page of it."""
+    events: List[wire.Event] = []
+    cursor: Optional[str] = None
+    while True:
+        page = yield from list_page(wire.SANDBOX_EVENTS, {"id": sandbox_id}, [], cursor)
+        events.extend(page.items)
+        if page.next_cursor is None:
+            return events
+        cursor = page.next_cursor
 
 
 # ---- commands -----------------------------------------------------------
