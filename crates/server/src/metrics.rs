@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Latency histogram bucket bounds, in seconds.
 const BUCKETS: &[f64] = &[
@@ -132,6 +132,53 @@ pub struct Metrics {
     block_objects_out: AtomicU64,
     homes: Mutex<Homes>,
     idle: Mutex<Idle>,
+    /// The gauges read from the records, with when they were read: one
+    /// read a [`FLEET_GAUGES_MAX_AGE`] at most, however often `/metrics`
+    /// (which anyone may ask for) is scraped; a scrape meanwhile waits for
+    /// the read under way and takes its answer.
+    fleet: tokio::sync::Mutex<Option<(Instant, Arc<FleetGauges>)>>,
+}
+
+/// How old the gauges read from the records may be when served.
+pub const FLEET_GAUGES_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// What `/metrics` reads from the records (every server reports the same).
+pub struct FleetGauges {
+    pub sandboxes: Vec<(String, i64)>,
+    pub lag: SaveLag,
+    pub at_risk_s: f64,
+}
+
+impl Metrics {
+    /// The fleet's gauges: read by `read` when those held are older than
+    /// [`FLEET_GAUGES_MAX_AGE`] (or there are none), else those held.
+    pub async fn fleet_gauges<F, Fut, E>(&self, read: F) -> Result<Arc<FleetGauges>, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<FleetGauges, E>>,
+    {
+        self.fleet_gauges_within(FLEET_GAUGES_MAX_AGE, read).await
+    }
+
+    async fn fleet_gauges_within<F, Fut, E>(
+        &self,
+        max_age: Duration,
+        read: F,
+    ) -> Result<Arc<FleetGauges>, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<FleetGauges, E>>,
+    {
+        let mut held = self.fleet.lock().await;
+        if let Some((at, gauges)) = held.as_ref()
+            && at.elapsed() < max_age
+        {
+            return Ok(gauges.clone());
+        }
+        let gauges = Arc::new(read().await?);
+        *held = Some((Instant::now(), gauges.clone()));
+        Ok(gauges)
+    }
 }
 
 /// Sleeping and waking (README "Idle sandboxes").
@@ -556,5 +603,51 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE roost_long_poll_waiters gauge");
         let _ = writeln!(out, "roost_long_poll_waiters {waiters}");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Audit finding: every scrape of `/metrics`, which needs no token,
+    /// scanned the fleet's records. Scrapes within a second, at once or
+    /// one after the other, share one read.
+    #[tokio::test]
+    async fn scrapes_within_a_second_share_one_read_of_the_records() {
+        let metrics = Metrics::default();
+        let reads = AtomicUsize::new(0);
+        let read = || async {
+            reads.fetch_add(1, Ordering::SeqCst);
+            // Slow enough that the scrapes below overlap it.
+            tokio::task::yield_now().await;
+            Ok::<_, ()>(FleetGauges {
+                sandboxes: vec![("running".to_owned(), 3)],
+                lag: SaveLag {
+                    max_seconds: 0.0,
+                    delayed: 0,
+                },
+                at_risk_s: 0.0,
+            })
+        };
+        // An hour for "a second": the machine's pace does not matter.
+        let hour = Duration::from_secs(3600);
+        let scrapes =
+            futures::future::join_all((0..50).map(|_| metrics.fleet_gauges_within(hour, read)))
+                .await;
+        assert!(
+            scrapes
+                .iter()
+                .all(|g| g.as_ref().is_ok_and(|g| g.sandboxes[0].1 == 3))
+        );
+        metrics.fleet_gauges_within(hour, read).await.expect("held");
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+        // Past the age, read again.
+        metrics
+            .fleet_gauges_within(Duration::ZERO, read)
+            .await
+            .expect("read again");
+        assert_eq!(reads.load(Ordering::SeqCst), 2);
     }
 }

@@ -15,25 +15,37 @@ pub async fn openapi() -> Response {
 
 #[utoipa::path(get, path = "/metrics", tag = "meta", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ControlError> {
-    let sandboxes = crate::records::sandboxes::count_by_state(&state.db.pool).await?;
-    let now = crate::db::now_ms();
-    let lags = crate::records::sandboxes::save_lags(&state.db.pool).await?;
-    let lag = crate::metrics::SaveLag {
-        max_seconds: lags
-            .iter()
-            .map(|(saved, _)| (now - saved).max(0) as f64 / 1000.0)
-            .fold(0.0, f64::max),
-        delayed: lags
-            .iter()
-            .filter(|(saved, interval)| now - saved > 2 * interval * 1000)
-            .count() as i64,
-    };
-    let at_risk_ms = crate::records::observed::at_risk_ms_max(&state.db.pool, now).await?;
+    // Read from the records at most once a second, however often this
+    // (unauthenticated) endpoint is asked: each read scans the fleet.
+    let fleet = state
+        .metrics
+        .fleet_gauges(|| async {
+            let sandboxes = crate::records::sandboxes::count_by_state(&state.db.pool).await?;
+            let now = crate::db::now_ms();
+            let lags = crate::records::sandboxes::save_lags(&state.db.pool).await?;
+            let lag = crate::metrics::SaveLag {
+                max_seconds: lags
+                    .iter()
+                    .map(|(saved, _)| (now - saved).max(0) as f64 / 1000.0)
+                    .fold(0.0, f64::max),
+                delayed: lags
+                    .iter()
+                    .filter(|(saved, interval)| now - saved > 2 * interval * 1000)
+                    .count() as i64,
+            };
+            let at_risk_ms = crate::records::observed::at_risk_ms_max(&state.db.pool, now).await?;
+            Ok::<_, ControlError>(crate::metrics::FleetGauges {
+                sandboxes,
+                lag,
+                at_risk_s: at_risk_ms as f64 / 1000.0,
+            })
+        })
+        .await?;
     let mut text = state.metrics.render(
-        &sandboxes,
+        &fleet.sandboxes,
         state.db.hub.waiters(),
-        &lag,
-        at_risk_ms as f64 / 1000.0,
+        &fleet.lag,
+        fleet.at_risk_s,
     );
     if let Some(reads) = &state.db.sqlite_reads {
         let (answered, declined) = reads.counts();
