@@ -460,14 +460,37 @@ async fn stdin(
                 format!("the stdin body was cut: {e}"),
             )
         })?;
-        writer.write(&chunk).await.map_err(agent_refusal)?;
+        within_stdin_stall(writer.write(&chunk))
+            .await?
+            .map_err(agent_refusal)?;
         written += chunk.len() as u64;
     }
     if query.close {
-        writer.close().await.map_err(agent_refusal)?;
+        within_stdin_stall(writer.close())
+            .await?
+            .map_err(agent_refusal)?;
     }
     let answer = serde_json::json!({"bytes": written, "closed": query.close});
     Ok((StatusCode::OK, axum::Json(answer)).into_response())
+}
+
+/// How long a stdin write may wait on a command that reads none of it (or
+/// an agent that does not answer) before the request is refused: the
+/// request holds one of the runner's data places meanwhile.
+const STDIN_STALL: Duration = Duration::from_secs(120);
+
+/// `step` (a write to a command's stdin, or its close), refused if it
+/// makes no progress within [`STDIN_STALL`].
+async fn within_stdin_stall<T>(step: impl std::future::Future<Output = T>) -> Result<T, Refusal> {
+    tokio::time::timeout(STDIN_STALL, step).await.map_err(|_| {
+        refuse(
+            ErrorCode::InvalidState,
+            format!(
+                "the command read none of its stdin for {} s (or its sandbox's agent did not answer)",
+                STDIN_STALL.as_secs()
+            ),
+        )
+    })
 }
 
 #[derive(serde::Deserialize)]
@@ -561,6 +584,20 @@ fn agent_refusal(err: oci::Error) -> Refusal {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Audit finding: a stdin write to a command that never reads (or an
+    /// agent that never answers) held its request, and one of the
+    /// runner's data places, for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_stdin_write_that_makes_no_progress_is_refused() {
+        let stalled = within_stdin_stall(std::future::pending::<()>()).await;
+        let Err(refusal) = stalled else {
+            panic!("a stalled write went on");
+        };
+        assert_eq!(refusal.code, ErrorCode::InvalidState);
+        assert!(refusal.message.contains("stdin"), "{}", refusal.message);
+        assert!(within_stdin_stall(async { 7 }).await.is_ok_and(|v| v == 7));
+    }
 
     #[test]
     fn requests_at_once_are_bounded_per_sandbox_and_in_all() {
