@@ -68,6 +68,14 @@ pub fn translate(body: &NewSandbox, durable: bool) -> Result<CreateSandboxReques
             "autoResume is not supported by roost: resume a paused sandbox with connect()",
         ));
     }
+    // E2B's pause keeps the memory unless told not to; roost's keeps the
+    // files (the home) and ends the processes. Asked for in so many words,
+    // it is refused, never quietly weakened.
+    if auto_pause && body.auto_pause_memory == Some(true) {
+        return Err(E2bError::unsupported(
+            "autoPauseMemory is not supported by roost: its pause keeps the sandbox's files, not its memory (its processes end); pass false or leave it out",
+        ));
+    }
     let mut refused: Vec<&str> = Vec::new();
     for (name, value) in [
         ("network", &body.network),
@@ -763,6 +771,11 @@ mod tests {
                 "volumeMounts",
             ),
             (r#"{"templateID":"base","fancy":1}"#, "fancy"),
+            // A pause that keeps memory: roost's keeps files only.
+            (
+                r#"{"templateID":"base","autoPause":true,"autoPauseMemory":true}"#,
+                "autoPauseMemory",
+            ),
         ] {
             let body: NewSandbox = serde_json::from_str(body).expect("in a test");
             let refused = translate(&body, true).expect_err("refused");
@@ -775,6 +788,11 @@ mod tests {
                 .expect("in a test");
         let request = translate(&body, true).expect("in a test");
         assert_eq!((request.ttl, request.idle_timeout_s), (None, Some(120)));
+        let body: NewSandbox = serde_json::from_str(
+            r#"{"templateID":"base","timeout":120,"autoPause":true,"autoPauseMemory":false}"#,
+        )
+        .expect("in a test");
+        translate(&body, true).expect("a files-only pause is what roost does");
         let body: NewSandbox =
             serde_json::from_str(r#"{"templateID":"base","timeout":120}"#).expect("in a test");
         let request = translate(&body, true).expect("in a test");
