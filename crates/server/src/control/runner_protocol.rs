@@ -331,28 +331,34 @@ async fn placed_on(
     .bind(runner_id)
     .fetch_all(&mut *tx.tx)
     .await?;
-    let mut signals = records::commands::signals_of_runner(tx, runner_id).await?;
-    let commands: Vec<CommandAssignment> = commands
+    let commands = commands
         .iter()
-        .map(|row| {
-            let c = CommandRow::from_row(row)?;
-            Ok(CommandAssignment {
-                command_id: c.id.clone(),
-                sandbox_id: c.sandbox_id.clone(),
-                epoch: c.epoch.unwrap_or(0) as u64,
-                argv: c.argv(),
-                env: records::json_map(&c.env),
-                cwd: c.cwd.clone(),
-                timeout: c.timeout_s.map(|t| t as u64),
-                signal: c.signal_requested.clone(),
-                signal_seq: c.signal_seq.max(0) as u64,
-                signals: signals.remove(&c.id).unwrap_or_default(),
-                state: c.state,
-                stdin: c.stdin,
-                tty: c.tty,
-            })
+        .map(CommandRow::from_row)
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    // Most sets have no command ever signalled: no read of the signals.
+    let mut signals = if commands.iter().any(|c| c.signal_seq > 0) {
+        records::commands::signals_of_runner(tx, runner_id).await?
+    } else {
+        Default::default()
+    };
+    let commands: Vec<CommandAssignment> = commands
+        .into_iter()
+        .map(|c| CommandAssignment {
+            signals: signals.remove(&c.id).unwrap_or_default(),
+            argv: c.argv(),
+            env: records::json_map(&c.env),
+            epoch: c.epoch.unwrap_or(0) as u64,
+            timeout: c.timeout_s.map(|t| t as u64),
+            signal_seq: c.signal_seq.max(0) as u64,
+            command_id: c.id,
+            sandbox_id: c.sandbox_id,
+            cwd: c.cwd,
+            signal: c.signal_requested,
+            state: c.state,
+            stdin: c.stdin,
+            tty: c.tty,
         })
-        .collect::<Result<_, sqlx::Error>>()?;
+        .collect();
     Ok((sandboxes, commands))
 }
 
