@@ -211,6 +211,7 @@ fn run_pull(dest: &Path, target: &Target, cache: Option<PathBuf>) -> Result<Exit
         index_path: Some(target.index_path(dest)?),
         store_id: target.store.clone(),
         index_dev: None,
+        check_room: false,
     };
     // A pull that makes its destination and then fails takes it away
     // again: a partial tree would pass for the home. One into an existing

@@ -104,6 +104,21 @@ pub enum Error {
         size_max: u64,
     },
 
+    /// A pull into an empty directory whose tree expands past what the
+    /// directory's file system has free: refused before a byte is written
+    /// (a hostile tree of a few KB may name terabytes).
+    #[error(
+        "{what} expands to {needed} {unit}, more than the {free} free where it goes ({path})",
+        path = .path.display()
+    )]
+    NoRoom {
+        what: String,
+        path: PathBuf,
+        unit: &'static str,
+        needed: u64,
+        free: u64,
+    },
+
     #[error("{}", io_message(.source, .path))]
     Io {
         path: PathBuf,
@@ -185,6 +200,7 @@ impl Error {
                 source.kind(),
                 std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
             ),
+            Error::NoRoom { .. } => true,
             _ => false,
         }
     }

@@ -219,6 +219,7 @@ pub(crate) fn materialize_saved(store_dir: &Path, org_id: &str, root: &str) -> t
             index_path: None,
             store_id: "test".to_owned(),
             index_dev: None,
+            check_room: false,
         },
         &store::progress::NoProgress,
     )

@@ -173,6 +173,30 @@ async fn an_imported_image_runs_and_a_new_version_brings_only_its_changes() {
         "changed\n"
     );
 
+    // Audit finding: every launch of an image not yet on the runner
+    // downloaded (and stored) its own copy. Three sandboxes of a new image
+    // created at once share one materialisation.
+    std::fs::write(tree.join("data/f9"), "once\n").expect("change");
+    let v3 = import(api, "busy-3", &tar_of(&tree, &work.path().join("v3.tar")));
+    let v3_root = v3["image"]["root"].as_str().expect("root").to_owned();
+    let mut at_once = Vec::new();
+    for _ in 0..3 {
+        let created = api.post("/v1/sandboxes", json!({"image": "busy-3"})).await;
+        assert_eq!(created.status, 201, "{created:?}");
+        at_once.push(created.str("id"));
+    }
+    for id in &at_once {
+        assert_eq!(wait_sandbox(api, id, "running").await["state"], "running");
+        assert_eq!(sh(api, id, "cat /data/f9").await, "once\n");
+    }
+    assert_eq!(
+        stack
+            .runner
+            .log_lines_with(&["image materialised", v3_root.as_str()]),
+        1,
+        "one materialisation for three launches"
+    );
+
     // An unknown image is refused at admission, naming it.
     let refused = api.post("/v1/sandboxes", json!({"image": "nope"})).await;
     refused.assert_error(422, "unsupported_capability");

@@ -150,6 +150,16 @@ impl RunnerProcess {
         let errors = self.errors();
         assert!(errors.is_empty(), "the runner logged errors: {errors:#?}");
     }
+
+    /// The runner's log lines (JSON) containing every one of `needles`.
+    pub(crate) fn log_lines_with(&self, needles: &[&str]) -> usize {
+        self.logs
+            .lock()
+            .expect("logs")
+            .iter()
+            .filter(|line| needles.iter().all(|needle| line.contains(needle)))
+            .count()
+    }
 }
 
 /// Starts `roost runner` (its log lines go to `logs` and the test's

@@ -471,6 +471,7 @@ impl Homes {
             index_path: Some(self.index_path(&id)),
             store_id: "control-plane".to_owned(),
             index_dev: Some(INDEX_DEV),
+            check_room: true,
         };
         // Marked before the first byte is written, so that whatever stops
         // this restore half-way leaves a home known to hold no work.

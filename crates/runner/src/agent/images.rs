@@ -13,6 +13,7 @@
 //! mid-download leaves nothing that looks usable.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use store::pull::{PullOptions, materialize};
 use store::{Digest, OrgId};
@@ -23,7 +24,17 @@ use oci::{Error, Result};
 pub(crate) struct Images {
     dir: PathBuf,
     cache: PathBuf,
+    /// One materialisation of a root at a time: launches of the same
+    /// image wait for the one under way and use its tree, instead of each
+    /// downloading (and storing) its own copy.
+    downloads: std::sync::Mutex<std::collections::HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
+    /// Materialisations under way at once, whatever their roots
+    /// ([`DOWNLOADS_AT_ONCE`]): each holds an image's trees in memory.
+    at_once: tokio::sync::Semaphore,
 }
+
+/// Images materialised at once on a runner.
+const DOWNLOADS_AT_ONCE: usize = 2;
 
 impl Images {
     /// Prepares `data_root/images` (dropping half-made trees) and the
@@ -41,7 +52,12 @@ impl Images {
                 std::fs::remove_dir_all(&path).map_err(|e| Error::io("remove", &path, e))?;
             }
         }
-        Ok(Images { dir, cache })
+        Ok(Images {
+            dir,
+            cache,
+            downloads: std::sync::Mutex::default(),
+            at_once: tokio::sync::Semaphore::new(DOWNLOADS_AT_ONCE),
+        })
     }
 
     /// The directory holding tree `root` of `org`'s store, materialised
@@ -65,6 +81,23 @@ impl Images {
         if dest.is_dir() {
             return Ok(dest);
         }
+        let download = self
+            .downloads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(digest)
+            .or_default()
+            .clone();
+        let _this_root = download.lock().await;
+        // Made by the materialisation this one waited for.
+        if dest.is_dir() {
+            return Ok(dest);
+        }
+        let _turn = self
+            .at_once
+            .acquire()
+            .await
+            .map_err(|_| Error::Invalid("the runner is stopping".to_owned()))?;
         static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let temp = self.dir.join(format!(".tmp-{}-{n}", digest.to_hex()));
@@ -75,6 +108,7 @@ impl Images {
             index_path: None,
             store_id: "control-plane".to_owned(),
             index_dev: None,
+            check_room: true,
         };
         let (work_temp, work_dest) = (temp.clone(), dest.clone());
         let done = tokio::task::spawn_blocking(move || -> std::result::Result<(), NotReady> {

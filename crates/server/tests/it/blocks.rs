@@ -180,6 +180,7 @@ async fn hostile_trees_through_the_block_service_are_refused_without_a_crash() {
                 index_path: None,
                 store_id: "control-plane".to_owned(),
                 index_dev: None,
+                check_room: false,
             };
             let result = store::pull::materialize(
                 &objects,
@@ -404,6 +405,7 @@ async fn an_upload_through_the_block_service_is_stored_in_packs() {
                 index_path: None,
                 store_id: "test".to_owned(),
                 index_dev: None,
+                check_room: false,
             },
             &store::progress::NoProgress,
         )

@@ -69,6 +69,48 @@ pub struct PullOptions {
     /// Replaces the device number in index keys (see
     /// [`crate::index::KeyRule`]), for homes later read through snapshots.
     pub index_dev: Option<u64>,
+    /// Into an empty directory, refuse a tree whose files' bytes or
+    /// entries pass what the directory's file system has free
+    /// ([`Error::NoRoom`]), before a byte is written: a runner pulling an
+    /// org's tree shares its disk with every other tenant.
+    pub check_room: bool,
+}
+
+/// Refuses a pull into the empty `dest` of a tree that expands past what
+/// its file system has free: logical bytes (holes counted, as they may be
+/// written) against the space an unprivileged writer may use, and entries
+/// against free inodes where the file system counts them (btrfs does not).
+/// A directory already holding files is let be: most of the tree may be
+/// there already.
+fn check_room(
+    dest_fd: &std::os::fd::OwnedFd,
+    dest: &Path,
+    root: &Digest,
+    extent: &crate::tree::Extent,
+) -> Result<()> {
+    let io = |e: rustix::io::Errno| Error::Io {
+        path: dest.to_owned(),
+        source: e.into(),
+    };
+    if !write::is_empty_dir(dest_fd).map_err(io)? {
+        return Ok(());
+    }
+    let stat = rustix::fs::fstatvfs(dest_fd).map_err(io)?;
+    let no_room = |unit, needed, free| Error::NoRoom {
+        what: format!("tree {root}"),
+        path: dest.to_owned(),
+        unit,
+        needed,
+        free,
+    };
+    let free_bytes = stat.f_bavail.saturating_mul(stat.f_frsize);
+    if extent.file_bytes > free_bytes {
+        return Err(no_room("bytes", extent.file_bytes, free_bytes));
+    }
+    if stat.f_files > 0 && extent.entries > stat.f_favail {
+        return Err(no_room("entries", extent.entries, stat.f_favail));
+    }
+    Ok(())
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -217,6 +259,9 @@ pub fn materialize(
     materializer.known_trees.insert(*root, tree.clone());
     materializer.load_trees(root)?;
     let extent = crate::tree::check_bounds(root, &materializer.known_trees)?;
+    if options.check_room {
+        check_room(&dest_fd, dest, root, &extent)?;
+    }
     // Counted from the files, not from what directory entries declare.
     let logical_bytes = extent.file_bytes;
     progress.phase("downloading", Some(logical_bytes));

@@ -508,3 +508,51 @@ fn a_home_past_the_file_bytes_bound_fails_its_push_and_commits_nothing() {
         "nothing committed"
     );
 }
+
+/// Audit finding: a tree within the global bounds (4 TiB of files) still
+/// expanded past the runner's free disk, which every tenant shares: a few
+/// KB of trees filled it. With `check_room`, a pull into an empty
+/// directory of a tree larger than the space free there is refused
+/// before a byte is written, and the error is a full disk.
+#[test]
+fn a_tree_past_the_free_space_where_it_goes_is_refused_before_writing() {
+    let dest = tempdir();
+    let stat = rustix::fs::statvfs(dest.path()).expect("statvfs");
+    let free = stat.f_bavail * stat.f_frsize;
+    let blocks = free / SPLIT_BLOCK_BYTES + 256;
+    assert!(
+        blocks * SPLIT_BLOCK_BYTES <= EXPANDED_FILE_BYTES_MAX,
+        "the test's disk has more than 4 TiB free"
+    );
+    let store = memory_store();
+    let acme = org("acme");
+    let root = put_tree(
+        &store,
+        &acme,
+        Tree {
+            entries: vec![huge_file("big", blocks)],
+        },
+    );
+    store.write_home(&acme, &home("big"), &root).expect("point");
+    let mut options = crate::support::pull_options();
+    options.check_room = true;
+    let (worked, dest_path) = (Arc::clone(&store), dest.path().to_owned());
+    let result = on_stacks(SMALL_STACK_BYTES, move || {
+        store::pull::pull(
+            &worked,
+            &org("acme"),
+            &home("big"),
+            &dest_path,
+            &options,
+            &store::progress::NoProgress,
+        )
+    });
+    assert!(is_empty_dir(dest.path()), "nothing written before refusing");
+    match result {
+        Err(err @ Error::NoRoom { .. }) => {
+            assert!(err.is_disk_full(), "{err}");
+            assert!(err.to_string().contains("free"), "{err}");
+        }
+        other => panic!("expected NoRoom, got {other:?}"),
+    }
+}

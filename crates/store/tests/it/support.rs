@@ -48,6 +48,7 @@ pub fn pull_options() -> PullOptions {
         index_path: None,
         store_id: STORE_ID.to_owned(),
         index_dev: None,
+        check_room: false,
     }
 }
 
