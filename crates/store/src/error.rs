@@ -119,6 +119,13 @@ pub enum Error {
         free: u64,
     },
 
+    /// An upload batch whose objects decompress to more than
+    /// `objects::BATCH_PLAIN_BYTES_MAX` together: nothing of it stored.
+    #[error(
+        "the batch decompresses to more than {plain_bytes_max} bytes: send fewer objects per batch"
+    )]
+    BatchTooLarge { plain_bytes_max: u64 },
+
     #[error("{}", io_message(.source, .path))]
     Io {
         path: PathBuf,

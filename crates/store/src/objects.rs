@@ -148,8 +148,23 @@ pub fn put_batch_checked<B: AsRef<[u8]>>(
     let mut earlier: HashSet<ObjectId> = HashSet::with_capacity(batch.len());
     // Each tree with the children it names that are not earlier in the batch.
     let mut outside: Vec<(Digest, Vec<ObjectId>)> = Vec::new();
+    // An object sent again in the batch is decoded and stored once.
+    let mut unique: Vec<(ObjectId, &[u8])> = Vec::with_capacity(batch.len());
+    let mut plain_bytes: u64 = 0;
     for (object, stored) in batch {
+        if earlier.contains(object) {
+            continue;
+        }
         let plain = block::decode(&object.digest, stored.as_ref())?;
+        // A few hundred KB of highly compressible frames would otherwise
+        // cost gigabytes of decompressing and hashing on the server.
+        plain_bytes += plain.len() as u64;
+        if plain_bytes > BATCH_PLAIN_BYTES_MAX {
+            return Err(Error::BatchTooLarge {
+                plain_bytes_max: BATCH_PLAIN_BYTES_MAX,
+            });
+        }
+        unique.push((*object, stored.as_ref()));
         if object.kind == ObjectKind::Tree {
             let tree = Tree::decode(&object.digest, &plain)?;
             check_no_setid(&object.digest, &tree)?;
@@ -181,9 +196,10 @@ pub fn put_batch_checked<B: AsRef<[u8]>>(
             }
         }
     }
-    let batch: Vec<(ObjectId, &[u8])> = batch
-        .iter()
-        .map(|(object, stored)| (*object, stored.as_ref()))
-        .collect();
-    objects.put_batch(org, &batch)
+    objects.put_batch(org, &unique)
 }
+
+/// The most plain (decompressed) bytes one checked batch may hold: a
+/// client batches up to [`crate::push::UPLOAD_BATCH_BYTES_MAX`] of them
+/// (one object may pass that), so this refuses only what no client sends.
+pub const BATCH_PLAIN_BYTES_MAX: u64 = 64 * 1024 * 1024;

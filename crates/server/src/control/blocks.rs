@@ -224,6 +224,11 @@ fn upload_refused(err: store::Error, objects: &[ObjectId], stored: &str) -> Cont
             )
             .with_details(details)
         }
+        store::Error::BatchTooLarge { plain_bytes_max } => ControlError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("the batch decompresses to more than {plain_bytes_max} bytes; {stored}"),
+        )
+        .with_details(serde_json::json!({ "plain_bytes_max": plain_bytes_max })),
         err => store_error(err),
     }
 }

@@ -556,3 +556,44 @@ fn a_tree_past_the_free_space_where_it_goes_is_refused_before_writing() {
         other => panic!("expected NoRoom, got {other:?}"),
     }
 }
+
+/// Audit finding: one upload batch of a few hundred KB (the same highly
+/// compressible 8 MiB frame, 1,024 times) cost the server 8 GiB of
+/// decompressing and hashing. An object repeated in a batch is decoded
+/// and stored once, and a batch decompressing past
+/// `BATCH_PLAIN_BYTES_MAX` is refused whole.
+#[test]
+fn an_upload_batch_is_bounded_by_what_it_decompresses_to() {
+    let store = memory_store();
+    let acme = org("acme");
+    let plain = vec![7u8; 4 << 20];
+    let digest = Digest::of(&plain);
+    let stored = store::block::encode(&plain);
+    let repeated: Vec<(ObjectId, &[u8])> = (0..1024)
+        .map(|_| (ObjectId::block(digest), stored.as_slice()))
+        .collect();
+    store::objects::put_batch_checked(&*store, &acme, &repeated)
+        .expect("one object, sent 1,024 times, is 4 MiB");
+    assert!(store.get_object(&acme, &ObjectId::block(digest)).is_ok());
+
+    let blocks: Vec<(ObjectId, Vec<u8>)> = (0..=(store::objects::BATCH_PLAIN_BYTES_MAX >> 22))
+        .map(|n| {
+            let plain = vec![n as u8 + 8; 4 << 20];
+            (
+                ObjectId::block(Digest::of(&plain)),
+                store::block::encode(&plain),
+            )
+        })
+        .collect();
+    let refused = store::objects::put_batch_checked(&*store, &acme, &blocks);
+    assert!(
+        matches!(refused, Err(Error::BatchTooLarge { .. })),
+        "{refused:?}"
+    );
+    assert!(
+        blocks
+            .iter()
+            .all(|(object, _)| store.get_object(&acme, object).is_err()),
+        "nothing of a refused batch is stored"
+    );
+}
