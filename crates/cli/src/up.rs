@@ -318,7 +318,7 @@ pub fn purge(args: PurgeArgs) -> Result<ExitCode> {
     }
     let runtime_choice = RuntimeChoice::parse(&args.runtime)?;
     let purged = runtime()?
-        .block_on(runner::agent::purge::purge(
+        .block_on(runner::purge::purge(
             &data_dir.join("runner"),
             runtime_choice,
             None,

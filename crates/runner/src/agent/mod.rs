@@ -87,9 +87,8 @@ mod fence;
 mod homes;
 mod images;
 mod kept;
-pub mod purge;
 mod sandbox;
-mod secrets;
+pub(crate) mod secrets;
 #[cfg(test)]
 mod testing;
 

@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use oci::config::SandboxId;
 use oci::{BridgeConfig, BridgeNetwork, Runtime, RuntimeChoice, RuntimeConfig};
 
-use super::dirs::DataDir;
-use super::{AgentError, secrets};
+use crate::agent::dirs::DataDir;
+use crate::agent::{AgentError, secrets};
 
 /// What a purge removed.
-#[derive(Debug, Default, serde::Serialize)]
+#[derive(Debug, Default)]
 pub struct Purged {
     /// The containers deleted (killed first if they ran).
     pub containers: Vec<String>,
