@@ -465,4 +465,29 @@ async fn only_the_placements_runner_reads_the_values() {
         .await;
     gone.assert_error(404, "not_found");
     assert!(!gone.body.to_string().contains(&value));
+
+    // Audit finding: a sandbox that ended keeps its `runner_id`, and its
+    // runner kept reading the org's current secret values and its store
+    // for as long as it liked. Once the sandbox is to be deleted, neither.
+    let set = roost_as(api, &["secret", "set", "tok"], value.as_bytes());
+    assert!(set.status.success(), "{set:?}");
+    let org_id = sandbox["org_id"].as_str().expect("org id");
+    let block = format!("/v1/blocks/{org_id}/block/{}", "ab".repeat(32));
+    let held = runner.api.get(&block).await;
+    assert_eq!(held.status, 404, "{held:?}");
+    assert!(held.body.to_string().contains("no object"), "{held:?}");
+    let deleting = api.delete(&format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(deleting.status, 202, "{deleting:?}");
+    let after = runner
+        .api
+        .post(&path, json!({"runner_id": runner.id, "epoch": epoch}))
+        .await;
+    after.assert_error(409, "invalid_state");
+    assert!(!after.body.to_string().contains(&value));
+    let store_closed = runner.api.get(&block).await;
+    assert_eq!(store_closed.status, 404, "{store_closed:?}");
+    assert!(
+        store_closed.body.to_string().contains("no such org"),
+        "{store_closed:?}"
+    );
 }

@@ -458,6 +458,25 @@ pub async fn values_for_runner(
         .await?
         .ok_or_else(|| records::not_found("sandbox"))?;
     check_placement(&sandbox, caller_runner_id, request.epoch)?;
+    // Only for a placement that may still run, on a runner that still
+    // holds its lease: a runner left holding an ended sandbox (its
+    // `runner_id` stays) would read the org's current values for ever.
+    crate::control::runner_protocol::live_runner(&mut tx, caller_runner_id).await?;
+    if sandbox.state.is_terminal()
+        || sandbox.state == api::lifecycle::SandboxState::Deleting
+        || matches!(
+            sandbox.desired,
+            api::lifecycle::DesiredState::Deleted | api::lifecycle::DesiredState::Terminated
+        )
+    {
+        return Err(ControlError::new(
+            ErrorCode::InvalidState,
+            format!(
+                "sandbox {sandbox_id} is {} (wanted {}): its secrets are for a placement that runs",
+                sandbox.state, sandbox.desired
+            ),
+        ));
+    }
     let asked = records::secrets::of_sandbox(&mut tx, sandbox_id).await?;
     let mut secrets = Vec::with_capacity(asked.len());
     for secret in asked {

@@ -202,14 +202,17 @@ pub async fn by_credential(
     Ok(row.map(|(id,)| id))
 }
 
-/// Whether the runner holds anything of `org_id`: a sandbox placed on it
-/// and not deleted (the sandboxes its assignments list, with their
-/// images, saves and snapshots), or a kept copy it is to upload for a
-/// salvage under way. The block service lets a runner use an org's
-/// objects only then.
+/// Whether the runner holds anything of `org_id`: while its lease is live,
+/// a sandbox placed on it that has not ended (the sandboxes its
+/// assignments list, with their images, saves and snapshots); or a kept
+/// copy it is to upload for a salvage under way. The block service lets a
+/// runner use an org's objects only then: an ended sandbox keeps its
+/// `runner_id`, which must not keep the org's store open to that runner.
 pub async fn holds_org(pool: &AnyPool, runner_id: &str, org_id: &str) -> Result<bool, sqlx::Error> {
     let row: Option<(String,)> = sqlx::query_as(
-        "SELECT id FROM sandboxes WHERE runner_id = $1 AND org_id = $2 AND state <> 'deleted' LIMIT 1",
+        "SELECT id FROM sandboxes WHERE runner_id = $1 AND org_id = $2
+         AND state NOT IN ('deleted', 'deleting', 'terminated', 'failed')
+         AND EXISTS (SELECT 1 FROM runner_leases WHERE runner_id = $1) LIMIT 1",
     )
     .bind(runner_id)
     .bind(org_id)
