@@ -143,16 +143,23 @@ fn check_data_path(request: &RegisterRequest) -> Result<(), ControlError> {
     match (&request.data_url, &request.data_key) {
         (None, None) => Ok(()),
         (Some(url), Some(key)) => {
+            // Scheme, host and port only: servers append the data path's
+            // own paths to it, so a path, query or fragment of the runner's
+            // choosing would aim their requests elsewhere on that host.
             let parsed = reqwest::Url::parse(url).ok().filter(|u| {
                 matches!(u.scheme(), "http" | "https")
                     && u.host().is_some()
                     && u.username().is_empty()
                     && u.password().is_none()
+                    && u.path() == "/"
+                    && u.query().is_none()
+                    && u.fragment().is_none()
+                    && !url.ends_with('/')
             });
             let Some(parsed) = parsed.filter(|_| url.len() <= 512) else {
                 return Err(limits::invalid(
                     "data_url",
-                    "an http(s) URL of at most 512 bytes, without credentials",
+                    "an http(s) URL of at most 512 bytes naming only a host and port (no credentials, path, query or fragment)",
                 ));
             };
             if let Some(why) = super::data_path::undialable_data_url(&parsed) {
@@ -830,18 +837,27 @@ mod tests {
             check(dialable, true);
         }
         for undialable in [
-            "http://169.254.169.254/latest/meta-data/",
+            "http://169.254.169.254",
             "http://169.254.0.1:7071",
             // The same address in the forms a URL parser normalises.
-            "http://2852039166/",
-            "http://0xa9.0xfe.0xa9.0xfe/",
-            "http://[::ffff:169.254.169.254]/",
+            "http://2852039166",
+            "http://0xa9.0xfe.0xa9.0xfe",
+            "http://[::ffff:169.254.169.254]",
             "http://[fe80::1]:7071",
             "http://[febf::1]:7071",
             "http://0.0.0.0:7071",
             "http://[::]:7071",
-            "ftp://127.0.0.1/",
-            "http://user:pw@127.0.0.1/",
+            "ftp://127.0.0.1",
+            "http://user:pw@127.0.0.1",
+            // Audit finding: the server appends the data path's paths to
+            // the URL, so one with a path, query or fragment of the
+            // runner's choosing aimed the server's requests (and what it
+            // streams back to an org) at any path of a host it reaches.
+            "http://127.0.0.1:8500/v1/kv/?recurse=#",
+            "http://127.0.0.1:8500/v1/kv",
+            "http://127.0.0.1:8500?x=",
+            "http://127.0.0.1:8500#x",
+            "http://127.0.0.1:8500/",
         ] {
             check(undialable, false);
         }
