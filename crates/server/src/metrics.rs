@@ -139,6 +139,9 @@ pub struct Metrics {
     fleet: tokio::sync::Mutex<Option<(Instant, Arc<FleetGauges>)>>,
 }
 
+/// Distinct reasons `roost_sleeps_total` labels (the rest are `other`).
+pub const SLEEP_REASONS_MAX: usize = 16;
+
 /// How old the gauges read from the records may be when served.
 pub const FLEET_GAUGES_MAX_AGE: Duration = Duration::from_secs(1);
 
@@ -314,9 +317,23 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A sandbox came to rest `stopped` for `reason` (`idle`, …).
+    /// A sandbox came to rest `stopped` for `reason` (`idle`, …). The
+    /// reason is what a runner reported: a label only if it is a word of
+    /// `a-z _` and one of the first [`SLEEP_REASONS_MAX`] seen, else
+    /// `other`, so no runner can grow the metrics without end.
     pub fn slept(&self, reason: &str) {
-        *self.idle().sleeps.entry(reason.to_owned()).or_default() += 1;
+        let mut idle = self.idle();
+        let word = !reason.is_empty()
+            && reason.len() <= 64
+            && reason.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+        let label = if word
+            && (idle.sleeps.contains_key(reason) || idle.sleeps.len() < SLEEP_REASONS_MAX)
+        {
+            reason
+        } else {
+            "other"
+        };
+        *idle.sleeps.entry(label.to_owned()).or_default() += 1;
     }
 
     /// A sandbox was woken by `trigger` (`command`).
@@ -610,6 +627,33 @@ impl Metrics {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+
+    /// Audit finding: a runner chose the reason each sleep was counted
+    /// under, one label each: a loop of reports grew the metrics (and
+    /// every scrape) without end.
+    #[test]
+    fn sleep_reasons_are_few_words() {
+        let metrics = Metrics::default();
+        metrics.slept("idle");
+        for n in 0..1000u32 {
+            // Words of letters: "r" and the number's digits as a-j.
+            let word: String = n
+                .to_string()
+                .bytes()
+                .map(|digit| char::from(b'a' + digit - b'0'))
+                .collect();
+            metrics.slept(&format!("r_{word}"));
+        }
+        metrics.slept("bad\nreason");
+        metrics.slept("idle");
+        let idle = metrics.idle();
+        assert_eq!(idle.sleeps.len(), SLEEP_REASONS_MAX + 1, "and other");
+        assert_eq!(idle.sleeps["idle"], 2);
+        assert_eq!(
+            idle.sleeps["other"],
+            1000 - (SLEEP_REASONS_MAX as u64 - 1) + 1
+        );
+    }
 
     /// Audit finding: every scrape of `/metrics`, which needs no token,
     /// scanned the fleet's records. Scrapes within a second, at once or

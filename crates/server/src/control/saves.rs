@@ -114,14 +114,21 @@ pub async fn report_save(
         .await?
         .ok_or_else(|| not_found("sandbox"))?;
     check_placement(&current, &report.runner_id, report.epoch)?;
+    // When the runner says it captured the home: not before the sandbox
+    // existed, not after now (a runner's figure feeds the deployment's
+    // published ones, and a wild one would wrap their arithmetic).
+    let captured_at_ms = report
+        .captured_at_ms
+        .unwrap_or(now)
+        .clamp(current.created_at_ms.min(now), now);
     let outcome = match (report.outcome.as_str(), committed_root) {
         ("completed", Some(root)) => SaveOutcome::Completed {
             root: root.to_hex(),
-            captured_at_ms: report.captured_at_ms.unwrap_or(now),
+            captured_at_ms,
         },
         ("unchanged", _) => SaveOutcome::Unchanged {
             root: report.root.clone().unwrap_or_default(),
-            captured_at_ms: report.captured_at_ms.unwrap_or(now),
+            captured_at_ms,
         },
         ("failed", _) => SaveOutcome::Failed {
             error: error.unwrap_or_else(|| "save failed".to_owned()),
@@ -174,9 +181,8 @@ pub async fn report_save(
         // Counted as the record commits, before any later await: a runner
         // that goes away now drops this request, and the save stays
         // committed all the same.
-        let captured_at = report.captured_at_ms.unwrap_or(now).min(now);
         state.metrics.save_completed(
-            std::time::Duration::from_millis((now_ms() - captured_at).max(0) as u64),
+            std::time::Duration::from_millis((now_ms() - captured_at_ms).max(0) as u64),
             report.snapshot_ms,
             report.uploaded_bytes,
         );

@@ -3656,3 +3656,45 @@ async fn a_quarantined_sandbox_is_not_ended_by_its_ttl_until_released() {
         );
     }
 }
+
+/// Audit finding: a runner's `captured_at_ms` had no lower bound: one of
+/// `i64::MIN` wrapped the published figures' arithmetic (a panic in a
+/// debug build) and made the sandbox look saved at the start of time. It
+/// is taken within the sandbox's life: not before its creation, not after
+/// now.
+#[tokio::test]
+async fn a_saves_capture_time_is_within_the_sandboxs_life() {
+    for plane in planes_with("capture_bounds", true).await {
+        let org = plane.org("org_c", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.running_with_idle(&org, &runner, true, 0).await;
+        let root = plane.upload_home(&org, "captured\n");
+        for (forged, within) in [(i64::MIN, row.created_at_ms), (i64::MAX, i64::MAX)] {
+            let report = api::runners::SaveReport {
+                runner_id: runner.clone(),
+                epoch: row.epoch as u64,
+                outcome: "completed".to_owned(),
+                root: Some(root.clone()),
+                captured_at_ms: Some(forged),
+                bytes_pending: None,
+                error: None,
+                snapshot_ms: None,
+                uploaded_bytes: Some(1),
+                securing: false,
+            };
+            let saved = server::control::saves::report_save(&plane.state, &row.id, &report)
+                .await
+                .expect("taken");
+            let at = saved.home.saved_at_ms.expect("saved");
+            if within == i64::MAX {
+                assert!(at <= server::db::now_ms(), "{}: {at}", plane.engine());
+            } else {
+                assert!(at >= within, "{}: {at} before creation", plane.engine());
+            }
+        }
+        // The deployment's figures read the saves without overflowing.
+        server::control::deployment::deployment(&plane.state)
+            .await
+            .expect("the deployment's figures");
+    }
+}
