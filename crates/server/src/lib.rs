@@ -234,6 +234,7 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         secret_key,
         renewals: Arc::default(),
         assignment_reads: tokio::sync::Semaphore::new(control::ASSIGNMENT_READS_AT_ONCE),
+        runner_reads: Default::default(),
         save_turns: Default::default(),
     }))
 }

@@ -85,8 +85,42 @@ pub struct AppStateParts {
     /// fleet's reads (thousands at once when every runner starts) never
     /// hold every database connection while heartbeats wait for one.
     pub assignment_reads: tokio::sync::Semaphore,
+    /// One assignments read at a time per runner: a runner's polls at once
+    /// wait on each other, never on [`Self::assignment_reads`] ahead of
+    /// other runners' (a runner sending hundreds would otherwise take
+    /// every turn).
+    pub runner_reads: RunnerTurns,
     /// One sandbox's save commits at a time (`saves`).
     pub save_turns: saves::SaveTurns,
+}
+
+/// A turn per runner id, made when first asked for and gone when no one
+/// holds or waits for it.
+#[derive(Default)]
+pub struct RunnerTurns(
+    std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<tokio::sync::Mutex<()>>>>,
+);
+
+impl RunnerTurns {
+    /// Waits for `runner_id`'s turn.
+    pub async fn take(&self, runner_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let turn = {
+            let mut turns = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(turn) = turns.get(runner_id).and_then(std::sync::Weak::upgrade) {
+                turn
+            } else {
+                // Those nobody holds any more go as a new one is made.
+                turns.retain(|_, turn| turn.strong_count() > 0);
+                let turn = Arc::new(tokio::sync::Mutex::new(()));
+                turns.insert(runner_id.to_owned(), Arc::downgrade(&turn));
+                turn
+            }
+        };
+        turn.lock_owned().await
+    }
 }
 
 /// Permits of [`AppStateParts::assignment_reads`]: half a PostgreSQL
@@ -98,5 +132,43 @@ impl AppState {
     /// window: reads answer 404 for them.
     pub fn retained_since_ms(&self) -> i64 {
         crate::db::now_ms() - self.config.retention.as_millis() as i64
+    }
+}
+
+#[cfg(test)]
+mod runner_turn_tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Audit finding: a runner sending hundreds of assignments polls at
+    /// once took every one of the server's read turns, ahead of every
+    /// other runner. A runner's reads now take turns among themselves:
+    /// while one holds its turn, its next waits and another runner's does
+    /// not; a turn nobody holds is forgotten.
+    #[tokio::test]
+    async fn a_runners_reads_take_turns_and_other_runners_do_not_wait() {
+        let turns = RunnerTurns::default();
+        let first = turns.take("rnr_a").await;
+        let waiting = tokio::time::timeout(Duration::from_millis(50), turns.take("rnr_a")).await;
+        assert!(waiting.is_err(), "a second read of rnr_a waits");
+        let _other = tokio::time::timeout(Duration::from_secs(60), turns.take("rnr_b"))
+            .await
+            .expect("rnr_b does not wait for rnr_a");
+        drop(first);
+        let _again = tokio::time::timeout(Duration::from_secs(60), turns.take("rnr_a"))
+            .await
+            .expect("rnr_a's turn once given back");
+        drop(_again);
+        drop(_other);
+        let _c = turns.take("rnr_c").await;
+        let held = turns
+            .0
+            .lock()
+            .expect("turns")
+            .values()
+            .filter(|turn| turn.strong_count() > 0)
+            .count();
+        assert_eq!(held, 1, "only rnr_c's turn is held");
+        assert!(turns.0.lock().expect("turns").len() <= 3);
     }
 }

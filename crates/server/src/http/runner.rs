@@ -94,7 +94,9 @@ pub async fn assignments(
         }
         let unread = query.unchanged && hub.unchanged_since(&key, &query.etag);
         if !unread {
-            // The semaphore is never closed (it lives as long as the state).
+            // This runner's own turn first, then one of the server's
+            // (never closed: it lives as long as the state).
+            let _runner_turn = state.runner_reads.take(&query.runner_id).await;
             let turn = state.assignment_reads.acquire().await;
             let start = hub.read_start();
             let assignments =
