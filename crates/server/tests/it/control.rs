@@ -1461,6 +1461,35 @@ impl Plane {
         };
         server::control::saves::report_save(&self.state, &row.id, &report).await
     }
+
+    /// A command of `org` in the running sandbox `row`, handed over to
+    /// `runner` and reported running there: its id.
+    async fn running_command(&self, org: &str, row: &SandboxRow, runner: &str) -> String {
+        let request = serde_json::from_value(serde_json::json!({ "argv": ["sleep", "60"] }))
+            .expect("a command request");
+        let mut tx = self.state.db.write().await.expect("tx");
+        let command = commands::create(&self.state, &mut tx, org, &row.id, &request)
+            .await
+            .expect("created");
+        tx.commit().await.expect("commit");
+        runner_protocol::read_assignments(&self.state, runner)
+            .await
+            .expect("handed over");
+        let running = CommandReport {
+            runner_id: runner.to_owned(),
+            epoch: row.epoch as u64,
+            state: CommandState::Running,
+            reason: None,
+            exit_code: None,
+            signal: None,
+            pid: Some(7),
+            output: None,
+        };
+        runner_protocol::report_command(&self.state, &command.id, &running)
+            .await
+            .expect("running");
+        command.id
+    }
 }
 
 /// Issue 13, point 10 (the fault matrix's `runner:secure_after_commit`): a
@@ -3407,35 +3436,13 @@ async fn every_signal_asked_between_polls_is_assigned_and_only_the_latest_are_ke
             .report(&row, &runner, SandboxState::Running)
             .await
             .expect("running");
-        let request = serde_json::from_value(serde_json::json!({ "argv": ["sleep", "60"] }))
-            .expect("a command request");
-        let mut tx = plane.state.db.write().await.expect("tx");
-        let command = commands::create(&plane.state, &mut tx, &org, &row.id, &request)
-            .await
-            .expect("created");
-        tx.commit().await.expect("commit");
-        runner_protocol::read_assignments(&plane.state, &runner)
-            .await
-            .expect("handed over");
-        let running = CommandReport {
-            runner_id: runner.clone(),
-            epoch: row.epoch as u64,
-            state: CommandState::Running,
-            reason: None,
-            exit_code: None,
-            signal: None,
-            pid: Some(7),
-            output: None,
-        };
-        runner_protocol::report_command(&plane.state, &command.id, &running)
-            .await
-            .expect("running");
+        let command_id = plane.running_command(&org, &row, &runner).await;
         let names = ["INT", "HUP", "USR1", "USR2", "QUIT", "TERM"];
         let kept = api::commands::SIGNALS_KEPT as usize;
         let asked = kept + 4;
         for n in 0..asked {
             let mut tx = plane.state.db.write().await.expect("tx");
-            let current = server::records::commands::load(&mut tx, &command.id)
+            let current = server::records::commands::load(&mut tx, &command_id)
                 .await
                 .expect("read")
                 .expect("the command");
@@ -3479,36 +3486,6 @@ async fn an_orgs_stored_output_is_bounded_and_given_back_when_its_sandbox_is_pur
     .await
     {
         let runner = plane.runner(8).await;
-        let running_command = |org: String, row: SandboxRow| {
-            let plane = &plane;
-            let runner = runner.clone();
-            async move {
-                let request = serde_json::from_value(serde_json::json!({ "argv": ["yes"] }))
-                    .expect("a command request");
-                let mut tx = plane.state.db.write().await.expect("tx");
-                let command = commands::create(&plane.state, &mut tx, &org, &row.id, &request)
-                    .await
-                    .expect("created");
-                tx.commit().await.expect("commit");
-                runner_protocol::read_assignments(&plane.state, &runner)
-                    .await
-                    .expect("handed over");
-                let running = CommandReport {
-                    runner_id: runner.clone(),
-                    epoch: row.epoch as u64,
-                    state: CommandState::Running,
-                    reason: None,
-                    exit_code: None,
-                    signal: None,
-                    pid: Some(7),
-                    output: None,
-                };
-                runner_protocol::report_command(&plane.state, &command.id, &running)
-                    .await
-                    .expect("running");
-                command.id
-            }
-        };
         let at = |row: &SandboxRow, offset| runner_protocol::OutputAt {
             runner_id: runner.clone(),
             epoch: row.epoch as u64,
@@ -3520,8 +3497,8 @@ async fn an_orgs_stored_output_is_bounded_and_given_back_when_its_sandbox_is_pur
             .report(&row, &runner, SandboxState::Running)
             .await
             .expect("running");
-        let first = running_command(org.clone(), row.clone()).await;
-        let second = running_command(org.clone(), row.clone()).await;
+        let first = plane.running_command(&org, &row, &runner).await;
+        let second = plane.running_command(&org, &row, &runner).await;
         let sixty = [b'y'; 60];
         runner_protocol::append_output(&plane.state, &first, Stream::Stdout, &at(&row, 0), &sixty)
             .await
@@ -3566,7 +3543,7 @@ async fn an_orgs_stored_output_is_bounded_and_given_back_when_its_sandbox_is_pur
             .report(&other_row, &runner, SandboxState::Running)
             .await
             .expect("running");
-        let theirs = running_command(other.clone(), other_row.clone()).await;
+        let theirs = plane.running_command(&other, &other_row, &runner).await;
         runner_protocol::append_output(
             &plane.state,
             &theirs,
@@ -3601,7 +3578,7 @@ async fn an_orgs_stored_output_is_bounded_and_given_back_when_its_sandbox_is_pur
             .report(&row, &runner, SandboxState::Running)
             .await
             .expect("running");
-        let again = running_command(org.clone(), row.clone()).await;
+        let again = plane.running_command(&org, &row, &runner).await;
         runner_protocol::append_output(&plane.state, &again, Stream::Stdout, &at(&row, 0), &sixty)
             .await
             .expect("room again after the purge");
