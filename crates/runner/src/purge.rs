@@ -101,9 +101,11 @@ pub async fn purge(
         }
     }
     unmount_secrets(&secrets_root, &mut purged)?;
+    // Removed with its lock still held (unlinking a locked file is
+    // allowed): no runner can open the dir between the two.
     let root = data.root().to_path_buf();
-    drop(data);
     std::fs::remove_dir_all(&root).map_err(|e| oci::Error::io("remove", &root, e))?;
+    drop(data);
     purged.removed = Some(root);
     Ok(purged)
 }
