@@ -212,6 +212,7 @@ fn run_pull(dest: &Path, target: &Target, cache: Option<PathBuf>) -> Result<Exit
         store_id: target.store.clone(),
         index_dev: None,
         check_room: false,
+        room_also: None,
     };
     // A pull that makes its destination and then fails takes it away
     // again: a partial tree would pass for the home. One into an existing

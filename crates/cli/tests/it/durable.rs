@@ -220,6 +220,7 @@ pub(crate) fn materialize_saved(store_dir: &Path, org_id: &str, root: &str) -> t
             store_id: "test".to_owned(),
             index_dev: None,
             check_room: false,
+            room_also: None,
         },
         &store::progress::NoProgress,
     )

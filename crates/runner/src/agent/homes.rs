@@ -472,6 +472,9 @@ impl Homes {
             store_id: "control-plane".to_owned(),
             index_dev: Some(INDEX_DEV),
             check_room: true,
+            // The homes' loop-mounted image is sparse: the data dir's
+            // file system (the block cache's) must hold the bytes too.
+            room_also: Some(self.cache.clone()),
         };
         // Marked before the first byte is written, so that whatever stops
         // this restore half-way leaves a home known to hold no work.

@@ -109,6 +109,7 @@ impl Images {
             store_id: "control-plane".to_owned(),
             index_dev: None,
             check_room: true,
+            room_also: None,
         };
         let (work_temp, work_dest) = (temp.clone(), dest.clone());
         let done = tokio::task::spawn_blocking(move || -> std::result::Result<(), NotReady> {

@@ -181,6 +181,7 @@ async fn hostile_trees_through_the_block_service_are_refused_without_a_crash() {
                 store_id: "control-plane".to_owned(),
                 index_dev: None,
                 check_room: false,
+                room_also: None,
             };
             let result = store::pull::materialize(
                 &objects,
@@ -406,6 +407,7 @@ async fn an_upload_through_the_block_service_is_stored_in_packs() {
                 store_id: "test".to_owned(),
                 index_dev: None,
                 check_room: false,
+                room_also: None,
             },
             &store::progress::NoProgress,
         )

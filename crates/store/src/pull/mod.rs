@@ -74,6 +74,10 @@ pub struct PullOptions {
     /// ([`Error::NoRoom`]), before a byte is written: a runner pulling an
     /// org's tree shares its disk with every other tenant.
     pub check_room: bool,
+    /// With `check_room`, another file system the bytes land on, whose
+    /// free space must hold them too: the one under a loop-mounted
+    /// destination (a sparse image reports its own size as free).
+    pub room_also: Option<PathBuf>,
 }
 
 /// Refuses a pull into the empty `dest` of a tree that expands past what
@@ -87,6 +91,7 @@ fn check_room(
     dest: &Path,
     root: &Digest,
     extent: &crate::tree::Extent,
+    also: Option<&Path>,
 ) -> Result<()> {
     let io = |e: rustix::io::Errno| Error::Io {
         path: dest.to_owned(),
@@ -109,6 +114,22 @@ fn check_room(
     }
     if stat.f_files > 0 && extent.entries > stat.f_favail {
         return Err(no_room("entries", extent.entries, stat.f_favail));
+    }
+    if let Some(also) = also {
+        let stat = rustix::fs::statvfs(also).map_err(|e| Error::Io {
+            path: also.to_owned(),
+            source: e.into(),
+        })?;
+        let free_bytes = stat.f_bavail.saturating_mul(stat.f_frsize);
+        if extent.file_bytes > free_bytes {
+            return Err(Error::NoRoom {
+                what: format!("tree {root}"),
+                path: also.to_owned(),
+                unit: "bytes",
+                needed: extent.file_bytes,
+                free: free_bytes,
+            });
+        }
     }
     Ok(())
 }
@@ -260,7 +281,7 @@ pub fn materialize(
     materializer.load_trees(root)?;
     let extent = crate::tree::check_bounds(root, &materializer.known_trees)?;
     if options.check_room {
-        check_room(&dest_fd, dest, root, &extent)?;
+        check_room(&dest_fd, dest, root, &extent, options.room_also.as_deref())?;
     }
     // Counted from the files, not from what directory entries declare.
     let logical_bytes = extent.file_bytes;

@@ -555,6 +555,40 @@ fn a_tree_past_the_free_space_where_it_goes_is_refused_before_writing() {
         }
         other => panic!("expected NoRoom, got {other:?}"),
     }
+
+    // A loop-mounted destination reports its image's size as free: the
+    // file system under it (`room_also`) must hold the bytes too. /proc
+    // has none free.
+    let small = put_tree(
+        &store,
+        &acme,
+        Tree {
+            entries: vec![huge_file("small", 1)],
+        },
+    );
+    store
+        .write_home(&acme, &home("small"), &small)
+        .expect("point");
+    let dest = tempdir();
+    let mut options = crate::support::pull_options();
+    options.check_room = true;
+    options.room_also = Some(PathBuf::from("/proc"));
+    let (worked, dest_path) = (Arc::clone(&store), dest.path().to_owned());
+    let result = on_stacks(SMALL_STACK_BYTES, move || {
+        store::pull::pull(
+            &worked,
+            &org("acme"),
+            &home("small"),
+            &dest_path,
+            &options,
+            &store::progress::NoProgress,
+        )
+    });
+    assert!(is_empty_dir(dest.path()), "nothing written before refusing");
+    match result {
+        Err(Error::NoRoom { path, .. }) => assert_eq!(path, PathBuf::from("/proc")),
+        other => panic!("expected NoRoom under /proc, got {other:?}"),
+    }
 }
 
 /// Audit finding: one upload batch of a few hundred KB (the same highly

@@ -49,6 +49,7 @@ pub fn pull_options() -> PullOptions {
         store_id: STORE_ID.to_owned(),
         index_dev: None,
         check_room: false,
+        room_also: None,
     }
 }
 
