@@ -115,12 +115,16 @@ pub async fn report_save(
         .ok_or_else(|| not_found("sandbox"))?;
     check_placement(&current, &report.runner_id, report.epoch)?;
     // When the runner says it captured the home: not before the sandbox
-    // existed, not after now (a runner's figure feeds the deployment's
-    // published ones, and a wild one would wrap their arithmetic).
-    let captured_at_ms = report
-        .captured_at_ms
-        .unwrap_or(now)
-        .clamp(current.created_at_ms.min(now), now);
+    // existed (less a runner clock behind the server's), not after now. A
+    // runner's figure feeds the deployment's published ones, and a wild
+    // one would wrap their arithmetic.
+    let captured_at_ms = report.captured_at_ms.unwrap_or(now).clamp(
+        current
+            .created_at_ms
+            .saturating_sub(RUNNER_CLOCK_BEHIND_MS_MAX)
+            .min(now),
+        now,
+    );
     let outcome = match (report.outcome.as_str(), committed_root) {
         ("completed", Some(root)) => SaveOutcome::Completed {
             root: root.to_hex(),
@@ -215,6 +219,10 @@ async fn point_at_record(
     .await?
     .map_err(store_error)
 }
+
+/// How far behind the server's a runner's clock may be when it says when
+/// it captured a home.
+const RUNNER_CLOCK_BEHIND_MS_MAX: i64 = 10 * 60 * 1000;
 
 /// One sandbox's save commits at a time on this server: each reads the
 /// record, moves the store's pointers and the record in turn, so no two
