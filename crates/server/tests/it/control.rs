@@ -1462,6 +1462,14 @@ impl Plane {
         server::control::saves::report_save(&self.state, &row.id, &report).await
     }
 
+    /// A sandbox of `org` created, placed on `runner` and reported running.
+    async fn running(&self, org: &str, runner: &str) -> SandboxRow {
+        let row = self.create(org).await.expect("admitted");
+        self.report(&row, runner, SandboxState::Running)
+            .await
+            .expect("running")
+    }
+
     /// A command of `org` in the running sandbox `row`, handed over to
     /// `runner` and reported running there: its id.
     async fn running_command(&self, org: &str, row: &SandboxRow, runner: &str) -> String {
@@ -3431,11 +3439,7 @@ async fn every_signal_asked_between_polls_is_assigned_and_only_the_latest_are_ke
     for plane in planes("signal_queue").await {
         let org = plane.org("org_s", None).await;
         let runner = plane.runner(4).await;
-        let row = plane.create(&org).await.expect("admitted");
-        let row = plane
-            .report(&row, &runner, SandboxState::Running)
-            .await
-            .expect("running");
+        let row = plane.running(&org, &runner).await;
         let command_id = plane.running_command(&org, &row, &runner).await;
         let names = ["INT", "HUP", "USR1", "USR2", "QUIT", "TERM"];
         let kept = api::commands::SIGNALS_KEPT as usize;
@@ -3492,11 +3496,7 @@ async fn an_orgs_stored_output_is_bounded_and_given_back_when_its_sandbox_is_pur
             offset,
         };
         let org = plane.org("org_out", None).await;
-        let row = plane.create(&org).await.expect("admitted");
-        let row = plane
-            .report(&row, &runner, SandboxState::Running)
-            .await
-            .expect("running");
+        let row = plane.running(&org, &runner).await;
         let first = plane.running_command(&org, &row, &runner).await;
         let second = plane.running_command(&org, &row, &runner).await;
         let sixty = [b'y'; 60];
@@ -3538,11 +3538,7 @@ async fn an_orgs_stored_output_is_bounded_and_given_back_when_its_sandbox_is_pur
 
         // Another org stores its own.
         let other = plane.org("org_other", None).await;
-        let other_row = plane.create(&other).await.expect("admitted");
-        let other_row = plane
-            .report(&other_row, &runner, SandboxState::Running)
-            .await
-            .expect("running");
+        let other_row = plane.running(&other, &runner).await;
         let theirs = plane.running_command(&other, &other_row, &runner).await;
         runner_protocol::append_output(
             &plane.state,
@@ -3573,11 +3569,7 @@ async fn an_orgs_stored_output_is_bounded_and_given_back_when_its_sandbox_is_pur
             plane.engine()
         );
         tx.commit().await.expect("commit");
-        let row = plane.create(&org).await.expect("admitted");
-        let row = plane
-            .report(&row, &runner, SandboxState::Running)
-            .await
-            .expect("running");
+        let row = plane.running(&org, &runner).await;
         let again = plane.running_command(&org, &row, &runner).await;
         runner_protocol::append_output(&plane.state, &again, Stream::Stdout, &at(&row, 0), &sixty)
             .await
@@ -3593,11 +3585,7 @@ async fn a_quarantined_sandbox_is_not_ended_by_its_ttl_until_released() {
     for plane in planes("quarantine_ttl").await {
         let org = plane.org("org_q", None).await;
         let runner = plane.runner(4).await;
-        let row = plane.create(&org).await.expect("admitted");
-        let row = plane
-            .report(&row, &runner, SandboxState::Running)
-            .await
-            .expect("running");
+        let row = plane.running(&org, &runner).await;
         let mut tx = plane.state.db.write().await.expect("tx");
         server::records::sandboxes::set_expires_at(&mut tx, &row, 1, "timeout_set")
             .await
