@@ -155,6 +155,28 @@ pub async fn record(
     Ok(inserted.rows_affected() == 1)
 }
 
+/// Starts the keeping time of the keys that created `resource_id` again,
+/// as the resource ends. A key is kept a day after its resource ended
+/// (DESIGN §3), and `created_at_ms` is when that day starts counting: the
+/// retention pass keeps the key of a sandbox or command that has not ended,
+/// and of a snapshot that still exists, whatever that time says. A snapshot
+/// leaves no row behind when deleted, so its keys count from here.
+pub async fn resource_ended(
+    tx: &mut WriteTx,
+    org_id: &str,
+    resource_id: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE idempotency_keys SET created_at_ms = $1 WHERE org_id = $2 AND resource_id = $3",
+    )
+    .bind(now_ms())
+    .bind(org_id)
+    .bind(resource_id)
+    .execute(&mut *tx.tx)
+    .await?;
+    Ok(())
+}
+
 /// Commits a create's transaction with its key's answer (201 and
 /// `record`). When another request with the same key committed first, this
 /// one is rolled back and that one's answer is returned to replay.

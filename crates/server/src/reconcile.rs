@@ -449,7 +449,8 @@ async fn apply_retention(state: &AppState) -> Result<(), ControlError> {
     let purged = sqlx::query(
         "DELETE FROM idempotency_keys WHERE created_at_ms < $1
          AND resource_id NOT IN (SELECT id FROM sandboxes WHERE ended_at_ms IS NULL OR ended_at_ms >= $1)
-         AND resource_id NOT IN (SELECT id FROM commands WHERE ended_at_ms IS NULL OR ended_at_ms >= $1)",
+         AND resource_id NOT IN (SELECT id FROM commands WHERE ended_at_ms IS NULL OR ended_at_ms >= $1)
+         AND resource_id NOT IN (SELECT id FROM snapshots)",
     )
     .bind(keys_cutoff)
     .execute(&mut *tx.tx)

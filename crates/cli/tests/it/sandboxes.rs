@@ -683,6 +683,109 @@ async fn idempotency_keys_belong_to_one_org_and_outlive_the_records_retention() 
     assert_eq!(listed["sandboxes"], json!([]), "nothing new: {listed}");
 }
 
+/// Ages every idempotency key of the plane's SQLite records by `days`,
+/// and waits until a retention pass has run since: a key row of its own,
+/// naming nothing and two days old, is gone.
+async fn age_idempotency_keys(plane: &Plane, days: i64) {
+    use sqlx::Connection;
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as i64
+    };
+    let db = plane._tmp.path().join("data").join("roost.db");
+    let url = format!("sqlite://{}", db.display());
+    let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
+    sqlx::query("UPDATE idempotency_keys SET created_at_ms = created_at_ms - $1")
+        .bind(days * 24 * 3600 * 1000)
+        .execute(&mut conn)
+        .await
+        .expect("age the keys");
+    sqlx::query(
+        "INSERT INTO idempotency_keys (org_id, scope, key, request_hash, status, response, resource_id, created_at_ms)
+         VALUES ('nobody', 'marker', 'marker', '', 201, '{}', 'nothing', $1)",
+    )
+    .bind(now_ms() - 2 * 24 * 3600 * 1000)
+    .execute(&mut conn)
+    .await
+    .expect("the marker key");
+    let passed = eventually(Duration::from_secs(20), || {
+        let url = url.clone();
+        async move {
+            let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
+            let (left,): (i64,) =
+                sqlx::query_as("SELECT COUNT(*) FROM idempotency_keys WHERE scope = 'marker'")
+                    .fetch_one(&mut conn)
+                    .await
+                    .expect("count");
+            left == 0
+        }
+    })
+    .await;
+    assert!(passed, "no retention pass removed the marker key");
+}
+
+/// DESIGN §3: a key is kept at least a day after the resource it created
+/// has ended. A snapshot lives on after its sandbox, as long as its org
+/// keeps it: its key is kept while it exists, however old, and a day after
+/// it is deleted; then it goes, and the same key makes a new snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshots_idempotency_key_is_kept_while_it_exists_and_a_day_after() {
+    let store = tempfile::tempdir().expect("tempdir");
+    let store_dir = store.path().to_str().expect("utf-8");
+    let args = [
+        "--retention",
+        "1s",
+        "--reconcile-interval",
+        "100ms",
+        "--store",
+        store_dir,
+    ];
+    let plane = Plane::start(&args).await;
+    let runner = plane.runner("r1", "spot", STANDARD).await;
+    let sandbox = plane.running_sandbox(&runner, json!({})).await;
+    let id = sandbox["id"].as_str().expect("id");
+    let path = format!("/v1/sandboxes/{id}/snapshots");
+    let key = [("idempotency-key", "keep-1")];
+    let snapshot = || {
+        plane
+            .org
+            .post_with(&path, json!({"durability": "local"}), &key)
+    };
+    let first = snapshot().await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let snapshot_id = first.str("id");
+
+    // Two days on, the snapshot still exists: its key still replays.
+    age_idempotency_keys(&plane, 2).await;
+    let retried = snapshot().await;
+    assert_eq!(retried.status, 201, "{retried:?}");
+    assert!(retried.replayed, "the key of a living snapshot was dropped");
+    assert_eq!(retried.str("id"), snapshot_id);
+
+    // Deleted: its day starts now, so a retention pass keeps the key.
+    let deleted = plane
+        .org
+        .delete(&format!("/v1/snapshots/{snapshot_id}"))
+        .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    age_idempotency_keys(&plane, 0).await;
+    let after_delete = snapshot().await;
+    assert!(
+        after_delete.replayed,
+        "the key went with its snapshot: {after_delete:?}"
+    );
+    assert_eq!(after_delete.str("id"), snapshot_id);
+
+    // A day after the delete, the key is gone: the same key is a new request.
+    age_idempotency_keys(&plane, 2).await;
+    let anew = snapshot().await;
+    assert_eq!(anew.status, 201, "{anew:?}");
+    assert!(!anew.replayed, "a key outlived its day: {anew:?}");
+    assert_ne!(anew.str("id"), snapshot_id);
+}
+
 /// A database of its own, reached through a proxy the test can cut: the
 /// proxy, and the database's URL through it.
 async fn proxied_postgres_database(name: &str) -> (crate::proxy::Proxy, String) {

@@ -204,6 +204,7 @@ pub async fn delete(state: &AppState, snapshot: &SnapshotRow) -> Result<(), Cont
     let (org, home) = (store_org(&snapshot.org_id)?, snapshot_home(&snapshot.id)?);
     let mut tx = state.db.write().await?;
     snapshots::delete(&mut tx, &snapshot.id).await?;
+    crate::idempotency::resource_ended(&mut tx, &snapshot.org_id, &snapshot.id).await?;
     blocking(move || store.delete_home(&org, &home))
         .await?
         .map_err(store_error)?;
