@@ -113,6 +113,11 @@ pub fn default_placement() -> String {
 pub const MEMORY_MIB_MIN: u64 = 8;
 pub const CPUS_MIN: f64 = 0.01;
 pub const PIDS_MIN: u64 = 8;
+/// The smallest and largest bound on a home, in MiB (16 MiB to 16 TiB).
+pub const HOME_MIB_MIN: u64 = 16;
+pub const HOME_MIB_MAX: u64 = 1 << 24;
+/// What a runner offers when it can bound a home (`resources.home_mib`).
+pub const HOME_BOUND_CAPABILITY: &str = "home:bounded";
 
 /// Limits the runtime enforces; unset means the runner's default.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -127,6 +132,16 @@ pub struct Resources {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 8, maximum = 4_194_304)]
     pub pids: Option<u64>,
+    /// The most the home (`/workspace`) may hold on its runner, in MiB: a
+    /// write past it fails inside the sandbox with `EDQUOT` ("Disk quota
+    /// exceeded"), and deleting files frees room. Unset: the home is
+    /// bounded only by its runner's volume. Enforced by runners offering
+    /// `home:bounded` (homes on btrfs with quota groups on); where none
+    /// does, the create is refused `unsupported_capability`. It bounds the
+    /// home, not the root file system's writable layer, and not saves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 16, maximum = 16_777_216)]
+    pub home_mib: Option<u64>,
 }
 
 /// A shared filesystem mounted into a sandbox. Its files are the

@@ -245,6 +245,11 @@ pub struct CreateArgs {
     /// Process limit (server default 1024).
     #[arg(long, value_name = "N")]
     pids: Option<u64>,
+    /// The most the home (/workspace) may hold, e.g. `10g`, `512m`, or a
+    /// number of MiB: past it a write fails "Disk quota exceeded" inside
+    /// the sandbox. Needs runners that bound homes (`home:bounded`).
+    #[arg(long, value_name = "SIZE", value_parser = parse_mib)]
+    home_max: Option<u64>,
     /// `none`: loopback only; `bridge`: outbound network.
     #[arg(long, value_name = "MODE", default_value = "none", value_parser = ["none", "bridge"])]
     network: String,
@@ -576,6 +581,7 @@ async fn create(args: CreateArgs) -> Result<ExitCode> {
             memory_mib: args.memory.or(args.memory_mib),
             cpus: args.cpus,
             pids: args.pids,
+            home_mib: args.home_max,
         },
         network: args.network,
         ttl: args.ttl.map(seconds_rounded_up),
@@ -887,7 +893,7 @@ fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
         (
             "resources",
             format!(
-                "{} memory, {} {}, {} pids",
+                "{} memory, {} {}, {} pids{}",
                 limit(resources.memory_mib.map(|m| m.to_string()), " MiB"),
                 limit(resources.cpus.map(|c| c.to_string()), ""),
                 if resources.cpus == Some(1.0) {
@@ -896,6 +902,10 @@ fn print_sandbox(sandbox: &Sandbox, target: &OrgTarget) -> Result<()> {
                     "cpus"
                 },
                 limit(resources.pids.map(|p| p.to_string()), ""),
+                resources
+                    .home_mib
+                    .map(|mib| format!(", home at most {mib} MiB"))
+                    .unwrap_or_default(),
             ),
         ),
         ("network", sandbox.network.to_string()),

@@ -94,6 +94,9 @@ pub struct HomeVolumes {
     backing: Backing,
     /// The `btrfs` tool, found once at open; `None` with [`Backing::Plain`].
     btrfs: Option<PathBuf>,
+    /// Why a home cannot be bounded ([`HomeVolumes::bound`]) here; `None`
+    /// when btrfs quota groups are on and it can.
+    unbounded_because: Option<String>,
 }
 
 /// What holds the homes.
@@ -229,10 +232,27 @@ impl HomeVolumes {
         for dir in [root.join("homes"), root.join("snapshots")] {
             std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         }
+        let unbounded_because = match (&backing, &btrfs) {
+            (Backing::Plain { reason }, _) => {
+                Some(format!("homes are plain directories: {reason}"))
+            }
+            (_, None) => Some("btrfs-progs is not installed".to_owned()),
+            // Ours: quota groups are turned on (once; a restart finds them on).
+            (Backing::LoopImage { .. }, Some(btrfs)) => enable_quotas(&root, btrfs).err(),
+            // The operator's btrfs: quota groups cost every subvolume of the
+            // whole filesystem, so they are the operator's to turn on.
+            (Backing::Btrfs, Some(btrfs)) => (!quotas_on(&root, btrfs)).then(|| {
+                format!(
+                    "btrfs quota groups are off on {} (`btrfs quota enable` turns them on)",
+                    root.display()
+                )
+            }),
+        };
         Ok(HomeVolumes {
             root,
             backing,
             btrfs,
+            unbounded_because,
         })
     }
 
@@ -250,6 +270,43 @@ impl HomeVolumes {
     /// be saved while their sandbox runs.
     pub fn can_snapshot(&self) -> bool {
         self.btrfs.is_some()
+    }
+
+    /// Why a home cannot be bounded here (`None`: it can): what the
+    /// runner logs when it does not offer bounded homes.
+    pub fn unbounded_because(&self) -> Option<&str> {
+        self.unbounded_because.as_deref()
+    }
+
+    /// Bounds what the home of `id` may hold to `bytes`: a btrfs quota
+    /// group limit on what the home's subvolume references, so a write
+    /// that would take it past fails in the sandbox with `EDQUOT` ("Disk
+    /// quota exceeded") and the home never holds more. Its snapshots are
+    /// not counted (a save's snapshot shares the home's blocks, and the
+    /// limit is of what the home itself references). Deleting files frees
+    /// room; truncating or overwriting one may not, at the bound. A home
+    /// that already holds more keeps its files and takes no new writes
+    /// until it shrinks. Setting it again replaces the bound.
+    pub fn bound(&self, id: &str, bytes: u64) -> Result<()> {
+        let home = self.home(id)?;
+        let btrfs = match (&self.unbounded_because, &self.btrfs) {
+            (None, Some(btrfs)) => btrfs,
+            (Some(reason), _) => return Err(Error::Unsupported(reason.clone())),
+            (None, None) => return Err(Error::Unsupported("no btrfs here".to_owned())),
+        };
+        let bytes = bytes.to_string();
+        run_tool(
+            "bound the home",
+            &home,
+            btrfs,
+            &[
+                OsStr::new("qgroup"),
+                OsStr::new("limit"),
+                OsStr::new(&bytes),
+                home.as_os_str(),
+            ],
+        )?;
+        Ok(())
     }
 
     /// The home directory of sandbox `id`: `ROOT/homes/ID`.
@@ -961,6 +1018,42 @@ fn list_dir(dir: &Path) -> Result<Vec<OsString>> {
 /// stdout. A failure is [`Error::Io`] on `path` whose message has the
 /// command line, the exit status and what the tool said on stderr, on one
 /// line.
+/// Whether btrfs quota groups are on for the filesystem of `root`
+/// (`btrfs qgroup show` fails when they are off).
+fn quotas_on(root: &Path, btrfs: &Path) -> bool {
+    run_tool(
+        "read the quota groups",
+        root,
+        btrfs,
+        &[OsStr::new("qgroup"), OsStr::new("show"), root.as_os_str()],
+    )
+    .is_ok()
+}
+
+/// Turns btrfs quota groups on for the image mounted at `root` unless they
+/// are on, and waits for their first count of what is there already (until
+/// it ends, no limit holds). The reason as `Err` when that fails.
+fn enable_quotas(root: &Path, btrfs: &Path) -> std::result::Result<(), String> {
+    if quotas_on(root, btrfs) {
+        return Ok(());
+    }
+    let arg = |a: &'static str| OsStr::new(a);
+    let steps: [(&'static str, &[&OsStr]); 2] = [
+        (
+            "turn quota groups on",
+            &[arg("quota"), arg("enable"), root.as_os_str()],
+        ),
+        (
+            "count what the homes hold",
+            &[arg("quota"), arg("rescan"), arg("-w"), root.as_os_str()],
+        ),
+    ];
+    for (action, args) in steps {
+        run_tool(action, root, btrfs, args).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 fn run_tool(action: &'static str, path: &Path, program: &Path, args: &[&OsStr]) -> Result<String> {
     host::run_tool(program, args, None).map_err(|failure| {
         let source = match &failure.kind {

@@ -44,6 +44,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (24, include_str!("../migrations/0024_command_signals.sql")),
     (25, include_str!("../migrations/0025_output_counts.sql")),
     (26, include_str!("../migrations/0026_commands_by_pid.sql")),
+    (27, include_str!("../migrations/0027_home_bound.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

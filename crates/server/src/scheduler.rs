@@ -38,6 +38,11 @@ impl Needs {
             format!("network:{}", sandbox.network),
             format!("storage:{}", sandbox.storage_class),
         ];
+        // A bound home is bounded on every placement: a recovery or a
+        // drain moves it only where the bound holds too.
+        if sandbox.home_mib.is_some() {
+            capabilities.push(api::sandboxes::HOME_BOUND_CAPABILITY.to_owned());
+        }
         // Every shared filesystem it mounts, on every placement: a
         // recovery or a drain moves it only where they are all mounted.
         for mount in sandbox.mounts() {

@@ -418,6 +418,41 @@ async fn a_runaway_commands_record_keeps_the_bound_of_its_output_and_says_so() {
     stack.runner.assert_no_errors();
 }
 
+/// `resources.home_mib`: the runner bounds the home it gives the sandbox.
+/// A write past the bound fails inside the sandbox ("Disk quota
+/// exceeded") and the home never holds more; deleting frees room; another
+/// sandbox's home on the same runner is not bounded by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_home_takes_no_write_past_its_bound() {
+    let stack = Stack::start().await;
+    let sandbox = stack
+        .running_sandbox(json!({"resources": {"home_mib": 32}}))
+        .await;
+    assert_eq!(sandbox["resources"]["home_mib"], 32, "{sandbox}");
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    let fill = "dd if=/dev/zero of=/workspace/big bs=1M count=64 conv=fsync";
+    let (command, _, stderr) = exec(&api, &sid, json!({"argv": ["sh", "-c", fill]})).await;
+    assert_eq!(command["state"], "exited", "{command}");
+    assert_ne!(command["exit_code"], 0, "64 MiB went into a 32 MiB home");
+    assert!(stderr.contains("Disk quota exceeded"), "{stderr}");
+    let size = sh(&api, &sid, "stat -c %s /workspace/big").await;
+    let size: u64 = size.trim().parse().expect("a size");
+    assert!(size <= 32 << 20, "the home holds {size} bytes");
+    sh(
+        &api,
+        &sid,
+        "rm /workspace/big && dd if=/dev/zero of=/workspace/small bs=1M count=16 conv=fsync",
+    )
+    .await;
+
+    // Unbounded beside it on the same runner.
+    let other = stack.running_sandbox(json!({})).await;
+    let other = other["id"].as_str().expect("id");
+    sh(&api, other, fill).await;
+    stack.runner.assert_no_errors();
+}
+
 pub(crate) async fn wait_command(api: &Api, sandbox_id: &str, id: &str, state: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {

@@ -534,6 +534,8 @@ async fn admission_refuses_what_nothing_would_enforce_naming_it() {
             json!({"mounts": [{"filesystem": "fs1", "subpath": "data", "path": "/mnt/data"}]}),
             "filesystem:fs1",
         ),
+        // No runner can bound a home: the bound is refused, not dropped.
+        (json!({"resources": {"home_mib": 1024}}), "home:bounded"),
     ];
     for (body, missing) in cases {
         let refused = plane.org.post("/v1/sandboxes", body.clone()).await;
@@ -565,6 +567,19 @@ async fn admission_refuses_what_nothing_would_enforce_naming_it() {
         .post("/v1/sandboxes", json!({"placement": "non_preemptible"}))
         .await;
     assert_eq!(pinned.body["runner_id"], on_demand.id.as_str());
+
+    // A bounded home goes only where homes are bounded, and says so.
+    let bounding = [STANDARD, &["home:bounded"]].concat();
+    let bounded_runner = with_store.runner("bounded", "spot", &bounding).await;
+    for _ in 0..3 {
+        let bounded = with_store
+            .org
+            .post("/v1/sandboxes", json!({"resources": {"home_mib": 1024}}))
+            .await;
+        assert_eq!(bounded.status, 201, "{bounded:?}");
+        assert_eq!(bounded.body["runner_id"], bounded_runner.id.as_str());
+        assert_eq!(bounded.body["resources"]["home_mib"], 1024);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -583,6 +598,15 @@ async fn bounded_input_is_refused_with_codes_naming_the_field() {
     let answer = plane.org.post("/v1/sandboxes", json!({"env": env})).await;
     answer.assert_error(400, "invalid_request");
     assert_eq!(answer.body["error"]["details"]["field"], "env");
+    for home_mib in [0, 15, (1u64 << 24) + 1] {
+        let body = json!({"resources": {"home_mib": home_mib}});
+        let answer = plane.org.post("/v1/sandboxes", body).await;
+        answer.assert_error(400, "invalid_request");
+        assert_eq!(
+            answer.body["error"]["details"]["field"],
+            "resources.home_mib"
+        );
+    }
     let answer = plane
         .org
         .post("/v1/sandboxes", json!({"env": {"NOT-A-NAME": "x"}}))

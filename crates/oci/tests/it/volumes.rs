@@ -360,6 +360,77 @@ fn without_btrfs_homes_are_plain_directories() {
     assert_eq!(mounts_at(&scratch.root()), 0);
 }
 
+/// Writes `total` bytes to `path` a MiB at a time; how many went in and
+/// the error that stopped it, if one did.
+fn write_up_to(path: &Path, total: usize) -> (usize, Option<std::io::Error>) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).expect("create");
+    let chunk = vec![7u8; 1 << 20];
+    let mut written = 0;
+    while written < total {
+        match file.write_all(&chunk).and_then(|()| file.sync_data()) {
+            Ok(()) => written += chunk.len(),
+            Err(e) => return (written, Some(e)),
+        }
+    }
+    (written, None)
+}
+
+#[test]
+fn a_bounded_home_takes_no_write_past_its_bound_and_deleting_frees_room() {
+    let scratch = Scratch::new();
+    let volumes = scratch.open_image();
+    assert_eq!(
+        volumes.unbounded_because(),
+        None,
+        "the image's quota groups are on"
+    );
+    let home = volumes.create("sbx-bound").expect("create home");
+    volumes.bound("sbx-bound", 16 << 20).expect("bound");
+
+    let edquot = Some(rustix::io::Errno::DQUOT.raw_os_error());
+    let (written, stopped) = write_up_to(&home.join("big"), 64 << 20);
+    let stopped = stopped.expect("a write past the bound was taken");
+    assert_eq!(stopped.raw_os_error(), edquot, "{stopped}");
+    assert!(written <= 16 << 20, "{written} bytes went in");
+
+    // A save's snapshot shares the home's blocks and is not counted: the
+    // home can be emptied and filled again while it exists.
+    volumes.snapshot("sbx-bound", "save-1").expect("snapshot");
+    std::fs::remove_file(home.join("big")).expect("delete at the bound");
+    let (again, stopped) = write_up_to(&home.join("small"), 8 << 20);
+    assert!(stopped.is_none(), "{stopped:?}");
+    assert_eq!(again, 8 << 20);
+
+    // The bound is replaced, not added to.
+    volumes.bound("sbx-bound", 64 << 20).expect("bound again");
+    let (more, stopped) = write_up_to(&home.join("more"), 32 << 20);
+    assert!(stopped.is_none(), "{stopped:?}");
+    assert_eq!(more, 32 << 20);
+
+    // Opened again (a restarted runner): the bound is still there.
+    drop(volumes);
+    let volumes = scratch.open_image();
+    assert_eq!(volumes.unbounded_because(), None);
+    let (_, stopped) = write_up_to(&home.join("past"), 64 << 20);
+    assert_eq!(stopped.and_then(|e| e.raw_os_error()), edquot);
+}
+
+#[test]
+fn a_plain_home_cannot_be_bounded_and_says_why() {
+    let scratch = Scratch::new();
+    let volumes = scratch.open_plain();
+    let reason = volumes
+        .unbounded_because()
+        .expect("plain homes cannot be bounded");
+    assert!(reason.contains("plain directories"), "{reason}");
+    volumes.create("sbx-plain").expect("create home");
+    match volumes.bound("sbx-plain", 16 << 20) {
+        Err(Error::Unsupported(message)) => assert_eq!(message, reason),
+        other => panic!("a bound on a plain home: {other:?}"),
+    }
+}
+
 #[test]
 fn unsafe_ids_and_names_are_refused() {
     let scratch = Scratch::new();

@@ -286,6 +286,9 @@ impl Homes {
         let excludes = Excludes::from_env()
             .map_err(|e| Error::Invalid(format!("ROOST_HOME_EXCLUDES: {e}")))?;
         tracing::info!(backing = %volumes.backing(), "homes ready");
+        if let Some(reason) = volumes.unbounded_because() {
+            tracing::info!(%reason, "homes cannot be bounded here: `resources.home_mib` is not offered");
+        }
         if let oci::volumes::Backing::LoopImage {
             buffered_because: Some(reason),
             ..
@@ -329,6 +332,11 @@ impl Homes {
             return true;
         }
         self.volumes.can_snapshot()
+    }
+
+    /// Whether a home can be bounded here (what `home:bounded` promises).
+    pub(crate) fn can_bound(&self) -> bool {
+        self.volumes.unbounded_because().is_none()
     }
 
     pub(crate) fn path(&self, id: &str) -> Result<PathBuf> {
@@ -385,7 +393,34 @@ impl Homes {
     /// attempt finishes it (writing only what differs).
     /// `last_launched`: the epoch of the placement a container was last
     /// launched for here (`DIR/sandboxes/ID/placement`), if known.
+    ///
+    /// The home is bounded (`resources.home_mib`) once it is that tree, so
+    /// a restore is never cut short by the bound: a home restored larger
+    /// keeps its files and takes no new writes until it shrinks.
     pub(crate) async fn prepare(
+        &self,
+        control: &Arc<dyn ControlPlane>,
+        sandbox: &SandboxAssignment,
+        last_launched: Option<u64>,
+    ) -> std::result::Result<(PathBuf, Option<WakeReport>), NotReady> {
+        let prepared = self.prepare_tree(control, sandbox, last_launched).await?;
+        if let Some(mib) = sandbox.resources.home_mib {
+            let id = sandbox.sandbox_id.clone();
+            // A legacy home (a plain directory from before btrfs) cannot
+            // be bounded: `bound` refuses it, and the launch with it.
+            if prepared.0 != self.volumes.home(&id)? {
+                return Err(Error::Unsupported(format!(
+                    "the home of {id} is a plain directory from before btrfs and cannot be bounded"
+                ))
+                .into());
+            }
+            // One short tool run, as the home's `create` above.
+            self.volumes.bound(&id, mib.saturating_mul(1 << 20))?;
+        }
+        Ok(prepared)
+    }
+
+    async fn prepare_tree(
         &self,
         control: &Arc<dyn ControlPlane>,
         sandbox: &SandboxAssignment,

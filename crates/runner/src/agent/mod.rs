@@ -150,6 +150,9 @@ fn capabilities(
     if homes.can_snapshot() {
         capabilities.push(DURABLE_CAPABILITY.to_owned());
     }
+    if homes.can_bound() {
+        capabilities.push(api::sandboxes::HOME_BOUND_CAPABILITY.to_owned());
+    }
     if runtime.bridge_available() {
         capabilities.push(BRIDGE_CAPABILITY.to_owned());
     }

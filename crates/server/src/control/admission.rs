@@ -56,6 +56,15 @@ pub fn validate(request: &mut CreateSandboxRequest) -> Result<(), ControlError> 
             format!("between {PIDS_MIN} and {}", 1u64 << 22),
         ));
     }
+    use api::sandboxes::{HOME_MIB_MAX, HOME_MIB_MIN};
+    if let Some(home) = resources.home_mib
+        && !(HOME_MIB_MIN..=HOME_MIB_MAX).contains(&home)
+    {
+        return Err(limits::invalid(
+            "resources.home_mib",
+            format!("between {HOME_MIB_MIN} and {HOME_MIB_MAX} (16 TiB)"),
+        ));
+    }
     if let Some(ttl) = request.ttl
         && (ttl == 0 || ttl > limits::TTL_SECONDS_MAX)
     {
@@ -368,6 +377,7 @@ pub fn prepare(
         memory_mib: resources.memory_mib.map(|v| v as i64),
         millicpus: resources.cpus.map(|v| (v * 1000.0).round() as i64),
         pids: resources.pids.map(|v| v as i64),
+        home_mib: resources.home_mib.map(|v| v as i64),
         network,
         placement,
         env,

@@ -24,6 +24,8 @@ pub struct SandboxRow {
     pub memory_mib: Option<i64>,
     pub millicpus: Option<i64>,
     pub pids: Option<i64>,
+    /// `resources.home_mib`: the bound its runner puts on its home.
+    pub home_mib: Option<i64>,
     pub network: Network,
     pub placement: Placement,
     pub env: String,
@@ -91,7 +93,7 @@ pub struct HomeColumns {
     pub unchanged_at_ms: Option<i64>,
 }
 
-pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, state_message, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies, mounts, idle_timeout_s, auto_wake, last_activity_at_ms, last_activity, idle_deadline_ms, desired_reason, desired_message, home_unchanged_at_ms, start_after_stop";
+pub const SANDBOX_COLUMNS: &str = "id, org_id, image, image_root, storage_class, memory_mib, millicpus, pids, network, placement, env, labels, state, state_reason, state_message, desired, runner_id, last_runner_id, epoch, quarantined, created_at_ms, updated_at_ms, expires_at_ms, ended_at_ms, home_root, home_saved_at_ms, save_interval_s, save_attempt_at_ms, save_error, save_bytes_pending, from_snapshot, kept_copies, mounts, idle_timeout_s, auto_wake, last_activity_at_ms, last_activity, idle_deadline_ms, desired_reason, desired_message, home_unchanged_at_ms, start_after_stop, home_mib";
 
 /// [`SANDBOX_COLUMNS`] split, for direct reads (`super::DirectRow`).
 static SANDBOX_COLUMN_NAMES: std::sync::LazyLock<Vec<&str>> =
@@ -114,6 +116,7 @@ impl SandboxRow {
             memory_mib: row.column("memory_mib")?,
             millicpus: row.column("millicpus")?,
             pids: row.column("pids")?,
+            home_mib: row.column("home_mib")?,
             network: parse_column(row, "network")?,
             placement: parse_column(row, "placement")?,
             env: row.column("env")?,
@@ -160,6 +163,7 @@ impl SandboxRow {
             memory_mib: self.memory_mib.map(|v| v as u64),
             cpus: self.millicpus.map(|v| v as f64 / 1000.0),
             pids: self.pids.map(|v| v as u64),
+            home_mib: self.home_mib.map(|v| v as u64),
         }
     }
 
@@ -463,7 +467,7 @@ pub async fn insert(
         .as_deref()
         .unwrap_or(row.state.usual_reason());
     sqlx::query(&format!(
-        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41, $42)"
+        "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41, $42, $43)"
     ))
     .bind(&row.id)
     .bind(&row.org_id)
@@ -507,6 +511,7 @@ pub async fn insert(
     .bind(&row.desired_message)
     .bind(row.home.unchanged_at_ms)
     .bind(i64::from(row.start_after_stop))
+    .bind(row.home_mib)
     .execute(&mut *tx.tx)
     .await?;
     for (key, value) in labels {

@@ -44,6 +44,10 @@ class Resources:
     memory_mib: Optional[int] = None
     cpus: Optional[float] = None
     pids: Optional[int] = None
+    home_mib: Optional[int] = None
+    """The most the home (``/workspace``) may hold on its runner: past it a
+    write fails "Disk quota exceeded" in the sandbox. Refused
+    (``unsupported_capability``) where no runner bounds homes."""
 
     def to_json(self) -> Dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
