@@ -433,7 +433,19 @@ impl HomeVolumes {
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("remove directory", &snapshots, e)),
         }
-        self.delete_tree(&home)
+        self.delete_tree(&home)?;
+        // Kernels before 6.8 keep a deleted subvolume's quota group: drop
+        // those whose subvolume is gone by now (best effort: a group left
+        // costs a few bytes and is dropped at the next removal).
+        if let (None, Some(btrfs)) = (&self.unbounded_because, &self.btrfs) {
+            let args = [
+                OsStr::new("qgroup"),
+                OsStr::new("clear-stale"),
+                self.root.as_os_str(),
+            ];
+            let _ = run_tool("drop stale quota groups", &self.root, btrfs, &args);
+        }
+        Ok(())
     }
 
     /// Sets the home of `id` aside as `ROOT/kept/ID/NAME`, where nothing
