@@ -330,13 +330,14 @@ impl Client {
         self.post(&["v1", "admin", "orgs"], request, &[]).await
     }
 
-    pub async fn create_runner_token(&self) -> Result<RunnerTokenResponse, ClientError> {
-        self.post(
-            &["v1", "admin", "runner-tokens"],
-            &serde_json::json!({}),
-            &[],
-        )
-        .await
+    /// `POST /v1/admin/runner-tokens` (admin token): a token runners
+    /// enrol with, declaring at most what `profile` allows.
+    pub async fn create_runner_token(
+        &self,
+        profile: &crate::orgs::RunnerProfile,
+    ) -> Result<RunnerTokenResponse, ClientError> {
+        self.post(&["v1", "admin", "runner-tokens"], profile, &[])
+            .await
     }
 
     /// `POST /v1/admin/orgs/{org}/tokens` (admin token): another token for

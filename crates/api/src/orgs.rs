@@ -24,10 +24,43 @@ pub struct CreateOrgResponse {
     pub token: String,
 }
 
+/// `POST /v1/admin/runner-tokens` (the body may be left out): what the
+/// runners enrolled with the token may declare when they register, then
+/// and every time after (a restart registers again). A registration that
+/// declares more is refused (400 `invalid_request` naming the field and
+/// what is not allowed). Each field left out allows anything. It bounds
+/// what a runner host an attacker controls can claim: a placement class
+/// or a capability (a shared filesystem's, `home:bounded`…) it lacks, or
+/// the capacity to attract every org's new sandboxes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunnerProfile {
+    /// The placement classes they may declare (`spot`, `on_demand`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_classes: Option<Vec<String>>,
+    /// The capabilities they may declare: each one declared must be here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = crate::schema::capabilities)]
+    pub capabilities: Option<Vec<String>>,
+    /// The most capacity they may declare, figure by figure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<crate::runners::Capacity>,
+}
+
+impl RunnerProfile {
+    /// Whether it allows anything (a token made without a body).
+    pub fn allows_anything(&self) -> bool {
+        *self == RunnerProfile::default()
+    }
+}
+
 /// `POST /v1/admin/runner-tokens`: a token runners register with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RunnerTokenResponse {
     pub token: String,
+    /// What runners enrolled with it may declare (left out: anything).
+    #[serde(default, skip_serializing_if = "RunnerProfile::allows_anything")]
+    pub profile: RunnerProfile,
 }
 
 /// `POST /v1/admin/orgs/{org}/tokens`: another token for an org (to rotate

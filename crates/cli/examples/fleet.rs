@@ -233,7 +233,7 @@ async fn run(args: Args) -> Result<serde_json::Value> {
         })
         .await
         .context("create the org")?;
-    let runner_token = admin.create_runner_token().await?.token;
+    let runner_token = admin.create_runner_token(&Default::default()).await?.token;
     // One connection pool per server, shared by every simulated runner.
     let bases: Vec<Client> = args
         .urls

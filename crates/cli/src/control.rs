@@ -159,8 +159,24 @@ pub enum AdminCommand {
     /// Organisations.
     #[command(subcommand)]
     Org(OrgCommand),
-    /// Create a token runners register with.
+    /// Create a token runners register with. `--class`, `--capability`
+    /// and `--capacity` bound what the runners it enrols may declare, then
+    /// and at every later registration (a runner declaring more is
+    /// refused, naming it); each left out allows anything.
     RunnerToken {
+        /// A placement class they may declare (`spot`, `on_demand`);
+        /// repeat for both.
+        #[arg(long = "class", value_name = "CLASS")]
+        classes: Vec<String>,
+        /// A capability they may declare, e.g. `storage:durable` or
+        /// `filesystem:team`; repeat for each. Given once, every
+        /// capability a runner declares must be one of these.
+        #[arg(long = "capability", value_name = "CAPABILITY")]
+        capabilities: Vec<String>,
+        /// The most capacity they may declare: `sandboxes=N,memory_mib=M,
+        /// cpus=C,pids=P`, any subset (the rest unbounded).
+        #[arg(long, value_name = "LIST")]
+        capacity: Option<String>,
         #[command(flatten)]
         target: Target,
         /// Print the answer as one JSON object on stdout.
@@ -603,16 +619,60 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                     );
                 }
             }
-            AdminCommand::RunnerToken { target, json } => {
+            AdminCommand::RunnerToken {
+                classes,
+                capabilities,
+                capacity,
+                target,
+                json,
+            } => {
+                let unbounded = api::runners::Capacity {
+                    sandboxes: u64::MAX,
+                    memory_mib: u64::MAX,
+                    cpus: f64::MAX,
+                    pids: u64::MAX,
+                };
+                let profile = api::orgs::RunnerProfile {
+                    placement_classes: (!classes.is_empty()).then_some(classes),
+                    capabilities: (!capabilities.is_empty()).then_some(capabilities),
+                    capacity: capacity
+                        .map(|list| runner::agent::host::parse_capacity(&list, unbounded))
+                        .transpose()
+                        .map_err(anyhow::Error::msg)?,
+                };
                 let client = target.client()?;
                 let created = client
-                    .create_runner_token()
+                    .create_runner_token(&profile)
                     .await
                     .context("runner-token failed")?;
                 if json {
-                    print_json(&json!({ "token": created.token }));
+                    print_json(&serde_json::to_value(&created)?);
                 } else {
                     println!("runner token (shown once): {}", created.token);
+                    let profile = &created.profile;
+                    if let Some(classes) = &profile.placement_classes {
+                        println!("  placement classes allowed: {}", classes.join(", "));
+                    }
+                    if let Some(capabilities) = &profile.capabilities {
+                        println!("  capabilities allowed: {}", capabilities.join(", "));
+                    }
+                    if let Some(max) = &profile.capacity {
+                        let figure = |value: u64| match value {
+                            u64::MAX => "any".to_owned(),
+                            n => n.to_string(),
+                        };
+                        let cpus = if max.cpus == f64::MAX {
+                            "any".to_owned()
+                        } else {
+                            max.cpus.to_string()
+                        };
+                        println!(
+                            "  capacity at most: sandboxes={} memory_mib={} cpus={cpus} pids={}",
+                            figure(max.sandboxes),
+                            figure(max.memory_mib),
+                            figure(max.pids)
+                        );
+                    }
                 }
             }
             AdminCommand::Sandbox(AdminSandboxCommand::Quarantine {

@@ -123,7 +123,7 @@ async fn org_and_runner_tokens(url: &str, data_dir: &Path) -> Result<Made> {
         .await
         .context("creating the org `default`")?;
     let runner = admin
-        .create_runner_token()
+        .create_runner_token(&Default::default())
         .await
         .context("creating a runner token")?;
     let made = Made {

@@ -21,8 +21,12 @@ pub enum Principal {
     Org {
         org_id: String,
     },
-    /// A runner token: may register a new runner, nothing else.
-    RunnerEnrolment,
+    /// A runner token: may register a new runner, nothing else, declaring
+    /// at most what `profile` allows (JSON of an `api::orgs::
+    /// RunnerProfile`; `None`: anything).
+    RunnerEnrolment {
+        profile: Option<String>,
+    },
     /// One runner, by its own credential.
     Runner {
         runner_id: String,
@@ -62,6 +66,25 @@ pub async fn store_token(
         .bind(now_ms())
         .execute(&db.pool)
         .await?;
+    Ok(())
+}
+
+/// Stores a runner token whose runners may declare at most `profile`.
+pub async fn store_runner_token(
+    db: &Db,
+    token: &str,
+    profile: &api::orgs::RunnerProfile,
+) -> Result<(), sqlx::Error> {
+    let profile =
+        (!profile.allows_anything()).then(|| serde_json::to_string(profile).unwrap_or_default());
+    sqlx::query(
+        "INSERT INTO tokens (hash, kind, org_id, created_at_ms, runner_profile) VALUES ($1, 'runner', NULL, $2, $3)",
+    )
+    .bind(hash_token(token))
+    .bind(now_ms())
+    .bind(profile)
+    .execute(&db.pool)
+    .await?;
     Ok(())
 }
 
@@ -164,14 +187,15 @@ pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sql
 }
 
 async fn authenticate_uncached(db: &Db, hash: &str) -> Result<Option<Principal>, sqlx::Error> {
-    let row: Option<(String, Option<String>)> =
-        sqlx::query_as("SELECT kind, org_id FROM tokens WHERE hash = $1 AND revoked_at_ms IS NULL")
-            .bind(hash)
-            .fetch_optional(&db.pool)
-            .await?;
-    let principal = row.and_then(|(kind, org_id)| match (kind.as_str(), org_id) {
+    let row: Option<(String, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT kind, org_id, runner_profile FROM tokens WHERE hash = $1 AND revoked_at_ms IS NULL",
+    )
+    .bind(hash)
+    .fetch_optional(&db.pool)
+    .await?;
+    let principal = row.and_then(|(kind, org_id, profile)| match (kind.as_str(), org_id) {
         ("admin", _) => Some(Principal::Admin),
-        ("runner", _) => Some(Principal::RunnerEnrolment),
+        ("runner", _) => Some(Principal::RunnerEnrolment { profile }),
         ("org", Some(org_id)) => Some(Principal::Org { org_id }),
         _ => None,
     });

@@ -45,6 +45,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (25, include_str!("../migrations/0025_output_counts.sql")),
     (26, include_str!("../migrations/0026_commands_by_pid.sql")),
     (27, include_str!("../migrations/0027_home_bound.sql")),
+    (28, include_str!("../migrations/0028_runner_profiles.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -652,7 +652,12 @@ mod tests {
         }))
         .expect("request");
         let mut tx = db.write().await.expect("tx");
-        crate::records::runners::register_new(&mut tx, &request, now_ms() + 60_000, id, id)
+        let new = crate::records::runners::NewRunner {
+            id,
+            credential_hash: id,
+            profile: None,
+        };
+        crate::records::runners::register_new(&mut tx, &request, now_ms() + 60_000, new)
             .await
             .expect("register");
         tx.runners_changed = false;

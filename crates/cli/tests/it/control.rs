@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::harness::{BIN, message_lines};
 use crate::plane::{Server, postgres_database, start_server, start_server_logging};
@@ -98,6 +98,30 @@ fn admin_contract(server: &Server, admin_token: &str) {
             .expect("token")
             .starts_with("roost_runner_")
     );
+    assert!(runner.get("profile").is_none(), "{runner}");
+    // A token whose runners may declare only what it names.
+    let pinned = json_of(&admin(
+        url,
+        admin_token,
+        &[
+            "runner-token",
+            "--class",
+            "spot",
+            "--capability",
+            "image:default",
+            "--capacity",
+            "sandboxes=4",
+            "--json",
+        ],
+    ));
+    assert_eq!(
+        pinned["profile"]["placement_classes"],
+        json!(["spot"]),
+        "{pinned}"
+    );
+    assert_eq!(pinned["profile"]["capabilities"], json!(["image:default"]));
+    assert_eq!(pinned["profile"]["capacity"]["sandboxes"], 4, "{pinned}");
+    assert_eq!(pinned["profile"]["capacity"]["pids"], json!(u64::MAX));
     // A list is an object naming what it lists, as every other list.
     let runners = json_of(&admin(url, admin_token, &["runner", "list", "--json"]));
     assert!(runners["runners"].is_array(), "{runners}");

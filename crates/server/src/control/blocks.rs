@@ -56,7 +56,7 @@ pub async fn org_for(
         Principal::Runner { runner_id } => {
             crate::records::runners::holds_org(&state.db.pool, runner_id, org).await?
         }
-        Principal::Admin | Principal::RunnerEnrolment => false,
+        Principal::Admin | Principal::RunnerEnrolment { .. } => false,
     };
     if !allowed {
         return Err(not_found());

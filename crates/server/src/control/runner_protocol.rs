@@ -36,8 +36,107 @@ pub fn fenced(message: impl Into<String>) -> ControlError {
 /// its own credential registering again (a restart, or after its lease
 /// was lost).
 pub enum Registrant {
-    Enrolment,
+    /// With what its token allows runners it enrols to declare (JSON of
+    /// an `api::orgs::RunnerProfile`; `None`: anything).
+    Enrolment {
+        profile: Option<String>,
+    },
     Runner(String),
+}
+
+/// Checks a profile an administrator gives a runner token: the same bounds
+/// as a registration's own fields.
+pub fn validate_profile(profile: &api::orgs::RunnerProfile) -> Result<(), ControlError> {
+    let known_class = |c: &String| ["spot", "on_demand"].contains(&c.as_str());
+    if let Some(classes) = &profile.placement_classes
+        && (classes.len() > 2 || !classes.iter().all(known_class))
+    {
+        return Err(limits::invalid(
+            "placement_classes",
+            "spot, on_demand or both",
+        ));
+    }
+    if let Some(capabilities) = &profile.capabilities {
+        if capabilities.len() > CAPABILITIES_MAX {
+            return Err(limits::invalid(
+                "capabilities",
+                format!("more than {CAPABILITIES_MAX}"),
+            ));
+        }
+        for capability in capabilities {
+            limits::name("capabilities", capability)?;
+        }
+    }
+    if let Some(capacity) = &profile.capacity
+        && !(capacity.cpus.is_finite() && capacity.cpus >= 0.0)
+    {
+        return Err(limits::invalid("capacity.cpus", "a number of CPUs"));
+    }
+    Ok(())
+}
+
+/// Refuses a registration that declares more than `profile` allows,
+/// naming the field and what is not allowed.
+fn within_profile(
+    profile: &api::orgs::RunnerProfile,
+    request: &RegisterRequest,
+) -> Result<(), ControlError> {
+    let refused = |field: &str, what: String| {
+        limits::invalid(
+            field,
+            format!("{what} is not allowed by the token this runner was enrolled with"),
+        )
+    };
+    if let Some(classes) = &profile.placement_classes
+        && !classes.contains(&request.placement_class)
+    {
+        return Err(refused(
+            "placement_class",
+            format!("{:?}", request.placement_class),
+        ));
+    }
+    if let Some(allowed) = &profile.capabilities {
+        let extra: Vec<&str> = request
+            .capabilities
+            .iter()
+            .filter(|c| !allowed.contains(c))
+            .map(String::as_str)
+            .collect();
+        if !extra.is_empty() {
+            return Err(refused("capabilities", extra.join(", ")));
+        }
+    }
+    if let Some(max) = &profile.capacity {
+        let declared = &request.capacity;
+        let over = [
+            ("sandboxes", declared.sandboxes > max.sandboxes),
+            ("memory_mib", declared.memory_mib > max.memory_mib),
+            ("cpus", declared.cpus > max.cpus),
+            ("pids", declared.pids > max.pids),
+        ];
+        if let Some((figure, _)) = over.iter().find(|(_, over)| *over) {
+            return Err(refused(
+                &format!("capacity.{figure}"),
+                format!("a capacity above the token's {figure}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The profile of `registrant` (see [`Registrant::Enrolment`]); a runner
+/// registering again keeps the one it was enrolled with.
+async fn profile_of(
+    state: &AppState,
+    registrant: &Registrant,
+) -> Result<api::orgs::RunnerProfile, ControlError> {
+    let stored = match registrant {
+        Registrant::Enrolment { profile } => profile.clone(),
+        Registrant::Runner(id) => runners::profile(&state.db.pool, id).await?,
+    };
+    Ok(stored
+        .and_then(|json| serde_json::from_str(&json).ok())
+        .unwrap_or_default())
 }
 
 /// Registers a runner with a fresh lease, and places what waited for
@@ -54,7 +153,7 @@ pub async fn register(
     let named_other = match (registrant, &request.runner_id) {
         (_, None) => false,
         (Registrant::Runner(own), Some(named)) => own != named,
-        (Registrant::Enrolment, Some(_)) => true,
+        (Registrant::Enrolment { .. }, Some(_)) => true,
     };
     if named_other {
         return Err(no_such_runner());
@@ -78,6 +177,8 @@ pub async fn register(
         return Err(limits::invalid("capacity.cpus", "a number of CPUs"));
     }
     check_data_path(request)?;
+    let profile = profile_of(state, registrant).await?;
+    within_profile(&profile, request)?;
     let now = now_ms();
     let lease_ms = state.config.lease_ttl.as_millis() as i64;
     // Before the transaction: a write that gives the new runner anything
@@ -91,11 +192,16 @@ pub async fn register(
             }
             (id.clone(), None, None)
         }
-        Registrant::Enrolment => {
+        Registrant::Enrolment { profile } => {
             let id = records::new_id("rnr")?;
             let credential = crate::auth::new_token("runnercred")?;
             let hash = crate::auth::hash_token(&credential);
-            runners::register_new(&mut tx, request, now + lease_ms, &id, &hash).await?;
+            let new = runners::NewRunner {
+                id: &id,
+                credential_hash: &hash,
+                profile: profile.as_deref(),
+            };
+            runners::register_new(&mut tx, request, now + lease_ms, new).await?;
             (id, Some(credential), Some(hash))
         }
     };

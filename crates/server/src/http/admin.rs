@@ -52,16 +52,31 @@ pub async fn counts(
     }))
 }
 
-#[utoipa::path(post, path = "/v1/admin/runner-tokens", tag = "admin", responses((status = 201, body = api::orgs::RunnerTokenResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
+/// A token runners enrol with, shown once. The body (optional) is what
+/// the runners it enrols may declare (`api::orgs::RunnerProfile`).
+#[utoipa::path(post, path = "/v1/admin/runner-tokens", tag = "admin", request_body(content = Option<api::orgs::RunnerProfile>, description = "optional: what the runners it enrols may declare"), responses((status = 201, body = api::orgs::RunnerTokenResponse), (status = "4XX", description = "error envelope", body = api::ErrorBody)))]
 pub async fn create_runner_token(
     State(state): State<AppState>,
     _admin: AdminCaller,
+    body: axum::body::Bytes,
 ) -> Result<(StatusCode, axum::Json<RunnerTokenResponse>), ControlError> {
+    // A body left out (older clients send none) allows anything.
+    let profile: api::orgs::RunnerProfile = if body.iter().all(u8::is_ascii_whitespace) {
+        api::orgs::RunnerProfile::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ControlError::new(
+                api::ErrorCode::InvalidRequest,
+                format!("runner profile: {e}"),
+            )
+        })?
+    };
+    crate::control::runner_protocol::validate_profile(&profile)?;
     let token = auth::new_token("runner")?;
-    auth::store_token(&state.db, &token, "runner", None).await?;
+    auth::store_runner_token(&state.db, &token, &profile).await?;
     Ok((
         StatusCode::CREATED,
-        axum::Json(RunnerTokenResponse { token }),
+        axum::Json(RunnerTokenResponse { token, profile }),
     ))
 }
 

@@ -94,7 +94,7 @@ pub async fn whoami(caller: Caller) -> axum::Json<api::orgs::Whoami> {
     let (kind, org_id, runner_id) = match caller.0 {
         Principal::Admin => ("admin", None, None),
         Principal::Org { org_id } => ("org", Some(org_id), None),
-        Principal::RunnerEnrolment => ("runner", None, None),
+        Principal::RunnerEnrolment { .. } => ("runner", None, None),
         Principal::Runner { runner_id } => ("runner_credential", None, Some(runner_id)),
     };
     axum::Json(api::orgs::Whoami {

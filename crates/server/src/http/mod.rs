@@ -535,7 +535,9 @@ impl FromRequestParts<AppState> for RegistrantCaller {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ControlError> {
         use crate::control::runner_protocol::Registrant;
         match Caller::from_request_parts(parts, state).await?.0 {
-            Principal::RunnerEnrolment => Ok(RegistrantCaller(Registrant::Enrolment)),
+            Principal::RunnerEnrolment { profile } => {
+                Ok(RegistrantCaller(Registrant::Enrolment { profile }))
+            }
             Principal::Runner { runner_id } => Ok(RegistrantCaller(Registrant::Runner(runner_id))),
             _ => Err(ControlError::new(
                 api::ErrorCode::NotFound,
@@ -564,7 +566,7 @@ impl FromRequestParts<AppState> for BlocksCaller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ControlError> {
         match Caller::from_request_parts(parts, state).await?.0 {
-            Principal::Admin | Principal::RunnerEnrolment => {
+            Principal::Admin | Principal::RunnerEnrolment { .. } => {
                 Err(ControlError::new(api::ErrorCode::NotFound, "no such org"))
             }
             principal => Ok(BlocksCaller(principal)),

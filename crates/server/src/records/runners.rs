@@ -102,21 +102,35 @@ pub async fn all_runners(conn: &mut sqlx::AnyConnection) -> Result<Vec<RunnerRow
     Ok(runners)
 }
 
-/// Registers a new runner, live until `lease_until_ms`, as `id`, bound to
-/// the credential whose hash is `credential_hash`.
+/// A runner being enrolled.
+pub struct NewRunner<'a> {
+    pub id: &'a str,
+    /// The hash of the credential it is bound to.
+    pub credential_hash: &'a str,
+    /// What its enrolment token allows it to declare (JSON of an
+    /// `api::orgs::RunnerProfile`; `None`: anything), kept for every
+    /// later registration.
+    pub profile: Option<&'a str>,
+}
+
+/// Registers a new runner, live until `lease_until_ms`.
 pub async fn register_new(
     tx: &mut WriteTx,
     request: &RegisterRequest,
     lease_until_ms: i64,
-    id: &str,
-    credential_hash: &str,
+    new: NewRunner<'_>,
 ) -> Result<(), sqlx::Error> {
+    let NewRunner {
+        id,
+        credential_hash,
+        profile,
+    } = new;
     let labels = serde_json::to_string(&request.labels).unwrap_or_default();
     let capabilities = serde_json::to_string(&request.capabilities).unwrap_or_default();
     let capacity = &request.capacity;
     sqlx::query(
-        "INSERT INTO runners (id, name, placement_class, labels, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms, registered_at_ms, placements, credential_hash)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'live', $10, $11, 0, $12)",
+        "INSERT INTO runners (id, name, placement_class, labels, capabilities, capacity_sandboxes, capacity_memory_mib, capacity_millicpus, capacity_pids, state, lease_expires_at_ms, registered_at_ms, placements, credential_hash, profile)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'live', $10, $11, 0, $12, $13)",
     )
     .bind(id)
     .bind(&request.name)
@@ -130,11 +144,23 @@ pub async fn register_new(
     .bind(lease_until_ms)
     .bind(now_ms())
     .bind(credential_hash)
+    .bind(profile)
     .execute(&mut *tx.tx)
     .await?;
     set_lease(tx, id, lease_until_ms).await?;
     tx.runners_changed = true;
     Ok(())
+}
+
+/// What runner `id`'s enrolment token allows it to declare (see
+/// [`NewRunner::profile`]).
+pub async fn profile(pool: &AnyPool, id: &str) -> Result<Option<String>, sqlx::Error> {
+    let row: Option<(Option<String>,)> =
+        sqlx::query_as("SELECT profile FROM runners WHERE id = $1")
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.and_then(|(profile,)| profile))
 }
 
 /// Writes a live runner's lease (`runner_leases`).

@@ -130,7 +130,7 @@ impl Plane {
         // A runner registers again by its own credential, never a token.
         let registrant = match id {
             Some(id) => runner_protocol::Registrant::Runner(id.to_owned()),
-            None => runner_protocol::Registrant::Enrolment,
+            None => runner_protocol::Registrant::Enrolment { profile: None },
         };
         runner_protocol::register(&self.state, &registrant, &request)
             .await
@@ -349,7 +349,7 @@ async fn a_filesystem_unbound_or_made_read_only_reaches_the_next_placement() {
         };
         let runner = runner_protocol::register(
             &plane.state,
-            &runner_protocol::Registrant::Enrolment,
+            &runner_protocol::Registrant::Enrolment { profile: None },
             &request,
         )
         .await

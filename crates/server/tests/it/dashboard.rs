@@ -16,7 +16,7 @@ async fn server_with_runner() -> TestServer {
     let server = TestServer::start().await;
     let token = server
         .admin
-        .create_runner_token()
+        .create_runner_token(&Default::default())
         .await
         .expect("a runner token")
         .token;

@@ -75,7 +75,7 @@ async fn tokens(server: &TestServer) -> (String, String) {
     let org = server.create_org("acme").await;
     let runner = server
         .admin
-        .create_runner_token()
+        .create_runner_token(&Default::default())
         .await
         .expect("a runner token");
     let registered = api::client::Client::new(&server.url, &runner.token)
@@ -165,7 +165,7 @@ async fn a_token_of_the_wrong_kind_gets_404_before_its_body_is_read() {
     let (org, runner) = tokens(&server).await;
     let enrolment = server
         .admin
-        .create_runner_token()
+        .create_runner_token(&Default::default())
         .await
         .expect("a runner token")
         .token;

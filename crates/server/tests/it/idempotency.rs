@@ -37,7 +37,7 @@ async fn servers(name: &str) -> Vec<(&'static str, TestServer)> {
 async fn runner(server: &TestServer) -> (Client, String) {
     let enrolment = server
         .admin
-        .create_runner_token()
+        .create_runner_token(&Default::default())
         .await
         .expect("a runner token")
         .token;

@@ -84,7 +84,7 @@ async fn every_operation_states_the_tokens_the_router_takes() {
         .expect("an org");
     let runner_token = server
         .admin
-        .create_runner_token()
+        .create_runner_token(&Default::default())
         .await
         .expect("a runner token")
         .token;
@@ -396,7 +396,7 @@ async fn a_schema_based_fuzzer_finds_nothing() {
     let org = server.create_org("fuzzed").await;
     let runner_token = server
         .admin
-        .create_runner_token()
+        .create_runner_token(&Default::default())
         .await
         .expect("a runner token")
         .token;

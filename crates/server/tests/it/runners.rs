@@ -40,7 +40,7 @@ async fn enrol(server: &TestServer, runner_token: &str, name: &str) -> Runner {
 async fn runner_token(server: &TestServer) -> String {
     server
         .admin
-        .create_runner_token()
+        .create_runner_token(&Default::default())
         .await
         .expect("a runner token")
         .token
@@ -913,4 +913,119 @@ async fn a_malformed_assignments_query_is_refused_and_changes_nothing() {
         .await
         .expect("assignments");
     assert_eq!(after, before);
+}
+
+/// The message of a refusal with `code`.
+fn refused_with<T: std::fmt::Debug>(answer: Result<T, ClientError>, code: ErrorCode) -> String {
+    match answer {
+        Err(ClientError::Api {
+            code: got, message, ..
+        }) if got == code => message,
+        other => panic!("expected {code:?}, got {other:?}"),
+    }
+}
+
+/// A runner token an administrator made with a profile enrols runners
+/// that declare at most what it allows: a placement class, capabilities
+/// (a shared filesystem the host lacks, say) or capacity beyond it are
+/// refused, naming what, at enrolment and at every later registration
+/// with the runner's own credential; nothing is enrolled or changed. A
+/// token made without one allows anything, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_declares_no_more_than_its_enrolment_token_allows() {
+    let server = TestServer::start().await;
+    let profile: api::orgs::RunnerProfile = serde_json::from_value(serde_json::json!({
+        "placement_classes": ["spot"],
+        "capabilities": ["image:default", "network:none", "storage:standard"],
+        "capacity": {"sandboxes": 8, "memory_mib": 65536, "cpus": 64, "pids": 1048576},
+    }))
+    .expect("a profile");
+    let created = server
+        .admin
+        .create_runner_token(&profile)
+        .await
+        .expect("a profiled runner token");
+    assert_eq!(created.profile, profile);
+    let enrolment = Client::new(&server.url, &created.token);
+    let within = || {
+        let mut request = register_request("pinned");
+        request.placement_class = "spot".to_owned();
+        request
+    };
+
+    let mut on_demand = within();
+    on_demand.placement_class = "on_demand".to_owned();
+    let mut more_capabilities = within();
+    more_capabilities
+        .capabilities
+        .push("filesystem:team".to_owned());
+    let mut more_capacity = within();
+    more_capacity.capacity.sandboxes = 9;
+    let mut more_cpus = within();
+    more_cpus.capacity.cpus = 64.5;
+    for (request, named) in [
+        (on_demand, "placement_class"),
+        (more_capabilities, "filesystem:team"),
+        (more_capacity, "capacity.sandboxes"),
+        (more_cpus, "capacity.cpus"),
+    ] {
+        let message = refused_with(
+            enrolment.runner_register(&request).await,
+            ErrorCode::InvalidRequest,
+        );
+        assert!(message.contains(named), "{named}: {message}");
+    }
+    let runners = server.admin.admin_runners().await.expect("runners");
+    assert!(
+        runners.is_empty(),
+        "a refused registration enrolled {runners:?}"
+    );
+
+    // Within the profile: enrolled; its own credential keeps the profile.
+    let registered = enrolment
+        .runner_register(&within())
+        .await
+        .expect("a registration within the profile");
+    let credential = registered.runner_token.expect("a credential");
+    let runner = Client::new(&server.url, &credential);
+    let mut again = within();
+    again.runner_id = Some(registered.runner_id.clone());
+    again.capabilities.push("storage:durable".to_owned());
+    let message = refused_with(
+        runner.runner_register(&again).await,
+        ErrorCode::InvalidRequest,
+    );
+    assert!(message.contains("storage:durable"), "{message}");
+    let records = server.admin.admin_runners().await.expect("runners");
+    assert_eq!(records.len(), 1);
+    assert!(
+        !records[0]
+            .capabilities
+            .contains(&"storage:durable".to_owned()),
+        "a refused registration changed the record: {records:?}"
+    );
+    again.capabilities.pop();
+    again.capacity.sandboxes = 4;
+    runner
+        .runner_register(&again)
+        .await
+        .expect("registering again within the profile");
+
+    // A token without a profile: anything, as before.
+    let open = runner_token(&server).await;
+    let mut anything = register_request("open");
+    anything.capabilities.push("filesystem:team".to_owned());
+    Client::new(&server.url, &open)
+        .runner_register(&anything)
+        .await
+        .expect("an unprofiled token enrols anything");
+
+    // A profile itself is bounded.
+    let bad: api::orgs::RunnerProfile =
+        serde_json::from_value(serde_json::json!({"placement_classes": ["fast"]})).expect("parses");
+    let message = refused_with(
+        server.admin.create_runner_token(&bad).await,
+        ErrorCode::InvalidRequest,
+    );
+    assert!(message.contains("spot"), "{message}");
 }

@@ -140,7 +140,7 @@ pub struct RunningSandbox {
 pub async fn running_sandbox(server: &TestServer, data_url: Option<&str>) -> RunningSandbox {
     let enrolment = server
         .admin
-        .create_runner_token()
+        .create_runner_token(&Default::default())
         .await
         .expect("a runner token")
         .token;
