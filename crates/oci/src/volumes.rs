@@ -1026,10 +1026,6 @@ fn list_dir(dir: &Path) -> Result<Vec<OsString>> {
         .collect()
 }
 
-/// Runs `program args…` through the host's tool runner and returns its
-/// stdout. A failure is [`Error::Io`] on `path` whose message has the
-/// command line, the exit status and what the tool said on stderr, on one
-/// line.
 /// Whether btrfs quota groups are on for the filesystem of `root`
 /// (`btrfs qgroup show` fails when they are off).
 fn quotas_on(root: &Path, btrfs: &Path) -> bool {
@@ -1066,6 +1062,10 @@ fn enable_quotas(root: &Path, btrfs: &Path) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// Runs `program args…` through the host's tool runner and returns its
+/// stdout. A failure is [`Error::Io`] on `path` whose message has the
+/// command line, the exit status and what the tool said on stderr, on one
+/// line.
 fn run_tool(action: &'static str, path: &Path, program: &Path, args: &[&OsStr]) -> Result<String> {
     host::run_tool(program, args, None).map_err(|failure| {
         let source = match &failure.kind {
