@@ -134,9 +134,15 @@ async fn profile_of(
         Registrant::Enrolment { profile } => profile.clone(),
         Registrant::Runner(id) => runners::profile(&state.db.pool, id).await?,
     };
-    Ok(stored
-        .and_then(|json| serde_json::from_str(&json).ok())
-        .unwrap_or_default())
+    // One that cannot be read refuses, never allows anything.
+    stored.map_or(Ok(api::orgs::RunnerProfile::default()), |json| {
+        serde_json::from_str(&json).map_err(|_| {
+            ControlError::new(
+                ErrorCode::Internal,
+                "the profile of this runner's enrolment token cannot be read",
+            )
+        })
+    })
 }
 
 /// Registers a runner with a fresh lease, and places what waited for
