@@ -72,7 +72,7 @@ fn noise_file(path: &Path, bytes: u64) {
 }
 
 /// A request with raw bytes and headers.
-async fn send(
+pub(crate) async fn send(
     api: &Api,
     method: reqwest::Method,
     path: &str,

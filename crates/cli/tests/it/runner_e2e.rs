@@ -445,6 +445,17 @@ async fn a_bounded_home_takes_no_write_past_its_bound() {
         "rm /workspace/big && dd if=/dev/zero of=/workspace/small bs=1M count=16 conv=fsync",
     )
     .await;
+    // An upload past the bound: 507, and nothing under the final name.
+    let upload = crate::files::send(
+        &api,
+        reqwest::Method::PUT,
+        &format!("/v1/sandboxes/{sid}/files?path=/workspace/upload.bin"),
+        Some(vec![1u8; 24 << 20]),
+        &[],
+    )
+    .await;
+    upload.assert_error(507, "insufficient_storage");
+    assert_eq!(sh(&api, &sid, "ls -A /workspace").await, "small\n");
 
     // Unbounded beside it on the same runner.
     let other = stack.running_sandbox(json!({})).await;
