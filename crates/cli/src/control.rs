@@ -36,6 +36,11 @@ pub struct ServerArgs {
     /// purged.
     #[arg(long, value_name = "SIZE", default_value = "8GiB", value_parser = crate::sandbox::parse_mib)]
     org_output_max: u64,
+    /// The most client connections served at once; past it new ones wait
+    /// (idle ones end after 30 s without a request). Lowered, with a
+    /// warning, to what the open files limit allows.
+    #[arg(long, value_name = "N", default_value_t = server::DEFAULT_CONNECTIONS_MAX)]
+    max_connections: usize,
     /// How long ended sandboxes stay readable (e.g. `7d`, `12h`).
     #[arg(long, default_value = "7d", value_parser = crate::sandbox::parse_duration)]
     retention: std::time::Duration,
@@ -476,6 +481,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     config.stop_grace = args.stop_grace;
     config.retention = args.retention;
     config.org_output_bytes_max = args.org_output_max.saturating_mul(1 << 20);
+    config.connections_max = args.max_connections;
     config.lease_ttl = args.lease_ttl;
     config.fence_margin = args.fence_margin;
     config.mass_loss_threshold = args.mass_loss_threshold;

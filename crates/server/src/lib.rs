@@ -94,6 +94,11 @@ pub struct Config {
     /// it, a client that connects and sends nothing holds a file
     /// descriptor forever.
     pub header_read_timeout: Duration,
+    /// The most connections served at once (`--max-connections`); past it
+    /// new ones wait in the listen backlog until one ends. Lowered to what
+    /// the process's open files limit leaves after the database's, the
+    /// data path's and the store's files.
+    pub connections_max: usize,
     /// Crash-safety tests only: the fault point armed
     /// (`ROOST_FAILPOINT`), e.g. `after_commit:create_sandbox`.
     pub failpoint: api::failpoint::Failpoints,
@@ -132,6 +137,7 @@ impl Config {
             stop_grace: Duration::from_secs(10),
             secret_key: control::secrets::SecretKeySource::None,
             header_read_timeout: Duration::from_secs(30),
+            connections_max: DEFAULT_CONNECTIONS_MAX,
             failpoint: api::failpoint::Failpoints::none(),
         }
     }
@@ -187,10 +193,61 @@ pub async fn serve(
         ));
     }
     tokio::spawn(reconcile::run(state.clone()));
+    let slots = connection_slots(config.connections_max);
+    state.metrics.set_connections_max(slots);
+    let metrics = state.metrics.clone();
     let app = http::router(state);
-    serve_connections(listener, app, config.header_read_timeout, shutdown).await;
+    let limits = ConnectionLimits {
+        header_read_timeout: config.header_read_timeout,
+        slots,
+    };
+    serve_connections(listener, app, limits, metrics, shutdown).await;
     Ok(())
 }
+
+/// The default of [`Config::connections_max`]: a fleet's runners each
+/// hold a long-poll and send heartbeats, 10,000 runners on two servers
+/// about 5,000 a server.
+pub const DEFAULT_CONNECTIONS_MAX: usize = 16_384;
+
+/// Open files kept for what is not a client's connection: the database
+/// pool, the data path's streams to runners, the store's files, logs.
+const FILES_RESERVED_MIN: u64 = 256;
+
+/// How many connections may be served at once: `configured`, or less when
+/// the open files limit would run out first (`roost` raises its soft
+/// limit to the hard one at start). Without a cap below that limit,
+/// clients holding idle connections take every file descriptor, and the
+/// server can then open neither a database connection nor a runner's
+/// stream, for every tenant at once.
+fn connection_slots(configured: usize) -> usize {
+    use rustix::process::{Resource, getrlimit};
+    let files = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    let reserved = (files / 4).max(FILES_RESERVED_MIN);
+    let fit = usize::try_from(files.saturating_sub(reserved)).unwrap_or(usize::MAX);
+    if fit < configured {
+        tracing::warn!(
+            open_files = files,
+            connections = fit,
+            configured,
+            "the open files limit allows fewer connections than configured"
+        );
+    }
+    configured.min(fit).max(1)
+}
+
+/// What bounds the connections [`serve_connections`] takes.
+struct ConnectionLimits {
+    header_read_timeout: Duration,
+    /// Served at once.
+    slots: usize,
+}
+
+/// The most a request's head (its line and headers) may take in the read
+/// buffer: far over any request of the API (paths are at most 4 KiB, a
+/// token is 90 bytes), far under hyper's default of about 400 KiB a
+/// connection.
+const READ_BUFFER_BYTES_MAX: usize = 128 * 1024;
 
 /// The control plane's state on `config`: its store opened, its database
 /// connected and migrated. Serving (HTTP, the reconciler) is separate, so
@@ -266,7 +323,8 @@ fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 async fn serve_connections(
     listener: tokio::net::TcpListener,
     app: axum::Router,
-    header_read_timeout: Duration,
+    limits: ConnectionLimits,
+    metrics: std::sync::Arc<metrics::Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -276,9 +334,20 @@ async fn serve_connections(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(READ_BUFFER_BYTES_MAX);
+    // A slot is taken before a connection is accepted and given back when
+    // it ends: past the cap, new connections wait in the kernel's backlog
+    // (and idle ones end at the header-read timeout), never taking the
+    // file descriptors the server needs for its own work.
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.slots));
     tokio::pin!(shutdown);
     loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot,
+            () = &mut shutdown => return,
+        };
+        let Ok(slot) = slot else { return };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut shutdown => return,
@@ -295,7 +364,9 @@ async fn serve_connections(
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let builder = builder.clone();
+        let open = metrics::OpenConnection::new(metrics.clone());
         tokio::spawn(async move {
+            let _held = (slot, open);
             // With upgrades: a terminal attaches over a WebSocket.
             let connection = builder
                 .serve_connection(TokioIo::new(stream), service)

@@ -112,6 +112,9 @@ struct Route {
 
 #[derive(Default)]
 pub struct Metrics {
+    /// Client connections open now, and the most served at once.
+    connections_open: AtomicU64,
+    connections_max: AtomicU64,
     /// By route, then method: looked up by borrowed strings, so counting a
     /// request allocates nothing once its route has been seen.
     routes: Mutex<BTreeMap<String, BTreeMap<String, Route>>>,
@@ -218,7 +221,27 @@ fn method_label(method: &str) -> &str {
     }
 }
 
+/// A client connection, counted open while it lives.
+pub struct OpenConnection(std::sync::Arc<Metrics>);
+
+impl OpenConnection {
+    pub fn new(metrics: std::sync::Arc<Metrics>) -> OpenConnection {
+        metrics.connections_open.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(metrics)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Metrics {
+    pub fn set_connections_max(&self, max: usize) {
+        self.connections_max.store(max as u64, Ordering::Relaxed);
+    }
+
     pub fn observe_request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
         let method = method_label(method);
         let mut routes = self
@@ -406,6 +429,22 @@ impl Metrics {
                     "roost_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} {count}"
                 );
             }
+        }
+        for (name, help, value) in [
+            (
+                "roost_http_connections_open",
+                "Client connections open on this server.",
+                &self.connections_open,
+            ),
+            (
+                "roost_http_connections_max",
+                "The most client connections this server serves at once (--max-connections, within its open files limit).",
+                &self.connections_max,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} gauge");
+            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
         }
         let _ = writeln!(
             out,

@@ -707,6 +707,56 @@ async fn idempotency_keys_belong_to_one_org_and_outlive_the_records_retention() 
     assert_eq!(listed["sandboxes"], json!([]), "nothing new: {listed}");
 }
 
+/// Audit finding (HTTP surface): the server served any number of
+/// connections within its open files limit, so idle clients could take
+/// every descriptor it needs for its own work. It serves at most
+/// `--max-connections` at once, fewer if the limit (raised from a soft
+/// 1,024 to the hard one at start) leaves less room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_raises_its_open_files_limit_and_caps_connections_below_it() {
+    use rustix::process::{Resource, getrlimit};
+    let hard = getrlimit(Resource::Nofile).maximum.unwrap_or(u64::MAX);
+    let room = hard - (hard / 4).max(256);
+    let plane = Plane::start(&[]).await;
+    let served = crate::plane::metric(&plane.org, "roost_http_connections_max ").await;
+    assert_eq!(served, room.min(16_384));
+    let capped = Plane::start(&["--max-connections", "100"]).await;
+    assert_eq!(
+        crate::plane::metric(&capped.org, "roost_http_connections_max ").await,
+        100
+    );
+
+    // Started with a soft limit of 1,024 under that hard one: raised.
+    use std::io::BufRead;
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut lowered = std::process::Command::new("sh")
+        .args(["-c", "ulimit -S -n 1024 && exec \"$@\"", "sh"])
+        .arg(crate::harness::BIN)
+        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path())
+        .env("ROOST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a server");
+    // Kept open until the server is killed: it prints more lines.
+    let mut lines = std::io::BufReader::new(lowered.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a line").expect("read");
+    let url = first
+        .strip_prefix("roost server listening on ")
+        .expect("the listening line")
+        .to_owned();
+    let metrics = Api::new(&url, "").get("/metrics").await;
+    let _ = lowered.kill();
+    let _ = lowered.wait();
+    drop(lines);
+    let text = String::from_utf8_lossy(&metrics.bytes);
+    let served: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("roost_http_connections_max ")?.parse().ok())
+        .unwrap_or_else(|| panic!("no connections gauge: {text}"));
+    assert_eq!(served, room.min(16_384), "the soft limit was not raised");
+}
+
 /// Ages every idempotency key of the plane's SQLite records by `days`,
 /// and waits until a retention pass has run since: a key row of its own,
 /// naming nothing and two days old, is gone.

@@ -174,6 +174,56 @@ async fn a_runner_refusing_the_servers_credential_is_unavailable_not_unauthentic
     }
 }
 
+/// The gauge `name` in a `/metrics` text.
+fn gauge(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+}
+
+/// Audit finding (HTTP surface): nothing bounded the connections served at
+/// once, and the open files limit stayed at its soft 1,024: clients that
+/// connect and hold idle sockets, with no token, took every descriptor,
+/// and the server could open neither a database connection nor a
+/// runner's stream for any tenant. Past the cap, connections wait in the
+/// backlog and are served once idle ones end; never more are open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_wait_and_are_served_once_idle_ones_end() {
+    let server = TestServer::start_configured(None, |config| {
+        config.header_read_timeout = Duration::from_secs(1);
+        config.connections_max = 4;
+    })
+    .await;
+    let address = server.url.trim_start_matches("http://");
+    let mut silent = Vec::new();
+    for _ in 0..12 {
+        silent.push(
+            tokio::net::TcpStream::connect(address)
+                .await
+                .expect("a connection, if only in the backlog"),
+        );
+    }
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", server.url))
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .expect("served once idle connections end")
+        .text()
+        .await
+        .expect("the metrics");
+    assert_eq!(gauge(&metrics, "roost_http_connections_max"), 4);
+    let open = gauge(&metrics, "roost_http_connections_open");
+    assert!((1..=4).contains(&open), "{open} connections open at once");
+    server
+        .admin
+        .deployment()
+        .await
+        .expect("the server still answers");
+    drop(silent);
+}
+
 /// Audit finding 5: without a timer, hyper never timed out a connection
 /// that sends no request, so idle connections held descriptors forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
