@@ -331,7 +331,8 @@ pub fn purge(args: PurgeArgs) -> Result<ExitCode> {
         })?;
     let removed = data_dir.exists();
     if removed {
-        std::fs::remove_dir_all(&data_dir)
+        // Sandboxes' root layers and homes are in it, of any depth.
+        oci::host::remove_tree(&data_dir)
             .with_context(|| format!("removing {}", data_dir.display()))?;
     }
     // The credentials `roost up` saved for this DIR (its admin token file

@@ -368,9 +368,88 @@ pub fn unescape_mountinfo(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Removes the tree at `path` (a file, a symlink or a directory with all
+/// it holds; nothing there is not an error), never following a symlink and
+/// never crossing into another filesystem mounted inside it.
+///
+/// Through `rm -rf --one-file-system`, not `std::fs::remove_dir_all`: that
+/// recurses one stack frame and one open descriptor per level, and a tree
+/// a sandbox wrote (its root layer, its home) can be tens of thousands of
+/// levels deep (`mkdir a; cd a` in a loop), which overflows a thread's
+/// stack and aborts the whole runner, every org's sandboxes with it.
+/// `rm` walks any depth in bounded memory and descriptors; it also stops
+/// at a mount point where `remove_dir_all` would empty whatever is mounted
+/// there.
+pub fn remove_tree(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io("inspect", path, e)),
+        Ok(metadata) if !metadata.is_dir() => {
+            return match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Error::io("remove", path, e))
+                }
+                _ => Ok(()),
+            };
+        }
+        Ok(_) => {}
+    }
+    let search_path =
+        std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    let rm = find_binary(&search_path, "rm").unwrap_or_else(|| PathBuf::from("/bin/rm"));
+    let args = [
+        OsStr::new("-rf"),
+        OsStr::new("--one-file-system"),
+        OsStr::new("--"),
+        path.as_os_str(),
+    ];
+    run_tool(&rm, &args, None).map_err(|failure| {
+        let message = format!("`{}` failed: {}", failure.command, failure.said("; "));
+        Error::io("remove", path, std::io::Error::other(message))
+    })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Audit finding: `std::fs::remove_dir_all` of a tree tens of thousands
+    /// of levels deep (a sandbox's `mkdir a; cd a` loop) overflowed the
+    /// stack of the thread removing it, aborting the runner. Removed here
+    /// on a thread with a small stack.
+    #[test]
+    fn a_tree_deeper_than_any_stack_is_removed() {
+        use rustix::fs::{Mode, OFlags};
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let top = scratch.path().join("deep");
+        std::fs::create_dir(&top).expect("top");
+        let mut dir = rustix::fs::open(&top, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .expect("open");
+        for _ in 0..30_000 {
+            rustix::fs::mkdirat(&dir, "a", Mode::from_raw_mode(0o755)).expect("mkdir");
+            dir = rustix::fs::openat(
+                &dir,
+                "a",
+                OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .expect("open");
+        }
+        std::fs::write(scratch.path().join("beside"), "kept").expect("write");
+        drop(dir);
+        let removing = top.clone();
+        let removed = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || remove_tree(&removing))
+            .expect("a thread")
+            .join()
+            .expect("no overflow");
+        removed.expect("removed");
+        assert!(!top.exists());
+        assert!(scratch.path().join("beside").exists(), "only the tree went");
+        remove_tree(&top).expect("nothing there is not an error");
+    }
 
     fn pattern(length: usize, seed: u8) -> Vec<u8> {
         (0..length)

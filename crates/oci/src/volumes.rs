@@ -576,11 +576,8 @@ impl HomeVolumes {
                 delete_subvolume(btrfs, &nested)?;
             }
         }
-        match std::fs::remove_dir_all(path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io("remove directory", path, e)),
-        }
+        // A tree the sandbox wrote, of any depth.
+        host::remove_tree(path)
     }
 }
 

@@ -104,7 +104,8 @@ pub async fn purge(
     // Removed with its lock still held (unlinking a locked file is
     // allowed): no runner can open the dir between the two.
     let root = data.root().to_path_buf();
-    std::fs::remove_dir_all(&root).map_err(|e| oci::Error::io("remove", &root, e))?;
+    // Sandboxes' root layers and homes are in it, of any depth.
+    oci::host::remove_tree(&root)?;
     drop(data);
     purged.removed = Some(root);
     Ok(purged)

@@ -464,6 +464,37 @@ async fn a_bounded_home_takes_no_write_past_its_bound() {
     stack.runner.assert_no_errors();
 }
 
+/// Audit finding: a sandbox can write a tree tens of thousands of levels
+/// deep in its root layer (`mkdir a; cd a` in a loop); the runner removed
+/// the sandbox's directory with `std::fs::remove_dir_all`, which recursed
+/// past its thread's stack and aborted the runner, every sandbox on it
+/// with it. Deleted now as any other, and the runner serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_with_a_tree_deeper_than_any_stack_is_deleted_and_the_runner_serves_on() {
+    let mut stack = Stack::start().await;
+    let api = stack.api().clone();
+    let deep = stack.running_sandbox(json!({})).await;
+    let deep = deep["id"].as_str().expect("id").to_owned();
+    let other = stack.running_sandbox(json!({})).await;
+    let other = other["id"].as_str().expect("id").to_owned();
+    // The default image is the host's /usr: python3 is there, and walks
+    // down by relative paths (a shell's `cd` keeps the whole path).
+    let build = "import os\nos.chdir('/var/tmp')\nfor _ in range(30000):\n    os.mkdir('a')\n    os.chdir('a')\nprint('deep')";
+    assert_eq!(sh(&api, &deep, &format!("printf \"{build}\" | python3")).await, "deep\n");
+
+    let deleted = api.delete(&format!("/v1/sandboxes/{deep}")).await;
+    assert_eq!(deleted.status, 202, "{deleted:?}");
+    let gone = wait_sandbox(&api, &deep, "deleted").await;
+    assert_eq!(gone["state"], "deleted", "{gone}");
+    assert!(!stack.runner.data_dir.join("sandboxes").join(&deep).exists());
+    assert!(
+        stack.runner.child.try_wait().expect("wait").is_none(),
+        "the runner died"
+    );
+    assert_eq!(sh(&api, &other, "echo still").await, "still\n");
+    stack.runner.assert_no_errors();
+}
+
 pub(crate) async fn wait_command(api: &Api, sandbox_id: &str, id: &str, state: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {

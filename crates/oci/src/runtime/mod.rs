@@ -795,15 +795,10 @@ impl Sandbox {
     pub async fn remove_files(&self) -> Result<()> {
         self.delete().await?;
         let dir = self.paths.dir().to_path_buf();
-        blocking(
-            "remove",
-            self.paths.dir(),
-            move || match std::fs::remove_dir_all(&dir) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(Error::io("remove", &dir, e)),
-            },
-        )
+        // Its root layer is a tree the sandbox wrote, of any depth.
+        blocking("remove", self.paths.dir(), move || {
+            crate::host::remove_tree(&dir)
+        })
         .await
     }
 }

@@ -502,12 +502,10 @@ pub(crate) fn remove_file(path: &Path) -> Result<()> {
     }
 }
 
+/// A tree the runner or a sandbox wrote, of any depth
+/// (`oci::host::remove_tree`).
 pub(crate) fn remove_tree(path: &Path) -> Result<()> {
-    match std::fs::remove_dir_all(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io("remove", path, e)),
-    }
+    oci::host::remove_tree(path)
 }
 
 #[cfg(test)]
