@@ -480,7 +480,10 @@ async fn a_sandbox_with_a_tree_deeper_than_any_stack_is_deleted_and_the_runner_s
     // The default image is the host's /usr: python3 is there, and walks
     // down by relative paths (a shell's `cd` keeps the whole path).
     let build = "import os\nos.chdir('/var/tmp')\nfor _ in range(30000):\n    os.mkdir('a')\n    os.chdir('a')\nprint('deep')";
-    assert_eq!(sh(&api, &deep, &format!("printf \"{build}\" | python3")).await, "deep\n");
+    assert_eq!(
+        sh(&api, &deep, &format!("printf \"{build}\" | python3")).await,
+        "deep\n"
+    );
 
     let deleted = api.delete(&format!("/v1/sandboxes/{deep}")).await;
     assert_eq!(deleted.status, 202, "{deleted:?}");

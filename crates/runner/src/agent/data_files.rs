@@ -340,7 +340,9 @@ async fn read(
         }
         Err(err) => return Err(agent_refusal(err)),
     };
-    if ranged && offset >= info.size {
+    // A range of no byte (`length=0`, which no server asks) has no last
+    // byte to name: unsatisfiable, like one past the end.
+    if ranged && (offset >= info.size || length == Some(0)) {
         return Err(unsatisfiable(info.size));
     }
     let part = (info.size - offset.min(info.size)).min(length.unwrap_or(u64::MAX));
@@ -369,7 +371,11 @@ async fn read(
     if ranged {
         set(
             header::CONTENT_RANGE,
-            format!("bytes {offset}-{}/{}", offset + part - 1, info.size),
+            format!(
+                "bytes {offset}-{}/{}",
+                (offset + part).saturating_sub(1),
+                info.size
+            ),
         );
         *response.status_mut() = StatusCode::PARTIAL_CONTENT;
     }
