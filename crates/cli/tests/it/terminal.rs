@@ -269,6 +269,77 @@ async fn an_attach_resumes_from_its_offset_and_ends_with_the_commands_end() {
     stack.runner.assert_no_errors();
 }
 
+/// Audit finding (data path): an attached session checked its token once,
+/// at the upgrade; a revoked token's terminal kept taking input (code run
+/// in the sandbox) for as long as the socket stayed open. The session now
+/// ends soon after the revoke, and what is sent after it reaches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_session_ends_when_its_token_is_revoked() {
+    let stack = Stack::start_full(&[], &[]).await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    // A second token of the org, attached with, then revoked.
+    let org_id = sandbox["org_id"].as_str().expect("org").to_owned();
+    let minted = stack
+        .plane
+        .admin
+        .post(&format!("/v1/admin/orgs/{org_id}/tokens"), json!({}))
+        .await;
+    assert_eq!(minted.status, 201, "{minted:?}");
+    let leaked = crate::plane::Api::new(&api.url, &minted.str("token"));
+    let commands = format!("/v1/sandboxes/{sid}/commands");
+    let created = api
+        .post(
+            &commands,
+            json!({"argv": ["sh", "-c", "echo up; while read line; do echo \"$line\" >> /workspace/typed; done"], "stdin": true}),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let cid = created.str("id");
+    let mut socket = connect(&leaked, &format!("{commands}/{cid}/attach"))
+        .await
+        .expect("attach");
+    let (seen, _) = read_socket(&mut socket, Some("up")).await;
+    assert!(seen.contains("up"), "{seen:?}");
+    {
+        use futures::SinkExt;
+        socket
+            .send(Message::Binary(b"before\n".to_vec().into()))
+            .await
+            .expect("send");
+    }
+    let typed = crate::plane::eventually(Duration::from_secs(20), || async {
+        crate::runner_e2e::sh(&api, &sid, "cat /workspace/typed 2>/dev/null; true").await == "before\n"
+    })
+    .await;
+    assert!(typed, "input before the revoke reached the command");
+
+    let revoked = stack
+        .plane
+        .admin
+        .post("/v1/admin/tokens/revoke", json!({"token": leaked.token}))
+        .await;
+    assert_eq!(revoked.status, 200, "{revoked:?}");
+    // The session ends (well within read_socket's deadline).
+    let (_, exit) = read_socket(&mut socket, None).await;
+    assert!(exit.is_none(), "the command did not end: {exit:?}");
+    {
+        use futures::SinkExt;
+        let _ = socket
+            .send(Message::Binary(b"after\n".to_vec().into()))
+            .await;
+    }
+    let command = api.get(&format!("{commands}/{cid}")).await;
+    assert_eq!(command.body["state"], "running", "{command:?}");
+    assert_eq!(
+        crate::runner_e2e::sh(&api, &sid, "cat /workspace/typed").await,
+        "before\n",
+        "input after the revoke reached the command"
+    );
+    stack.runner.assert_no_errors();
+}
+
 /// Issue 15, point 4: when the sandbox dies under an attached command
 /// (its init killed from the host), the stream ends promptly with the
 /// command's honest end, it does not hang.

@@ -322,8 +322,11 @@ pub async fn attach(
     OrgCaller(org_id): OrgCaller,
     Path((sandbox_id, id)): Path<(String, String)>,
     Query(query): Query<AttachQuery>,
+    headers: axum::http::HeaderMap,
     upgrade: axum::extract::ws::WebSocketUpgrade,
 ) -> Result<Response, ControlError> {
+    // Kept to check again while the session lasts (`still_speaks_for`).
+    let token = super::bearer_token(&headers).unwrap_or_default().to_owned();
     // Refused before the upgrade: an offset out of bounds (400), another
     // org's command (404).
     let offset = limits::output_offset(query.offset)?;
@@ -336,132 +339,192 @@ pub async fn attach(
         .max_message_size(ATTACH_MESSAGE_BYTES_MAX)
         .max_frame_size(ATTACH_MESSAGE_BYTES_MAX);
     Ok(upgrade.on_upgrade(move |socket| async move {
-        attach_session(state, org_id, sandbox_id, id, offset, socket).await;
+        let session = AttachSession {
+            state,
+            org_id,
+            token,
+            sandbox_id,
+            id,
+        };
+        session.run(offset, socket).await;
     }))
 }
 
-async fn attach_session(
+/// How often an attached session checks that its token still speaks for
+/// its org: a revoked token's terminal ends within this (and its server's
+/// token cache time), and takes no input once refused.
+const ATTACH_TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long one message to the client may take to go out: a client that
+/// stops reading its socket ends its session instead of holding it.
+const ATTACH_SEND_STALL: std::time::Duration = std::time::Duration::from_secs(60);
+
+struct AttachSession {
     state: AppState,
     org_id: String,
+    token: String,
     sandbox_id: String,
     id: String,
-    offset: i64,
-    socket: axum::extract::ws::WebSocket,
-) {
-    use axum::extract::ws::Message;
-    use futures::{SinkExt, StreamExt};
-    let (mut sink, mut incoming) = socket.split();
-    let output = async {
-        let mut offset = offset;
-        let watch = state.db.hub.watch(&id);
-        loop {
-            let command = crate::hub::wait_until(
-                &watch,
-                std::time::Duration::from_secs(25),
-                || visible_command(&state, &org_id, &sandbox_id, &id),
-                |c| c.ended() || Stream::Stdout.length_of(c) > offset,
-            )
-            .await?;
-            let length = Stream::Stdout.length_of(&command);
-            if offset < length {
-                let data = records::commands::read_output(
-                    &state.db.pool,
-                    &id,
-                    Stream::Stdout,
-                    offset,
-                    OUTPUT_READ_BYTES_MAX,
+}
+
+impl AttachSession {
+    /// Whether the session's token still speaks for its org (a revoke
+    /// reaches every server within the token cache's time).
+    async fn still_speaks_for_org(&self) -> bool {
+        matches!(
+            crate::auth::authenticate(&self.state.db, &self.token).await,
+            Ok(Some(crate::auth::Principal::Org { org_id })) if org_id == self.org_id
+        )
+    }
+
+    async fn run(self, offset: i64, socket: axum::extract::ws::WebSocket) {
+        let revoked = async {
+            loop {
+                tokio::time::sleep(ATTACH_TOKEN_RECHECK).await;
+                if !self.still_speaks_for_org().await {
+                    tracing::info!(command_id = %self.id, "attach: the token was revoked; the session ends");
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            () = self.stream(offset, socket) => {}
+            () = revoked => {}
+        }
+    }
+
+    async fn stream(&self, offset: i64, socket: axum::extract::ws::WebSocket) {
+        let AttachSession {
+            state,
+            org_id,
+            sandbox_id,
+            id,
+            ..
+        } = self;
+        use axum::extract::ws::Message;
+        use futures::{SinkExt, StreamExt};
+        let (mut sink, mut incoming) = socket.split();
+        let output = async {
+            let mut offset = offset;
+            let watch = state.db.hub.watch(id);
+            loop {
+                let command = crate::hub::wait_until(
+                    &watch,
+                    std::time::Duration::from_secs(25),
+                    || visible_command(state, org_id, sandbox_id, id),
+                    |c| c.ended() || Stream::Stdout.length_of(c) > offset,
                 )
                 .await?;
-                offset += data.len() as i64;
-                if sink.send(Message::Binary(data.into())).await.is_err() {
-                    return Ok(());
+                let length = Stream::Stdout.length_of(&command);
+                if offset < length {
+                    let data = records::commands::read_output(
+                        &state.db.pool,
+                        id,
+                        Stream::Stdout,
+                        offset,
+                        OUTPUT_READ_BYTES_MAX,
+                    )
+                    .await?;
+                    offset += data.len() as i64;
+                    let sent = tokio::time::timeout(
+                        ATTACH_SEND_STALL,
+                        sink.send(Message::Binary(data.into())),
+                    )
+                    .await;
+                    if !matches!(sent, Ok(Ok(()))) {
+                        return Ok(());
+                    }
+                    continue;
                 }
-                continue;
+                if command.ended() {
+                    let exit = serde_json::json!({
+                        "type": "exit",
+                        "state": command.state.as_str(),
+                        "state_reason": command.state_reason,
+                        "exit_code": command.exit_code,
+                        "signal": command.signal,
+                    });
+                    let _ = sink.send(Message::Text(exit.to_string().into())).await;
+                    let _ = sink.close().await;
+                    return Ok::<(), ControlError>(());
+                }
             }
-            if command.ended() {
-                let exit = serde_json::json!({
-                    "type": "exit",
-                    "state": command.state.as_str(),
-                    "state_reason": command.state_reason,
-                    "exit_code": command.exit_code,
-                    "signal": command.signal,
-                });
-                let _ = sink.send(Message::Text(exit.to_string().into())).await;
-                let _ = sink.close().await;
-                return Ok::<(), ControlError>(());
-            }
-        }
-    };
-    let input = async {
-        let mut feed: Option<control::data_path::StdinSender> = None;
-        while let Some(Ok(message)) = incoming.next().await {
-            match message {
-                Message::Binary(bytes) => {
-                    if feed.is_none() {
-                        match control::data_path::stdin_feed(&state, &org_id, &sandbox_id, &id)
-                            .await
-                        {
-                            Ok((sender, _task)) => feed = Some(sender),
-                            Err(err) => {
-                                tracing::debug!(?err, "attach: no stdin for the command");
-                                continue;
-                            }
+        };
+        let input = async {
+            let mut feed: Option<control::data_path::StdinSender> = None;
+            while let Some(Ok(message)) = incoming.next().await {
+                match message {
+                    Message::Binary(bytes) => {
+                        // No input once the token no longer speaks for the org
+                        // (cached: a query every few seconds at most).
+                        if !self.still_speaks_for_org().await {
+                            break;
                         }
-                    }
-                    if let Some(sender) = &feed
-                        && sender.send(&bytes).await.is_err()
-                    {
-                        feed = None;
-                    }
-                }
-                Message::Text(text) => {
-                    let Ok(control_message) = serde_json::from_str::<serde_json::Value>(&text)
-                    else {
-                        continue;
-                    };
-                    match control_message["type"].as_str() {
-                        Some("resize") => {
-                            let size = TtySize {
-                                rows: control_message["rows"].as_u64().unwrap_or(0).min(65535)
-                                    as u16,
-                                cols: control_message["cols"].as_u64().unwrap_or(0).min(65535)
-                                    as u16,
-                            };
-                            if let Err(err) =
-                                control::data_path::resize(&state, &org_id, &sandbox_id, &id, size)
-                                    .await
+                        if feed.is_none() {
+                            match control::data_path::stdin_feed(state, org_id, sandbox_id, id)
+                                .await
                             {
-                                tracing::debug!(?err, "attach: resize refused");
+                                Ok((sender, _task)) => feed = Some(sender),
+                                Err(err) => {
+                                    tracing::debug!(?err, "attach: no stdin for the command");
+                                    continue;
+                                }
                             }
                         }
-                        Some("eof") => {
-                            // The open feed ends; its stdin is closed by
-                            // an empty closing write.
+                        if let Some(sender) = &feed
+                            && sender.send(&bytes).await.is_err()
+                        {
                             feed = None;
-                            let _ = control::data_path::send_stdin(
-                                &state,
-                                &org_id,
-                                &sandbox_id,
-                                &id,
-                                true,
-                                reqwest::Body::from(Vec::new()),
-                            )
-                            .await;
                         }
-                        _ => {}
                     }
+                    Message::Text(text) => {
+                        let Ok(control_message) = serde_json::from_str::<serde_json::Value>(&text)
+                        else {
+                            continue;
+                        };
+                        match control_message["type"].as_str() {
+                            Some("resize") => {
+                                let size = TtySize {
+                                    rows: control_message["rows"].as_u64().unwrap_or(0).min(65535)
+                                        as u16,
+                                    cols: control_message["cols"].as_u64().unwrap_or(0).min(65535)
+                                        as u16,
+                                };
+                                if let Err(err) =
+                                    control::data_path::resize(state, org_id, sandbox_id, id, size)
+                                        .await
+                                {
+                                    tracing::debug!(?err, "attach: resize refused");
+                                }
+                            }
+                            Some("eof") => {
+                                // The open feed ends; its stdin is closed by
+                                // an empty closing write.
+                                feed = None;
+                                let _ = control::data_path::send_stdin(
+                                    state,
+                                    org_id,
+                                    sandbox_id,
+                                    id,
+                                    true,
+                                    reqwest::Body::from(Vec::new()),
+                                )
+                                .await;
+                            }
+                            _ => {}
+                        }
+                    }
+                    Message::Close(_) => break,
+                    _ => {}
                 }
-                Message::Close(_) => break,
-                _ => {}
             }
-        }
-    };
-    tokio::select! {
-        result = output => {
-            if let Err(err) = result {
-                tracing::debug!(?err, "attach: output ended");
+        };
+        tokio::select! {
+            result = output => {
+                if let Err(err) = result {
+                    tracing::debug!(?err, "attach: output ended");
+                }
             }
+            () = input => {}
         }
-        () = input => {}
     }
 }

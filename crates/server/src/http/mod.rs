@@ -603,6 +603,17 @@ impl Caller {
     }
 }
 
+/// The token of an `Authorization: Bearer TOKEN` header.
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()
+        .and_then(|value| value.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+}
+
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ControlError;
 
@@ -613,20 +624,10 @@ impl FromRequestParts<AppState> for Caller {
                 "missing or unknown bearer token",
             )
         };
-        let header = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .ok_or_else(unauthenticated)?;
-        let token = header
-            .to_str()
-            .ok()
-            .and_then(|value| value.trim_start().split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token)
-            .ok_or_else(unauthenticated)?;
+        let token = bearer_token(&parts.headers).ok_or_else(unauthenticated)?;
         // Boxed: the query's future would otherwise stay part of every
         // request's future, long-polls included, for their whole life.
-        Box::pin(auth::authenticate(&state.db, token.trim()))
+        Box::pin(auth::authenticate(&state.db, token))
             .await?
             .map(Caller)
             .ok_or_else(unauthenticated)
