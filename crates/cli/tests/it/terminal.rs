@@ -310,7 +310,8 @@ async fn an_attached_session_ends_when_its_token_is_revoked() {
             .expect("send");
     }
     let typed = crate::plane::eventually(Duration::from_secs(20), || async {
-        crate::runner_e2e::sh(&api, &sid, "cat /workspace/typed 2>/dev/null; true").await == "before\n"
+        crate::runner_e2e::sh(&api, &sid, "cat /workspace/typed 2>/dev/null; true").await
+            == "before\n"
     })
     .await;
     assert!(typed, "input before the revoke reached the command");

@@ -318,10 +318,17 @@ pub async fn stdin_feed(
     Ok((sender, task))
 }
 
+/// A runner out of reach, told to the org without the runner's address:
+/// where a runner listens on the deployment's own network is not the
+/// org's to learn (it is logged).
 fn unreachable(err: reqwest::Error) -> ControlError {
+    tracing::warn!(%err, "a runner's data path is out of reach");
     ControlError::new(
         ErrorCode::Unavailable,
-        format!("the sandbox's runner is unreachable on its data path: {err}"),
+        format!(
+            "the sandbox's runner is unreachable on its data path: {}",
+            err.without_url()
+        ),
     )
 }
 
@@ -652,6 +659,28 @@ pub async fn relay(
 mod tests {
     use super::*;
     use futures::StreamExt;
+
+    /// Audit finding (HTTP surface): the 503 an org got when its runner was
+    /// out of reach named the runner's address (reqwest's message ends
+    /// `for url (http://10.…:PORT/…)`).
+    #[tokio::test]
+    async fn an_unreachable_runner_is_not_named_by_its_address() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = closed.local_addr().expect("address");
+        drop(closed);
+        let err = reqwest::Client::new()
+            .get(format!("http://{address}/v1/data/secret-path"))
+            .send()
+            .await
+            .expect_err("nothing listens there");
+        let refused = unreachable(err);
+        assert!(!refused.message.contains("http://"), "{}", refused.message);
+        assert!(
+            !refused.message.contains(&address.port().to_string()),
+            "{}",
+            refused.message
+        );
+    }
 
     /// A runner's answer with `status` and `body` (built with hyper's
     /// types, which reqwest's response is made from).

@@ -40,6 +40,18 @@ pub fn router(state: AppState) -> Router {
             if response.status() == StatusCode::NOT_FOUND {
                 response.headers_mut().remove(axum::http::header::ALLOW);
             }
+            // Answers carry tokens (E2B's `envdAccessToken`), records and
+            // files, and E2B's clients authenticate with headers a shared
+            // cache does not know to keep private: none is stored, and none
+            // is read as another type than it says. The dashboard sets its
+            // own (its static files may be kept a while).
+            let headers = response.headers_mut();
+            headers
+                .entry(axum::http::header::CACHE_CONTROL)
+                .or_insert(axum::http::HeaderValue::from_static("no-store"));
+            headers
+                .entry(axum::http::header::X_CONTENT_TYPE_OPTIONS)
+                .or_insert(axum::http::HeaderValue::from_static("nosniff"));
             response
         }))
 }

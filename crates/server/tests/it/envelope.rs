@@ -285,3 +285,56 @@ async fn a_nul_byte_in_a_path_or_query_is_a_400_on_every_engine() {
         assert_eq!(status, 200, "{engine}: {body}");
     }
 }
+
+/// Audit finding (HTTP surface): API answers (E2B's carry the org token as
+/// `envdAccessToken`) said nothing of caching or sniffing, and E2B clients
+/// authenticate with headers a shared cache does not know to keep
+/// private. Every answer is `no-store` and `nosniff`, errors included; the
+/// dashboard keeps its own caching.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_answers_are_never_stored_nor_sniffed() {
+    let server = TestServer::start().await;
+    let client = reqwest::Client::new();
+    let admin_token = server.admin_token.clone();
+    for (path, token, status) in [
+        ("/v1/deployment", Some(admin_token.as_str()), 200),
+        ("/v1/sandboxes/sbx_nope", Some(admin_token.as_str()), 404),
+        ("/e2b/sandboxes", None, 401),
+        ("/healthz", None, 200),
+    ] {
+        let mut request = client.get(format!("{}{path}", server.url));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let answer = request.send().await.expect("an answer");
+        assert_eq!(answer.status().as_u16(), status, "{path}");
+        let header = |name: &str| {
+            answer
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            header("cache-control").as_deref(),
+            Some("no-store"),
+            "{path}"
+        );
+        assert_eq!(
+            header("x-content-type-options").as_deref(),
+            Some("nosniff"),
+            "{path}"
+        );
+    }
+    let ui = client
+        .get(format!("{}/ui", server.url))
+        .send()
+        .await
+        .expect("the dashboard");
+    assert_eq!(
+        ui.headers()
+            .get("cache-control")
+            .and_then(|v| v.to_str().ok()),
+        Some("no-cache")
+    );
+}
