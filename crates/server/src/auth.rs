@@ -174,7 +174,27 @@ impl TokenCache {
     }
 }
 
+/// Whether `token` has the shape of the tokens this server makes
+/// ([`new_token`]: `roost_KIND_` and 64 hex digits).
+fn well_formed(token: &str) -> bool {
+    let Some((kind, secret)) = token
+        .strip_prefix("roost_")
+        .and_then(|rest| rest.split_once('_'))
+    else {
+        return false;
+    };
+    matches!(kind, "admin" | "org" | "runner" | "runnercred")
+        && secret.len() == 64
+        && secret.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sqlx::Error> {
+    // Refused without a query: unknown tokens are never cached, so a
+    // flood of made-up ones would otherwise cost two queries each and
+    // could take every connection of the pool from the other tenants.
+    if !well_formed(token) {
+        return Ok(None);
+    }
     let hash = hash_token(token);
     if let Some(principal) = db.tokens.get(&hash) {
         return Ok(Some(principal));
@@ -250,6 +270,27 @@ fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    /// Audit finding (HTTP surface): a made-up token cost two queries,
+    /// never cached; a flood of them could take the pool.
+    #[test]
+    fn only_tokens_shaped_as_made_are_looked_up() {
+        for kind in ["admin", "org", "runner", "runnercred"] {
+            let token = new_token(kind).expect("a token");
+            assert!(well_formed(&token), "{token}");
+        }
+        for token in [
+            "",
+            "garbage",
+            "roost_org_",
+            "roost_org_abc",
+            "roost_nope_0000000000000000000000000000000000000000000000000000000000000000",
+            "roost_org_000000000000000000000000000000000000000000000000000000000000000g",
+            "roost_org_00000000000000000000000000000000000000000000000000000000000000000",
+        ] {
+            assert!(!well_formed(token), "{token}");
+        }
+    }
 
     fn verified_ago(age: Duration) -> Instant {
         Instant::now()

@@ -2406,6 +2406,27 @@ async fn every_pass_reads_only_what_is_due_through_an_index() {
     }
 }
 
+/// Audit finding (HTTP surface): a token not shaped as the server makes
+/// them is refused before any query, even one whose hash a row holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_token_is_refused_without_a_lookup() {
+    use server::auth;
+    for plane in planes("malformed").await {
+        let db = &plane.state.db;
+        let org = plane.org("org_m", None).await;
+        let made_up = "not-a-roost-token";
+        auth::store_token(db, made_up, "org", Some(&org))
+            .await
+            .expect("stored");
+        assert_eq!(
+            auth::authenticate(db, made_up).await.expect("read"),
+            None,
+            "{}: a malformed token was looked up",
+            plane.engine()
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_verified_token_costs_no_query_until_its_cache_entry_ages_out() {
     use server::auth::{self, Principal};
