@@ -550,11 +550,11 @@ impl Upload {
 
 /// A new, empty `.roost-upload-RANDOM` in `directory` (`O_EXCL`: never
 /// one that exists, nor through a symlink).
-fn create_temporary(directory: &File, parent: &Path) -> Result<(OsString, File), Failure> {
+fn create_temporary(directory: impl AsFd, parent: &Path) -> Result<(OsString, File), Failure> {
     for _ in 0..8 {
         let name = format!("{UPLOAD_PREFIX}{}", random_hex());
         let created = rustix::fs::openat(
-            directory,
+            directory.as_fd(),
             name.as_str(),
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
@@ -1236,7 +1236,7 @@ impl Unpacker {
         }
     }
 
-    fn unpack(mut self, incoming: Incoming) -> Result<TarCount, Failure> {
+    fn unpack(mut self, incoming: impl Read) -> Result<TarCount, Failure> {
         let mut archive = tar::Archive::new(incoming);
         for entry in archive.entries().map_err(broken)? {
             let mut entry = entry.map_err(broken)?;
@@ -1331,15 +1331,12 @@ impl Unpacker {
                 self.count.files += 1;
             }
             _ => {
-                clear_way(parent, &name, &raw, &path)?;
-                let flags = OFlags::WRONLY
-                    | OFlags::CREATE
-                    | OFlags::EXCL
-                    | OFlags::NOFOLLOW
-                    | OFlags::CLOEXEC;
-                let fd = rustix::fs::openat(parent, &name, flags, Mode::from_raw_mode(0o600))
-                    .map_err(|e| failed(e, "create"))?;
-                let mut file = File::from(fd);
+                // Written beside its name and renamed over it once whole:
+                // what the name held stays until then, and a stream cut, a
+                // full disk or a killed agent never leaves part of a file
+                // under it (a temporary at most, as an upload's).
+                let directory_path = path.parent().unwrap_or(&self.root_path).to_path_buf();
+                let (temporary, mut file) = create_temporary(parent, &directory_path)?;
                 let announced = entry.size();
                 let written = copy_entry(entry, &mut file, &mut self.buffer).and_then(|size| {
                     // The tar crate reads an entry cut short as a short one.
@@ -1365,20 +1362,30 @@ impl Unpacker {
                     let _ = rustix::fs::futimens(&file, &times);
                     Ok(size)
                 });
-                match written {
-                    Ok(size) => {
-                        self.count.files += 1;
-                        self.count.bytes += size;
-                    }
+                drop(file);
+                let size = match written {
+                    Ok(size) => size,
                     Err(failure) => {
-                        // Never a partly written file under the entry's name.
-                        let _ = rustix::fs::unlinkat(parent, &name, AtFlags::empty());
+                        let _ = rustix::fs::unlinkat(parent, &temporary, AtFlags::empty());
                         return Err(match failure {
                             Copy::Read(e) => broken(e),
                             Copy::Write(e) => os_failure(e, "write", &path),
                         });
                     }
+                };
+                // Over a file or a symlink (never followed): replaced at
+                // once. Over a directory: refused, as before.
+                if let Err(e) = rustix::fs::renameat(parent, &temporary, parent, &name) {
+                    let _ = rustix::fs::unlinkat(parent, &temporary, AtFlags::empty());
+                    return Err(match e {
+                        Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST => {
+                            refused(&raw, "is a file where a directory is")
+                        }
+                        e => failed(e, "replace"),
+                    });
                 }
+                self.count.files += 1;
+                self.count.bytes += size;
             }
         }
         Ok(())
@@ -1504,6 +1511,69 @@ mod tests {
         check("a\0b", None);
         check(&"x".repeat(PATH_BYTES_MAX + 1), None);
         assert!(sandbox_path(&"x".repeat(PATH_BYTES_MAX)).is_ok());
+    }
+
+    /// A tar of one regular file `name` holding `content`.
+    fn one_file_tar(name: &str, content: &[u8]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(content.len() as u64);
+        header.set_mode(0o640);
+        header.set_cksum();
+        builder
+            .append_data(&mut header, name, content)
+            .expect("append");
+        builder.into_inner().expect("tar")
+    }
+
+    fn unpack_into(root: &Path, tar: &[u8]) -> Result<TarCount, Failure> {
+        let fd = rustix::fs::open(
+            root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .expect("open the root");
+        Unpacker::new(fd, root.to_path_buf()).unpack(tar)
+    }
+
+    /// Audit finding (data path): a tar upload unlinked the file an entry
+    /// replaced, then wrote the entry in place: a stream cut mid-entry lost
+    /// the old file, and a killed agent left part of the new one under its
+    /// name. Now the old file stays whole until the new one is, and no
+    /// temporary is left.
+    #[test]
+    fn a_tar_entry_cut_short_leaves_the_file_it_replaces_whole() {
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let root = scratch.path();
+        std::fs::write(root.join("a.txt"), "old").expect("write");
+        let new = vec![b'n'; 100_000];
+        let tar = one_file_tar("a.txt", &new);
+        // Cut inside the entry's data.
+        assert!(unpack_into(root, &tar[..50_000]).is_err());
+        assert_eq!(std::fs::read(root.join("a.txt")).expect("read"), b"old");
+        let names: Vec<_> = std::fs::read_dir(root)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, ["a.txt"], "a temporary was left");
+
+        // Whole: replaced, with the entry's mode.
+        let count = unpack_into(root, &tar).expect("unpacked");
+        assert_eq!(count.files, 1);
+        assert_eq!(std::fs::read(root.join("a.txt")).expect("read"), new);
+        let mode = std::fs::metadata(root.join("a.txt"))
+            .expect("stat")
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o640
+        );
+
+        // A directory where the file goes is refused, and kept.
+        std::fs::create_dir(root.join("d")).expect("mkdir");
+        std::fs::write(root.join("d/inside"), "x").expect("write");
+        assert!(unpack_into(root, &one_file_tar("d", b"file")).is_err());
+        assert_eq!(std::fs::read(root.join("d/inside")).expect("kept"), b"x");
     }
 
     #[test]
