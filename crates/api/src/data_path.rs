@@ -45,6 +45,10 @@ pub struct DataClaims {
     /// filesystem and directory as `ID/SUBPATH`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
+    /// The org whose sandbox it is for: a runner serves only so many of
+    /// one org's requests at once, so one org cannot hold every place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub org_id: Option<String>,
     pub expires_unix_ms: u64,
 }
 
@@ -129,6 +133,7 @@ mod tests {
 
     fn claims(expires_unix_ms: u64) -> DataClaims {
         DataClaims {
+            org_id: None,
             sandbox_id: "sbx_1".to_owned(),
             epoch: 3,
             op: "stdin".to_owned(),

@@ -673,6 +673,7 @@ async fn hostile_paths_other_orgs_stopped_sandboxes_and_forged_tokens_are_refuse
             op: api::files::ops::WRITE.to_owned(),
             command_id: None,
             subject: None,
+            org_id: None,
             expires_unix_ms: now + 30_000,
         },
     );

@@ -1635,6 +1635,7 @@ async fn stdin_streams_through_the_data_path_and_the_runner_refuses_what_no_serv
         op: "stdin".to_owned(),
         command_id: Some(cid.clone()),
         subject: None,
+        org_id: None,
         expires_unix_ms: u64::try_from(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -166,16 +166,20 @@ impl IntoResponse for Refusal {
 /// `unavailable` at once (the server passes it on; clients retry).
 const REQUESTS_AT_ONCE_MAX: usize = 256;
 const REQUESTS_PER_SANDBOX_MAX: usize = 32;
+/// Of those, one org's (its token says which): an org with many sandboxes
+/// here leaves the other half to the others.
+const REQUESTS_PER_ORG_MAX: usize = REQUESTS_AT_ONCE_MAX / 2;
 /// A connection that has not sent a whole request's headers within this
 /// long (idle between requests included) is closed: nothing but a
 /// verified token holds a connection open for longer.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What the data listener serves at once: in all and per sandbox.
+/// What the data listener serves at once: in all, per sandbox and per org.
 #[derive(Default)]
 pub(crate) struct InFlight {
     all: std::sync::Mutex<usize>,
     per_sandbox: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    per_org: std::sync::Mutex<std::collections::HashMap<String, usize>>,
 }
 
 /// One request's place among those served at once, given back when its
@@ -183,6 +187,25 @@ pub(crate) struct InFlight {
 struct Place {
     in_flight: Arc<InFlight>,
     sandbox: Option<String>,
+    org: Option<String>,
+}
+
+/// Whom a request is for, as its verified token says.
+#[derive(Clone, Copy, Default)]
+struct For<'a> {
+    sandbox: Option<&'a str>,
+    org: Option<&'a str>,
+}
+
+/// Gives one place of `key` back in `counts`.
+fn give_back(counts: &std::sync::Mutex<std::collections::HashMap<String, usize>>, key: &str) {
+    let mut counts = locked(counts);
+    if let Some(count) = counts.get_mut(key) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(key);
+        }
+    }
 }
 
 fn locked<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -190,33 +213,44 @@ fn locked<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl InFlight {
-    /// A place for a request on `sandbox` (if any), or the refusal naming
-    /// the bound reached.
-    fn take(self: &Arc<Self>, sandbox: Option<&str>) -> Result<Place, Refusal> {
+    /// A place for a request (on a sandbox of an org, if it says), or the
+    /// refusal naming the bound reached. Every bound is checked before any
+    /// count moves.
+    fn take(self: &Arc<Self>, who: For<'_>) -> Result<Place, Refusal> {
+        let unavailable = |message: String| refuse(ErrorCode::Unavailable, message);
         let mut all = locked(&self.all);
         if *all >= REQUESTS_AT_ONCE_MAX {
-            return Err(refuse(
-                ErrorCode::Unavailable,
-                format!("this runner serves {REQUESTS_AT_ONCE_MAX} data requests at once"),
-            ));
+            return Err(unavailable(format!(
+                "this runner serves {REQUESTS_AT_ONCE_MAX} data requests at once"
+            )));
         }
-        if let Some(sandbox) = sandbox {
-            let mut per_sandbox = locked(&self.per_sandbox);
-            let count = per_sandbox.entry(sandbox.to_owned()).or_insert(0);
-            if *count >= REQUESTS_PER_SANDBOX_MAX {
-                return Err(refuse(
-                    ErrorCode::Unavailable,
-                    format!(
-                        "this runner serves {REQUESTS_PER_SANDBOX_MAX} data requests at once for sandbox {sandbox}"
-                    ),
-                ));
-            }
-            *count += 1;
+        let mut per_sandbox = locked(&self.per_sandbox);
+        let mut per_org = locked(&self.per_org);
+        if let Some(sandbox) = who.sandbox
+            && per_sandbox.get(sandbox).copied().unwrap_or(0) >= REQUESTS_PER_SANDBOX_MAX
+        {
+            return Err(unavailable(format!(
+                "this runner serves {REQUESTS_PER_SANDBOX_MAX} data requests at once for sandbox {sandbox}"
+            )));
+        }
+        if let Some(org) = who.org
+            && per_org.get(org).copied().unwrap_or(0) >= REQUESTS_PER_ORG_MAX
+        {
+            return Err(unavailable(format!(
+                "this runner serves {REQUESTS_PER_ORG_MAX} data requests of one org at once"
+            )));
+        }
+        if let Some(sandbox) = who.sandbox {
+            *per_sandbox.entry(sandbox.to_owned()).or_insert(0) += 1;
+        }
+        if let Some(org) = who.org {
+            *per_org.entry(org.to_owned()).or_insert(0) += 1;
         }
         *all += 1;
         Ok(Place {
             in_flight: self.clone(),
-            sandbox: sandbox.map(str::to_owned),
+            sandbox: who.sandbox.map(str::to_owned),
+            org: who.org.map(str::to_owned),
         })
     }
 }
@@ -225,13 +259,10 @@ impl Drop for Place {
     fn drop(&mut self) {
         *locked(&self.in_flight.all) -= 1;
         if let Some(sandbox) = &self.sandbox {
-            let mut per_sandbox = locked(&self.in_flight.per_sandbox);
-            if let Some(count) = per_sandbox.get_mut(sandbox) {
-                *count -= 1;
-                if *count == 0 {
-                    per_sandbox.remove(sandbox);
-                }
-            }
+            give_back(&self.in_flight.per_sandbox, sandbox);
+        }
+        if let Some(org) = &self.org {
+            give_back(&self.in_flight.per_org, org);
         }
     }
 }
@@ -244,16 +275,17 @@ async fn admit(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if let Err(refusal) = plane.verified(request.headers()) {
-        return refusal.into_response();
-    }
-    let sandbox = request
-        .uri()
-        .path()
-        .strip_prefix("/v1/data/sandboxes/")
-        .and_then(|rest| rest.split('/').next())
-        .map(str::to_owned);
-    let place = match plane.in_flight.take(sandbox.as_deref()) {
+    let claims = match plane.verified(request.headers()) {
+        Ok(claims) => claims,
+        Err(refusal) => return refusal.into_response(),
+    };
+    // Counted by what the verified token names (a route refuses a token
+    // for another sandbox), never by how the path is spelled.
+    let who = For {
+        sandbox: Some(claims.sandbox_id.as_str()).filter(|id| !id.is_empty()),
+        org: claims.org_id.as_deref(),
+    };
+    let place = match plane.in_flight.take(who) {
         Ok(place) => place,
         Err(refusal) => return refusal.into_response(),
     };
@@ -599,29 +631,75 @@ mod tests {
         assert!(within_stdin_stall(async { 7 }).await.is_ok_and(|v| v == 7));
     }
 
+    fn on(sandbox: &str) -> For<'_> {
+        For {
+            sandbox: Some(sandbox),
+            org: None,
+        }
+    }
+
     #[test]
     fn requests_at_once_are_bounded_per_sandbox_and_in_all() {
         let in_flight = Arc::new(InFlight::default());
         let mut places: Vec<Place> = (0..REQUESTS_PER_SANDBOX_MAX)
-            .map(|_| in_flight.take(Some("sbx_a")).ok().expect("a place"))
+            .map(|_| in_flight.take(on("sbx_a")).ok().expect("a place"))
             .collect();
-        let refused = in_flight.take(Some("sbx_a")).err().expect("refused");
+        let refused = in_flight.take(on("sbx_a")).err().expect("refused");
         assert_eq!(refused.code, ErrorCode::Unavailable);
         assert!(refused.message.contains("sbx_a"), "{}", refused.message);
         // Another sandbox is served meanwhile.
-        places.push(in_flight.take(Some("sbx_b")).ok().expect("another sandbox"));
+        places.push(in_flight.take(on("sbx_b")).ok().expect("another sandbox"));
         // A place given back (its answer done) is taken again.
         places.swap_remove(0);
-        places.push(in_flight.take(Some("sbx_a")).ok().expect("a place again"));
+        places.push(in_flight.take(on("sbx_a")).ok().expect("a place again"));
         while places.len() < REQUESTS_AT_ONCE_MAX {
             let sandbox = format!("sbx_{}", places.len());
-            places.push(in_flight.take(Some(&sandbox)).ok().expect("a place"));
+            places.push(in_flight.take(on(&sandbox)).ok().expect("a place"));
         }
-        let refused = in_flight.take(None).err().expect("refused in all");
+        let refused = in_flight
+            .take(For::default())
+            .err()
+            .expect("refused in all");
         assert_eq!(refused.code, ErrorCode::Unavailable);
         drop(places);
         assert_eq!(*locked(&in_flight.all), 0);
         assert!(locked(&in_flight.per_sandbox).is_empty(), "nothing kept");
+    }
+
+    /// Audit finding (data path): one org with many sandboxes on a runner
+    /// could hold all its places (downloads it never reads), and every
+    /// other org's files and stdin there were refused. One org holds at
+    /// most half; the others are served meanwhile; a refusal moves no count.
+    #[test]
+    fn one_org_holds_at_most_half_of_a_runners_places() {
+        let in_flight = Arc::new(InFlight::default());
+        let sandboxes: Vec<String> = (0..16).map(|i| format!("sbx_{i}")).collect();
+        let mut places: Vec<Place> = (0..REQUESTS_PER_ORG_MAX)
+            .map(|i| {
+                let who = For {
+                    sandbox: Some(&sandboxes[i % sandboxes.len()]),
+                    org: Some("greedy"),
+                };
+                in_flight.take(who).ok().expect("a place")
+            })
+            .collect();
+        let more = For {
+            sandbox: Some("sbx_other"),
+            org: Some("greedy"),
+        };
+        let refused = in_flight
+            .take(more)
+            .err()
+            .expect("refused past the org's share");
+        assert!(refused.message.contains("one org"), "{}", refused.message);
+        assert!(!locked(&in_flight.per_sandbox).contains_key("sbx_other"));
+        let other = For {
+            sandbox: Some("sbx_theirs"),
+            org: Some("other"),
+        };
+        places.push(in_flight.take(other).ok().expect("another org is served"));
+        drop(places);
+        assert!(locked(&in_flight.per_org).is_empty(), "nothing kept");
     }
 
     #[tokio::test]

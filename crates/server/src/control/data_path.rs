@@ -172,6 +172,7 @@ pub async fn command_route(
         op: op.to_owned(),
         command_id: Some(command_id.to_owned()),
         subject: None,
+        org_id: Some(sandbox.org_id.clone()),
         expires_unix_ms: now_ms() as u64 + TOKEN_LIFETIME_MS,
     };
     Ok(DataRoute {
@@ -493,6 +494,7 @@ pub async fn check_mount_sources(
                 op: "filesystem.check".to_owned(),
                 command_id: None,
                 subject: Some(subject.clone()),
+                org_id: None,
                 expires_unix_ms: now_ms() as u64 + TOKEN_LIFETIME_MS,
             };
             let answer = client()
@@ -577,6 +579,7 @@ pub async fn files_route(
         op: op.to_owned(),
         command_id: None,
         subject: None,
+        org_id: Some(sandbox.org_id.clone()),
         expires_unix_ms: now_ms() as u64 + TOKEN_LIFETIME_MS,
     };
     Ok(DataRoute {
