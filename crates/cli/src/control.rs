@@ -41,6 +41,11 @@ pub struct ServerArgs {
     /// warning, to what the open files limit allows.
     #[arg(long, value_name = "N", default_value_t = server::DEFAULT_CONNECTIONS_MAX)]
     max_connections: usize,
+    /// The most requests one org may have under way at once on this server
+    /// (long-polls, streams and attached terminals included); past it,
+    /// 429 `quota_exceeded` (metric `requests_at_once`).
+    #[arg(long, value_name = "N", default_value_t = server::DEFAULT_ORG_REQUESTS_MAX)]
+    org_requests_max: usize,
     /// How long ended sandboxes stay readable (e.g. `7d`, `12h`).
     #[arg(long, default_value = "7d", value_parser = crate::sandbox::parse_duration)]
     retention: std::time::Duration,
@@ -482,6 +487,7 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     config.retention = args.retention;
     config.org_output_bytes_max = args.org_output_max.saturating_mul(1 << 20);
     config.connections_max = args.max_connections;
+    config.org_requests_max = args.org_requests_max.max(1);
     config.lease_ttl = args.lease_ttl;
     config.fence_margin = args.fence_margin;
     config.mass_loss_threshold = args.mass_loss_threshold;

@@ -99,6 +99,10 @@ pub struct Config {
     /// the process's open files limit leaves after the database's, the
     /// data path's and the store's files.
     pub connections_max: usize,
+    /// The most requests one org may have under way at once on this
+    /// server (`--org-requests-max`): long-polls, streams and attached
+    /// terminals included; past it, 429 `quota_exceeded`.
+    pub org_requests_max: usize,
     /// Crash-safety tests only: the fault point armed
     /// (`ROOST_FAILPOINT`), e.g. `after_commit:create_sandbox`.
     pub failpoint: api::failpoint::Failpoints,
@@ -138,6 +142,7 @@ impl Config {
             secret_key: control::secrets::SecretKeySource::None,
             header_read_timeout: Duration::from_secs(30),
             connections_max: DEFAULT_CONNECTIONS_MAX,
+            org_requests_max: DEFAULT_ORG_REQUESTS_MAX,
             failpoint: api::failpoint::Failpoints::none(),
         }
     }
@@ -209,6 +214,10 @@ pub async fn serve(
 /// hold a long-poll and send heartbeats, 10,000 runners on two servers
 /// about 5,000 a server.
 pub const DEFAULT_CONNECTIONS_MAX: usize = 16_384;
+
+/// The default of [`Config::org_requests_max`]: a quarter of the
+/// connections, so that four orgs at their bound still leave room.
+pub const DEFAULT_ORG_REQUESTS_MAX: usize = DEFAULT_CONNECTIONS_MAX / 4;
 
 /// Open files kept for what is not a client's connection: the database
 /// pool, the data path's streams to runners, the store's files, logs.
@@ -283,6 +292,7 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         .map(Arc::new);
     let db = db::Db::connect(&database_url).await?;
     db.migrate().await?;
+    let org_requests_max = config.org_requests_max;
     Ok(control::AppState::new(control::AppStateParts {
         db,
         store,
@@ -293,6 +303,7 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         assignment_reads: tokio::sync::Semaphore::new(control::ASSIGNMENT_READS_AT_ONCE),
         runner_reads: Default::default(),
         save_turns: Default::default(),
+        org_requests: Arc::new(http::org_share::OrgRequests::new(org_requests_max)),
     }))
 }
 

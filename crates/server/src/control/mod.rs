@@ -92,6 +92,9 @@ pub struct AppStateParts {
     pub runner_reads: RunnerTurns,
     /// One sandbox's save commits at a time (`saves`).
     pub save_turns: saves::SaveTurns,
+    /// Each org's requests under way on this server, bounded
+    /// (`http::org_share`).
+    pub org_requests: Arc<crate::http::org_share::OrgRequests>,
 }
 
 /// A turn per runner id, made when first asked for and gone when no one

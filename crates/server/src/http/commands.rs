@@ -327,6 +327,9 @@ pub async fn attach(
 ) -> Result<Response, ControlError> {
     // Kept to check again while the session lasts (`still_speaks_for`).
     let token = super::bearer_token(&headers).unwrap_or_default().to_owned();
+    // The session holds a place in its org's share for as long as it
+    // lasts (the upgrade's own request ends with its 101).
+    let place = state.org_requests.take(&org_id)?;
     // Refused before the upgrade: an offset out of bounds (400), another
     // org's command (404).
     let offset = limits::output_offset(query.offset)?;
@@ -345,6 +348,7 @@ pub async fn attach(
             token,
             sandbox_id,
             id,
+            _place: place,
         };
         session.run(offset, socket).await;
     }))
@@ -364,6 +368,7 @@ struct AttachSession {
     token: String,
     sandbox_id: String,
     id: String,
+    _place: super::org_share::OrgPlace,
 }
 
 impl AttachSession {

@@ -10,6 +10,7 @@ pub(crate) mod homes;
 pub(crate) mod images;
 pub(crate) mod kept;
 pub(crate) mod meta;
+pub mod org_share;
 pub mod runner;
 pub mod sandboxes;
 pub(crate) mod secrets;
@@ -219,6 +220,10 @@ fn routes(state: AppState) -> Router {
         .nest("/e2b", crate::e2b::router())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(crate::REQUEST_BODY_BYTES_MAX))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            org_share::hold,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }

@@ -462,3 +462,70 @@ async fn a_sandboxs_events_come_in_pages() {
     let (status, bad) = answer(events("?cursor=x".to_owned())).await;
     assert_eq!(status, 400, "{bad}");
 }
+
+/// Audit finding (HTTP surface, data path): nothing bounded one org's
+/// requests under way on a server, so one token's long-polls, streams and
+/// terminals could hold every connection the server serves. Past its
+/// share an org is answered 429 `quota_exceeded` (`requests_at_once`) at
+/// once, another org is served meanwhile, and the share comes back as its
+/// requests end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_orgs_requests_under_way_are_bounded_and_other_orgs_are_served() {
+    let server = TestServer::start_configured(None, |config| config.org_requests_max = 2).await;
+    let running = running_sandbox(&server, None).await;
+    let http = reqwest::Client::new();
+    let record = format!("{}/v1/sandboxes/{}", server.url, running.sandbox_id);
+    let polls: Vec<_> = (0..2)
+        .map(|_| {
+            let request = http
+                .get(format!("{record}?wait_for=stopped&timeout=8"))
+                .bearer_auth(&running.org_token);
+            tokio::spawn(request.send())
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(8);
+    let refused = loop {
+        let answer = http
+            .get(&record)
+            .bearer_auth(&running.org_token)
+            .send()
+            .await
+            .expect("an answer");
+        if answer.status() == 429 {
+            break answer.json::<Value>().await.expect("an envelope");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a third request was served while two long-polls held the org's share"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(refused["error"]["code"], "quota_exceeded", "{refused}");
+    assert_eq!(
+        refused["error"]["details"]["quota"]["metric"], "requests_at_once",
+        "{refused}"
+    );
+    let other = server.create_org("other").await;
+    let theirs = http
+        .get(format!("{}/v1/sandboxes", server.url))
+        .bearer_auth(&other.token)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(
+        theirs.status(),
+        200,
+        "another org waits on this one's share"
+    );
+    for poll in polls {
+        let answer = poll.await.expect("joined").expect("the long-poll's answer");
+        assert_eq!(answer.status(), 200);
+    }
+    let again = http
+        .get(&record)
+        .bearer_auth(&running.org_token)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(again.status(), 200, "the share came back");
+}
