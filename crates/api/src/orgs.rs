@@ -27,18 +27,21 @@ pub struct CreateOrgResponse {
 /// `POST /v1/admin/runner-tokens` (the body may be left out): what the
 /// runners enrolled with the token may declare when they register, then
 /// and every time after (a restart registers again). A registration that
-/// declares more is refused (400 `invalid_request` naming the field and
-/// what is not allowed). Each field left out allows anything. It bounds
-/// what a runner host an attacker controls can claim: a placement class
-/// or a capability (a shared filesystem's, `home:bounded`…) it lacks, or
-/// the capacity to attract every org's new sandboxes.
+/// declares another placement class or more capacity is refused (400
+/// `invalid_request` naming the field); a capability the profile does not
+/// list is not recorded (the runner is not offered for it). Each field
+/// left out allows anything. It bounds what a runner host an attacker
+/// controls can claim: a placement class or a capability (a shared
+/// filesystem's, `home:bounded`…) it lacks, or the capacity to attract
+/// every org's new sandboxes.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunnerProfile {
     /// The placement classes they may declare (`spot`, `on_demand`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement_classes: Option<Vec<String>>,
-    /// The capabilities they may declare: each one declared must be here.
+    /// The capabilities they may be offered for: others they declare are
+    /// not recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = crate::schema::capabilities)]
     pub capabilities: Option<Vec<String>>,

@@ -171,16 +171,17 @@ pub enum AdminCommand {
     Org(OrgCommand),
     /// Create a token runners register with. `--class`, `--capability`
     /// and `--capacity` bound what the runners it enrols may declare, then
-    /// and at every later registration (a runner declaring more is
-    /// refused, naming it); each left out allows anything.
+    /// and at every later registration (another class or more capacity is
+    /// refused, naming it; an unlisted capability is not recorded); each
+    /// left out allows anything.
     RunnerToken {
         /// A placement class they may declare (`spot`, `on_demand`);
         /// repeat for both.
         #[arg(long = "class", value_name = "CLASS")]
         classes: Vec<String>,
-        /// A capability they may declare, e.g. `storage:durable` or
-        /// `filesystem:team`; repeat for each. Given once, every
-        /// capability a runner declares must be one of these.
+        /// A capability they may be offered for, e.g. `storage:durable` or
+        /// `filesystem:team`; repeat for each. Given once, a capability a
+        /// runner declares that is not listed is not recorded.
         #[arg(long = "capability", value_name = "CAPABILITY")]
         capabilities: Vec<String>,
         /// The most capacity they may declare: `sandboxes=N,memory_mib=M,
@@ -499,11 +500,17 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
             let _ = tokio::signal::ctrl_c().await;
         };
         server::serve(config, shutdown, |started| {
-            println!("roost server listening on {}", started.url);
-            match started.admin_token {
-                Some(token) => println!("admin token (shown once; also in the data dir as admin-token): {token}"),
-                None => println!("admin token: created earlier (admin-token in the data dir of the server that made it)"),
-            }
+            // Written, not printed: a server whose stdout was closed (a
+            // supervisor that reads only its first line) serves on; the
+            // admin token is in the data dir as well.
+            use std::io::Write;
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "roost server listening on {}", started.url);
+            let _ = match started.admin_token {
+                Some(token) => writeln!(out, "admin token (shown once; also in the data dir as admin-token): {token}"),
+                None => writeln!(out, "admin token: created earlier (admin-token in the data dir of the server that made it)"),
+            };
+            let _ = out.flush();
         })
         .await
         .context("server failed")

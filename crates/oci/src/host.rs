@@ -368,18 +368,32 @@ pub fn unescape_mountinfo(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Every mount point at or beneath `dir` (a canonical path), from
+/// `/proc/self/mountinfo`.
+pub fn mounts_beneath(dir: &Path) -> Result<Vec<PathBuf>> {
+    let path = Path::new("/proc/self/mountinfo");
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io("read", path, e))?;
+    Ok(text
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|field| PathBuf::from(unescape_mountinfo(field)))
+        .filter(|mount| mount.starts_with(dir))
+        .collect())
+}
+
 /// Removes the tree at `path` (a file, a symlink or a directory with all
-/// it holds; nothing there is not an error), never following a symlink and
-/// never crossing into another filesystem mounted inside it.
+/// it holds; nothing there is not an error), never following a symlink,
+/// and refused while a filesystem is mounted in it (whose files are not
+/// the tree's: they would be emptied through the mount).
 ///
-/// Through `rm -rf --one-file-system`, not `std::fs::remove_dir_all`: that
-/// recurses one stack frame and one open descriptor per level, and a tree
-/// a sandbox wrote (its root layer, its home) can be tens of thousands of
-/// levels deep (`mkdir a; cd a` in a loop), which overflows a thread's
-/// stack and aborts the whole runner, every org's sandboxes with it.
-/// `rm` walks any depth in bounded memory and descriptors; it also stops
-/// at a mount point where `remove_dir_all` would empty whatever is mounted
-/// there.
+/// Through `rm -rf`, not `std::fs::remove_dir_all`: that recurses one
+/// stack frame and one open descriptor per level, and a tree a sandbox
+/// wrote (its root layer, its home) can be tens of thousands of levels
+/// deep (`mkdir a; cd a` in a loop), which overflows a thread's stack and
+/// aborts the whole runner, every org's sandboxes with it. `rm` walks any
+/// depth in bounded memory and descriptors. (Not `--one-file-system`:
+/// btrfs subvolumes, the homes on a btrfs data dir, look like other
+/// filesystems to it.)
 pub fn remove_tree(path: &Path) -> Result<()> {
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -394,15 +408,21 @@ pub fn remove_tree(path: &Path) -> Result<()> {
         }
         Ok(_) => {}
     }
+    let canonical = std::fs::canonicalize(path).map_err(|e| Error::io("resolve", path, e))?;
+    if let Some(mount) = mounts_beneath(&canonical)?.first() {
+        return Err(Error::io(
+            "remove",
+            path,
+            std::io::Error::other(format!(
+                "{} is mounted inside it: unmount it first",
+                mount.display()
+            )),
+        ));
+    }
     let search_path =
         std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
     let rm = find_binary(&search_path, "rm").unwrap_or_else(|| PathBuf::from("/bin/rm"));
-    let args = [
-        OsStr::new("-rf"),
-        OsStr::new("--one-file-system"),
-        OsStr::new("--"),
-        path.as_os_str(),
-    ];
+    let args = [OsStr::new("-rf"), OsStr::new("--"), path.as_os_str()];
     run_tool(&rm, &args, None).map_err(|failure| {
         let message = format!("`{}` failed: {}", failure.command, failure.said("; "));
         Error::io("remove", path, std::io::Error::other(message))

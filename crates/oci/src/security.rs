@@ -196,8 +196,21 @@ pub(crate) const CLONE_NAMESPACE_FLAGS: &[(&str, u64)] = &[
     ("CLONE_NEWNET", 0x4000_0000),
 ];
 
+/// btrfs `ioctl`s that make a subvolume or a snapshot, refused with
+/// `EPERM`: a subvolume made inside a home is counted apart from the home
+/// (its own quota group), so a workload could write past its home's bound
+/// (`volumes::HomeVolumes::bound`) through one, and fill the runner's homes
+/// volume. `_IOW(0x94, nr, 4096)`: both argument structs are 4 KiB.
+pub(crate) const BTRFS_SUBVOLUME_IOCTLS: &[(&str, u64)] = &[
+    ("BTRFS_IOC_SNAP_CREATE", 0x5000_9401),
+    ("BTRFS_IOC_SUBVOL_CREATE", 0x5000_940e),
+    ("BTRFS_IOC_SNAP_CREATE_V2", 0x5000_9417),
+    ("BTRFS_IOC_SUBVOL_CREATE_V2", 0x5000_9418),
+];
+
 /// The seccomp filter: allow by default, refuse [`DENIED_SYSCALLS`] with
-/// `EPERM`, `clone` with namespace flags with `EPERM` and `clone3` with
+/// `EPERM`, `clone` with namespace flags and the ioctls of
+/// [`BTRFS_SUBVOLUME_IOCTLS`] with `EPERM` and `clone3` with
 /// `ENOSYS`, for every ABI of the host's architecture (a filter that named
 /// only x86-64 would let the same calls through the 32-bit entry points).
 pub fn seccomp() -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
@@ -225,6 +238,22 @@ pub fn seccomp() -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
                         .value(*flag)
                         .value_two(*flag)
                         .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
+                        .build()?,
+                ])
+                .build()?,
+        );
+    }
+    for (_, request) in BTRFS_SUBVOLUME_IOCTLS {
+        syscalls.push(
+            LinuxSyscallBuilder::default()
+                .names(vec!["ioctl".to_owned()])
+                .action(LinuxSeccompAction::ScmpActErrno)
+                .errno_ret(EPERM)
+                .args(vec![
+                    LinuxSeccompArgBuilder::default()
+                        .index(1usize)
+                        .value(*request)
+                        .op(LinuxSeccompOperator::ScmpCmpEq)
                         .build()?,
                 ])
                 .build()?,

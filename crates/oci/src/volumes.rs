@@ -286,15 +286,16 @@ impl HomeVolumes {
     /// limit is of what the home itself references). Deleting files frees
     /// room; truncating or overwriting one may not, at the bound. A home
     /// that already holds more keeps its files and takes no new writes
-    /// until it shrinks. Setting it again replaces the bound.
-    pub fn bound(&self, id: &str, bytes: u64) -> Result<()> {
+    /// until it shrinks. Setting it again replaces the bound; `None` lifts
+    /// it (while the runner itself writes the home: a restore).
+    pub fn bound(&self, id: &str, bytes: Option<u64>) -> Result<()> {
         let home = self.home(id)?;
         let btrfs = match (&self.unbounded_because, &self.btrfs) {
             (None, Some(btrfs)) => btrfs,
             (Some(reason), _) => return Err(Error::Unsupported(reason.clone())),
             (None, None) => return Err(Error::Unsupported("no btrfs here".to_owned())),
         };
-        let bytes = bytes.to_string();
+        let bytes = bytes.map_or_else(|| "none".to_owned(), |b| b.to_string());
         run_tool(
             "bound the home",
             &home,

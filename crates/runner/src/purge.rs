@@ -131,13 +131,5 @@ fn unmount_secrets(root: &Path, purged: &mut Purged) -> Result<(), AgentError> {
 
 /// Every mount point at or beneath `dir`, from `/proc/self/mountinfo`.
 fn mounts_beneath(dir: &Path) -> Result<Vec<PathBuf>, AgentError> {
-    let path = Path::new("/proc/self/mountinfo");
-    let text = std::fs::read_to_string(path).map_err(|e| oci::Error::io("read", path, e))?;
-    let mounts: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(oci::host::unescape_mountinfo(field)))
-        .filter(|mount| mount.starts_with(dir))
-        .collect();
-    Ok(mounts)
+    Ok(oci::host::mounts_beneath(dir)?)
 }

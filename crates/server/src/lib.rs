@@ -198,14 +198,12 @@ pub async fn serve(
         ));
     }
     tokio::spawn(reconcile::run(state.clone()));
-    let slots = connection_slots(config.connections_max);
-    state.metrics.set_connections_max(slots);
     let metrics = state.metrics.clone();
-    let app = http::router(state);
     let limits = ConnectionLimits {
         header_read_timeout: config.header_read_timeout,
-        slots,
+        slots: state.connections.clone(),
     };
+    let app = http::router(state);
     serve_connections(listener, app, limits, metrics, shutdown).await;
     Ok(())
 }
@@ -248,8 +246,8 @@ fn connection_slots(configured: usize) -> usize {
 /// What bounds the connections [`serve_connections`] takes.
 struct ConnectionLimits {
     header_read_timeout: Duration,
-    /// Served at once.
-    slots: usize,
+    /// Served at once (`AppStateParts::connections`).
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// The most a request's head (its line and headers) may take in the read
@@ -293,17 +291,21 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
     let db = db::Db::connect(&database_url).await?;
     db.migrate().await?;
     let org_requests_max = config.org_requests_max;
+    let connections = connection_slots(config.connections_max);
+    let metrics = Arc::new(metrics::Metrics::default());
+    metrics.set_connections_max(connections);
     Ok(control::AppState::new(control::AppStateParts {
         db,
         store,
         config: Arc::new(config),
-        metrics: Arc::new(metrics::Metrics::default()),
+        metrics,
         secret_key,
         renewals: Arc::default(),
         assignment_reads: tokio::sync::Semaphore::new(control::ASSIGNMENT_READS_AT_ONCE),
         runner_reads: Default::default(),
         save_turns: Default::default(),
-        org_requests: Arc::new(http::org_share::OrgRequests::new(org_requests_max)),
+        org_requests: Arc::new(control::org_share::OrgRequests::new(org_requests_max)),
+        connections: Arc::new(tokio::sync::Semaphore::new(connections)),
     }))
 }
 
@@ -351,7 +353,7 @@ async fn serve_connections(
     // it ends: past the cap, new connections wait in the kernel's backlog
     // (and idle ones end at the header-read timeout), never taking the
     // file descriptors the server needs for its own work.
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.slots));
+    let slots = limits.slots;
     tokio::pin!(shutdown);
     loop {
         let slot = tokio::select! {

@@ -455,6 +455,53 @@ fn a_server_killed_under_load_leaves_the_kept_counts_exact() {
     drop(org_token);
 }
 
+/// A server whose stdout is closed before it prints its start-up lines (a
+/// supervisor that reads only the first, or none) serves on: printing
+/// to a closed pipe panicked and ended it.
+#[test]
+fn a_server_whose_stdout_is_closed_serves_on() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(BIN)
+        .args([
+            "server",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(data.path())
+        .env("ROOST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    drop(child.stdout.take());
+    let url = format!("http://127.0.0.1:{port}/healthz");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let served = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the server ended: {status}");
+        }
+        let answer = runtime.block_on(reqwest::get(&url));
+        if answer.is_ok_and(|a| a.status().is_success()) {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(served, "the server never answered");
+}
+
 /// `GET /v1/whoami` with `token`: its status.
 fn whoami_status(server_url: &str, token: &str) -> u16 {
     let runtime = tokio::runtime::Builder::new_current_thread()

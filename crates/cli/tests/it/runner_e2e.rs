@@ -445,6 +445,16 @@ async fn a_bounded_home_takes_no_write_past_its_bound() {
         "rm /workspace/big && dd if=/dev/zero of=/workspace/small bs=1M count=16 conv=fsync",
     )
     .await;
+    // No way around the bound through a subvolume of its own (counted
+    // apart from the home): refused.
+    let (made, _, stderr) = exec(
+        &api,
+        &sid,
+        json!({"argv": ["btrfs", "subvolume", "create", "/workspace/sub"]}),
+    )
+    .await;
+    assert_ne!(made["exit_code"], 0, "a subvolume was made: {made}");
+    assert!(stderr.contains("Operation not permitted"), "{stderr}");
     // An upload past the bound: 507, and nothing under the final name.
     let upload = crate::files::send(
         &api,

@@ -386,7 +386,7 @@ fn a_bounded_home_takes_no_write_past_its_bound_and_deleting_frees_room() {
         "the image's quota groups are on"
     );
     let home = volumes.create("sbx-bound").expect("create home");
-    volumes.bound("sbx-bound", 16 << 20).expect("bound");
+    volumes.bound("sbx-bound", Some(16 << 20)).expect("bound");
 
     let edquot = Some(rustix::io::Errno::DQUOT.raw_os_error());
     let (written, stopped) = write_up_to(&home.join("big"), 64 << 20);
@@ -403,7 +403,9 @@ fn a_bounded_home_takes_no_write_past_its_bound_and_deleting_frees_room() {
     assert_eq!(again, 8 << 20);
 
     // The bound is replaced, not added to.
-    volumes.bound("sbx-bound", 64 << 20).expect("bound again");
+    volumes
+        .bound("sbx-bound", Some(64 << 20))
+        .expect("bound again");
     let (more, stopped) = write_up_to(&home.join("more"), 32 << 20);
     assert!(stopped.is_none(), "{stopped:?}");
     assert_eq!(more, 32 << 20);
@@ -425,7 +427,7 @@ fn a_plain_home_cannot_be_bounded_and_says_why() {
         .expect("plain homes cannot be bounded");
     assert!(reason.contains("plain directories"), "{reason}");
     volumes.create("sbx-plain").expect("create home");
-    match volumes.bound("sbx-plain", 16 << 20) {
+    match volumes.bound("sbx-plain", Some(16 << 20)) {
         Err(Error::Unsupported(message)) => assert_eq!(message, reason),
         other => panic!("a bound on a plain home: {other:?}"),
     }

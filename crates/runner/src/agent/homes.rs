@@ -403,6 +403,14 @@ impl Homes {
         sandbox: &SandboxAssignment,
         last_launched: Option<u64>,
     ) -> std::result::Result<(PathBuf, Option<WakeReport>), NotReady> {
+        // A home bounded by an earlier launch is unbounded while it is
+        // made the record's tree again (a restore writes each changed file
+        // beside the old one), then bounded again below.
+        let bounded_before = sandbox.resources.home_mib.is_some()
+            && self.volumes.home(&sandbox.sandbox_id)?.is_dir();
+        if bounded_before {
+            self.volumes.bound(&sandbox.sandbox_id, None)?;
+        }
         let prepared = self.prepare_tree(control, sandbox, last_launched).await?;
         if let Some(mib) = sandbox.resources.home_mib {
             let id = sandbox.sandbox_id.clone();
@@ -415,7 +423,7 @@ impl Homes {
                 .into());
             }
             // One short tool run, as the home's `create` above.
-            self.volumes.bound(&id, mib.saturating_mul(1 << 20))?;
+            self.volumes.bound(&id, Some(mib.saturating_mul(1 << 20)))?;
         }
         Ok(prepared)
     }

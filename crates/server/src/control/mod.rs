@@ -34,6 +34,7 @@ pub mod home_store;
 pub mod idle;
 pub mod images;
 pub mod kept;
+pub mod org_share;
 pub mod orgs;
 pub mod placement;
 pub mod renewals;
@@ -94,7 +95,12 @@ pub struct AppStateParts {
     pub save_turns: saves::SaveTurns,
     /// Each org's requests under way on this server, bounded
     /// (`http::org_share`).
-    pub org_requests: Arc<crate::http::org_share::OrgRequests>,
+    pub org_requests: Arc<org_share::OrgRequests>,
+    /// The connections this server serves at once: a connection holds a
+    /// permit from before its `accept` to its end, and an attached
+    /// terminal (whose connection hyper hands over at the upgrade) holds
+    /// one for its life (`Config::connections_max`).
+    pub connections: Arc<tokio::sync::Semaphore>,
 }
 
 /// A turn per runner id, made when first asked for and gone when no one

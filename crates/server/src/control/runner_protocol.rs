@@ -75,12 +75,16 @@ pub fn validate_profile(profile: &api::orgs::RunnerProfile) -> Result<(), Contro
     Ok(())
 }
 
-/// Refuses a registration that declares more than `profile` allows,
-/// naming the field and what is not allowed.
+/// Refuses a registration that declares a placement class or a capacity
+/// `profile` does not allow, naming the field and what is not allowed; and
+/// keeps, of what it declares it can do, only the capabilities `profile`
+/// allows (a host gains some as it changes, overlayfs loaded or a release
+/// that adds one: refusing would take its runner and sandboxes away; it
+/// is just not offered for them). The capabilities to record.
 fn within_profile(
     profile: &api::orgs::RunnerProfile,
     request: &RegisterRequest,
-) -> Result<(), ControlError> {
+) -> Result<Vec<String>, ControlError> {
     let refused = |field: &str, what: String| {
         limits::invalid(
             field,
@@ -95,16 +99,18 @@ fn within_profile(
             format!("{:?}", request.placement_class),
         ));
     }
+    let mut capabilities = request.capabilities.clone();
     if let Some(allowed) = &profile.capabilities {
-        let extra: Vec<&str> = request
-            .capabilities
-            .iter()
-            .filter(|c| !allowed.contains(c))
-            .map(String::as_str)
-            .collect();
-        if !extra.is_empty() {
-            return Err(refused("capabilities", extra.join(", ")));
+        let (kept, dropped): (Vec<String>, Vec<String>) =
+            capabilities.into_iter().partition(|c| allowed.contains(c));
+        if !dropped.is_empty() {
+            tracing::warn!(
+                name = %request.name,
+                dropped = %dropped.join(", "),
+                "a runner declared capabilities its enrolment token does not allow: not offered"
+            );
         }
+        capabilities = kept;
     }
     if let Some(max) = &profile.capacity {
         let declared = &request.capacity;
@@ -121,7 +127,7 @@ fn within_profile(
             ));
         }
     }
-    Ok(())
+    Ok(capabilities)
 }
 
 /// The profile of `registrant` (see [`Registrant::Enrolment`]); a runner
@@ -184,7 +190,17 @@ pub async fn register(
     }
     check_data_path(request)?;
     let profile = profile_of(state, registrant).await?;
-    within_profile(&profile, request)?;
+    let allowed = within_profile(&profile, request)?;
+    let within;
+    let request = if allowed == request.capabilities {
+        request
+    } else {
+        within = RegisterRequest {
+            capabilities: allowed,
+            ..request.clone()
+        };
+        &within
+    };
     let now = now_ms();
     let lease_ms = state.config.lease_ttl.as_millis() as i64;
     // Before the transaction: a write that gives the new runner anything

@@ -327,9 +327,18 @@ pub async fn attach(
 ) -> Result<Response, ControlError> {
     // Kept to check again while the session lasts (`still_speaks_for`).
     let token = super::bearer_token(&headers).unwrap_or_default().to_owned();
-    // The session holds a place in its org's share for as long as it
-    // lasts (the upgrade's own request ends with its 101).
+    // The session holds a place in its org's share, and one of the
+    // server's connections, for as long as it lasts: hyper hands the
+    // connection over at the upgrade and forgets it.
     let place = state.org_requests.take(&org_id)?;
+    let connection = state.connections.clone().try_acquire_owned().map_err(|_| {
+        ControlError::new(
+            api::ErrorCode::Unavailable,
+            "this server serves as many connections as it may: attach again shortly",
+        )
+        .with_retry_after(1)
+    })?;
+    let open = crate::metrics::OpenConnection::new(state.metrics.clone());
     // Refused before the upgrade: an offset out of bounds (400), another
     // org's command (404).
     let offset = limits::output_offset(query.offset)?;
@@ -348,7 +357,7 @@ pub async fn attach(
             token,
             sandbox_id,
             id,
-            _place: place,
+            _held: (place, connection, open),
         };
         session.run(offset, socket).await;
     }))
@@ -368,17 +377,28 @@ struct AttachSession {
     token: String,
     sandbox_id: String,
     id: String,
-    _place: super::org_share::OrgPlace,
+    /// Its org's place, its connection's permit and its count as open.
+    _held: (
+        crate::control::org_share::OrgPlace,
+        tokio::sync::OwnedSemaphorePermit,
+        crate::metrics::OpenConnection,
+    ),
 }
 
 impl AttachSession {
     /// Whether the session's token still speaks for its org (a revoke
     /// reaches every server within the token cache's time).
+    /// Only a definite answer ends it: a database out of reach for a
+    /// moment (`Err`) is not a revoke.
     async fn still_speaks_for_org(&self) -> bool {
-        matches!(
-            crate::auth::authenticate(&self.state.db, &self.token).await,
-            Ok(Some(crate::auth::Principal::Org { org_id })) if org_id == self.org_id
-        )
+        match crate::auth::authenticate(&self.state.db, &self.token).await {
+            Ok(Some(crate::auth::Principal::Org { org_id })) => org_id == self.org_id,
+            Ok(_) => false,
+            Err(err) => {
+                tracing::debug!(%err, "attach: the token could not be checked now");
+                true
+            }
+        }
     }
 
     async fn run(self, offset: i64, socket: axum::extract::ws::WebSocket) {
@@ -448,8 +468,11 @@ impl AttachSession {
                         "exit_code": command.exit_code,
                         "signal": command.signal,
                     });
-                    let _ = sink.send(Message::Text(exit.to_string().into())).await;
-                    let _ = sink.close().await;
+                    let goodbye = async {
+                        let _ = sink.send(Message::Text(exit.to_string().into())).await;
+                        let _ = sink.close().await;
+                    };
+                    let _ = tokio::time::timeout(ATTACH_SEND_STALL, goodbye).await;
                     return Ok::<(), ControlError>(());
                 }
             }

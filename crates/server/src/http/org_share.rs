@@ -1,14 +1,5 @@
-//! One org's share of what a server serves at once. A request holds a
-//! connection (and, streaming, a relay to a runner) for as long as it
-//! lasts: a long-poll up to 25 s, a download or an upload as long as its
-//! client reads or writes, an attached terminal for days. Without a share,
-//! one org's token could hold every connection the server serves at once
-//! (`Config::connections_max`) and every other org would wait. Each org
-//! holds at most [`crate::Config::org_requests_max`] requests at once on a
-//! server; past it, 429 `quota_exceeded` (metric `requests_at_once`).
-
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+//! Takes each request's place in its org's share
+//! (`control::org_share`) for as long as the request lasts.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -18,106 +9,48 @@ use futures::StreamExt;
 
 use crate::auth::{self, Principal};
 use crate::control::AppState;
-use crate::error::ControlError;
-use api::ErrorCode;
 
-/// How many requests each org has under way on this server.
-pub struct OrgRequests {
-    max: usize,
-    counts: Mutex<HashMap<String, usize>>,
-}
-
-/// One request's place in its org's share, given back when dropped.
-pub struct OrgPlace {
-    requests: Arc<OrgRequests>,
-    org_id: String,
-}
-
-impl OrgRequests {
-    pub fn new(max: usize) -> OrgRequests {
-        OrgRequests {
-            max,
-            counts: Mutex::default(),
+/// Every token a request carries as an org could: a bearer token, E2B's
+/// `X-API-KEY` and `X-Access-Token` (each handler reads them in its own
+/// order, so all are counted).
+fn carried_tokens(headers: &axum::http::HeaderMap) -> Vec<&str> {
+    let mut tokens: Vec<&str> = super::bearer_token(headers).into_iter().collect();
+    for name in ["x-api-key", "x-access-token"] {
+        if let Some(token) = headers.get(name).and_then(|v| v.to_str().ok()) {
+            tokens.push(token.trim());
         }
     }
-
-    /// A place for one more of `org_id`'s requests, or the refusal.
-    pub fn take(self: &Arc<Self>, org_id: &str) -> Result<OrgPlace, ControlError> {
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let count = counts.entry(org_id.to_owned()).or_insert(0);
-        if *count >= self.max {
-            let current = *count as i64;
-            return Err(ControlError::new(
-                ErrorCode::QuotaExceeded,
-                format!(
-                    "quota requests_at_once reached ({current} of {}): this org's requests under way on this server",
-                    self.max
-                ),
-            )
-            .with_details(serde_json::json!({
-                "quota": { "metric": "requests_at_once", "limit": self.max, "current": current }
-            }))
-            .with_retry_after(1));
-        }
-        *count += 1;
-        Ok(OrgPlace {
-            requests: self.clone(),
-            org_id: org_id.to_owned(),
-        })
-    }
-
-    /// What `org_id` has under way now.
-    pub fn under_way(&self, org_id: &str) -> usize {
-        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        counts.get(org_id).copied().unwrap_or(0)
-    }
+    tokens
 }
 
-impl Drop for OrgPlace {
-    fn drop(&mut self) {
-        let mut counts = self
-            .requests
-            .counts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(count) = counts.get_mut(&self.org_id) {
-            *count -= 1;
-            if *count == 0 {
-                counts.remove(&self.org_id);
-            }
-        }
-    }
-}
-
-/// The token a request carries as an org would: a bearer token, or E2B's
-/// `X-API-KEY` / `X-Access-Token`.
-fn carried_token(headers: &axum::http::HeaderMap) -> Option<&str> {
-    super::bearer_token(headers).or_else(|| {
-        ["x-api-key", "x-access-token"]
-            .iter()
-            .find_map(|name| headers.get(*name)?.to_str().ok())
-    })
-}
-
-/// Takes a place in the caller's org's share for the whole request, its
-/// answer's body included (a download holds it while it streams). Requests
-/// of no org (runners, the admin, unauthenticated ones) take none; a
-/// token's lookup is the cached one every handler makes again.
+/// Takes a place in the share of every org whose token the request
+/// carries, for the whole request, its answer's body included (a download
+/// holds it while it streams). Requests of no org (runners, the admin,
+/// unauthenticated ones) take none; a token's lookup is the cached one
+/// every handler makes again. A WebSocket upgrade takes none here: the
+/// session takes its own, for its life (`commands::attach`).
 pub async fn hold(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let org_id = match carried_token(request.headers()) {
-        Some(token) => match auth::authenticate(&state.db, token).await {
-            Ok(Some(Principal::Org { org_id })) => Some(org_id),
-            _ => None,
-        },
-        None => None,
-    };
-    let Some(org_id) = org_id else {
+    if request.headers().contains_key(axum::http::header::UPGRADE) {
         return next.run(request).await;
-    };
-    let place = match state.org_requests.take(&org_id) {
-        Ok(place) => place,
-        Err(refused) => return refused.into_response(),
-    };
+    }
+    let mut orgs: Vec<String> = Vec::new();
+    for token in carried_tokens(request.headers()) {
+        if let Ok(Some(Principal::Org { org_id })) = auth::authenticate(&state.db, token).await
+            && !orgs.contains(&org_id)
+        {
+            orgs.push(org_id);
+        }
+    }
+    if orgs.is_empty() {
+        return next.run(request).await;
+    }
+    let mut place = Vec::with_capacity(orgs.len());
+    for org_id in &orgs {
+        match state.org_requests.take(org_id) {
+            Ok(taken) => place.push(taken),
+            Err(refused) => return refused.into_response(),
+        }
+    }
     let response = next.run(request).await;
     // An answer already whole (its size known) goes as it is, framed with
     // its length; a streamed one holds the place until its last byte.
@@ -133,31 +66,4 @@ pub async fn hold(State(state): State<AppState>, request: Request, next: Next) -
             chunk
         }))
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_org_holds_at_most_its_share_and_gets_it_back() {
-        let requests = Arc::new(OrgRequests::new(3));
-        let mut held: Vec<OrgPlace> = (0..3)
-            .map(|_| requests.take("greedy").expect("a place"))
-            .collect();
-        let refused = requests.take("greedy").err().expect("refused");
-        assert_eq!(refused.code, ErrorCode::QuotaExceeded);
-        assert!(
-            refused.message.contains("requests_at_once"),
-            "{}",
-            refused.message
-        );
-        let other = requests.take("other").expect("another org is served");
-        held.pop();
-        held.push(requests.take("greedy").expect("a place given back"));
-        drop(held);
-        drop(other);
-        assert_eq!(requests.under_way("greedy"), 0);
-        assert!(requests.counts.lock().expect("counts").is_empty());
-    }
 }

@@ -925,12 +925,13 @@ fn refused_with<T: std::fmt::Debug>(answer: Result<T, ClientError>, code: ErrorC
     }
 }
 
-/// A runner token an administrator made with a profile enrols runners
-/// that declare at most what it allows: a placement class, capabilities
-/// (a shared filesystem the host lacks, say) or capacity beyond it are
-/// refused, naming what, at enrolment and at every later registration
-/// with the runner's own credential; nothing is enrolled or changed. A
-/// token made without one allows anything, as before.
+/// A runner token an administrator made with a profile bounds what the
+/// runners it enrols declare: a placement class or a capacity beyond it is
+/// refused, naming what, at enrolment and at every later registration with
+/// the runner's own credential, and nothing is enrolled or changed; a
+/// capability beyond it (a shared filesystem the host lacks, say) is not
+/// recorded, so nothing is placed there for it. A token made without one
+/// allows anything, as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_declares_no_more_than_its_enrolment_token_allows() {
     let server = TestServer::start().await;
@@ -955,17 +956,12 @@ async fn a_runner_declares_no_more_than_its_enrolment_token_allows() {
 
     let mut on_demand = within();
     on_demand.placement_class = "on_demand".to_owned();
-    let mut more_capabilities = within();
-    more_capabilities
-        .capabilities
-        .push("filesystem:team".to_owned());
     let mut more_capacity = within();
     more_capacity.capacity.sandboxes = 9;
     let mut more_cpus = within();
     more_cpus.capacity.cpus = 64.5;
     for (request, named) in [
         (on_demand, "placement_class"),
-        (more_capabilities, "filesystem:team"),
         (more_capacity, "capacity.sandboxes"),
         (more_cpus, "capacity.cpus"),
     ] {
@@ -981,35 +977,44 @@ async fn a_runner_declares_no_more_than_its_enrolment_token_allows() {
         "a refused registration enrolled {runners:?}"
     );
 
-    // Within the profile: enrolled; its own credential keeps the profile.
+    // Within the profile: enrolled, with only the capabilities it allows;
+    // its own credential keeps the profile.
+    let mut claims_more = within();
+    claims_more.capabilities.push("filesystem:team".to_owned());
     let registered = enrolment
-        .runner_register(&within())
+        .runner_register(&claims_more)
         .await
         .expect("a registration within the profile");
+    let offered = |records: &[api::runners::RunnerRecord]| records[0].capabilities.clone();
+    let records = server.admin.admin_runners().await.expect("runners");
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        offered(&records),
+        ["image:default", "network:none", "storage:standard"],
+        "a capability the profile does not allow was recorded"
+    );
     let credential = registered.runner_token.expect("a credential");
     let runner = Client::new(&server.url, &credential);
     let mut again = within();
     again.runner_id = Some(registered.runner_id.clone());
-    again.capabilities.push("storage:durable".to_owned());
+    again.placement_class = "on_demand".to_owned();
     let message = refused_with(
         runner.runner_register(&again).await,
         ErrorCode::InvalidRequest,
     );
-    assert!(message.contains("storage:durable"), "{message}");
-    let records = server.admin.admin_runners().await.expect("runners");
-    assert_eq!(records.len(), 1);
-    assert!(
-        !records[0]
-            .capabilities
-            .contains(&"storage:durable".to_owned()),
-        "a refused registration changed the record: {records:?}"
-    );
-    again.capabilities.pop();
+    assert!(message.contains("placement_class"), "{message}");
+    again.placement_class = "spot".to_owned();
+    again.capabilities.push("storage:durable".to_owned());
     again.capacity.sandboxes = 4;
     runner
         .runner_register(&again)
         .await
         .expect("registering again within the profile");
+    let records = server.admin.admin_runners().await.expect("runners");
+    assert!(
+        !offered(&records).contains(&"storage:durable".to_owned()),
+        "its own credential registered past the profile: {records:?}"
+    );
 
     // A token without a profile: anything, as before.
     let open = runner_token(&server).await;
