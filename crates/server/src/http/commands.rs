@@ -323,14 +323,18 @@ pub async fn attach(
     Path((sandbox_id, id)): Path<(String, String)>,
     Query(query): Query<AttachQuery>,
     headers: axum::http::HeaderMap,
+    held: Option<axum::Extension<super::org_share::HeldPlaces>>,
     upgrade: axum::extract::ws::WebSocketUpgrade,
 ) -> Result<Response, ControlError> {
     // Kept to check again while the session lasts (`still_speaks_for`).
     let token = super::bearer_token(&headers).unwrap_or_default().to_owned();
-    // The session holds a place in its org's share, and one of the
-    // server's connections, for as long as it lasts: hyper hands the
-    // connection over at the upgrade and forgets it.
-    let place = state.org_requests.take(&org_id)?;
+    // The session holds its request's place in its org's share, and one
+    // of the server's connections, for as long as it lasts: hyper hands
+    // the connection over at the upgrade and forgets it.
+    let place = match held {
+        Some(axum::Extension(held)) => held.take(),
+        None => vec![state.org_requests.take(&org_id)?],
+    };
     let connection = state.connections.clone().try_acquire_owned().map_err(|_| {
         ControlError::new(
             api::ErrorCode::Unavailable,
@@ -379,7 +383,7 @@ struct AttachSession {
     id: String,
     /// Its org's place, its connection's permit and its count as open.
     _held: (
-        crate::control::org_share::OrgPlace,
+        Vec<crate::control::org_share::OrgPlace>,
         tokio::sync::OwnedSemaphorePermit,
         crate::metrics::OpenConnection,
     ),

@@ -9,6 +9,20 @@ use futures::StreamExt;
 
 use crate::auth::{self, Principal};
 use crate::control::AppState;
+use crate::control::org_share::OrgPlace;
+
+/// The places a request holds, put in its extensions: a handler whose
+/// work outlives the request (an attached terminal, after its 101) takes
+/// them for its own life; otherwise they go with the answer.
+#[derive(Clone, Default)]
+pub struct HeldPlaces(std::sync::Arc<std::sync::Mutex<Vec<OrgPlace>>>);
+
+impl HeldPlaces {
+    /// The places, moved out (none if taken already).
+    pub fn take(&self) -> Vec<OrgPlace> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
 
 /// Every token a request carries as an org could: a bearer token, E2B's
 /// `X-API-KEY` and `X-Access-Token` (each handler reads them in its own
@@ -27,12 +41,9 @@ fn carried_tokens(headers: &axum::http::HeaderMap) -> Vec<&str> {
 /// carries, for the whole request, its answer's body included (a download
 /// holds it while it streams). Requests of no org (runners, the admin,
 /// unauthenticated ones) take none; a token's lookup is the cached one
-/// every handler makes again. A WebSocket upgrade takes none here: the
-/// session takes its own, for its life (`commands::attach`).
-pub async fn hold(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    if request.headers().contains_key(axum::http::header::UPGRADE) {
-        return next.run(request).await;
-    }
+/// every handler makes again. The places are in the request's
+/// extensions ([`HeldPlaces`]) for a handler that outlives it.
+pub async fn hold(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let mut orgs: Vec<String> = Vec::new();
     for token in carried_tokens(request.headers()) {
         if let Ok(Some(Principal::Org { org_id })) = auth::authenticate(&state.db, token).await
@@ -44,13 +55,15 @@ pub async fn hold(State(state): State<AppState>, request: Request, next: Next) -
     if orgs.is_empty() {
         return next.run(request).await;
     }
-    let mut place = Vec::with_capacity(orgs.len());
+    let mut places = Vec::with_capacity(orgs.len());
     for org_id in &orgs {
         match state.org_requests.take(org_id) {
-            Ok(taken) => place.push(taken),
+            Ok(taken) => places.push(taken),
             Err(refused) => return refused.into_response(),
         }
     }
+    let place = HeldPlaces(std::sync::Arc::new(std::sync::Mutex::new(places)));
+    request.extensions_mut().insert(place.clone());
     let response = next.run(request).await;
     // An answer already whole (its size known) goes as it is, framed with
     // its length; a streamed one holds the place until its last byte.

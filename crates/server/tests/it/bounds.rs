@@ -505,6 +505,17 @@ async fn one_orgs_requests_under_way_are_bounded_and_other_orgs_are_served() {
         refused["error"]["details"]["quota"]["metric"], "requests_at_once",
         "{refused}"
     );
+    // No header takes a request out of its org's share: an `Upgrade`
+    // (only an attach's is one) is counted as any other.
+    let upgrade = http
+        .get(&record)
+        .bearer_auth(&running.org_token)
+        .header("upgrade", "h2c")
+        .header("connection", "upgrade")
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(upgrade.status(), 429, "an Upgrade header skipped the share");
     let other = server.create_org("other").await;
     let theirs = http
         .get(format!("{}/v1/sandboxes", server.url))
