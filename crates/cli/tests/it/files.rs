@@ -725,3 +725,61 @@ async fn hostile_paths_other_orgs_stopped_sandboxes_and_forged_tokens_are_refuse
     assert!(String::from_utf8_lossy(&refused.stderr).contains("not running"));
     stack.runner.assert_no_errors();
 }
+
+/// Audit finding (data path): a range of no byte (`length=0`: no server
+/// asks one, a token captured on the server↔runner network could) made
+/// the runner's `Content-Range` underflow. It is 416 at the runner, and a
+/// real range still answers its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_of_no_byte_at_the_runner_is_unsatisfiable() {
+    use sqlx::Connection;
+    let stack = Stack::start_full(&[], &[]).await;
+    let sandbox = stack.running_sandbox(json!({})).await;
+    let sid = sandbox["id"].as_str().expect("id").to_owned();
+    let api = stack.api().clone();
+    sh(&api, &sid, "printf hello > /workspace/f").await;
+    // The runner's own key, as the server keeps it.
+    let db = stack.plane._tmp.path().join("data").join("roost.db");
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .expect("open the records");
+    let (key,): (String,) = sqlx::query_as("SELECT data_key FROM runners WHERE id = $1")
+        .bind(&stack.runner.runner_id)
+        .fetch_one(&mut conn)
+        .await
+        .expect("the runner's data key");
+    let key = api::data_path::parse_key(&key).expect("a key");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_millis() as u64;
+    let token = api::data_path::mint(
+        &key,
+        &api::data_path::DataClaims {
+            sandbox_id: sid.clone(),
+            epoch: sandbox["epoch"].as_u64().expect("epoch"),
+            op: api::files::ops::READ.to_owned(),
+            command_id: None,
+            subject: None,
+            org_id: None,
+            expires_unix_ms: now + 30_000,
+        },
+    );
+    let runner = format!("{}/v1/data/sandboxes/{sid}/files", data_url(&stack.runner));
+    let http = reqwest::Client::new();
+    let read = |range: &'static str| {
+        http.get(format!("{runner}?path=/workspace/f&{range}"))
+            .bearer_auth(&token)
+            .send()
+    };
+    let none = read("offset=1&length=0").await.expect("an answer");
+    assert_eq!(none.status(), 416);
+    let some = read("offset=1&length=3").await.expect("an answer");
+    assert_eq!(some.status(), 206);
+    assert_eq!(
+        some.headers()["content-range"].to_str().expect("text"),
+        "bytes 1-3/5"
+    );
+    assert_eq!(some.text().await.expect("body"), "ell");
+    stack.runner.assert_no_errors();
+}
