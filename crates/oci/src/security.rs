@@ -227,37 +227,21 @@ pub fn seccomp() -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
             .build()?,
     );
     for (_, flag) in CLONE_NAMESPACE_FLAGS {
-        syscalls.push(
-            LinuxSyscallBuilder::default()
-                .names(vec!["clone".to_owned()])
-                .action(LinuxSeccompAction::ScmpActErrno)
-                .errno_ret(EPERM)
-                .args(vec![
-                    LinuxSeccompArgBuilder::default()
-                        .index(0usize)
-                        .value(*flag)
-                        .value_two(*flag)
-                        .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
-                        .build()?,
-                ])
-                .build()?,
-        );
+        let arg = LinuxSeccompArgBuilder::default()
+            .index(0usize)
+            .value(*flag)
+            .value_two(*flag)
+            .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
+            .build()?;
+        syscalls.push(refused_with_arg("clone", arg)?);
     }
     for (_, request) in BTRFS_SUBVOLUME_IOCTLS {
-        syscalls.push(
-            LinuxSyscallBuilder::default()
-                .names(vec!["ioctl".to_owned()])
-                .action(LinuxSeccompAction::ScmpActErrno)
-                .errno_ret(EPERM)
-                .args(vec![
-                    LinuxSeccompArgBuilder::default()
-                        .index(1usize)
-                        .value(*request)
-                        .op(LinuxSeccompOperator::ScmpCmpEq)
-                        .build()?,
-                ])
-                .build()?,
-        );
+        let arg = LinuxSeccompArgBuilder::default()
+            .index(1usize)
+            .value(*request)
+            .op(LinuxSeccompOperator::ScmpCmpEq)
+            .build()?;
+        syscalls.push(refused_with_arg("ioctl", arg)?);
     }
     syscalls.push(
         LinuxSyscallBuilder::default()
@@ -279,6 +263,19 @@ pub fn seccomp() -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
         builder = builder.architectures(architectures);
     }
     builder.build()
+}
+
+/// A rule refusing `name` with `EPERM` when its argument matches `arg`.
+fn refused_with_arg(
+    name: &str,
+    arg: oci_spec::runtime::LinuxSeccompArg,
+) -> Result<LinuxSyscall, oci_spec::OciSpecError> {
+    LinuxSyscallBuilder::default()
+        .names(vec![name.to_owned()])
+        .action(LinuxSeccompAction::ScmpActErrno)
+        .errno_ret(EPERM)
+        .args(vec![arg])
+        .build()
 }
 
 #[cfg(test)]

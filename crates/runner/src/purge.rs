@@ -89,7 +89,7 @@ pub async fn purge(
         }
     }
     // Deepest first: a mount beneath another goes before it.
-    let mut mounts = mounts_beneath(data.root())?;
+    let mut mounts = oci::host::mounts_beneath(data.root())?;
     mounts.sort_by_key(|path| std::cmp::Reverse(path.components().count()));
     for mount in mounts {
         // Detached lazily: a loop device goes once nothing holds it. One
@@ -127,9 +127,4 @@ fn unmount_secrets(root: &Path, purged: &mut Purged) -> Result<(), AgentError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(oci::Error::io("remove", root, e).into()),
     }
-}
-
-/// Every mount point at or beneath `dir`, from `/proc/self/mountinfo`.
-fn mounts_beneath(dir: &Path) -> Result<Vec<PathBuf>, AgentError> {
-    Ok(oci::host::mounts_beneath(dir)?)
 }
