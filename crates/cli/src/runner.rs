@@ -56,6 +56,14 @@ pub struct RunnerArgs {
     /// running homes can be snapshotted for saves. E.g. `256GiB`.
     #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = crate::sandbox::parse_mib)]
     homes_image_size: u64,
+    /// The most each sandbox's root file system may take on this host
+    /// beyond its image (what it writes outside `/workspace`, `/tmp` and
+    /// `/run`: installed packages, `/var`, `/opt`): a write past it fails
+    /// in the sandbox with "Disk quota exceeded". Enforced where the homes'
+    /// volume is btrfs with quota groups on (the runner's own image is);
+    /// `none`: only the volume's free space bounds it.
+    #[arg(long, value_name = "SIZE|none", default_value = "10GiB", value_parser = parse_disk_max)]
+    sandbox_disk_max: DiskMax,
     /// The cgroup every sandbox's cgroup goes under. One runner per host
     /// needs no other; several runners on one machine (tests, demos) each
     /// need their own, since a sandbox's cgroup is named after it.
@@ -171,6 +179,10 @@ pub fn run(args: RunnerArgs) -> Result<ExitCode> {
             host::parse_capacity(&capacity, config.capacity).map_err(anyhow::Error::msg)?;
     }
     config.homes_image_bytes = args.homes_image_size.saturating_mul(1 << 20);
+    config.sandbox_disk_bytes = args
+        .sandbox_disk_max
+        .0
+        .map(|mib| mib.saturating_mul(1 << 20));
     config.cgroup_parent = args.cgroup_parent;
     for declared in &args.filesystems {
         let Some((id, path)) = declared.split_once('=') else {
@@ -220,4 +232,15 @@ pub fn run(args: RunnerArgs) -> Result<ExitCode> {
 /// `roost init [-- WORKLOAD…]`: PID 1 of a sandbox.
 pub fn run_init(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
     runner::init::run_from_args(args)
+}
+
+/// `--sandbox-disk-max`: MiB, or `None` for `none`.
+#[derive(Clone, Copy, Debug)]
+struct DiskMax(Option<u64>);
+
+fn parse_disk_max(text: &str) -> Result<DiskMax, String> {
+    if text.trim().eq_ignore_ascii_case("none") {
+        return Ok(DiskMax(None));
+    }
+    crate::sandbox::parse_mib(text).map(|mib| DiskMax(Some(mib)))
 }

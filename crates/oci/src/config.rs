@@ -171,9 +171,17 @@ pub enum RootImage {
 ///               resolv.conf (`bridge`) and per-command scratch files;
 ///               rebuilt at every create and removed by delete
 /// ```
+///
+/// The writable layer (`rootfs/`, or `upper/` and `work/` with an
+/// imported image) is under LAYER, which is DIR unless the runner puts it
+/// elsewhere ([`SandboxPaths::with_layer`]): a btrfs subvolume of its own
+/// with a quota, so that what a sandbox writes outside its home is
+/// bounded (`runner::agent::homes`). Everything else stays in DIR, where a
+/// full layer cannot keep the runner from writing its own files.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SandboxPaths {
     dir: PathBuf,
+    layer: PathBuf,
 }
 
 impl SandboxPaths {
@@ -185,21 +193,45 @@ impl SandboxPaths {
                 dir.display()
             )));
         }
-        Ok(SandboxPaths { dir })
+        Ok(SandboxPaths {
+            layer: dir.clone(),
+            dir,
+        })
+    }
+
+    /// The same paths with the writable layer under `layer` (absolute).
+    pub fn with_layer(self, layer: impl Into<PathBuf>) -> Result<Self> {
+        let layer = layer.into();
+        if !layer.is_absolute() {
+            return Err(Error::Invalid(format!(
+                "sandbox layer directory {} must be an absolute path",
+                layer.display()
+            )));
+        }
+        Ok(SandboxPaths { layer, ..self })
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+    /// Where the writable layer is: [`dir`](Self::dir) unless placed
+    /// elsewhere with [`with_layer`](Self::with_layer).
+    pub fn layer(&self) -> &Path {
+        &self.layer
+    }
+    /// Whether the writable layer is apart from [`dir`](Self::dir).
+    pub fn layer_apart(&self) -> bool {
+        self.layer != self.dir
+    }
     pub fn rootfs(&self) -> PathBuf {
-        self.dir.join("rootfs")
+        self.layer.join("rootfs")
     }
     pub fn bundle(&self) -> PathBuf {
         self.dir.join("bundle")
     }
     /// The writable layer over an imported image.
     pub fn upper(&self) -> PathBuf {
-        self.dir.join("upper")
+        self.layer.join("upper")
     }
     /// Where a create stages shared mounts (see [`crate::shared`]).
     pub fn shared(&self) -> PathBuf {
@@ -207,7 +239,7 @@ impl SandboxPaths {
     }
     /// overlayfs's scratch directory (same filesystem as `upper`).
     pub fn overlay_work(&self) -> PathBuf {
-        self.dir.join("work")
+        self.layer.join("work")
     }
     /// The runner's lease deadline for this sandbox's init (see
     /// [`crate::lease`]); outside the bundle, which a create clears.

@@ -23,11 +23,17 @@
 //! roost-init: stopped signal=N
 //! ```
 //!
-//! A process in the sandbox could write such a line too (it may reach the
-//! init's stdout through `/proc/1/fd/1`); it would only mislabel its own
-//! sandbox's end, which is why the runner treats the line as the
-//! workload's word, not as evidence (an OOM kill is read from the cgroup).
-//! An init killed by SIGKILL writes nothing.
+//! The workload's stdout and stderr are a pipe the init reads and writes
+//! to its own stderr, keeping at most [`WORKLOAD_LOG_BYTES_MAX`] of it on
+//! the host (older output is punched out of the file, the latest kept):
+//! the files are on the runner's disk, outside every bound of the
+//! sandbox's own, so a workload printing forever must not fill that disk.
+//! For the same reason the init makes itself non-dumpable, which closes
+//! `/proc/1/fd/1` and `/proc/1/fd/2` to the sandbox's processes (they have
+//! no `CAP_SYS_PTRACE`): before, any of them could write there, past the
+//! bound, and print a status line in the init's name. The runner still
+//! treats the line as the workload's word, not as evidence (an OOM kill
+//! is read from the cgroup). An init killed by SIGKILL writes nothing.
 //!
 //! # The lease watch
 //!
@@ -191,6 +197,16 @@ pub fn run(workload: &[OsString], lease_dir: Option<PathBuf>, agent_fd: Option<i
         eprintln!("{STATUS_PREFIX} {LEASE_FLAG} is only for PID 1 of a sandbox");
         return ExitCode::from(126);
     }
+    // The sandbox's processes may not open the init's descriptors (its
+    // stdout and stderr are files on the host: see the module docs).
+    // Commands the agent starts are dumpable again once they exec.
+    if rustix::process::getpid() == Pid::INIT
+        && let Err(e) =
+            rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        eprintln!("{STATUS_PREFIX} cannot close /proc/1/fd to the sandbox: {e}");
+        return ExitCode::from(126);
+    }
     let listener = match agent_fd.map(adopt_listener).transpose() {
         Ok(listener) => listener,
         Err(e) => {
@@ -220,6 +236,138 @@ pub fn run(workload: &[OsString], lease_dir: Option<PathBuf>, agent_fd: Option<i
         agent.as_deref(),
     ));
     ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1))
+}
+
+/// The most of the workload's output the init keeps in its stderr file:
+/// past it, all but the last [`WORKLOAD_LOG_KEEP_BYTES`] is punched out
+/// (the file keeps its length, its start reads as zeros and takes no
+/// disk; `host::read_lossy` reads only a file's end).
+pub const WORKLOAD_LOG_BYTES_MAX: u64 = 8 << 20;
+/// What stays when the log is trimmed: the latest output, which is what
+/// explains how a workload ended.
+pub const WORKLOAD_LOG_KEEP_BYTES: u64 = 1 << 20;
+/// How much output passes between two looks at the log's size.
+const WORKLOAD_LOG_CHECK_BYTES: u64 = 256 << 10;
+
+/// The workload's output on its way to the init's stderr: the pipe's
+/// reading end (non-blocking) and the lock held while a part read from
+/// it is written, so that what is read is written whole and in order
+/// whichever thread copies it.
+struct WorkloadOutput {
+    pipe: std::io::PipeReader,
+    copying: std::sync::Mutex<()>,
+}
+
+/// Starts the workload with its stdout and stderr on one pipe, which a
+/// thread of the init copies to the init's stderr within
+/// [`WORKLOAD_LOG_BYTES_MAX`].
+fn spawn_workload(
+    program: &OsString,
+    args: &[OsString],
+) -> std::io::Result<(std::process::Child, std::sync::Arc<WorkloadOutput>)> {
+    let (reader, writer) = std::io::pipe()?;
+    rustix::io::ioctl_fionbio(&reader, true)?;
+    let child = std::process::Command::new(program)
+        .args(args)
+        .stdout(writer.try_clone()?)
+        .stderr(writer)
+        .spawn()?;
+    let output = std::sync::Arc::new(WorkloadOutput {
+        pipe: reader,
+        copying: std::sync::Mutex::new(()),
+    });
+    let forwarding = output.clone();
+    std::thread::Builder::new()
+        .name("workload-output".to_owned())
+        .spawn(move || forwarding.forward())?;
+    Ok((child, output))
+}
+
+impl WorkloadOutput {
+    /// Copies the output to the init's stderr until every writer has
+    /// closed the pipe.
+    fn forward(&self) {
+        use rustix::event::{PollFd, PollFlags};
+        let mut buffer = vec![0u8; 64 << 10];
+        let mut since_check = 0u64;
+        loop {
+            let mut ready = [PollFd::new(&self.pipe, PollFlags::IN)];
+            match rustix::event::poll(&mut ready, None) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return,
+            }
+            let (open, copied) = {
+                let _copying = self.copying.lock().unwrap_or_else(|e| e.into_inner());
+                self.copy(&mut buffer, u64::MAX)
+            };
+            since_check += copied;
+            if since_check >= WORKLOAD_LOG_CHECK_BYTES {
+                since_check = 0;
+                trim_log(&std::io::stderr());
+            }
+            if !open {
+                return;
+            }
+        }
+    }
+
+    /// Writes what the pipe holds now to the log, once the workload has
+    /// ended and before the init reports it: its last words are not lost
+    /// when the init exits before its copying thread has caught up.
+    fn drain(&self) {
+        let _copying = self.copying.lock().unwrap_or_else(|e| e.into_inner());
+        let held = rustix::io::ioctl_fionread(&self.pipe).unwrap_or(0);
+        self.copy(&mut vec![0u8; 64 << 10], held);
+    }
+
+    /// Copies at most `most` bytes that can be read without waiting to the
+    /// init's stderr. A write that fails (the host's disk full) drops that
+    /// output: the workload is never held up by the host's log. Returns
+    /// whether the pipe is still open and what was copied.
+    fn copy(&self, buffer: &mut [u8], most: u64) -> (bool, u64) {
+        use std::io::Read;
+        let mut copied = 0u64;
+        while copied < most {
+            let want = usize::try_from(most - copied).map_or(buffer.len(), |m| m.min(buffer.len()));
+            match (&self.pipe).read(&mut buffer[..want]) {
+                Ok(0) => return (false, copied),
+                Ok(read) => {
+                    let _ = std::io::stderr().lock().write_all(&buffer[..read]);
+                    copied += read as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return (true, copied),
+                Err(_) => return (false, copied),
+            }
+        }
+        (true, copied)
+    }
+}
+
+/// Punches out all but the last [`WORKLOAD_LOG_KEEP_BYTES`] of the file
+/// `log` is, once it takes more than [`WORKLOAD_LOG_BYTES_MAX`] of disk.
+/// Not a file (a pipe, a terminal): nothing to do.
+fn trim_log(log: &impl std::os::fd::AsFd) {
+    use rustix::fs::{FallocateFlags, FileType};
+    let Ok(stat) = rustix::fs::fstat(log) else {
+        return;
+    };
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return;
+    }
+    let on_disk = u64::try_from(stat.st_blocks).unwrap_or(0) * 512;
+    if on_disk <= WORKLOAD_LOG_BYTES_MAX {
+        return;
+    }
+    let length = u64::try_from(stat.st_size).unwrap_or(0);
+    let end = length.saturating_sub(WORKLOAD_LOG_KEEP_BYTES) & !4095;
+    let _ = rustix::fs::fallocate(
+        log,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+        0,
+        end,
+    );
 }
 
 /// The listening socket the runtime passed as `fd`, made close-on-exec so
@@ -280,12 +428,16 @@ async fn supervise(
         }
     }
 
+    let mut output = None;
     let child = match workload.split_first() {
         None => None,
-        Some((program, args)) => match std::process::Command::new(program).args(args).spawn() {
+        Some((program, args)) => match spawn_workload(program, args) {
             // Reaped below through waitpid(-1) like every other child; the
             // `Child` handle is not needed to wait.
-            Ok(child) => Some(Pid::from_child(&child)),
+            Ok((child, copying)) => {
+                output = Some(copying);
+                Some(Pid::from_child(&child))
+            }
             Err(e) => {
                 eprintln!("{STATUS_PREFIX} cannot start the workload {program:?}: {e}");
                 let end = InitEnd::WorkloadExited { code: 127 };
@@ -300,6 +452,9 @@ async fn supervise(
     let mut lease_check = tokio::time::Instant::now();
     loop {
         if let Some(end) = reap(child, agent) {
+            if let Some(output) = &output {
+                output.drain();
+            }
             report(end);
             return end.exit_code();
         }

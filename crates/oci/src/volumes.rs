@@ -9,6 +9,10 @@
 //! ROOT/kept/ID/NAME          a copy of the home kept aside: read-only,
 //!                            never mounted (it may be the newest copy of
 //!                            the work, so it is not deleted with the home)
+//! ROOT/roots/ID              the writable layer of sandbox ID's root file
+//!                            system (`oci::config::SandboxPaths::layer`):
+//!                            a btrfs subvolume, so that it can be bounded
+//!                            ([`HomeVolumes::create_layer`])
 //! ```
 //!
 //! # Why snapshots
@@ -229,7 +233,11 @@ impl HomeVolumes {
         if btrfs.is_some() {
             ensure_nosuid_nodev(&root)?;
         }
-        for dir in [root.join("homes"), root.join("snapshots")] {
+        for dir in [
+            root.join("homes"),
+            root.join("snapshots"),
+            root.join("roots"),
+        ] {
             std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         }
         let unbounded_because = match (&backing, &btrfs) {
@@ -289,7 +297,12 @@ impl HomeVolumes {
     /// until it shrinks. Setting it again replaces the bound; `None` lifts
     /// it (while the runner itself writes the home: a restore).
     pub fn bound(&self, id: &str, bytes: Option<u64>) -> Result<()> {
-        let home = self.home(id)?;
+        self.limit("bound the home", &self.home(id)?, bytes)
+    }
+
+    /// Sets (or with `None` lifts) the quota group limit on what the
+    /// subvolume at `path` references.
+    fn limit(&self, action: &'static str, path: &Path, bytes: Option<u64>) -> Result<()> {
         let btrfs = match (&self.unbounded_because, &self.btrfs) {
             (None, Some(btrfs)) => btrfs,
             (Some(reason), _) => return Err(Error::Unsupported(reason.clone())),
@@ -297,17 +310,51 @@ impl HomeVolumes {
         };
         let bytes = bytes.map_or_else(|| "none".to_owned(), |b| b.to_string());
         run_tool(
-            "bound the home",
-            &home,
+            action,
+            path,
             btrfs,
             &[
                 OsStr::new("qgroup"),
                 OsStr::new("limit"),
                 OsStr::new(&bytes),
-                home.as_os_str(),
+                path.as_os_str(),
             ],
         )?;
         Ok(())
+    }
+
+    /// Where the writable layer of sandbox `id`'s root file system goes:
+    /// `ROOT/roots/ID`, or `None` where subvolumes cannot be made (plain
+    /// directories: the layer stays with the sandbox's other files).
+    pub fn layer(&self, id: &str) -> Result<Option<PathBuf>> {
+        validate("sandbox id", id)?;
+        Ok(self
+            .btrfs
+            .is_some()
+            .then(|| self.root.join("roots").join(id)))
+    }
+
+    /// Makes the writable layer of sandbox `id` (a subvolume; an existing
+    /// one is kept, with its files) and bounds what it may hold to
+    /// `bytes`, as [`bound`](Self::bound) does a home: a write past it
+    /// fails in the sandbox with `EDQUOT`. `None`: unbounded. Setting it at
+    /// every launch means a runner restarted with another bound applies it
+    /// to the sandboxes it launches again. Refused where
+    /// [`layer`](Self::layer) is `None`; a bound where quota groups are
+    /// off is refused with the reason ([`unbounded_because`](Self::unbounded_because)).
+    pub fn create_layer(&self, id: &str, bytes: Option<u64>) -> Result<PathBuf> {
+        let Some(layer) = self.layer(id)? else {
+            return Err(Error::Unsupported(format!(
+                "root layers need btrfs, and the volume under {} is {}",
+                self.root.display(),
+                self.backing
+            )));
+        };
+        self.create_subvolume("create the root layer subvolume", &layer)?;
+        if bytes.is_some() || self.unbounded_because.is_none() {
+            self.limit("bound the root layer", &layer, bytes)?;
+        }
+        Ok(layer)
     }
 
     /// The home directory of sandbox `id`: `ROOT/homes/ID`.
@@ -321,36 +368,43 @@ impl HomeVolumes {
     /// sandbox finds its files).
     pub fn create(&self, id: &str) -> Result<PathBuf> {
         let home = self.home(id)?;
-        match std::fs::symlink_metadata(&home) {
-            Ok(_) => return Ok(home),
+        self.create_subvolume("create the home subvolume", &home)?;
+        Ok(home)
+    }
+
+    /// Makes a subvolume at `path` where btrfs is here, else a directory;
+    /// whatever is there already is kept as it is.
+    fn create_subvolume(&self, action: &'static str, path: &Path) -> Result<()> {
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => return Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("inspect", &home, e)),
+            Err(e) => return Err(Error::io("inspect", path, e)),
         }
         match &self.btrfs {
             Some(btrfs) => {
                 let made = run_tool(
-                    "create the home subvolume",
-                    &home,
+                    action,
+                    path,
                     btrfs,
                     &[
                         OsStr::new("subvolume"),
                         OsStr::new("create"),
-                        home.as_os_str(),
+                        path.as_os_str(),
                     ],
                 );
                 // Made meanwhile by another caller: kept as it is.
-                if made.is_err() && std::fs::symlink_metadata(&home).is_err() {
+                if made.is_err() && std::fs::symlink_metadata(path).is_err() {
                     made?;
                 }
             }
-            None => match std::fs::create_dir(&home) {
+            None => match std::fs::create_dir(path) {
                 Ok(()) => {}
                 // Made meanwhile by another caller: kept as it is.
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(Error::io("create directory", &home, e)),
+                Err(e) => return Err(Error::io("create directory", path, e)),
             },
         }
-        Ok(home)
+        Ok(())
     }
 
     /// Takes a read-only snapshot of the home of `id` at one instant, at

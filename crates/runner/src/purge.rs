@@ -53,7 +53,12 @@ pub async fn purge(
         return Ok(purged);
     }
     // Held to the end: no runner starts on the dir while it goes.
-    let data = DataDir::open(data_dir)?;
+    let mut data = DataDir::open(data_dir)?;
+    // Sandboxes' root layers in the homes' volume (`agent::dirs`).
+    let layers = data.root().join("volumes").join("roots");
+    if layers.is_dir() {
+        data.place_layers_in(layers);
+    }
     let containers = oci::runtime::container_ids_under(&data.runtime_root())?;
     // Without a runtime nothing can be killed: fine only if nothing runs.
     let runtime = match Runtime::open(RuntimeConfig::new(runtime, data.runtime_root())) {

@@ -297,6 +297,28 @@ impl Stack {
         Self::start_full(&[], runner_env).await
     }
 
+    /// A server, and a runner started with `runner_args`.
+    async fn start_with_runner_args(runner_args: &[&str]) -> Stack {
+        let plane = Plane::start(&[]).await;
+        let dir = tempfile::Builder::new()
+            .prefix("roost-e2e-")
+            .tempdir()
+            .expect("tempdir");
+        let runner = RunnerProcess::start_in(
+            &plane.server.url,
+            &plane.runner_token,
+            &dir.path().join("runner"),
+            &[],
+            None,
+            runner_args,
+        );
+        Stack {
+            plane,
+            runner,
+            _dir: dir,
+        }
+    }
+
     /// A server started with `server_args`, and a runner.
     pub(crate) async fn start_full(server_args: &[&str], runner_env: &[(&str, &str)]) -> Stack {
         let plane = Plane::start(server_args).await;
@@ -474,6 +496,84 @@ async fn a_bounded_home_takes_no_write_past_its_bound() {
     stack.runner.assert_no_errors();
 }
 
+/// Audit finding: a sandbox could write without bound outside its home
+/// (`/var`, `/srv`: its root layer, on the runner's own disk), filling it
+/// for every sandbox and the runner. The root layer is a subvolume of the
+/// homes' volume bounded by `--sandbox-disk-max`; a full one keeps the
+/// sandbox, its runner and its neighbours working, and goes at delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxs_root_layer_takes_no_write_past_the_runners_bound() {
+    let stack = Stack::start_with_runner_args(&["--sandbox-disk-max", "32MiB"]).await;
+    let api = stack.api().clone();
+    let sid = stack.running_sandbox(json!({})).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let layer = stack.runner.data_dir.join("volumes/roots").join(&sid);
+    assert!(layer.join("rootfs").is_dir(), "the layer is in the volume");
+
+    let fill = "dd if=/dev/zero of=/var/tmp/big bs=1M count=64 conv=fsync";
+    let (command, _, stderr) = exec(&api, &sid, json!({"argv": ["sh", "-c", fill]})).await;
+    assert_eq!(command["state"], "exited", "{command}");
+    assert_ne!(command["exit_code"], 0, "64 MiB went into a 32 MiB layer");
+    assert!(stderr.contains("Disk quota exceeded"), "{stderr}");
+    let size: u64 = sh(&api, &sid, "stat -c %s /var/tmp/big")
+        .await
+        .trim()
+        .parse()
+        .expect("a size");
+    assert!(size <= 32 << 20, "the layer holds {size} bytes");
+    // The home is not the layer's: it takes what the layer would not.
+    sh(
+        &api,
+        &sid,
+        "dd if=/dev/zero of=/workspace/big bs=1M count=40 conv=fsync",
+    )
+    .await;
+
+    // With its layer full, the sandbox still stops and starts: what the
+    // runner writes for it is not in the layer.
+    let stop = api
+        .post(&format!("/v1/sandboxes/{sid}/stop"), json!({}))
+        .await;
+    assert_eq!(stop.status, 202, "{stop:?}");
+    assert_eq!(
+        wait_sandbox(&api, &sid, "stopped").await["state"],
+        "stopped"
+    );
+    let start = api
+        .post(&format!("/v1/sandboxes/{sid}/start"), json!({}))
+        .await;
+    assert_eq!(start.status, 202, "{start:?}");
+    assert_eq!(
+        wait_sandbox(&api, &sid, "running").await["state"],
+        "running"
+    );
+    assert_eq!(
+        sh(&api, &sid, "rm /var/tmp/big && echo freed").await,
+        "freed\n"
+    );
+
+    // A neighbour on the same runner has a bound of its own.
+    let other = stack.running_sandbox(json!({})).await;
+    let other = other["id"].as_str().expect("id");
+    sh(
+        &api,
+        other,
+        "dd if=/dev/zero of=/var/tmp/big bs=1M count=24 conv=fsync",
+    )
+    .await;
+
+    let deleted = api.delete(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(deleted.status, 202, "{deleted:?}");
+    assert_eq!(
+        wait_sandbox(&api, &sid, "deleted").await["state"],
+        "deleted"
+    );
+    assert!(!layer.exists(), "the layer goes with the sandbox");
+    stack.runner.assert_no_errors();
+}
+
 /// Audit finding: a sandbox can write a tree tens of thousands of levels
 /// deep in its root layer (`mkdir a; cd a` in a loop); the runner removed
 /// the sandbox's directory with `std::fs::remove_dir_all`, which recursed
@@ -500,6 +600,15 @@ async fn a_sandbox_with_a_tree_deeper_than_any_stack_is_deleted_and_the_runner_s
     let gone = wait_sandbox(&api, &deep, "deleted").await;
     assert_eq!(gone["state"], "deleted", "{gone}");
     assert!(!stack.runner.data_dir.join("sandboxes").join(&deep).exists());
+    assert!(
+        !stack
+            .runner
+            .data_dir
+            .join("volumes/roots")
+            .join(&deep)
+            .exists(),
+        "its root layer went too"
+    );
     assert!(
         stack.runner.child.try_wait().expect("wait").is_none(),
         "the runner died"

@@ -258,7 +258,7 @@ impl Runtime {
         }
         // The lease directory is the mount's source; its deadline is the
         // runner's to write (the init freezes at once without one).
-        for dir in [paths.dir(), self.inner.state_root.as_path()]
+        for dir in [paths.dir(), paths.layer(), self.inner.state_root.as_path()]
             .into_iter()
             .chain(config.lease_dir.as_deref())
         {
@@ -790,14 +790,19 @@ impl Sandbox {
         }
     }
 
-    /// Deletes the container and removes the sandbox directory, root
-    /// directory included (not the workspace, which the caller owns).
+    /// Deletes the container and removes the sandbox directory and its
+    /// writable layer (not the workspace, which the caller owns).
     pub async fn remove_files(&self) -> Result<()> {
         self.delete().await?;
-        let dir = self.paths.dir().to_path_buf();
-        // Its root layer is a tree the sandbox wrote, of any depth.
+        let paths = self.paths.clone();
+        // Its root layer is a tree the sandbox wrote, of any depth. A
+        // layer apart goes first: the directory is what says a sandbox
+        // has files here, so it outlives a removal cut short.
         blocking("remove", self.paths.dir(), move || {
-            crate::host::remove_tree(&dir)
+            if paths.layer_apart() {
+                crate::host::remove_tree(paths.layer())?;
+            }
+            crate::host::remove_tree(paths.dir())
         })
         .await
     }

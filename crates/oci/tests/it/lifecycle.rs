@@ -181,6 +181,48 @@ async fn a_workload_that_ends_ends_the_sandbox_with_its_code() {
     assert_eq!(cause.exit_code(), Some(7));
 }
 
+/// Audit finding: a workload's output went straight to files on the
+/// runner's disk (`init.status`, `init.log`), outside every bound of the
+/// sandbox, and any process of the sandbox could write there through
+/// `/proc/1/fd`. The init now keeps at most the latest
+/// `WORKLOAD_LOG_BYTES_MAX` of it, and its descriptors are closed to the
+/// sandbox.
+#[tokio::test]
+async fn a_workloads_output_takes_a_bounded_place_on_the_host() {
+    use std::os::unix::fs::MetadataExt;
+    let (dir, mut config) = prepare("chatty", Limits::default());
+    let script = "head -c 24000000 /dev/zero; head -c 24000000 /dev/zero >&2; \
+                  echo 'x' > /proc/1/fd/1 || echo 'proc closed' >&2; \
+                  echo 'last words' >&2; exit 3";
+    config.workload = vec!["sh".into(), "-c".into(), script.into()];
+    let t = TestSandbox::start_config(dir, config).await;
+    let cause = tokio::time::timeout(Duration::from_secs(60), t.sandbox.wait_for_exit())
+        .await
+        .expect("ends")
+        .expect("wait_for_exit");
+    assert_eq!(
+        cause,
+        DeathCause::WorkloadExited {
+            end: Some(InitEnd::WorkloadExited { code: 3 })
+        }
+    );
+    let log = t.config.paths.init_log();
+    let metadata = std::fs::metadata(&log).expect("the init log");
+    assert!(metadata.len() >= 48_000_000, "{} bytes", metadata.len());
+    let on_disk = metadata.blocks() * 512;
+    assert!(
+        on_disk <= oci::init::WORKLOAD_LOG_BYTES_MAX + (1 << 20),
+        "{on_disk} bytes of output kept on the host"
+    );
+    let tail = oci::host::read_lossy(&log);
+    assert!(tail.contains("proc closed"), "{tail:?}");
+    assert!(tail.trim_end().ends_with("last words"), "{tail:?}");
+    // The status file has the init's line alone: no output, no line
+    // written in the init's name.
+    let status = std::fs::read_to_string(t.config.paths.init_status()).expect("status");
+    assert_eq!(status, "roost-init: workload exited code=3\n");
+}
+
 #[tokio::test]
 async fn stop_forwards_sigterm_to_the_workload() {
     let (dir, mut config) = prepare("stopwl", Limits::default());

@@ -418,6 +418,49 @@ fn a_bounded_home_takes_no_write_past_its_bound_and_deleting_frees_room() {
     assert_eq!(stopped.and_then(|e| e.raw_os_error()), edquot);
 }
 
+/// A sandbox's root layer is a subvolume of its own beside the homes:
+/// bounded like a home, apart from it, and removed with `rm -rf` (how
+/// the runtime removes a sandbox's files).
+#[test]
+fn a_root_layer_is_bounded_apart_from_its_home_and_goes_with_rm() {
+    let scratch = Scratch::new();
+    let volumes = scratch.open_image();
+    let layer = volumes
+        .create_layer("sbx-layer", Some(16 << 20))
+        .expect("create the layer");
+    assert_eq!(
+        volumes.layer("sbx-layer").expect("path"),
+        Some(layer.clone())
+    );
+    assert!(layer.starts_with(volumes.root().join("roots")), "{layer:?}");
+    let home = volumes.create("sbx-layer").expect("create home");
+
+    let edquot = Some(rustix::io::Errno::DQUOT.raw_os_error());
+    std::fs::create_dir_all(layer.join("rootfs/opt")).expect("mkdir");
+    let (written, stopped) = write_up_to(&layer.join("rootfs/opt/big"), 64 << 20);
+    assert_eq!(stopped.and_then(|e| e.raw_os_error()), edquot);
+    assert!(written <= 16 << 20, "{written} bytes went in");
+    // The home is not the layer: it takes writes the layer would not.
+    let (in_home, stopped) = write_up_to(&home.join("file"), 24 << 20);
+    assert!(stopped.is_none(), "{stopped:?}");
+    assert_eq!(in_home, 24 << 20);
+
+    // Made again (a launch after a restart): the files stay, the bound
+    // is the new one; `None` lifts it.
+    volumes
+        .create_layer("sbx-layer", Some(48 << 20))
+        .expect("again");
+    assert!(layer.join("rootfs/opt/big").exists());
+    let (_, stopped) = write_up_to(&layer.join("rootfs/more"), 16 << 20);
+    assert!(stopped.is_none(), "{stopped:?}");
+    volumes.create_layer("sbx-layer", None).expect("unbounded");
+    let (_, stopped) = write_up_to(&layer.join("rootfs/past"), 48 << 20);
+    assert!(stopped.is_none(), "{stopped:?}");
+
+    oci::host::remove_tree(&layer).expect("rm -rf the subvolume");
+    assert!(!layer.exists());
+}
+
 #[test]
 fn a_plain_home_cannot_be_bounded_and_says_why() {
     let scratch = Scratch::new();
@@ -431,6 +474,12 @@ fn a_plain_home_cannot_be_bounded_and_says_why() {
         Err(Error::Unsupported(message)) => assert_eq!(message, reason),
         other => panic!("a bound on a plain home: {other:?}"),
     }
+    // Nor has a root layer a place of its own there.
+    assert_eq!(volumes.layer("sbx-plain").expect("a valid id"), None);
+    assert!(matches!(
+        volumes.create_layer("sbx-plain", None),
+        Err(Error::Unsupported(_))
+    ));
 }
 
 #[test]
@@ -447,6 +496,7 @@ fn unsafe_ids_and_names_are_refused() {
     for bad in ["..", ".", "a/b", "", ".hidden", "a b", "../ok"] {
         invalid(bad, volumes.home(bad).map(drop));
         invalid(bad, volumes.create(bad).map(drop));
+        invalid(bad, volumes.layer(bad).map(drop));
         invalid(bad, volumes.snapshot(bad, "s").map(drop));
         invalid(bad, volumes.snapshot("ok", bad).map(drop));
         invalid(bad, volumes.snapshots(bad).map(drop));

@@ -10,6 +10,12 @@
 //! DIR/runtime/                   the OCI runtime's --root (container state)
 //! DIR/sandboxes/ID/              the sandbox's files (rootfs: its writable
 //!                                layer; bundle: config.json, init status)
+//! DIR/volumes/roots/ID/          its writable layer, where the homes' volume
+//!                                is btrfs: a subvolume, bounded by the
+//!                                runner's `--sandbox-disk-max` (see
+//!                                `homes::Homes::prepare_layer`); a sandbox
+//!                                first launched before that keeps its
+//!                                layer in DIR/sandboxes/ID
 //! DIR/sandboxes/ID/placement     the epoch its container was launched for,
 //!                                written before the launch: a container of
 //!                                an earlier placement is never adopted by
@@ -48,6 +54,9 @@ use oci::{Error, Result};
 #[derive(Debug)]
 pub struct DataDir {
     root: PathBuf,
+    /// Where sandboxes' writable layers go (`None`: in each sandbox's
+    /// directory): [`DataDir::place_layers_in`].
+    layers: Option<PathBuf>,
     /// Holds the exclusive lock for as long as the runner lives.
     _lock: File,
 }
@@ -88,8 +97,15 @@ impl DataDir {
         )?;
         Ok(DataDir {
             root: root.to_path_buf(),
+            layers: None,
             _lock: lock,
         })
+    }
+
+    /// Puts new sandboxes' writable layers under `layers` (`LAYERS/ID`,
+    /// made by `homes::Homes::prepare_layer` before a launch).
+    pub fn place_layers_in(&mut self, layers: PathBuf) {
+        self.layers = Some(layers);
     }
 
     pub fn root(&self) -> &Path {
@@ -101,8 +117,21 @@ impl DataDir {
         self.root.join("runtime")
     }
 
+    /// A sandbox's files. Its writable layer stays where its first launch
+    /// put it: under the layers' place when there is one, unless the
+    /// sandbox already has a layer in its own directory (launched by a
+    /// runner from before layers had a place), which is adopted there.
     pub fn sandbox_paths(&self, id: &SandboxId) -> Result<SandboxPaths> {
-        SandboxPaths::new(self.root.join("sandboxes").join(id.as_str()))
+        let paths = SandboxPaths::new(self.root.join("sandboxes").join(id.as_str()))?;
+        let Some(layers) = &self.layers else {
+            return Ok(paths);
+        };
+        let layer = layers.join(id.as_str());
+        let layer_in_dir = [paths.rootfs(), paths.upper()].iter().any(|d| d.exists());
+        if layer_in_dir && !layer.exists() {
+            return Ok(paths);
+        }
+        paths.with_layer(layer)
     }
 
     pub fn home(&self, id: &SandboxId) -> PathBuf {
@@ -170,7 +199,13 @@ impl DataDir {
     /// command records), for finding leftovers no longer assigned.
     pub fn sandbox_ids_on_disk(&self) -> Result<Vec<String>> {
         let mut ids = Vec::new();
-        for dir in ["sandboxes", "homes", "commands", "volumes/homes"] {
+        for dir in [
+            "sandboxes",
+            "homes",
+            "commands",
+            "volumes/homes",
+            "volumes/roots",
+        ] {
             let dir = self.root.join(dir);
             for name in list(&dir)? {
                 if !ids.contains(&name) {

@@ -339,6 +339,30 @@ impl Homes {
         self.volumes.unbounded_because().is_none()
     }
 
+    /// Where sandboxes' writable layers go (`volumes/roots`), where the
+    /// homes' volume can hold them (btrfs).
+    pub(crate) fn layers(&self) -> Option<PathBuf> {
+        self.volumes
+            .can_snapshot()
+            .then(|| self.volumes.root().join("roots"))
+    }
+
+    /// Why sandboxes' writable layers cannot be bounded here (`None`:
+    /// they can).
+    pub(crate) fn layers_unbounded_because(&self) -> Option<&str> {
+        self.volumes.unbounded_because()
+    }
+
+    /// Makes the writable layer of `id` (`volumes/roots/ID`, a subvolume)
+    /// before a launch and bounds it to `bytes` where quota groups are on
+    /// (else it is unbounded: the runner said why when it started). The
+    /// bound is set at every launch, so a runner restarted with another
+    /// applies it as sandboxes launch again.
+    pub(crate) fn prepare_layer(&self, id: &str, bytes: Option<u64>) -> Result<PathBuf> {
+        let bytes = bytes.filter(|_| self.volumes.unbounded_because().is_none());
+        self.volumes.create_layer(id, bytes)
+    }
+
     pub(crate) fn path(&self, id: &str) -> Result<PathBuf> {
         let legacy = self.legacy.join(id);
         if legacy.is_dir() {

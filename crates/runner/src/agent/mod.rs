@@ -172,6 +172,9 @@ fn overlayfs_available() -> bool {
 }
 
 /// How soon a failed heartbeat is tried again.
+/// `--sandbox-disk-max`'s default: 10 GiB of root layer per sandbox.
+pub const SANDBOX_DISK_BYTES_DEFAULT: u64 = 10 << 30;
+
 const HEARTBEAT_RETRY_MS: u64 = 1_000;
 /// Seconds one assignments long-poll may wait (the server's maximum).
 const ASSIGNMENTS_WAIT_SECONDS: u64 = 25;
@@ -218,6 +221,11 @@ pub struct AgentConfig {
     /// Size of the btrfs image that holds homes when the data dir is not
     /// on btrfs (sparse: it costs what the homes use).
     pub homes_image_bytes: u64,
+    /// The most a sandbox's root file system's writable layer (what it
+    /// writes outside its home, `/tmp` and `/run`) may hold on this host,
+    /// where the homes' volume is btrfs with quota groups on; `None`:
+    /// unbounded (the volume's free space).
+    pub sandbox_disk_bytes: Option<u64>,
     /// Shared filesystems mounted on this host, by id (`--filesystem
     /// ID=PATH`): offered as `filesystem:ID`; a sandbox's mount names a
     /// directory beneath one. The path never leaves the runner.
@@ -256,6 +264,7 @@ impl AgentConfig {
             stop_grace: Duration::from_secs(10),
             command_kill_grace: Duration::from_secs(10),
             homes_image_bytes: 256 << 30,
+            sandbox_disk_bytes: Some(SANDBOX_DISK_BYTES_DEFAULT),
             filesystems: BTreeMap::new(),
             failpoint: Failpoints::none(),
             secrets_dir: None,
@@ -578,7 +587,7 @@ async fn run_agent(
     on_registered: impl FnOnce(&str),
     preemption_notices: Option<mpsc::Receiver<()>>,
 ) -> Result<(), AgentError> {
-    let data = DataDir::open(&config.data_dir)?;
+    let mut data = DataDir::open(&config.data_dir)?;
     // A runner that can never register touches nothing on the host: no
     // homes image made and mounted, no runtime state, no bridge.
     if config.token.is_empty() && data.runner_token()?.is_none() {
@@ -667,6 +676,24 @@ async fn run_agent(
         Some(config.homes_image_bytes),
         config.failpoint.clone(),
     )?;
+    if let Some(layers) = homes.layers() {
+        data.place_layers_in(layers);
+        match (homes.layers_unbounded_because(), config.sandbox_disk_bytes) {
+            (None, Some(bytes)) => {
+                tracing::info!(mib = bytes >> 20, "sandboxes' root layers are bounded");
+            }
+            (Some(reason), Some(_)) => {
+                tracing::warn!(%reason, "sandboxes' root layers cannot be bounded here: a sandbox can fill the homes' volume");
+            }
+            (_, None) => {
+                tracing::info!("sandboxes' root layers are unbounded (--sandbox-disk-max none)")
+            }
+        }
+    } else {
+        tracing::warn!(
+            "sandboxes' root layers stay in the data dir, unbounded: the homes' volume is not btrfs"
+        );
+    }
     let clock: Arc<dyn Clock> = Arc::new(TokioClock);
     let shared = Arc::new(Shared {
         control: Arc::new(link),

@@ -954,6 +954,7 @@ impl Worker {
             }
         }
         self.record_placement(sandbox.epoch).map_err(Step::Local)?;
+        self.prepare_layer().await.map_err(Step::Local)?;
         let launched = {
             let Some(_thawed) = self.shared.fence.thawed().await else {
                 return Err(Step::Frozen);
@@ -1052,6 +1053,23 @@ impl Worker {
         let dir = self.handle.paths().dir();
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
         oci::host::write_durably(&self.placement_path(), epoch.to_string().as_bytes())
+    }
+
+    /// Makes the writable layer where it is apart from the sandbox's
+    /// directory (a subvolume of the homes' volume), bounded by the
+    /// runner's `--sandbox-disk-max`. After the placement is recorded: the
+    /// directory is what tells a later pass there are files to remove.
+    async fn prepare_layer(&self) -> Result<(), Error> {
+        let paths = self.handle.paths();
+        if !paths.layer_apart() {
+            return Ok(());
+        }
+        let (shared, id) = (self.shared.clone(), self.id.clone());
+        oci::host::blocking("prepare the root layer", paths.layer(), move || {
+            let bytes = shared.config.sandbox_disk_bytes;
+            shared.homes.prepare_layer(id.as_str(), bytes).map(drop)
+        })
+        .await
     }
 
     /// The epoch of the placement a container was last launched for here,
@@ -1329,6 +1347,7 @@ impl Worker {
             return;
         }
         let has_anything = self.handle.paths().dir().exists()
+            || self.handle.paths().layer().exists()
             || self.home.exists()
             || matches!(self.handle.state().await, Ok(Some(_)));
         if !has_anything {
