@@ -244,3 +244,19 @@ fn parse_disk_max(text: &str) -> Result<DiskMax, String> {
     }
     crate::sandbox::parse_mib(text).map(|mib| DiskMax(Some(mib)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sandbox_disk_bound_is_a_size_or_none() {
+        assert_eq!(parse_disk_max("10GiB").expect("a size").0, Some(10 << 10));
+        assert_eq!(parse_disk_max("512M").expect("a size").0, Some(512));
+        assert_eq!(parse_disk_max("none").expect("none").0, None);
+        assert_eq!(parse_disk_max("NONE").expect("none").0, None);
+        for bad in ["0", "", "lots", "-1G"] {
+            assert!(parse_disk_max(bad).is_err(), "{bad:?}");
+        }
+    }
+}
