@@ -86,7 +86,9 @@ class Bench(durable.Bench):
                        check=True, stdout=subprocess.DEVNULL)
 
     def bytes_out(self):
-        with urllib.request.urlopen(f"{self.url}/metrics") as response:
+        request = urllib.request.Request(f"{self.url}/metrics",
+                                         headers={"Authorization": f"Bearer {self.admin_token}"})
+        with urllib.request.urlopen(request) as response:
             metrics = response.read().decode()
         for line in metrics.splitlines():
             if line.startswith('roost_block_bytes_total{direction="out"}'):

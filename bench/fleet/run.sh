@@ -95,7 +95,7 @@ start() {
 }
 stop() { kill -INT "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 rss() { awk '/VmHWM/ {printf "%.0f", $2/1024}' "/proc/$1/status"; }
-metric() { curl -fs "$1/metrics" | awk -v m="$2" '$1 == m {print $2}'; }
+metric() { curl -fs -H "Authorization: Bearer $ADMIN" "$1/metrics" | awk -v m="$2" '$1 == m {print $2}'; }
 jq_() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); exec("print(" + sys.argv[2] + ")")' "$@"; }
 
 REPORT=$DIR/report.md
@@ -218,7 +218,7 @@ WATCH_A=$(metric "$A" roost_lease_watch_max_seconds) WATCH_B=$(metric "$B" roost
 # out, its histogram's bucket bounds): count, p50 and p99 upper bounds in ms.
 # The simulator's figures add its own queues (it shares the two cores).
 served() {
-  curl -fs "$1/metrics" | python3 -c '
+  curl -fs -H "Authorization: Bearer $ADMIN" "$1/metrics" | python3 -c '
 import re, sys
 route = sys.argv[1]
 buckets = []

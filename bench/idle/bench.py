@@ -60,9 +60,10 @@ def cpu_over(pids, seconds):
     return [cpu_seconds(p) - b for p, b in zip(pids, before)]
 
 
-def assignment_answers(url):
+def assignment_answers(url, admin_token):
     """The server's assignments long-polls so far, by answer (read, unchanged)."""
-    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    request = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {admin_token}"})
+    text = urllib.request.urlopen(request).read().decode()
     counts = {}
     for line in text.splitlines():
         if line.startswith("roost_runner_assignments_total{"):
@@ -175,9 +176,9 @@ def main():
         # runner's set is read once more after the last change.
         time.sleep(30)
         log(f"CPU over {WINDOW_S} s with {ASLEEP} asleep")
-        answers_before = assignment_answers(bench.url)
+        answers_before = assignment_answers(bench.url, bench.admin_token)
         cpu_asleep = cpu_over(pids, WINDOW_S)
-        answers = {k: v - answers_before.get(k, 0) for k, v in assignment_answers(bench.url).items()}
+        answers = {k: v - answers_before.get(k, 0) for k, v in assignment_answers(bench.url, bench.admin_token).items()}
 
         wake_rows = "" if CPU_ONLY else f"""| idle detection after the deadline, p50 / max | {statistics.median(late):.0f} / {max(late):.0f} ms | | | ≤ 1 s |
 | `roost exec -- true` on an asleep small durable home, last runner, p50 / max | {statistics.median(small):.0f} / {max(small):.0f} ms | the same exec on it running: {statistics.median(warm):.0f} ms | {statistics.median(small) / statistics.median(warm):.1f} | ≤ 300 ms |

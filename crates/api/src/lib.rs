@@ -21,6 +21,7 @@ pub mod sandboxes;
 pub mod schema;
 pub mod secrets;
 pub mod snapshots;
+pub mod write_stall;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use lifecycle::{

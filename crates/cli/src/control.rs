@@ -46,6 +46,12 @@ pub struct ServerArgs {
     /// 429 `quota_exceeded` (metric `requests_at_once`).
     #[arg(long, value_name = "N", default_value_t = server::DEFAULT_ORG_REQUESTS_MAX)]
     org_requests_max: usize,
+    /// A file holding a token (at least 32 characters) a metrics scraper
+    /// reads `/metrics` with (`Authorization: Bearer TOKEN`; Prometheus's
+    /// `authorization.credentials_file`). Without it only the admin token
+    /// reads `/metrics`.
+    #[arg(long, value_name = "PATH")]
+    metrics_token_file: Option<PathBuf>,
     /// How long ended sandboxes stay readable (e.g. `7d`, `12h`).
     #[arg(long, default_value = "7d", value_parser = crate::sandbox::parse_duration)]
     retention: std::time::Duration,
@@ -489,6 +495,11 @@ pub fn run_server(args: ServerArgs) -> Result<ExitCode> {
     config.org_output_bytes_max = args.org_output_max.saturating_mul(1 << 20);
     config.connections_max = args.max_connections;
     config.org_requests_max = args.org_requests_max.max(1);
+    config.metrics_token = args
+        .metrics_token_file
+        .as_deref()
+        .map(read_metrics_token)
+        .transpose()?;
     config.lease_ttl = args.lease_ttl;
     config.fence_margin = args.fence_margin;
     config.mass_loss_threshold = args.mass_loss_threshold;
@@ -885,4 +896,44 @@ async fn admin_filesystem(command: AdminFilesystemCommand) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The metrics token in `path`: its first line, at least
+/// [`METRICS_TOKEN_CHARS_MIN`] characters (a short one could be guessed).
+fn read_metrics_token(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the metrics token file {}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim();
+    if token.chars().count() < METRICS_TOKEN_CHARS_MIN {
+        anyhow::bail!(
+            "the metrics token in {} is shorter than {METRICS_TOKEN_CHARS_MIN} characters (make one with `head -c 32 /dev/urandom | base64`)",
+            path.display()
+        );
+    }
+    Ok(token.to_owned())
+}
+
+const METRICS_TOKEN_CHARS_MIN: usize = 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metrics_token_is_a_files_first_line_long_enough_not_to_be_guessed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("token");
+        std::fs::write(&path, format!("  {}  \nsecond line\n", "k".repeat(40))).expect("write");
+        assert_eq!(read_metrics_token(&path).expect("a token"), "k".repeat(40));
+        std::fs::write(&path, "short\n").expect("write");
+        let refused = read_metrics_token(&path)
+            .expect_err("too short")
+            .to_string();
+        assert!(refused.contains("shorter than 32"), "{refused}");
+        let missing = read_metrics_token(&dir.path().join("none")).expect_err("no file");
+        assert!(
+            missing.to_string().contains("metrics token file"),
+            "{missing}"
+        );
+    }
 }

@@ -94,6 +94,11 @@ pub struct Config {
     /// it, a client that connects and sends nothing holds a file
     /// descriptor forever.
     pub header_read_timeout: Duration,
+    /// How long a connection's peer may take nothing of an answer before
+    /// the connection is ended and the answer dropped
+    /// (`api::write_stall`): a client that stops reading a stream gives
+    /// back its org's share.
+    pub write_stall: Duration,
     /// The most connections served at once (`--max-connections`); past it
     /// new ones wait in the listen backlog until one ends. Lowered to what
     /// the process's open files limit leaves after the database's, the
@@ -103,6 +108,10 @@ pub struct Config {
     /// server (`--org-requests-max`): long-polls, streams and attached
     /// terminals included; past it, 429 `quota_exceeded`.
     pub org_requests_max: usize,
+    /// A token a metrics scraper may read `/metrics` with
+    /// (`--metrics-token-file`), besides the admin token; `/metrics`
+    /// refuses every other caller.
+    pub metrics_token: Option<String>,
     /// Crash-safety tests only: the fault point armed
     /// (`ROOST_FAILPOINT`), e.g. `after_commit:create_sandbox`.
     pub failpoint: api::failpoint::Failpoints,
@@ -141,8 +150,10 @@ impl Config {
             stop_grace: Duration::from_secs(10),
             secret_key: control::secrets::SecretKeySource::None,
             header_read_timeout: Duration::from_secs(30),
+            write_stall: api::write_stall::WRITE_STALL,
             connections_max: DEFAULT_CONNECTIONS_MAX,
             org_requests_max: DEFAULT_ORG_REQUESTS_MAX,
+            metrics_token: None,
             failpoint: api::failpoint::Failpoints::none(),
         }
     }
@@ -201,6 +212,7 @@ pub async fn serve(
     let metrics = state.metrics.clone();
     let limits = ConnectionLimits {
         header_read_timeout: config.header_read_timeout,
+        write_stall: config.write_stall,
         slots: state.connections.clone(),
     };
     let app = http::router(state);
@@ -246,6 +258,7 @@ fn connection_slots(configured: usize) -> usize {
 /// What bounds the connections [`serve_connections`] takes.
 struct ConnectionLimits {
     header_read_timeout: Duration,
+    write_stall: Duration,
     /// Served at once (`AppStateParts::connections`).
     slots: Arc<tokio::sync::Semaphore>,
 }
@@ -377,9 +390,13 @@ async fn serve_connections(
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let builder = builder.clone();
+        let write_stall = limits.write_stall;
         let open = metrics::OpenConnection::new(metrics.clone());
         tokio::spawn(async move {
             let _held = (slot, open);
+            // A peer that takes nothing of an answer for minutes loses its
+            // connection (`api::write_stall`), and the answer what it held.
+            let stream = api::write_stall::WriteStall::new(stream, write_stall);
             // With upgrades: a terminal attaches over a WebSocket.
             let connection = builder
                 .serve_connection(TokioIo::new(stream), service)
@@ -388,5 +405,72 @@ async fn serve_connections(
                 tracing::debug!(%err, "connection ended with an error");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Audit finding: a client that stopped reading a streamed answer (a
+    /// download relayed from a runner, a command's output) kept its
+    /// connection, its org's share and whatever the answer held for as
+    /// long as it kept the socket open. Past the write stall the
+    /// connection ends and its slot comes back.
+    #[tokio::test]
+    async fn a_client_that_stops_reading_loses_its_connection_and_slot() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(|| async {
+                let chunks = futures::stream::repeat_with(|| {
+                    Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![1u8; 64 << 10]))
+                });
+                axum::body::Body::from_stream(chunks)
+            }),
+        );
+        let slots = Arc::new(tokio::sync::Semaphore::new(4));
+        let limits = ConnectionLimits {
+            header_read_timeout: Duration::from_secs(30),
+            write_stall: Duration::from_millis(300),
+            slots: slots.clone(),
+        };
+        let metrics = Arc::new(metrics::Metrics::default());
+        let server = tokio::spawn(serve_connections(
+            listener,
+            app,
+            limits,
+            metrics,
+            std::future::pending(),
+        ));
+        let mut quiet = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        quiet
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("send");
+        // One slot for the quiet connection, one for the next accept.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while slots.available_permits() > 2 {
+            assert!(tokio::time::Instant::now() < deadline, "never served");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        while slots.available_permits() < 3 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the quiet connection still holds its slot"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut rest = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(60), quiet.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "still open");
+        server.abort();
     }
 }

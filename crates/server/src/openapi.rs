@@ -190,15 +190,17 @@ pub const ADMIN_TOKEN: &str = "admin_token";
 pub const ORG_TOKEN: &str = "org_token";
 pub const RUNNER_TOKEN: &str = "runner_token";
 pub const RUNNER_CREDENTIAL: &str = "runner_credential";
+pub const METRICS_TOKEN: &str = "metrics_token";
 
 /// Which tokens an operation takes, by its path: the same rule the
 /// router's extractors (`http::{AdminCaller, OrgCaller, RunnerCaller,
-/// RegistrantCaller, BlocksCaller, Caller}`) enforce. Every other token is
+/// RegistrantCaller, BlocksCaller, MetricsCaller, Caller}`) enforce. Every other token is
 /// answered 404 there, so a caller learns nothing of an endpoint it may
 /// not use. An empty list: no token at all.
 pub fn tokens_for(path: &str) -> &'static [&'static str] {
     match path {
-        "/healthz" | "/metrics" | "/v1/openapi.json" => &[],
+        "/healthz" | "/v1/openapi.json" => &[],
+        "/metrics" => &[ADMIN_TOKEN, METRICS_TOKEN],
         "/v1/whoami" | "/v1/deployment" => {
             &[ADMIN_TOKEN, ORG_TOKEN, RUNNER_TOKEN, RUNNER_CREDENTIAL]
         }
@@ -225,6 +227,10 @@ impl Modify for Security {
             (
                 RUNNER_CREDENTIAL,
                 "one runner's own credential, issued when it registers",
+            ),
+            (
+                METRICS_TOKEN,
+                "the deployment's metrics token (`roost server --metrics-token-file`): it only reads `/metrics`",
             ),
         ];
         for (name, description) in schemes {

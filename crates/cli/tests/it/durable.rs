@@ -397,8 +397,7 @@ async fn a_running_save_brings_the_home_back_after_its_host_dies() {
     assert_eq!(sh(api, &id, "cat /workspace/work.txt").await, "precious\n");
     // Running saves were timed, their snapshots too; the lag is short.
     assert!(metric(api, "roost_save_snapshot_seconds_count").await >= 1);
-    let metrics = api.get("/metrics").await;
-    let text = String::from_utf8_lossy(&metrics.bytes);
+    let text = crate::plane::metrics_text(api).await;
     let lag: f64 = text
         .lines()
         .find_map(|l| l.strip_prefix("roost_save_lag_seconds_max "))
@@ -1508,8 +1507,7 @@ async fn the_deployment_publishes_what_a_host_failure_can_cost() {
         text.contains("safe until") && text.contains("at risk"),
         "{text}"
     );
-    let metrics = fleet.api().get("/metrics").await;
-    let metrics = String::from_utf8_lossy(&metrics.bytes);
+    let metrics = crate::plane::metrics_text(fleet.api()).await;
     let worst: f64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("roost_save_at_risk_seconds_max "))

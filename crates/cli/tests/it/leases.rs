@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::plane::{ALL, Plane, STANDARD, TestRunner, eventually};
+use crate::plane::{ALL, Api, Plane, STANDARD, TestRunner, eventually};
 
 async fn record(plane: &Plane, id: &str) -> Value {
     plane.org.get(&format!("/v1/sandboxes/{id}")).await.body
@@ -155,8 +155,7 @@ async fn an_expired_lease_recovers_durable_fails_standard_and_ends_commands_hone
             "running@3"
         ]
     );
-    let metrics = plane.org.get("/metrics").await;
-    let text = String::from_utf8_lossy(&metrics.bytes);
+    let text = crate::plane::metrics_text(&plane.org).await;
     assert!(text.contains("roost_lease_expiries_total 1"), "{text}");
     assert!(
         text.contains("roost_sandboxes{state=\"failed\"} 1"),
@@ -491,7 +490,26 @@ async fn openapi_and_metrics_describe_the_api() {
     assert!(doc["components"]["schemas"]["Sandbox"]["properties"]["epoch"].is_object());
     let runner = plane.runner("r", "spot", STANDARD).await;
     plane.running_sandbox(&runner, json!({})).await;
-    let metrics = plane.org.get("/metrics").await;
+    // Audit finding: `/metrics` answered anyone, its fleet-wide counts
+    // included. Only the admin token and the metrics token read it now;
+    // an org's token finds nothing there.
+    let refused = plane.org.get("/metrics").await;
+    refused.assert_error(404, "not_found");
+    let refused = Api::new(&plane.server.url, "").get("/metrics").await;
+    refused.assert_error(401, "unauthenticated");
+    let refused = Api::new(
+        &plane.server.url,
+        "roost-test-metrics-token-0123456789abcdeX",
+    )
+    .get("/metrics")
+    .await;
+    assert_eq!(refused.status, 401, "{refused:?}");
+    let by_admin = plane.admin.get("/metrics").await;
+    assert_eq!(by_admin.status, 200, "{by_admin:?}");
+    let metrics = Api::new(&plane.server.url, crate::plane::METRICS_TOKEN)
+        .get("/metrics")
+        .await;
+    assert_eq!(metrics.status, 200, "{metrics:?}");
     assert!(metrics.request_id.is_some());
     let text = String::from_utf8_lossy(&metrics.bytes);
     for needle in [

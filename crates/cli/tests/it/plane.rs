@@ -3,7 +3,7 @@
 //! (test code only: it reports what a test tells it to).
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -68,6 +68,11 @@ fn spawn_server(
         data_dir.to_str().expect("utf8"),
     ]);
     command.args(args);
+    if !args.contains(&"--metrics-token-file") {
+        command
+            .arg("--metrics-token-file")
+            .arg(metrics_token_file());
+    }
     // Quiet unless a test asks: the server's stderr goes to the test output.
     command.env("ROOST_LOG", "warn");
     for (k, v) in env {
@@ -543,11 +548,34 @@ where
     }
 }
 
+/// The metrics token every test server is started with
+/// (`--metrics-token-file`), unless a test gives its own.
+pub const METRICS_TOKEN: &str = "roost-test-metrics-token-0123456789abcdef";
+
+/// A file holding [`METRICS_TOKEN`], written once per test process.
+pub fn metrics_token_file() -> &'static Path {
+    static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let path =
+            std::env::temp_dir().join(format!("roost-test-metrics-token-{}", std::process::id()));
+        std::fs::write(&path, format!("{METRICS_TOKEN}\n")).expect("write the metrics token");
+        path
+    })
+}
+
+/// The server's `/metrics` text, read with the metrics token (the server
+/// `api` talks to, whatever its token).
+pub async fn metrics_text(api: &Api) -> String {
+    let metrics = Api::new(&api.url, METRICS_TOKEN).get("/metrics").await;
+    assert_eq!(metrics.status, 200, "{metrics:?}");
+    String::from_utf8_lossy(&metrics.bytes).into_owned()
+}
+
 /// A counter from the server's `/metrics`: the sum of the samples whose
 /// line starts with `prefix` (a metric name and the start of its labels).
 pub async fn metric(api: &Api, prefix: &str) -> u64 {
-    let metrics = api.get("/metrics").await;
-    String::from_utf8_lossy(&metrics.bytes)
+    metrics_text(api)
+        .await
         .lines()
         .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())

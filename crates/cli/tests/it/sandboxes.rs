@@ -380,8 +380,7 @@ async fn quotas_name_the_limit_hit_and_clear_as_documented() {
         "running: 2 of 2"
     );
 
-    let metrics = plane.org.get("/metrics").await;
-    let text = String::from_utf8_lossy(&metrics.bytes);
+    let text = crate::plane::metrics_text(&plane.org).await;
     assert!(
         text.contains("roost_quota_rejections_total{metric=\"sandboxes.running\"} 3"),
         "{text}"
@@ -734,6 +733,8 @@ async fn the_server_raises_its_open_files_limit_and_caps_connections_below_it() 
         .arg(crate::harness::BIN)
         .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data.path())
+        .arg("--metrics-token-file")
+        .arg(crate::plane::metrics_token_file())
         .env("ROOST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -745,7 +746,9 @@ async fn the_server_raises_its_open_files_limit_and_caps_connections_below_it() 
         .strip_prefix("roost server listening on ")
         .expect("the listening line")
         .to_owned();
-    let metrics = Api::new(&url, "").get("/metrics").await;
+    let metrics = Api::new(&url, crate::plane::METRICS_TOKEN)
+        .get("/metrics")
+        .await;
     let _ = lowered.kill();
     let _ = lowered.wait();
     drop(lines);

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use api::ErrorCode;
 use api::data_path::{DataClaims, KEY_BYTES};
+use api::write_stall::WRITE_STALL;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -323,14 +324,19 @@ pub(crate) fn router(plane: Arc<DataPlane>) -> axum::Router {
 /// [`HEADER_READ_TIMEOUT`] (`axum::serve` sets no such timer, so an idle
 /// connection was kept for ever).
 pub(crate) async fn serve(plane: Arc<DataPlane>, listener: tokio::net::TcpListener) {
-    serve_app(router(plane), listener, HEADER_READ_TIMEOUT).await;
+    serve_app(router(plane), listener, HEADER_READ_TIMEOUT, WRITE_STALL).await;
 }
 
+/// Serves `app` on `listener`; a connection whose peer takes nothing of an
+/// answer for `write_stall` is ended (`api::write_stall`): a download a
+/// client stopped reading gives its place back.
 async fn serve_app(
     app: axum::Router,
     listener: tokio::net::TcpListener,
     header_read_timeout: Duration,
+    write_stall: Duration,
 ) {
+    use api::write_stall::WriteStall;
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
     loop {
@@ -349,7 +355,7 @@ async fn serve_app(
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_read_timeout)
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(TokioIo::new(WriteStall::new(stream, write_stall)), service);
             if let Err(err) = connection.await {
                 tracing::debug!(%err, "a data connection ended with an error");
             }
@@ -709,7 +715,12 @@ mod tests {
             .expect("bind");
         let address = listener.local_addr().expect("address");
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let server = tokio::spawn(serve_app(app, listener, Duration::from_millis(300)));
+        let server = tokio::spawn(serve_app(
+            app,
+            listener,
+            Duration::from_millis(300),
+            WRITE_STALL,
+        ));
         // A request is answered.
         let mut answered = tokio::net::TcpStream::connect(address)
             .await
@@ -736,6 +747,74 @@ mod tests {
                 tokio::time::timeout(Duration::from_secs(60), idle.read_to_end(&mut rest)).await;
             assert!(closed.is_ok(), "still open after 60 s");
         }
+        server.abort();
+    }
+
+    /// Audit finding: a download a client stopped reading held its place
+    /// (and its org's share) for as long as the client kept the connection
+    /// open. The connection now ends once the client has taken nothing for
+    /// the write stall, and the answer's place goes with it.
+    #[tokio::test]
+    async fn a_client_that_stops_reading_loses_its_connection_and_the_answers_place() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        /// A place among those served at once, given back when dropped.
+        struct Place(Arc<std::sync::atomic::AtomicUsize>);
+        impl Drop for Place {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let places = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let taken = places.clone();
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(move || {
+                taken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let place = Place(taken.clone());
+                async move {
+                    // An endless download holding a place while it streams.
+                    let chunks = futures::stream::repeat_with(move || {
+                        let _held = &place;
+                        Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![1u8; 64 << 10]))
+                    });
+                    Body::from_stream(chunks)
+                }
+            }),
+        );
+        let server = tokio::spawn(serve_app(
+            app,
+            listener,
+            HEADER_READ_TIMEOUT,
+            Duration::from_millis(300),
+        ));
+        let mut quiet = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        quiet
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("send");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let held = || places.load(std::sync::atomic::Ordering::SeqCst);
+        while tokio::time::Instant::now() < deadline && held() == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(held(), 1, "the download was not served");
+        while held() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the answer still holds its place"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The connection is gone: what was buffered, then its end.
+        let mut rest = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(60), quiet.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "still open");
         server.abort();
     }
 }

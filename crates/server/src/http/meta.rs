@@ -13,10 +13,15 @@ pub async fn openapi() -> Response {
     axum::Json(crate::openapi::document()).into_response()
 }
 
-#[utoipa::path(get, path = "/metrics", tag = "meta", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
-pub async fn metrics(State(state): State<AppState>) -> Result<Response, ControlError> {
-    // Read from the records at most once a second, however often this
-    // (unauthenticated) endpoint is asked: each read scans the fleet.
+/// The deployment's metrics, for the admin token or the metrics token
+/// (`roost server --metrics-token-file`) alone.
+#[utoipa::path(get, path = "/metrics", tag = "meta", responses((status = 200, description = "Prometheus text format", content_type = "text/plain"), (status = 401, description = "no token"), (status = 404, description = "a token that is neither the admin's nor the metrics token")))]
+pub async fn metrics(
+    State(state): State<AppState>,
+    _caller: super::MetricsCaller,
+) -> Result<Response, ControlError> {
+    // Read from the records at most once a second, however often this is
+    // asked (a scraper per server, say): each read scans the fleet.
     let fleet = state
         .metrics
         .fleet_gauges(|| async {

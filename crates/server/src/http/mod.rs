@@ -524,6 +524,12 @@ pub struct RegistrantCaller(pub crate::control::runner_protocol::Registrant);
 /// The admin token's caller. Admin resources do not exist for anyone else.
 pub struct AdminCaller;
 
+/// Who may read `/metrics`: the admin token, or the deployment's metrics
+/// token (`Config::metrics_token`). The fleet's counts are nobody else's
+/// business: an org would learn how busy the deployment and its other
+/// orgs are.
+pub struct MetricsCaller;
+
 /// A caller of the block service: an org token or a runner's credential
 /// (which org's objects either may use is `control::blocks`' rule).
 pub struct BlocksCaller(pub Principal);
@@ -573,6 +579,29 @@ impl FromRequestParts<AppState> for AdminCaller {
             _ => Err(ControlError::new(
                 api::ErrorCode::NotFound,
                 "no such endpoint",
+            )),
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for MetricsCaller {
+    type Rejection = ControlError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ControlError> {
+        if let (Some(expected), Some(given)) = (
+            state.config.metrics_token.as_deref(),
+            bearer_token(&parts.headers),
+        ) && blake3::hash(expected.as_bytes()) == blake3::hash(given.as_bytes())
+        {
+            // Compared as hashes: `blake3::Hash`'s equality takes the same
+            // time wherever the two differ.
+            return Ok(MetricsCaller);
+        }
+        match Caller::from_request_parts(parts, state).await?.0 {
+            Principal::Admin => Ok(MetricsCaller),
+            _ => Err(ControlError::new(
+                api::ErrorCode::NotFound,
+                "no such endpoint (/metrics takes the admin token or the metrics token)",
             )),
         }
     }

@@ -206,6 +206,7 @@ async fn connections_past_the_cap_wait_and_are_served_once_idle_ones_end() {
     }
     let metrics = reqwest::Client::new()
         .get(format!("{}/metrics", server.url))
+        .bearer_auth(&server.admin_token)
         .timeout(Duration::from_secs(120))
         .send()
         .await

@@ -479,7 +479,10 @@ async fn a_runner_registering_again_with_its_credential_keeps_its_identity() {
 /// How many assignments long-polls this server answered `how` (`read` or
 /// `unchanged`), from its metrics.
 async fn assignment_answers(server: &TestServer, how: &str) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", server.url))
+    let text = reqwest::Client::new()
+        .get(format!("{}/metrics", server.url))
+        .bearer_auth(&server.admin_token)
+        .send()
         .await
         .expect("metrics")
         .text()
