@@ -19,10 +19,15 @@
 //! it is written to disk, a download read from disk only as fast as the
 //! runner takes it.
 //!
-//! An upload is written to `.roost-upload-RANDOM` beside its target
-//! (`O_EXCL`), fsynced, given its mode and renamed over the target; any
-//! failure, or the runner going away before `DATA_END`, removes it. So the
-//! target holds its old content or the new, never a part.
+//! An upload is written to a file of no name in its target's directory
+//! (`O_TMPFILE`), fsynced, given its mode, linked in as
+//! `.roost-upload-RANDOM` and at once renamed over the target. So the
+//! target holds its old content or the new, never a part, and an agent
+//! killed mid-upload (its sandbox stopped) leaves nothing: a file of no
+//! name goes with its last descriptor. Where the filesystem has no
+//! `O_TMPFILE` (some network filesystems), the file has that name from
+//! the start (`O_EXCL`), and any failure, or the runner going away before
+//! `DATA_END`, removes it; only the agent's own death leaves it then.
 //!
 //! A tar stream is unpacked without following any symlink in the tree:
 //! each directory on an entry's way is opened one component at a time
@@ -466,8 +471,7 @@ struct Upload {
     path: PathBuf,
     directory: File,
     name: OsString,
-    temporary: OsString,
-    file: File,
+    temporary: Temporary,
 }
 
 impl Upload {
@@ -494,31 +498,40 @@ impl Upload {
             .custom_flags(OFlags::DIRECTORY.bits() as i32)
             .open(&parent)
             .map_err(|e| os_failure(e, "open the directory", &parent))?;
-        let (temporary, file) = create_temporary(&directory, &parent)?;
+        let temporary = create_temporary(&directory, &parent)?;
         Ok(Upload {
             path,
             directory,
             name,
             temporary,
-            file,
         })
     }
 
     /// Writes what comes until `End`, then puts the file in place; on any
     /// failure (the connection gone included) the temporary file goes.
     fn receive(self, mut pieces: mpsc::Receiver<Piece>, mode: u32) -> Result<u64, Failure> {
-        let result = self.fill(&mut pieces, mode);
-        if result.is_err() {
-            let _ = rustix::fs::unlinkat(&self.directory, &self.temporary, AtFlags::empty());
-        }
-        result
+        let size = match self.fill(&mut pieces, mode) {
+            Ok(size) => size,
+            Err(failure) => {
+                self.temporary.discard(&self.directory);
+                return Err(failure);
+            }
+        };
+        let placing = |e: io::Error| os_failure(e, "write", &self.path);
+        self.temporary
+            .place(&self.directory, &self.name)
+            .map_err(|e| placing(e.into()))?;
+        // The rename itself durable: the directory's entry.
+        rustix::fs::fsync(&self.directory).map_err(|e| placing(e.into()))?;
+        Ok(size)
     }
 
+    /// Writes the file whole, with its mode, fsynced.
     fn fill(&self, pieces: &mut mpsc::Receiver<Piece>, mode: u32) -> Result<u64, Failure> {
         let mut size = 0u64;
         // The disk writes while the bytes come: the fsync below has little
         // left, and the sandbox's memory holds few dirty pages.
-        let mut file = crate::host::WriteBehind::new(&self.file, 0);
+        let mut file = crate::host::WriteBehind::new(&self.temporary.file, 0);
         loop {
             match pieces.blocking_recv() {
                 Some(Piece::Bytes(bytes)) => {
@@ -533,24 +546,71 @@ impl Upload {
             }
         }
         let placing = |e: io::Error| os_failure(e, "write", &self.path);
-        rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode)).map_err(|e| placing(e.into()))?;
-        self.file.sync_all().map_err(placing)?;
-        rustix::fs::renameat(
-            &self.directory,
-            &self.temporary,
-            &self.directory,
-            &self.name,
-        )
-        .map_err(|e| placing(e.into()))?;
-        // The rename itself durable: the directory's entry.
-        rustix::fs::fsync(&self.directory).map_err(|e| placing(e.into()))?;
+        let written = &self.temporary.file;
+        rustix::fs::fchmod(written, Mode::from_raw_mode(mode)).map_err(|e| placing(e.into()))?;
+        written.sync_all().map_err(placing)?;
         Ok(size)
     }
 }
 
-/// A new, empty `.roost-upload-RANDOM` in `directory` (`O_EXCL`: never
-/// one that exists, nor through a symlink).
-fn create_temporary(directory: impl AsFd, parent: &Path) -> Result<(OsString, File), Failure> {
+/// A file being written that takes its final name only once whole.
+struct Temporary {
+    file: File,
+    /// Its `.roost-upload-RANDOM` name where it needed one from the start
+    /// (no `O_TMPFILE`); `None`: it has no name until [`Temporary::place`].
+    name: Option<OsString>,
+}
+
+impl Temporary {
+    /// Names the file `name` in `directory`, over a file or symlink there,
+    /// in one rename. Where it had no name, it is linked in under a
+    /// temporary one first (there a moment, removed if the rename fails).
+    fn place(&self, directory: impl AsFd, name: &OsStr) -> rustix::io::Result<()> {
+        let temporary = match &self.name {
+            Some(temporary) => temporary.clone(),
+            None => link_unnamed(&self.file, directory.as_fd())?,
+        };
+        rustix::fs::renameat(directory.as_fd(), &temporary, directory.as_fd(), name).inspect_err(
+            |_| {
+                let _ = rustix::fs::unlinkat(directory.as_fd(), &temporary, AtFlags::empty());
+            },
+        )
+    }
+
+    /// Gives the file up: a named one is removed; one of no name goes
+    /// with its descriptor.
+    fn discard(&self, directory: impl AsFd) {
+        if let Some(name) = &self.name {
+            let _ = rustix::fs::unlinkat(directory, name, AtFlags::empty());
+        }
+    }
+}
+
+/// A new, empty file in `directory`: of no name (`O_TMPFILE`) where the
+/// filesystem can, else `.roost-upload-RANDOM` (`O_EXCL`: never one that
+/// exists, nor through a symlink).
+fn create_temporary(directory: impl AsFd, parent: &Path) -> Result<Temporary, Failure> {
+    // Linked in through /proc/self/fd at the end (AT_EMPTY_PATH would need
+    // CAP_DAC_READ_SEARCH, which a sandbox does not have).
+    if Path::new("/proc/self/fd").is_dir() {
+        let unnamed = rustix::fs::openat(
+            directory.as_fd(),
+            ".",
+            OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        );
+        match unnamed {
+            Ok(fd) => {
+                return Ok(Temporary {
+                    file: File::from(fd),
+                    name: None,
+                });
+            }
+            // What a filesystem without O_TMPFILE answers.
+            Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {}
+            Err(e) => return Err(os_failure(e.into(), "create a file in", parent)),
+        }
+    }
     for _ in 0..8 {
         let name = format!("{UPLOAD_PREFIX}{}", random_hex());
         let created = rustix::fs::openat(
@@ -560,7 +620,12 @@ fn create_temporary(directory: impl AsFd, parent: &Path) -> Result<(OsString, Fi
             Mode::from_raw_mode(0o600),
         );
         match created {
-            Ok(fd) => return Ok((OsString::from(name), File::from(fd))),
+            Ok(fd) => {
+                return Ok(Temporary {
+                    file: File::from(fd),
+                    name: Some(OsString::from(name)),
+                });
+            }
             Err(Errno::EXIST) => continue,
             Err(e) => return Err(os_failure(e.into(), "create a file in", parent)),
         }
@@ -569,6 +634,28 @@ fn create_temporary(directory: impl AsFd, parent: &Path) -> Result<(OsString, Fi
         "io_error",
         format!("no free temporary name in {}", shown(parent)),
     ))
+}
+
+/// Links the unnamed file `file` into `directory` as a fresh
+/// `.roost-upload-RANDOM`; returns the name.
+fn link_unnamed(file: &File, directory: BorrowedFd<'_>) -> rustix::io::Result<OsString> {
+    use std::os::fd::AsRawFd;
+    let source = format!("/proc/self/fd/{}", file.as_raw_fd());
+    for _ in 0..8 {
+        let name = OsString::from(format!("{UPLOAD_PREFIX}{}", random_hex()));
+        match rustix::fs::linkat(
+            rustix::fs::CWD,
+            source.as_str(),
+            directory,
+            &name,
+            AtFlags::SYMLINK_FOLLOW,
+        ) {
+            Ok(()) => return Ok(name),
+            Err(Errno::EXIST) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Errno::EXIST)
 }
 
 fn random_hex() -> String {
@@ -1334,11 +1421,13 @@ impl Unpacker {
                 // Written beside its name and renamed over it once whole:
                 // what the name held stays until then, and a stream cut, a
                 // full disk or a killed agent never leaves part of a file
-                // under it (a temporary at most, as an upload's).
+                // under it (nor, where the file has no name until then,
+                // anything at all: `Temporary`).
                 let directory_path = path.parent().unwrap_or(&self.root_path).to_path_buf();
-                let (temporary, mut file) = create_temporary(parent, &directory_path)?;
+                let temporary = create_temporary(parent, &directory_path)?;
+                let file = &temporary.file;
                 let announced = entry.size();
-                let written = copy_entry(entry, &mut file, &mut self.buffer).and_then(|size| {
+                let written = copy_entry(entry, file, &mut self.buffer).and_then(|size| {
                     // The tar crate reads an entry cut short as a short one.
                     if size != announced {
                         return Err(Copy::Read(io::Error::new(
@@ -1348,7 +1437,7 @@ impl Unpacker {
                             ),
                         )));
                     }
-                    rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))
+                    rustix::fs::fchmod(file, Mode::from_raw_mode(mode))
                         .map_err(|e| Copy::Write(e.into()))?;
                     let time = rustix::fs::Timespec {
                         tv_sec: i64::try_from(mtime).unwrap_or(0),
@@ -1359,14 +1448,13 @@ impl Unpacker {
                         last_modification: time,
                     };
                     // A time the filesystem refuses costs nothing.
-                    let _ = rustix::fs::futimens(&file, &times);
+                    let _ = rustix::fs::futimens(file, &times);
                     Ok(size)
                 });
-                drop(file);
                 let size = match written {
                     Ok(size) => size,
                     Err(failure) => {
-                        let _ = rustix::fs::unlinkat(parent, &temporary, AtFlags::empty());
+                        temporary.discard(parent);
                         return Err(match failure {
                             Copy::Read(e) => broken(e),
                             Copy::Write(e) => os_failure(e, "write", &path),
@@ -1375,8 +1463,7 @@ impl Unpacker {
                 };
                 // Over a file or a symlink (never followed): replaced at
                 // once. Over a directory: refused, as before.
-                if let Err(e) = rustix::fs::renameat(parent, &temporary, parent, &name) {
-                    let _ = rustix::fs::unlinkat(parent, &temporary, AtFlags::empty());
+                if let Err(e) = temporary.place(parent, &name) {
                     return Err(match e {
                         Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST => {
                             refused(&raw, "is a file where a directory is")
@@ -1428,7 +1515,7 @@ enum Copy {
     Write(io::Error),
 }
 
-fn copy_entry<R: Read>(entry: &mut R, file: &mut File, buffer: &mut [u8]) -> Result<u64, Copy> {
+fn copy_entry<R: Read>(entry: &mut R, mut file: &File, buffer: &mut [u8]) -> Result<u64, Copy> {
     let mut size = 0u64;
     loop {
         let n = match entry.read(buffer) {

@@ -881,6 +881,61 @@ async fn a_full_disk_ends_a_write_insufficient_storage_with_nothing_half_written
     assert_eq!(t.sh_ok("echo fine").await, "fine\n");
 }
 
+/// Audit finding: an upload cut by the agent's own death (its sandbox
+/// stopped or killed mid-upload) left its `.roost-upload-` temporary in
+/// the directory, saved with the home. The file has no name until it is
+/// whole now, so a dead agent leaves nothing.
+#[tokio::test]
+async fn an_upload_cut_by_the_agents_death_leaves_nothing() {
+    let t = TestSandbox::start("files-killed", Limits::default()).await;
+    let sandbox = &t.sandbox;
+    let mut writer = sandbox
+        .agent_write_file("cut.bin", None, false)
+        .await
+        .expect("upload");
+    writer
+        .write(&pseudo_random(4 * 1024 * 1024, 9))
+        .await
+        .expect("a part");
+    // Under way, nothing in the directory has a name of the upload's.
+    assert!(
+        leftovers(&t.workspace).is_empty(),
+        "{:?}",
+        leftovers(&t.workspace)
+    );
+    let init_pid = sandbox
+        .state()
+        .await
+        .expect("state")
+        .and_then(|s| s.init_pid)
+        .expect("the init's pid");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(init_pid).expect("a pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the init");
+    drop(writer);
+    assert!(
+        eventually(Duration::from_secs(20), || !process_alive(init_pid)).await,
+        "the init outlived SIGKILL"
+    );
+    assert!(
+        leftovers(&t.workspace).is_empty(),
+        "{:?}",
+        leftovers(&t.workspace)
+    );
+    assert!(std::fs::symlink_metadata(t.workspace.join("cut.bin")).is_err());
+}
+
+fn process_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+    })
+}
+
 /// A raw frame: its kind and payload.
 type RawFrame = (u8, Vec<u8>);
 
