@@ -297,9 +297,13 @@ impl WorkloadOutput {
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(_) => return,
             }
+            // One buffer's worth per turn: a writer that never pauses (a
+            // workload's background `yes`) must not keep the lock from
+            // `drain`, which the init's end waits on.
             let (open, copied) = {
                 let _copying = self.copying.lock().unwrap_or_else(|e| e.into_inner());
-                self.copy(&mut buffer, u64::MAX)
+                let turn = buffer.len() as u64;
+                self.copy(&mut buffer, turn)
             };
             since_check += copied;
             if since_check >= WORKLOAD_LOG_CHECK_BYTES {

@@ -223,6 +223,30 @@ async fn a_workloads_output_takes_a_bounded_place_on_the_host() {
     assert_eq!(status, "roost-init: workload exited code=3\n");
 }
 
+/// A workload that leaves a process printing without pause (its output
+/// pipe never empty) still ends the sandbox when it exits: the init's
+/// last copy of the output does not wait for the pipe to empty.
+#[tokio::test]
+async fn a_workload_that_leaves_a_printer_behind_still_ends_the_sandbox() {
+    let (dir, mut config) = prepare("printer", Limits::default());
+    config.workload = vec![
+        "sh".into(),
+        "-c".into(),
+        "yes & yes >&2 & sleep 0.5; exit 4".into(),
+    ];
+    let t = TestSandbox::start_config(dir, config).await;
+    let cause = tokio::time::timeout(Duration::from_secs(60), t.sandbox.wait_for_exit())
+        .await
+        .expect("the sandbox ended")
+        .expect("wait_for_exit");
+    assert_eq!(
+        cause,
+        DeathCause::WorkloadExited {
+            end: Some(InitEnd::WorkloadExited { code: 4 })
+        }
+    );
+}
+
 #[tokio::test]
 async fn stop_forwards_sigterm_to_the_workload() {
     let (dir, mut config) = prepare("stopwl", Limits::default());
