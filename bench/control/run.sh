@@ -248,12 +248,14 @@ bench_engine() {
   log "  $(cat "$RES/$engine.creates.json")"
 
   log "$engine: $WAITERS waiters"
+  ROOST_METRICS_TOKEN="$(head -n1 "$BENCH_DIR/$engine-a/admin-token")" \
   "$LOADGEN_BIN" waiters --url "$url" --token "$ORG_TOKEN" --runner-token "$runner_token" \
     --server-pid "$pid" --waiters "$WAITERS" --sandboxes "$WAITER_SANDBOXES" \
     >"$RES/$engine.waiters.json" 2>>"$LOGS/loadgen.err"
   log "  $(cat "$RES/$engine.waiters.json")"
 
   log "$engine: wake latency, $WAKES times"
+  ROOST_METRICS_TOKEN="$(head -n1 "$BENCH_DIR/$engine-a/admin-token")" \
   "$LOADGEN_BIN" wake --url "$url" --token "$ORG_TOKEN" --runner-token "$runner_token" \
     --runner-id "$runner_id" --count "$WAKES" >"$RES/$engine.wake.json" 2>>"$LOGS/loadgen.err"
   log "  $(cat "$RES/$engine.wake.json")"
@@ -261,6 +263,7 @@ bench_engine() {
   if [ "$engine" = postgres ]; then
     start_server "$engine-b" "${db_args[@]}"
     log "$engine: wake latency across servers (waiter on A, report on B), $WAKES times"
+    ROOST_METRICS_TOKEN="$(head -n1 "$BENCH_DIR/$engine-a/admin-token")" \
     "$LOADGEN_BIN" wake --url "$url" --report-url "$SERVER_URL" --token "$ORG_TOKEN" \
       --runner-token "$runner_token" --runner-id "$runner_id" --count "$WAKES" \
       >"$RES/$engine.wake-cross.json" 2>>"$LOGS/loadgen.err"

@@ -272,11 +272,16 @@ impl Api {
         Ok(())
     }
 
-    /// `roost_long_poll_waiters` from `/metrics`.
+    /// `roost_long_poll_waiters` from `/metrics`, read with the token in
+    /// `ROOST_METRICS_TOKEN` (the admin token or the server's metrics
+    /// token: `/metrics` answers no other).
     async fn waiters_gauge(&self) -> Result<u64> {
+        let token = std::env::var("ROOST_METRICS_TOKEN")
+            .context("ROOST_METRICS_TOKEN: the admin token or the server's metrics token")?;
         let text = self
             .http
             .get(format!("{}/metrics", self.base))
+            .bearer_auth(token)
             .send()
             .await
             .context("GET /metrics")?

@@ -248,6 +248,12 @@ pub const WORKLOAD_LOG_BYTES_MAX: u64 = 8 << 20;
 pub const WORKLOAD_LOG_KEEP_BYTES: u64 = 1 << 20;
 /// How much output passes between two looks at the log's size.
 const WORKLOAD_LOG_CHECK_BYTES: u64 = 256 << 10;
+/// The log's length (holes included) past which it starts again from
+/// nothing: punched holes keep a file's length, and a filesystem's
+/// largest file (16 TiB on ext4) would end the log after hours of output.
+const WORKLOAD_LOG_LENGTH_MAX: u64 = 1 << 40;
+/// The longest the init's end waits for the copying thread's turn.
+const DRAIN_WAIT: Duration = Duration::from_secs(1);
 
 /// The workload's output on its way to the init's stderr: the pipe's
 /// reading end (non-blocking) and the lock held while a part read from
@@ -267,19 +273,22 @@ fn spawn_workload(
 ) -> std::io::Result<(std::process::Child, std::sync::Arc<WorkloadOutput>)> {
     let (reader, writer) = std::io::pipe()?;
     rustix::io::ioctl_fionbio(&reader, true)?;
+    let output = std::sync::Arc::new(WorkloadOutput {
+        pipe: reader,
+        copying: std::sync::Mutex::new(()),
+    });
+    // The thread first: a workload never runs without its output copied.
+    // Should the workload not start, the thread sees the pipe closed (the
+    // writers dropped with the command) and ends.
+    let forwarding = output.clone();
+    std::thread::Builder::new()
+        .name("workload-output".to_owned())
+        .spawn(move || forwarding.forward())?;
     let child = std::process::Command::new(program)
         .args(args)
         .stdout(writer.try_clone()?)
         .stderr(writer)
         .spawn()?;
-    let output = std::sync::Arc::new(WorkloadOutput {
-        pipe: reader,
-        copying: std::sync::Mutex::new(()),
-    });
-    let forwarding = output.clone();
-    std::thread::Builder::new()
-        .name("workload-output".to_owned())
-        .spawn(move || forwarding.forward())?;
     Ok((child, output))
 }
 
@@ -318,11 +327,25 @@ impl WorkloadOutput {
 
     /// Writes what the pipe holds now to the log, once the workload has
     /// ended and before the init reports it: its last words are not lost
-    /// when the init exits before its copying thread has caught up.
+    /// when the init exits before its copying thread has caught up. Runs
+    /// on the init's one thread (which also serves the agent and watches
+    /// the lease), so it waits for the copying thread's turn at most
+    /// [`DRAIN_WAIT`] and copies at most what the pipe holds.
     fn drain(&self) {
-        let _copying = self.copying.lock().unwrap_or_else(|e| e.into_inner());
+        let started = std::time::Instant::now();
+        let _copying = loop {
+            match self.copying.try_lock() {
+                Ok(guard) => break guard,
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => break poisoned.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if started.elapsed() < DRAIN_WAIT => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        };
         let held = rustix::io::ioctl_fionread(&self.pipe).unwrap_or(0);
         self.copy(&mut vec![0u8; 64 << 10], held);
+        trim_log(&std::io::stderr());
     }
 
     /// Copies at most `most` bytes that can be read without waiting to the
@@ -360,11 +383,16 @@ fn trim_log(log: &impl std::os::fd::AsFd) {
     if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
         return;
     }
+    let length = u64::try_from(stat.st_size).unwrap_or(0);
+    if length > WORKLOAD_LOG_LENGTH_MAX {
+        // Appended writes go on from the new end, nothing.
+        let _ = rustix::fs::ftruncate(log, 0);
+        return;
+    }
     let on_disk = u64::try_from(stat.st_blocks).unwrap_or(0) * 512;
     if on_disk <= WORKLOAD_LOG_BYTES_MAX {
         return;
     }
-    let length = u64::try_from(stat.st_size).unwrap_or(0);
     let end = length.saturating_sub(WORKLOAD_LOG_KEEP_BYTES) & !4095;
     let _ = rustix::fs::fallocate(
         log,
@@ -686,6 +714,42 @@ fn report(end: InitEnd) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_past_its_bound_keeps_its_tail_and_one_past_its_length_starts_again() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("init.log");
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("open");
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..12 {
+            log.write_all(&chunk).expect("write");
+        }
+        log.write_all(b"the last line\n").expect("write");
+        log.sync_all().expect("sync");
+        trim_log(&log);
+        let metadata = std::fs::metadata(&path).expect("stat");
+        assert_eq!(metadata.len(), (12 << 20) + 14, "the length stays");
+        assert!(
+            metadata.blocks() * 512 <= WORKLOAD_LOG_KEEP_BYTES + (64 << 10),
+            "{} bytes kept",
+            metadata.blocks() * 512
+        );
+        assert!(crate::host::read_lossy(&path).ends_with("xx\nthe last line\n"));
+
+        // Holes keep a file's length: past the longest it may grow, it
+        // starts again, and what comes after lands at its start.
+        log.set_len(WORKLOAD_LOG_LENGTH_MAX + 1)
+            .expect("a long sparse log");
+        trim_log(&log);
+        assert_eq!(std::fs::metadata(&path).expect("stat").len(), 0);
+        log.write_all(b"after\n").expect("write");
+        assert_eq!(std::fs::read(&path).expect("read"), b"after\n");
+    }
 
     #[test]
     fn status_lines_round_trip() {

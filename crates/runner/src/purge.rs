@@ -57,7 +57,7 @@ pub async fn purge(
     // Sandboxes' root layers in the homes' volume (`agent::dirs`).
     let layers = data.root().join("volumes").join("roots");
     if layers.is_dir() {
-        data.place_layers_in(layers);
+        data.place_layers_in(layers, false);
     }
     let containers = oci::runtime::container_ids_under(&data.runtime_root())?;
     // Without a runtime nothing can be killed: fine only if nothing runs.

@@ -54,9 +54,10 @@ use oci::{Error, Result};
 #[derive(Debug)]
 pub struct DataDir {
     root: PathBuf,
-    /// Where sandboxes' writable layers go (`None`: in each sandbox's
-    /// directory): [`DataDir::place_layers_in`].
-    layers: Option<PathBuf>,
+    /// Where sandboxes' writable layers are (`None`: in each sandbox's
+    /// directory), and whether new ones go there:
+    /// [`DataDir::place_layers_in`].
+    layers: Option<(PathBuf, bool)>,
     /// Holds the exclusive lock for as long as the runner lives.
     _lock: File,
 }
@@ -102,10 +103,13 @@ impl DataDir {
         })
     }
 
-    /// Puts new sandboxes' writable layers under `layers` (`LAYERS/ID`,
-    /// made by `homes::Homes::prepare_layer` before a launch).
-    pub fn place_layers_in(&mut self, layers: PathBuf) {
-        self.layers = Some(layers);
+    /// Finds sandboxes' writable layers under `layers` (`LAYERS/ID`), and
+    /// with `new_ones_too` puts new sandboxes' there (made by
+    /// `homes::Homes::prepare_layer` before a launch). Without it (a
+    /// runner that cannot make them now: no `btrfs` tool, a purge), those
+    /// already there are still found, never taken for missing.
+    pub fn place_layers_in(&mut self, layers: PathBuf, new_ones_too: bool) {
+        self.layers = Some((layers, new_ones_too));
     }
 
     pub fn root(&self) -> &Path {
@@ -123,12 +127,15 @@ impl DataDir {
     /// runner from before layers had a place), which is adopted there.
     pub fn sandbox_paths(&self, id: &SandboxId) -> Result<SandboxPaths> {
         let paths = SandboxPaths::new(self.root.join("sandboxes").join(id.as_str()))?;
-        let Some(layers) = &self.layers else {
+        let Some((layers, new_ones_too)) = &self.layers else {
             return Ok(paths);
         };
         let layer = layers.join(id.as_str());
+        if layer.exists() {
+            return paths.with_layer(layer);
+        }
         let layer_in_dir = [paths.rootfs(), paths.upper()].iter().any(|d| d.exists());
-        if layer_in_dir && !layer.exists() {
+        if layer_in_dir || !new_ones_too {
             return Ok(paths);
         }
         paths.with_layer(layer)
@@ -729,6 +736,45 @@ mod tests {
         );
         files.forget("cmd_2").expect("forget");
         assert_eq!(files.record("cmd_2").expect("record"), CommandRecord::New);
+    }
+
+    /// A sandbox's layer is found where its first launch put it, whatever
+    /// this runner would do for a new one.
+    #[test]
+    fn a_sandboxs_layer_stays_where_its_first_launch_put_it() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut data = DataDir::open(tmp.path()).expect("open");
+        let layers = tmp.path().join("volumes/roots");
+        let id = |name: &str| SandboxId::new(name).expect("id");
+        let dir = |name: &str| tmp.path().join("sandboxes").join(name);
+
+        // No place for layers: in the sandbox's directory.
+        let paths = data.sandbox_paths(&id("sbx_a")).expect("paths");
+        assert!(!paths.layer_apart());
+        assert_eq!(paths.rootfs(), dir("sbx_a").join("rootfs"));
+
+        data.place_layers_in(layers.clone(), true);
+        // A new sandbox: in the layers' place.
+        let paths = data.sandbox_paths(&id("sbx_new")).expect("paths");
+        assert_eq!(paths.layer(), layers.join("sbx_new"));
+        assert_eq!(paths.rootfs(), layers.join("sbx_new/rootfs"));
+        assert_eq!(paths.upper(), layers.join("sbx_new/upper"));
+        assert_eq!(paths.bundle(), dir("sbx_new").join("bundle"));
+        // One launched before layers had a place (host image, or image):
+        // adopted where it is.
+        for (name, layer) in [("sbx_host", "rootfs"), ("sbx_image", "upper")] {
+            std::fs::create_dir_all(dir(name).join(layer)).expect("mkdir");
+            let paths = data.sandbox_paths(&id(name)).expect("paths");
+            assert!(!paths.layer_apart(), "{name}");
+        }
+        // One whose layer is in the place, found there even by a runner
+        // that makes no new ones there (no btrfs tool now, a purge).
+        std::fs::create_dir_all(layers.join("sbx_moved/rootfs")).expect("mkdir");
+        data.place_layers_in(layers.clone(), false);
+        let paths = data.sandbox_paths(&id("sbx_moved")).expect("paths");
+        assert_eq!(paths.layer(), layers.join("sbx_moved"));
+        let paths = data.sandbox_paths(&id("sbx_other")).expect("paths");
+        assert!(!paths.layer_apart(), "a new one stays in its directory");
     }
 
     #[test]

@@ -677,7 +677,7 @@ async fn run_agent(
         config.failpoint.clone(),
     )?;
     if let Some(layers) = homes.layers() {
-        data.place_layers_in(layers);
+        data.place_layers_in(layers, true);
         match (homes.layers_unbounded_because(), config.sandbox_disk_bytes) {
             (None, Some(bytes)) => {
                 tracing::info!(mib = bytes >> 20, "sandboxes' root layers are bounded");
@@ -690,6 +690,8 @@ async fn run_agent(
             }
         }
     } else {
+        // Layers made when it could are still found where they are.
+        data.place_layers_in(data.root().join("volumes").join("roots"), false);
         tracing::warn!(
             "sandboxes' root layers stay in the data dir, unbounded: the homes' volume is not btrfs"
         );

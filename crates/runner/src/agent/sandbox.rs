@@ -954,12 +954,16 @@ impl Worker {
             }
         }
         self.record_placement(sandbox.epoch).map_err(Step::Local)?;
-        self.prepare_layer().await.map_err(Step::Local)?;
-        let launched = {
-            let Some(_thawed) = self.shared.fence.thawed().await else {
-                return Err(Step::Frozen);
-            };
-            self.shared.runtime.launch(&config).await
+        // A layer that cannot be made fails the launch as the runtime's
+        // own failures do: retried a few times, then reported.
+        let launched = match self.prepare_layer().await {
+            Ok(()) => {
+                let Some(_thawed) = self.shared.fence.thawed().await else {
+                    return Err(Step::Frozen);
+                };
+                self.shared.runtime.launch(&config).await
+            }
+            Err(err) => Err(err),
         };
         match launched {
             Ok(handle) => {
