@@ -62,8 +62,14 @@ pub struct RunnerArgs {
     /// in the sandbox with "Disk quota exceeded". Enforced where the homes'
     /// volume is btrfs with quota groups on (the runner's own image is);
     /// `none`: only the volume's free space bounds it.
-    #[arg(long, value_name = "SIZE|none", default_value = "10GiB", value_parser = parse_disk_max)]
-    sandbox_disk_max: DiskMax,
+    #[arg(long, value_name = "SIZE|none", default_value = "10GiB", value_parser = parse_size_or_none)]
+    sandbox_disk_max: SizeOrNone,
+    /// The most imported images' trees (and the block cache that speeds
+    /// up their next versions) may take on this host: past it, trees no
+    /// sandbox here uses are removed, least recently used first (a later
+    /// sandbox of that image downloads it again). `none`: no bound.
+    #[arg(long, value_name = "SIZE|none", default_value = "32GiB", value_parser = parse_size_or_none)]
+    image_cache_max: SizeOrNone,
     /// The cgroup every sandbox's cgroup goes under. One runner per host
     /// needs no other; several runners on one machine (tests, demos) each
     /// need their own, since a sandbox's cgroup is named after it.
@@ -179,10 +185,8 @@ pub fn run(args: RunnerArgs) -> Result<ExitCode> {
             host::parse_capacity(&capacity, config.capacity).map_err(anyhow::Error::msg)?;
     }
     config.homes_image_bytes = args.homes_image_size.saturating_mul(1 << 20);
-    config.sandbox_disk_bytes = args
-        .sandbox_disk_max
-        .0
-        .map(|mib| mib.saturating_mul(1 << 20));
+    config.sandbox_disk_bytes = args.sandbox_disk_max.bytes();
+    config.image_cache_bytes = args.image_cache_max.bytes();
     config.cgroup_parent = args.cgroup_parent;
     for declared in &args.filesystems {
         let Some((id, path)) = declared.split_once('=') else {
@@ -234,15 +238,22 @@ pub fn run_init(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode 
     runner::init::run_from_args(args)
 }
 
-/// `--sandbox-disk-max`: MiB, or `None` for `none`.
+/// A bound given as a size or `none` (`--sandbox-disk-max`,
+/// `--image-cache-max`): MiB, or `None` for `none`.
 #[derive(Clone, Copy, Debug)]
-struct DiskMax(Option<u64>);
+struct SizeOrNone(Option<u64>);
 
-fn parse_disk_max(text: &str) -> Result<DiskMax, String> {
-    if text.trim().eq_ignore_ascii_case("none") {
-        return Ok(DiskMax(None));
+impl SizeOrNone {
+    fn bytes(self) -> Option<u64> {
+        self.0.map(|mib| mib.saturating_mul(1 << 20))
     }
-    crate::sandbox::parse_mib(text).map(|mib| DiskMax(Some(mib)))
+}
+
+fn parse_size_or_none(text: &str) -> Result<SizeOrNone, String> {
+    if text.trim().eq_ignore_ascii_case("none") {
+        return Ok(SizeOrNone(None));
+    }
+    crate::sandbox::parse_mib(text).map(|mib| SizeOrNone(Some(mib)))
 }
 
 #[cfg(test)]
@@ -250,13 +261,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_sandbox_disk_bound_is_a_size_or_none() {
-        assert_eq!(parse_disk_max("10GiB").expect("a size").0, Some(10 << 10));
-        assert_eq!(parse_disk_max("512M").expect("a size").0, Some(512));
-        assert_eq!(parse_disk_max("none").expect("none").0, None);
-        assert_eq!(parse_disk_max("NONE").expect("none").0, None);
+    fn a_bound_is_a_size_or_none() {
+        assert_eq!(
+            parse_size_or_none("10GiB").expect("a size").0,
+            Some(10 << 10)
+        );
+        assert_eq!(
+            parse_size_or_none("10GiB").expect("a size").bytes(),
+            Some(10 << 30)
+        );
+        assert_eq!(parse_size_or_none("512M").expect("a size").0, Some(512));
+        assert_eq!(parse_size_or_none("none").expect("none").0, None);
+        assert_eq!(parse_size_or_none("NONE").expect("none").0, None);
         for bad in ["0", "", "lots", "-1G"] {
-            assert!(parse_disk_max(bad).is_err(), "{bad:?}");
+            assert!(parse_size_or_none(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -213,6 +213,74 @@ async fn an_imported_image_runs_and_a_new_version_brings_only_its_changes() {
     let _ = wait_sandbox(api, sid, "running").await;
 }
 
+/// Audit finding: a runner kept every image tree it ever materialised, so
+/// an org importing image after image could fill its disk for every
+/// org. Past `--image-cache-max`, trees no sandbox on the runner uses go,
+/// least recently used first; one in use stays, and one removed comes
+/// back when a sandbox asks for it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_keeps_its_image_trees_within_its_bound_and_never_one_in_use() {
+    let store = tempfile::tempdir().expect("store dir");
+    let store_arg = store.path().to_str().expect("utf-8").to_owned();
+    let stack =
+        Stack::start_with_args(&["--store", &store_arg], &["--image-cache-max", "1MiB"]).await;
+    let api = stack.api();
+    let work = tempfile::tempdir().expect("work dir");
+    // Two images, each over the bound alone (busybox is ~1-2 MiB).
+    let mut roots = Vec::new();
+    for name in ["one", "two"] {
+        let tree = work.path().join(name);
+        busybox_tree(&tree, 20);
+        std::fs::write(tree.join("etc/name"), format!("{name}\n")).expect("name");
+        let imported = import(
+            api,
+            name,
+            &tar_of(&tree, &work.path().join(format!("{name}.tar"))),
+        );
+        roots.push(
+            imported["image"]["root"]
+                .as_str()
+                .expect("a root")
+                .to_owned(),
+        );
+    }
+    let trees = stack.runner.data_dir.join("images");
+    let (one, two) = (trees.join(&roots[0]), trees.join(&roots[1]));
+
+    let first = stack.running_sandbox(json!({"image": "one"})).await;
+    let first = first["id"].as_str().expect("id").to_owned();
+    assert_eq!(sh(api, &first, "cat /etc/name").await, "one\n");
+    assert!(one.is_dir());
+    let deleted = api.delete(&format!("/v1/sandboxes/{first}")).await;
+    assert_eq!(deleted.status, 202, "{deleted:?}");
+    assert_eq!(
+        wait_sandbox(api, &first, "deleted").await["state"],
+        "deleted"
+    );
+
+    // A sandbox of the other image: past the bound, the unused tree goes;
+    // the one in use stays, however far past the bound it is.
+    let second = stack.running_sandbox(json!({"image": "two"})).await;
+    let second = second["id"].as_str().expect("id").to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while one.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unused tree stays past the bound"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(two.is_dir(), "the tree in use went");
+    assert_eq!(sh(api, &second, "cat /etc/name").await, "two\n");
+
+    // Asked for again: materialised again, and it runs.
+    let third = stack.running_sandbox(json!({"image": "one"})).await;
+    let third = third["id"].as_str().expect("id").to_owned();
+    assert_eq!(sh(api, &third, "cat /etc/name").await, "one\n");
+    assert!(one.is_dir() && two.is_dir(), "both in use");
+    stack.runner.assert_no_errors();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_block_service_verifies_uploads_and_keeps_orgs_apart() {
     let store = tempfile::tempdir().expect("store dir");

@@ -299,7 +299,13 @@ impl Stack {
 
     /// A server, and a runner started with `runner_args`.
     async fn start_with_runner_args(runner_args: &[&str]) -> Stack {
-        let plane = Plane::start(&[]).await;
+        Self::start_with_args(&[], runner_args).await
+    }
+
+    /// A server started with `server_args`, and a runner with
+    /// `runner_args`.
+    pub(crate) async fn start_with_args(server_args: &[&str], runner_args: &[&str]) -> Stack {
+        let plane = Plane::start(server_args).await;
         let dir = tempfile::Builder::new()
             .prefix("roost-e2e-")
             .tempdir()

@@ -175,6 +175,13 @@ fn overlayfs_available() -> bool {
 /// `--sandbox-disk-max`'s default: 10 GiB of root layer per sandbox.
 pub const SANDBOX_DISK_BYTES_DEFAULT: u64 = 10 << 30;
 
+/// `--image-cache-max`'s default: 32 GiB of image trees and block cache.
+pub const IMAGE_CACHE_BYTES_DEFAULT: u64 = 32 << 30;
+
+/// How often the runner looks whether its image trees need collecting
+/// (they do only after a new materialisation).
+const IMAGE_COLLECTION_INTERVAL: Duration = Duration::from_secs(10);
+
 const HEARTBEAT_RETRY_MS: u64 = 1_000;
 /// Seconds one assignments long-poll may wait (the server's maximum).
 const ASSIGNMENTS_WAIT_SECONDS: u64 = 25;
@@ -226,6 +233,10 @@ pub struct AgentConfig {
     /// where the homes' volume is btrfs with quota groups on; `None`:
     /// unbounded (the volume's free space).
     pub sandbox_disk_bytes: Option<u64>,
+    /// The most imported images' trees and the block cache may take on
+    /// this host before trees no sandbox here uses go, least recently
+    /// used first (`images`); `None`: no bound.
+    pub image_cache_bytes: Option<u64>,
     /// Shared filesystems mounted on this host, by id (`--filesystem
     /// ID=PATH`): offered as `filesystem:ID`; a sandbox's mount names a
     /// directory beneath one. The path never leaves the runner.
@@ -265,6 +276,7 @@ impl AgentConfig {
             command_kill_grace: Duration::from_secs(10),
             homes_image_bytes: 256 << 30,
             sandbox_disk_bytes: Some(SANDBOX_DISK_BYTES_DEFAULT),
+            image_cache_bytes: Some(IMAGE_CACHE_BYTES_DEFAULT),
             filesystems: BTreeMap::new(),
             failpoint: Failpoints::none(),
             secrets_dir: None,
@@ -356,7 +368,7 @@ pub(crate) struct Shared {
     /// Every timer of the agent and the fence's notion of now.
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) data: DataDir,
-    pub(crate) images: images::Images,
+    pub(crate) images: Arc<images::Images>,
     pub(crate) homes: homes::Homes,
     pub(crate) config: AgentConfig,
     /// Freezes the sandboxes when the lease cannot be renewed.
@@ -670,7 +682,7 @@ async fn run_agent(
     if let Some(credential) = data.runner_token()? {
         link.use_credential(Some(&credential));
     }
-    let images = images::Images::open(data.root())?;
+    let images = Arc::new(images::Images::open(data.root(), config.image_cache_bytes)?);
     let homes = homes::Homes::open(
         data.root(),
         Some(config.homes_image_bytes),
@@ -745,6 +757,7 @@ async fn run_agent(
             result = heartbeats => result,
             () = fence::watch(&shared) => Ok(()),
             () = preemption(&shared, preemption_notices) => Ok(()),
+            () = collect_images(&shared) => Ok(()),
             () = &mut shutdown => Ok(()),
         }
     };
@@ -808,6 +821,23 @@ async fn heartbeats(
 }
 
 /// Passes each preemption notice on to the server; never ends.
+/// Keeps image trees within `--image-cache-max`: a collection after each
+/// new materialisation (and one at start), never two at once.
+async fn collect_images(shared: &Shared) {
+    loop {
+        if shared.images.collection_due() {
+            match shared.images.collect().await {
+                Ok(removed) if !removed.is_empty() => {
+                    tracing::info!(trees = removed.len(), "image trees collected");
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!(%err, "cannot collect image trees"),
+            }
+        }
+        shared.clock.sleep(IMAGE_COLLECTION_INTERVAL).await;
+    }
+}
+
 async fn preemption(shared: &Shared, notices: Option<mpsc::Receiver<()>>) {
     if let Some(mut notices) = notices {
         while notices.recv().await.is_some() {

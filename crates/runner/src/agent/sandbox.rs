@@ -854,12 +854,7 @@ impl Worker {
     async fn launch(&mut self, sandbox: &SandboxAssignment, seen: Seen) -> Result<(), Step> {
         let image = match &sandbox.image_root {
             None => RootImage::Host,
-            Some(root) => match self
-                .shared
-                .images
-                .materialised(&*self.shared.control, &sandbox.org_id, root)
-                .await
-            {
+            Some(root) => match self.image_tree(&sandbox.org_id, root).await {
                 Ok(dir) => RootImage::Tree(dir),
                 Err(NotReady::Store(wait)) => return Err(Step::Store(wait)),
                 Err(NotReady::DiskFull(message)) => {
@@ -1044,6 +1039,19 @@ impl Worker {
         })
         .await
         .map_err(|err| Delivery::Step(Step::Local(err)))
+    }
+
+    /// The tree of image `root`, materialised here if need be, named first
+    /// in the sandbox's directory: a collection of image trees never takes
+    /// it from under the launch (`images`).
+    async fn image_tree(&self, org_id: &str, root: &str) -> Result<PathBuf, NotReady> {
+        let dir = self.handle.paths().dir();
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        oci::host::write_durably(&dir.join("image"), root.as_bytes())?;
+        self.shared
+            .images
+            .materialised(&*self.shared.control, org_id, root)
+            .await
     }
 
     /// Where the epoch of the placement the container was launched for is

@@ -1202,7 +1202,7 @@ fn shared_over(
         },
     );
     config.failpoint = failpoint.clone();
-    let images = images::Images::open(data.root()).expect("the images dir opens");
+    let images = Arc::new(images::Images::open(data.root(), None).expect("the images dir opens"));
     let homes = homes::Homes::open(data.root(), None, failpoint).expect("homes open");
     let clock: Arc<dyn Clock> = clock.clone();
     // Registered before: the runner holds its own credential.
