@@ -305,6 +305,19 @@ impl Stack {
     /// A server started with `server_args`, and a runner with
     /// `runner_args`.
     pub(crate) async fn start_with_args(server_args: &[&str], runner_args: &[&str]) -> Stack {
+        Self::start_parts(server_args, &[], runner_args).await
+    }
+
+    /// A server started with `server_args`, and a runner.
+    pub(crate) async fn start_full(server_args: &[&str], runner_env: &[(&str, &str)]) -> Stack {
+        Self::start_parts(server_args, runner_env, &[]).await
+    }
+
+    async fn start_parts(
+        server_args: &[&str],
+        runner_env: &[(&str, &str)],
+        runner_args: &[&str],
+    ) -> Stack {
         let plane = Plane::start(server_args).await;
         let dir = tempfile::Builder::new()
             .prefix("roost-e2e-")
@@ -314,29 +327,9 @@ impl Stack {
             &plane.server.url,
             &plane.runner_token,
             &dir.path().join("runner"),
-            &[],
+            runner_env,
             None,
             runner_args,
-        );
-        Stack {
-            plane,
-            runner,
-            _dir: dir,
-        }
-    }
-
-    /// A server started with `server_args`, and a runner.
-    pub(crate) async fn start_full(server_args: &[&str], runner_env: &[(&str, &str)]) -> Stack {
-        let plane = Plane::start(server_args).await;
-        let dir = tempfile::Builder::new()
-            .prefix("roost-e2e-")
-            .tempdir()
-            .expect("tempdir");
-        let runner = RunnerProcess::start(
-            &plane.server.url,
-            &plane.runner_token,
-            &dir.path().join("runner"),
-            runner_env,
         );
         Stack {
             plane,
