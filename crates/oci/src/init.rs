@@ -309,16 +309,19 @@ impl WorkloadOutput {
             // One buffer's worth per turn: a writer that never pauses (a
             // workload's background `yes`) must not keep the lock from
             // `drain`, which the init's end waits on.
-            let (open, copied) = {
+            let open = {
                 let _copying = self.copying.lock().unwrap_or_else(|e| e.into_inner());
                 let turn = buffer.len() as u64;
-                self.copy(&mut buffer, turn)
+                let (open, copied) = self.copy(&mut buffer, turn);
+                since_check += copied;
+                // Under the lock, as `drain`'s: two trims at once could
+                // punch out what the other's truncation let in.
+                if since_check >= WORKLOAD_LOG_CHECK_BYTES {
+                    since_check = 0;
+                    trim_log(&std::io::stderr());
+                }
+                open
             };
-            since_check += copied;
-            if since_check >= WORKLOAD_LOG_CHECK_BYTES {
-                since_check = 0;
-                trim_log(&std::io::stderr());
-            }
             if !open {
                 return;
             }

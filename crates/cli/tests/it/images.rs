@@ -228,7 +228,7 @@ async fn a_runner_keeps_its_image_trees_within_its_bound_and_never_one_in_use() 
     let work = tempfile::tempdir().expect("work dir");
     // Two images, each over the bound alone (busybox is ~1-2 MiB).
     let mut roots = Vec::new();
-    for name in ["one", "two"] {
+    for name in ["one", "two", "three"] {
         let tree = work.path().join(name);
         busybox_tree(&tree, 20);
         std::fs::write(tree.join("etc/name"), format!("{name}\n")).expect("name");
@@ -260,24 +260,63 @@ async fn a_runner_keeps_its_image_trees_within_its_bound_and_never_one_in_use() 
 
     // A sandbox of the other image: past the bound, the unused tree goes;
     // the one in use stays, however far past the bound it is.
+    let collections = || stack.runner.log_lines_with(&["image trees collected"]);
+    let collected_before = collections();
     let second = stack.running_sandbox(json!({"image": "two"})).await;
     let second = second["id"].as_str().expect("id").to_owned();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while one.exists() {
+    while one.exists() || collections() == collected_before {
         assert!(
             std::time::Instant::now() < deadline,
             "the unused tree stays past the bound"
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    assert!(two.is_dir(), "the tree in use went");
+    // The collection that took it is over: the tree in use stayed.
+    assert!(two.join("etc/name").is_file(), "the tree in use went");
     assert_eq!(sh(api, &second, "cat /etc/name").await, "two\n");
 
-    // Asked for again: materialised again, and it runs.
+    // Asked for again: materialised again, and it runs; the collection
+    // after it takes neither tree, both in use.
+    let collected_before = collections();
     let third = stack.running_sandbox(json!({"image": "one"})).await;
     let third = third["id"].as_str().expect("id").to_owned();
     assert_eq!(sh(api, &third, "cat /etc/name").await, "one\n");
-    assert!(one.is_dir() && two.is_dir(), "both in use");
+    while collections() == collected_before {
+        assert!(
+            std::time::Instant::now() < deadline + std::time::Duration::from_secs(60),
+            "no collection after a new tree"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(
+        one.join("etc/name").is_file() && two.join("etc/name").is_file(),
+        "a tree in use went"
+    );
+    // A stopped sandbox's tree is in use too: it starts again on it.
+    let stop = api
+        .post(&format!("/v1/sandboxes/{second}/stop"), json!({}))
+        .await;
+    assert_eq!(stop.status, 202, "{stop:?}");
+    assert_eq!(
+        wait_sandbox(api, &second, "stopped").await["state"],
+        "stopped"
+    );
+    let collected_before = collections();
+    let fourth = stack.running_sandbox(json!({"image": "three"})).await;
+    let fourth = fourth["id"].as_str().expect("id").to_owned();
+    while collections() == collected_before {
+        assert!(
+            std::time::Instant::now() < deadline + std::time::Duration::from_secs(120),
+            "no collection after a new tree"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(
+        two.join("etc/name").is_file(),
+        "a stopped sandbox's tree went"
+    );
+    assert_eq!(sh(api, &fourth, "cat /etc/name").await, "three\n");
     stack.runner.assert_no_errors();
 }
 

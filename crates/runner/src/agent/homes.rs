@@ -358,20 +358,19 @@ impl Homes {
     /// (else it is unbounded: the runner said why when it started). The
     /// bound is set at every launch, so a runner restarted with another
     /// applies it as sandboxes launch again.
-    /// A bound that cannot be set (quota groups turned off since the
-    /// runner started) leaves the layer unbounded, with a warning: the
-    /// bound is the runner's policy, not something the sandbox asked for.
-    pub(crate) fn prepare_layer(&self, id: &str, bytes: Option<u64>) -> Result<PathBuf> {
+    /// A layer already at `layer` whose bound cannot be set (quota groups
+    /// turned off since the runner started, the `btrfs` tool gone) is
+    /// used unbounded, with a warning: the bound is the runner's policy,
+    /// not something the sandbox asked for.
+    pub(crate) fn prepare_layer(&self, id: &str, layer: &Path, bytes: Option<u64>) -> Result<()> {
         let bytes = bytes.filter(|_| self.volumes.unbounded_because().is_none());
         match self.volumes.create_layer(id, bytes) {
-            Ok(layer) => Ok(layer),
-            Err(err) => match self.volumes.layer(id)? {
-                Some(layer) if layer.is_dir() => {
-                    tracing::warn!(sandbox_id = id, %err, "the sandbox's root layer is unbounded: its bound could not be set");
-                    Ok(layer)
-                }
-                _ => Err(err),
-            },
+            Ok(_) => Ok(()),
+            Err(err) if layer.is_dir() => {
+                tracing::warn!(sandbox_id = id, %err, "the sandbox's root layer is unbounded: its bound could not be set");
+                Ok(())
+            }
+            Err(err) => Err(err),
         }
     }
 

@@ -182,6 +182,10 @@ impl Images {
             }
             Ok(Err(err)) => {
                 let _ = std::fs::remove_dir_all(&temp);
+                if matches!(err, NotReady::DiskFull(_)) {
+                    // Unused trees may be what fills the disk.
+                    self.grew.store(true, Ordering::Relaxed);
+                }
                 Err(err)
             }
             Err(join) => {
@@ -218,6 +222,15 @@ impl Images {
             return Ok(Vec::new());
         };
         self.grew.store(false, Ordering::Relaxed);
+        let collected = self.collect_within(bytes_max).await;
+        if collected.is_err() {
+            // Tried again at the next look.
+            self.grew.store(true, Ordering::Relaxed);
+        }
+        collected
+    }
+
+    async fn collect_within(self: &Arc<Self>, bytes_max: u64) -> Result<Vec<Digest>> {
         let images = self.clone();
         let (mut total, candidates) =
             oci::host::blocking("count the image trees", &self.dir, move || images.survey())
@@ -260,7 +273,12 @@ impl Images {
     /// The bytes trees and the block cache take, and the trees no sandbox
     /// here uses with their bytes, least recently used first.
     fn survey(&self) -> Result<(u64, Vec<(Digest, u64)>)> {
-        let used = self.used()?;
+        let Some(used) = self.used()? else {
+            tracing::info!(
+                "image trees are not collected while a sandbox here launched by an older runner may use any of them"
+            );
+            return Ok((0, Vec::new()));
+        };
         let mut total = tree_bytes(&self.cache)?;
         let mut unused = Vec::new();
         for entry in std::fs::read_dir(&self.dir).map_err(|e| Error::io("list", &self.dir, e))? {
@@ -308,17 +326,36 @@ impl Images {
     }
 
     /// The trees sandboxes here use: named in their directories, or the
-    /// lower layer of a mounted overlay.
-    fn used(&self) -> Result<HashSet<Digest>> {
+    /// lower layer of a mounted overlay. `None`: a sandbox here may use
+    /// any tree (one launched on an imported image by a runner from before
+    /// trees were named, until it launches again or goes), so none may go.
+    /// Anything unreadable fails the collection rather than count as
+    /// unused.
+    fn used(&self) -> Result<Option<HashSet<Digest>>> {
         let mut used = HashSet::new();
-        if let Ok(listing) = std::fs::read_dir(&self.sandboxes) {
-            for entry in listing.flatten() {
-                if let Some(root) = std::fs::read_to_string(entry.path().join("image"))
-                    .ok()
-                    .and_then(|text| text.trim().parse::<Digest>().ok())
-                {
+        let listing = match std::fs::read_dir(&self.sandboxes) {
+            Ok(listing) => Some(listing),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io("list", &self.sandboxes, e)),
+        };
+        for entry in listing.into_iter().flatten() {
+            let entry = entry.map_err(|e| Error::io("list", &self.sandboxes, e))?;
+            let named = entry.path().join("image");
+            match std::fs::read_to_string(&named) {
+                Ok(text) => {
+                    let root = text.trim().parse::<Digest>().map_err(|_| {
+                        Error::Invalid(format!("{} names no tree", named.display()))
+                    })?;
                     used.insert(root);
                 }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    // An image's writable layer with no tree named: an
+                    // older runner's launch (a host-image sandbox has none).
+                    if entry.path().join("upper").exists() {
+                        return Ok(None);
+                    }
+                }
+                Err(e) => return Err(Error::io("read", &named, e)),
             }
         }
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
@@ -326,6 +363,7 @@ impl Images {
         let prefix = format!("lowerdir={}/", self.dir.display());
         for line in mountinfo.lines() {
             for option in line.split(',') {
+                let option = oci::host::unescape_mountinfo(option);
                 let Some(lower) = option.split_once(&prefix).map(|(_, rest)| rest) else {
                     continue;
                 };
@@ -338,18 +376,20 @@ impl Images {
                 }
             }
         }
-        Ok(used)
+        Ok(Some(used))
     }
 
     /// Removes the tree of `root` unless a sandbox here uses it (asked
     /// again under its lock: a launch names its tree before it takes the
     /// lock). Whether it went.
     fn remove_unused(&self, root: &Digest) -> Result<bool> {
-        if self.used()?.contains(root) {
+        if self.used()?.is_none_or(|used| used.contains(root)) {
             return Ok(false);
         }
+        static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
         let tree = self.dir.join(root.to_hex());
-        let going = self.dir.join(format!(".tmp-{}-gc", root.to_hex()));
+        let going = self.dir.join(format!(".tmp-{}-gc-{n}", root.to_hex()));
         match std::fs::rename(&tree, &going) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
@@ -405,4 +445,33 @@ fn empty_dir(dir: &Path) -> Result<()> {
         oci::host::remove_tree(&entry.path())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a sandbox here uses is read from its directory; one an older
+    /// runner launched on an image (a writable layer, no tree named)
+    /// may use any, and holds them all.
+    #[test]
+    fn the_trees_in_use_are_those_sandboxes_name_and_an_unnamed_one_holds_all() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let images = Images::open(tmp.path(), Some(1)).expect("open");
+        let root = Digest::of(b"a tree");
+        let sandboxes = tmp.path().join("sandboxes");
+        assert_eq!(images.used().expect("read"), Some(HashSet::new()));
+        std::fs::create_dir_all(sandboxes.join("sbx_new")).expect("mkdir");
+        std::fs::write(sandboxes.join("sbx_new/image"), root.to_hex()).expect("name");
+        // A host-image sandbox names nothing and holds nothing.
+        std::fs::create_dir_all(sandboxes.join("sbx_host/rootfs")).expect("mkdir");
+        assert_eq!(images.used().expect("read"), Some(HashSet::from([root])));
+        std::fs::create_dir_all(sandboxes.join("sbx_old/upper")).expect("mkdir");
+        assert_eq!(images.used().expect("read"), None);
+        std::fs::remove_dir_all(sandboxes.join("sbx_old")).expect("rm");
+        // A name that is no tree fails the collection, never counts as
+        // nothing used.
+        std::fs::write(sandboxes.join("sbx_new/image"), "garbage").expect("write");
+        assert!(images.used().is_err());
+    }
 }

@@ -827,10 +827,7 @@ async fn collect_images(shared: &Shared) {
     loop {
         if shared.images.collection_due() {
             match shared.images.collect().await {
-                Ok(removed) if !removed.is_empty() => {
-                    tracing::info!(trees = removed.len(), "image trees collected");
-                }
-                Ok(_) => {}
+                Ok(removed) => tracing::info!(removed = removed.len(), "image trees collected"),
                 Err(err) => tracing::warn!(%err, "cannot collect image trees"),
             }
         }

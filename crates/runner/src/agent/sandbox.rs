@@ -1076,10 +1076,14 @@ impl Worker {
         if !paths.layer_apart() {
             return Ok(());
         }
-        let (shared, id) = (self.shared.clone(), self.id.clone());
+        let (shared, id, layer) = (
+            self.shared.clone(),
+            self.id.clone(),
+            paths.layer().to_owned(),
+        );
         oci::host::blocking("prepare the root layer", paths.layer(), move || {
             let bytes = shared.config.sandbox_disk_bytes;
-            shared.homes.prepare_layer(id.as_str(), bytes).map(drop)
+            shared.homes.prepare_layer(id.as_str(), &layer, bytes)
         })
         .await
     }
