@@ -14,7 +14,18 @@ pub struct CreateOrgRequest {
     pub max_running: Option<u32>,
     #[serde(default)]
     pub max_total: Option<u32>,
+    /// The most its objects may take in the content store, in MiB (its
+    /// homes' saves and snapshots, images, pushes, as stored: compressed,
+    /// each object once). An upload that finds the org at or past it is
+    /// refused 429 `quota_exceeded` (metric `store_bytes`): a durable
+    /// sandbox's saves wait until deletes and a `store gc` free room.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 1_073_741_824)]
+    pub max_store_mib: Option<u64>,
 }
+
+/// The largest `max_store_mib` (1 PiB).
+pub const STORE_MIB_MAX: u64 = 1 << 30;
 
 /// The org and its token; the token is shown once and stored only hashed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -130,6 +141,10 @@ pub struct OrgUsage {
     pub max_running: Option<u64>,
     /// The limit on sandboxes held in any state but ended (absent: none).
     pub max_total: Option<u64>,
+    /// The limit on what its objects take in the content store, in MiB
+    /// (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_store_mib: Option<u64>,
     /// Sandboxes counted against `max_running`.
     pub running: u64,
     /// Sandboxes counted against `max_total`.

@@ -230,6 +230,7 @@ async fn run(args: Args) -> Result<serde_json::Value> {
             name: args.org.clone(),
             max_running: None,
             max_total: None,
+            max_store_mib: None,
         })
         .await
         .context("create the org")?;

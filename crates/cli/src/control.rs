@@ -377,6 +377,11 @@ pub enum OrgCommand {
         /// Most sandboxes held (running or stopped).
         #[arg(long)]
         max_total: Option<u32>,
+        /// Most its objects may take in the content store (its homes'
+        /// saves, snapshots, images, pushes, as stored), e.g. `100G`;
+        /// past it uploads are refused `quota_exceeded` (`store_bytes`).
+        #[arg(long, value_name = "SIZE", value_parser = crate::sandbox::parse_mib)]
+        max_store: Option<u64>,
         #[command(flatten)]
         target: Target,
         /// Print the answer as one JSON object on stdout.
@@ -543,6 +548,7 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                 name,
                 max_running,
                 max_total,
+                max_store,
                 target,
                 json,
             }) => {
@@ -551,6 +557,7 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                     name,
                     max_running,
                     max_total,
+                    max_store_mib: max_store,
                 };
                 let org = client
                     .create_org(&request)
@@ -590,12 +597,22 @@ pub fn run_admin(command: AdminCommand) -> Result<ExitCode> {
                                 of(o.running, o.max_running),
                                 of(o.total, o.max_total),
                                 human_bytes(o.output_bytes),
+                                o.max_store_mib
+                                    .map_or_else(|| "-".to_owned(), |mib| human_bytes(mib << 20)),
                                 age(&o.created_at),
                             ]
                         })
                         .collect();
                     print_table(
-                        &["ID", "NAME", "RUNNING", "TOTAL", "OUTPUT", "CREATED"],
+                        &[
+                            "ID",
+                            "NAME",
+                            "RUNNING",
+                            "TOTAL",
+                            "OUTPUT",
+                            "STORE MAX",
+                            "CREATED",
+                        ],
                         &rows,
                     );
                 }

@@ -119,6 +119,7 @@ async fn org_and_runner_tokens(url: &str, data_dir: &Path) -> Result<Made> {
             name: "default".to_owned(),
             max_running: None,
             max_total: None,
+            max_store_mib: None,
         })
         .await
         .context("creating the org `default`")?;

@@ -46,6 +46,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (26, include_str!("../migrations/0026_commands_by_pid.sql")),
     (27, include_str!("../migrations/0027_home_bound.sql")),
     (28, include_str!("../migrations/0028_runner_profiles.sql")),
+    (29, include_str!("../migrations/0029_org_store_bound.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

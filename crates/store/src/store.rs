@@ -202,6 +202,9 @@ struct OrgPacks {
     /// Whether objects stored one per key may exist (checked once: this
     /// process's own single-object writes set it).
     loose: Option<bool>,
+    /// The bytes of the org's packs and their indexes as last listed,
+    /// plus those this process wrote since ([`Store::stored_bytes`]).
+    bytes: u64,
 }
 
 impl OrgPacks {
@@ -544,7 +547,9 @@ impl Store {
             merged = self.open_merged(org);
         }
         let mut listed: Vec<PackId> = Vec::new();
+        let mut listed_bytes = 0u64;
         for meta in self.backend.list(&Self::packs_prefix(org))? {
+            listed_bytes = listed_bytes.saturating_add(meta.size);
             if let Some(KeyKind::Pack {
                 pack,
                 part: PackPart::Index,
@@ -554,6 +559,9 @@ impl Store {
                 listed.push(pack);
             }
         }
+        // What the org's packs take, as listed (a pack this process
+        // writes meanwhile may be counted twice until the next listing).
+        self.packs().entry(org.clone()).or_default().bytes = listed_bytes;
         let listed_set: HashSet<PackId> = listed.iter().copied().collect();
         let in_merged = |pack: &PackId| merged.as_ref().is_some_and(|m| m.has_pack(pack));
         let gone: HashSet<PackId> = merged
@@ -649,6 +657,18 @@ impl Store {
         state.listed = true;
         state.refused.extend(newly_refused);
         Ok(())
+    }
+
+    /// The bytes the org's packs take in the store: as last listed (every
+    /// existence answer lists them), plus what this process wrote since;
+    /// listed first if this process has not yet. Objects stored one per
+    /// key (from before packs) are not counted. What an org's quota on
+    /// stored bytes is checked against.
+    pub fn stored_bytes(&self, org: &OrgId) -> Result<u64> {
+        if !self.packs().get(org).is_some_and(|state| state.listed) {
+            self.refresh_packs(org)?;
+        }
+        Ok(self.packs().get(org).map_or(0, |state| state.bytes))
     }
 
     /// What this process holds of the org's pack index (zero if it has
@@ -873,6 +893,7 @@ impl Store {
     ) -> Result<PackIndex> {
         let pack = PackId::random();
         let (bytes, index_bytes, index) = builder.finish(org, pack, born);
+        let written = (bytes.len() + index_bytes.len()) as u64;
         // The data durable before its index exists: an index that outlived
         // its pack's bytes (a power loss before the push's sync) would have
         // every later push skip those objects as stored.
@@ -888,6 +909,7 @@ impl Store {
             let mut packs = self.packs();
             let state = packs.entry(org.clone()).or_default();
             state.add(&index);
+            state.bytes = state.bytes.saturating_add(written);
             !state.cache_failed && state.overlay.len() > self.overlay_max
         };
         if merge_due {
@@ -1655,6 +1677,35 @@ mod durability_tests {
         fn delete(&self, key: &str) -> Result<()> {
             self.inner.delete(key)
         }
+    }
+
+    /// An org's stored bytes are its packs' and their indexes', whoever
+    /// wrote them, and never another org's.
+    #[test]
+    fn an_orgs_stored_bytes_are_its_packs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let backend = Arc::new(crate::backend::LocalBackend::open(dir.path()).expect("open"));
+        let writer = Store::new(backend.clone());
+        let (acme, other): (OrgId, OrgId) =
+            ("acme".parse().expect("org"), "other".parse().expect("org"));
+        assert_eq!(writer.stored_bytes(&acme).expect("none yet"), 0);
+        let stored = vec![7u8; 10_000];
+        let object = ObjectId::block(Digest::of(b"one"));
+        writer
+            .write_packs(&acme, &[(object, &stored[..])], None)
+            .expect("written");
+        let on_disk: u64 = backend
+            .list(&Store::packs_prefix(&acme))
+            .expect("list")
+            .iter()
+            .map(|meta| meta.size)
+            .sum();
+        assert!(on_disk > 10_000, "{on_disk}");
+        assert_eq!(writer.stored_bytes(&acme).expect("counted"), on_disk);
+        // Another process finds the same by listing.
+        let reader = Store::new(backend.clone());
+        assert_eq!(reader.stored_bytes(&acme).expect("listed"), on_disk);
+        assert_eq!(reader.stored_bytes(&other).expect("listed"), 0);
     }
 
     /// Audit finding: a pack's data and index went to a local store with

@@ -74,7 +74,16 @@ fn admin_contract(server: &Server, admin_token: &str) {
     let org = json_of(&admin(
         url,
         admin_token,
-        &["org", "create", "acme", "--max-running", "2", "--json"],
+        &[
+            "org",
+            "create",
+            "acme",
+            "--max-running",
+            "2",
+            "--max-store",
+            "2G",
+            "--json",
+        ],
     ));
     let org_id = org["org_id"].as_str().expect("org_id");
     let org_token = org["token"].as_str().expect("token");
@@ -131,11 +140,15 @@ fn admin_contract(server: &Server, admin_token: &str) {
         .and_then(|orgs| orgs.iter().find(|o| o["org_id"] == org_id))
         .unwrap_or_else(|| panic!("acme listed: {orgs}"));
     assert_eq!(acme["max_running"], 2, "{acme}");
+    assert_eq!(acme["max_store_mib"], 2048, "{acme}");
     assert_eq!(acme["output_bytes"], 0, "{acme}");
     let table = admin(url, admin_token, &["org", "list"]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
-        table.starts_with("ID") && table.contains("acme") && table.contains("0/2"),
+        table.starts_with("ID")
+            && table.contains("acme")
+            && table.contains("0/2")
+            && table.contains("STORE MAX"),
         "{table}"
     );
 

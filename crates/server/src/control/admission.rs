@@ -288,7 +288,12 @@ async fn check_admissible(
     }
 }
 
-fn quota_exceeded(metric: &str, limit: i64, current: i64, retry_after_s: u64) -> ControlError {
+pub(crate) fn quota_exceeded(
+    metric: &str,
+    limit: i64,
+    current: i64,
+    retry_after_s: u64,
+) -> ControlError {
     ControlError::new(
         ErrorCode::QuotaExceeded,
         format!("quota {metric} reached ({current} of {limit})"),

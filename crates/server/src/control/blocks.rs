@@ -129,6 +129,7 @@ pub async fn put(
     object: ObjectId,
     body: Vec<u8>,
 ) -> Result<(), ControlError> {
+    check_store_quota(state, &org).await?;
     let store = store_of(state)?;
     let size = body.len() as u64;
     let stored = blocking(move || match object.kind {
@@ -159,6 +160,7 @@ pub async fn put(
 /// stored; then they are stored in the order given. A refusal (4xx)
 /// stores nothing of the batch.
 pub async fn put_batch(state: &AppState, org: OrgId, body: Vec<u8>) -> Result<(), ControlError> {
+    check_store_quota(state, &org).await?;
     let store = store_of(state)?;
     let frames =
         api::blocks::parse_batch(&body).map_err(|err| limits::invalid("body", err.to_string()))?;
@@ -187,6 +189,37 @@ pub async fn put_batch(state: &AppState, org: OrgId, body: Vec<u8>) -> Result<()
             "nothing of this batch was stored",
         )),
     }
+}
+
+/// How long a client refused for its org's stored bytes waits before it
+/// tries again: room comes back with deletes and a `store gc`, not soon.
+const STORE_QUOTA_RETRY_S: u64 = 60;
+
+/// Refuses an upload while the org's objects take its bound or more
+/// (`max_store_mib`): 429 `quota_exceeded`, metric `store_bytes`, in
+/// bytes. Checked before each upload against what the store last listed
+/// of the org's packs and this server wrote since (`Store::
+/// stored_bytes`): an upload under way passes the bound by at most its
+/// own bytes, and several servers' at once by theirs.
+async fn check_store_quota(state: &AppState, org: &OrgId) -> Result<(), ControlError> {
+    let Some(mib) = crate::records::orgs::max_store_mib(&state.db.pool, org.as_str()).await? else {
+        return Ok(());
+    };
+    let limit = mib.saturating_mul(1 << 20);
+    let store = store_of(state)?;
+    let counted = org.clone();
+    let current = blocking(move || store.stored_bytes(&counted))
+        .await?
+        .map_err(store_error)?;
+    if current >= limit {
+        return Err(super::admission::quota_exceeded(
+            "store_bytes",
+            i64::try_from(limit).unwrap_or(i64::MAX),
+            i64::try_from(current).unwrap_or(i64::MAX),
+            STORE_QUOTA_RETRY_S,
+        ));
+    }
+    Ok(())
 }
 
 /// An upload the store refused, as an answer naming the object (the first

@@ -34,14 +34,27 @@ pub async fn create(
     request: &CreateOrgRequest,
 ) -> Result<CreateOrgResponse, ControlError> {
     validate_org_name(&request.name)?;
+    if let Some(mib) = request.max_store_mib
+        && !(1..=api::orgs::STORE_MIB_MAX).contains(&mib)
+    {
+        return Err(ControlError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "max_store_mib: give 1 to {} (MiB)",
+                api::orgs::STORE_MIB_MAX
+            ),
+        )
+        .with_details(serde_json::json!({ "field": "max_store_mib" })));
+    }
     let org_id = format!("org_{}", auth::random_hex(8)?);
     let token = auth::new_token("org")?;
     let mut tx = state.db.write().await?;
-    let inserted = sqlx::query("INSERT INTO orgs (id, name, max_running, max_total, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
+    let inserted = sqlx::query("INSERT INTO orgs (id, name, max_running, max_total, max_store_mib, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6)")
         .bind(&org_id)
         .bind(&request.name)
         .bind(request.max_running.map(i64::from))
         .bind(request.max_total.map(i64::from))
+        .bind(request.max_store_mib.map(|mib| mib as i64))
         .bind(now_ms())
         .execute(&mut *tx.tx)
         .await;

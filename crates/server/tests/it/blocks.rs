@@ -334,6 +334,92 @@ async fn a_full_store_answers_507_and_stores_nothing_of_the_batch() {
     drop(server);
 }
 
+/// Audit finding: nothing bounded what an org kept in the content store,
+/// which every org shares (a disk, a bucket). An org made with
+/// `max_store_mib` has its uploads refused once its objects take that
+/// much, saying which limit; another org is not held up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orgs_uploads_stop_at_its_store_bound_and_say_which() {
+    let server = TestServer::start().await;
+    let bounded = server
+        .admin
+        .create_org(&api::orgs::CreateOrgRequest {
+            name: "bounded".to_owned(),
+            max_running: None,
+            max_total: None,
+            max_store_mib: Some(1),
+        })
+        .await
+        .expect("an org with a store bound");
+    let org: store::OrgId = bounded.org_id.parse().expect("a store org");
+    let objects = RemoteBackend::new(
+        api::client::Client::new(&server.url, &bounded.token),
+        tokio::runtime::Handle::current(),
+    );
+    let (other_client, other) = server.org("other").await;
+    let theirs = RemoteBackend::new(other_client, tokio::runtime::Handle::current());
+    let blocks: Vec<(ObjectId, Vec<u8>)> = (0..3u64)
+        .map(|seed| {
+            let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let plain: Vec<u8> = (0..700_000)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as u8
+                })
+                .collect();
+            (ObjectId::block(Digest::of(&plain)), block::encode(&plain))
+        })
+        .collect();
+    let last = blocks[2].clone();
+    let (org_seen, other_seen) = (org.clone(), other.clone());
+    tokio::task::spawn_blocking(move || {
+        let first: Vec<(ObjectId, &[u8])> =
+            blocks[..2].iter().map(|(id, b)| (*id, b.as_slice())).collect();
+        // Under its bound when it starts: taken, even past the bound.
+        objects.put_batch(&org_seen, &first).expect("taken");
+        let err = objects
+            .put_batch(&org_seen, &[(blocks[2].0, blocks[2].1.as_slice())])
+            .expect_err("past its bound");
+        let message = err.to_string();
+        assert!(
+            message.contains("quota_exceeded") && message.contains("store_bytes"),
+            "{message}"
+        );
+        // What it has stays readable, and what it lacks is still known.
+        let ids: Vec<ObjectId> = blocks.iter().map(|(id, _)| *id).collect();
+        assert_eq!(objects.missing(&org_seen, &ids).expect("missing"), vec![ids[2]]);
+        // Another org is not held up by it.
+        let all: Vec<(ObjectId, &[u8])> =
+            blocks.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+        theirs.put_batch(&other_seen, &all).expect("another org's upload");
+    })
+    .await
+    .expect("the checks pass");
+
+    // The answer names the limit, in bytes, and what the org holds.
+    let refused = reqwest::Client::new()
+        .put(format!(
+            "{}/v1/blocks/{}/blocks/{}",
+            server.url,
+            bounded.org_id,
+            last.0.digest.to_hex()
+        ))
+        .bearer_auth(&bounded.token)
+        .body(last.1.clone())
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: serde_json::Value = refused.json().await.expect("an envelope");
+    let quota = &body["error"]["details"]["quota"];
+    assert_eq!(quota["metric"], "store_bytes", "{body}");
+    assert_eq!(quota["limit"], 1 << 20, "{body}");
+    assert!(quota["current"].as_u64() > Some(1_400_000), "{body}");
+}
+
 /// Every file name under `dir`.
 fn walk(dir: &std::path::Path) -> Vec<String> {
     let mut names = Vec::new();

@@ -64,6 +64,7 @@ async fn org_of_one(server: &TestServer, name: &str) -> String {
             name: name.to_owned(),
             max_running: Some(1),
             max_total: None,
+            max_store_mib: None,
         })
         .await
         .expect("an org")

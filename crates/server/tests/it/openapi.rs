@@ -79,6 +79,7 @@ async fn every_operation_states_the_tokens_the_router_takes() {
             name: "acme".to_owned(),
             max_running: None,
             max_total: None,
+            max_store_mib: None,
         })
         .await
         .expect("an org");

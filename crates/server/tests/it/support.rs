@@ -83,6 +83,7 @@ impl TestServer {
                 name: name.to_owned(),
                 max_running: None,
                 max_total: None,
+                max_store_mib: None,
             })
             .await
             .expect("create an org")
