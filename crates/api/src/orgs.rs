@@ -143,7 +143,7 @@ pub struct OrgUsage {
     pub max_total: Option<u64>,
     /// The limit on what its objects take in the content store, in MiB
     /// (absent: none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub max_store_mib: Option<u64>,
     /// Sandboxes counted against `max_running`.
     pub running: u64,

@@ -114,6 +114,10 @@ const SHRINK_STEP_BYTES: usize = 1024 * 1024;
 /// Most bytes one ranged read spans.
 const RANGE_BYTES_MAX: u64 = 16 * 1024 * 1024;
 
+/// How old a listing of an org's packs [`Store::stored_bytes`] answers
+/// from: other processes' writes (other servers') count within it.
+pub const STORED_BYTES_FRESH: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Objects an org's in-memory overlay holds at most (packs listed or
 /// written since its merged index file was written) before they are
 /// merged into the file. With the pack that crosses it (at most
@@ -205,6 +209,8 @@ struct OrgPacks {
     /// The bytes of the org's packs and their indexes as last listed,
     /// plus those this process wrote since ([`Store::stored_bytes`]).
     bytes: u64,
+    /// When the org's packs were last listed.
+    listed_at: Option<std::time::Instant>,
 }
 
 impl OrgPacks {
@@ -560,8 +566,14 @@ impl Store {
             }
         }
         // What the org's packs take, as listed (a pack this process
-        // writes meanwhile may be counted twice until the next listing).
-        self.packs().entry(org.clone()).or_default().bytes = listed_bytes;
+        // writes meanwhile may be counted twice, or not at all, until the
+        // next listing).
+        {
+            let mut packs = self.packs();
+            let state = packs.entry(org.clone()).or_default();
+            state.bytes = listed_bytes;
+            state.listed_at = Some(std::time::Instant::now());
+        }
         let listed_set: HashSet<PackId> = listed.iter().copied().collect();
         let in_merged = |pack: &PackId| merged.as_ref().is_some_and(|m| m.has_pack(pack));
         let gone: HashSet<PackId> = merged
@@ -660,12 +672,19 @@ impl Store {
     }
 
     /// The bytes the org's packs take in the store: as last listed (every
-    /// existence answer lists them), plus what this process wrote since;
-    /// listed first if this process has not yet. Objects stored one per
-    /// key (from before packs) are not counted. What an org's quota on
-    /// stored bytes is checked against.
+    /// existence answer lists them, and this lists them again when that
+    /// was more than [`STORED_BYTES_FRESH`] ago, so other processes'
+    /// writes are seen), plus what this process wrote since. Objects
+    /// stored one per key (from before packs) are not counted. What an
+    /// org's quota on stored bytes is checked against.
     pub fn stored_bytes(&self, org: &OrgId) -> Result<u64> {
-        if !self.packs().get(org).is_some_and(|state| state.listed) {
+        let fresh = self.packs().get(org).is_some_and(|state| {
+            state.listed
+                && state
+                    .listed_at
+                    .is_some_and(|at| at.elapsed() < STORED_BYTES_FRESH)
+        });
+        if !fresh {
             self.refresh_packs(org)?;
         }
         Ok(self.packs().get(org).map_or(0, |state| state.bytes))

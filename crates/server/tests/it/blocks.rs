@@ -375,8 +375,10 @@ async fn an_orgs_uploads_stop_at_its_store_bound_and_say_which() {
     let last = blocks[2].clone();
     let (org_seen, other_seen) = (org.clone(), other.clone());
     tokio::task::spawn_blocking(move || {
-        let first: Vec<(ObjectId, &[u8])> =
-            blocks[..2].iter().map(|(id, b)| (*id, b.as_slice())).collect();
+        let first: Vec<(ObjectId, &[u8])> = blocks[..2]
+            .iter()
+            .map(|(id, b)| (*id, b.as_slice()))
+            .collect();
         // Under its bound when it starts: taken, even past the bound.
         objects.put_batch(&org_seen, &first).expect("taken");
         let err = objects
@@ -389,11 +391,16 @@ async fn an_orgs_uploads_stop_at_its_store_bound_and_say_which() {
         );
         // What it has stays readable, and what it lacks is still known.
         let ids: Vec<ObjectId> = blocks.iter().map(|(id, _)| *id).collect();
-        assert_eq!(objects.missing(&org_seen, &ids).expect("missing"), vec![ids[2]]);
+        assert_eq!(
+            objects.missing(&org_seen, &ids).expect("missing"),
+            vec![ids[2]]
+        );
         // Another org is not held up by it.
         let all: Vec<(ObjectId, &[u8])> =
             blocks.iter().map(|(id, b)| (*id, b.as_slice())).collect();
-        theirs.put_batch(&other_seen, &all).expect("another org's upload");
+        theirs
+            .put_batch(&other_seen, &all)
+            .expect("another org's upload");
     })
     .await
     .expect("the checks pass");
