@@ -284,20 +284,7 @@ async fn a_full_store_answers_507_and_stores_nothing_of_the_batch() {
     let store_dir_seen = store_dir.clone();
     tokio::task::spawn_blocking(move || {
         // Incompressible, so zstd cannot make it fit: 3 blocks of 600 KB.
-        let blocks: Vec<(ObjectId, Vec<u8>)> = (0..3u64)
-            .map(|seed| {
-                let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                let plain: Vec<u8> = (0..600_000)
-                    .map(|_| {
-                        state ^= state << 13;
-                        state ^= state >> 7;
-                        state ^= state << 17;
-                        state as u8
-                    })
-                    .collect();
-                (ObjectId::block(Digest::of(&plain)), block::encode(&plain))
-            })
-            .collect();
+        let blocks = incompressible_blocks(3, 600_000);
         let batch: Vec<(ObjectId, &[u8])> =
             blocks.iter().map(|(id, b)| (*id, b.as_slice())).collect();
         let err = objects
@@ -358,20 +345,7 @@ async fn an_orgs_uploads_stop_at_its_store_bound_and_say_which() {
     );
     let (other_client, other) = server.org("other").await;
     let theirs = RemoteBackend::new(other_client, tokio::runtime::Handle::current());
-    let blocks: Vec<(ObjectId, Vec<u8>)> = (0..3u64)
-        .map(|seed| {
-            let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let plain: Vec<u8> = (0..700_000)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect();
-            (ObjectId::block(Digest::of(&plain)), block::encode(&plain))
-        })
-        .collect();
+    let blocks = incompressible_blocks(3, 700_000);
     let last = blocks[2].clone();
     let (org_seen, other_seen) = (org.clone(), other.clone());
     tokio::task::spawn_blocking(move || {
@@ -425,6 +399,25 @@ async fn an_orgs_uploads_stop_at_its_store_bound_and_say_which() {
     assert_eq!(quota["metric"], "store_bytes", "{body}");
     assert_eq!(quota["limit"], 1 << 20, "{body}");
     assert!(quota["current"].as_u64() > Some(1_400_000), "{body}");
+}
+
+/// `count` blocks of `bytes` pseudo-random bytes each (zstd cannot
+/// shrink them), with their ids and stored forms.
+fn incompressible_blocks(count: u64, bytes: usize) -> Vec<(ObjectId, Vec<u8>)> {
+    (0..count)
+        .map(|seed| {
+            let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let plain: Vec<u8> = (0..bytes)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as u8
+                })
+                .collect();
+            (ObjectId::block(Digest::of(&plain)), block::encode(&plain))
+        })
+        .collect()
 }
 
 /// Every file name under `dir`.
