@@ -328,6 +328,24 @@ async fn a_full_store_answers_507_and_stores_nothing_of_the_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orgs_uploads_stop_at_its_store_bound_and_say_which() {
     let server = TestServer::start().await;
+    // A bound of nothing, or past any store, is refused naming the field.
+    for refused in [0, api::orgs::STORE_MIB_MAX + 1, u64::MAX] {
+        let err = server
+            .admin
+            .create_org(&api::orgs::CreateOrgRequest {
+                name: format!("refused-{}", refused % 1000),
+                max_running: None,
+                max_total: None,
+                max_store_mib: Some(refused),
+            })
+            .await
+            .expect_err("refused");
+        let message = err.to_string();
+        assert!(
+            message.contains("invalid_request") && message.contains("max_store_mib"),
+            "{message}"
+        );
+    }
     let bounded = server
         .admin
         .create_org(&api::orgs::CreateOrgRequest {
