@@ -607,7 +607,7 @@ function renderAdmin() {
   const status = el("p", { id: "admin-status", class: "status", role: "status" }, "Loading…");
   const runners = table("Runners", ["Runner", "Class", "Lease", "Lease expires", "Drain", "Sandboxes", "Actions"]);
   runners.node.id = "runners";
-  const orgs = table("Orgs and their quotas", ["Org", "Id", "Running / limit", "Held / limit", "Created"]);
+  const orgs = table("Orgs and their quotas", ["Org", "Id", "Running / limit", "Held / limit", "Store limit", "Created"]);
   orgs.node.id = "orgs";
   const sandboxInput = el("input", { id: "q-sandbox", name: "sandbox", placeholder: "sbx_…", required: true,
     pattern: "sbx_[0-9a-f]+", title: "a sandbox id" });
@@ -679,7 +679,9 @@ function renderAdmin() {
     { "data-runner": r.id, "data-state": r.state }))
       : el("tr", {}, el("td", { colspan: runners.columns.length, class: "muted" }, "No runners registered.")));
     replace(orgs.body, tenants.orgs.map((o) => row(orgs, [o.name, o.org_id,
-      limit(o.running, o.max_running), limit(o.total, o.max_total), when(o.created_at)], { "data-org": o.org_id })));
+      limit(o.running, o.max_running), limit(o.total, o.max_total),
+      o.max_store_mib === null || o.max_store_mib === undefined ? "no limit" : String(o.max_store_mib) + " MiB",
+      when(o.created_at)], { "data-org": o.org_id })));
     status.textContent = "Updated " + new Date().toLocaleTimeString();
   };
   loop(signal, status, async () => {

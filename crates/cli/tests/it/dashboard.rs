@@ -261,6 +261,15 @@ async fn the_dashboard_follows_a_durable_sandbox_in_a_real_browser() {
         ),
         PATIENCE,
     );
+    // Its quotas, the store's included (none set for this org).
+    browser.wait_for(
+        "the org's store limit",
+        &format!(
+            "document.querySelector('#orgs tr[data-org={}] td[data-label=\"Store limit\"]')?.textContent === 'no limit'",
+            js(&fleet.plane.org_id)
+        ),
+        PATIENCE,
+    );
     browser.eval(&format!(
         "document.getElementById('q-sandbox').value = {}; document.getElementById('q-reason').value = 'forensics'; document.getElementById('quarantine').requestSubmit(); true",
         js(&id)
