@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use oci::agent::wire::{self, kind};
 use oci::{AgentDownload, Error, FileKind, Limits, Sandbox};
 
-use crate::support::{TestSandbox, eventually, prepare};
+use crate::support::{TestSandbox, eventually, init_pid, prepare, process_alive};
 
 /// Deterministic bytes that do not compress or repeat (xorshift).
 fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
@@ -119,12 +119,7 @@ async fn a_50_mib_file_round_trips_with_its_mode_and_replaces_the_old_one_whole(
     assert_eq!(mode_of(&t.workspace.join("deep/er")), 0o755, "parents 0755");
     assert!(leftovers(&t.workspace.join("deep/er")).is_empty());
 
-    let init_pid = sandbox
-        .state()
-        .await
-        .expect("state")
-        .and_then(|s| s.init_pid)
-        .expect("the init's pid");
+    let init_pid = init_pid(sandbox).await;
     let rss_before = rss_kib(init_pid);
     let started = Instant::now();
     let (info, download) = sandbox
@@ -903,12 +898,7 @@ async fn an_upload_cut_by_the_agents_death_leaves_nothing() {
         "{:?}",
         leftovers(&t.workspace)
     );
-    let init_pid = sandbox
-        .state()
-        .await
-        .expect("state")
-        .and_then(|s| s.init_pid)
-        .expect("the init's pid");
+    let init_pid = init_pid(sandbox).await;
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(init_pid).expect("a pid"),
         rustix::process::Signal::KILL,
@@ -925,15 +915,6 @@ async fn an_upload_cut_by_the_agents_death_leaves_nothing() {
         leftovers(&t.workspace)
     );
     assert!(std::fs::symlink_metadata(t.workspace.join("cut.bin")).is_err());
-}
-
-fn process_alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        !stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
-    })
 }
 
 /// A raw frame: its kind and payload.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use oci::{DeathCause, Error, InitEnd, Limits, Observation, Signal, Status};
 
-use crate::support::{TestSandbox, eventually, prepare};
+use crate::support::{TestSandbox, eventually, prepare, process_alive};
 
 #[tokio::test]
 async fn init_is_pid_1_and_reaps_orphans() {
@@ -163,21 +163,28 @@ async fn killing_the_init_from_the_host_is_workload_exited() {
     );
 }
 
+/// Waits (a minute at most) for the sandbox to end by its workload
+/// exiting with `code`, as its init reported it.
+async fn ends_with_code(t: &TestSandbox, code: i32) -> DeathCause {
+    let cause = tokio::time::timeout(Duration::from_secs(60), t.sandbox.wait_for_exit())
+        .await
+        .expect("the sandbox ended")
+        .expect("wait_for_exit");
+    assert_eq!(
+        cause,
+        DeathCause::WorkloadExited {
+            end: Some(InitEnd::WorkloadExited { code })
+        }
+    );
+    cause
+}
+
 #[tokio::test]
 async fn a_workload_that_ends_ends_the_sandbox_with_its_code() {
     let (dir, mut config) = prepare("workload", Limits::default());
     config.workload = vec!["sh".into(), "-c".into(), "sleep 0.3; exit 7".into()];
     let t = TestSandbox::start_config(dir, config).await;
-    let cause = tokio::time::timeout(Duration::from_secs(10), t.sandbox.wait_for_exit())
-        .await
-        .expect("ends")
-        .expect("wait_for_exit");
-    assert_eq!(
-        cause,
-        DeathCause::WorkloadExited {
-            end: Some(InitEnd::WorkloadExited { code: 7 })
-        }
-    );
+    let cause = ends_with_code(&t, 7).await;
     assert_eq!(cause.exit_code(), Some(7));
 }
 
@@ -196,16 +203,7 @@ async fn a_workloads_output_takes_a_bounded_place_on_the_host() {
                   echo 'last words' >&2; exit 3";
     config.workload = vec!["sh".into(), "-c".into(), script.into()];
     let t = TestSandbox::start_config(dir, config).await;
-    let cause = tokio::time::timeout(Duration::from_secs(60), t.sandbox.wait_for_exit())
-        .await
-        .expect("ends")
-        .expect("wait_for_exit");
-    assert_eq!(
-        cause,
-        DeathCause::WorkloadExited {
-            end: Some(InitEnd::WorkloadExited { code: 3 })
-        }
-    );
+    ends_with_code(&t, 3).await;
     let log = t.config.paths.init_log();
     let metadata = std::fs::metadata(&log).expect("the init log");
     assert!(metadata.len() >= 48_000_000, "{} bytes", metadata.len());
@@ -235,16 +233,7 @@ async fn a_workload_that_leaves_a_printer_behind_still_ends_the_sandbox() {
         "yes & yes >&2 & sleep 0.5; exit 4".into(),
     ];
     let t = TestSandbox::start_config(dir, config).await;
-    let cause = tokio::time::timeout(Duration::from_secs(60), t.sandbox.wait_for_exit())
-        .await
-        .expect("the sandbox ended")
-        .expect("wait_for_exit");
-    assert_eq!(
-        cause,
-        DeathCause::WorkloadExited {
-            end: Some(InitEnd::WorkloadExited { code: 4 })
-        }
-    );
+    ends_with_code(&t, 4).await;
 }
 
 #[tokio::test]
@@ -330,17 +319,6 @@ async fn delete_of_a_running_sandbox_kills_it() {
     let gone = eventually(Duration::from_secs(5), || !process_alive(pid)).await;
     assert!(gone, "the init survived delete");
     assert_eq!(t.sandbox.state().await.expect("state"), None);
-}
-
-/// Alive and not a zombie (whoever adopted the dead init may reap late).
-fn process_alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next().map(|s| s != "Z"))
-        })
-        .unwrap_or(false)
 }
 
 #[tokio::test]

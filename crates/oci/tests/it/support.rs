@@ -162,6 +162,27 @@ pub struct Ran {
     pub stderr: String,
 }
 
+/// Alive and not a zombie (whoever adopted a dead init may reap late).
+pub fn process_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(|s| s != "Z"))
+        })
+        .unwrap_or(false)
+}
+
+/// The host pid of a running sandbox's init.
+pub async fn init_pid(sandbox: &oci::Sandbox) -> i32 {
+    sandbox
+        .state()
+        .await
+        .expect("state")
+        .and_then(|s| s.init_pid)
+        .expect("the init's pid")
+}
+
 /// Polls `check` until it holds or `within` passes.
 pub async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + within;
