@@ -316,7 +316,7 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         renewals: Arc::default(),
         assignment_reads: tokio::sync::Semaphore::new(control::ASSIGNMENT_READS_AT_ONCE),
         runner_reads: Default::default(),
-        save_turns: Default::default(),
+        pointer_turns: Default::default(),
         org_requests: Arc::new(control::org_share::OrgRequests::new(org_requests_max)),
         connections: Arc::new(tokio::sync::Semaphore::new(connections)),
     }))

@@ -910,3 +910,129 @@ async fn the_block_service_hands_out_objects_in_batches_naming_absent_ones() {
     }
     assert_eq!(got[3], None, "absent");
 }
+
+/// An image commit pins its tree, then writes its record: one killed
+/// between the two (a server's crash) leaves the record naming the tree
+/// it named, and gc keeps that tree whole; the next commit then works as
+/// ever. Before, the commit pointed the image's only pin at its new tree
+/// first, and gc took the tree the record still named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_commit_killed_before_its_record_leaves_the_recorded_tree_to_gc_never() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let store_dir = tmp.path().join("store");
+    let store_arg = store_dir.to_str().expect("utf-8").to_owned();
+    let args = ["--store", store_arg.as_str()];
+    let server = crate::plane::start_server_with(&data, &args, &[]);
+    let admin = Api::new(&server.url, server.admin_token.as_deref().expect("token"));
+    let (org, org_id) = new_org(&admin, "acme", json!({})).await;
+
+    let tree = tmp.path().join("tree");
+    std::fs::create_dir_all(tree.join("etc")).expect("etc");
+    std::fs::write(tree.join("etc/os-release"), "ID=first\n").expect("write");
+    std::fs::write(tree.join("etc/motd"), "the first version\n").expect("write");
+    let first = import(&org, "base", &tree)["image"]["root"]
+        .as_str()
+        .expect("a root")
+        .to_owned();
+
+    // The second version's commit dies between its pin and its record.
+    drop(server);
+    let mut crashing =
+        crate::plane::start_server_with(&data, &args, &[("ROOST_FAILPOINT", "image:after_pin")]);
+    let org = Api::new(&crashing.url, &org.token);
+    std::fs::write(tree.join("etc/os-release"), "ID=second\n").expect("write");
+    std::fs::write(tree.join("etc/motd"), "the second version\n").expect("write");
+    let died = Command::new(BIN)
+        .args(["image", "import", "base"])
+        .arg(&tree)
+        .args(["--json", "--url", &org.url, "--token", &org.token])
+        .output()
+        .expect("roost image import");
+    assert!(!died.status.success(), "the server died before answering");
+    let status = crashing.child.wait().expect("wait");
+    assert!(!status.success(), "killed at the failpoint");
+
+    let server = crate::plane::start_server_with(&data, &args, &[]);
+    let org = Api::new(&server.url, &org.token);
+    let recorded = org.get("/v1/images/base").await;
+    assert_eq!(recorded.body["root"], first.as_str(), "{recorded:?}");
+
+    // gc with no grace: whatever no pin names goes.
+    let gc = Command::new(BIN)
+        .args([
+            "store", "gc", "--store", &store_arg, "--grace", "0s", "--json",
+        ])
+        .output()
+        .expect("roost store gc");
+    assert!(
+        gc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&gc.stderr)
+    );
+    // The recorded tree is whole: pulled through a pin of its own.
+    let pulled = pull_root(&store_arg, &org_id, &first, &tmp.path().join("first"));
+    assert_eq!(
+        std::fs::read_to_string(pulled.join("etc/motd")).expect("motd"),
+        "the first version\n"
+    );
+
+    // The next commit of the same version works, and is what gc keeps.
+    let second = import(&org, "base", &tree)["image"]["root"]
+        .as_str()
+        .expect("a root")
+        .to_owned();
+    assert_ne!(second, first);
+    assert_eq!(
+        org.get("/v1/images/base").await.body["root"],
+        second.as_str()
+    );
+    let gc = Command::new(BIN)
+        .args([
+            "store", "gc", "--store", &store_arg, "--grace", "0s", "--json",
+        ])
+        .output()
+        .expect("roost store gc");
+    assert!(
+        gc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&gc.stderr)
+    );
+    let pulled = pull_root(&store_arg, &org_id, &second, &tmp.path().join("second"));
+    assert_eq!(
+        std::fs::read_to_string(pulled.join("etc/os-release")).expect("os-release"),
+        "ID=second\n"
+    );
+}
+
+/// Pulls tree `root` of `org` into `dest` through a pin named after
+/// `dest`'s last component (written straight into the store for it).
+fn pull_root(store: &str, org: &str, root: &str, dest: &Path) -> std::path::PathBuf {
+    let name = dest.file_name().and_then(|n| n.to_str()).expect("a name");
+    let home: store::HomeName = format!("probe-{name}").parse().expect("a home name");
+    let opened = store::Store::open_existing(store).expect("the store");
+    let org_id: store::OrgId = org.parse().expect("an org");
+    opened
+        .write_home(&org_id, &home, &root.parse().expect("a digest"))
+        .expect("a pin");
+    let output = Command::new(BIN)
+        .args(["home", "pull"])
+        .arg(dest)
+        .args([
+            "--store",
+            store,
+            "--org",
+            org,
+            "--home",
+            home.as_str(),
+            "--json",
+        ])
+        .output()
+        .expect("roost home pull");
+    assert!(
+        output.status.success(),
+        "pull of {root}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    dest.to_path_buf()
+}

@@ -98,3 +98,48 @@ pub async fn pin_tree(
         Err(err) => Err(store_error(err)),
     }
 }
+
+/// Points the store home `home` of `org` at `root` (removes it for
+/// `None`), writing nothing when it already names that.
+pub async fn point_home_at(
+    state: &AppState,
+    org: &str,
+    home: HomeName,
+    root: Option<Digest>,
+) -> Result<(), ControlError> {
+    let store = store_of(state)?;
+    let org = store_org(org)?;
+    blocking(move || {
+        let current = store.read_home(&org, &home)?;
+        match root {
+            Some(root) if current != Some(root) => store.write_home(&org, &home, &root),
+            None if current.is_some() => store.delete_home(&org, &home),
+            _ => Ok(()),
+        }
+    })
+    .await?
+    .map_err(store_error)
+}
+
+/// Turns on this server for the work that moves a record's store pointers
+/// (a sandbox's saves, an image's commits and deletes): each reads the
+/// record, moves the pointers and the record in turn, so no two leave the
+/// pointers naming roots other than the record's. Striped by key: two
+/// keys sharing a stripe only take turns.
+pub struct PointerTurns([tokio::sync::Mutex<()>; POINTER_TURN_STRIPES]);
+
+const POINTER_TURN_STRIPES: usize = 64;
+
+impl Default for PointerTurns {
+    fn default() -> PointerTurns {
+        PointerTurns(std::array::from_fn(|_| tokio::sync::Mutex::new(())))
+    }
+}
+
+impl PointerTurns {
+    pub async fn take(&self, key: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(key);
+        self.0[hash as usize % POINTER_TURN_STRIPES].lock().await
+    }
+}

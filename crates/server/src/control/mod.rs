@@ -91,8 +91,10 @@ pub struct AppStateParts {
     /// other runners' (a runner sending hundreds would otherwise take
     /// every turn).
     pub runner_reads: RunnerTurns,
-    /// One sandbox's save commits at a time (`saves`).
-    pub save_turns: saves::SaveTurns,
+    /// One record's store pointer moves at a time: a sandbox's save
+    /// commits (`saves`), an image's commits and deletes (`images`), a
+    /// snapshot's replication (`snapshots`).
+    pub pointer_turns: home_store::PointerTurns,
     /// Each org's requests under way on this server, bounded
     /// (`http::org_share`).
     pub org_requests: Arc<org_share::OrgRequests>,

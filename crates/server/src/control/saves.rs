@@ -21,8 +21,8 @@
 //!    the commit.
 //!
 //! Steps 2 to 4 of one sandbox's saves take turns on this server
-//! (`SaveTurns`), so `{id}` and `{id}-next` between them always name the
-//! record's root.
+//! (`AppState::pointer_turns`), so `{id}` and `{id}-next` between them
+//! always name the record's root.
 //!
 //! A stop's securing that commits says so in the sandbox's history
 //! (`securing_committed`): should its runner be lost before it reports
@@ -32,9 +32,7 @@
 //! gc never takes what a recovery would restore.
 
 use super::AppState;
-use super::home_store::{
-    blocking, home_names, parse_root, pin_tree, store_error, store_of, store_org,
-};
+use super::home_store::{home_names, parse_root, pin_tree, point_home_at};
 use super::runner_protocol::{check_placement, fenced, live_runner};
 use crate::db::now_ms;
 use crate::error::ControlError;
@@ -61,7 +59,7 @@ pub async fn report_save(
         .map(|e| limits::truncated(e, limits::RUNNER_TEXT_BYTES_MAX));
     // Taken before the record is read: it stands while this save commits.
     let _turn = match report.outcome.as_str() {
-        "completed" => Some(state.save_turns.take(id).await),
+        "completed" => Some(state.pointer_turns.take(&format!("save:{id}")).await),
         _ => None,
     };
     // 1. The placement, before anything is written.
@@ -208,40 +206,9 @@ async fn point_at_record(
         return Ok(());
     };
     let root = parse_root(Some(root))?;
-    let store = store_of(state)?;
-    let org = store_org(&record.org_id)?;
-    blocking(move || {
-        if store.read_home(&org, &committed_home)? != Some(root) {
-            store.write_home(&org, &committed_home, &root)?;
-        }
-        Ok(())
-    })
-    .await?
-    .map_err(store_error)
+    point_home_at(state, &record.org_id, committed_home, Some(root)).await
 }
 
 /// How far behind the server's a runner's clock may be when it says when
 /// it captured a home.
 const RUNNER_CLOCK_BEHIND_MS_MAX: i64 = 10 * 60 * 1000;
-
-/// One sandbox's save commits at a time on this server: each reads the
-/// record, moves the store's pointers and the record in turn, so no two
-/// leave `{id}` and `{id}-next` naming roots other than the record's.
-/// Striped by id: two sandboxes sharing a stripe only take turns.
-pub struct SaveTurns([tokio::sync::Mutex<()>; SAVE_TURN_STRIPES]);
-
-const SAVE_TURN_STRIPES: usize = 64;
-
-impl Default for SaveTurns {
-    fn default() -> SaveTurns {
-        SaveTurns(std::array::from_fn(|_| tokio::sync::Mutex::new(())))
-    }
-}
-
-impl SaveTurns {
-    pub async fn take(&self, id: &str) -> tokio::sync::MutexGuard<'_, ()> {
-        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(id);
-        self.0[hash as usize % SAVE_TURN_STRIPES].lock().await
-    }
-}

@@ -10,7 +10,9 @@
 use sqlx::Row;
 
 use super::AppState;
-use super::home_store::{blocking, parse_root, pin_tree, store_error, store_of, store_org};
+use super::home_store::{
+    blocking, parse_root, pin_tree, point_home_at, store_error, store_of, store_org,
+};
 use super::runner_protocol::{check_placement, live_runner};
 use crate::db::{WriteTx, now_ms};
 use crate::error::ControlError;
@@ -201,6 +203,11 @@ pub async fn create(
 /// while anything else, a child's home say, still names it).
 pub async fn delete(state: &AppState, snapshot: &SnapshotRow) -> Result<(), ControlError> {
     let store = store_of(state)?;
+    // Not while a report of it pins a tree on this server.
+    let _turn = state
+        .pointer_turns
+        .take(&format!("snapshot:{}", snapshot.id))
+        .await;
     let (org, home) = (store_org(&snapshot.org_id)?, snapshot_home(&snapshot.id)?);
     let mut tx = state.db.write().await?;
     snapshots::delete(&mut tx, &snapshot.id).await?;
@@ -245,17 +252,30 @@ async fn at_placement(
 /// Records a runner's snapshot report: `local` once captured,
 /// `replicated` once the whole tree is in the store and pinned, or
 /// `failed`; an ended snapshot stays as it is.
+///
+/// A snapshot's store home names the tree its record names: a
+/// `replicated` report pins its tree and records it in one turn on this
+/// server (`AppState::pointer_turns`), and a report that finds the
+/// snapshot replicated already (by another report, of another tree: a
+/// runner that captured again after its first report was lost, two
+/// reports racing on two servers) points the home back at the record's
+/// tree, so gc never takes the tree the record names.
 pub async fn report(
     state: &AppState,
     id: &str,
     report: &SnapshotReport,
 ) -> Result<SnapshotRow, ControlError> {
+    let _turn = match report.durability.as_str() {
+        "replicated" => Some(state.pointer_turns.take(&format!("snapshot:{id}")).await),
+        _ => None,
+    };
     let snapshot = {
         let mut tx = state.db.write().await?;
         at_placement(&mut tx, id, report).await?
     };
     if ENDED.contains(&snapshot.durability.as_str()) {
         // Replicated already, or failed (a deadline passed): final.
+        point_at_record(state, &snapshot).await?;
         return Ok(snapshot);
     }
     let now = now_ms();
@@ -279,6 +299,8 @@ pub async fn report(
     let mut tx = state.db.write().await?;
     let current = at_placement(&mut tx, id, report).await?;
     if ENDED.contains(&current.durability.as_str()) {
+        drop(tx);
+        point_at_record(state, &current).await?;
         return Ok(current);
     }
     let captured = report.captured_at_ms.map(|at| at.min(now));
@@ -308,4 +330,25 @@ pub async fn report(
         .ok_or_else(|| not_found("snapshot"))?;
     tx.commit().await?;
     Ok(record)
+}
+
+/// Points a replicated snapshot's store home at the tree its record
+/// names (a failed one's is left: nothing reads it, and it only keeps
+/// objects from gc until the snapshot is deleted).
+async fn point_at_record(state: &AppState, snapshot: &SnapshotRow) -> Result<(), ControlError> {
+    let Some(root) = snapshot
+        .root
+        .as_deref()
+        .filter(|_| snapshot.durability == "replicated")
+    else {
+        return Ok(());
+    };
+    let root = parse_root(Some(root))?;
+    point_home_at(
+        state,
+        &snapshot.org_id,
+        snapshot_home(&snapshot.id)?,
+        Some(root),
+    )
+    .await
 }

@@ -1038,6 +1038,110 @@ async fn salvages_listed(plane: &Plane, runner: &str) -> Vec<(String, String, Ve
         .collect()
 }
 
+/// A tree of `files` (name, content) uploaded into `org`'s store as a
+/// runner's upload would put it; its root.
+fn upload_files(plane: &Plane, org: &str, files: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().expect("a dir");
+    for (name, content) in files {
+        let path = dir.path().join(name);
+        std::fs::create_dir_all(path.parent().expect("in the dir")).expect("mkdir");
+        std::fs::write(path, content).expect("write");
+    }
+    let store = plane.state.store.clone().expect("a store");
+    let store_org: store::OrgId = org.parse().expect("an org");
+    store::push::upload_tree(
+        &*store,
+        &store_org,
+        dir.path(),
+        &store::push::UploadOptions::everything(),
+        &store::progress::NoProgress,
+    )
+    .and_then(store::push::Upload::finish)
+    .expect("uploaded")
+    .root
+    .expect("a root")
+    .to_hex()
+}
+
+/// A snapshot's store home (its pin for gc) names the tree its record
+/// names, whatever reaches the server after it is replicated: a second
+/// `replicated` report of another tree (a runner that captured again
+/// after its first report's answer was lost, or a compromised one) is
+/// answered with the record as it stands and leaves the pin where the
+/// record is. Before, the second report pinned its own tree first, and
+/// gc would then have taken the recorded one.
+#[tokio::test]
+async fn a_snapshot_replicated_twice_keeps_its_pin_on_the_tree_it_records() {
+    for plane in planes_with("snapshot_pin", true).await {
+        let org = plane.org("org_p", None).await;
+        let runner = plane.runner(4).await;
+        let row = plane.create_durable(&org).await;
+        let row = plane
+            .report(&row, &runner, SandboxState::Running)
+            .await
+            .expect("running");
+        let mut tx = plane.state.db.write().await.expect("tx");
+        let pending = server::control::snapshots::create(
+            &plane.state,
+            &mut tx,
+            &org,
+            &row.id,
+            &Default::default(),
+        )
+        .await
+        .expect("a snapshot");
+        tx.commit().await.expect("commit");
+        let first = upload_files(&plane, &org, &[("notes.txt", "first capture\n")]);
+        let second = upload_files(&plane, &org, &[("notes.txt", "second capture\n")]);
+        let epoch = row.epoch as u64;
+
+        let done = report_snapshot(&plane, &pending.id, &runner, epoch, Ok(&first))
+            .await
+            .expect("replicated");
+        assert_eq!(done.root.as_deref(), Some(first.as_str()));
+        let again = report_snapshot(&plane, &pending.id, &runner, epoch, Ok(&second))
+            .await
+            .expect("answered as recorded");
+        assert_eq!(
+            (again.durability.as_str(), again.root.as_deref()),
+            ("replicated", Some(first.as_str())),
+            "{}",
+            plane.engine()
+        );
+        let store = plane.state.store.clone().expect("a store");
+        let store_org: store::OrgId = org.parse().expect("an org");
+        let home: store::HomeName = pending.id.parse().expect("a home name");
+        assert_eq!(
+            store
+                .read_home(&store_org, &home)
+                .expect("read")
+                .map(|r| r.to_hex()),
+            Some(first.clone()),
+            "the pin names the recorded tree ({})",
+            plane.engine()
+        );
+
+        // A pin moved away from the record (a report that died between
+        // its pin and its look at the record) is put back by the next.
+        let second_digest: store::Digest = second.parse().expect("a digest");
+        store
+            .write_home(&store_org, &home, &second_digest)
+            .expect("moved");
+        report_snapshot(&plane, &pending.id, &runner, epoch, Ok(&second))
+            .await
+            .expect("answered as recorded");
+        assert_eq!(
+            store
+                .read_home(&store_org, &home)
+                .expect("read")
+                .map(|r| r.to_hex()),
+            Some(first),
+            "{}",
+            plane.engine()
+        );
+    }
+}
+
 /// Issue 13, point 2: a kept copy salvaged into a snapshot. The snapshot
 /// is `pending` until the runner holding the copy (told so with its
 /// assignments, and let into the org's objects for it) uploaded it and
@@ -1120,24 +1224,11 @@ async fn a_kept_copy_salvaged_becomes_a_snapshot_its_runner_uploads_and_the_copy
         );
 
         // A tree uploaded as the runner would (the copy's files).
-        let files = tempfile::tempdir().expect("a dir");
-        std::fs::write(files.path().join("work.txt"), "precious\n").expect("write");
-        std::fs::create_dir(files.path().join("many")).expect("mkdir");
-        std::fs::write(files.path().join("many/f1"), "1\n").expect("write");
-        let store = plane.state.store.clone().expect("a store");
-        let store_org: store::OrgId = org.parse().expect("an org");
-        let root = store::push::upload_tree(
-            &*store,
-            &store_org,
-            files.path(),
-            &store::push::UploadOptions::everything(),
-            &store::progress::NoProgress,
-        )
-        .and_then(store::push::Upload::finish)
-        .expect("uploaded")
-        .root
-        .expect("a root")
-        .to_hex();
+        let root = upload_files(
+            &plane,
+            &org,
+            &[("work.txt", "precious\n"), ("many/f1", "1\n")],
+        );
 
         // A runner not holding the copy cannot report it; nor can the
         // holder report a root the store does not have whole.
