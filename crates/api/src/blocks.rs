@@ -296,7 +296,10 @@ fn name_of(object: &ObjectId) -> String {
 }
 
 /// A failed call, named as the store names the object (its key), so the
-/// message reads as a store error does.
+/// message reads as a store error does. The store full (507) and the
+/// org past its bound on the store (429 `quota_exceeded`) are both
+/// [`store::Error::StoreFull`]: nothing was stored, and trying again
+/// helps only once room is freed.
 fn backend_error(
     op: &'static str,
     org: &OrgId,
@@ -305,7 +308,10 @@ fn backend_error(
 ) -> store::Error {
     let key = Store::object_key(org, object);
     let message = err.to_string();
-    if err.code() == Some(ErrorCode::InsufficientStorage) {
+    if matches!(
+        err.code(),
+        Some(ErrorCode::InsufficientStorage | ErrorCode::QuotaExceeded)
+    ) {
         return store::Error::StoreFull { op, key, message };
     }
     store::Error::Backend { op, key, message }

@@ -29,8 +29,9 @@ pub enum Error {
         message: String,
     },
 
-    /// The store (the block service, answering 507) has no space left;
-    /// nothing of the request was stored.
+    /// The store (the block service, answering 507) has no space left, or
+    /// the org is past its bound on it (429 `quota_exceeded`, `message`
+    /// says which); nothing of the request was stored.
     #[error("store full during {op} of {key}: {message}")]
     StoreFull {
         op: &'static str,
@@ -192,8 +193,9 @@ impl Error {
         move |source| Error::Io { path, source }
     }
 
-    /// Whether the store said it has no space left (a block service's
-    /// 507): nothing of the request was stored.
+    /// Whether the store said it has no space left or the org is past
+    /// its bound on it (a block service's 507 or 429): nothing of the
+    /// request was stored.
     pub fn is_store_full(&self) -> bool {
         matches!(self, Error::StoreFull { .. })
     }

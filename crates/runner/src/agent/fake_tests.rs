@@ -1720,6 +1720,111 @@ async fn a_runner_that_cannot_register_touches_nothing_on_the_host() {
     }
 }
 
+/// A block service whose every answer is 429 `quota_exceeded`: the
+/// org is past its bound on the store. Its URL.
+async fn block_service_past_the_orgs_bound() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let url = format!("http://{}", listener.local_addr().expect("an address"));
+    let refused = || async {
+        let body = serde_json::json!({"error": {
+            "code": "quota_exceeded",
+            "message": "org acme stores 2 MiB, its bound is 1 MiB",
+            "details": {"quota": {"metric": "store_bytes", "limit": 1, "current": 2}},
+            "request_id": "req_fake",
+        }});
+        (
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            [("content-type", "application/json"), ("retry-after", "60")],
+            body.to_string(),
+        )
+    };
+    let app = axum::Router::new().fallback(refused);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// A stop's securing refused because the org is past its bound on the
+/// store is reported with the refusal, the home kept, and tried again a
+/// minute later, not every few seconds: each attempt scans the home, and
+/// waiting seconds frees no room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_securing_refused_for_room_is_tried_again_a_minute_later() {
+    let agent = agent(Failpoints::none());
+    agent
+        .shared
+        .homes
+        .durable_without_btrfs
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    agent
+        .control
+        .blocks_at(&block_service_past_the_orgs_bound().await);
+    let durable = |desired, state| {
+        let mut sandbox = assignment(ID, 1, desired, state);
+        sandbox.storage_class = StorageClass::Durable;
+        Assigned {
+            sandbox,
+            commands: Vec::new(),
+            reports_before: FRESH,
+        }
+    };
+    let (assign, _task) = worker(
+        &agent,
+        durable(DesiredState::Running, SandboxState::Starting),
+    );
+    agent
+        .control
+        .wait_until("running reported", |r| reported(r, SandboxState::Running))
+        .await;
+    let home = agent.shared.homes.path(ID).expect("the home's path");
+    std::fs::write(home.join("work.txt"), "unsaved\n").expect("the workload writes");
+
+    assign.send_replace(Some(durable(DesiredState::Stopped, SandboxState::Running)));
+    let failures = |requests: &[Request]| -> Vec<String> {
+        requests
+            .iter()
+            .filter_map(|r| match r {
+                Request::Save(_, report) if report.outcome == "failed" => {
+                    Some(report.error.clone().unwrap_or_default())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    agent
+        .control
+        .wait_until("securing failed", |r| !failures(r).is_empty())
+        .await;
+    let first = failures(&agent.control.requests());
+    assert!(
+        first[0].contains("quota_exceeded") && first[0].contains("its bound is 1 MiB"),
+        "the refusal is reported as it came: {first:?}"
+    );
+
+    // Half a minute on the clock: no second attempt.
+    for _ in 0..30 {
+        agent.clock.run_for(ms(1_000), ms(1_000)).await;
+        // An attempt would run on the wall clock (a scan, a request).
+        tokio::time::sleep(ms(20)).await;
+    }
+    assert_eq!(
+        failures(&agent.control.requests()).len(),
+        1,
+        "tried again within 30 s"
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join("work.txt")).expect("the home stays"),
+        "unsaved\n"
+    );
+    // Past the minute: tried again.
+    agent.clock.run_for(ms(31_000), ms(1_000)).await;
+    agent
+        .control
+        .wait_until("securing tried again", |r| failures(r).len() == 2)
+        .await;
+}
+
 /// Runs a durable sandbox (epoch 1), writes `work.txt` in its home after
 /// its last save, stops it with the `securing` report failing (the
 /// runner drained, `stopping` reported, the container stopped), then

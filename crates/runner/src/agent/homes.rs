@@ -69,11 +69,32 @@ pub(crate) enum SaveFailure {
     Fenced(String),
     /// Worth reporting as the save's error, and trying again later.
     Failed(String),
+    /// As `Failed`, where the room ran out: the store's, the org's bound
+    /// on it (the block service's 507 or 429), or this runner's disk.
+    /// Waiting a few seconds frees none of it: tried again after a
+    /// longer pause than other failures.
+    Full(String),
+}
+
+impl SaveFailure {
+    /// What to report as the save's error (`Fenced`: why it stopped).
+    pub(crate) fn message(&self) -> &str {
+        match self {
+            SaveFailure::Fenced(message)
+            | SaveFailure::Failed(message)
+            | SaveFailure::Full(message) => message,
+        }
+    }
 }
 
 impl From<Error> for SaveFailure {
     fn from(err: Error) -> SaveFailure {
-        SaveFailure::Failed(err.to_string())
+        match &err {
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
+                SaveFailure::Full(err.to_string())
+            }
+            _ => SaveFailure::Failed(err.to_string()),
+        }
     }
 }
 
@@ -709,10 +730,17 @@ impl Homes {
         blocking("uploading the home", move || {
             let uploaded = upload_tree(&store, &org, &dir, &options, &progress);
             uploaded.and_then(Upload::finish).map_err(|e| match e {
-                store::Error::Backend { .. } | store::Error::StoreFull { .. } => Error::io(
+                store::Error::Backend { .. } => Error::io(
                     "upload the home from",
                     &dir,
                     std::io::Error::other(e.to_string()),
+                ),
+                // Full, as this runner's own disk out of space is: what
+                // `SaveFailure` tells apart.
+                store::Error::StoreFull { .. } => Error::io(
+                    "upload the home from",
+                    &dir,
+                    std::io::Error::new(std::io::ErrorKind::StorageFull, e.to_string()),
                 ),
                 _ => Error::Unusable(format!(
                     "cannot upload the home from {}: {e}",

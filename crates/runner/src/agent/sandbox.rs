@@ -41,6 +41,10 @@ const LAUNCH_ATTEMPTS_MAX: u32 = 3;
 /// long, without a request a second from every sandbox waiting on it.
 const STORE_RETRY_MIN_MS: u64 = 1_000;
 const STORE_RETRY_MAX_MS: u64 = 15_000;
+/// Pause before securing a home again after the room for it ran out (the
+/// store's, the org's bound on it, this runner's disk): the block
+/// service's `Retry-After` for an org past its bound.
+const SECURE_FULL_RETRY: Duration = Duration::from_secs(60);
 
 /// A sandbox's assignment and the commands handed over for it.
 #[derive(Clone, Debug, PartialEq)]
@@ -256,8 +260,8 @@ enum Next {
     Idle,
     /// A step failed in a way that may pass: run again after a pause.
     Retry,
-    /// The launch waits for the store: run again after this pause (the
-    /// one the record announced).
+    /// Run again after this pause: the one a launch waiting for the
+    /// store announced, or a securing's after the room ran out.
     RetryIn(Duration),
 }
 
@@ -697,6 +701,7 @@ impl Worker {
                 tracing::debug!(sandbox_id = %self.id, "the runner froze; step skipped");
                 Next::Idle
             }
+            Step::Later(pause) => Next::RetryIn(pause),
             Step::Refused(Refusal::Fenced(message)) => {
                 self.fenced(sandbox.epoch, &message).await;
                 Next::Idle
@@ -1282,16 +1287,22 @@ impl Worker {
         {
             Ok(()) => Ok(()),
             Err(SaveFailure::Fenced(message)) => Err(Step::Refused(Refusal::Fenced(message))),
-            Err(SaveFailure::Failed(error)) => {
+            Err(failure) => {
+                let error = failure.message();
                 tracing::warn!(sandbox_id = %self.id, %error, "securing the home failed; the home stays and securing is tried again");
                 if let Err(SaveFailure::Fenced(message)) =
-                    Homes::report_failure(&self.shared.control, sandbox, &runner_id, &error).await
+                    Homes::report_failure(&self.shared.control, sandbox, &runner_id, error).await
                 {
                     return Err(Step::Refused(Refusal::Fenced(message)));
                 }
-                Err(Step::Local(Error::Invalid(format!(
-                    "securing the home: {error}"
-                ))))
+                match failure {
+                    // Each attempt scans the home: not every few seconds
+                    // while nothing can free the room.
+                    SaveFailure::Full(_) => Err(Step::Later(SECURE_FULL_RETRY)),
+                    _ => Err(Step::Local(Error::Invalid(format!(
+                        "securing the home: {error}"
+                    )))),
+                }
             }
         }
     }
@@ -1529,10 +1540,11 @@ pub(crate) async fn save_on_schedule(
                 tracing::info!(sandbox_id = %id, %message, "saves stop: fenced");
                 return;
             }
-            Err(SaveFailure::Failed(error)) => {
+            Err(failure) => {
+                let error = failure.message();
                 tracing::warn!(sandbox_id = %id, %error, "save failed; trying again next interval");
                 let reported =
-                    Homes::report_failure(&shared.control, &sandbox, &runner_id, &error).await;
+                    Homes::report_failure(&shared.control, &sandbox, &runner_id, error).await;
                 if let Err(SaveFailure::Fenced(_)) = reported {
                     return;
                 }
@@ -1571,6 +1583,8 @@ enum Step {
     Refused(Refusal),
     /// The runner froze (it cannot renew its lease): nothing may start.
     Frozen,
+    /// Failed, reported, and not worth trying again before this pause.
+    Later(Duration),
 }
 
 #[cfg(test)]

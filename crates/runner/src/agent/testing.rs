@@ -818,6 +818,8 @@ pub(crate) struct FakeControl {
     assignments: watch::Sender<Assignments>,
     /// The credential calls go with, as the agent set it.
     credential: std::sync::Mutex<Option<String>>,
+    /// Where block transfers go; `None`: a closed port.
+    blocks_url: std::sync::Mutex<Option<String>>,
 }
 
 /// The credential the fake hands a runner registering without one.
@@ -832,12 +834,21 @@ pub(crate) const FREEZE_AFTER_MS: u64 = 6_000;
 pub(crate) const STOP_GRACE_MS: u64 = 4_000;
 
 impl FakeControl {
+    /// Block transfers go to `url` from now on.
+    pub(crate) fn blocks_at(&self, url: &str) {
+        *self
+            .blocks_url
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(url.to_owned());
+    }
+
     pub(crate) fn new(clock: Arc<ManualClock>) -> Arc<FakeControl> {
         Arc::new(FakeControl {
             inner: Mutex::new(ControlInner::default()),
             version: watch::channel(0).0,
             clock,
             credential: std::sync::Mutex::new(None),
+            blocks_url: std::sync::Mutex::new(None),
             assignments: watch::channel(Assignments {
                 etag: String::new(),
                 unchanged: false,
@@ -1130,12 +1141,16 @@ impl ControlPlane for FakeControl {
     }
 
     /// Block transfers are not faked: a client of a closed port, so
-    /// every transfer fails as unreachable.
+    /// every transfer fails as unreachable, unless a test named a block
+    /// service of its own ([`FakeControl::blocks_at`]).
     fn blocks(&self) -> RemoteBackend {
-        RemoteBackend::new(
-            Client::new("http://127.0.0.1:9", "fake"),
-            tokio::runtime::Handle::current(),
-        )
+        let url = self
+            .blocks_url
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| "http://127.0.0.1:9".to_owned());
+        RemoteBackend::new(Client::new(&url, "fake"), tokio::runtime::Handle::current())
     }
 
     fn use_credential(&self, credential: Option<&str>) {
