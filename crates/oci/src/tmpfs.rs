@@ -1,7 +1,10 @@
 //! A directory backed by memory: what a runner holds secrets on. Mounted
 //! here (`nosuid,nodev,noexec`, mode 0700) unless the directory already is
-//! a tmpfs (a restarted runner finds its own mount), so nothing written
-//! below it reaches a disk.
+//! the root of a tmpfs mount (a restarted runner finds its own), so
+//! nothing written below it reaches a disk and what is written is bounded
+//! by the mount's own size. A directory that merely lies on a tmpfs (the
+//! host's `/run` on most systems) is not one: writing there would share,
+//! and could fill, the host's.
 
 use std::path::Path;
 
@@ -17,10 +20,26 @@ pub fn is_tmpfs(path: &Path) -> Result<bool> {
     Ok((i128::from(stat.f_type) & 0xFFFF_FFFF) as u32 == TMPFS_MAGIC)
 }
 
+/// Whether `path` is the root of a tmpfs mount: a tmpfs on another
+/// device than its parent directory's (each tmpfs mount is a device of
+/// its own), not a directory on the host's `/run`.
+pub fn is_tmpfs_mount(path: &Path) -> Result<bool> {
+    if !is_tmpfs(path)? {
+        return Ok(false);
+    }
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let device = |path: &Path| {
+        rustix::fs::stat(path)
+            .map(|stat| stat.st_dev)
+            .map_err(|e| Error::io("stat", path, e.into()))
+    };
+    Ok(path == Path::new("/") || device(path)? != device(parent)?)
+}
+
 /// Makes `dir` (0700) and mounts a tmpfs of at most `size_bytes` on it,
-/// unless it is a tmpfs already; one that is smaller (mounted for a
-/// smaller capacity before a restart) is remounted to `size_bytes`,
-/// keeping what it holds.
+/// unless it is the root of a tmpfs mount already; one that is smaller
+/// (mounted for a smaller capacity before a restart) is remounted to
+/// `size_bytes`, keeping what it holds.
 pub fn ensure(dir: &Path, size_bytes: u64) -> Result<()> {
     use rustix::mount::MountFlags;
     use std::os::unix::fs::PermissionsExt;
@@ -30,7 +49,7 @@ pub fn ensure(dir: &Path, size_bytes: u64) -> Result<()> {
         std::ffi::CString::new(format!("mode=0700,size={size}"))
             .map_err(|_| Error::Invalid("tmpfs options".to_owned()))
     };
-    if !is_tmpfs(dir)? {
+    if !is_tmpfs_mount(dir)? {
         rustix::mount::mount(
             "tmpfs",
             dir,

@@ -122,7 +122,7 @@ fn unmount_secrets(root: &Path, purged: &mut Purged) -> Result<(), AgentError> {
     if !root.exists() {
         return Ok(());
     }
-    if oci::tmpfs::is_tmpfs(root)? {
+    if oci::tmpfs::is_tmpfs_mount(root)? {
         rustix::mount::unmount(root, rustix::mount::UnmountFlags::DETACH)
             .map_err(|e| oci::Error::io("unmount", root, e.into()))?;
         purged.unmounted.push(root.to_path_buf());

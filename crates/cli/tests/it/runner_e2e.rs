@@ -236,7 +236,25 @@ impl Drop for RunnerProcess {
         force_delete_containers(&self.runtime_root());
         delete_sandbox_netns(&self.data_dir);
         unmount_homes(&self.data_dir);
+        let secrets = secrets_root(&self.data_dir);
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&secrets)
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir(&secrets);
     }
+}
+
+/// Where a runner of `data_dir` keeps delivered secrets by default (its
+/// own tmpfs, named after the data dir).
+pub(crate) fn secrets_root(data_dir: &Path) -> PathBuf {
+    Path::new("/run/roost/secrets").join(
+        data_dir
+            .to_string_lossy()
+            .trim_matches('/')
+            .replace(|c: char| !(c.is_ascii_alphanumeric() || c == '-'), "_"),
+    )
 }
 
 /// A killed runner leaves its bridge sandboxes' named network namespaces

@@ -491,3 +491,41 @@ async fn only_the_placements_runner_reads_the_values() {
         "{store_closed:?}"
     );
 }
+
+/// A sandbox whose workload died keeps no secret on its runner: the
+/// values go with its container, not at its delete (which may never
+/// come), so a failed sandbox leaves nothing on the host and one org's
+/// failures cannot fill the secrets' tmpfs every sandbox there shares.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_sandboxs_secrets_leave_its_runner() {
+    let stack = crate::runner_e2e::Stack::start_full(&[], &[]).await;
+    let api = stack.api();
+    let value = distinctive("roost-secret-failed");
+    let set = roost_as(api, &["secret", "set", "api-token"], value.as_bytes());
+    assert!(set.status.success(), "{set:?}");
+    let id = create_running(
+        api,
+        json!({"secrets": [{"name": "api-token", "file": "token"}]}),
+    )
+    .await;
+    assert_eq!(sh(api, &id, "cat /run/secrets/token").await, value);
+    let delivered = crate::runner_e2e::secrets_root(&stack.runner.data_dir).join(&id);
+    assert!(delivered.is_dir(), "{} holds them", delivered.display());
+
+    let pid = stack.runner.init_pid(&id);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).expect("a pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the init");
+    assert_eq!(wait_sandbox(api, &id, "failed").await["state"], "failed");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let gone = !delivered.exists();
+            async move { gone }
+        })
+        .await,
+        "the failed sandbox's secrets stay at {}",
+        delivered.display()
+    );
+}

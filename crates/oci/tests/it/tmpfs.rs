@@ -58,3 +58,61 @@ fn a_smaller_tmpfs_grows_to_the_size_asked_and_keeps_its_files() {
     );
     assert_eq!(mode & 0o777, 0o700);
 }
+
+/// A directory that lies on a tmpfs (the host's `/run` on most systems)
+/// is not the runner's own: it gets a mount of its own, of the size
+/// asked, so the secrets can never fill the host's.
+#[test]
+fn a_directory_on_another_tmpfs_gets_its_own_bounded_mount() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "the tmpfs tests mount: they need root (scripts/test.sh runs them as root)"
+    );
+    let outer = Mounted {
+        dir: tempfile::Builder::new()
+            .prefix("roost-tmpfs-it-")
+            .tempdir()
+            .expect("temp dir"),
+    };
+    // The host's /run, as it were: a 64 MiB tmpfs.
+    oci::tmpfs::ensure(&outer.path(), 64 << 20).expect("a 64 MiB tmpfs");
+    let inner = outer.path().join("roost/secrets/runner");
+    assert!(oci::tmpfs::is_tmpfs(&outer.path()).expect("statfs"));
+    std::fs::create_dir_all(&inner).expect("a directory on it");
+    assert!(
+        !oci::tmpfs::is_tmpfs_mount(&inner).expect("stat"),
+        "on a tmpfs, not one"
+    );
+
+    oci::tmpfs::ensure(&inner, 1 << 20).expect("a 1 MiB tmpfs of its own");
+    let unmount_inner = Unmount(inner.clone());
+    assert!(oci::tmpfs::is_tmpfs_mount(&inner).expect("stat"));
+    assert_eq!(oci::tmpfs::size(&inner).expect("size"), 1 << 20);
+    assert!(
+        std::fs::write(inner.join("big"), vec![7u8; 2 << 20]).is_err(),
+        "bounded by its own size, not the outer one's"
+    );
+    // Found again as its own by a restarted runner: not mounted twice.
+    oci::tmpfs::ensure(&inner, 1 << 20).expect("found");
+    assert_eq!(oci::tmpfs::size(&inner).expect("size"), 1 << 20);
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let at = inner.to_str().expect("utf-8");
+    assert_eq!(
+        mountinfo
+            .lines()
+            .filter(|line| line.split(' ').nth(4) == Some(at))
+            .count(),
+        1,
+        "one mount at {at}"
+    );
+    drop(unmount_inner);
+}
+
+/// Unmounts its path when dropped (before the outer mount goes).
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+    }
+}

@@ -582,6 +582,18 @@ impl Worker {
         if let Err(step) = result {
             return self.failed_step(sandbox, step).await;
         }
+        // A container dead or gone has no use for its secrets: they go
+        // now, not at the sandbox's delete (which may never come), so no
+        // value stays on the host past its sandbox's life and one org's
+        // failed sandboxes cannot fill the tmpfs every sandbox here
+        // shares. A launch delivers them again.
+        let dead = matches!(
+            action,
+            Action::ReportDeath | Action::ReportVanished | Action::ClearCorpse | Action::Kill
+        ) || (seen == Seen::Missing && sandbox.state.is_terminal());
+        if dead {
+            self.forget_secrets();
+        }
         let running = seen == Seen::Running
             && matches!(action, Action::Idle | Action::ReportRunning)
             && sandbox.desired == DesiredState::Running;
