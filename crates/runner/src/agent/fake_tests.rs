@@ -1720,6 +1720,69 @@ async fn a_runner_that_cannot_register_touches_nothing_on_the_host() {
     }
 }
 
+/// A snapshot whose attempt fails (here the store is out of reach) is
+/// tried again after a pause, as DESIGN §3 asks (it keeps trying until
+/// replicated or failed by its deadline), not left `local` for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_that_failed_is_tried_again_after_a_pause() {
+    let agent = agent(Failpoints::none());
+    agent
+        .shared
+        .homes
+        .durable_without_btrfs
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut sandbox = assignment(ID, 1, DesiredState::Stopped, SandboxState::Stopped);
+    sandbox.storage_class = StorageClass::Durable;
+    sandbox.snapshots = vec![api::runners::SnapshotAssignment {
+        snapshot_id: "snp_again".to_owned(),
+        durability: "pending".to_owned(),
+    }];
+    let (_assign, _task) = worker(
+        &agent,
+        Assigned {
+            sandbox,
+            commands: Vec::new(),
+            reports_before: FRESH,
+        },
+    );
+    let captures = |requests: &[Request]| {
+        requests
+            .iter()
+            .filter(|r| matches!(r, Request::Snapshot(id, report) if id == "snp_again" && report.durability == "local"))
+            .count()
+    };
+    agent
+        .control
+        .wait_until("captured once", |r| captures(r) == 1)
+        .await;
+    let first_at = agent.clock.elapsed();
+    // The upload fails on the wall clock (a refused connection); then the
+    // pause runs on the simulated one.
+    while captures(&agent.control.requests()) < 2 {
+        assert!(
+            agent.clock.elapsed() < first_at + ms(60_000),
+            "not tried again: {:?}",
+            agent.control.requests()
+        );
+        agent.clock.run_for(ms(1_000), ms(1_000)).await;
+        tokio::time::sleep(ms(20)).await;
+    }
+    assert!(
+        agent.clock.elapsed() >= first_at + ms(5_000),
+        "tried again after {:?}, before the pause",
+        agent.clock.elapsed() - first_at
+    );
+    assert!(
+        !agent
+            .control
+            .requests()
+            .iter()
+            .any(|r| matches!(r, Request::Snapshot(_, report) if report.durability != "local")),
+        "neither replicated nor failed: {:?}",
+        agent.control.requests()
+    );
+}
+
 /// A block service whose every answer is 429 `quota_exceeded`: the
 /// org is past its bound on the store. Its URL.
 async fn block_service_past_the_orgs_bound() -> String {

@@ -952,7 +952,9 @@ impl Homes {
         runner_id: &str,
     ) -> Result<(), SaveFailure> {
         let id = sandbox.sandbox_id.clone();
-        self.drop_snapshots(&id);
+        // An interrupted save's snapshots go; a snapshot being captured
+        // for `snapshot` stays: its task reads it.
+        self.drop_save_snapshots(&id);
         let home = self.path(&id)?;
         if !home.is_dir() {
             return Err(SaveFailure::Failed(format!(
@@ -1043,6 +1045,12 @@ impl Homes {
                 let message = "this runner cannot capture a running home (no btrfs)".to_owned();
                 send(report("failed", None, None, Some(message.clone()))).await?;
                 return Err(SaveFailure::Failed(message));
+            }
+            // A capture left by an attempt of this snapshot that did not
+            // finish (a runner killed mid-way): one task per snapshot runs
+            // at a time, so nothing reads it any more.
+            if self.volumes.snapshots(&id)?.contains(&name) {
+                self.volumes.delete_snapshot(&id, &name)?;
             }
             let snap = self.volumes.snapshot(&id, &name)?;
             (snap.path, true)
@@ -1179,15 +1187,6 @@ impl Homes {
                 if let Err(err) = self.volumes.delete_snapshot(id, name) {
                     tracing::warn!(sandbox_id = %id, snapshot = %name, %err, "cannot delete an earlier save's snapshot");
                 }
-            }
-        }
-    }
-
-    /// Removes snapshots an interrupted save left behind.
-    fn drop_snapshots(&self, id: &str) {
-        if let Ok(names) = self.volumes.snapshots(id) {
-            for name in names {
-                let _ = self.volumes.delete_snapshot(id, &name);
             }
         }
     }

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use api::lifecycle::{DesiredState, SandboxState, StorageClass};
@@ -249,7 +249,22 @@ struct SnapshotTask {
     task: JoinHandle<()>,
     /// It reads the home itself (taken at rest), not a read-only copy.
     reads_live_home: bool,
+    /// Set once the snapshot is replicated (or its placement fenced):
+    /// nothing more to do for it here.
+    done: Arc<AtomicBool>,
+    /// Attempts that ended without that, in a row.
+    failures: u32,
+    /// When a failed attempt is tried again (set at the first pass that
+    /// finds it failed).
+    retry_at: Option<tokio::time::Instant>,
 }
+
+/// The pause before a failed snapshot is tried again, doubled with each
+/// failure in a row up to [`SNAPSHOT_RETRY_MAX`]: a snapshot keeps trying
+/// until it is replicated or its deadline fails it (DESIGN §3), without
+/// scanning the home every pass while the store is out of reach.
+const SNAPSHOT_RETRY_MIN: Duration = Duration::from_secs(5);
+const SNAPSHOT_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// How often a launch held back by a snapshot reading the home looks
 /// again.
@@ -443,6 +458,7 @@ impl Worker {
             && self.last_seen == Some(Seen::Missing)
             && self.watcher.is_none()
             && self.commands.is_empty()
+            && !self.snapshots_unsettled()
     }
 
     /// The assignment as of now. Assignments asked for before this
@@ -644,24 +660,48 @@ impl Worker {
 
     /// Starts a task for each assigned snapshot that has none; drops tasks
     /// of snapshots no longer assigned (replicated, failed or deleted).
+    /// A snapshot whose attempt failed (the store out of reach, its
+    /// capture taken away by a stop) is tried again after a pause, as the
+    /// sandbox is then (running: from a new read-only copy; at rest: the
+    /// home itself).
     fn take_snapshots(&mut self, sandbox: &SandboxAssignment, running: bool) {
         self.drop_unassigned_snapshots(sandbox);
+        let now = self.shared.clock.now();
         for snapshot in &sandbox.snapshots {
-            if self.snapshots.contains_key(&snapshot.snapshot_id) {
-                continue;
+            let mut failures = 0;
+            if let Some(earlier) = self.snapshots.get_mut(&snapshot.snapshot_id) {
+                if !earlier.task.is_finished() || earlier.done.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let pause = SNAPSHOT_RETRY_MIN
+                    .saturating_mul(1 << earlier.failures.min(16))
+                    .min(SNAPSHOT_RETRY_MAX);
+                if now < *earlier.retry_at.get_or_insert(now + pause) {
+                    continue;
+                }
+                failures = earlier.failures + 1;
             }
             let shared = self.shared.clone();
             let sandbox = sandbox.clone();
             let snapshot_id = snapshot.snapshot_id.clone();
             let id = self.id.clone();
+            let done = Arc::new(AtomicBool::new(false));
+            let finished = done.clone();
             let task = tokio::spawn(async move {
                 let runner_id = shared.runner_id();
-                if let Err(err) = shared
+                match shared
                     .homes
                     .snapshot(&shared.control, &sandbox, &runner_id, &snapshot_id, running)
                     .await
                 {
-                    tracing::warn!(sandbox_id = %id, %snapshot_id, ?err, "snapshot did not complete");
+                    Ok(()) => finished.store(true, Ordering::Relaxed),
+                    Err(SaveFailure::Fenced(message)) => {
+                        tracing::info!(sandbox_id = %id, %snapshot_id, %message, "snapshot fenced");
+                        finished.store(true, Ordering::Relaxed);
+                    }
+                    Err(err) => {
+                        tracing::warn!(sandbox_id = %id, %snapshot_id, error = err.message(), "snapshot did not complete; it is tried again");
+                    }
                 }
             });
             self.snapshots.insert(
@@ -669,9 +709,21 @@ impl Worker {
                 SnapshotTask {
                     task,
                     reads_live_home: !running,
+                    done,
+                    failures,
+                    retry_at: None,
                 },
             );
         }
+    }
+
+    /// Whether a snapshot is not yet done here (under way, or failed and
+    /// to be tried again): the sandbox is not at rest, so that passes
+    /// come to try it again.
+    fn snapshots_unsettled(&self) -> bool {
+        self.snapshots
+            .values()
+            .any(|snapshot| !snapshot.done.load(Ordering::Relaxed))
     }
 
     /// Stops the tasks of snapshots no longer assigned (replicated, failed
