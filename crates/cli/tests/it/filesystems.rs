@@ -109,6 +109,21 @@ async fn two_runners_share_a_filesystem_and_every_refusal_holds() {
     };
     assert!(offers(&ids[a]).contains("\"filesystem:team\""), "{runners}");
     assert!(!offers(&ids[plain]).contains("filesystem:"), "{runners}");
+    // A root over the runner's own data dir (every org's homes below it)
+    // is refused at the runner's start.
+    let over = Command::new(BIN)
+        .args(["runner", "--server", &fleet.plane.server.url, "--data-dir"])
+        .arg(data.path().join("c"))
+        .arg("--filesystem")
+        .arg(format!("team={}", data.path().display()))
+        .env("ROOST_RUNNER_TOKEN", &fleet.plane.runner_token)
+        .output()
+        .expect("roost runner");
+    let said = String::from_utf8_lossy(&over.stderr);
+    assert!(
+        !over.status.success() && said.contains("overlaps the runner's data dir"),
+        "{over:?}"
+    );
     let api = fleet.api().clone();
     let mount = |path: &str| json!({"filesystem": "team", "subpath": "proj", "path": path});
 

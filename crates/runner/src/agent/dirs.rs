@@ -550,9 +550,87 @@ pub(crate) fn remove_tree(path: &Path) -> Result<()> {
     oci::host::remove_tree(path)
 }
 
+/// Refuses a shared filesystem's `root` that overlaps a directory the
+/// runner keeps for itself (`own`: its data dir with every sandbox's
+/// home and layer, its secrets' tmpfs), either way round: a sandbox that
+/// mounts a subpath of such a root would reach other orgs' homes or
+/// secrets, and removing the runner's dir would remove the shared files.
+/// Paths are compared as the kernel resolves them (symlinks followed; a
+/// part not made yet taken as written).
+pub(crate) fn check_apart(id: &str, root: &Path, own: &[(&str, &Path)]) -> Result<()> {
+    let root = resolved(root);
+    for (what, dir) in own {
+        let dir = resolved(dir);
+        if root.starts_with(&dir) || dir.starts_with(&root) {
+            return Err(Error::Invalid(format!(
+                "filesystem {id}: {} overlaps the runner's {what} {}: give a directory apart from it",
+                root.display(),
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `path` with its longest existing ancestor canonicalized and the rest
+/// appended as written.
+fn resolved(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut existing = path;
+    loop {
+        if let Ok(canonical) = existing.canonicalize() {
+            return rest
+                .iter()
+                .rev()
+                .fold(canonical, |acc, part| acc.join(part));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_owned());
+                existing = parent;
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shared_root_apart_from_the_runners_dirs_is_taken_and_one_overlapping_them_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (srv, data) = (tmp.path().join("srv"), tmp.path().join("srv/roost"));
+        std::fs::create_dir_all(&data).expect("dirs");
+        std::fs::create_dir_all(tmp.path().join("team")).expect("dirs");
+        let secrets = tmp.path().join("run/roost/secrets/x");
+        let own = [
+            ("data dir", data.as_path()),
+            ("secrets dir", secrets.as_path()),
+        ];
+        check_apart("team", &tmp.path().join("team"), &own).expect("apart");
+        for (root, what) in [
+            (srv.clone(), "data dir"),
+            (data.clone(), "data dir"),
+            (data.join("volumes"), "data dir"),
+            (tmp.path().join("run"), "secrets dir"),
+        ] {
+            let err = check_apart("team", &root, &own)
+                .expect_err("overlapping")
+                .to_string();
+            assert!(
+                err.contains(&format!("overlaps the runner's {what}")),
+                "{err}"
+            );
+        }
+        // Through a symlink, as the kernel would resolve it.
+        std::os::unix::fs::symlink(&srv, tmp.path().join("link")).expect("symlink");
+        assert!(check_apart("team", &tmp.path().join("link"), &own).is_err());
+        // A sibling whose name shares a prefix is apart.
+        std::fs::create_dir_all(tmp.path().join("srv/roost-shared")).expect("dirs");
+        check_apart("team", &tmp.path().join("srv/roost-shared"), &own).expect("apart");
+    }
 
     #[test]
     fn ends_round_trip() {

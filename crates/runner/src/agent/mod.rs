@@ -625,6 +625,12 @@ async fn run_agent(
             ))
             .into());
         }
+        let secrets = config.secrets();
+        dirs::check_apart(
+            id,
+            root,
+            &[("data dir", data.root()), ("secrets dir", secrets.root())],
+        )?;
         // What a sandbox's root writes there must not be a setuid program
         // or a device node for the host's users.
         oci::shared::ensure_host_safe(root)?;
