@@ -250,3 +250,47 @@ async fn a_parked_durable_sandbox_skips_saves_that_would_store_nothing_new() {
     let resaved = fleet.wait_saved_after(&id, &completed).await;
     assert_eq!(resaved["save"]["state"], "ok", "{resaved}");
 }
+
+/// A file transfer longer than the idle timeout keeps its sandbox awake
+/// until it ends. A request was activity once, as it started: a trickling
+/// upload was slept through and cut at the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_longer_than_the_idle_timeout_is_not_slept_through() {
+    let mut fleet = fleet().await;
+    fleet.runner("a");
+    let id = fleet
+        .create(json!({"storage_class": "durable", "idle_timeout_s": 2}))
+        .await;
+    let api = fleet.api();
+    // 16 chunks of 1 KiB half a second apart: 8 s, four idle timeouts.
+    let chunks = futures::stream::unfold(0, |sent| async move {
+        if sent == 16 {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Some((Ok::<_, std::io::Error>(vec![b'x'; 1024]), sent + 1))
+    });
+    let answer = reqwest::Client::new()
+        .put(format!(
+            "{}/v1/sandboxes/{id}/files?path=/workspace/slow.bin",
+            api.url
+        ))
+        .bearer_auth(&api.token)
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .expect("PUT");
+    let status = answer.status();
+    let body = answer.text().await.unwrap_or_default();
+    assert_eq!(status, 201, "{body}");
+    let record = fleet.get(&id).await;
+    assert_eq!(record["state"], "running", "{record}");
+    assert_eq!(record["last_activity"], "files", "{record}");
+    assert_eq!(
+        sh(api, &id, "wc -c < /workspace/slow.bin").await.trim(),
+        "16384"
+    );
+    // Left alone afterwards, it sleeps as ever.
+    let asleep = wait_sandbox(api, &id, "stopped").await;
+    assert_eq!(asleep["state_reason"], "idle", "{asleep}");
+}

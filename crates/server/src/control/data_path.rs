@@ -34,6 +34,69 @@ pub struct DataRoute {
     /// The runner's data URL and the path under it.
     pub url: String,
     pub token: String,
+    /// For a file transfer: keeps the sandbox awake while held; held by
+    /// the transfer until its body ends ([`DataRoute::while_awake`]).
+    pub awake: Option<KeepAwake>,
+}
+
+impl DataRoute {
+    /// `stream` (a download's body), holding what keeps the sandbox
+    /// awake until the stream ends or is dropped.
+    pub fn while_awake<S: futures::Stream>(
+        &mut self,
+        stream: S,
+    ) -> impl futures::Stream<Item = S::Item> + use<S> {
+        use futures::StreamExt;
+        let awake = self.awake.take();
+        stream.map(move |item| {
+            let _held = &awake;
+            item
+        })
+    }
+}
+
+/// While held, records the sandbox's `files` activity every so often
+/// ([`keep_awake_every`]): one request is activity once, as it starts, and
+/// a transfer longer than the sandbox's idle timeout would otherwise be
+/// slept through and cut.
+#[derive(Debug)]
+pub struct KeepAwake(tokio::task::AbortHandle);
+
+impl Drop for KeepAwake {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How often a transfer records activity: a third of the idle timeout, at
+/// least a second, at most a minute.
+pub fn keep_awake_every(timeout_s: u64) -> Duration {
+    Duration::from_millis(timeout_s.saturating_mul(1000) / 3)
+        .clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+fn keep_awake(
+    state: &AppState,
+    org_id: &str,
+    sandbox_id: &str,
+    timeout_s: i64,
+) -> Option<KeepAwake> {
+    if timeout_s <= 0 {
+        return None;
+    }
+    let every = keep_awake_every(timeout_s as u64);
+    let (state, org_id, sandbox_id) = (state.clone(), org_id.to_owned(), sandbox_id.to_owned());
+    let task = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            if let Err(err) =
+                super::idle::record(&state, &org_id, &sandbox_id, Activity::Files).await
+            {
+                tracing::debug!(%sandbox_id, ?err, "a transfer's activity not recorded");
+            }
+        }
+    });
+    Some(KeepAwake(task.abort_handle()))
 }
 
 /// The relay's client. It never follows a redirect: a runner answers
@@ -181,6 +244,7 @@ pub async fn command_route(
             url.trim_end_matches('/')
         ),
         token: api::data_path::mint(&key, &claims),
+        awake: None,
     })
 }
 
@@ -561,6 +625,21 @@ pub async fn files_route(
         .await?
         .ok_or_else(|| records::not_found("sandbox"))?;
     let runner_id = match (&sandbox.runner_id, sandbox.state) {
+        // Still running, but a stop is decided (its idle deadline passed
+        // just before this call, or a stop was asked): the runner may be
+        // stopping it already, and would cut the transfer.
+        _ if super::idle::stop_under_way(&sandbox) => {
+            return Err(ControlError::new(
+                ErrorCode::InvalidState,
+                format!(
+                    "sandbox {sandbox_id} is stopping ({}): its files are reachable once it runs again",
+                    sandbox
+                        .desired_reason
+                        .as_deref()
+                        .unwrap_or("stop_requested")
+                ),
+            ));
+        }
         (Some(runner_id), SandboxState::Running) => runner_id,
         _ => {
             return Err(ControlError::new(
@@ -588,6 +667,7 @@ pub async fn files_route(
             url.trim_end_matches('/')
         ),
         token: api::data_path::mint(&key, &claims),
+        awake: keep_awake(state, org_id, sandbox_id, sandbox.idle.timeout_s),
     })
 }
 

@@ -133,7 +133,7 @@ pub async fn read(
     let answer = async {
         api::files::check_path(&path)
             .map_err(|m| ControlError::new(ErrorCode::InvalidRequest, m))?;
-        let route =
+        let mut route =
             data_path::files_route(&state, &caller.org_id, &caller.sandbox_id, ops::READ, "")
                 .await?;
         let answer = data_path::relay(
@@ -146,7 +146,8 @@ pub async fn read(
         if !answer.status().is_success() {
             return Err(data_path::refusal(answer).await);
         }
-        let mut response = Response::new(Body::from_stream(answer.bytes_stream()));
+        let mut response =
+            Response::new(Body::from_stream(route.while_awake(answer.bytes_stream())));
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/octet-stream"),

@@ -51,9 +51,14 @@ async fn route(
 }
 
 /// The runner's answer passed on: a success with its headers and its body
-/// streamed; anything else as our envelope (with this request's id,
-/// `data_path::refusal`: a redirect is never passed on, nor followed).
-async fn passed_on(answer: reqwest::Response) -> Result<Response, ControlError> {
+/// streamed (keeping the sandbox awake until it ends,
+/// `DataRoute::while_awake`); anything else as our envelope (with this
+/// request's id, `data_path::refusal`: a redirect is never passed on, nor
+/// followed).
+async fn passed_on(
+    answer: reqwest::Response,
+    route: &mut data_path::DataRoute,
+) -> Result<Response, ControlError> {
     if !answer.status().is_success() {
         return Err(data_path::refusal(answer).await);
     }
@@ -66,7 +71,7 @@ async fn passed_on(answer: reqwest::Response) -> Result<Response, ControlError> 
             headers.insert(*name, value);
         }
     }
-    let mut response = Response::new(Body::from_stream(answer.bytes_stream()));
+    let mut response = Response::new(Body::from_stream(route.while_awake(answer.bytes_stream())));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     Ok(response)
@@ -189,7 +194,7 @@ pub async fn read(
     headers: HeaderMap,
 ) -> Response {
     let answer = async {
-        let route = route(&state, &org_id, &sandbox_id, ops::READ, "", &[&query.path]).await?;
+        let mut route = route(&state, &org_id, &sandbox_id, ops::READ, "", &[&query.path]).await?;
         let range = headers
             .get(header::RANGE)
             .and_then(|value| value.to_str().ok())
@@ -198,7 +203,7 @@ pub async fn read(
         runner_query.extend(range_query(range));
         let answer =
             data_path::relay(&route, reqwest::Method::GET, &runner_query, RelayBody::None).await?;
-        passed_on(answer).await
+        passed_on(answer, &mut route).await
     };
     answer.await.unwrap_or_else(refused)
 }
@@ -247,7 +252,7 @@ pub async fn write(
         }
         Ok(route)
     };
-    let route = match checked.await {
+    let mut route = match checked.await {
         Ok(route) => route,
         Err(error) => return Err(drained(body, error).await),
     };
@@ -264,7 +269,7 @@ pub async fn write(
         RelayBody::Stream(stream),
     )
     .await?;
-    passed_on(answer).await
+    passed_on(answer, &mut route).await
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -292,7 +297,7 @@ pub async fn remove(
     Path(sandbox_id): Path<String>,
     Query(query): Query<RemoveQuery>,
 ) -> Result<Response, ControlError> {
-    let route = route(
+    let mut route = route(
         &state,
         &org_id,
         &sandbox_id,
@@ -312,7 +317,7 @@ pub async fn remove(
         RelayBody::None,
     )
     .await?;
-    passed_on(answer).await
+    passed_on(answer, &mut route).await
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -343,7 +348,7 @@ pub async fn list(
     Path(sandbox_id): Path<String>,
     Query(query): Query<ListQuery>,
 ) -> Result<Response, ControlError> {
-    let route = route(
+    let mut route = route(
         &state,
         &org_id,
         &sandbox_id,
@@ -365,7 +370,7 @@ pub async fn list(
     let runner_query = [("path", query.path.clone()), ("depth", depth.to_string())];
     let answer =
         data_path::relay(&route, reqwest::Method::GET, &runner_query, RelayBody::None).await?;
-    passed_on(answer).await
+    passed_on(answer, &mut route).await
 }
 
 /// Renames `from` to `to` within the sandbox (an existing `to` is
@@ -382,7 +387,7 @@ pub async fn rename(
     Path(sandbox_id): Path<String>,
     Json(request): Json<MoveRequest>,
 ) -> Result<Response, ControlError> {
-    let route = route(
+    let mut route = route(
         &state,
         &org_id,
         &sandbox_id,
@@ -395,7 +400,7 @@ pub async fn rename(
         .map_err(|e| ControlError::new(ErrorCode::Internal, e.to_string()))?;
     let answer =
         data_path::relay(&route, reqwest::Method::POST, &[], RelayBody::Json(body)).await?;
-    passed_on(answer).await
+    passed_on(answer, &mut route).await
 }
 
 /// Makes a directory (and its missing parents with `parents`, when an
@@ -413,7 +418,7 @@ pub async fn mkdir(
     Path(sandbox_id): Path<String>,
     Json(request): Json<MkdirRequest>,
 ) -> Result<Response, ControlError> {
-    let route = route(
+    let mut route = route(
         &state,
         &org_id,
         &sandbox_id,
@@ -430,7 +435,7 @@ pub async fn mkdir(
         .map_err(|e| ControlError::new(ErrorCode::Internal, e.to_string()))?;
     let answer =
         data_path::relay(&route, reqwest::Method::POST, &[], RelayBody::Json(body)).await?;
-    passed_on(answer).await
+    passed_on(answer, &mut route).await
 }
 
 /// A directory as a tar stream (regular files, directories, symlinks as
@@ -450,7 +455,7 @@ pub async fn tar_read(
     Path(sandbox_id): Path<String>,
     Query(query): Query<PathQuery>,
 ) -> Result<Response, ControlError> {
-    let route = route(
+    let mut route = route(
         &state,
         &org_id,
         &sandbox_id,
@@ -462,7 +467,7 @@ pub async fn tar_read(
     let runner_query = [("path", query.path.clone())];
     let answer =
         data_path::relay(&route, reqwest::Method::GET, &runner_query, RelayBody::None).await?;
-    passed_on(answer).await
+    passed_on(answer, &mut route).await
 }
 
 /// Unpacks a tar stream (the body) under a directory, made where missing.
@@ -494,7 +499,7 @@ pub async fn tar_write(
         &[&query.path],
     )
     .await;
-    let route = match checked {
+    let mut route = match checked {
         Ok(route) => route,
         Err(error) => return Err(drained(body, error).await),
     };
@@ -507,7 +512,7 @@ pub async fn tar_write(
         RelayBody::Stream(stream),
     )
     .await?;
-    passed_on(answer).await
+    passed_on(answer, &mut route).await
 }
 
 #[cfg(test)]
