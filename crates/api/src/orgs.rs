@@ -7,7 +7,8 @@ use utoipa::ToSchema;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateOrgRequest {
-    /// 1-64 of a-z 0-9 - _, starting with a letter or digit.
+    /// 1-64 of a-z 0-9 - _, starting with a letter or digit, not with
+    /// `org_` (how org ids start).
     #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     pub name: String,
     #[serde(default)]

@@ -17,15 +17,20 @@ fn validate_org_name(name: &str) -> Result<(), ControlError> {
             .bytes()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'_')
         && name.as_bytes()[0].is_ascii_alphanumeric();
-    if ok {
-        Ok(())
-    } else {
-        Err(ControlError::new(
-            ErrorCode::InvalidRequest,
-            "name: use 1-64 of a-z 0-9 - _, starting with a letter or digit",
-        )
-        .with_details(serde_json::json!({ "field": "name" })))
+    let refused = |message: &str| {
+        Err(ControlError::new(ErrorCode::InvalidRequest, message)
+            .with_details(serde_json::json!({ "field": "name" })))
+    };
+    if !ok {
+        return refused("name: use 1-64 of a-z 0-9 - _, starting with a letter or digit");
     }
+    // Where an org is named by its id or its name (`roost admin
+    // filesystem bind --org`), a name spelled as ids are could stand for
+    // another org.
+    if name.starts_with("org_") {
+        return refused("name: \"org_\" starts org ids, not names");
+    }
+    Ok(())
 }
 
 /// Creates an org and its token (shown once; only its hash is kept).

@@ -178,23 +178,44 @@ fn load_or_make(path: &Path) -> Result<SecretKey, KeyError> {
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent).map_err(io)?;
             }
-            // `create_new`: two servers starting on one data dir cannot
-            // both make a key; the loser reads the winner's.
-            let made = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path);
-            let mut file = match made {
-                Ok(file) => file,
+            // Written whole under a name of its own, then linked to
+            // `path`, which fails if `path` exists: two servers starting
+            // on one data dir cannot both make a key (the loser reads the
+            // winner's), and neither they nor a server killed half way
+            // ever leave `path` empty or half written.
+            let temp = path.with_file_name(format!(
+                ".{}.{}",
+                path.file_name()
+                    .map_or_else(Default::default, |n| n.to_string_lossy()),
+                hex_encode(&{
+                    let mut tag = [0u8; 8];
+                    getrandom::fill(&mut tag).map_err(|e| KeyError::Random(e.to_string()))?;
+                    tag
+                })
+            ));
+            let written = (|| {
+                let mut file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&temp)?;
+                file.write_all(format!("{}\n", hex_encode(&key)).as_bytes())?;
+                file.sync_all()?;
+                std::fs::hard_link(&temp, path)
+            })();
+            let _ = std::fs::remove_file(&temp);
+            match written {
+                Ok(()) => {}
                 Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
                     return load_or_make(path);
                 }
                 Err(err) => return Err(io(err)),
-            };
-            file.write_all(format!("{}\n", hex_encode(&key)).as_bytes())
-                .map_err(io)?;
-            file.sync_all().map_err(io)?;
+            }
+            if let Some(parent) = path.parent() {
+                std::fs::File::open(parent)
+                    .and_then(|dir| dir.sync_all())
+                    .map_err(io)?;
+            }
             tracing::info!(path = %path.display(), "made a secret key");
             Ok(SecretKey(key))
         }
@@ -543,5 +564,31 @@ mod tests {
         assert!(matches!(load_or_make(&path), Err(KeyError::Exposed { .. })));
         assert!(format!("{:?}", SecretKeySource::Hex("ab".repeat(32))).contains("redacted"));
         assert!(!format!("{made:?}").contains(&hex_encode(&made.0)));
+    }
+
+    /// Servers starting at once on one data dir all end with the one key
+    /// one of them made, none ever reading it empty or half written; the
+    /// directory holds the key and nothing else.
+    #[test]
+    fn servers_making_the_key_at_once_share_one_and_never_read_it_half_made() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("secret-key");
+            let keys: Vec<[u8; KEY_BYTES]> = std::thread::scope(|scope| {
+                let makers: Vec<_> = (0..8)
+                    .map(|_| scope.spawn(|| load_or_make(&path).expect("a key, never malformed").0))
+                    .collect();
+                makers
+                    .into_iter()
+                    .map(|maker| maker.join().expect("no panic"))
+                    .collect()
+            });
+            assert!(keys.iter().all(|key| *key == keys[0]), "one key");
+            let names: Vec<_> = std::fs::read_dir(dir.path())
+                .expect("list")
+                .map(|entry| entry.expect("entry").file_name())
+                .collect();
+            assert_eq!(names, vec![std::ffi::OsString::from("secret-key")]);
+        }
     }
 }

@@ -21,12 +21,16 @@ fn binding_of(row: &sqlx::any::AnyRow) -> Result<FilesystemBinding, sqlx::Error>
     })
 }
 
-/// The org's id, named by its id or its name.
+/// The org's id, named by its id or its name; an id first (names shaped
+/// like ids are refused at create, but an older org may have one).
 pub async fn org_id_of(tx: &mut WriteTx, org: &str) -> Result<Option<String>, sqlx::Error> {
-    let row = sqlx::query("SELECT id FROM orgs WHERE id = $1 OR name = $1")
-        .bind(org)
-        .fetch_optional(&mut *tx.tx)
-        .await?;
+    let row = sqlx::query(
+        "SELECT id FROM orgs WHERE id = $1 OR name = $1 \
+         ORDER BY CASE WHEN id = $1 THEN 0 ELSE 1 END LIMIT 1",
+    )
+    .bind(org)
+    .fetch_optional(&mut *tx.tx)
+    .await?;
     row.map(|r| r.try_get("id")).transpose()
 }
 

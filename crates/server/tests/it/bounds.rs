@@ -540,3 +540,31 @@ async fn one_orgs_requests_under_way_are_bounded_and_other_orgs_are_served() {
         .expect("an answer");
     assert_eq!(again.status(), 200, "the share came back");
 }
+
+/// An org name spelled as org ids are (`org_…`) is refused: where an org
+/// is named by its id or its name (`roost admin filesystem bind --org`),
+/// it could stand for another org. A name merely starting with "org" is
+/// a name like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_org_name_spelled_as_an_org_id_is_refused() {
+    let server = crate::support::TestServer::start().await;
+    let taken = server.create_org("acme").await;
+    for name in [taken.org_id.as_str(), "org_0123456789abcdef"] {
+        let err = server
+            .admin
+            .create_org(&api::orgs::CreateOrgRequest {
+                name: name.to_owned(),
+                max_running: None,
+                max_total: None,
+                max_store_mib: None,
+            })
+            .await
+            .expect_err("refused");
+        let message = err.to_string();
+        assert!(
+            message.contains("invalid_request") && message.contains("starts org ids"),
+            "{name}: {message}"
+        );
+    }
+    server.create_org("organic").await;
+}
