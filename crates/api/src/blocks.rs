@@ -297,9 +297,10 @@ fn name_of(object: &ObjectId) -> String {
 
 /// A failed call, named as the store names the object (its key), so the
 /// message reads as a store error does. The store full (507) and the
-/// org past its bound on the store (429 `quota_exceeded`) are both
-/// [`store::Error::StoreFull`]: nothing was stored, and trying again
-/// helps only once room is freed.
+/// org past its bound on the store (429 `quota_exceeded`, metric
+/// `store_bytes`) are both [`store::Error::StoreFull`]: nothing was
+/// stored, and trying again helps only once room is freed. (Another 429,
+/// the org's requests at once, passes in a second: not full.)
 fn backend_error(
     op: &'static str,
     org: &OrgId,
@@ -308,14 +309,17 @@ fn backend_error(
 ) -> store::Error {
     let key = Store::object_key(org, object);
     let message = err.to_string();
-    if matches!(
-        err.code(),
-        Some(ErrorCode::InsufficientStorage | ErrorCode::QuotaExceeded)
-    ) {
+    if err.code() == Some(ErrorCode::InsufficientStorage)
+        || err.quota_metric() == Some(STORE_BYTES_METRIC)
+    {
         return store::Error::StoreFull { op, key, message };
     }
     store::Error::Backend { op, key, message }
 }
+
+/// The quota metric of an org's bound on its stored bytes, as a 429
+/// `quota_exceeded` names it.
+pub const STORE_BYTES_METRIC: &str = "store_bytes";
 
 /// Fetch requests one [`RemoteBackend::get_batch`] keeps in flight.
 const FETCH_IN_FLIGHT: usize = 4;
@@ -492,6 +496,35 @@ impl Objects for RemoteBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Full is the store's 507 or the org's bound on its stored bytes; the
+    /// org's other 429 (its requests at once) passes in a second.
+    #[test]
+    fn only_room_refusals_are_a_full_store() {
+        let org: OrgId = "acme".parse().expect("an org");
+        let object = ObjectId::block(store::Digest::of(b"x"));
+        let refused = |code: ErrorCode, metric: Option<&str>| ClientError::Api {
+            status: code.status(),
+            code,
+            message: "refused".to_owned(),
+            request_id: "req".to_owned(),
+            details: metric.map_or(
+                serde_json::Value::Null,
+                |metric| serde_json::json!({"quota": {"metric": metric}}),
+            ),
+        };
+        let full = |err| backend_error("put", &org, &object, err).is_store_full();
+        assert!(full(refused(ErrorCode::InsufficientStorage, None)));
+        assert!(full(refused(
+            ErrorCode::QuotaExceeded,
+            Some(STORE_BYTES_METRIC)
+        )));
+        assert!(!full(refused(
+            ErrorCode::QuotaExceeded,
+            Some("requests_at_once")
+        )));
+        assert!(!full(refused(ErrorCode::Unavailable, None)));
+    }
 
     fn frame(kind: &str, hex: &str, length: &str, data: &[u8]) -> Vec<u8> {
         let mut out = format!("{kind}/{hex} {length}\n").into_bytes();

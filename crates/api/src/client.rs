@@ -46,6 +46,8 @@ pub enum ClientError {
         code: ErrorCode,
         message: String,
         request_id: String,
+        /// The envelope's `details` (`null` when it had none).
+        details: serde_json::Value,
     },
     #[error("unexpected response ({status}) from {url}: {body}")]
     Unexpected {
@@ -60,6 +62,19 @@ impl ClientError {
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             ClientError::Api { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// Which quota a 429 `quota_exceeded` names (`details.quota.metric`:
+    /// `store_bytes`, `requests_at_once`, …).
+    pub fn quota_metric(&self) -> Option<&str> {
+        match self {
+            ClientError::Api {
+                code: ErrorCode::QuotaExceeded,
+                details,
+                ..
+            } => details["quota"]["metric"].as_str(),
             _ => None,
         }
     }
@@ -244,6 +259,7 @@ impl Client {
                 code: body.error.code,
                 message: body.error.message,
                 request_id: body.error.request_id,
+                details: body.error.details,
             }),
             Err(_) => Err(ClientError::Unexpected {
                 url: shown,
@@ -1243,6 +1259,7 @@ mod tests {
             code,
             message: String::new(),
             request_id: String::new(),
+            details: serde_json::Value::Null,
         };
         let unexpected = |status: u16| ClientError::Unexpected {
             url: String::new(),

@@ -21,19 +21,21 @@ pub fn is_tmpfs(path: &Path) -> Result<bool> {
 }
 
 /// Whether `path` is the root of a tmpfs mount: a tmpfs on another
-/// device than its parent directory's (each tmpfs mount is a device of
-/// its own), not a directory on the host's `/run`.
+/// device than the directory above it as the kernel resolves it (`..`,
+/// through any symlink; each tmpfs mount is a device of its own), not a
+/// directory on the host's `/run`.
 pub fn is_tmpfs_mount(path: &Path) -> Result<bool> {
     if !is_tmpfs(path)? {
         return Ok(false);
     }
-    let parent = path.parent().unwrap_or(Path::new("/"));
     let device = |path: &Path| {
         rustix::fs::stat(path)
-            .map(|stat| stat.st_dev)
+            .map(|stat| (stat.st_dev, stat.st_ino))
             .map_err(|e| Error::io("stat", path, e.into()))
     };
-    Ok(path == Path::new("/") || device(path)? != device(parent)?)
+    let (here, above) = (device(path)?, device(&path.join(".."))?);
+    // `/` is its own `..`: a root that is a tmpfs is a mount.
+    Ok(here == above || here.0 != above.0)
 }
 
 /// Makes `dir` (0700) and mounts a tmpfs of at most `size_bytes` on it,
@@ -49,7 +51,24 @@ pub fn ensure(dir: &Path, size_bytes: u64) -> Result<()> {
         std::ffi::CString::new(format!("mode=0700,size={size}"))
             .map_err(|_| Error::Invalid("tmpfs options".to_owned()))
     };
+    // What the directory held before it was a mount of its own (written
+    // by a runner that took the host's /run for its tmpfs) is set aside,
+    // then copied onto the mount: hidden under it, it would be neither
+    // found nor ever removed.
+    let aside = dir.with_file_name(format!(
+        ".{}.before-mount",
+        dir.file_name()
+            .map_or_else(Default::default, |n| n.to_string_lossy())
+    ));
     if !is_tmpfs_mount(dir)? {
+        let holds = std::fs::read_dir(dir)
+            .map_err(|e| Error::io("list", dir, e))?
+            .next()
+            .is_some();
+        if holds && !aside.exists() {
+            std::fs::rename(dir, &aside).map_err(|e| Error::io("set aside", dir, e))?;
+            std::fs::create_dir(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        }
         rustix::mount::mount(
             "tmpfs",
             dir,
@@ -64,6 +83,38 @@ pub fn ensure(dir: &Path, size_bytes: u64) -> Result<()> {
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| Error::io("chmod", dir, e))?;
+    if aside.exists() {
+        copy_tree(&aside, dir)?;
+        std::fs::remove_dir_all(&aside).map_err(|e| Error::io("remove", &aside, e))?;
+    }
+    Ok(())
+}
+
+/// Copies the directories and files under `from` into `to` (made where
+/// missing), with their permission bits; anything else is left.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(from).map_err(|e| Error::io("list", from, e))? {
+        let entry = entry.map_err(|e| Error::io("list", from, e))?;
+        let (source, target) = (entry.path(), to.join(entry.file_name()));
+        let metadata =
+            std::fs::symlink_metadata(&source).map_err(|e| Error::io("stat", &source, e))?;
+        let mode = std::fs::Permissions::from_mode(metadata.permissions().mode() & 0o777);
+        if metadata.is_dir() {
+            match std::fs::create_dir(&target) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(Error::io("create directory", &target, e));
+                }
+                _ => {}
+            }
+            copy_tree(&source, &target)?;
+        } else if metadata.is_file() {
+            std::fs::copy(&source, &target).map_err(|e| Error::io("copy", &source, e))?;
+        } else {
+            continue;
+        }
+        std::fs::set_permissions(&target, mode).map_err(|e| Error::io("chmod", &target, e))?;
+    }
     Ok(())
 }
 

@@ -83,10 +83,39 @@ fn a_directory_on_another_tmpfs_gets_its_own_bounded_mount() {
         !oci::tmpfs::is_tmpfs_mount(&inner).expect("stat"),
         "on a tmpfs, not one"
     );
+    // Named through a symlink from a disk: still not one.
+    let link = outer.dir.path().join("link");
+    std::os::unix::fs::symlink(&inner, &link).expect("symlink");
+    assert!(!oci::tmpfs::is_tmpfs_mount(&link).expect("stat"));
+    // What an older runner left there, on the outer tmpfs, comes onto
+    // the new mount (not hidden under it).
+    std::fs::create_dir_all(inner.join("sbx_1/files")).expect("dirs");
+    std::fs::write(inner.join("sbx_1/files/token"), b"kept").expect("a secret");
+    std::fs::set_permissions(
+        inner.join("sbx_1/files/token"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o400),
+    )
+    .expect("chmod");
 
     oci::tmpfs::ensure(&inner, 1 << 20).expect("a 1 MiB tmpfs of its own");
     let unmount_inner = Unmount(inner.clone());
     assert!(oci::tmpfs::is_tmpfs_mount(&inner).expect("stat"));
+    assert!(oci::tmpfs::is_tmpfs_mount(&link).expect("stat"));
+    let token = inner.join("sbx_1/files/token");
+    assert_eq!(std::fs::read(&token).expect("kept"), b"kept");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&token).expect("stat").permissions()
+        ) & 0o777,
+        0o400
+    );
+    assert_eq!(
+        std::fs::read_dir(inner.parent().expect("a parent"))
+            .expect("list")
+            .count(),
+        1,
+        "nothing set aside is left"
+    );
     assert_eq!(oci::tmpfs::size(&inner).expect("size"), 1 << 20);
     assert!(
         std::fs::write(inner.join("big"), vec![7u8; 2 << 20]).is_err(),

@@ -572,26 +572,38 @@ pub(crate) fn check_apart(id: &str, root: &Path, own: &[(&str, &Path)]) -> Resul
     Ok(())
 }
 
-/// `path` with its longest existing ancestor canonicalized and the rest
-/// appended as written.
+/// `path` made absolute, its longest existing ancestor canonicalized and
+/// the rest applied as written (`..` taking a part off: nothing below an
+/// existing directory that does not exist yet can be a symlink).
 fn resolved(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let Ok(path) = std::path::absolute(path) else {
+        return path.to_path_buf();
+    };
+    let mut existing = path.clone();
     let mut rest = Vec::new();
-    let mut existing = path;
-    loop {
+    let mut out = loop {
         if let Ok(canonical) = existing.canonicalize() {
-            return rest
-                .iter()
-                .rev()
-                .fold(canonical, |acc, part| acc.join(part));
+            break canonical;
         }
-        match (existing.parent(), existing.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_owned());
-                existing = parent;
+        match existing.components().next_back() {
+            Some(Component::RootDir) | None => break existing,
+            Some(last) => {
+                rest.push(last.as_os_str().to_owned());
+                existing.pop();
             }
-            _ => return path.to_path_buf(),
+        }
+    };
+    for part in rest.iter().rev() {
+        match Path::new(part).components().next() {
+            Some(Component::ParentDir) => {
+                out.pop();
+            }
+            Some(Component::Normal(name)) => out.push(name),
+            _ => {}
         }
     }
+    out
 }
 
 #[cfg(test)]
@@ -630,6 +642,10 @@ mod tests {
         // A sibling whose name shares a prefix is apart.
         std::fs::create_dir_all(tmp.path().join("srv/roost-shared")).expect("dirs");
         check_apart("team", &tmp.path().join("srv/roost-shared"), &own).expect("apart");
+        // A secrets dir not made yet, named with `..`, is where it lands.
+        let team = tmp.path().join("team");
+        let up = tmp.path().join("run/later/../../team/secrets");
+        assert!(check_apart("team", &team, &[("secrets dir", up.as_path())]).is_err());
     }
 
     #[test]

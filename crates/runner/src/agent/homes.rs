@@ -149,6 +149,12 @@ impl From<Error> for NotReady {
     }
 }
 
+/// The name of the read-only capture of a home taken for snapshot
+/// `snapshot_id`.
+fn capture_name(snapshot_id: &str) -> String {
+    format!("snap-{snapshot_id}")
+}
+
 /// The reason a launch fails with when this runner's own disk has no
 /// space for the home or image.
 pub(crate) const LOCAL_DISK_FULL: &str = "runner_disk_full";
@@ -1034,7 +1040,7 @@ impl Homes {
             }
         };
         let captured_at = SystemTime::now();
-        let name = format!("snap-{snapshot_id}");
+        let name = capture_name(snapshot_id);
         if !running && self.restore_unfinished(&id) {
             let message = "the home on this runner is an unfinished restore (the store was out of reach): it is not the sandbox's home as saved".to_owned();
             send(report("failed", None, None, Some(message.clone()))).await?;
@@ -1188,6 +1194,21 @@ impl Homes {
                     tracing::warn!(sandbox_id = %id, snapshot = %name, %err, "cannot delete an earlier save's snapshot");
                 }
             }
+        }
+    }
+
+    /// Removes the read-only capture an attempt of snapshot `snapshot_id`
+    /// took of the home, if any: its task was stopped (the snapshot is
+    /// no longer assigned) before it could remove it itself.
+    pub(crate) fn drop_capture(&self, id: &str, snapshot_id: &str) {
+        let name = capture_name(snapshot_id);
+        if self
+            .volumes
+            .snapshots(id)
+            .is_ok_and(|names| names.contains(&name))
+            && let Err(err) = self.volumes.delete_snapshot(id, &name)
+        {
+            tracing::warn!(sandbox_id = %id, snapshot_id, %err, "cannot delete a stopped snapshot's capture");
         }
     }
 

@@ -729,10 +729,16 @@ impl Worker {
     /// Stops the tasks of snapshots no longer assigned (replicated, failed
     /// or deleted).
     fn drop_unassigned_snapshots(&mut self, sandbox: &SandboxAssignment) {
+        let homes = &self.shared.homes;
+        let sandbox_id = self.id.as_str();
         self.snapshots.retain(|id, snapshot| {
             let assigned = sandbox.snapshots.iter().any(|s| &s.snapshot_id == id);
             if !assigned {
                 snapshot.task.abort();
+                // An attempt stopped half way leaves its capture.
+                if !snapshot.done.load(Ordering::Relaxed) {
+                    homes.drop_capture(sandbox_id, id);
+                }
             }
             assigned
         });

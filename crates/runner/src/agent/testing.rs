@@ -775,6 +775,7 @@ impl Scripted {
             code,
             message: format!("{} (scripted)", code.as_str()),
             request_id: "req_fake".to_owned(),
+            details: serde_json::Value::Null,
         };
         match self {
             Scripted::Ok | Scripted::Hangs => None,
@@ -789,6 +790,7 @@ impl Scripted {
                 code: ErrorCode::Unauthenticated,
                 message: "missing or unknown bearer token (scripted)".to_owned(),
                 request_id: "req_fake".to_owned(),
+                details: serde_json::Value::Null,
             }),
         }
     }

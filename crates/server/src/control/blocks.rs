@@ -213,7 +213,7 @@ async fn check_store_quota(state: &AppState, org: &OrgId) -> Result<(), ControlE
         .map_err(store_error)?;
     if current >= limit {
         return Err(super::admission::quota_exceeded(
-            "store_bytes",
+            api::blocks::STORE_BYTES_METRIC,
             i64::try_from(limit).unwrap_or(i64::MAX),
             i64::try_from(current).unwrap_or(i64::MAX),
             STORE_QUOTA_RETRY_S,

@@ -161,6 +161,17 @@ fn load_or_make(path: &Path) -> Result<SecretKey, KeyError> {
         source,
     };
     match std::fs::metadata(path) {
+        // Left by a server (of a version before keys were linked in whole)
+        // killed between making the file and writing it: nothing was ever
+        // sealed with it. Made again.
+        Ok(metadata) if metadata.len() == 0 => {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => return Err(io(err)),
+            }
+            load_or_make(path)
+        }
         Ok(metadata) => {
             let mode = metadata.permissions().mode() & 0o777;
             if mode & 0o077 != 0 {
@@ -201,7 +212,19 @@ fn load_or_make(path: &Path) -> Result<SecretKey, KeyError> {
                     .open(&temp)?;
                 file.write_all(format!("{}\n", hex_encode(&key)).as_bytes())?;
                 file.sync_all()?;
-                std::fs::hard_link(&temp, path)
+                match std::fs::hard_link(&temp, path) {
+                    // A file system without hard links: renamed instead,
+                    // which two servers starting at that instant could
+                    // both do (the later key wins on disk).
+                    Err(err)
+                        if [rustix::io::Errno::PERM, rustix::io::Errno::OPNOTSUPP]
+                            .iter()
+                            .any(|no| err.raw_os_error() == Some(no.raw_os_error())) =>
+                    {
+                        std::fs::rename(&temp, path)
+                    }
+                    linked => linked,
+                }
             })();
             let _ = std::fs::remove_file(&temp);
             match written {
@@ -564,6 +587,23 @@ mod tests {
         assert!(matches!(load_or_make(&path), Err(KeyError::Exposed { .. })));
         assert!(format!("{:?}", SecretKeySource::Hex("ab".repeat(32))).contains("redacted"));
         assert!(!format!("{made:?}").contains(&hex_encode(&made.0)));
+    }
+
+    /// An empty key file (a server of an older version killed between
+    /// making it and writing it) is made again, not a start refused.
+    #[test]
+    fn an_empty_key_file_is_made_again() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("secret-key");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .expect("an empty key file");
+        let made = load_or_make(&path).expect("made again");
+        assert_eq!(load_or_make(&path).expect("read").0, made.0);
     }
 
     /// Servers starting at once on one data dir all end with the one key

@@ -253,9 +253,10 @@ async fn at_placement(
 /// `replicated` once the whole tree is in the store and pinned, or
 /// `failed`; an ended snapshot stays as it is.
 ///
-/// A snapshot's store home names the tree its record names: a
-/// `replicated` report pins its tree and records it in one turn on this
-/// server (`AppState::pointer_turns`), and a report that finds the
+/// A snapshot's store home names the tree its record names: a report
+/// (and a delete) of one snapshot takes a turn on this server
+/// (`AppState::pointer_turns`), a `replicated` one pinning its tree and
+/// recording it within it, and a report that finds the
 /// snapshot replicated already (by another report, of another tree: a
 /// runner that captured again after its first report was lost, two
 /// reports racing on two servers) points the home back at the record's
@@ -265,10 +266,9 @@ pub async fn report(
     id: &str,
     report: &SnapshotReport,
 ) -> Result<SnapshotRow, ControlError> {
-    let _turn = match report.durability.as_str() {
-        "replicated" => Some(state.pointer_turns.take(&format!("snapshot:{id}")).await),
-        _ => None,
-    };
+    // Every report: one finding the snapshot ended may point its pin,
+    // which must not race a delete removing it.
+    let _turn = state.pointer_turns.take(&format!("snapshot:{id}")).await;
     let snapshot = {
         let mut tx = state.db.write().await?;
         at_placement(&mut tx, id, report).await?
