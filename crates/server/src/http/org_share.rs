@@ -5,7 +5,6 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
 
 use crate::auth::{self, Principal};
 use crate::control::AppState;
@@ -65,18 +64,71 @@ pub async fn hold(State(state): State<AppState>, mut request: Request, next: Nex
     let place = HeldPlaces(std::sync::Arc::new(std::sync::Mutex::new(places)));
     request.extensions_mut().insert(place.clone());
     let response = next.run(request).await;
-    // An answer already whole (its size known) goes as it is, framed with
-    // its length; a streamed one holds the place until its last byte.
-    if axum::body::HttpBody::size_hint(response.body())
-        .exact()
-        .is_some()
-    {
-        return response;
-    }
+    // Held until the answer's last byte is sent, a whole one too (framed
+    // with its length as ever): a client reading megabytes slowly holds
+    // its org's place, not one outside every share.
     response.map(|body| {
-        Body::from_stream(body.into_data_stream().map(move |chunk| {
-            let _held = &place;
-            chunk
-        }))
+        Body::new(Holding {
+            body,
+            pending: axum::body::Bytes::new(),
+            _place: place,
+        })
     })
+}
+
+/// An answer's body that holds its request's places until it is sent or
+/// dropped, and says what it says of its size (a whole answer keeps its
+/// `Content-Length`). It hands its bytes on in parts of at most
+/// [`PART_BYTES`]: hyper drops a body once it has taken its last frame,
+/// and a whole answer is one frame, taken long before its bytes are
+/// sent; in parts, the body (and the places) go with about the last part.
+struct Holding {
+    body: Body,
+    /// What is left of a frame larger than a part.
+    pending: axum::body::Bytes,
+    _place: HeldPlaces,
+}
+
+/// The largest part [`Holding`] hands on at once.
+const PART_BYTES: usize = 64 * 1024;
+
+impl hyper::body::Body for Holding {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.pending.is_empty() {
+            match std::pin::Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => this.pending = data,
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                other => return other,
+            }
+        }
+        let part = this.pending.len().min(PART_BYTES);
+        Poll::Ready(Some(Ok(hyper::body::Frame::data(
+            this.pending.split_to(part),
+        ))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pending.is_empty() && self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        let inner = self.body.size_hint();
+        let pending = self.pending.len() as u64;
+        let mut hint = hyper::body::SizeHint::new();
+        hint.set_lower(inner.lower() + pending);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + pending);
+        }
+        hint
+    }
 }

@@ -597,20 +597,36 @@ pub async fn list(
     cursor: &str,
     limit: usize,
 ) -> Result<(Vec<CommandRow>, Option<String>), sqlx::Error> {
-    let rows = sqlx::query(&format!(
-        "SELECT {COMMAND_COLUMNS} FROM commands WHERE sandbox_id = $1 AND id > $2 AND ($3 = '' OR state = $3) ORDER BY id LIMIT {}",
+    // The page's rows by size first (`records::page_by_bytes`), then
+    // those rows whole.
+    let only = state.map_or("", |s| s.as_str());
+    let sizes: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT id, CAST(LENGTH(argv) + LENGTH(env) AS BIGINT) FROM commands WHERE sandbox_id = $1 AND id > $2 AND ($3 = '' OR state = $3) ORDER BY id LIMIT {}",
         limit + 1
     ))
     .bind(sandbox_id)
     .bind(cursor)
-    .bind(state.map_or("", |s| s.as_str()))
+    .bind(only)
+    .fetch_all(pool)
+    .await?;
+    let (taken, next) = super::page_by_bytes(&sizes, limit);
+    let Some((last, _)) = taken.checked_sub(1).map(|i| &sizes[i]) else {
+        return Ok((Vec::new(), None));
+    };
+    let rows = sqlx::query(&format!(
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE sandbox_id = $1 AND id > $2 AND id <= $4 AND ($3 = '' OR state = $3) ORDER BY id LIMIT {taken}"
+    ))
+    .bind(sandbox_id)
+    .bind(cursor)
+    .bind(only)
+    .bind(last)
     .fetch_all(pool)
     .await?;
     let commands = rows
         .iter()
         .map(CommandRow::from_row)
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(super::page(commands, limit, |c| &c.id))
+    Ok((commands, next))
 }
 
 /// The sandbox's command with `pid`: a running one first (pids are

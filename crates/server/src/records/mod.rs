@@ -270,6 +270,30 @@ pub fn page<T>(
     (items, next)
 }
 
+/// Stored bytes of the rows one page answers with, at most (past its
+/// first row): a page of 200 commands of 320 KiB of argv and env each, or
+/// of sandboxes with 64 KiB of env, would be held whole twice (rows and
+/// JSON, each escaped byte six in it) in the shared server's memory.
+pub const PAGE_BYTES_MAX: i64 = 2 << 20;
+
+/// How many of the rows `sizes` (id and stored bytes, in order, up to one
+/// past `limit`) a page takes, and the cursor after it if more follow:
+/// at most `limit` rows, and no more than [`PAGE_BYTES_MAX`] past the
+/// first (a row larger than that is a page of its own).
+pub fn page_by_bytes(sizes: &[(String, i64)], limit: usize) -> (usize, Option<String>) {
+    let mut bytes = 0;
+    let mut taken = 0;
+    for (_, size) in sizes.iter().take(limit) {
+        if taken > 0 && bytes + size > PAGE_BYTES_MAX {
+            break;
+        }
+        bytes += size;
+        taken += 1;
+    }
+    let next = (taken < sizes.len()).then(|| sizes[taken - 1].0.clone());
+    (taken, next)
+}
+
 /// Errors every sandbox endpoint shares.
 pub fn not_found(what: &str) -> ControlError {
     ControlError::new(ErrorCode::NotFound, format!("no such {what}"))
@@ -278,6 +302,35 @@ pub fn not_found(what: &str) -> ControlError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_page_ends_at_its_count_or_its_bytes_and_never_empty() {
+        let rows = |sizes: &[i64]| -> Vec<(String, i64)> {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(i, size)| (format!("id{i}"), *size))
+                .collect()
+        };
+        let mib = 1 << 20;
+        // By count: three asked, a fourth there.
+        assert_eq!(
+            page_by_bytes(&rows(&[1, 1, 1, 1]), 3),
+            (3, Some("id2".to_owned()))
+        );
+        assert_eq!(page_by_bytes(&rows(&[1, 1, 1]), 3), (3, None));
+        // By bytes: 2 MiB fit, the third row would pass them.
+        assert_eq!(
+            page_by_bytes(&rows(&[mib, mib, 1]), 10),
+            (2, Some("id1".to_owned()))
+        );
+        // A row larger than a page is a page of its own.
+        assert_eq!(
+            page_by_bytes(&rows(&[3 * mib, 1]), 10),
+            (1, Some("id0".to_owned()))
+        );
+        assert_eq!(page_by_bytes(&rows(&[]), 10), (0, None));
+    }
 
     #[test]
     fn ids_made_in_one_millisecond_still_sort_in_creation_order() {

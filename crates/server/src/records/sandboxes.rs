@@ -1089,9 +1089,8 @@ pub async fn list(
     filter: &ListFilter,
 ) -> Result<(Vec<SandboxRow>, Option<String>), sqlx::Error> {
     // Built from fixed fragments; every value is a bound parameter.
-    let mut sql = format!(
-        "SELECT {SANDBOX_COLUMNS} FROM sandboxes s WHERE org_id = $1 AND id > $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)"
-    );
+    let mut conditions =
+        String::from("org_id = $1 AND id > $2 AND (ended_at_ms IS NULL OR ended_at_ms > $3)");
     let mut params: Vec<String> = Vec::new();
     let mut next = 4;
     if !filter.states.is_empty() {
@@ -1104,10 +1103,10 @@ pub async fn list(
                 format!("${}", next - 1)
             })
             .collect();
-        sql.push_str(&format!(" AND state IN ({})", placeholders.join(", ")));
+        conditions.push_str(&format!(" AND state IN ({})", placeholders.join(", ")));
     }
     for (key, value) in &filter.labels {
-        sql.push_str(&format!(
+        conditions.push_str(&format!(
             " AND EXISTS (SELECT 1 FROM sandbox_labels l WHERE l.sandbox_id = s.id AND l.key = ${} AND l.value = ${})",
             next,
             next + 1
@@ -1116,7 +1115,27 @@ pub async fn list(
         params.push(value.clone());
         next += 2;
     }
-    sql.push_str(&format!(" ORDER BY id LIMIT {}", filter.limit + 1));
+    // The page's rows by size first (`records::page_by_bytes`), then
+    // those rows whole.
+    let sizes_sql = format!(
+        "SELECT id, CAST(LENGTH(env) + LENGTH(labels) AS BIGINT) FROM sandboxes s WHERE {conditions} ORDER BY id LIMIT {}",
+        filter.limit + 1
+    );
+    let mut sizes_query = sqlx::query_as::<_, (String, i64)>(&sizes_sql)
+        .bind(org_id)
+        .bind(&filter.cursor)
+        .bind(filter.retained_since_ms);
+    for param in &params {
+        sizes_query = sizes_query.bind(param);
+    }
+    let sizes = sizes_query.fetch_all(pool).await?;
+    let (taken, next_cursor) = super::page_by_bytes(&sizes, filter.limit);
+    let Some((last, _)) = taken.checked_sub(1).map(|i| &sizes[i]) else {
+        return Ok((Vec::new(), None));
+    };
+    let sql = format!(
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes s WHERE {conditions} AND id <= ${next} ORDER BY id LIMIT {taken}"
+    );
     let mut query = sqlx::query(&sql)
         .bind(org_id)
         .bind(&filter.cursor)
@@ -1124,12 +1143,12 @@ pub async fn list(
     for param in &params {
         query = query.bind(param);
     }
-    let rows = query.fetch_all(pool).await?;
+    let rows = query.bind(last).fetch_all(pool).await?;
     let sandboxes = rows
         .iter()
         .map(SandboxRow::from_row)
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(super::page(sandboxes, filter.limit, |s| &s.id))
+    Ok((sandboxes, next_cursor))
 }
 
 /// The sandbox's history after event `after_seq` (0: all of it), oldest

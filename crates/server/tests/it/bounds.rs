@@ -568,3 +568,162 @@ async fn an_org_name_spelled_as_an_org_id_is_refused() {
     }
     server.create_org("organic").await;
 }
+
+/// Audit finding (HTTP surface): an answer whose size was known (a whole
+/// one) gave its org's place back as its handler returned, before a byte
+/// was sent, so a client reading megabytes slowly held memory and a
+/// connection outside every org's share. The place is now held until the
+/// answer's last byte is sent, a whole answer keeping its length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_read_slowly_holds_its_orgs_place_until_sent() {
+    use store::Objects;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start_configured(None, |config| config.org_requests_max = 1).await;
+    let created = server.create_org("acme").await;
+    let token = created.token.clone();
+    let org: store::OrgId = created.org_id.parse().expect("a store org");
+    let client = api::client::Client::new(&server.url, &token);
+    // Three blocks of 2.5 MiB no one can compress: a fetch of them
+    // answers 7.5 MiB whole (under the answer's 8 MiB bound), more than a
+    // small receive window and the server's send buffer (4 MiB) take.
+    let names: Vec<String> = tokio::task::spawn_blocking({
+        let objects = api::blocks::RemoteBackend::new(client, tokio::runtime::Handle::current());
+        let org = org.clone();
+        move || {
+            (0..3u8)
+                .map(|seed| {
+                    let mut plain = vec![0u8; 5 << 19];
+                    let mut state = u64::from(seed) + 1;
+                    for byte in &mut plain {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        *byte = state as u8;
+                    }
+                    let digest = store::Digest::of(&plain);
+                    let object = store::store::ObjectId::block(digest);
+                    objects
+                        .put_batch(&org, &[(object, store::block::encode(&plain).as_slice())])
+                        .expect("stored");
+                    format!("blocks/{}", digest.to_hex())
+                })
+                .collect()
+        }
+    })
+    .await
+    .expect("uploaded");
+
+    // A client with a tiny receive window asks for both, reads the status
+    // line and stops reading.
+    let address: std::net::SocketAddr = server
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("an address");
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.set_recv_buffer_size(4096).expect("a small window");
+    let mut slow = socket.connect(address).await.expect("connected");
+    let body = serde_json::json!({ "objects": names }).to_string();
+    let request = format!(
+        "POST /v1/blocks/{}/fetch HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {token}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        org.as_str(),
+        body.len()
+    );
+    slow.write_all(request.as_bytes()).await.expect("sent");
+    let mut head = [0u8; 12];
+    slow.read_exact(&mut head).await.expect("a status line");
+    assert_eq!(&head, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&head));
+
+    // While it is not read, the org's one place is taken.
+    let http = reqwest::Client::new();
+    let listed = format!("{}/v1/sandboxes", server.url);
+    let answer = http
+        .get(&listed)
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status(), 429, "the slow answer gave its place back");
+    // Read whole (or dropped), the place comes back.
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        let mut buf = [0u8; 1 << 16];
+        loop {
+            let n = slow.read(&mut buf).await.expect("read");
+            rest.extend_from_slice(&buf[..n]);
+            if n == 0 || rest.len() >= 15 << 19 {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the answer came whole");
+    drop(slow);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let answer = http
+            .get(&listed)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .expect("an answer");
+        if answer.status() == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the place never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Audit finding (HTTP surface): a page of commands (or sandboxes) was
+/// bounded by count only; 200 commands of 320 KiB of argv and env each
+/// made one answer of hundreds of megabytes, held whole in the shared
+/// server's memory. A page now ends where its rows pass 2 MiB stored
+/// (`records::PAGE_BYTES_MAX`), and the cursor goes on from there: every
+/// command is listed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_large_commands_is_bounded_by_bytes_and_the_cursor_goes_on() {
+    let server = TestServer::start().await;
+    let running = running_sandbox(&server, None).await;
+    let big = "x".repeat(250 * 1024);
+    let mut made = Vec::new();
+    for _ in 0..12 {
+        let command = running
+            .org
+            .create_command(
+                &running.sandbox_id,
+                &serde_json::from_value(serde_json::json!({ "argv": ["echo", big] }))
+                    .expect("a command"),
+                None,
+            )
+            .await
+            .expect("a command");
+        made.push(command.id);
+    }
+    let mut listed = Vec::new();
+    let mut pages = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = running
+            .org
+            .list_commands(&running.sandbox_id, None, Some(200), cursor.as_deref())
+            .await
+            .expect("a page");
+        pages += 1;
+        assert!(
+            page.commands.len() <= 9,
+            "{} commands of 250 KiB in one page",
+            page.commands.len()
+        );
+        listed.extend(page.commands.into_iter().map(|c| c.id));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(listed, made, "each once, in order");
+    assert_eq!(pages, 2);
+}
