@@ -1809,11 +1809,11 @@ async fn block_service_past_the_orgs_bound() -> String {
 }
 
 /// A stop's securing refused because the org is past its bound on the
-/// store is reported with the refusal, the home kept, and tried again a
-/// minute later, not every few seconds: each attempt scans the home, and
-/// waiting seconds frees no room.
+/// store is reported with the refusal, the home kept, and tried again
+/// after pauses that double to a minute, not every few seconds: each
+/// attempt scans the home, and waiting seconds frees no room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_securing_refused_for_room_is_tried_again_a_minute_later() {
+async fn a_securing_refused_for_room_is_tried_again_ever_less_often() {
     let agent = agent(Failpoints::none());
     agent
         .shared
@@ -1864,28 +1864,30 @@ async fn a_securing_refused_for_room_is_tried_again_a_minute_later() {
         first[0].contains("quota_exceeded") && first[0].contains("its bound is 1 MiB"),
         "the refusal is reported as it came: {first:?}"
     );
-
-    // Half a minute on the clock: no second attempt.
-    for _ in 0..30 {
+    // Tried again after pauses that double, to a minute: when each of the
+    // next four attempts came, on the clock.
+    let mut at = vec![agent.clock.elapsed()];
+    while at.len() < 5 {
+        assert!(
+            agent.clock.elapsed() < ms(300_000),
+            "attempts at {at:?} in 300 s"
+        );
         agent.clock.run_for(ms(1_000), ms(1_000)).await;
-        // An attempt would run on the wall clock (a scan, a request).
+        // An attempt runs on the wall clock (a scan, a request).
         tokio::time::sleep(ms(20)).await;
+        if failures(&agent.control.requests()).len() > at.len() {
+            at.push(agent.clock.elapsed());
+        }
     }
-    assert_eq!(
-        failures(&agent.control.requests()).len(),
-        1,
-        "tried again within 30 s"
+    let gaps: Vec<u64> = at.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+    assert!(
+        gaps[0] >= 4 && gaps.windows(2).all(|g| g[1] >= g[0]) && gaps[3] >= 35,
+        "pauses of {gaps:?} s between attempts"
     );
     assert_eq!(
         std::fs::read_to_string(home.join("work.txt")).expect("the home stays"),
         "unsaved\n"
     );
-    // Past the minute: tried again.
-    agent.clock.run_for(ms(31_000), ms(1_000)).await;
-    agent
-        .control
-        .wait_until("securing tried again", |r| failures(r).len() == 2)
-        .await;
 }
 
 /// Runs a durable sandbox (epoch 1), writes `work.txt` in its home after

@@ -41,10 +41,12 @@ const LAUNCH_ATTEMPTS_MAX: u32 = 3;
 /// long, without a request a second from every sandbox waiting on it.
 const STORE_RETRY_MIN_MS: u64 = 1_000;
 const STORE_RETRY_MAX_MS: u64 = 15_000;
-/// Pause before securing a home again after the room for it ran out (the
-/// store's, the org's bound on it, this runner's disk): the block
-/// service's `Retry-After` for an org past its bound.
-const SECURE_FULL_RETRY: Duration = Duration::from_secs(60);
+/// Pauses before securing a home again after the room for it ran out (the
+/// store's, the org's bound on it, this runner's disk): doubling from 5 s
+/// to a minute (the block service's `Retry-After` for an org past its
+/// bound), since each attempt scans the home and seconds free no room.
+const SECURE_FULL_RETRY_MIN_MS: u64 = 5_000;
+const SECURE_FULL_RETRY_MAX_MS: u64 = 60_000;
 
 /// A sandbox's assignment and the commands handed over for it.
 #[derive(Clone, Debug, PartialEq)]
@@ -309,6 +311,9 @@ struct Worker {
     /// Pauses between launch attempts that wait for the store; reset by a
     /// launch that got past the store.
     store_backoff: Backoff,
+    /// Pauses between securings refused for room; reset by one that
+    /// completes.
+    secure_full_backoff: Backoff,
     commands: HashMap<String, CommandTask>,
     /// The sandbox was deleted and reported so: nothing is left here.
     deleted: bool,
@@ -358,6 +363,7 @@ pub(crate) async fn run(
         fenced_epoch: None,
         launch_failures: 0,
         store_backoff: Backoff::between(STORE_RETRY_MIN_MS, STORE_RETRY_MAX_MS),
+        secure_full_backoff: Backoff::between(SECURE_FULL_RETRY_MIN_MS, SECURE_FULL_RETRY_MAX_MS),
         commands: HashMap::new(),
         deleted: false,
         accepted: None,
@@ -1355,7 +1361,11 @@ impl Worker {
             .secure(&self.shared.control, sandbox, &runner_id)
             .await
         {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.secure_full_backoff =
+                    Backoff::between(SECURE_FULL_RETRY_MIN_MS, SECURE_FULL_RETRY_MAX_MS);
+                Ok(())
+            }
             Err(SaveFailure::Fenced(message)) => Err(Step::Refused(Refusal::Fenced(message))),
             Err(failure) => {
                 let error = failure.message();
@@ -1368,7 +1378,7 @@ impl Worker {
                 match failure {
                     // Each attempt scans the home: not every few seconds
                     // while nothing can free the room.
-                    SaveFailure::Full(_) => Err(Step::Later(SECURE_FULL_RETRY)),
+                    SaveFailure::Full(_) => Err(Step::Later(self.secure_full_backoff.next())),
                     _ => Err(Step::Local(Error::Invalid(format!(
                         "securing the home: {error}"
                     )))),
