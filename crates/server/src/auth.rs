@@ -174,39 +174,47 @@ impl TokenCache {
     }
 }
 
-/// Whether `token` has the shape of the tokens this server makes
-/// ([`new_token`]: `roost_KIND_` and 64 hex digits).
-fn well_formed(token: &str) -> bool {
-    let Some((kind, secret)) = token
+/// The kind of `token` if it has the shape of the tokens this server
+/// makes ([`new_token`]: `roost_KIND_` and 64 hex digits).
+fn kind_of(token: &str) -> Option<&str> {
+    let (kind, secret) = token
         .strip_prefix("roost_")
-        .and_then(|rest| rest.split_once('_'))
-    else {
-        return false;
-    };
-    matches!(kind, "admin" | "org" | "runner" | "runnercred")
+        .and_then(|rest| rest.split_once('_'))?;
+    (matches!(kind, "admin" | "org" | "runner" | "runnercred")
         && secret.len() == 64
-        && secret.bytes().all(|b| b.is_ascii_hexdigit())
+        && secret.bytes().all(|b| b.is_ascii_hexdigit()))
+    .then_some(kind)
 }
 
 pub async fn authenticate(db: &Db, token: &str) -> Result<Option<Principal>, sqlx::Error> {
     // Refused without a query: unknown tokens are never cached, so a
     // flood of made-up ones would otherwise cost two queries each and
     // could take every connection of the pool from the other tenants.
-    if !well_formed(token) {
+    let Some(kind) = kind_of(token) else {
         return Ok(None);
-    }
+    };
     let hash = hash_token(token);
     if let Some(principal) = db.tokens.get(&hash) {
         return Ok(Some(principal));
     }
-    let principal = authenticate_uncached(db, &hash).await?;
+    let principal = authenticate_uncached(db, &hash, kind == "runnercred").await?;
     if let Some(principal) = &principal {
         db.tokens.put(hash, principal.clone());
     }
     Ok(principal)
 }
 
-async fn authenticate_uncached(db: &Db, hash: &str) -> Result<Option<Principal>, sqlx::Error> {
+/// One query: a runner's credential (`credential`) is looked for among
+/// the runners, any other token among the tokens.
+async fn authenticate_uncached(
+    db: &Db,
+    hash: &str,
+    credential: bool,
+) -> Result<Option<Principal>, sqlx::Error> {
+    if credential {
+        let runner = crate::records::runners::by_credential(&db.pool, hash).await?;
+        return Ok(runner.map(|runner_id| Principal::Runner { runner_id }));
+    }
     let row: Option<(String, Option<String>, Option<String>)> = sqlx::query_as(
         "SELECT kind, org_id, runner_profile FROM tokens WHERE hash = $1 AND revoked_at_ms IS NULL",
     )
@@ -219,11 +227,7 @@ async fn authenticate_uncached(db: &Db, hash: &str) -> Result<Option<Principal>,
         ("org", Some(org_id)) => Some(Principal::Org { org_id }),
         _ => None,
     });
-    if principal.is_some() {
-        return Ok(principal);
-    }
-    let runner = crate::records::runners::by_credential(&db.pool, hash).await?;
-    Ok(runner.map(|runner_id| Principal::Runner { runner_id }))
+    Ok(principal)
 }
 
 /// Creates the admin token on the first start of a database: returned
@@ -277,7 +281,7 @@ mod tests {
     fn only_tokens_shaped_as_made_are_looked_up() {
         for kind in ["admin", "org", "runner", "runnercred"] {
             let token = new_token(kind).expect("a token");
-            assert!(well_formed(&token), "{token}");
+            assert_eq!(kind_of(&token), Some(kind), "{token}");
         }
         for token in [
             "",
@@ -288,7 +292,7 @@ mod tests {
             "roost_org_000000000000000000000000000000000000000000000000000000000000000g",
             "roost_org_00000000000000000000000000000000000000000000000000000000000000000",
         ] {
-            assert!(!well_formed(token), "{token}");
+            assert_eq!(kind_of(token), None, "{token}");
         }
     }
 

@@ -29,7 +29,9 @@ impl HeldPlaces {
 fn carried_tokens(headers: &axum::http::HeaderMap) -> Vec<&str> {
     let mut tokens: Vec<&str> = super::bearer_token(headers).into_iter().collect();
     for name in ["x-api-key", "x-access-token"] {
-        if let Some(token) = headers.get(name).and_then(|v| v.to_str().ok()) {
+        if let Some(token) = headers.get(name).and_then(|v| v.to_str().ok())
+            && !tokens.contains(&token.trim())
+        {
             tokens.push(token.trim());
         }
     }
