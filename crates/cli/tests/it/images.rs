@@ -958,18 +958,7 @@ async fn an_image_commit_killed_before_its_record_leaves_the_recorded_tree_to_gc
     let recorded = org.get("/v1/images/base").await;
     assert_eq!(recorded.body["root"], first.as_str(), "{recorded:?}");
 
-    // gc with no grace: whatever no pin names goes.
-    let gc = Command::new(BIN)
-        .args([
-            "store", "gc", "--store", &store_arg, "--grace", "0s", "--json",
-        ])
-        .output()
-        .expect("roost store gc");
-    assert!(
-        gc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&gc.stderr)
-    );
+    gc_with_no_grace(&store_arg);
     // The recorded tree is whole: pulled through a pin of its own.
     let pulled = pull_root(&store_arg, &org_id, &first, &tmp.path().join("first"));
     assert_eq!(
@@ -987,21 +976,24 @@ async fn an_image_commit_killed_before_its_record_leaves_the_recorded_tree_to_gc
         org.get("/v1/images/base").await.body["root"],
         second.as_str()
     );
+    gc_with_no_grace(&store_arg);
+    let pulled = pull_root(&store_arg, &org_id, &second, &tmp.path().join("second"));
+    assert_eq!(
+        std::fs::read_to_string(pulled.join("etc/os-release")).expect("os-release"),
+        "ID=second\n"
+    );
+}
+
+/// `roost store gc` with no grace: whatever no pin names goes.
+fn gc_with_no_grace(store: &str) {
     let gc = Command::new(BIN)
-        .args([
-            "store", "gc", "--store", &store_arg, "--grace", "0s", "--json",
-        ])
+        .args(["store", "gc", "--store", store, "--grace", "0s", "--json"])
         .output()
         .expect("roost store gc");
     assert!(
         gc.status.success(),
         "{}",
         String::from_utf8_lossy(&gc.stderr)
-    );
-    let pulled = pull_root(&store_arg, &org_id, &second, &tmp.path().join("second"));
-    assert_eq!(
-        std::fs::read_to_string(pulled.join("etc/os-release")).expect("os-release"),
-        "ID=second\n"
     );
 }
 
