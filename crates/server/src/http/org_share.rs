@@ -66,9 +66,18 @@ pub async fn hold(State(state): State<AppState>, mut request: Request, next: Nex
     let place = HeldPlaces(std::sync::Arc::new(std::sync::Mutex::new(places)));
     request.extensions_mut().insert(place.clone());
     let response = next.run(request).await;
-    // Held until the answer's last byte is sent, a whole one too (framed
-    // with its length as ever): a client reading megabytes slowly holds
-    // its org's place, not one outside every share.
+    // An answer of at most a part goes as it is (the socket takes it at
+    // once: most answers, and the reads that must stay cheap). A larger
+    // one, whole or streamed, holds the place until about its last byte
+    // is sent (a whole one framed with its length as ever): a client
+    // reading megabytes slowly holds its org's place, not one outside
+    // every share.
+    if axum::body::HttpBody::size_hint(response.body())
+        .exact()
+        .is_some_and(|bytes| bytes <= PART_BYTES as u64)
+    {
+        return response;
+    }
     response.map(|body| {
         Body::new(Holding {
             body,
