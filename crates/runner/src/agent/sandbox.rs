@@ -735,19 +735,27 @@ impl Worker {
     /// Stops the tasks of snapshots no longer assigned (replicated, failed
     /// or deleted).
     fn drop_unassigned_snapshots(&mut self, sandbox: &SandboxAssignment) {
-        let homes = &self.shared.homes;
-        let sandbox_id = self.id.as_str();
+        let mut captures = Vec::new();
         self.snapshots.retain(|id, snapshot| {
             let assigned = sandbox.snapshots.iter().any(|s| &s.snapshot_id == id);
             if !assigned {
                 snapshot.task.abort();
                 // An attempt stopped half way leaves its capture.
                 if !snapshot.done.load(Ordering::Relaxed) {
-                    homes.drop_capture(sandbox_id, id);
+                    captures.push(id.clone());
                 }
             }
             assigned
         });
+        if !captures.is_empty() {
+            // A btrfs subvolume delete: off the async threads.
+            let (shared, sandbox_id) = (self.shared.clone(), self.id.as_str().to_owned());
+            tokio::task::spawn_blocking(move || {
+                for snapshot_id in captures {
+                    shared.homes.drop_capture(&sandbox_id, &snapshot_id);
+                }
+            });
+        }
     }
 
     /// Whether a snapshot is still reading the home itself (taken at

@@ -115,6 +115,11 @@ pub enum KeyError {
     Exposed { path: PathBuf, mode: u32 },
     #[error("secret key {0}: not 64 hex digits")]
     Malformed(String),
+    #[error(
+        "secret key {}: the file is empty (a server killed while making it?): if no secret was ever set, remove it and start again",
+        path.display()
+    )]
+    Empty { path: PathBuf },
     #[error("no randomness available for a secret key: {0}")]
     Random(String),
 }
@@ -162,16 +167,12 @@ fn load_or_make(path: &Path) -> Result<SecretKey, KeyError> {
     };
     match std::fs::metadata(path) {
         // Left by a server (of a version before keys were linked in whole)
-        // killed between making the file and writing it: nothing was ever
-        // sealed with it. Made again.
-        Ok(metadata) if metadata.len() == 0 => {
-            match std::fs::remove_file(path) {
-                Ok(()) => {}
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                Err(err) => return Err(io(err)),
-            }
-            load_or_make(path)
-        }
+        // killed between making the file and writing it. Not removed
+        // here: another server may be making it this instant, and a key
+        // replaced after use loses every secret sealed with it.
+        Ok(metadata) if metadata.len() == 0 => Err(KeyError::Empty {
+            path: path.to_owned(),
+        }),
         Ok(metadata) => {
             let mode = metadata.permissions().mode() & 0o777;
             if mode & 0o077 != 0 {
@@ -212,19 +213,7 @@ fn load_or_make(path: &Path) -> Result<SecretKey, KeyError> {
                     .open(&temp)?;
                 file.write_all(format!("{}\n", hex_encode(&key)).as_bytes())?;
                 file.sync_all()?;
-                match std::fs::hard_link(&temp, path) {
-                    // A file system without hard links: renamed instead,
-                    // which two servers starting at that instant could
-                    // both do (the later key wins on disk).
-                    Err(err)
-                        if [rustix::io::Errno::PERM, rustix::io::Errno::OPNOTSUPP]
-                            .iter()
-                            .any(|no| err.raw_os_error() == Some(no.raw_os_error())) =>
-                    {
-                        std::fs::rename(&temp, path)
-                    }
-                    linked => linked,
-                }
+                std::fs::hard_link(&temp, path)
             })();
             let _ = std::fs::remove_file(&temp);
             match written {
@@ -590,9 +579,10 @@ mod tests {
     }
 
     /// An empty key file (a server of an older version killed between
-    /// making it and writing it) is made again, not a start refused.
+    /// making it and writing it) is refused naming what to do, never
+    /// replaced behind another server's back.
     #[test]
-    fn an_empty_key_file_is_made_again() {
+    fn an_empty_key_file_is_refused_naming_it() {
         use std::os::unix::fs::OpenOptionsExt;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("secret-key");
@@ -602,8 +592,11 @@ mod tests {
             .mode(0o600)
             .open(&path)
             .expect("an empty key file");
-        let made = load_or_make(&path).expect("made again");
-        assert_eq!(load_or_make(&path).expect("read").0, made.0);
+        let err = load_or_make(&path).expect_err("refused").to_string();
+        assert!(
+            err.contains("is empty") && err.contains("remove it"),
+            "{err}"
+        );
     }
 
     /// Servers starting at once on one data dir all end with the one key

@@ -613,8 +613,11 @@ pub async fn list(
     let Some((last, _)) = taken.checked_sub(1).map(|i| &sizes[i]) else {
         return Ok((Vec::new(), None));
     };
+    // Every row up to the page's last: one that came to match since the
+    // sizes were read is answered too (a limit would push out a row
+    // before the cursor, never to be listed).
     let rows = sqlx::query(&format!(
-        "SELECT {COMMAND_COLUMNS} FROM commands WHERE sandbox_id = $1 AND id > $2 AND id <= $4 AND ($3 = '' OR state = $3) ORDER BY id LIMIT {taken}"
+        "SELECT {COMMAND_COLUMNS} FROM commands WHERE sandbox_id = $1 AND id > $2 AND id <= $4 AND ($3 = '' OR state = $3) ORDER BY id"
     ))
     .bind(sandbox_id)
     .bind(cursor)

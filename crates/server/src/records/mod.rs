@@ -270,8 +270,8 @@ pub fn page<T>(
     (items, next)
 }
 
-/// Stored bytes of the rows one page answers with, at most (past its
-/// first row): a page of 200 commands of 320 KiB of argv and env each, or
+/// Stored characters (`LENGTH`) of the rows one page answers with, at
+/// most (past its first row): a page of 200 commands of 320 KiB of argv and env each, or
 /// of sandboxes with 64 KiB of env, would be held whole twice (rows and
 /// JSON, each escaped byte six in it) in the shared server's memory.
 pub const PAGE_BYTES_MAX: i64 = 2 << 20;
@@ -290,7 +290,7 @@ pub fn page_by_bytes(sizes: &[(String, i64)], limit: usize) -> (usize, Option<St
         bytes += size;
         taken += 1;
     }
-    let next = (taken < sizes.len()).then(|| sizes[taken - 1].0.clone());
+    let next = (taken > 0 && taken < sizes.len()).then(|| sizes[taken - 1].0.clone());
     (taken, next)
 }
 

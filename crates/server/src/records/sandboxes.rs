@@ -1133,8 +1133,11 @@ pub async fn list(
     let Some((last, _)) = taken.checked_sub(1).map(|i| &sizes[i]) else {
         return Ok((Vec::new(), None));
     };
+    // Every row up to the page's last: one that came to match since the
+    // sizes were read is answered too (a limit would push out a row
+    // before the cursor, never to be listed).
     let sql = format!(
-        "SELECT {SANDBOX_COLUMNS} FROM sandboxes s WHERE {conditions} AND id <= ${next} ORDER BY id LIMIT {taken}"
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes s WHERE {conditions} AND id <= ${next} ORDER BY id"
     );
     let mut query = sqlx::query(&sql)
         .bind(org_id)
