@@ -53,6 +53,64 @@ pub fn hash_token(token: &str) -> String {
     blake3::hash(token.as_bytes()).to_hex().to_string()
 }
 
+/// The deployment's key for envd access tokens: made (32 random bytes)
+/// by the first server to start on the database, read by every other.
+pub async fn envd_key(db: &Db) -> Result<[u8; 32], ServerError> {
+    let made = random_hex(32)?;
+    sqlx::query(
+        "INSERT INTO deployment_keys (name, value) VALUES ('envd', $1) ON CONFLICT (name) DO NOTHING",
+    )
+    .bind(&made)
+    .execute(&db.pool)
+    .await?;
+    let (value,): (String,) =
+        sqlx::query_as("SELECT value FROM deployment_keys WHERE name = 'envd'")
+            .fetch_one(&db.pool)
+            .await?;
+    blake3::Hash::from_hex(value.trim())
+        .map(|hash| *hash.as_bytes())
+        .map_err(|_| {
+            ServerError::SecretKey("the deployment's envd key is not 64 hex digits".to_owned())
+        })
+}
+
+/// Where envd access tokens start: `roost_envd_ORG_MAC`.
+const ENVD_TOKEN_PREFIX: &str = "roost_envd_";
+
+/// The access token of sandbox `sandbox_id`'s envd (E2B's
+/// `envdAccessToken`): good for that sandbox's envd routes only, never
+/// for the org's API or another sandbox. It names its org (whose share
+/// its requests take) and a keyed BLAKE3 of org and sandbox, so any
+/// server checks it without a query.
+pub fn envd_token(key: &[u8; 32], org_id: &str, sandbox_id: &str) -> String {
+    format!(
+        "{ENVD_TOKEN_PREFIX}{org_id}_{}",
+        envd_mac(key, org_id, sandbox_id).to_hex()
+    )
+}
+
+fn envd_mac(key: &[u8; 32], org_id: &str, sandbox_id: &str) -> blake3::Hash {
+    let mut hasher = blake3::Hasher::new_keyed(key);
+    hasher.update(org_id.as_bytes());
+    hasher.update(b"\0");
+    hasher.update(sandbox_id.as_bytes());
+    hasher.finalize()
+}
+
+/// Whether `token` has the shape of an envd access token.
+pub fn is_envd_token(token: &str) -> bool {
+    token.starts_with(ENVD_TOKEN_PREFIX)
+}
+
+/// The org of an envd access token, if it is sandbox `sandbox_id`'s.
+pub fn envd_org(key: &[u8; 32], token: &str, sandbox_id: &str) -> Option<String> {
+    let rest = token.strip_prefix(ENVD_TOKEN_PREFIX)?;
+    let (org_id, mac) = rest.rsplit_once('_')?;
+    let mac = blake3::Hash::from_hex(mac).ok()?;
+    // `Hash`'s equality is constant-time.
+    (!org_id.is_empty() && mac == envd_mac(key, org_id, sandbox_id)).then(|| org_id.to_owned())
+}
+
 pub async fn store_token(
     db: &Db,
     token: &str,

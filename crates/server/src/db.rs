@@ -47,6 +47,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (27, include_str!("../migrations/0027_home_bound.sql")),
     (28, include_str!("../migrations/0028_runner_profiles.sql")),
     (29, include_str!("../migrations/0029_org_store_bound.sql")),
+    (30, include_str!("../migrations/0030_deployment_keys.sql")),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

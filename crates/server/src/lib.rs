@@ -303,6 +303,7 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         .map(Arc::new);
     let db = db::Db::connect(&database_url).await?;
     db.migrate().await?;
+    let envd_key = auth::envd_key(&db).await?;
     let org_requests_max = config.org_requests_max;
     let connections = connection_slots(config.connections_max);
     let metrics = Arc::new(metrics::Metrics::default());
@@ -317,6 +318,7 @@ pub async fn open_state(config: Config) -> Result<control::AppState, ServerError
         assignment_reads: tokio::sync::Semaphore::new(control::ASSIGNMENT_READS_AT_ONCE),
         runner_reads: Default::default(),
         pointer_turns: Default::default(),
+        envd_key,
         org_requests: Arc::new(control::org_share::OrgRequests::new(org_requests_max)),
         connections: Arc::new(tokio::sync::Semaphore::new(connections)),
     }))

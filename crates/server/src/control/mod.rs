@@ -95,6 +95,8 @@ pub struct AppStateParts {
     /// commits (`saves`), an image's commits and deletes (`images`), a
     /// snapshot's replication (`snapshots`).
     pub pointer_turns: home_store::PointerTurns,
+    /// Signs the envd access tokens of E2B's sandboxes (`auth::envd_token`).
+    pub envd_key: [u8; 32],
     /// Each org's requests under way on this server, bounded
     /// (`http::org_share`).
     pub org_requests: Arc<org_share::OrgRequests>,

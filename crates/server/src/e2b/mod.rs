@@ -7,9 +7,11 @@
 //! server of a deployment serves any sandbox.
 //!
 //! Auth: the SDK's `X-API-KEY` (or `Authorization: Bearer`) carries a
-//! roost org token. The data plane takes it back as the sandbox's
-//! `envdAccessToken` (`X-Access-Token`) and the sandbox from
-//! `E2b-Sandbox-Id`; an org reaches only its own sandboxes.
+//! roost org token. The data plane takes the sandbox's `envdAccessToken`
+//! (`X-Access-Token`), which roost mints per sandbox (`auth::envd_token`:
+//! good for that sandbox's envd only, never the org's API), or an org
+//! token, and the sandbox from `E2b-Sandbox-Id`; an org reaches only its
+//! own sandboxes.
 //!
 //! What roost cannot honour is refused in E2B's error shape with a
 //! message naming it (`unsupported`), never a silent no-op.
@@ -184,7 +186,6 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> 
 /// token, holding an org token.
 pub struct ApiKeyCaller {
     pub org_id: String,
-    pub token: String,
 }
 
 impl FromRequestParts<AppState> for ApiKeyCaller {
@@ -198,10 +199,7 @@ impl FromRequestParts<AppState> for ApiKeyCaller {
             .map(str::to_owned)
             .or_else(|| bearer(parts));
         let org_id = org_of(state, token.as_deref()).await?;
-        Ok(ApiKeyCaller {
-            org_id,
-            token: token.unwrap_or_default(),
-        })
+        Ok(ApiKeyCaller { org_id })
     }
 }
 
@@ -237,8 +235,10 @@ async fn org_of(state: &AppState, token: Option<&str>) -> Result<String, E2bErro
     }
 }
 
-/// The caller of a sandbox's envd: the org token as `X-Access-Token` (the
-/// `envdAccessToken` roost answers with), the sandbox as `E2b-Sandbox-Id`.
+/// The caller of a sandbox's envd: as `X-Access-Token`, the sandbox's own
+/// envd token (the `envdAccessToken` roost answers with,
+/// `auth::envd_token`: that sandbox only) or an org token; the sandbox
+/// as `E2b-Sandbox-Id`.
 pub struct EnvdCaller {
     pub org_id: String,
     pub sandbox_id: String,
@@ -266,9 +266,6 @@ impl EnvdCaller {
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_owned)
             });
-        let org_id = org_of(state, token.as_deref())
-            .await
-            .map_err(|e| (e.status, e.message))?;
         let sandbox_id = headers
             .get("e2b-sandbox-id")
             .and_then(|v| v.to_str().ok())
@@ -278,6 +275,18 @@ impl EnvdCaller {
                 "no E2b-Sandbox-Id header: which sandbox?".to_owned(),
             ))?
             .to_owned();
+        let org_id = match token.as_deref() {
+            // The sandbox's own envd token: that sandbox only.
+            Some(token) if auth::is_envd_token(token) => {
+                auth::envd_org(&state.envd_key, token, &sandbox_id).ok_or((
+                    StatusCode::UNAUTHORIZED,
+                    format!("this access token is not sandbox {sandbox_id}'s"),
+                ))?
+            }
+            token => org_of(state, token)
+                .await
+                .map_err(|e| (e.status, e.message))?,
+        };
         Ok(EnvdCaller { org_id, sandbox_id })
     }
 }

@@ -179,7 +179,9 @@ fn template_of(row: &SandboxRow) -> String {
     }
 }
 
-fn detail(row: &SandboxRow, state: E2bState, token: Option<&str>) -> SandboxDetail {
+/// The sandbox as E2B describes it; with `key`, its envd access token
+/// (`auth::envd_token`).
+fn detail(row: &SandboxRow, state: E2bState, key: Option<&[u8; 32]>) -> SandboxDetail {
     // No end: a century on, as E2B has no "never".
     let end = row
         .expires_at_ms
@@ -198,18 +200,19 @@ fn detail(row: &SandboxRow, state: E2bState, token: Option<&str>) -> SandboxDeta
         disk_size_mb: 0,
         state,
         metadata: serde_json::from_str(&row.labels).unwrap_or_default(),
-        envd_access_token: token.map(str::to_owned),
+        envd_access_token: key.map(|key| crate::auth::envd_token(key, &row.org_id, &row.id)),
         domain: None,
     }
 }
 
-fn created(row: &SandboxRow, token: &str) -> CreatedSandbox {
+/// The created (or resumed) sandbox, with its envd access token.
+fn created(row: &SandboxRow, key: &[u8; 32]) -> CreatedSandbox {
     CreatedSandbox {
         template_id: template_of(row),
         sandbox_id: row.id.clone(),
         client_id: "roost".to_owned(),
         envd_version: ENVD_VERSION.to_owned(),
-        envd_access_token: token.to_owned(),
+        envd_access_token: crate::auth::envd_token(key, &row.org_id, &row.id),
         traffic_access_token: None,
         domain: None,
     }
@@ -304,7 +307,7 @@ pub async fn create(
     let row = until_running(&state, &org_id, &id).await?;
     Ok((
         StatusCode::CREATED,
-        axum::Json(created(&row, &caller.token)),
+        axum::Json(created(&row, &state.envd_key)),
     )
         .into_response())
 }
@@ -353,7 +356,7 @@ pub async fn get(
     let Some(e2b) = e2b_state(&row) else {
         return Err(ended(&row));
     };
-    Ok(axum::Json(detail(&row, e2b, Some(&caller.token))))
+    Ok(axum::Json(detail(&row, e2b, Some(&state.envd_key))))
 }
 
 /// An ended sandbox: E2B's 404, its roost state named.
@@ -659,8 +662,8 @@ pub async fn connect(
     id: E2bPath<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let (row, token) = resume_inner(state, caller, id, body, false).await?;
-    Ok((StatusCode::OK, axum::Json(created(&row, &token))).into_response())
+    let row = resume_inner(&state, caller, id, body, false).await?;
+    Ok((StatusCode::OK, axum::Json(created(&row, &state.envd_key))).into_response())
 }
 
 /// `POST /sandboxes/{id}/resume`: as connect, but 409 for a running one.
@@ -670,17 +673,21 @@ pub async fn resume(
     id: E2bPath<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let (row, token) = resume_inner(state, caller, id, body, true).await?;
-    Ok((StatusCode::CREATED, axum::Json(created(&row, &token))).into_response())
+    let row = resume_inner(&state, caller, id, body, true).await?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(created(&row, &state.envd_key)),
+    )
+        .into_response())
 }
 
 async fn resume_inner(
-    State(state): State<AppState>,
+    state: &AppState,
     caller: ApiKeyCaller,
     E2bPath(id): E2bPath<String>,
     body: Bytes,
     only_paused: bool,
-) -> Result<(SandboxRow, String), E2bError> {
+) -> Result<SandboxRow, E2bError> {
     let request: ConnectSandbox = parse(&body)?;
     if !request.rest.is_empty() {
         return Err(E2bError::unsupported(format!(
@@ -692,7 +699,7 @@ async fn resume_inner(
         check_timeout(timeout)?;
     }
     let org_id = caller.org_id.clone();
-    let row = visible(&state, &org_id, &id).await?;
+    let row = visible(state, &org_id, &id).await?;
     match e2b_state(&row) {
         None => return Err(ended(&row)),
         Some(E2bState::Running) if only_paused => {
@@ -707,27 +714,27 @@ async fn resume_inner(
             // The stop first, whether or not its runner has begun it: a
             // start now would race it, and a command sent right after the
             // answer could reach the runner as it stops.
-            let row = settle(&state, &org_id, &id, |row| {
+            let row = settle(state, &org_id, &id, |row| {
                 !control::idle::stop_under_way(row)
                     && !matches!(row.state, SandboxState::Stopping | SandboxState::Securing)
             })
             .await?;
             let mut tx = state.db.write().await?;
-            control::sandboxes::start(&state, &mut tx, &org_id, &row.id).await?;
+            control::sandboxes::start(state, &mut tx, &org_id, &row.id).await?;
             tx.commit().await?;
         }
     }
-    let row = until_running(&state, &org_id, &id).await?;
+    let row = until_running(state, &org_id, &id).await?;
     if let Some(timeout) = request.timeout {
         let expires = crate::db::now_ms() + timeout as i64 * 1000;
         if row.expires_at_ms.is_some_and(|at| at < expires) {
             let mut tx = state.db.write().await?;
-            let row = control::sandboxes::load_mutable(&state, &mut tx, &org_id, &row.id).await?;
+            let row = control::sandboxes::load_mutable(state, &mut tx, &org_id, &row.id).await?;
             records::sandboxes::set_expires_at(&mut tx, &row, expires, "timeout_extended").await?;
             tx.commit().await?;
         }
     }
-    Ok((row, caller.token))
+    Ok(row)
 }
 
 #[cfg(test)]

@@ -47,7 +47,21 @@ fn carried_tokens(headers: &axum::http::HeaderMap) -> Vec<&str> {
 pub async fn hold(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let mut orgs: Vec<String> = Vec::new();
     for token in carried_tokens(request.headers()) {
-        if let Ok(Some(Principal::Org { org_id })) = auth::authenticate(&state.db, token).await
+        let org = if auth::is_envd_token(token) {
+            // One sandbox's envd token: its org's share, the sandbox named
+            // beside it.
+            request
+                .headers()
+                .get("e2b-sandbox-id")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|sandbox_id| auth::envd_org(&state.envd_key, token, sandbox_id))
+        } else {
+            match auth::authenticate(&state.db, token).await {
+                Ok(Some(Principal::Org { org_id })) => Some(org_id),
+                _ => None,
+            }
+        };
+        if let Some(org_id) = org
             && !orgs.contains(&org_id)
         {
             orgs.push(org_id);

@@ -727,3 +727,66 @@ async fn a_page_of_large_commands_is_bounded_by_bytes_and_the_cursor_goes_on() {
     assert_eq!(listed, made, "each once, in order");
     assert_eq!(pages, 2);
 }
+
+/// Audit finding (E2B surface): the `envdAccessToken` roost answered with
+/// was the org's own token, so whoever was handed one sandbox's envd token
+/// held every sandbox of the org and its whole API. It is now minted per
+/// sandbox: good for that sandbox's envd, refused for another sandbox of
+/// the same org, for E2B's control plane and for roost's API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envd_access_token_reaches_its_own_sandbox_only() {
+    let server = TestServer::start().await;
+    let run = running_sandbox(&server, None).await;
+    let other = run
+        .org
+        .create_sandbox(
+            &serde_json::from_value(serde_json::json!({ "image": "default" }))
+                .expect("a create request"),
+            None,
+        )
+        .await
+        .expect("another sandbox of the org");
+    let http = reqwest::Client::new();
+    let (status, detail) = answer(
+        http.get(format!("{}/e2b/sandboxes/{}", server.url, run.sandbox_id))
+            .header("x-api-key", &run.org_token),
+    )
+    .await;
+    assert_eq!(status, 200, "{detail}");
+    let token = detail["envdAccessToken"]
+        .as_str()
+        .expect("a token")
+        .to_owned();
+    assert!(
+        token.starts_with("roost_envd_") && token != run.org_token,
+        "{token}"
+    );
+
+    let list = |token: &str, sandbox: &str| {
+        http.post(format!("{}/e2b/envd/process.Process/List", server.url))
+            .header("x-access-token", token)
+            .header("e2b-sandbox-id", sandbox)
+            .header("content-type", "application/json")
+            .body("{}")
+    };
+    let (status, body) = answer(list(&token, &run.sandbox_id)).await;
+    assert_eq!(status, 200, "its own sandbox: {body}");
+    let (status, body) = answer(list(&token, &other.id)).await;
+    assert_eq!(status, 401, "another sandbox of the org: {body}");
+    let last = if token.ends_with('0') { '1' } else { '0' };
+    let forged = format!("{}{last}", &token[..token.len() - 1]);
+    let (status, body) = answer(list(&forged, &run.sandbox_id)).await;
+    assert_eq!(status, 401, "a token altered: {body}");
+    let (status, body) = answer(
+        http.get(format!("{}/e2b/v2/sandboxes", server.url))
+            .header("x-api-key", &token),
+    )
+    .await;
+    assert_eq!(status, 401, "E2B's control plane: {body}");
+    let (status, body) = answer(
+        http.get(format!("{}/v1/sandboxes", server.url))
+            .bearer_auth(&token),
+    )
+    .await;
+    assert_eq!(status, 401, "roost's API: {body}");
+}
