@@ -138,10 +138,18 @@ impl InitEnd {
             let rest = line.strip_prefix(STATUS_PREFIX)?.trim();
             let (kind, value) = rest.rsplit_once('=')?;
             let value: i32 = value.parse().ok()?;
+            // The file is the runner's, but what writes it runs in the
+            // sandbox: a signal out of range (whose 128 + n would wrap)
+            // is no status line.
+            let signal = |n: i32| (1..=64).contains(&n).then_some(n);
             match kind {
                 "workload exited code" => Some(InitEnd::WorkloadExited { code: value }),
-                "workload killed signal" => Some(InitEnd::WorkloadKilled { signal: value }),
-                "stopped signal" => Some(InitEnd::Stopped { signal: value }),
+                "workload killed signal" => Some(InitEnd::WorkloadKilled {
+                    signal: signal(value)?,
+                }),
+                "stopped signal" => Some(InitEnd::Stopped {
+                    signal: signal(value)?,
+                }),
                 _ => None,
             }
         })
@@ -769,6 +777,14 @@ mod tests {
             Some(InitEnd::WorkloadExited { code: 1 })
         );
         assert_eq!(InitEnd::parse_last(""), None);
+        // A signal out of range is no status line (128 + it would wrap).
+        for forged in [
+            "roost-init: workload killed signal=2147483647",
+            "roost-init: workload killed signal=0",
+            "roost-init: stopped signal=-9",
+        ] {
+            assert_eq!(InitEnd::parse_last(forged), None, "{forged}");
+        }
         assert_eq!(InitEnd::WorkloadKilled { signal: 15 }.exit_code(), 143);
         assert!(InitEnd::WorkloadExited { code: 137 }.looks_killed());
         assert!(!InitEnd::Stopped { signal: 15 }.looks_killed());

@@ -547,9 +547,16 @@ impl AgentExecution {
                         };
                         on_output(stream, &frame.payload);
                         self.received[i] += frame.payload.len() as u64;
-                        let ack = json!({"stdout": self.received[0], "stderr": self.received[1]});
-                        // A lost ack only keeps bytes in the agent longer.
-                        let _ = wire::write_json(&mut writer, kind::ACK, &ack).await;
+                        // One ack for every frame a read brought (it says
+                        // all received so far), not one per frame: an
+                        // agent sending tiny frames would have the runner
+                        // build and write an ack for each.
+                        if !reader.holds_a_frame() {
+                            let ack =
+                                json!({"stdout": self.received[0], "stderr": self.received[1]});
+                            // A lost ack only keeps bytes in the agent longer.
+                            let _ = wire::write_json(&mut writer, kind::ACK, &ack).await;
+                        }
                     }
                     kind::ENDED => {
                         break ended_of(&frame.json().unwrap_or_default());

@@ -140,10 +140,15 @@ pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> io::Result<Opti
 /// another branch stay here for the next call. [`read_frame`] keeps them
 /// in its own future, so a cancelled call loses them and the stream then
 /// reads payload bytes as headers (a command's output could forge its
-/// end). Holds at most one frame and what arrived with it.
+/// end). Holds at most one frame and what arrived with it. Frames are
+/// taken from an offset into what was read, and what is left moved down
+/// only before the next read: a peer sending many tiny frames at once
+/// costs a copy of each, not of everything behind it.
 pub struct FrameReader<R> {
     inner: R,
     buffer: Vec<u8>,
+    /// Where the next frame starts in `buffer`.
+    start: usize,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -151,30 +156,49 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         FrameReader {
             inner,
             buffer: Vec::new(),
+            start: 0,
         }
+    }
+
+    /// The length of the whole frame at the front of what was read (its
+    /// header's length plus five), once its header is there.
+    fn front_frame_bytes(&self) -> io::Result<Option<usize>> {
+        let Some(header) = self.buffer.get(self.start..self.start + 5) else {
+            return Ok(None);
+        };
+        let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        if length > FRAME_BYTES_MAX {
+            return Err(invalid(format!(
+                "a frame of {length} bytes is past the bound of {FRAME_BYTES_MAX}"
+            )));
+        }
+        Ok(Some(5 + length))
+    }
+
+    /// Whether a whole frame was read already: [`FrameReader::next`]
+    /// answers it without reading (a caller acknowledging what it took
+    /// may wait until none is left, once per read instead of per frame).
+    pub fn holds_a_frame(&self) -> bool {
+        matches!(self.front_frame_bytes(), Ok(Some(bytes)) if self.buffer.len() - self.start >= bytes)
     }
 
     /// The next frame; `None` at a clean end between frames. Cancel safe.
     pub async fn next(&mut self) -> io::Result<Option<Frame>> {
         loop {
-            let mut wanted = 5;
-            if self.buffer.len() >= 5 {
-                let header = &self.buffer[..5];
-                let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
-                let length = length as usize;
-                if length > FRAME_BYTES_MAX {
-                    return Err(invalid(format!(
-                        "a frame of {length} bytes is past the bound of {FRAME_BYTES_MAX}"
-                    )));
-                }
-                wanted = 5 + length;
-                if self.buffer.len() >= wanted {
-                    let kind = self.buffer[0];
-                    let payload = self.buffer[5..wanted].to_vec();
-                    self.buffer.drain(..wanted);
-                    return Ok(Some(Frame { kind, payload }));
-                }
+            let front = self.front_frame_bytes()?;
+            if let Some(bytes) = front
+                && self.buffer.len() - self.start >= bytes
+            {
+                let frame = &self.buffer[self.start..self.start + bytes];
+                let (kind, payload) = (frame[0], frame[5..].to_vec());
+                self.start += bytes;
+                return Ok(Some(Frame { kind, payload }));
             }
+            // Not whole yet: what is left goes to the front, then more is
+            // read (the header first, then the rest of the frame).
+            let wanted = front.unwrap_or(5);
+            self.buffer.drain(..self.start);
+            self.start = 0;
             self.buffer
                 .reserve((wanted - self.buffer.len()).max(8 * 1024));
             // `read_buf` is cancel safe: a cancelled call read nothing.
@@ -300,6 +324,57 @@ mod tests {
             payload: b"[1]".to_vec(),
         };
         assert!(not_object.json().is_err());
+    }
+
+    /// A peer's many tiny frames, arrived in one read, are each taken
+    /// from where the last ended (the rest is moved once, before the next
+    /// read), and the reader says while a whole frame is still held, so
+    /// its caller acknowledges once per read.
+    #[tokio::test]
+    async fn a_frame_reader_takes_many_small_frames_of_one_read_in_order() {
+        let mut bytes = Vec::new();
+        for i in 0..50_000u32 {
+            let payload = if i % 2 == 0 {
+                Vec::new()
+            } else {
+                i.to_be_bytes().to_vec()
+            };
+            write_frame(&mut bytes, kind::STDOUT, &payload)
+                .await
+                .expect("ok");
+        }
+        // The last frame arrives in part: held back until the rest comes.
+        write_frame(&mut bytes, kind::STDERR, b"tail")
+            .await
+            .expect("ok");
+        let (whole, cut) = bytes.split_at(bytes.len() - 2);
+        let mut frames = FrameReader::new(whole.chain(cut));
+        for i in 0..50_000u32 {
+            let frame = frames.next().await.expect("read").expect("a frame");
+            let expected = if i % 2 == 0 {
+                Vec::new()
+            } else {
+                i.to_be_bytes().to_vec()
+            };
+            assert_eq!((frame.kind, frame.payload), (kind::STDOUT, expected));
+        }
+        let tail = frames.next().await.expect("read").expect("a frame");
+        assert_eq!(
+            (tail.kind, tail.payload.as_slice()),
+            (kind::STDERR, &b"tail"[..])
+        );
+        assert!(!frames.holds_a_frame());
+        assert!(frames.next().await.expect("clean end").is_none());
+
+        let mut two = Vec::new();
+        for _ in 0..2 {
+            write_frame(&mut two, kind::STDOUT, b"x").await.expect("ok");
+        }
+        let mut frames = FrameReader::new(two.as_slice());
+        frames.next().await.expect("read").expect("a frame");
+        assert!(frames.holds_a_frame(), "the second came with the first");
+        frames.next().await.expect("read").expect("a frame");
+        assert!(!frames.holds_a_frame());
     }
 
     #[tokio::test]

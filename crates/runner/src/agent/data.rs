@@ -55,31 +55,37 @@ pub(crate) const LISTINGS_AT_ONCE: usize = 8;
 /// as it likes (within `LISTING_DEADLINE`), and the others stay for the
 /// other sandboxes here.
 pub(crate) const LISTINGS_PER_SANDBOX: usize = 2;
+/// And how many one org's sandboxes may have together: an org with many
+/// sandboxes here, their agents answering slowly, leaves the other half
+/// to the other orgs.
+pub(crate) const LISTINGS_PER_ORG: usize = LISTINGS_AT_ONCE / 2;
 /// How long a listing waits for its turn before it is refused (503).
 pub(crate) const LISTING_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// The longest a listing may take, its agent's answer whole.
 pub(crate) const LISTING_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The turns of the listings built at once: [`LISTINGS_AT_ONCE`] in all,
-/// [`LISTINGS_PER_SANDBOX`] a sandbox.
+/// [`LISTINGS_PER_ORG`] an org, [`LISTINGS_PER_SANDBOX`] a sandbox.
 pub(crate) struct Listings {
     all: Arc<tokio::sync::Semaphore>,
-    per_sandbox: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    /// Listings under way by `sandbox/ID` and `org/ID`.
+    shares: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
 }
 
-/// One sandbox's share of the listings, given back when dropped.
-struct SandboxShare {
-    per_sandbox: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
-    sandbox: String,
+/// One place in a sandbox's or an org's share of the listings, given back
+/// when dropped.
+struct Share {
+    shares: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    key: String,
 }
 
-impl Drop for SandboxShare {
+impl Drop for Share {
     fn drop(&mut self) {
-        let mut per_sandbox = locked(&self.per_sandbox);
-        if let Some(count) = per_sandbox.get_mut(&self.sandbox) {
+        let mut shares = locked(&self.shares);
+        if let Some(count) = shares.get_mut(&self.key) {
             *count -= 1;
             if *count == 0 {
-                per_sandbox.remove(&self.sandbox);
+                shares.remove(&self.key);
             }
         }
     }
@@ -88,38 +94,58 @@ impl Drop for SandboxShare {
 /// A listing's turn, given back when dropped.
 pub(crate) struct ListingTurn {
     _all: tokio::sync::OwnedSemaphorePermit,
-    _share: SandboxShare,
+    _shares: Vec<Share>,
 }
 
 impl Listings {
     pub(crate) fn new() -> Listings {
         Listings {
             all: Arc::new(tokio::sync::Semaphore::new(LISTINGS_AT_ONCE)),
-            per_sandbox: Arc::default(),
+            shares: Arc::default(),
         }
     }
 
-    /// A turn for a listing of `sandbox`: refused at once past the
-    /// sandbox's share, and after [`LISTING_TURN_WAIT`] without one.
-    pub(crate) async fn turn(&self, sandbox: &str) -> Result<ListingTurn, String> {
-        let share = {
-            let mut per_sandbox = locked(&self.per_sandbox);
-            let count = per_sandbox.entry(sandbox.to_owned()).or_insert(0);
-            if *count >= LISTINGS_PER_SANDBOX {
+    /// A turn for a listing of `sandbox` (of `org`, where the token says):
+    /// refused at once past the sandbox's or the org's share, and after
+    /// [`LISTING_TURN_WAIT`] without one.
+    pub(crate) async fn turn(
+        &self,
+        org: Option<&str>,
+        sandbox: &str,
+    ) -> Result<ListingTurn, String> {
+        let shares = {
+            let mut counts = locked(&self.shares);
+            let mut wanted = vec![(
+                format!("sandbox/{sandbox}"),
+                LISTINGS_PER_SANDBOX,
+                format!("sandbox {sandbox}"),
+            )];
+            if let Some(org) = org {
+                wanted.push((format!("org/{org}"), LISTINGS_PER_ORG, format!("org {org}")));
+            }
+            if let Some((_, max, whose)) = wanted
+                .iter()
+                .find(|(key, max, _)| counts.get(key).copied().unwrap_or(0) >= *max)
+            {
                 return Err(format!(
-                    "this runner builds {LISTINGS_PER_SANDBOX} listings at once for sandbox {sandbox}"
+                    "this runner builds {max} listings at once for {whose}"
                 ));
             }
-            *count += 1;
-            SandboxShare {
-                per_sandbox: self.per_sandbox.clone(),
-                sandbox: sandbox.to_owned(),
-            }
+            wanted
+                .into_iter()
+                .map(|(key, _, _)| {
+                    *counts.entry(key.clone()).or_insert(0) += 1;
+                    Share {
+                        shares: self.shares.clone(),
+                        key,
+                    }
+                })
+                .collect::<Vec<_>>()
         };
         match tokio::time::timeout(LISTING_TURN_WAIT, self.all.clone().acquire_owned()).await {
             Ok(Ok(all)) => Ok(ListingTurn {
                 _all: all,
-                _share: share,
+                _shares: shares,
             }),
             Ok(Err(_)) | Err(_) => Err(format!(
                 "this runner builds {LISTINGS_AT_ONCE} listings at once and none ended within {} s",
@@ -829,9 +855,9 @@ mod listing_tests {
     #[tokio::test]
     async fn a_sandbox_takes_at_most_its_share_of_the_listings() {
         let listings = Listings::new();
-        let first = listings.turn("sbx_a").await.expect("a first turn");
-        let _second = listings.turn("sbx_a").await.expect("a second turn");
-        let third = listings.turn("sbx_a").await;
+        let first = listings.turn(None, "sbx_a").await.expect("a first turn");
+        let _second = listings.turn(None, "sbx_a").await.expect("a second turn");
+        let third = listings.turn(None, "sbx_a").await;
         assert!(
             third.as_ref().is_err_and(|e| e.contains("sbx_a")),
             "past the sandbox's share: {:?}",
@@ -840,13 +866,52 @@ mod listing_tests {
         let others: Vec<ListingTurn> =
             futures::future::try_join_all((0..LISTINGS_AT_ONCE - LISTINGS_PER_SANDBOX).map(|n| {
                 let listings = &listings;
-                async move { listings.turn(&format!("sbx_{n}")).await }
+                async move { listings.turn(None, &format!("sbx_{n}")).await }
             }))
             .await
             .expect("the other sandboxes' turns");
         assert_eq!(others.len(), LISTINGS_AT_ONCE - LISTINGS_PER_SANDBOX);
         drop(first);
-        let _again = listings.turn("sbx_a").await.expect("its turn back");
+        let _again = listings.turn(None, "sbx_a").await.expect("its turn back");
+    }
+
+    /// Audit finding: one org with many sandboxes here, their agents
+    /// answering slowly, could hold every turn (two a sandbox). An org has
+    /// half of them; the other orgs keep the rest.
+    #[tokio::test]
+    async fn an_org_takes_at_most_its_share_of_the_listings() {
+        let listings = Listings::new();
+        let held: Vec<ListingTurn> =
+            futures::future::try_join_all((0..LISTINGS_PER_ORG).map(|n| {
+                let listings = &listings;
+                async move {
+                    listings
+                        .turn(Some("org_a"), &format!("sbx_a{}", n / 2))
+                        .await
+                }
+            }))
+            .await
+            .expect("the org's share");
+        let refused = listings.turn(Some("org_a"), "sbx_a9").await;
+        assert!(
+            refused.as_ref().is_err_and(|e| e.contains("org org_a")),
+            "past the org's share: {:?}",
+            refused.err()
+        );
+        let others: Vec<ListingTurn> =
+            futures::future::try_join_all((0..LISTINGS_AT_ONCE - LISTINGS_PER_ORG).map(|n| {
+                let listings = &listings;
+                async move { listings.turn(Some("org_b"), &format!("sbx_b{n}")).await }
+            }))
+            .await
+            .expect("another org's sandboxes, the rest");
+        assert_eq!(others.len() + held.len(), LISTINGS_AT_ONCE);
+        drop(held);
+        drop(others);
+        listings
+            .turn(Some("org_a"), "sbx_a9")
+            .await
+            .expect("its share back");
     }
 
     /// A listing that finds every turn taken waits [`LISTING_TURN_WAIT`],
@@ -857,11 +922,11 @@ mod listing_tests {
         let _taken: Vec<ListingTurn> =
             futures::future::try_join_all((0..LISTINGS_AT_ONCE).map(|n| {
                 let listings = &listings;
-                async move { listings.turn(&format!("sbx_{n}")).await }
+                async move { listings.turn(None, &format!("sbx_{n}")).await }
             }))
             .await
             .expect("every turn");
-        let refused = listings.turn("sbx_late").await;
+        let refused = listings.turn(None, "sbx_late").await;
         assert!(refused.is_err_and(|e| e.contains("none ended")));
     }
 }

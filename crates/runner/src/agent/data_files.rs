@@ -145,7 +145,17 @@ fn container(
     op: &str,
     sandbox_id: &str,
 ) -> Result<Arc<dyn Container>, Refusal> {
-    plane
+    authorized_container(plane, headers, op, sandbox_id).map(|(container, _)| container)
+}
+
+/// [`container`], with the org the token names, if it does.
+fn authorized_container(
+    plane: &DataPlane,
+    headers: &HeaderMap,
+    op: &str,
+    sandbox_id: &str,
+) -> Result<(Arc<dyn Container>, Option<String>), Refusal> {
+    let claims = plane
         .authorize_sandbox(headers, op, sandbox_id)
         .map_err(|(code, message)| refusal(code, message, serde_json::Value::Null))?;
     let id = SandboxId::new(sandbox_id)
@@ -155,7 +165,7 @@ fn container(
         .data
         .sandbox_paths(&id)
         .map_err(|e| refusal(ErrorCode::Internal, e.to_string(), serde_json::Value::Null))?;
-    Ok(plane.shared.runtime.container(id, paths))
+    Ok((plane.shared.runtime.container(id, paths), claims.org_id))
 }
 
 fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
@@ -451,14 +461,14 @@ async fn list(
     Query(query): Query<ListQuery>,
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
-    let container = container(&plane, &headers, ops::LIST, &sandbox_id)?;
+    let (container, org) = authorized_container(&plane, &headers, ops::LIST, &sandbox_id)?;
     // A listing is held whole (up to the agent's bound, twice: as read and
     // as written), so only a few are built at once; the rest wait.
-    // A sandbox has its share of the turns, and its agent a deadline, so
-    // a slow one holds no other sandbox's listings up.
+    // A sandbox and an org have their shares of the turns, and an agent a
+    // deadline, so slow ones hold no other org's listings up.
     let _turn = plane
         .listings
-        .turn(&sandbox_id)
+        .turn(org.as_deref(), &sandbox_id)
         .await
         .map_err(|message| refusal(ErrorCode::Unavailable, message, serde_json::Value::Null))?;
     let answer = tokio::time::timeout(
