@@ -231,6 +231,8 @@ fn backup(args: BackupArgs) -> Result<ExitCode> {
         &partial.join("manifest.json"),
         manifest.to_string().as_bytes(),
     )?;
+    // Its entries durable before its name says it is whole.
+    sync_dir(&partial)?;
     let done = backups.join(stamp(at));
     std::fs::rename(&partial, &done).with_context(|| format!("renaming to {}", done.display()))?;
     sync_dir(&backups)?;
@@ -647,6 +649,12 @@ pub fn run_restore(args: RestoreArgs) -> Result<ExitCode> {
             .and_then(|f| f.sync_all())
             .with_context(|| format!("syncing {}", temp.display()))?;
         std::fs::rename(&temp, &file).with_context(|| format!("renaming to {}", file.display()))?;
+        // The rename durable too (a relative file's directory is `.`).
+        sync_dir(
+            file.parent()
+                .filter(|parent| !parent.as_os_str().is_empty())
+                .unwrap_or(Path::new(".")),
+        )?;
     } else {
         let mut restore_args = vec!["--no-owner".to_owned()];
         if args.force {
