@@ -1018,6 +1018,22 @@ async fn report_snapshot(
     server::control::snapshots::report(&plane.state, id, &report).await
 }
 
+/// A snapshot of `org`'s sandbox `id` as `POST …/snapshots` makes it,
+/// committed.
+async fn snapshot_of(
+    plane: &Plane,
+    org: &str,
+    id: &str,
+) -> server::records::snapshots::SnapshotRow {
+    let mut tx = plane.state.db.write().await.expect("tx");
+    let snapshot =
+        server::control::snapshots::create(&plane.state, &mut tx, org, id, &Default::default())
+            .await
+            .expect("a snapshot");
+    tx.commit().await.expect("commit");
+    snapshot
+}
+
 async fn snapshot(plane: &Plane, id: &str) -> api::snapshots::Snapshot {
     let mut tx = plane.state.db.write().await.expect("tx");
     server::records::snapshots::load(&mut tx, id)
@@ -1080,17 +1096,7 @@ async fn a_snapshot_replicated_twice_keeps_its_pin_on_the_tree_it_records() {
             .report(&row, &runner, SandboxState::Running)
             .await
             .expect("running");
-        let mut tx = plane.state.db.write().await.expect("tx");
-        let pending = server::control::snapshots::create(
-            &plane.state,
-            &mut tx,
-            &org,
-            &row.id,
-            &Default::default(),
-        )
-        .await
-        .expect("a snapshot");
-        tx.commit().await.expect("commit");
+        let pending = snapshot_of(&plane, &org, &row.id).await;
         let first = upload_files(&plane, &org, &[("notes.txt", "first capture\n")]);
         let second = upload_files(&plane, &org, &[("notes.txt", "second capture\n")]);
         let epoch = row.epoch as u64;
@@ -1288,17 +1294,7 @@ async fn a_kept_copy_salvaged_becomes_a_snapshot_its_runner_uploads_and_the_copy
         let third = plane.runner(4).await;
         let elsewhere = plane.create(&org).await.expect("placed");
         assert_eq!(elsewhere.runner_id.as_deref(), Some(third.as_str()));
-        let mut tx = plane.state.db.write().await.expect("tx");
-        let theirs = server::control::snapshots::create(
-            &plane.state,
-            &mut tx,
-            &org,
-            &elsewhere.id,
-            &Default::default(),
-        )
-        .await
-        .expect("a snapshot");
-        tx.commit().await.expect("commit");
+        let theirs = snapshot_of(&plane, &org, &elsewhere.id).await;
         assert_eq!(
             code(
                 report_snapshot(
