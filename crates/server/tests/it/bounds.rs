@@ -32,6 +32,31 @@ async fn running_command(server: &TestServer) -> Running {
     }
 }
 
+/// `count` commands of `running`'s sandbox, each `echo` of `bytes` bytes
+/// of argv; their ids in order.
+async fn large_commands(
+    running: &crate::support::RunningSandbox,
+    count: usize,
+    bytes: usize,
+) -> Vec<String> {
+    let big = "a".repeat(bytes);
+    let mut ids = Vec::new();
+    for _ in 0..count {
+        let command = running
+            .org
+            .create_command(
+                &running.sandbox_id,
+                &serde_json::from_value(serde_json::json!({ "argv": ["echo", big] }))
+                    .expect("a command"),
+                None,
+            )
+            .await
+            .expect("a command");
+        ids.push(command.id);
+    }
+    ids
+}
+
 /// The answer's status and JSON body.
 async fn answer(request: reqwest::RequestBuilder) -> (u16, Value) {
     let response = request.send().await.expect("an answer");
@@ -320,21 +345,7 @@ async fn an_e2b_process_list_past_what_one_answer_holds_is_refused() {
     let server = TestServer::start().await;
     let run = running_sandbox(&server, None).await;
     // 70 commands of 250 KB of argv: 17.5 MB, past the answer's 16 MiB.
-    let big = "a".repeat(250_000);
-    let mut ids = Vec::new();
-    for _ in 0..70 {
-        let command = run
-            .org
-            .create_command(
-                &run.sandbox_id,
-                &serde_json::from_value(serde_json::json!({ "argv": ["echo", big] }))
-                    .expect("a command"),
-                None,
-            )
-            .await
-            .expect("a command");
-        ids.push(command.id);
-    }
+    let ids = large_commands(&run, 70, 250_000).await;
     let assigned = run
         .runner
         .runner_assignments(&run.runner_id, "", 0)
@@ -699,21 +710,7 @@ async fn a_whole_answer_read_slowly_holds_its_orgs_place_until_sent() {
 async fn a_page_of_large_commands_is_bounded_by_bytes_and_the_cursor_goes_on() {
     let server = TestServer::start().await;
     let running = running_sandbox(&server, None).await;
-    let big = "x".repeat(250 * 1024);
-    let mut made = Vec::new();
-    for _ in 0..12 {
-        let command = running
-            .org
-            .create_command(
-                &running.sandbox_id,
-                &serde_json::from_value(serde_json::json!({ "argv": ["echo", big] }))
-                    .expect("a command"),
-                None,
-            )
-            .await
-            .expect("a command");
-        made.push(command.id);
-    }
+    let made = large_commands(&running, 12, 250 * 1024).await;
     let mut listed = Vec::new();
     let mut pages = 0;
     let mut cursor: Option<String> = None;
